@@ -1,0 +1,111 @@
+//! Builds the demo OS and the small test guests with gcc, so that the
+//! `vtrace` binary can embed them. Only gcc and binutils are needed: they are
+//! on every machine that builds Rust crates with C parts.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Flags that keep gcc to instructions every vtrace host can run at CPL 0
+/// (see PLATFORM.md: no SSE state, no POPCNT, no red zone under interrupts).
+const GUEST_CFLAGS: &[&str] = &[
+    "-ffreestanding",
+    "-fno-pic",
+    "-fno-pie",
+    "-mno-red-zone",
+    "-mgeneral-regs-only",
+    "-mno-popcnt",
+    "-fno-stack-protector",
+    "-fcf-protection=none",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-builtin",
+    "-O2",
+    "-g",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+];
+
+const DEMO_SOURCES: &[&str] = &[
+    "boot.S",
+    "entry.S",
+    "main.c",
+    "interrupts.c",
+    "mm.c",
+    "sched.c",
+    "syscall.c",
+    "serial.c",
+    "tasks.c",
+    "lib.c",
+];
+
+fn run(cmd: &mut Command) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e} (is gcc installed?)"));
+    assert!(status.success(), "{cmd:?} failed with {status}");
+}
+
+fn cc() -> String {
+    env::var("VTRACE_GUEST_CC").unwrap_or_else(|_| "gcc".to_string())
+}
+
+fn build_demo_os(src: &Path, include: &Path, out: &Path) {
+    let mut objects = Vec::new();
+    for file in DEMO_SOURCES {
+        let obj = out.join(format!("{file}.o"));
+        run(Command::new(cc())
+            .args(GUEST_CFLAGS)
+            .arg("-I")
+            .arg(include)
+            .arg("-c")
+            .arg(src.join(file))
+            .arg("-o")
+            .arg(&obj));
+        objects.push(obj);
+    }
+    run(Command::new(cc())
+        .args(["-nostdlib", "-static", "-no-pie"])
+        .arg(format!("-Wl,-T,{}", src.join("linker.ld").display()))
+        .args([
+            "-Wl,--build-id=none",
+            "-Wl,-z,max-page-size=4096",
+            "-Wl,-z,noexecstack",
+        ])
+        .args(&objects)
+        .arg("-o")
+        .arg(out.join("demo-os.elf")));
+}
+
+fn build_flat_binary(source: &Path, include: &Path, out: &Path, name: &str) {
+    let obj = out.join(format!("{name}.o"));
+    run(Command::new(cc())
+        .arg("-I")
+        .arg(include)
+        .arg("-c")
+        .arg(source)
+        .arg("-o")
+        .arg(&obj));
+    run(Command::new("objcopy")
+        .args(["-O", "binary", "-j", ".text"])
+        .arg(&obj)
+        .arg(out.join(format!("{name}.bin"))));
+}
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets this"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets this"));
+    let include = manifest.join("../include");
+    let os = manifest.join("os");
+    build_demo_os(&os, &include, &out);
+    build_flat_binary(
+        &manifest.join("realmode/hello.S"),
+        &include,
+        &out,
+        "realmode-hello",
+    );
+    println!("cargo:rerun-if-changed=os");
+    println!("cargo:rerun-if-changed=realmode");
+    println!("cargo:rerun-if-changed=../include");
+    println!("cargo:rerun-if-env-changed=VTRACE_GUEST_CC");
+}

@@ -1,0 +1,16 @@
+//! Guests built into vtrace: the demo OS and small test guests, compiled from
+//! C and assembly by this crate's build script.
+
+/// The demo OS: a PVH ELF (loads at 1 MiB, 32-bit PVH entry point), with
+/// symbols and DWARF line tables left in for the analyzer.
+pub const DEMO_OS_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/demo-os.elf"));
+
+/// A 16-bit real-mode guest: prints `hello from real mode`, then exits with
+/// status 186 (the sum 1..=100 modulo 256). Load it at 0x7c00.
+pub const REAL_MODE_HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/realmode-hello.bin"));
+
+/// Where [`REAL_MODE_HELLO`] expects to be loaded.
+pub const REAL_MODE_HELLO_LOAD_ADDR: u64 = 0x7c00;
+
+/// The exit status [`REAL_MODE_HELLO`] reports: (1 + 2 + ... + 100) mod 256.
+pub const REAL_MODE_HELLO_STATUS: i32 = 5050 % 256;

@@ -1,0 +1,85 @@
+//! Command-line syntax.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::exit_status::STATUS_TABLE;
+use crate::units::{parse_address, parse_size};
+
+/// Full-system instruction tracer for x86-64 guests on KVM.
+#[derive(Debug, Parser)]
+#[command(name = "vtrace", version, about, long_about = None)]
+pub struct Cli {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace). The
+    /// VTRACE_LOG environment variable takes a full filter instead.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot a guest: the built-in demo OS, a Linux kernel, a PVH ELF or a
+    /// raw real-mode image. Its serial console is this terminal.
+    #[command(after_long_help = STATUS_TABLE)]
+    Run(RunArgs),
+}
+
+/// CPUID profile presented to the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CpuArg {
+    /// Hide what vtrace does not emulate (local APIC, x2APIC, kvmclock) and
+    /// what KVM's emulator cannot run (CMPXCHG16B, XSAVE, POPCNT, RDTSCP...).
+    Baseline,
+    /// Pass the host's KVM-supported set through (real VT-x/AMD-V hosts).
+    Host,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kernel to boot: a Linux bzImage, a 64-bit vmlinux ELF, or a PVH ELF.
+    /// Without it (and without --real-mode) the built-in demo OS boots.
+    #[arg(long, value_name = "FILE", conflicts_with = "real_mode")]
+    pub kernel: Option<PathBuf>,
+
+    /// Initial ramdisk for the kernel.
+    #[arg(long, value_name = "FILE", requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+
+    /// Kernel command line. For Linux the default is
+    /// "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off".
+    #[arg(long, value_name = "STRING", conflicts_with = "real_mode")]
+    pub append: Option<String>,
+
+    /// Boot a raw 16-bit image in real mode instead of a kernel.
+    #[arg(long, value_name = "FILE")]
+    pub real_mode: Option<PathBuf>,
+
+    /// Where to load the --real-mode image (hex with 0x, or decimal).
+    #[arg(long, value_name = "ADDR", default_value = "0x7c00", value_parser = parse_address, requires = "real_mode")]
+    pub load_addr: u64,
+
+    /// Guest RAM, e.g. 256M, 4G (reserved lazily: only touched pages cost).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub memory: u64,
+
+    /// CPUID profile.
+    #[arg(long, value_enum, default_value_t = CpuArg::Baseline)]
+    pub cpu: CpuArg,
+
+    /// Do not read stdin or change the terminal; the guest's output is
+    /// still shown. For scripts.
+    #[arg(long)]
+    pub no_input: bool,
+
+    /// Print nothing of vtrace's own (boot line, summary); only the guest.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// KVM device to use.
+    #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE)]
+    pub kvm_device: PathBuf,
+}

@@ -1,0 +1,80 @@
+//! Exit statuses of `vtrace run` and advice for the errors a user can fix.
+
+use vtrace_vmm::Error;
+
+/// Shown under `vtrace run --help`.
+pub const STATUS_TABLE: &str = "\
+Exit status:
+  0-255  the status the guest passed to the EXIT hypercall (the demo OS: 0)
+  0      also: quit with Ctrl-A x
+  2      bad command-line arguments
+  65     the kernel is not a format vtrace boots, or its command line is invalid
+  66     the kernel or initrd file is missing or unreadable
+  69     KVM is missing or unusable on this host
+  70     an internal or KVM error
+  77     no permission to open the KVM device
+  78     guest memory too small (or too large) for the image
+  80     the guest shut down (triple fault); registers and last exits are printed
+  81     KVM could not emulate a guest instruction; the instruction is printed
+  82     the guest stopped otherwise (halted for good, VM entry failed)
+  83     the guest reset the machine";
+
+pub const GUEST_RESET: i32 = 83;
+
+fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
+    error.chain().find_map(|e| e.downcast_ref::<Error>())
+}
+
+/// The exit status for a failed run.
+pub fn for_error(error: &anyhow::Error) -> i32 {
+    match vmm_error(error) {
+        Some(Error::ImageFormat { .. } | Error::CommandLine(_)) => 65,
+        Some(Error::ImageUnreadable { .. }) => 66,
+        Some(Error::KvmUnavailable { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            77
+        }
+        Some(Error::KvmUnavailable { .. } | Error::KvmUnsupported(_)) => 69,
+        Some(Error::MemoryTooSmall { .. } | Error::MemorySize(..)) => 78,
+        Some(Error::GuestShutdown(_)) => 80,
+        Some(Error::EmulationFailure(_)) => 81,
+        Some(Error::GuestFailure { .. }) => 82,
+        _ => 70,
+    }
+}
+
+/// What the user can do about an error, when there is something.
+pub fn advice(error: &anyhow::Error) -> Option<String> {
+    match vmm_error(error)? {
+        Error::KvmUnavailable { path, source } => Some(match source.kind() {
+            std::io::ErrorKind::NotFound => format!(
+                "{} does not exist: this host has no KVM. Load the module (modprobe kvm_intel \
+                 or kvm_amd), enable virtualization in the firmware, or in a cloud VM use an \
+                 instance type with nested virtualization.",
+                path.display()
+            ),
+            std::io::ErrorKind::PermissionDenied => format!(
+                "you may not open {}: add your user to its group (usually: sudo usermod -aG kvm \
+                 $USER, then log in again) or run as root.",
+                path.display()
+            ),
+            _ => format!("check that {} is the KVM device.", path.display()),
+        }),
+        Error::KvmUnsupported(_) => Some(
+            "vtrace needs KVM API 12 with sync registers, guest debug and immediate exit \
+             (Linux 4.12 or later)."
+                .into(),
+        ),
+        Error::MemoryTooSmall { need, .. } => Some(format!(
+            "give the guest more memory, e.g. --memory {}M.",
+            (need >> 20) + 16
+        )),
+        Error::ImageFormat { .. } => Some(
+            "--kernel takes a Linux bzImage, a 64-bit vmlinux or a PVH ELF; a raw 16-bit image \
+             goes with --real-mode FILE --load-addr ADDR."
+                .into(),
+        ),
+        _ => None,
+    }
+}

@@ -1,0 +1,43 @@
+//! `vtrace`: the command line. Parsing and wiring only; the work is in the
+//! library crates.
+
+mod cli;
+mod exit_status;
+mod run;
+mod units;
+
+use clap::Parser;
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VTRACE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .init();
+}
+
+fn main() {
+    let cli = cli::Cli::parse();
+    init_logging(cli.verbose);
+    let status = match cli.command {
+        cli::Command::Run(args) => run::run(args),
+    };
+    match status {
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            vtrace_vmm::console::user_message(&format!("vtrace: error: {error:#}"));
+            if let Some(advice) = exit_status::advice(&error) {
+                vtrace_vmm::console::user_message(&format!("vtrace: {advice}"));
+            }
+            std::process::exit(exit_status::for_error(&error));
+        }
+    }
+}

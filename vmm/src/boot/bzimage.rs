@@ -1,0 +1,154 @@
+//! Linux bzImages. The compressed payload is decompressed on the host when
+//! its format allows (gzip, zstd, LZ4) and the vmlinux inside is entered
+//! directly; otherwise the bzImage is loaded whole and decompresses itself.
+
+use std::borrow::Cow;
+use std::io::Cursor;
+
+use linux_loader::loader::bootparam::setup_header;
+use linux_loader::loader::{bzimage::BzImage, KernelLoader};
+use vm_memory::{ByteValued, GuestAddress};
+
+use crate::error::Result;
+use crate::memory::{check_fits, GuestRam, HIGH_MEMORY_START};
+
+use super::decompress::{decompress, Compression};
+use super::elf::ElfInfo;
+use super::linux::{self, LoadedKernel};
+use super::{BootPlan, Image};
+
+const HEADER_OFFSET: usize = 0x1f1;
+/// The 64-bit entry point sits 0x200 bytes into the protected-mode kernel.
+const STARTUP_64_OFFSET: u64 = 0x200;
+/// xloadflags bit: the kernel has a 64-bit entry point.
+const XLF_KERNEL_64: u16 = 0x1;
+
+pub fn is_bzimage(bytes: &[u8]) -> bool {
+    bytes.get(0x202..0x206) == Some(b"HdrS")
+}
+
+fn read_header(bytes: &[u8]) -> Option<setup_header> {
+    let mut header = setup_header::default();
+    let len = header.as_slice().len();
+    header
+        .as_mut_slice()
+        .copy_from_slice(bytes.get(HEADER_OFFSET..HEADER_OFFSET + len)?);
+    Some(header)
+}
+
+/// The kernel's version string, as `file` and the boot loaders print it.
+fn version_string(bytes: &[u8], header: &setup_header) -> Option<String> {
+    if header.kernel_version == 0 {
+        return None;
+    }
+    let start = 0x200 + usize::from(header.kernel_version);
+    let tail = bytes.get(start..)?;
+    let end = tail.iter().take(256).position(|&b| b == 0)?;
+    Some(String::from_utf8_lossy(&tail[..end]).into_owned())
+}
+
+pub fn load(
+    ram: &GuestRam,
+    kernel: &Image,
+    initrd: Option<&Image>,
+    cmdline: &str,
+) -> Result<BootPlan> {
+    let bytes: &[u8] = &kernel.bytes;
+    let header =
+        read_header(bytes).ok_or_else(|| kernel.format_error("its setup header is truncated"))?;
+    if header.version < 0x020c || header.xloadflags & XLF_KERNEL_64 == 0 {
+        return Err(kernel.format_error(format!(
+            "it is a bzImage of boot protocol {}.{:02} without a 64-bit entry point; \
+             vtrace needs protocol 2.12 or later on an x86-64 kernel",
+            header.version >> 8,
+            header.version & 0xff
+        )));
+    }
+    let version = version_string(bytes, &header).unwrap_or_else(|| "unknown version".into());
+    let setup_sects = if header.setup_sects == 0 {
+        4
+    } else {
+        usize::from(header.setup_sects)
+    };
+    let setup_size = (setup_sects + 1) * 512;
+    let payload_start = setup_size + header.payload_offset as usize;
+    let payload = bytes
+        .get(payload_start..payload_start + header.payload_length as usize)
+        .ok_or_else(|| kernel.format_error("its compressed payload lies outside the file"))?;
+    let compression = Compression::detect(payload);
+
+    match decompress(payload, compression) {
+        Some(Ok(vmlinux)) if vmlinux.starts_with(b"\x7fELF") => {
+            let size = vmlinux.len();
+            let inner = Image {
+                name: format!("{} (vmlinux inside)", kernel.name),
+                path: kernel.path.clone(),
+                bytes: Cow::Owned(vmlinux),
+            };
+            let elf = ElfInfo::parse(&inner.bytes)
+                .map_err(|r| kernel.format_error(format!("the vmlinux inside: {r}")))?
+                .load(ram, &inner)?;
+            linux::boot(
+                ram,
+                LoadedKernel {
+                    entry: elf.info.entry,
+                    end: elf.info.phys_end,
+                    header: Some(header),
+                    description: format!(
+                        "{}: Linux {version}; {} payload decompressed on the host ({} MiB), \
+                         64-bit entry {:#x}",
+                        kernel.name,
+                        compression.name(),
+                        size >> 20,
+                        elf.info.entry
+                    ),
+                },
+                initrd,
+                cmdline,
+            )
+        }
+        Some(Ok(_)) => {
+            Err(kernel.format_error("its payload does not decompress to an ELF vmlinux"))
+        }
+        Some(Err(e)) => Err(kernel.format_error(format!(
+            "its {} payload is corrupt: {e}",
+            compression.name()
+        ))),
+        None => {
+            let init_size = u64::from(header.init_size);
+            check_fits(
+                ram,
+                &format!(
+                    "{} (needs {init_size} bytes from {HIGH_MEMORY_START:#x} to decompress)",
+                    kernel.name
+                ),
+                HIGH_MEMORY_START,
+                init_size,
+            )?;
+            let loaded = BzImage::load(
+                ram,
+                None,
+                &mut Cursor::new(bytes),
+                Some(GuestAddress(HIGH_MEMORY_START)),
+            )
+            .map_err(|e| kernel.format_error(format!("linux-loader could not load it: {e}")))?;
+            let load = loaded.kernel_load.0;
+            linux::boot(
+                ram,
+                LoadedKernel {
+                    entry: load + STARTUP_64_OFFSET,
+                    end: load + init_size,
+                    header: loaded.setup_header.or(Some(header)),
+                    description: format!(
+                        "{}: Linux {version}; {} payload, decompressed by the kernel itself \
+                         (slow where kernel code is emulated)",
+                        kernel.name,
+                        compression.name()
+                    ),
+                },
+                initrd,
+                cmdline,
+            )
+        }
+    }
+}

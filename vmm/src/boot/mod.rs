@@ -1,0 +1,263 @@
+//! Loading a guest image into memory and choosing the CPU state to start it
+//! in. Three kinds of image: a PVH ELF (the demo OS; also what QEMU and
+//! Firecracker boot), a Linux bzImage (or plain vmlinux ELF) through the
+//! 64-bit boot protocol, and a raw 16-bit real-mode image.
+
+mod bzimage;
+mod decompress;
+mod elf;
+mod linux;
+mod pvh;
+mod realmode;
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+use linux_loader::loader::{load_cmdline, Cmdline};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::cpu::entry::EntryState;
+use crate::error::{Error, Result};
+use crate::memory::{layout, GuestRam, EBDA_START, HIGH_MEMORY_START, MMIO_HOLE_START};
+
+/// Bytes of an image and the name to show for it.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// A path, or a description such as "built-in demo OS".
+    pub name: String,
+    pub path: Option<PathBuf>,
+    pub bytes: Cow<'static, [u8]>,
+}
+
+impl Image {
+    /// An image built into the binary.
+    pub fn embedded(name: &str, bytes: &'static [u8]) -> Image {
+        Image {
+            name: name.to_string(),
+            path: None,
+            bytes: Cow::Borrowed(bytes),
+        }
+    }
+
+    /// An image read from a file; `what` names it in errors ("kernel").
+    pub fn from_file(what: &'static str, path: impl Into<PathBuf>) -> Result<Image> {
+        let path = path.into();
+        let bytes = std::fs::read(&path).map_err(|source| Error::ImageUnreadable {
+            what,
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Image {
+            name: path.display().to_string(),
+            path: Some(path),
+            bytes: Cow::Owned(bytes),
+        })
+    }
+
+    fn format_error(&self, reason: impl Into<String>) -> Error {
+        Error::ImageFormat {
+            path: self
+                .path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(&self.name)),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What to boot.
+#[derive(Clone, Debug)]
+pub enum BootSource {
+    /// A PVH ELF, a 64-bit vmlinux ELF or a bzImage, told apart by content.
+    Kernel {
+        kernel: Image,
+        initrd: Option<Image>,
+        cmdline: String,
+    },
+    /// A raw 16-bit image, copied to `load_addr` and entered in real mode.
+    RealMode { image: Image, load_addr: u64 },
+}
+
+/// How the guest was loaded: its entry state and a line for the user.
+#[derive(Clone, Debug)]
+pub struct BootPlan {
+    pub entry: EntryState,
+    pub description: String,
+}
+
+/// Kernel command line used for a Linux kernel when the user gives none:
+/// the serial console (and the early one, so a kernel that stops early still
+/// says something), reboot through the keyboard controller, and a panic
+/// that reboots, so a failing kernel ends the run instead of spinning.
+pub const DEFAULT_LINUX_CMDLINE: &str =
+    "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off";
+
+/// E820 / PVH memory types.
+pub const E820_RAM: u32 = 1;
+pub const E820_RESERVED: u32 = 2;
+
+/// One entry of the memory map given to the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryMapEntry {
+    pub addr: u64,
+    pub size: u64,
+    pub kind: u32,
+}
+
+/// The guest's memory map: low RAM, the BIOS hole, RAM up to the MMIO hole
+/// and RAM above 4 GiB.
+pub fn memory_map(ram: &GuestRam) -> Vec<MemoryMapEntry> {
+    let mut map = vec![
+        MemoryMapEntry {
+            addr: 0,
+            size: EBDA_START,
+            kind: E820_RAM,
+        },
+        MemoryMapEntry {
+            addr: EBDA_START,
+            size: HIGH_MEMORY_START - EBDA_START,
+            kind: E820_RESERVED,
+        },
+    ];
+    for region in ram.iter() {
+        let start = region.start_addr().raw_value().max(HIGH_MEMORY_START);
+        let end = region.start_addr().raw_value() + region.len();
+        if end > start {
+            map.push(MemoryMapEntry {
+                addr: start,
+                size: end - start,
+                kind: E820_RAM,
+            });
+        }
+    }
+    map
+}
+
+/// Where an initrd of `len` bytes goes: page-aligned, as high as possible
+/// below `limit` and below the MMIO hole, above `kernel_end`.
+fn place_initrd(ram: &GuestRam, len: u64, kernel_end: u64, limit: u64) -> Result<u64> {
+    let top = crate::memory::low_ram_end(ram)
+        .min(limit)
+        .min(MMIO_HOLE_START);
+    let addr = top.checked_sub(len).map(|a| a & !0xfff);
+    match addr {
+        Some(a) if a >= kernel_end => Ok(a),
+        _ => Err(Error::MemoryTooSmall {
+            what: format!("the kernel and a {len}-byte initrd"),
+            need: kernel_end + len,
+            have: crate::memory::ram_size(ram),
+        }),
+    }
+}
+
+/// Writes the NUL-terminated command line at its fixed place; returns its
+/// length without the NUL.
+fn write_cmdline(ram: &GuestRam, cmdline: &str, max: usize) -> Result<usize> {
+    let mut line = Cmdline::new(max.min(layout::CMDLINE_MAX))
+        .map_err(|e| Error::CommandLine(e.to_string()))?;
+    if !cmdline.is_empty() {
+        line.insert_str(cmdline)
+            .map_err(|e| Error::CommandLine(format!("{e} (at most {} bytes)", max - 1)))?;
+    }
+    load_cmdline(ram, GuestAddress(layout::CMDLINE), &line)
+        .map_err(|e| Error::CommandLine(e.to_string()))?;
+    Ok(cmdline.len())
+}
+
+/// Copies the initrd high in low memory; returns (address, length).
+fn load_initrd(ram: &GuestRam, initrd: &Image, kernel_end: u64, limit: u64) -> Result<(u64, u64)> {
+    let len = initrd.bytes.len() as u64;
+    let addr = place_initrd(ram, len, kernel_end, limit)?;
+    ram.write_slice(&initrd.bytes, GuestAddress(addr))
+        .map_err(|e| Error::Memory(format!("writing the initrd: {e}")))?;
+    Ok((addr, len))
+}
+
+/// Loads `source` into `ram` and says how to enter it.
+pub fn load(ram: &GuestRam, source: &BootSource) -> Result<BootPlan> {
+    match source {
+        BootSource::RealMode { image, load_addr } => realmode::load(ram, image, *load_addr),
+        BootSource::Kernel {
+            kernel,
+            initrd,
+            cmdline,
+        } => {
+            let bytes: &[u8] = &kernel.bytes;
+            if bytes.starts_with(b"\x7fELF") {
+                let elf = elf::ElfInfo::parse(bytes)
+                    .map_err(|r| kernel.format_error(r))?
+                    .load(ram, kernel)?;
+                match elf.pvh_entry {
+                    Some(entry) => {
+                        pvh::boot(ram, kernel, &elf.info, entry, initrd.as_ref(), cmdline)
+                    }
+                    None => linux::boot(
+                        ram,
+                        linux::LoadedKernel {
+                            entry: elf.info.entry,
+                            end: elf.info.phys_end,
+                            header: None,
+                            description: format!(
+                                "{}: 64-bit ELF at {:#x}..{:#x}, Linux boot protocol entry {:#x}",
+                                kernel.name, elf.info.phys_start, elf.info.phys_end, elf.info.entry
+                            ),
+                        },
+                        initrd.as_ref(),
+                        cmdline,
+                    ),
+                }
+            } else if bzimage::is_bzimage(bytes) {
+                bzimage::load(ram, kernel, initrd.as_ref(), cmdline)
+            } else {
+                Err(kernel.format_error(
+                    "it is neither an ELF kernel (PVH or 64-bit vmlinux) nor a Linux bzImage \
+                     (no ELF magic, no \"HdrS\" at 0x202); for a raw 16-bit image use --real-mode",
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::create_guest_ram;
+
+    #[test]
+    fn memory_map_covers_ram_around_holes() {
+        let ram = create_guest_ram(4 << 30).unwrap();
+        let map = memory_map(&ram);
+        let ram_total: u64 = map
+            .iter()
+            .filter(|e| e.kind == E820_RAM)
+            .map(|e| e.size)
+            .sum();
+        assert_eq!(ram_total, (4 << 30) - (HIGH_MEMORY_START - EBDA_START));
+        assert_eq!(map.last().unwrap().addr, 1 << 32);
+    }
+
+    #[test]
+    fn initrd_goes_high_but_not_over_the_kernel() {
+        let ram = create_guest_ram(64 << 20).unwrap();
+        let at = place_initrd(&ram, 0x1800, 0x200000, u64::MAX).unwrap();
+        assert_eq!(at, (64 << 20) - 0x2000);
+        assert!(matches!(
+            place_initrd(&ram, 63 << 20, 0x200000, u64::MAX),
+            Err(Error::MemoryTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_format_is_reported() {
+        let ram = create_guest_ram(16 << 20).unwrap();
+        let source = BootSource::Kernel {
+            kernel: Image::embedded("junk", b"not a kernel at all"),
+            initrd: None,
+            cmdline: String::new(),
+        };
+        match load(&ram, &source) {
+            Err(Error::ImageFormat { reason, .. }) => assert!(reason.contains("neither")),
+            other => panic!("{other:?}"),
+        }
+    }
+}

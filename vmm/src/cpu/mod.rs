@@ -1,0 +1,5 @@
+//! What the vCPU looks like to the guest (CPUID) and the register state each
+//! boot protocol starts it in.
+
+pub mod cpuid;
+pub mod entry;

@@ -1,0 +1,200 @@
+//! What the user is shown when a guest dies: registers, the code at RIP and
+//! the last exits before it happened.
+
+use std::fmt;
+
+use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
+use kvm_bindings::{kvm_regs, kvm_sregs};
+
+/// How many recent exits the report keeps.
+pub const EXIT_HISTORY: usize = 16;
+
+/// One exit, remembered for a crash report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitNote {
+    pub kind: &'static str,
+    pub rip: u64,
+    /// Port, address or vector, depending on the kind.
+    pub detail: u64,
+}
+
+/// A ring of the last exits; recording one is a copy into a fixed array, so
+/// it can stay on even where exits are frequent.
+#[derive(Clone, Debug, Default)]
+pub struct ExitHistory {
+    notes: [ExitNote; EXIT_HISTORY],
+    next: usize,
+    total: u64,
+}
+
+impl ExitHistory {
+    pub fn record(&mut self, note: ExitNote) {
+        self.notes[self.next] = note;
+        self.next = (self.next + 1) % EXIT_HISTORY;
+        self.total += 1;
+    }
+
+    /// Exits recorded so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The remembered exits, oldest first.
+    pub fn recent(&self) -> Vec<ExitNote> {
+        let kept = (self.total as usize).min(EXIT_HISTORY);
+        (0..kept)
+            .map(|i| self.notes[(self.next + EXIT_HISTORY - kept + i) % EXIT_HISTORY])
+            .collect()
+    }
+}
+
+/// The guest's state when it stopped abnormally.
+#[derive(Clone, Debug)]
+pub struct CrashReport {
+    pub regs: kvm_regs,
+    pub sregs: kvm_sregs,
+    /// Bytes at CS:RIP, if they could be read.
+    pub code: Option<Vec<u8>>,
+    pub recent_exits: Vec<ExitNote>,
+    /// What the user can do about it.
+    pub hint: Option<String>,
+}
+
+impl CrashReport {
+    /// Code size of the CPU mode in the segment registers: 16, 32 or 64.
+    pub fn bitness(&self) -> u32 {
+        if self.sregs.efer & 0x400 != 0 && self.sregs.cs.l == 1 {
+            64
+        } else if self.sregs.cr0 & 1 == 1 && self.sregs.cs.db == 1 {
+            32
+        } else {
+            16
+        }
+    }
+
+    /// The instruction at RIP in Intel syntax, if its bytes are known.
+    pub fn instruction(&self) -> Option<String> {
+        let code = self.code.as_ref()?;
+        let mut decoder =
+            Decoder::with_ip(self.bitness(), code, self.regs.rip, DecoderOptions::NONE);
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        let mut text = String::new();
+        IntelFormatter::new().format(&insn, &mut text);
+        Some(text)
+    }
+}
+
+impl fmt::Display for CrashReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.regs;
+        let s = &self.sregs;
+        writeln!(
+            f,
+            "  mode: {}-bit, CPL {}, CS:RIP {:04x}:{:016x}",
+            self.bitness(),
+            s.cs.selector & 3,
+            s.cs.selector,
+            r.rip
+        )?;
+        if let Some(code) = &self.code {
+            let bytes: Vec<String> = code.iter().take(15).map(|b| format!("{b:02x}")).collect();
+            write!(f, "  code at RIP: {}", bytes.join(" "))?;
+            match self.instruction() {
+                Some(text) => writeln!(f, "  ({text})")?,
+                None => writeln!(f)?,
+            }
+        }
+        writeln!(
+            f,
+            "  rax {:016x} rbx {:016x} rcx {:016x} rdx {:016x}",
+            r.rax, r.rbx, r.rcx, r.rdx
+        )?;
+        writeln!(
+            f,
+            "  rsi {:016x} rdi {:016x} rbp {:016x} rsp {:016x}",
+            r.rsi, r.rdi, r.rbp, r.rsp
+        )?;
+        writeln!(
+            f,
+            "  r8  {:016x} r9  {:016x} r10 {:016x} r11 {:016x}",
+            r.r8, r.r9, r.r10, r.r11
+        )?;
+        writeln!(
+            f,
+            "  r12 {:016x} r13 {:016x} r14 {:016x} r15 {:016x}",
+            r.r12, r.r13, r.r14, r.r15
+        )?;
+        writeln!(
+            f,
+            "  rflags {:08x} cr0 {:08x} cr2 {:016x} cr3 {:016x} cr4 {:08x} efer {:x}",
+            r.rflags, s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+        )?;
+        writeln!(
+            f,
+            "  idt {:016x}+{:x} gdt {:016x}+{:x}",
+            s.idt.base, s.idt.limit, s.gdt.base, s.gdt.limit
+        )?;
+        if !self.recent_exits.is_empty() {
+            writeln!(f, "  last exits, oldest first:")?;
+            for e in &self.recent_exits {
+                writeln!(f, "    {:<12} rip {:016x}  {:#x}", e.kind, e.rip, e.detail)?;
+            }
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, "  hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What to tell a user whose guest hit an instruction the emulator lacks.
+pub const EMULATOR_HINT: &str = "on this host KVM runs kernel-mode guest code in its instruction \
+emulator, which lacks some instructions: INT n / INT3 / INTO outside real mode, CMPXCHG16B, the \
+XSAVE family, XGETBV, POPCNT, RDTSCP and RDPID. Keep the default --cpu baseline (it hides the \
+CPUID-gated ones from the guest) and build guest code without them (gcc: -mgeneral-regs-only \
+-mno-popcnt), or run on a host with hardware VT-x/AMD-V.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_keeps_the_last_exits_in_order() {
+        let mut h = ExitHistory::default();
+        for i in 0..20u64 {
+            h.record(ExitNote {
+                kind: "io",
+                rip: i,
+                detail: 0,
+            });
+        }
+        let recent = h.recent();
+        assert_eq!(recent.len(), EXIT_HISTORY);
+        assert_eq!(recent.first().unwrap().rip, 4);
+        assert_eq!(recent.last().unwrap().rip, 19);
+        assert_eq!(h.total(), 20);
+    }
+
+    #[test]
+    fn report_decodes_the_faulting_instruction() {
+        let mut report = CrashReport {
+            regs: kvm_regs {
+                rip: 0x1000,
+                ..Default::default()
+            },
+            sregs: kvm_sregs::default(),
+            code: Some(vec![0xf3, 0x0f, 0xb8, 0xc0]),
+            recent_exits: vec![],
+            hint: None,
+        };
+        report.sregs.cr0 = 1;
+        report.sregs.efer = 0x500;
+        report.sregs.cs.l = 1;
+        assert_eq!(report.bitness(), 64);
+        assert_eq!(report.instruction().as_deref(), Some("popcnt eax,eax"));
+        assert!(report.to_string().contains("f3 0f b8 c0"));
+    }
+}

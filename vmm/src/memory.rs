@@ -1,0 +1,184 @@
+//! Guest physical memory and the fixed places boot structures go.
+//!
+//! RAM is anonymous `MAP_NORESERVE` memory (vm-memory's default), so a guest
+//! given 4 GiB costs the host only the pages it touches. Above 3 GiB the
+//! address space has a hole (where real machines put device memory); RAM
+//! asked for beyond that starts again at 4 GiB.
+
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::error::{Error, Result};
+
+/// The guest's RAM.
+pub type GuestRam = GuestMemoryMmap<()>;
+
+/// Start of the hole below 4 GiB.
+pub const MMIO_HOLE_START: u64 = 0xC000_0000;
+/// End of that hole.
+pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+/// End of conventional memory; from here to 1 MiB is BIOS/EBDA territory.
+pub const EBDA_START: u64 = 0x9_FC00;
+/// Start of high memory.
+pub const HIGH_MEMORY_START: u64 = 0x10_0000;
+
+/// Where the VMM puts its boot structures (all below 640 KiB, unused by the
+/// images vtrace loads: the demo OS and Linux load at 1 MiB or above).
+pub mod layout {
+    /// Boot GDT for protected- and long-mode entries.
+    pub const BOOT_GDT: u64 = 0x500;
+    /// An empty IDT, so a stray early interrupt shuts down loudly.
+    pub const BOOT_IDT: u64 = 0x520;
+    /// PVH `hvm_start_info`.
+    pub const PVH_START_INFO: u64 = 0x6000;
+    /// PVH module list (the initrd).
+    pub const PVH_MODLIST: u64 = 0x6040;
+    /// PVH memory map.
+    pub const PVH_MEMMAP: u64 = 0x6100;
+    /// Linux `boot_params` ("zero page").
+    pub const ZERO_PAGE: u64 = 0x7000;
+    /// Top of the stack a 64-bit Linux entry starts on.
+    pub const BOOT_STACK_TOP: u64 = 0x8ff0;
+    /// PML4 of the identity map for the 64-bit Linux entry.
+    pub const PML4: u64 = 0x9000;
+    /// Its PDPT.
+    pub const PDPT: u64 = 0xa000;
+    /// Its page directory (1 GiB in 2 MiB pages).
+    pub const PD: u64 = 0xb000;
+    /// Kernel command line.
+    pub const CMDLINE: u64 = 0x2_0000;
+    /// Longest command line vtrace passes.
+    pub const CMDLINE_MAX: usize = 4096;
+}
+
+/// A contiguous stretch of RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamRange {
+    pub start: u64,
+    pub size: u64,
+}
+
+impl RamRange {
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.start + self.size
+    }
+}
+
+/// The RAM ranges for `size` bytes of guest memory, split around the hole.
+pub fn ram_ranges(size: u64) -> Vec<RamRange> {
+    if size <= MMIO_HOLE_START {
+        vec![RamRange { start: 0, size }]
+    } else {
+        vec![
+            RamRange {
+                start: 0,
+                size: MMIO_HOLE_START,
+            },
+            RamRange {
+                start: MMIO_HOLE_END,
+                size: size - MMIO_HOLE_START,
+            },
+        ]
+    }
+}
+
+/// Smallest memory vtrace accepts: room for the boot structures and 1 MiB.
+pub const MIN_MEMORY: u64 = 2 << 20;
+/// Largest memory vtrace accepts (the 4-level identity maps and e820 code
+/// are written for this much; more is not useful for tracing).
+pub const MAX_MEMORY: u64 = 64 << 30;
+
+/// Reserves guest RAM (lazily: nothing is touched here).
+pub fn create_guest_ram(size: u64) -> Result<GuestRam> {
+    if size < MIN_MEMORY {
+        return Err(Error::MemorySize(size, "vtrace needs at least 2 MiB"));
+    }
+    if size > MAX_MEMORY {
+        return Err(Error::MemorySize(size, "vtrace allows at most 64 GiB"));
+    }
+    if size % 4096 != 0 {
+        return Err(Error::MemorySize(size, "it must be a multiple of 4 KiB"));
+    }
+    let ranges: Vec<(GuestAddress, usize)> = ram_ranges(size)
+        .iter()
+        .map(|r| (GuestAddress(r.start), r.size as usize))
+        .collect();
+    GuestRam::from_ranges(&ranges).map_err(|e| Error::Memory(e.to_string()))
+}
+
+/// Total RAM in bytes.
+pub fn ram_size(ram: &GuestRam) -> u64 {
+    ram.iter().map(|r| r.len()).sum()
+}
+
+/// One past the highest RAM address below the 4 GiB hole.
+pub fn low_ram_end(ram: &GuestRam) -> u64 {
+    ram.iter()
+        .map(|r| r.start_addr().raw_value() + r.len())
+        .filter(|end| *end <= MMIO_HOLE_START)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Checks that `[start, start + len)` is RAM, or says what needed it.
+pub fn check_fits(ram: &GuestRam, what: &str, start: u64, len: u64) -> Result<()> {
+    let end = start.saturating_add(len);
+    let fits = len == 0
+        || ram.address_in_range(GuestAddress(end - 1)) && ram.address_in_range(GuestAddress(start));
+    let contiguous = ram.iter().any(|r| {
+        r.start_addr().raw_value() <= start && end <= r.start_addr().raw_value() + r.len()
+    });
+    if fits && contiguous {
+        Ok(())
+    } else {
+        Err(Error::MemoryTooSmall {
+            what: what.to_string(),
+            need: end,
+            have: ram_size(ram),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_memory_is_one_range() {
+        assert_eq!(
+            ram_ranges(256 << 20),
+            vec![RamRange {
+                start: 0,
+                size: 256 << 20
+            }]
+        );
+    }
+
+    #[test]
+    fn large_memory_skips_the_hole() {
+        let r = ram_ranges(4 << 30);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].end(), MMIO_HOLE_START);
+        assert_eq!(r[1].start, MMIO_HOLE_END);
+        assert_eq!(r[0].size + r[1].size, 4 << 30);
+    }
+
+    #[test]
+    fn rejects_sizes_out_of_range() {
+        assert!(matches!(create_guest_ram(4096), Err(Error::MemorySize(..))));
+        assert!(matches!(
+            create_guest_ram((2 << 20) + 1),
+            Err(Error::MemorySize(..))
+        ));
+    }
+
+    #[test]
+    fn check_fits_reports_need() {
+        let ram = create_guest_ram(4 << 20).unwrap();
+        assert!(check_fits(&ram, "x", 0x100000, 0x1000).is_ok());
+        match check_fits(&ram, "kernel", 0x300000, 0x200000) {
+            Err(Error::MemoryTooSmall { need, .. }) => assert_eq!(need, 0x500000),
+            other => panic!("{other:?}"),
+        }
+    }
+}

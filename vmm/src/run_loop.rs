@@ -1,0 +1,424 @@
+//! The run loop: enter the guest, serve each exit, deliver interrupts.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::VcpuExit;
+
+use crate::clock::{ClockMode, VirtualClock, VirtualNanos};
+use crate::console::{self, ConsoleInput, RawTerminal};
+use crate::devices::hypercall::{Hypercall, HypercallOutcome, MarkStats};
+use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
+use crate::error::{Error, Result};
+use crate::kick::Kicker;
+use crate::monitor::Monitor;
+use crate::vcpu::TranslatedMemory;
+use crate::vm::{ConsoleMode, Vm};
+
+/// How a run ended, when it ended the way a guest may end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestExit {
+    /// The guest made the EXIT hypercall with this status.
+    Status(u8),
+    /// The guest reset the machine (i8042 or port 0xCF9).
+    Reset,
+    /// The user pressed `Ctrl-A x`.
+    UserQuit,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub exit: GuestExit,
+    /// Virtual time at the end.
+    pub virtual_time: Duration,
+    /// Host time the run took.
+    pub host_time: Duration,
+    /// Interrupts injected, by ISA IRQ line.
+    pub irqs: [u64; 16],
+    /// VM exits served.
+    pub exits: u64,
+    /// MARK hypercalls, by identifier.
+    pub marks: BTreeMap<u64, MarkStats>,
+}
+
+impl RunOutcome {
+    /// Timer (IRQ0) interrupts delivered to the guest.
+    pub fn timer_interrupts(&self) -> u64 {
+        self.irqs[0]
+    }
+}
+
+const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+
+/// An exit, copied out of `kvm_run` so the VM can be used while serving it.
+enum Exit {
+    IoIn {
+        port: u16,
+        size: usize,
+    },
+    IoOut {
+        port: u16,
+        data: [u8; 8],
+        size: usize,
+    },
+    MmioRead,
+    MmioWrite,
+    Halt,
+    IrqWindow,
+    Interrupted,
+    Shutdown,
+    InternalError {
+        suberror: u32,
+    },
+    FailEntry {
+        reason: u64,
+    },
+    SystemEvent {
+        kind: u32,
+    },
+    Debug,
+    Other(String),
+}
+
+/// What serving an exit decided.
+enum Next {
+    Continue,
+    Stop(GuestExit),
+}
+
+impl Vm {
+    /// Runs the guest until it exits, resets, is quit by the user, or fails.
+    pub fn run(&mut self, monitor: &mut dyn Monitor) -> Result<RunOutcome> {
+        let _raw = match self.console {
+            ConsoleMode::Interactive => RawTerminal::enable()?,
+            ConsoleMode::OutputOnly => None,
+        };
+        let immediate_exit = &mut self.vcpu.run_page().immediate_exit as *mut u8;
+        let kicker = Kicker::new(immediate_exit)?;
+        let (tx, rx) = mpsc::channel();
+        if self.console == ConsoleMode::Interactive {
+            let handle = kicker.handle();
+            console::spawn_input_thread(tx, move || handle.kick())?;
+        } else {
+            drop(tx);
+        }
+        self.clock = VirtualClock::new(ClockMode::Wall);
+        let started = Instant::now();
+        let mut irqs = [0u64; 16];
+        let exit = loop {
+            if let Next::Stop(exit) = self.service(&rx, monitor, &mut irqs)? {
+                break exit;
+            }
+            match self.devices.next_deadline() {
+                Some(deadline) => kicker.kick_after(self.clock.host_delay_until(deadline)),
+                None => kicker.cancel(),
+            }
+            let exit = self.enter();
+            if let Next::Stop(exit) = self.serve(exit, &rx, monitor, &mut irqs)? {
+                break exit;
+            }
+        };
+        Ok(RunOutcome {
+            exit,
+            virtual_time: Duration::from_nanos(self.clock.now()),
+            host_time: started.elapsed(),
+            irqs,
+            exits: self.history.total(),
+            marks: self.hypercalls.marks().clone(),
+        })
+    }
+
+    /// Device work between exits: console input, interrupt lines, injection.
+    fn service(
+        &mut self,
+        rx: &Receiver<ConsoleInput>,
+        monitor: &mut dyn Monitor,
+        irqs: &mut [u64; 16],
+    ) -> Result<Next> {
+        while let Ok(input) = rx.try_recv() {
+            if let Next::Stop(exit) = self.console_input(input, monitor) {
+                return Ok(Next::Stop(exit));
+            }
+        }
+        let now = self.clock.now();
+        self.devices.update_interrupts(now);
+        if self.devices.reset.reset_requested() {
+            return Ok(Next::Stop(GuestExit::Reset));
+        }
+        self.inject(irqs)?;
+        Ok(Next::Continue)
+    }
+
+    /// Delivers the PIC's pending interrupt if the guest can take it now,
+    /// else asks KVM to exit as soon as it can.
+    fn inject(&mut self, irqs: &mut [u64; 16]) -> Result<()> {
+        let pending = self.devices.pic.pending_vector().is_some();
+        let run = self.vcpu.run_page();
+        if !pending {
+            run.request_interrupt_window = 0;
+            return Ok(());
+        }
+        if run.ready_for_interrupt_injection != 0 && run.if_flag != 0 {
+            run.request_interrupt_window = 0;
+            if let Some((vector, irq)) = self.devices.pic.acknowledge() {
+                self.vcpu.interrupt(vector)?;
+                irqs[usize::from(irq)] += 1;
+            }
+        } else {
+            run.request_interrupt_window = 1;
+        }
+        Ok(())
+    }
+
+    fn console_input(&mut self, input: ConsoleInput, monitor: &mut dyn Monitor) -> Next {
+        match input {
+            ConsoleInput::Guest(bytes) => self.devices.serial.queue_input(&bytes),
+            ConsoleInput::Hotkey(b'x') => {
+                console::user_message("vtrace: terminated by Ctrl-A x");
+                return Next::Stop(GuestExit::UserQuit);
+            }
+            ConsoleInput::Hotkey(b'h' | b'?') => {
+                let mut help = String::from(
+                    "vtrace console keys (press Ctrl-A, then the key):\n  \
+                     Ctrl-A x    quit vtrace\n  \
+                     Ctrl-A h    this help\n  \
+                     Ctrl-A C-a  send Ctrl-A to the guest",
+                );
+                for (key, meaning) in monitor.hotkey_help() {
+                    help.push_str(&format!("\n  Ctrl-A {key}    {meaning}"));
+                }
+                console::user_message(&help);
+            }
+            ConsoleInput::Hotkey(key) => match monitor.hotkey(key) {
+                Some(message) => console::user_message(&message),
+                None => console::user_message(&format!(
+                    "vtrace: Ctrl-A {} does nothing (Ctrl-A h lists the keys)",
+                    char::from(key).escape_default()
+                )),
+            },
+            ConsoleInput::Closed => {}
+        }
+        Next::Continue
+    }
+
+    /// Runs the vCPU until its next exit.
+    fn enter(&mut self) -> Exit {
+        match self.vcpu.fd.run() {
+            Ok(VcpuExit::IoIn(port, data)) => Exit::IoIn {
+                port,
+                size: data.len(),
+            },
+            Ok(VcpuExit::IoOut(port, data)) => {
+                let mut buf = [0u8; 8];
+                let size = data.len().min(8);
+                buf[..size].copy_from_slice(&data[..size]);
+                Exit::IoOut {
+                    port,
+                    data: buf,
+                    size,
+                }
+            }
+            Ok(VcpuExit::MmioRead(_, data)) => {
+                // Nothing is mapped as MMIO: reads float high.
+                data.fill(0xff);
+                Exit::MmioRead
+            }
+            Ok(VcpuExit::MmioWrite(..)) => Exit::MmioWrite,
+            Ok(VcpuExit::Hlt) => Exit::Halt,
+            Ok(VcpuExit::IrqWindowOpen) => Exit::IrqWindow,
+            Ok(VcpuExit::Shutdown) => Exit::Shutdown,
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: KVM_EXIT_INTERNAL_ERROR makes `internal` the live
+                // member of the exit union.
+                let suberror = unsafe { self.vcpu.run_page().__bindgen_anon_1.internal.suberror };
+                Exit::InternalError { suberror }
+            }
+            Ok(VcpuExit::FailEntry(reason, _)) => Exit::FailEntry { reason },
+            Ok(VcpuExit::SystemEvent(kind, _)) => Exit::SystemEvent { kind },
+            Ok(VcpuExit::Debug(_)) => Exit::Debug,
+            Ok(VcpuExit::Intr) => Exit::Interrupted,
+            Ok(other) => Exit::Other(format!("{other:?}")),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Exit::Interrupted,
+            Err(e) => Exit::Other(format!("KVM_RUN failed: {e}")),
+        }
+    }
+
+    fn note(&mut self, kind: &'static str, detail: u64) {
+        let rip = self.vcpu.fd.sync_regs_mut().regs.rip;
+        self.history.record(ExitNote { kind, rip, detail });
+    }
+
+    fn serve(
+        &mut self,
+        exit: Exit,
+        rx: &Receiver<ConsoleInput>,
+        monitor: &mut dyn Monitor,
+        irqs: &mut [u64; 16],
+    ) -> Result<Next> {
+        match exit {
+            Exit::IoIn { port, size } => {
+                self.note("io-in", u64::from(port));
+                if port == vtrace_guest::PORT && size == 4 {
+                    return self.hypercall(monitor);
+                }
+                let mut data = [0u8; 8];
+                let now = self.clock.now();
+                self.devices.pio_read(port, &mut data[..size.min(8)], now);
+                self.vcpu.complete_io_in(&data[..size.min(8)]);
+            }
+            Exit::IoOut { port, data, size } => {
+                self.note("io-out", u64::from(port));
+                let now = self.clock.now();
+                self.devices.pio_write(port, &data[..size], now);
+            }
+            Exit::MmioRead | Exit::MmioWrite => self.note("mmio", 0),
+            Exit::Halt => {
+                self.note("hlt", 0);
+                return self.halt(rx, monitor, irqs);
+            }
+            Exit::IrqWindow => self.note("irq-window", 0),
+            Exit::Interrupted => {
+                self.vcpu.fd.set_kvm_immediate_exit(0);
+            }
+            Exit::Debug => self.note("debug", 0),
+            Exit::Shutdown => {
+                self.note("shutdown", 0);
+                return Err(Error::GuestShutdown(Box::new(self.crash_report(None))));
+            }
+            Exit::InternalError { suberror } => {
+                self.note("internal", u64::from(suberror));
+                if suberror == KVM_INTERNAL_ERROR_EMULATION {
+                    let hint = Some(EMULATOR_HINT.to_string());
+                    return Err(Error::EmulationFailure(Box::new(self.crash_report(hint))));
+                }
+                return Err(Error::GuestFailure {
+                    reason: format!("internal error, suberror {suberror}"),
+                    report: Box::new(self.crash_report(None)),
+                });
+            }
+            Exit::FailEntry { reason } => {
+                return Err(Error::GuestFailure {
+                    reason: format!("VM entry failed, hardware reason {reason:#x}"),
+                    report: Box::new(self.crash_report(None)),
+                });
+            }
+            Exit::SystemEvent { kind } => {
+                const KVM_SYSTEM_EVENT_RESET: u32 = 2;
+                if kind == KVM_SYSTEM_EVENT_RESET {
+                    return Ok(Next::Stop(GuestExit::Reset));
+                }
+                return Err(Error::GuestShutdown(Box::new(self.crash_report(None))));
+            }
+            Exit::Other(what) => {
+                return Err(Error::GuestFailure {
+                    reason: format!("unexpected exit: {what}"),
+                    report: Box::new(self.crash_report(None)),
+                });
+            }
+        }
+        Ok(Next::Continue)
+    }
+
+    fn hypercall(&mut self, monitor: &mut dyn Monitor) -> Result<Next> {
+        let regs = self.vcpu.regs();
+        let long_mode = self.vcpu.sregs().cs.l == 1;
+        let width = |v: u64| if long_mode { v } else { v & 0xffff_ffff };
+        let call = Hypercall {
+            command: regs.rax as u32,
+            args: [
+                width(regs.rbx),
+                width(regs.rcx),
+                width(regs.rsi),
+                width(regs.rdi),
+            ],
+        };
+        let memory = TranslatedMemory {
+            vcpu: &self.vcpu.fd,
+            ram: &self.ram,
+        };
+        let outcome = self.hypercalls.handle(call, &memory, monitor, &mut |line| {
+            console::user_message(&format!("vtrace: {line}"))
+        });
+        match outcome {
+            HypercallOutcome::Reply(status) => {
+                self.vcpu.complete_io_in(&status.to_le_bytes());
+                Ok(Next::Continue)
+            }
+            HypercallOutcome::Exit(status) => Ok(Next::Stop(GuestExit::Status(status))),
+        }
+    }
+
+    /// The guest executed HLT: wait (in host time) until a device has
+    /// something for it, serving console input meanwhile.
+    fn halt(
+        &mut self,
+        rx: &Receiver<ConsoleInput>,
+        monitor: &mut dyn Monitor,
+        irqs: &mut [u64; 16],
+    ) -> Result<Next> {
+        if self.vcpu.run_page().if_flag == 0 {
+            return Err(Error::GuestFailure {
+                reason: "the guest halted with interrupts disabled, so nothing can wake it \
+                         (a guest that is done should use the EXIT hypercall)"
+                    .into(),
+                report: Box::new(self.crash_report(None)),
+            });
+        }
+        loop {
+            let now: VirtualNanos = self.clock.now();
+            self.devices.update_interrupts(now);
+            if self.devices.reset.reset_requested() {
+                return Ok(Next::Stop(GuestExit::Reset));
+            }
+            if self.devices.pic.pending_vector().is_some() {
+                self.inject(irqs)?;
+                return Ok(Next::Continue);
+            }
+            let deadline = self.devices.next_deadline();
+            let wait = deadline
+                .map(|d| self.clock.host_delay_until(d))
+                .unwrap_or(Duration::from_millis(100));
+            match rx.recv_timeout(wait) {
+                Ok(input) => {
+                    if let Next::Stop(exit) = self.console_input(input, monitor) {
+                        return Ok(Next::Stop(exit));
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) if deadline.is_none() => {
+                    return Err(Error::GuestFailure {
+                        reason: "the guest halted with no timer programmed and no console \
+                                 input, so nothing can wake it"
+                            .into(),
+                        report: Box::new(self.crash_report(None)),
+                    });
+                }
+                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+            }
+        }
+    }
+
+    fn crash_report(&mut self, hint: Option<String>) -> CrashReport {
+        let regs = self.vcpu.regs();
+        let sregs = self.vcpu.sregs();
+        let linear = sregs.cs.base.wrapping_add(regs.rip);
+        let mut code = vec![0u8; 15];
+        let memory = TranslatedMemory {
+            vcpu: &self.vcpu.fd,
+            ram: &self.ram,
+        };
+        let code =
+            crate::devices::hypercall::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
+                .ok()
+                .map(|()| code);
+        CrashReport {
+            regs,
+            sregs,
+            code,
+            recent_exits: self.history.recent(),
+            hint,
+        }
+    }
+}

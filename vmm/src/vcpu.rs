@@ -1,0 +1,110 @@
+//! The one vCPU: creation, sync-register exchange and the few ioctls
+//! kvm-ioctls does not wrap (`KVM_INTERRUPT`).
+
+use kvm_bindings::{kvm_interrupt, kvm_regs, kvm_run, kvm_sregs};
+use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::ioctl::ioctl_with_ref;
+use vmm_sys_util::ioctl_iow_nr;
+
+use crate::devices::hypercall::{BadAddress, GuestVirtualMemory};
+use crate::error::{Error, Result};
+use crate::memory::GuestRam;
+
+const KVMIO: u32 = 0xAE;
+ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
+
+/// The vCPU and the registers KVM hands over at every exit.
+pub struct Vcpu {
+    pub fd: VcpuFd,
+}
+
+impl Vcpu {
+    /// Creates vCPU 0 with registers and system registers synced through
+    /// `kvm_run` on every exit (no per-exit GET_REGS/GET_SREGS ioctls).
+    pub fn new(vm: &VmFd) -> Result<Vcpu> {
+        let mut fd = vm.create_vcpu(0).map_err(Error::kvm("KVM_CREATE_VCPU"))?;
+        fd.set_sync_valid_reg(SyncReg::Register);
+        fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        Ok(Vcpu { fd })
+    }
+
+    /// General registers as of the last exit.
+    pub fn regs(&mut self) -> kvm_regs {
+        self.fd.sync_regs_mut().regs
+    }
+
+    /// System registers as of the last exit.
+    pub fn sregs(&mut self) -> kvm_sregs {
+        self.fd.sync_regs_mut().sregs
+    }
+
+    /// The shared `kvm_run` page.
+    pub fn run_page(&mut self) -> &mut kvm_run {
+        self.fd.get_kvm_run()
+    }
+
+    /// Injects an external interrupt (user-space irqchip).
+    pub fn interrupt(&self, vector: u8) -> Result<()> {
+        let irq = kvm_interrupt {
+            irq: u32::from(vector),
+        };
+        // SAFETY: KVM_INTERRUPT reads one kvm_interrupt from a valid reference.
+        let ret = unsafe { ioctl_with_ref(&self.fd, KVM_INTERRUPT(), &irq) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(Error::Kvm {
+                call: "KVM_INTERRUPT",
+                source: kvm_ioctls::Error::last(),
+            })
+        }
+    }
+
+    /// Writes the result of a pending `IN` exit (the bytes land in the
+    /// guest's register on the next `KVM_RUN`).
+    pub fn complete_io_in(&mut self, data: &[u8]) {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: only called right after a KVM_EXIT_IO exit, so the `io`
+        // member of the union is the live one; the data area lies inside the
+        // kvm_run mapping at data_offset, size*count bytes long (the same
+        // computation kvm-ioctls uses to hand out the slice).
+        unsafe {
+            let io = run.__bindgen_anon_1.io;
+            let len = (usize::from(io.size) * io.count as usize).min(data.len());
+            let base = (run as *mut kvm_run)
+                .cast::<u8>()
+                .add(io.data_offset as usize);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), base, len);
+        }
+    }
+}
+
+/// Guest-virtual memory through KVM's own page walk (`KVM_TRANSLATE`).
+pub struct TranslatedMemory<'a> {
+    pub vcpu: &'a VcpuFd,
+    pub ram: &'a GuestRam,
+}
+
+impl GuestVirtualMemory for TranslatedMemory<'_> {
+    fn read_virtual(&self, gva: u64, buf: &mut [u8]) -> std::result::Result<(), BadAddress> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let addr = gva.checked_add(done as u64).ok_or(BadAddress(gva))?;
+            let t = self
+                .vcpu
+                .translate_gva(addr)
+                .map_err(|_| BadAddress(addr))?;
+            if t.valid == 0 {
+                return Err(BadAddress(addr));
+            }
+            let in_page = (4096 - (addr & 0xfff)) as usize;
+            let n = in_page.min(buf.len() - done);
+            self.ram
+                .read_slice(&mut buf[done..done + n], GuestAddress(t.physical_address))
+                .map_err(|_| BadAddress(addr))?;
+            done += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! Building a VM: KVM, memory, the loaded image, the vCPU and devices.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use kvm_ioctls::{Cap, Kvm, VmFd};
+
+use crate::boot::{self, BootPlan, BootSource};
+use crate::clock::{ClockMode, VirtualClock};
+use crate::cpu::{cpuid, cpuid::CpuProfile, entry};
+use crate::devices::hypercall::HypercallPort;
+use crate::devices::Devices;
+use crate::diagnostics::ExitHistory;
+use crate::error::{Error, Result};
+use crate::memory::{create_guest_ram, GuestRam};
+use crate::vcpu::Vcpu;
+
+/// Default KVM device.
+pub const KVM_DEVICE: &str = "/dev/kvm";
+
+/// Whether the VM owns the terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsoleMode {
+    /// Raw terminal (when stdin is one), stdin to the guest, hotkeys.
+    Interactive,
+    /// Serial output only; stdin is not read.
+    OutputOnly,
+}
+
+/// Everything that defines a VM.
+pub struct VmConfig {
+    pub boot: BootSource,
+    /// Guest RAM in bytes.
+    pub memory: u64,
+    pub cpu: CpuProfile,
+    pub console: ConsoleMode,
+    /// Path of the KVM device (normally /dev/kvm).
+    pub kvm_device: PathBuf,
+    /// Where the guest's serial output goes.
+    pub serial_out: Box<dyn Write + Send>,
+}
+
+/// A VM ready to run.
+pub struct Vm {
+    pub(crate) _kvm: Kvm,
+    pub(crate) _vm: VmFd,
+    pub(crate) vcpu: Vcpu,
+    pub(crate) ram: GuestRam,
+    pub(crate) devices: Devices,
+    pub(crate) hypercalls: HypercallPort,
+    pub(crate) history: ExitHistory,
+    pub(crate) clock: VirtualClock,
+    pub(crate) console: ConsoleMode,
+    boot: BootPlan,
+}
+
+fn open_kvm(path: &Path) -> Result<Kvm> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::KvmUnsupported(format!("{} is not a valid path", path.display())))?;
+    let kvm = Kvm::new_with_path(&c_path).map_err(|e| Error::KvmUnavailable {
+        path: path.to_path_buf(),
+        source: std::io::Error::from_raw_os_error(e.errno()),
+    })?;
+    let version = kvm.get_api_version();
+    if version != 12 {
+        return Err(Error::KvmUnsupported(format!(
+            "{} answers KVM API version {version}; vtrace needs 12",
+            path.display()
+        )));
+    }
+    for (cap, name) in [
+        (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+        (Cap::SetGuestDebug, "KVM_CAP_SET_GUEST_DEBUG"),
+        (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+        (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
+    ] {
+        if !kvm.check_extension(cap) {
+            return Err(Error::KvmUnsupported(format!("the host lacks {name}")));
+        }
+    }
+    Ok(kvm)
+}
+
+fn host_unix_time() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+impl Vm {
+    /// Opens KVM, reserves memory, loads the guest and prepares the vCPU.
+    pub fn new(config: VmConfig) -> Result<Vm> {
+        let kvm = open_kvm(&config.kvm_device)?;
+        let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
+        // Needed by Intel hosts for real mode and the TSS of big real mode;
+        // harmless elsewhere. Placed just below the BIOS area at 4 GiB.
+        let _ = vm.set_tss_address(0xfffb_d000);
+        let _ = vm.set_identity_map_address(0xfffb_c000);
+
+        let ram = create_guest_ram(config.memory)?;
+        for (slot, region) in vm_memory::GuestMemoryBackend::iter(&ram).enumerate() {
+            use vm_memory::{Address, GuestMemoryRegion};
+            let mem_region = kvm_bindings::kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: region.start_addr().raw_value(),
+                memory_size: region.len(),
+                userspace_addr: region.as_ptr() as u64,
+            };
+            // SAFETY: the region is a live mapping owned by `ram`, which the
+            // Vm keeps for as long as the VM fd exists.
+            unsafe { vm.set_user_memory_region(mem_region) }
+                .map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+
+        let boot = boot::load(&ram, &config.boot)?;
+        let vcpu = Vcpu::new(&vm)?;
+        let cpuid = cpuid::build(&kvm, config.cpu)?;
+        vcpu.fd
+            .set_cpuid2(&cpuid)
+            .map_err(Error::kvm("KVM_SET_CPUID2"))?;
+        entry::apply(&vcpu.fd, &ram, boot.entry)?;
+
+        Ok(Vm {
+            _kvm: kvm,
+            _vm: vm,
+            vcpu,
+            ram,
+            devices: Devices::new(config.serial_out, host_unix_time()),
+            hypercalls: HypercallPort::new(),
+            history: ExitHistory::default(),
+            clock: VirtualClock::new(ClockMode::Wall),
+            console: config.console,
+            boot,
+        })
+    }
+
+    /// How the guest was loaded, for the user.
+    pub fn boot_description(&self) -> &str {
+        &self.boot.description
+    }
+}
