@@ -24,6 +24,19 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+/// The error and those of its causes its message does not already include
+/// (library errors quote their cause; anyhow contexts do not).
+fn describe(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
+}
+
 fn main() {
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
@@ -33,7 +46,7 @@ fn main() {
     match status {
         Ok(code) => std::process::exit(code),
         Err(error) => {
-            vtrace_vmm::console::user_message(&format!("vtrace: error: {error:#}"));
+            vtrace_vmm::console::user_message(&format!("vtrace: error: {}", describe(&error)));
             if let Some(advice) = exit_status::advice(&error) {
                 vtrace_vmm::console::user_message(&format!("vtrace: {advice}"));
             }

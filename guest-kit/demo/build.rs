@@ -92,6 +92,29 @@ fn build_flat_binary(source: &Path, include: &Path, out: &Path, name: &str) {
         .arg(out.join(format!("{name}.bin"))));
 }
 
+/// A PVH test guest from one assembly file, linked at 1 MiB.
+fn build_pvh_test_guest(source: &Path, script: &Path, include: &Path, out: &Path, name: &str) {
+    let obj = out.join(format!("{name}.o"));
+    run(Command::new(cc())
+        .arg("-I")
+        .arg(include)
+        .arg("-c")
+        .arg(source)
+        .arg("-o")
+        .arg(&obj));
+    run(Command::new(cc())
+        .args(["-nostdlib", "-static", "-no-pie"])
+        .arg(format!("-Wl,-T,{}", script.display()))
+        .args([
+            "-Wl,--build-id=none",
+            "-Wl,-z,max-page-size=4096",
+            "-Wl,-z,noexecstack",
+        ])
+        .arg(&obj)
+        .arg("-o")
+        .arg(out.join(format!("{name}.elf"))));
+}
+
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets this"));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets this"));
@@ -104,7 +127,23 @@ fn main() {
         &out,
         "realmode-hello",
     );
+    let tests = manifest.join("testguests");
+    build_pvh_test_guest(
+        &tests.join("triple-fault.S"),
+        &tests.join("pvh.ld"),
+        &include,
+        &out,
+        "triple-fault",
+    );
+    build_pvh_test_guest(
+        &tests.join("unemulated.S"),
+        &tests.join("pvh.ld"),
+        &include,
+        &out,
+        "unemulated",
+    );
     println!("cargo:rerun-if-changed=os");
+    println!("cargo:rerun-if-changed=testguests");
     println!("cargo:rerun-if-changed=realmode");
     println!("cargo:rerun-if-changed=../include");
     println!("cargo:rerun-if-env-changed=VTRACE_GUEST_CC");

@@ -82,8 +82,9 @@ pub fn ram_ranges(size: u64) -> Vec<RamRange> {
     }
 }
 
-/// Smallest memory vtrace accepts: room for the boot structures and 1 MiB.
-pub const MIN_MEMORY: u64 = 2 << 20;
+/// Smallest memory vtrace accepts: the first 1 MiB, where the boot
+/// structures live (whether the image fits is checked when it is loaded).
+pub const MIN_MEMORY: u64 = 1 << 20;
 /// Largest memory vtrace accepts (the 4-level identity maps and e820 code
 /// are written for this much; more is not useful for tracing).
 pub const MAX_MEMORY: u64 = 64 << 30;
@@ -91,7 +92,7 @@ pub const MAX_MEMORY: u64 = 64 << 30;
 /// Reserves guest RAM (lazily: nothing is touched here).
 pub fn create_guest_ram(size: u64) -> Result<GuestRam> {
     if size < MIN_MEMORY {
-        return Err(Error::MemorySize(size, "vtrace needs at least 2 MiB"));
+        return Err(Error::MemorySize(size, "vtrace needs at least 1 MiB"));
     }
     if size > MAX_MEMORY {
         return Err(Error::MemorySize(size, "vtrace allows at most 64 GiB"));

@@ -8,6 +8,8 @@ use kvm_ioctls::VcpuExit;
 
 use crate::clock::{ClockMode, VirtualClock, VirtualNanos};
 use crate::console::{self, ConsoleInput, RawTerminal};
+use crate::cpu::soft_int;
+use crate::devices::hypercall::GuestVirtualMemory;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome, MarkStats};
 use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
 use crate::error::{Error, Result};
@@ -41,6 +43,9 @@ pub struct RunOutcome {
     pub exits: u64,
     /// MARK hypercalls, by identifier.
     pub marks: BTreeMap<u64, MarkStats>,
+    /// Software interrupts (INT3, INT n) the VMM delivered because KVM's
+    /// emulator could not.
+    pub soft_interrupts: u64,
 }
 
 impl RunOutcome {
@@ -127,6 +132,7 @@ impl Vm {
             irqs,
             exits: self.history.total(),
             marks: self.hypercalls.marks().clone(),
+            soft_interrupts: self.soft_interrupts,
         })
     }
 
@@ -289,6 +295,9 @@ impl Vm {
             }
             Exit::InternalError { suberror } => {
                 self.note("internal", u64::from(suberror));
+                if suberror == KVM_INTERNAL_ERROR_EMULATION && self.deliver_soft_interrupt()? {
+                    return Ok(Next::Continue);
+                }
                 if suberror == KVM_INTERNAL_ERROR_EMULATION {
                     let hint = Some(EMULATOR_HINT.to_string());
                     return Err(Error::EmulationFailure(Box::new(self.crash_report(hint))));
@@ -396,6 +405,46 @@ impl Vm {
                     });
                 }
                 Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+            }
+        }
+    }
+
+    /// If the emulator stopped on a software interrupt, delivers it through
+    /// the guest's IDT and returns true (the guest goes on in its handler).
+    fn deliver_soft_interrupt(&mut self) -> Result<bool> {
+        let mut regs = self.vcpu.regs();
+        let mut sregs = self.vcpu.sregs();
+        let memory = TranslatedMemory {
+            vcpu: &self.vcpu.fd,
+            ram: &self.ram,
+        };
+        let mut code = [0u8; 2];
+        let linear = sregs.cs.base.wrapping_add(regs.rip);
+        if memory.read_virtual(linear, &mut code).is_err() {
+            return Ok(false);
+        }
+        let Some((vector, len)) = soft_int::decode(&code, regs.rflags) else {
+            return Ok(false);
+        };
+        let return_rip = regs.rip + len;
+        match soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip) {
+            Ok(sregs_changed) => {
+                if sregs_changed {
+                    self.vcpu
+                        .fd
+                        .set_sregs(&sregs)
+                        .map_err(Error::kvm("KVM_SET_SREGS"))?;
+                }
+                self.vcpu
+                    .fd
+                    .set_regs(&regs)
+                    .map_err(Error::kvm("KVM_SET_REGS"))?;
+                self.soft_interrupts += 1;
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!("software interrupt {vector} not delivered: {e}");
+                Ok(false)
             }
         }
     }

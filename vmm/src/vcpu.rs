@@ -7,6 +7,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
+use crate::cpu::soft_int::LinearMemory;
 use crate::devices::hypercall::{BadAddress, GuestVirtualMemory};
 use crate::error::{Error, Result};
 use crate::memory::GuestRam;
@@ -77,6 +78,38 @@ impl Vcpu {
                 .add(io.data_offset as usize);
             std::ptr::copy_nonoverlapping(data.as_ptr(), base, len);
         }
+    }
+}
+
+impl TranslatedMemory<'_> {
+    /// Writes `data` at guest-virtual `gva`, page by page.
+    pub fn write_virtual(&self, gva: u64, data: &[u8]) -> std::result::Result<(), BadAddress> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let addr = gva.checked_add(done as u64).ok_or(BadAddress(gva))?;
+            let t = self
+                .vcpu
+                .translate_gva(addr)
+                .map_err(|_| BadAddress(addr))?;
+            if t.valid == 0 || t.writeable == 0 {
+                return Err(BadAddress(addr));
+            }
+            let n = ((4096 - (addr & 0xfff)) as usize).min(data.len() - done);
+            self.ram
+                .write_slice(&data[done..done + n], GuestAddress(t.physical_address))
+                .map_err(|_| BadAddress(addr))?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl LinearMemory for TranslatedMemory<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> std::result::Result<(), u64> {
+        self.read_virtual(addr, buf).map_err(|e| e.0)
+    }
+    fn write(&self, addr: u64, data: &[u8]) -> std::result::Result<(), u64> {
+        self.write_virtual(addr, data).map_err(|e| e.0)
     }
 }
 

@@ -51,6 +51,7 @@ pub struct Vm {
     pub(crate) history: ExitHistory,
     pub(crate) clock: VirtualClock,
     pub(crate) console: ConsoleMode,
+    pub(crate) soft_interrupts: u64,
     boot: BootPlan,
 }
 
@@ -132,6 +133,7 @@ impl Vm {
             history: ExitHistory::default(),
             clock: VirtualClock::new(ClockMode::Wall),
             console: config.console,
+            soft_interrupts: 0,
             boot,
         })
     }

@@ -14,3 +14,18 @@ pub const REAL_MODE_HELLO_LOAD_ADDR: u64 = 0x7c00;
 
 /// The exit status [`REAL_MODE_HELLO`] reports: (1 + 2 + ... + 100) mod 256.
 pub const REAL_MODE_HELLO_STATUS: i32 = 5050 % 256;
+
+/// Test guests: small images that each exercise one way a guest can fail.
+pub mod test_guests {
+    /// PVH ELF: empty IDT, then UD2, so the CPU shuts down with a triple
+    /// fault.
+    pub const TRIPLE_FAULT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/triple-fault.elf"));
+
+    /// PVH ELF: runs POPCNT at CPL 0 in protected mode, which KVM's
+    /// instruction emulator cannot do; where it runs natively the guest exits
+    /// with [`UNEMULATED_NATIVE_STATUS`].
+    pub const UNEMULATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/unemulated.elf"));
+
+    /// Exit status of [`UNEMULATED`] on hosts that run it natively.
+    pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
+}

@@ -3,3 +3,4 @@
 
 pub mod cpuid;
 pub mod entry;
+pub mod soft_int;

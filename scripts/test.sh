@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs vtrace's test suite on a fresh machine: installs what the tests need
+# (a stock Linux kernel image to boot), then runs every test.
+# Idempotent: what is already installed is not installed again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# A real, unmodified Linux kernel for tests/run_linux.rs.
+if [ -z "${VTRACE_TEST_KERNEL:-}" ] && ! ls /boot/vmlinuz-* >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing linux-image-cloud-amd64 (a kernel to boot in the tests)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        linux-image-cloud-amd64 >/dev/null
+fi
+
+# setpriv (util-linux) lets a test drop root to check the /dev/kvm permission error.
+if ! command -v setpriv >/dev/null 2>&1; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq util-linux >/dev/null
+fi
+
+cargo test --workspace "$@"

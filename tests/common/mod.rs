@@ -1,0 +1,78 @@
+//! Helpers shared by the end-to-end tests: they run the real `vtrace`
+//! binary on real guests under KVM.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `vtrace` binary cargo built for these tests.
+pub fn vtrace() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vtrace"))
+}
+
+/// Whether this host can run the KVM tests. Without a usable /dev/kvm the
+/// tests fail with the reason, unless VTRACE_SKIP_KVM_TESTS=1 says to skip.
+pub fn kvm_available() -> bool {
+    let usable = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm");
+    match usable {
+        Ok(_) => true,
+        Err(e) if std::env::var("VTRACE_SKIP_KVM_TESTS").as_deref() == Ok("1") => {
+            eprintln!("skipping: /dev/kvm is not usable ({e}) and VTRACE_SKIP_KVM_TESTS=1");
+            false
+        }
+        Err(e) => panic!(
+            "/dev/kvm is not usable ({e}); these tests need KVM. \
+             Set VTRACE_SKIP_KVM_TESTS=1 to skip them on a host without it."
+        ),
+    }
+}
+
+/// Writes `bytes` to a fresh file in `dir` and returns its path.
+pub fn write_guest(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write test guest");
+    path
+}
+
+/// Runs vtrace with `args` and no stdin; returns its output.
+pub fn run(args: &[&str]) -> Output {
+    vtrace()
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("start vtrace")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The number before `label` in `text` ("154 timer interrupts").
+pub fn number_before(text: &str, label: &str) -> Option<u64> {
+    let at = text.find(label)?;
+    text[..at].split_whitespace().last()?.parse().ok()
+}
+
+/// The number after `label` in `text` ("timer ticks: 154").
+pub fn number_after(text: &str, label: &str) -> Option<u64> {
+    let at = text.find(label)? + label.len();
+    let digits: String = text[at..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.split('.').next()?.parse().ok()
+}
+
+/// Virtual seconds from the run summary ("virtual time 1.064 s").
+pub fn virtual_seconds(text: &str) -> Option<f64> {
+    let at = text.find("virtual time ")? + "virtual time ".len();
+    text[at..].split_whitespace().next()?.parse().ok()
+}

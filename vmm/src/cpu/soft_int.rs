@@ -1,0 +1,257 @@
+//! Delivering a software interrupt (INT3, INT n, INTO) through the guest's
+//! IDT in the VMM, as the CPU would. Where kernel code runs in KVM's
+//! instruction emulator, the emulator refuses these instructions outside
+//! real mode; Linux runs an INT3 self-test early in boot. The same delivery
+//! is what a tracer needs on VT-x/AMD-V hosts to keep stepping into
+//! handlers, so it is written once, here.
+//!
+//! Covered: 64-bit mode at CPL 0 with interrupt and trap gates, with and
+//! without an IST stack. Anything else is reported, not guessed.
+
+use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+
+/// Guest memory by linear address, for the IDT, TSS, GDT and stack.
+pub trait LinearMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), u64>;
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), u64>;
+}
+
+/// Why a software interrupt could not be delivered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SoftIntError {
+    #[error("the CPU is not in 64-bit mode at CPL 0")]
+    UnsupportedMode,
+    #[error("vector {0} lies beyond the IDT limit")]
+    BeyondIdt(u8),
+    #[error("the IDT gate for vector {0} is not present or not an interrupt/trap gate")]
+    BadGate(u8),
+    #[error("guest address {0:#x} is not mapped")]
+    Unmapped(u64),
+}
+
+/// The instruction at RIP, if it is a software interrupt: its vector and
+/// length. INTO only interrupts when OF is set.
+pub fn decode(code: &[u8], rflags: u64) -> Option<(u8, u64)> {
+    const OF: u64 = 1 << 11;
+    match code {
+        [0xcc, ..] => Some((3, 1)),
+        [0xcd, vector, ..] => Some((*vector, 2)),
+        [0xce, ..] if rflags & OF != 0 => Some((4, 1)),
+        [0xf1, ..] => Some((1, 1)),
+        _ => None,
+    }
+}
+
+fn read_u64(mem: &dyn LinearMemory, addr: u64) -> Result<u64, SoftIntError> {
+    let mut b = [0u8; 8];
+    mem.read(addr, &mut b).map_err(SoftIntError::Unmapped)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Segment register contents for a 64-bit code selector from the GDT.
+fn code_segment(
+    mem: &dyn LinearMemory,
+    sregs: &kvm_sregs,
+    selector: u16,
+) -> Result<kvm_segment, SoftIntError> {
+    let d = read_u64(mem, sregs.gdt.base + u64::from(selector & !7))?;
+    let flags = (d >> 40) as u16;
+    Ok(kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_: (flags & 0xf) as u8,
+        present: ((flags >> 7) & 1) as u8,
+        dpl: ((flags >> 5) & 3) as u8,
+        db: 0,
+        s: 1,
+        l: 1,
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    })
+}
+
+/// Delivers `vector` with `return_rip` as the saved RIP. On success `regs`
+/// (and `sregs`, if CS changed) hold the handler's entry state; the caller
+/// writes them back to the vCPU. Returns whether `sregs` changed.
+pub fn deliver(
+    mem: &dyn LinearMemory,
+    regs: &mut kvm_regs,
+    sregs: &mut kvm_sregs,
+    vector: u8,
+    return_rip: u64,
+) -> Result<bool, SoftIntError> {
+    const EFER_LMA: u64 = 0x400;
+    const IF: u64 = 1 << 9;
+    const TF: u64 = 1 << 8;
+    const NT: u64 = 1 << 14;
+    const RF: u64 = 1 << 16;
+    if sregs.efer & EFER_LMA == 0 || sregs.cs.l != 1 || sregs.cs.dpl != 0 {
+        return Err(SoftIntError::UnsupportedMode);
+    }
+    let gate_at = u64::from(vector) * 16;
+    if gate_at + 15 > u64::from(sregs.idt.limit) {
+        return Err(SoftIntError::BeyondIdt(vector));
+    }
+    let lo = read_u64(mem, sregs.idt.base + gate_at)?;
+    let hi = read_u64(mem, sregs.idt.base + gate_at + 8)?;
+    let kind = (lo >> 40) & 0xf;
+    let present = (lo >> 47) & 1 == 1;
+    if !present || !(kind == 0xe || kind == 0xf) {
+        return Err(SoftIntError::BadGate(vector));
+    }
+    let handler = (lo & 0xffff) | ((lo >> 32) & 0xffff_0000) | (hi << 32);
+    let selector = ((lo >> 16) & 0xffff) as u16;
+    let ist = (lo >> 32) & 0x7;
+
+    let mut rsp = if ist != 0 {
+        read_u64(mem, sregs.tr.base + 0x24 + (ist - 1) * 8)?
+    } else {
+        regs.rsp
+    };
+    rsp &= !0xf;
+    let frame = [
+        return_rip,
+        u64::from(sregs.cs.selector),
+        regs.rflags,
+        regs.rsp,
+        u64::from(sregs.ss.selector),
+    ];
+    let bytes: Vec<u8> = frame.iter().flat_map(|v| v.to_le_bytes()).collect();
+    rsp -= bytes.len() as u64;
+    mem.write(rsp, &bytes).map_err(SoftIntError::Unmapped)?;
+
+    let mut sregs_changed = false;
+    if selector != sregs.cs.selector {
+        sregs.cs = code_segment(mem, sregs, selector)?;
+        sregs_changed = true;
+    }
+    regs.rsp = rsp;
+    regs.rip = handler;
+    regs.rflags &= !(TF | NT | RF);
+    if kind == 0xe {
+        regs.rflags &= !IF;
+    }
+    Ok(sregs_changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Flat memory from address 0.
+    struct Flat(RefCell<Vec<u8>>);
+    impl LinearMemory for Flat {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), u64> {
+            let m = self.0.borrow();
+            let src = m
+                .get(addr as usize..addr as usize + buf.len())
+                .ok_or(addr)?;
+            buf.copy_from_slice(src);
+            Ok(())
+        }
+        fn write(&self, addr: u64, data: &[u8]) -> Result<(), u64> {
+            let mut m = self.0.borrow_mut();
+            let dst = m
+                .get_mut(addr as usize..addr as usize + data.len())
+                .ok_or(addr)?;
+            dst.copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    fn gate(handler: u64, selector: u16, ist: u8, kind: u8) -> [u8; 16] {
+        let lo = (handler & 0xffff)
+            | (u64::from(selector) << 16)
+            | (u64::from(ist) << 32)
+            | (u64::from(0x80 | kind) << 40)
+            | ((handler & 0xffff_0000) << 32);
+        let hi = handler >> 32;
+        let mut g = [0u8; 16];
+        g[..8].copy_from_slice(&lo.to_le_bytes());
+        g[8..].copy_from_slice(&hi.to_le_bytes());
+        g
+    }
+
+    fn long_mode() -> (kvm_regs, kvm_sregs) {
+        let mut sregs = kvm_sregs::default();
+        sregs.efer = 0x500;
+        sregs.cs.l = 1;
+        sregs.cs.selector = 0x10;
+        sregs.ss.selector = 0x18;
+        sregs.idt.base = 0x1000;
+        sregs.idt.limit = 0xfff;
+        sregs.tr.base = 0x3000;
+        let regs = kvm_regs {
+            rsp: 0x8008,
+            rflags: 0x246 | 1 << 8,
+            ..Default::default()
+        };
+        (regs, sregs)
+    }
+
+    #[test]
+    fn int3_through_an_interrupt_gate() {
+        let mem = Flat(RefCell::new(vec![0; 0x10000]));
+        mem.write(0x1000 + 3 * 16, &gate(0xffff_ffff_8100_1234, 0x10, 0, 0xe))
+            .unwrap();
+        let (mut regs, mut sregs) = long_mode();
+        let changed = deliver(&mem, &mut regs, &mut sregs, 3, 0x4001).unwrap();
+        assert!(!changed);
+        assert_eq!(regs.rip, 0xffff_ffff_8100_1234);
+        assert_eq!(regs.rsp, 0x8000 - 40, "aligned to 16, then five slots");
+        assert_eq!(regs.rflags & (1 << 9 | 1 << 8), 0, "IF and TF cleared");
+        let mut frame = [0u8; 40];
+        mem.read(regs.rsp, &mut frame).unwrap();
+        let slot = |i: usize| u64::from_le_bytes(frame[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(
+            [slot(0), slot(1), slot(2), slot(3), slot(4)],
+            [0x4001, 0x10, 0x346, 0x8008, 0x18]
+        );
+    }
+
+    #[test]
+    fn ist_stack_and_trap_gate() {
+        let mem = Flat(RefCell::new(vec![0; 0x10000]));
+        mem.write(0x1000 + 0x80 * 16, &gate(0x5000, 0x10, 2, 0xf))
+            .unwrap();
+        mem.write(0x3000 + 0x24 + 8, &0xa000u64.to_le_bytes())
+            .unwrap();
+        let (mut regs, mut sregs) = long_mode();
+        deliver(&mem, &mut regs, &mut sregs, 0x80, 0x4002).unwrap();
+        assert_eq!(regs.rsp, 0xa000 - 40);
+        assert_ne!(regs.rflags & (1 << 9), 0, "a trap gate keeps IF");
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_model() {
+        let mem = Flat(RefCell::new(vec![0; 0x10000]));
+        let (mut regs, mut sregs) = long_mode();
+        assert_eq!(
+            deliver(&mem, &mut regs, &mut sregs, 3, 0),
+            Err(SoftIntError::BadGate(3))
+        );
+        sregs.idt.limit = 15;
+        assert_eq!(
+            deliver(&mem, &mut regs, &mut sregs, 3, 0),
+            Err(SoftIntError::BeyondIdt(3))
+        );
+        sregs.efer = 0;
+        assert_eq!(
+            deliver(&mem, &mut regs, &mut sregs, 3, 0),
+            Err(SoftIntError::UnsupportedMode)
+        );
+    }
+
+    #[test]
+    fn decodes_software_interrupts() {
+        assert_eq!(decode(&[0xcc], 0), Some((3, 1)));
+        assert_eq!(decode(&[0xcd, 0x80], 0), Some((0x80, 2)));
+        assert_eq!(decode(&[0xce], 0), None);
+        assert_eq!(decode(&[0xce], 1 << 11), Some((4, 1)));
+        assert_eq!(decode(&[0x90], 0), None);
+    }
+}
