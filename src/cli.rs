@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use vtrace_vmm::clock::ClockMode;
+
 use crate::exit_status::STATUS_TABLE;
 use crate::units::{parse_address, parse_size};
 
@@ -49,8 +51,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", requires = "kernel")]
     pub initrd: Option<PathBuf>,
 
-    /// Kernel command line. For Linux the default is
-    /// "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off".
+    /// Kernel command line. For Linux the default is "console=ttyS0
+    /// earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off nolapic noapic",
+    /// plus, with --cpu baseline, switches that keep Linux off the features
+    /// baseline hides (noxsave, clearcpuid=...).
     #[arg(long, value_name = "STRING", conflicts_with = "real_mode")]
     pub append: Option<String>,
 
@@ -78,6 +82,13 @@ pub struct RunArgs {
     /// Print nothing of vtrace's own (boot line, summary); only the guest.
     #[arg(short, long)]
     pub quiet: bool,
+
+    /// How the guest's clock (PIT, RTC) follows host time: `wall`, or
+    /// `prescale:N` for host time divided by N. A guest running much slower
+    /// than hardware (emulated or single-stepped) with a wall clock spends
+    /// its time in timer interrupts; the old in-kernel tracer divided by 6300.
+    #[arg(long, value_name = "MODE", default_value = "wall", value_parser = ClockMode::parse)]
+    pub clock: ClockMode,
 
     /// KVM device to use.
     #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE)]

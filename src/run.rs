@@ -1,12 +1,19 @@
 //! `vtrace run`.
 
 use anyhow::Result;
-use vtrace_vmm::boot::{BootSource, Image, DEFAULT_LINUX_CMDLINE};
+use vtrace_vmm::boot::{default_linux_cmdline, BootSource, Image};
 use vtrace_vmm::console::user_message;
 use vtrace_vmm::{ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, VmConfig};
 
 use crate::cli::{CpuArg, RunArgs};
 use crate::exit_status::GUEST_RESET;
+
+fn cpu_profile(args: &RunArgs) -> CpuProfile {
+    match args.cpu {
+        CpuArg::Baseline => CpuProfile::Baseline,
+        CpuArg::Host => CpuProfile::Host,
+    }
+}
 
 fn boot_source(args: &RunArgs) -> Result<BootSource> {
     if let Some(path) = &args.real_mode {
@@ -26,7 +33,7 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
             cmdline: args
                 .append
                 .clone()
-                .unwrap_or_else(|| DEFAULT_LINUX_CMDLINE.to_string()),
+                .unwrap_or_else(|| default_linux_cmdline(cpu_profile(args))),
         },
         None => BootSource::Kernel {
             kernel: Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
@@ -66,10 +73,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let config = VmConfig {
         boot: boot_source(&args)?,
         memory: args.memory,
-        cpu: match args.cpu {
-            CpuArg::Baseline => CpuProfile::Baseline,
-            CpuArg::Host => CpuProfile::Host,
-        },
+        cpu: cpu_profile(&args),
         console: if args.no_input {
             ConsoleMode::OutputOnly
         } else {
@@ -77,6 +81,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         },
         kvm_device: args.kvm_device.clone(),
         serial_out: Box::new(std::io::stdout()),
+        clock: args.clock,
     };
     let mut vm = Vm::new(config)?;
     if !args.quiet {

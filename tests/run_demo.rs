@@ -219,3 +219,82 @@ fn guest_memory_is_reserved_lazily() {
         "peak RSS {reported_mib} MiB for a 4 GiB guest"
     );
 }
+
+#[test]
+fn console_hotkeys_help_and_quit() {
+    if !kvm_available() {
+        return;
+    }
+    use std::io::Write;
+    let mut child = vtrace()
+        .args(["run"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Help, an unbound key, then quit, before the demo gets to its end.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\x01h\x01z\x01x")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("Ctrl-A x    quit vtrace"), "help: {log}");
+    assert!(log.contains("Ctrl-A z does nothing"), "{log}");
+    assert!(log.contains("terminated by Ctrl-A x"), "{log}");
+    assert!(log.contains("quit by the user"), "{log}");
+    assert!(
+        !stdout(&out).contains("exiting"),
+        "quit before the guest finished"
+    );
+}
+
+/// Runs `shell` in a real pseudo-terminal (util-linux `script`) in `dir`.
+fn in_pty(dir: &std::path::Path, shell: &str) -> String {
+    let out = std::process::Command::new("script")
+        .args(["-qec", shell, "/dev/null"])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script (util-linux) runs");
+    stdout(&out)
+}
+
+#[test]
+fn raw_terminal_is_restored_on_exit_and_on_sigterm() {
+    if !kvm_available() {
+        return;
+    }
+    let vtrace = env!("CARGO_BIN_EXE_vtrace");
+    let dir = tempfile::tempdir().unwrap();
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+
+    let text = in_pty(
+        dir.path(),
+        &format!("stty -g > before; {vtrace} run -q; echo status=$?; stty -g > after"),
+    );
+    assert!(text.contains("status=0"), "{text}");
+    assert!(text.contains("vtrace demo OS"), "{text}");
+    assert!(!read("before").trim().is_empty());
+    assert_eq!(
+        read("before"),
+        read("after"),
+        "restored after a normal exit"
+    );
+
+    // Killed mid-run: the terminal was raw while it ran, and is not after.
+    let text = in_pty(
+        dir.path(),
+        &format!(
+            "stty -g > before; {vtrace} run -q --memory 64M < /dev/tty & sleep 0.3; stty -g > during; \
+             kill -TERM $!; wait $!; echo status=$?; stty -g > after"
+        ),
+    );
+    assert!(text.contains("status=143"), "died of SIGTERM: {text}");
+    assert_ne!(read("before"), read("during"), "raw mode while running");
+    assert_eq!(read("before"), read("after"), "restored after SIGTERM");
+}

@@ -14,6 +14,7 @@
 //!     console: ConsoleMode::OutputOnly,
 //!     kvm_device: vtrace_vmm::KVM_DEVICE.into(),
 //!     serial_out: Box::new(std::io::stdout()),
+//!     clock: vtrace_vmm::clock::ClockMode::Wall,
 //! };
 //! let outcome = Vm::new(config)?.run(&mut NoMonitor)?;
 //! println!("{:?}", outcome.exit);

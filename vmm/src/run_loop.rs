@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuExit;
 
-use crate::clock::{ClockMode, VirtualClock, VirtualNanos};
+use crate::clock::{VirtualClock, VirtualNanos};
 use crate::console::{self, ConsoleInput, RawTerminal};
 use crate::cpu::soft_int;
 use crate::devices::hypercall::GuestVirtualMemory;
@@ -43,9 +43,9 @@ pub struct RunOutcome {
     pub exits: u64,
     /// MARK hypercalls, by identifier.
     pub marks: BTreeMap<u64, MarkStats>,
-    /// Software interrupts (INT3, INT n) the VMM delivered because KVM's
+    /// Instructions (INT3, INT n, FWAIT) the VMM completed because KVM's
     /// emulator could not.
-    pub soft_interrupts: u64,
+    pub completed_by_vmm: u64,
 }
 
 impl RunOutcome {
@@ -56,6 +56,9 @@ impl RunOutcome {
 }
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+const FWAIT: u8 = 0x9b;
+/// x87 status word: exception summary (an unmasked exception is pending).
+const X87_FSW_ES: u16 = 0x80;
 
 /// An exit, copied out of `kvm_run` so the VM can be used while serving it.
 enum Exit {
@@ -109,7 +112,7 @@ impl Vm {
         } else {
             drop(tx);
         }
-        self.clock = VirtualClock::new(ClockMode::Wall);
+        self.clock = VirtualClock::new(self.clock.mode());
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let exit = loop {
@@ -132,7 +135,7 @@ impl Vm {
             irqs,
             exits: self.history.total(),
             marks: self.hypercalls.marks().clone(),
-            soft_interrupts: self.soft_interrupts,
+            completed_by_vmm: self.completed_by_vmm,
         })
     }
 
@@ -190,12 +193,28 @@ impl Vm {
                     "vtrace console keys (press Ctrl-A, then the key):\n  \
                      Ctrl-A x    quit vtrace\n  \
                      Ctrl-A h    this help\n  \
+                     Ctrl-A r    show the guest's registers and recent exits\n  \
+                     Ctrl-A s    show run statistics\n  \
                      Ctrl-A C-a  send Ctrl-A to the guest",
                 );
                 for (key, meaning) in monitor.hotkey_help() {
                     help.push_str(&format!("\n  Ctrl-A {key}    {meaning}"));
                 }
                 console::user_message(&help);
+            }
+            ConsoleInput::Hotkey(b'r') => {
+                let report = self.crash_report(None);
+                console::user_message(&format!("vtrace: guest state\n{report}"));
+            }
+            ConsoleInput::Hotkey(b's') => {
+                console::user_message(&format!(
+                    "vtrace: virtual time {:.3} s, {} exits, timer interrupts {}, \
+                     instructions completed by vtrace {}",
+                    self.clock.now() as f64 / 1e9,
+                    self.history.total(),
+                    self.devices.timer_edges,
+                    self.completed_by_vmm
+                ));
             }
             ConsoleInput::Hotkey(key) => match monitor.hotkey(key) {
                 Some(message) => console::user_message(&message),
@@ -295,7 +314,7 @@ impl Vm {
             }
             Exit::InternalError { suberror } => {
                 self.note("internal", u64::from(suberror));
-                if suberror == KVM_INTERNAL_ERROR_EMULATION && self.deliver_soft_interrupt()? {
+                if suberror == KVM_INTERNAL_ERROR_EMULATION && self.complete_unemulated()? {
                     return Ok(Next::Continue);
                 }
                 if suberror == KVM_INTERNAL_ERROR_EMULATION {
@@ -409,9 +428,10 @@ impl Vm {
         }
     }
 
-    /// If the emulator stopped on a software interrupt, delivers it through
-    /// the guest's IDT and returns true (the guest goes on in its handler).
-    fn deliver_soft_interrupt(&mut self) -> Result<bool> {
+    /// Where KVM's emulator gave up on an instruction the VMM can complete
+    /// itself (a software interrupt, FWAIT), does so and returns true: the
+    /// guest goes on as if the CPU had run it.
+    fn complete_unemulated(&mut self) -> Result<bool> {
         let mut regs = self.vcpu.regs();
         let mut sregs = self.vcpu.sregs();
         let memory = TranslatedMemory {
@@ -423,10 +443,25 @@ impl Vm {
         if memory.read_virtual(linear, &mut code).is_err() {
             return Ok(false);
         }
-        let Some((vector, len)) = soft_int::decode(&code, regs.rflags) else {
-            return Ok(false);
+        let (vector, return_rip) = match soft_int::decode(&code, regs.rflags) {
+            Some((vector, len)) => (vector, regs.rip + len),
+            None if code[0] == FWAIT => {
+                // FWAIT only acts on a pending unmasked x87 exception (#MF,
+                // a fault: it returns to the FWAIT); otherwise it is a NOP.
+                let fpu = self.vcpu.fd.get_fpu().map_err(Error::kvm("KVM_GET_FPU"))?;
+                if fpu.fsw & X87_FSW_ES == 0 {
+                    regs.rip += 1;
+                    self.vcpu
+                        .fd
+                        .set_regs(&regs)
+                        .map_err(Error::kvm("KVM_SET_REGS"))?;
+                    self.completed_by_vmm += 1;
+                    return Ok(true);
+                }
+                (soft_int::VECTOR_MF, regs.rip)
+            }
+            None => return Ok(false),
         };
-        let return_rip = regs.rip + len;
         match soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip) {
             Ok(sregs_changed) => {
                 if sregs_changed {
@@ -439,11 +474,15 @@ impl Vm {
                     .fd
                     .set_regs(&regs)
                     .map_err(Error::kvm("KVM_SET_REGS"))?;
-                self.soft_interrupts += 1;
+                self.completed_by_vmm += 1;
+                tracing::debug!(
+                    "delivered vector {vector:#x} returning to {return_rip:#x}, handler {:#x}",
+                    regs.rip
+                );
                 Ok(true)
             }
             Err(e) => {
-                tracing::debug!("software interrupt {vector} not delivered: {e}");
+                tracing::debug!("vector {vector:#x} not delivered: {e}");
                 Ok(false)
             }
         }

@@ -38,6 +38,8 @@ pub struct VmConfig {
     pub kvm_device: PathBuf,
     /// Where the guest's serial output goes.
     pub serial_out: Box<dyn Write + Send>,
+    /// How virtual time follows host time.
+    pub clock: ClockMode,
 }
 
 /// A VM ready to run.
@@ -51,7 +53,7 @@ pub struct Vm {
     pub(crate) history: ExitHistory,
     pub(crate) clock: VirtualClock,
     pub(crate) console: ConsoleMode,
-    pub(crate) soft_interrupts: u64,
+    pub(crate) completed_by_vmm: u64,
     boot: BootPlan,
 }
 
@@ -131,9 +133,9 @@ impl Vm {
             devices: Devices::new(config.serial_out, host_unix_time()),
             hypercalls: HypercallPort::new(),
             history: ExitHistory::default(),
-            clock: VirtualClock::new(ClockMode::Wall),
+            clock: VirtualClock::new(config.clock),
             console: config.console,
-            soft_interrupts: 0,
+            completed_by_vmm: 0,
             boot,
         })
     }

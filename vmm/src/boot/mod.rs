@@ -85,12 +85,28 @@ pub struct BootPlan {
     pub description: String,
 }
 
-/// Kernel command line used for a Linux kernel when the user gives none:
-/// the serial console (and the early one, so a kernel that stops early still
-/// says something), reboot through the keyboard controller, and a panic
-/// that reboots, so a failing kernel ends the run instead of spinning.
+/// Kernel command line for a Linux kernel when the user gives none: the
+/// serial console (and the early one, so a kernel that stops early still
+/// says something), reboot through the keyboard controller, a panic that
+/// reboots (a failing kernel ends the run instead of spinning), no PCI, and
+/// no local or I/O APIC, which vtrace does not emulate.
 pub const DEFAULT_LINUX_CMDLINE: &str =
-    "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off";
+    "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off nolapic noapic";
+
+/// Added to [`DEFAULT_LINUX_CMDLINE`] with the baseline CPU profile. On some
+/// KVM hosts (those that emulate kernel code) CPUID masks only partly reach
+/// the guest, and Linux would use instructions the emulator lacks; these
+/// switches keep it to what the baseline profile promises.
+pub const BASELINE_LINUX_FLAGS: &str = "noxsave nosmap nofsgsbase nopku \
+     clearcpuid=popcnt,cx16,movbe,aes,smap,umip,rdtscp,rdpid,pku,fsgsbase";
+
+/// The command line to give a Linux kernel when the user gives none.
+pub fn default_linux_cmdline(cpu: crate::CpuProfile) -> String {
+    match cpu {
+        crate::CpuProfile::Baseline => format!("{DEFAULT_LINUX_CMDLINE} {BASELINE_LINUX_FLAGS}"),
+        crate::CpuProfile::Host => DEFAULT_LINUX_CMDLINE.to_string(),
+    }
+}
 
 /// E820 / PVH memory types.
 pub const E820_RAM: u32 = 1;

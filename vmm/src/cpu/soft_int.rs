@@ -10,6 +10,9 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
+/// Vector of the x87 floating-point error (#MF).
+pub const VECTOR_MF: u8 = 16;
+
 /// Guest memory by linear address, for the IDT, TSS, GDT and stack.
 pub trait LinearMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), u64>;
