@@ -1,0 +1,686 @@
+//! The payload of one segment: records, delta-coded.
+//!
+//! Each record starts with a tag byte. Steps (tag < 0x80) carry only what
+//! changed since the previous step of the segment:
+//!
+//! | tag bit | then |
+//! |---|---|
+//! | `PC` | the pc, as a zigzag delta from the predicted pc (previous pc + its length) |
+//! | `BYTES` | the instruction bytes (length, bytes), when the code cache does not already hold them for this pc |
+//! | `CONTEXT` | CR3, mode and CPL |
+//! | `REGS` | a mask of changed registers, then per register a zigzag delta (RFLAGS: an XOR) |
+//!
+//! Events have tags 0x80 and up. An encoder starts from an all-zero state
+//! and an empty code cache, so the first step of every segment is a
+//! keyframe and a segment decodes on its own.
+//!
+//! The code cache is direct-mapped by pc (a fixed table, no allocation per
+//! step): encoder and decoder update it identically, so a collision costs
+//! the instruction bytes again, never a wrong decode.
+
+use crate::record::{
+    CpuMode, Event, InsnBytes, InterruptSource, Record, Regs, Step, TraceReason, REG_COUNT,
+};
+use crate::varint::{self, unzigzag, zigzag};
+
+const TAG_PC: u8 = 0x01;
+const TAG_BYTES: u8 = 0x02;
+const TAG_CONTEXT: u8 = 0x04;
+const TAG_REGS: u8 = 0x08;
+const STEP_TAG_MASK: u8 = 0x0f;
+
+const EV_INTERRUPT: u8 = 0x80;
+const EV_IO: u8 = 0x81;
+const EV_MMIO: u8 = 0x82;
+const EV_HYPERCALL: u8 = 0x83;
+const EV_MARK: u8 = 0x84;
+const EV_LOG: u8 = 0x85;
+const EV_CAPTURE: u8 = 0x86;
+const EV_CONTROL: u8 = 0x87;
+const EV_GAP: u8 = 0x88;
+const EV_HALT: u8 = 0x89;
+const EV_START: u8 = 0x8a;
+const EV_STOP: u8 = 0x8b;
+
+const CODE_CACHE_SLOTS: usize = 8192;
+
+fn slot(pc: u64) -> usize {
+    ((pc ^ (pc >> 13)) as usize) & (CODE_CACHE_SLOTS - 1)
+}
+
+/// Delta-coding state shared, in mirror image, by encoder and decoder.
+#[derive(Clone)]
+struct State {
+    regs: Regs,
+    context: Option<(u64, CpuMode, u8)>,
+    predicted_pc: u64,
+    code: Vec<(u64, InsnBytes)>,
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            regs: Regs::default(),
+            context: None,
+            predicted_pc: 0,
+            code: vec![(u64::MAX, InsnBytes::default()); CODE_CACHE_SLOTS],
+        }
+    }
+}
+
+/// Builds one segment's payload from records.
+pub struct SegmentEncoder {
+    out: Vec<u8>,
+    state: State,
+    steps: u64,
+    events: u64,
+}
+
+impl Default for SegmentEncoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SegmentEncoder {
+    pub fn new() -> Self {
+        SegmentEncoder {
+            out: Vec::with_capacity(1 << 20),
+            state: State::new(),
+            steps: 0,
+            events: 0,
+        }
+    }
+
+    /// Raw (uncompressed) payload bytes so far.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty()
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    pub fn push(&mut self, record: &Record) {
+        match record {
+            Record::Step(s) => self.push_step(s),
+            Record::Event(e) => self.push_event(e),
+        }
+    }
+
+    pub fn push_step(&mut self, step: &Step) {
+        let st = &mut self.state;
+        let tag_at = self.out.len();
+        self.out.push(0);
+        let mut tag = 0u8;
+        if step.pc != st.predicted_pc {
+            tag |= TAG_PC;
+            varint::put(
+                &mut self.out,
+                zigzag(step.pc.wrapping_sub(st.predicted_pc) as i64),
+            );
+        }
+        let cached = &mut st.code[slot(step.pc)];
+        if cached.0 != step.pc || cached.1 != step.bytes {
+            tag |= TAG_BYTES;
+            self.out.push(step.bytes.len() as u8);
+            self.out.extend_from_slice(step.bytes.as_slice());
+            *cached = (step.pc, step.bytes);
+        }
+        let context = (step.cr3, step.mode, step.cpl);
+        if st.context != Some(context) {
+            tag |= TAG_CONTEXT;
+            varint::put(&mut self.out, step.cr3);
+            self.out.push(step.mode as u8);
+            self.out.push(step.cpl);
+            st.context = Some(context);
+        }
+        let mut mask = 0u32;
+        for i in 0..REG_COUNT {
+            if step.regs.get(i) != st.regs.get(i) {
+                mask |= 1 << i;
+            }
+        }
+        if mask != 0 {
+            tag |= TAG_REGS;
+            varint::put(&mut self.out, u64::from(mask));
+            for i in (0..REG_COUNT).filter(|i| mask & (1 << i) != 0) {
+                let (new, old) = (step.regs.get(i), st.regs.get(i));
+                if i < 16 {
+                    varint::put(&mut self.out, zigzag(new.wrapping_sub(old) as i64));
+                } else {
+                    varint::put(&mut self.out, new ^ old);
+                }
+            }
+            st.regs = step.regs;
+        }
+        self.out[tag_at] = tag;
+        st.predicted_pc = step.pc.wrapping_add(step.bytes.len() as u64);
+        self.steps += 1;
+    }
+
+    pub fn push_event(&mut self, event: &Event) {
+        let o = &mut self.out;
+        match event {
+            Event::Interrupt {
+                vector,
+                error_code,
+                source,
+            } => {
+                o.extend_from_slice(&[
+                    EV_INTERRUPT,
+                    *vector,
+                    *source as u8,
+                    u8::from(error_code.is_some()),
+                ]);
+                if let Some(e) = error_code {
+                    varint::put(o, u64::from(*e));
+                }
+            }
+            Event::Io {
+                port,
+                size,
+                write,
+                value,
+            } => {
+                o.push(EV_IO);
+                varint::put(o, u64::from(*port));
+                o.extend_from_slice(&[*size, u8::from(*write)]);
+                varint::put(o, u64::from(*value));
+            }
+            Event::Mmio {
+                addr,
+                size,
+                write,
+                value,
+            } => {
+                o.push(EV_MMIO);
+                varint::put(o, *addr);
+                o.extend_from_slice(&[*size, u8::from(*write)]);
+                varint::put(o, *value);
+            }
+            Event::Hypercall {
+                command,
+                args,
+                result,
+            } => {
+                o.push(EV_HYPERCALL);
+                varint::put(o, u64::from(*command));
+                for a in args {
+                    varint::put(o, *a);
+                }
+                varint::put(o, zigzag(i64::from(*result)));
+            }
+            Event::Mark { id, value } => {
+                o.push(EV_MARK);
+                varint::put(o, *id);
+                varint::put(o, *value);
+            }
+            Event::Log(text) => {
+                o.push(EV_LOG);
+                put_bytes(o, text.as_bytes());
+            }
+            Event::Capture { addr, bytes } => {
+                o.push(EV_CAPTURE);
+                varint::put(o, *addr);
+                put_bytes(o, bytes);
+            }
+            Event::ControlRegister { reg, value } => {
+                o.extend_from_slice(&[EV_CONTROL, *reg]);
+                varint::put(o, *value);
+            }
+            Event::Gap { from, to } => {
+                o.push(EV_GAP);
+                varint::put(o, *from);
+                varint::put(o, *to);
+            }
+            Event::Halt => o.push(EV_HALT),
+            Event::TraceStart(r) => {
+                o.push(EV_START);
+                put_reason(o, r);
+            }
+            Event::TraceStop(r) => {
+                o.push(EV_STOP);
+                put_reason(o, r);
+            }
+        }
+        self.events += 1;
+    }
+
+    /// The finished payload; the encoder starts a new keyframe.
+    pub fn take(&mut self) -> Vec<u8> {
+        self.state = State::new();
+        self.steps = 0;
+        self.events = 0;
+        std::mem::replace(&mut self.out, Vec::with_capacity(1 << 20))
+    }
+}
+
+fn put_bytes(o: &mut Vec<u8>, b: &[u8]) {
+    varint::put(o, b.len() as u64);
+    o.extend_from_slice(b);
+}
+
+fn put_reason(o: &mut Vec<u8>, r: &TraceReason) {
+    match r {
+        TraceReason::CommandLine => o.push(0),
+        TraceReason::Hotkey => o.push(1),
+        TraceReason::Control => o.push(2),
+        TraceReason::Hypercall { pass } => {
+            o.push(3);
+            varint::put(o, *pass);
+        }
+        TraceReason::Address(a) => {
+            o.push(4);
+            varint::put(o, *a);
+        }
+        TraceReason::MaxSteps => o.push(5),
+        TraceReason::Exception(v) => o.extend_from_slice(&[6, *v]),
+        TraceReason::GuestExit => o.push(7),
+        TraceReason::DiskFull => o.push(8),
+        TraceReason::Other(text) => {
+            o.push(9);
+            put_bytes(o, text.as_bytes());
+        }
+    }
+}
+
+/// A payload that does not decode: where and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("segment payload corrupt at byte {offset}: {what}")]
+pub struct DecodeError {
+    pub offset: usize,
+    pub what: &'static str,
+}
+
+/// Reads records back from one segment's payload.
+pub struct SegmentDecoder<'a> {
+    input: &'a [u8],
+    pos: usize,
+    state: State,
+    failed: bool,
+}
+
+impl<'a> SegmentDecoder<'a> {
+    pub fn new(input: &'a [u8]) -> Self {
+        SegmentDecoder {
+            input,
+            pos: 0,
+            state: State::new(),
+            failed: false,
+        }
+    }
+
+    fn err(&self, what: &'static str) -> DecodeError {
+        DecodeError {
+            offset: self.pos,
+            what,
+        }
+    }
+
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let b = *self
+            .input
+            .get(self.pos)
+            .ok_or_else(|| self.err("truncated"))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn var(&mut self) -> Result<u64, DecodeError> {
+        varint::get(self.input, &mut self.pos).ok_or_else(|| self.err("bad varint"))
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let len = self.var()? as usize;
+        let end = self.pos.checked_add(len).filter(|e| *e <= self.input.len());
+        let end = end.ok_or_else(|| self.err("length past the end"))?;
+        let b = self.input[self.pos..end].to_vec();
+        self.pos = end;
+        Ok(b)
+    }
+
+    fn text(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?).map_err(|_| self.err("text is not UTF-8"))
+    }
+
+    fn step(&mut self, tag: u8) -> Result<Step, DecodeError> {
+        if tag & !STEP_TAG_MASK != 0 {
+            return Err(self.err("unknown step flags"));
+        }
+        let mut pc = self.state.predicted_pc;
+        if tag & TAG_PC != 0 {
+            pc = pc.wrapping_add(unzigzag(self.var()?) as u64);
+        }
+        let bytes = if tag & TAG_BYTES != 0 {
+            let len = usize::from(self.byte()?);
+            let end = self.pos + len;
+            let raw = self
+                .input
+                .get(self.pos..end)
+                .ok_or_else(|| self.err("truncated bytes"))?;
+            let b = InsnBytes::new(raw).ok_or_else(|| self.err("instruction length"))?;
+            self.pos = end;
+            self.state.code[slot(pc)] = (pc, b);
+            b
+        } else {
+            let cached = self.state.code[slot(pc)];
+            if cached.0 != pc {
+                return Err(self.err("instruction bytes missing"));
+            }
+            cached.1
+        };
+        if tag & TAG_CONTEXT != 0 {
+            let cr3 = self.var()?;
+            let mode = CpuMode::from_u8(self.byte()?).ok_or_else(|| self.err("cpu mode"))?;
+            let cpl = self.byte()?;
+            self.state.context = Some((cr3, mode, cpl));
+        }
+        let (cr3, mode, cpl) = self
+            .state
+            .context
+            .ok_or_else(|| self.err("no context in keyframe"))?;
+        if tag & TAG_REGS != 0 {
+            let mask = self.var()?;
+            if mask >> REG_COUNT != 0 {
+                return Err(self.err("register mask"));
+            }
+            for i in (0..REG_COUNT).filter(|i| mask & (1 << i) != 0) {
+                let old = self.state.regs.get(i);
+                let d = self.var()?;
+                let new = if i < 16 {
+                    old.wrapping_add(unzigzag(d) as u64)
+                } else {
+                    old ^ d
+                };
+                self.state.regs.set(i, new);
+            }
+        }
+        self.state.predicted_pc = pc.wrapping_add(bytes.len() as u64);
+        Ok(Step {
+            pc,
+            bytes,
+            cr3,
+            mode,
+            cpl,
+            regs: self.state.regs,
+        })
+    }
+
+    fn reason(&mut self) -> Result<TraceReason, DecodeError> {
+        Ok(match self.byte()? {
+            0 => TraceReason::CommandLine,
+            1 => TraceReason::Hotkey,
+            2 => TraceReason::Control,
+            3 => TraceReason::Hypercall { pass: self.var()? },
+            4 => TraceReason::Address(self.var()?),
+            5 => TraceReason::MaxSteps,
+            6 => TraceReason::Exception(self.byte()?),
+            7 => TraceReason::GuestExit,
+            8 => TraceReason::DiskFull,
+            9 => TraceReason::Other(self.text()?),
+            _ => return Err(self.err("unknown trace reason")),
+        })
+    }
+
+    fn event(&mut self, tag: u8) -> Result<Event, DecodeError> {
+        Ok(match tag {
+            EV_INTERRUPT => {
+                let vector = self.byte()?;
+                let source = match self.byte()? {
+                    0 => InterruptSource::Injected,
+                    1 => InterruptSource::InferredFromIdt,
+                    2 => InterruptSource::ReportedByKvm,
+                    3 => InterruptSource::DeliveredByVmm,
+                    _ => return Err(self.err("interrupt source")),
+                };
+                let error_code = match self.byte()? {
+                    0 => None,
+                    _ => Some(self.var()? as u32),
+                };
+                Event::Interrupt {
+                    vector,
+                    error_code,
+                    source,
+                }
+            }
+            EV_IO => Event::Io {
+                port: self.var()? as u16,
+                size: self.byte()?,
+                write: self.byte()? != 0,
+                value: self.var()? as u32,
+            },
+            EV_MMIO => Event::Mmio {
+                addr: self.var()?,
+                size: self.byte()?,
+                write: self.byte()? != 0,
+                value: self.var()?,
+            },
+            EV_HYPERCALL => Event::Hypercall {
+                command: self.var()? as u32,
+                args: [self.var()?, self.var()?, self.var()?, self.var()?],
+                result: unzigzag(self.var()?) as i32,
+            },
+            EV_MARK => Event::Mark {
+                id: self.var()?,
+                value: self.var()?,
+            },
+            EV_LOG => Event::Log(self.text()?),
+            EV_CAPTURE => Event::Capture {
+                addr: self.var()?,
+                bytes: self.bytes()?,
+            },
+            EV_CONTROL => Event::ControlRegister {
+                reg: self.byte()?,
+                value: self.var()?,
+            },
+            EV_GAP => Event::Gap {
+                from: self.var()?,
+                to: self.var()?,
+            },
+            EV_HALT => Event::Halt,
+            EV_START => Event::TraceStart(self.reason()?),
+            EV_STOP => Event::TraceStop(self.reason()?),
+            _ => return Err(self.err("unknown record tag")),
+        })
+    }
+}
+
+impl Iterator for SegmentDecoder<'_> {
+    type Item = Result<Record, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.pos >= self.input.len() {
+            return None;
+        }
+        let result = self.byte().and_then(|tag| {
+            if tag < 0x80 {
+                self.step(tag).map(Record::Step)
+            } else {
+                self.event(tag).map(Record::Event)
+            }
+        });
+        self.failed = result.is_err();
+        Some(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(pc: u64, bytes: &[u8], rax: u64, rflags: u64) -> Step {
+        let mut regs = Regs::default();
+        regs.gpr[0] = rax;
+        regs.gpr[4] = 0x7000;
+        regs.rflags = rflags;
+        Step {
+            pc,
+            bytes: InsnBytes::new(bytes).unwrap(),
+            cr3: 0x1000,
+            mode: CpuMode::Long64,
+            cpl: 0,
+            regs,
+        }
+    }
+
+    fn every_event() -> Vec<Event> {
+        vec![
+            Event::Interrupt {
+                vector: 14,
+                error_code: Some(2),
+                source: InterruptSource::ReportedByKvm,
+            },
+            Event::Interrupt {
+                vector: 32,
+                error_code: None,
+                source: InterruptSource::Injected,
+            },
+            Event::Io {
+                port: 0x3f8,
+                size: 1,
+                write: true,
+                value: 0x41,
+            },
+            Event::Mmio {
+                addr: 0xfee0_0000,
+                size: 4,
+                write: false,
+                value: 7,
+            },
+            Event::Hypercall {
+                command: 2,
+                args: [1, 2, 3, u64::MAX],
+                result: -2,
+            },
+            Event::Mark { id: 1, value: 99 },
+            Event::Log("hello".into()),
+            Event::Capture {
+                addr: 0x2000,
+                bytes: vec![1, 2, 3],
+            },
+            Event::ControlRegister {
+                reg: 3,
+                value: 0x5000,
+            },
+            Event::Gap {
+                from: 0x10,
+                to: 0x20,
+            },
+            Event::Halt,
+            Event::TraceStart(TraceReason::Hypercall { pass: 3 }),
+            Event::TraceStop(TraceReason::Other("disk".into())),
+            Event::TraceStop(TraceReason::Exception(13)),
+        ]
+    }
+
+    fn round_trip(records: &[Record]) -> Vec<u8> {
+        let mut enc = SegmentEncoder::new();
+        for r in records {
+            enc.push(r);
+        }
+        let payload = enc.take();
+        let back: Vec<Record> = SegmentDecoder::new(&payload).map(|r| r.unwrap()).collect();
+        assert_eq!(back, records);
+        payload
+    }
+
+    #[test]
+    fn steps_and_every_event_round_trip() {
+        let mut records = vec![Record::Step(step(0x1000, &[0x48, 0xff, 0xc0], 1, 0x202))];
+        records.extend(every_event().into_iter().map(Record::Event));
+        records.push(Record::Step(step(0x1003, &[0xeb, 0xfb], 1, 0x206)));
+        records.push(Record::Step(step(0x1000, &[0x48, 0xff, 0xc0], 2, 0x202)));
+        round_trip(&records);
+    }
+
+    #[test]
+    fn a_loop_costs_a_few_bytes_per_step() {
+        // inc rax; jmp back: after the first pass only the tag, the mask and
+        // one delta per step remain.
+        let mut records = Vec::new();
+        for i in 0..1000u64 {
+            records.push(Record::Step(step(
+                0x1000,
+                &[0x48, 0xff, 0xc0],
+                i + 1,
+                0x202,
+            )));
+            records.push(Record::Step(step(0x1003, &[0xeb, 0xfb], i + 1, 0x202)));
+        }
+        let payload = round_trip(&records);
+        let per_step = payload.len() as f64 / records.len() as f64;
+        assert!(per_step < 3.0, "{per_step} bytes per step");
+    }
+
+    #[test]
+    fn every_segment_starts_with_a_keyframe() {
+        let mut enc = SegmentEncoder::new();
+        enc.push_step(&step(0x1000, &[0x90], 5, 2));
+        enc.push_step(&step(0x1001, &[0x90], 5, 2));
+        let first = enc.take();
+        enc.push_step(&step(0x1002, &[0x90], 5, 2));
+        let second = enc.take();
+        let decoded: Vec<Record> = SegmentDecoder::new(&second).map(|r| r.unwrap()).collect();
+        assert_eq!(decoded, vec![Record::Step(step(0x1002, &[0x90], 5, 2))]);
+        assert!(second.len() > 4, "keyframe carries full state");
+        assert!(
+            first.len() > second.len(),
+            "the second step of the first segment was a delta"
+        );
+    }
+
+    #[test]
+    fn code_cache_collisions_resend_bytes() {
+        // Two pcs in the same slot, alternating.
+        let a = 0x1000u64;
+        let b = (a + 1..).find(|&b| slot(b) == slot(a)).unwrap();
+        let records: Vec<Record> = (0..10)
+            .map(|i| {
+                Record::Step(step(
+                    if i % 2 == 0 { a } else { b },
+                    &[0x90 + i as u8 % 2],
+                    0,
+                    2,
+                ))
+            })
+            .collect();
+        round_trip(&records);
+    }
+
+    #[test]
+    fn corruption_is_an_error_not_a_panic() {
+        let mut enc = SegmentEncoder::new();
+        for i in 0..100 {
+            enc.push_step(&step(0x1000 + i, &[0x90], i, 2));
+            enc.push_event(&Event::Log("x".repeat(i as usize)));
+        }
+        let payload = enc.take();
+        for cut in [1, 7, payload.len() / 2, payload.len() - 1] {
+            let last = SegmentDecoder::new(&payload[..cut]).last().unwrap();
+            assert!(last.is_err(), "truncated at {cut}");
+        }
+        let mut bad = payload.clone();
+        bad[0] = 0xff;
+        let err = SegmentDecoder::new(&bad).next().unwrap().unwrap_err();
+        assert_eq!(err.offset, 1);
+        // Flipping bytes anywhere never panics.
+        for i in 0..payload.len() {
+            let mut flipped = payload.clone();
+            flipped[i] ^= 0x5a;
+            for r in SegmentDecoder::new(&flipped) {
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}

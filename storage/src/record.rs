@@ -1,0 +1,200 @@
+//! What a trace is made of.
+
+/// General registers in x86 encoding order (RAX, RCX, RDX, RBX, RSP, RBP,
+/// RSI, RDI, R8..R15), then RFLAGS. RIP is not here: it is the next step's
+/// address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Regs {
+    pub gpr: [u64; 16],
+    pub rflags: u64,
+}
+
+/// Number of registers a step can change ([`Regs::gpr`] and RFLAGS).
+pub const REG_COUNT: usize = 17;
+
+impl Regs {
+    pub fn get(&self, i: usize) -> u64 {
+        if i < 16 {
+            self.gpr[i]
+        } else {
+            self.rflags
+        }
+    }
+
+    pub fn set(&mut self, i: usize, v: u64) {
+        if i < 16 {
+            self.gpr[i] = v
+        } else {
+            self.rflags = v
+        }
+    }
+}
+
+/// Processor mode a step ran in; it fixes how the bytes decode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CpuMode {
+    #[default]
+    Real = 0,
+    Protected16 = 1,
+    Protected32 = 2,
+    Long64 = 3,
+    Compat32 = 4,
+}
+
+impl CpuMode {
+    pub fn from_u8(v: u8) -> Option<CpuMode> {
+        Some(match v {
+            0 => CpuMode::Real,
+            1 => CpuMode::Protected16,
+            2 => CpuMode::Protected32,
+            3 => CpuMode::Long64,
+            4 => CpuMode::Compat32,
+            _ => return None,
+        })
+    }
+
+    /// Code size for a disassembler: 16, 32 or 64.
+    pub fn bitness(self) -> u32 {
+        match self {
+            CpuMode::Real | CpuMode::Protected16 => 16,
+            CpuMode::Protected32 | CpuMode::Compat32 => 32,
+            CpuMode::Long64 => 64,
+        }
+    }
+}
+
+/// The bytes of one instruction (at most 15).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InsnBytes {
+    len: u8,
+    bytes: [u8; 15],
+}
+
+impl InsnBytes {
+    /// `None` if `bytes` is empty or longer than an x86 instruction can be.
+    pub fn new(bytes: &[u8]) -> Option<InsnBytes> {
+        if bytes.is_empty() || bytes.len() > 15 {
+            return None;
+        }
+        let mut b = [0u8; 15];
+        b[..bytes.len()].copy_from_slice(bytes);
+        Some(InsnBytes {
+            len: bytes.len() as u8,
+            bytes: b,
+        })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// One executed instruction and the state it left.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Step {
+    /// Linear address of the instruction.
+    pub pc: u64,
+    pub bytes: InsnBytes,
+    /// Address space it ran in.
+    pub cr3: u64,
+    pub mode: CpuMode,
+    pub cpl: u8,
+    /// Registers after it executed.
+    pub regs: Regs,
+}
+
+/// How an interrupt or exception came to be recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum InterruptSource {
+    /// The VMM injected it (it knows the vector and the step).
+    Injected = 0,
+    /// Inferred from a jump to an IDT handler.
+    InferredFromIdt = 1,
+    /// KVM reported it (an exception the guest raised).
+    ReportedByKvm = 2,
+    /// The VMM delivered it itself (software interrupt, emulator gap).
+    DeliveredByVmm = 3,
+}
+
+/// Why tracing started or stopped.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TraceReason {
+    CommandLine,
+    Hotkey,
+    Control,
+    Hypercall { pass: u64 },
+    Address(u64),
+    MaxSteps,
+    Exception(u8),
+    GuestExit,
+    DiskFull,
+    Other(String),
+}
+
+/// Something that happened between two steps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    Interrupt {
+        vector: u8,
+        error_code: Option<u32>,
+        source: InterruptSource,
+    },
+    Io {
+        port: u16,
+        size: u8,
+        write: bool,
+        value: u32,
+    },
+    Mmio {
+        addr: u64,
+        size: u8,
+        write: bool,
+        value: u64,
+    },
+    Hypercall {
+        command: u32,
+        args: [u64; 4],
+        result: i32,
+    },
+    Mark {
+        id: u64,
+        value: u64,
+    },
+    Log(String),
+    /// Bytes read from guest memory at a linear address.
+    Capture {
+        addr: u64,
+        bytes: Vec<u8>,
+    },
+    /// A control register changed (0, 3, 4) or EFER (reg 0xEF).
+    ControlRegister {
+        reg: u8,
+        value: u64,
+    },
+    /// The next pc could not be explained by the previous instruction or an
+    /// event: `from` is where execution was expected, `to` where it went.
+    Gap {
+        from: u64,
+        to: u64,
+    },
+    Halt,
+    TraceStart(TraceReason),
+    TraceStop(TraceReason),
+}
+
+/// A step or an event.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Record {
+    Step(Step),
+    Event(Event),
+}
