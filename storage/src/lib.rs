@@ -7,7 +7,9 @@
 //! recovery and parallel analysis rely on.
 
 pub mod codec;
+pub mod disk;
 pub mod record;
+pub mod segment;
 mod varint;
 
 pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};

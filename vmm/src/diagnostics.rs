@@ -63,9 +63,14 @@ pub struct CrashReport {
 impl CrashReport {
     /// Code size of the CPU mode in the segment registers: 16, 32 or 64.
     pub fn bitness(&self) -> u32 {
-        if self.sregs.efer & 0x400 != 0 && self.sregs.cs.l == 1 {
+        Self::bitness_of(&self.sregs)
+    }
+
+    /// Code size for these system registers: 16, 32 or 64.
+    pub fn bitness_of(sregs: &kvm_sregs) -> u32 {
+        if sregs.efer & 0x400 != 0 && sregs.cs.l == 1 {
             64
-        } else if self.sregs.cr0 & 1 == 1 && self.sregs.cs.db == 1 {
+        } else if sregs.cr0 & 1 == 1 && sregs.cs.db == 1 {
             32
         } else {
             16

@@ -8,7 +8,7 @@ use kvm_ioctls::VcpuExit;
 
 use crate::clock::{VirtualClock, VirtualNanos};
 use crate::console::{self, ConsoleInput, RawTerminal};
-use crate::cpu::soft_int;
+use crate::cpu::unemulated;
 use crate::devices::hypercall::GuestVirtualMemory;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome, MarkStats};
 use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
@@ -43,7 +43,7 @@ pub struct RunOutcome {
     pub exits: u64,
     /// MARK hypercalls, by identifier.
     pub marks: BTreeMap<u64, MarkStats>,
-    /// Instructions (INT3, INT n, FWAIT) the VMM completed because KVM's
+    /// Instructions (INT3, INT n, FWAIT, LDMXCSR...) the VMM completed because KVM's
     /// emulator could not.
     pub completed_by_vmm: u64,
 }
@@ -56,9 +56,6 @@ impl RunOutcome {
 }
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
-const FWAIT: u8 = 0x9b;
-/// x87 status word: exception summary (an unmasked exception is pending).
-const X87_FSW_ES: u16 = 0x80;
 
 /// An exit, copied out of `kvm_run` so the VM can be used while serving it.
 enum Exit {
@@ -429,8 +426,8 @@ impl Vm {
     }
 
     /// Where KVM's emulator gave up on an instruction the VMM can complete
-    /// itself (a software interrupt, FWAIT), does so and returns true: the
-    /// guest goes on as if the CPU had run it.
+    /// itself (see `cpu::unemulated`), does so and returns true: the guest
+    /// goes on as if the CPU had run it.
     fn complete_unemulated(&mut self) -> Result<bool> {
         let mut regs = self.vcpu.regs();
         let mut sregs = self.vcpu.sregs();
@@ -438,54 +435,44 @@ impl Vm {
             vcpu: &self.vcpu.fd,
             ram: &self.ram,
         };
-        let mut code = [0u8; 2];
+        let mut code = [0u8; 15];
         let linear = sregs.cs.base.wrapping_add(regs.rip);
-        if memory.read_virtual(linear, &mut code).is_err() {
+        // The instruction may end a mapped page; read what there is.
+        let readable = (1..=code.len())
+            .rev()
+            .find(|&n| memory.read_virtual(linear, &mut code[..n]).is_ok());
+        let Some(len) = readable else {
+            return Ok(false);
+        };
+        let bitness = CrashReport::bitness_of(&sregs);
+        let Some(plan) = unemulated::plan(&code[..len], bitness, &regs, &sregs) else {
+            return Ok(false);
+        };
+        let mut fpu = self.vcpu.fd.get_fpu().map_err(Error::kvm("KVM_GET_FPU"))?;
+        let (cs_before, fpu_before) = (sregs.cs, (fpu.mxcsr, fpu.fsw));
+        if let Err(e) = unemulated::complete(plan, &memory, &mut regs, &mut sregs, &mut fpu) {
+            tracing::debug!("{plan:?} not completed: {e}");
             return Ok(false);
         }
-        let (vector, return_rip) = match soft_int::decode(&code, regs.rflags) {
-            Some((vector, len)) => (vector, regs.rip + len),
-            None if code[0] == FWAIT => {
-                // FWAIT only acts on a pending unmasked x87 exception (#MF,
-                // a fault: it returns to the FWAIT); otherwise it is a NOP.
-                let fpu = self.vcpu.fd.get_fpu().map_err(Error::kvm("KVM_GET_FPU"))?;
-                if fpu.fsw & X87_FSW_ES == 0 {
-                    regs.rip += 1;
-                    self.vcpu
-                        .fd
-                        .set_regs(&regs)
-                        .map_err(Error::kvm("KVM_SET_REGS"))?;
-                    self.completed_by_vmm += 1;
-                    return Ok(true);
-                }
-                (soft_int::VECTOR_MF, regs.rip)
-            }
-            None => return Ok(false),
-        };
-        match soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip) {
-            Ok(sregs_changed) => {
-                if sregs_changed {
-                    self.vcpu
-                        .fd
-                        .set_sregs(&sregs)
-                        .map_err(Error::kvm("KVM_SET_SREGS"))?;
-                }
-                self.vcpu
-                    .fd
-                    .set_regs(&regs)
-                    .map_err(Error::kvm("KVM_SET_REGS"))?;
-                self.completed_by_vmm += 1;
-                tracing::debug!(
-                    "delivered vector {vector:#x} returning to {return_rip:#x}, handler {:#x}",
-                    regs.rip
-                );
-                Ok(true)
-            }
-            Err(e) => {
-                tracing::debug!("vector {vector:#x} not delivered: {e}");
-                Ok(false)
-            }
+        if sregs.cs != cs_before {
+            self.vcpu
+                .fd
+                .set_sregs(&sregs)
+                .map_err(Error::kvm("KVM_SET_SREGS"))?;
         }
+        if (fpu.mxcsr, fpu.fsw) != fpu_before {
+            self.vcpu
+                .fd
+                .set_fpu(&fpu)
+                .map_err(Error::kvm("KVM_SET_FPU"))?;
+        }
+        self.vcpu
+            .fd
+            .set_regs(&regs)
+            .map_err(Error::kvm("KVM_SET_REGS"))?;
+        self.completed_by_vmm += 1;
+        tracing::debug!("completed {plan:?}; guest continues at {:#x}", regs.rip);
+        Ok(true)
     }
 
     fn crash_report(&mut self, hint: Option<String>) -> CrashReport {

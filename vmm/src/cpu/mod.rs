@@ -4,3 +4,4 @@
 pub mod cpuid;
 pub mod entry;
 pub mod soft_int;
+pub mod unemulated;

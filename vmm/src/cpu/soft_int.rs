@@ -10,9 +10,6 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
-/// Vector of the x87 floating-point error (#MF).
-pub const VECTOR_MF: u8 = 16;
-
 /// Guest memory by linear address, for the IDT, TSS, GDT and stack.
 pub trait LinearMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), u64>;
@@ -30,19 +27,6 @@ pub enum SoftIntError {
     BadGate(u8),
     #[error("guest address {0:#x} is not mapped")]
     Unmapped(u64),
-}
-
-/// The instruction at RIP, if it is a software interrupt: its vector and
-/// length. INTO only interrupts when OF is set.
-pub fn decode(code: &[u8], rflags: u64) -> Option<(u8, u64)> {
-    const OF: u64 = 1 << 11;
-    match code {
-        [0xcc, ..] => Some((3, 1)),
-        [0xcd, vector, ..] => Some((*vector, 2)),
-        [0xce, ..] if rflags & OF != 0 => Some((4, 1)),
-        [0xf1, ..] => Some((1, 1)),
-        _ => None,
-    }
 }
 
 fn read_u64(mem: &dyn LinearMemory, addr: u64) -> Result<u64, SoftIntError> {
@@ -247,14 +231,5 @@ mod tests {
             deliver(&mem, &mut regs, &mut sregs, 3, 0),
             Err(SoftIntError::UnsupportedMode)
         );
-    }
-
-    #[test]
-    fn decodes_software_interrupts() {
-        assert_eq!(decode(&[0xcc], 0), Some((3, 1)));
-        assert_eq!(decode(&[0xcd, 0x80], 0), Some((0x80, 2)));
-        assert_eq!(decode(&[0xce], 0), None);
-        assert_eq!(decode(&[0xce], 1 << 11), Some((4, 1)));
-        assert_eq!(decode(&[0x90], 0), None);
     }
 }

@@ -1,0 +1,152 @@
+//! A segment on disk: a fixed 64-byte header, then the zstd-compressed
+//! payload. The header has its own CRC (so a scan can tell a header from
+//! stale bytes) and the payload's CRC (so a torn or flipped payload is
+//! reported with its segment, not decoded into nonsense).
+
+/// First bytes of every segment header.
+pub const MAGIC: [u8; 4] = *b"VTSG";
+/// Size of the header.
+pub const HEADER_LEN: usize = 64;
+const VERSION: u16 = 1;
+/// zstd level: fast enough for the writer thread to keep up with stepping.
+const ZSTD_LEVEL: i32 = 3;
+
+/// What a segment header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// Order of the segment in the trace (0, 1, 2, ...).
+    pub seq: u64,
+    /// Index of its first step in the whole trace.
+    pub first_step: u64,
+    pub steps: u64,
+    pub events: u64,
+    /// Payload size before and after compression.
+    pub raw_len: u32,
+    pub stored_len: u32,
+    pub payload_crc: u32,
+}
+
+impl SegmentHeader {
+    /// Bytes the segment takes on disk.
+    pub fn total_len(&self) -> u64 {
+        HEADER_LEN as u64 + u64::from(self.stored_len)
+    }
+
+    fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0..4].copy_from_slice(&MAGIC);
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        h[16..24].copy_from_slice(&self.first_step.to_le_bytes());
+        h[24..32].copy_from_slice(&self.steps.to_le_bytes());
+        h[32..40].copy_from_slice(&self.events.to_le_bytes());
+        h[40..44].copy_from_slice(&self.raw_len.to_le_bytes());
+        h[44..48].copy_from_slice(&self.stored_len.to_le_bytes());
+        h[48..52].copy_from_slice(&self.payload_crc.to_le_bytes());
+        let crc = crc32c::crc32c(&h[..60]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    /// Parses a header; `None` if these bytes are not one (no magic, or its
+    /// CRC does not match: an empty slot, stale data, or a torn write).
+    pub fn decode(h: &[u8]) -> Option<SegmentHeader> {
+        let h = h.get(..HEADER_LEN)?;
+        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
+        if h[0..4] != MAGIC || crc32c::crc32c(&h[..60]) != u32_at(60) {
+            return None;
+        }
+        if u16::from_le_bytes([h[4], h[5]]) != VERSION {
+            return None;
+        }
+        Some(SegmentHeader {
+            seq: u64_at(8),
+            first_step: u64_at(16),
+            steps: u64_at(24),
+            events: u64_at(32),
+            raw_len: u32_at(40),
+            stored_len: u32_at(44),
+            payload_crc: u32_at(48),
+        })
+    }
+}
+
+/// Why a segment's payload could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("payload checksum mismatch (a torn write or a changed byte)")]
+    Checksum,
+    #[error("payload does not decompress: {0}")]
+    Decompress(String),
+    #[error("payload decompresses to {got} bytes, header says {want}")]
+    Length { got: usize, want: usize },
+}
+
+/// Compresses `raw` and frames it as segment `seq`.
+pub fn seal(raw: &[u8], seq: u64, first_step: u64, steps: u64, events: u64) -> Vec<u8> {
+    // zstd on an in-memory buffer only fails on allocation failure.
+    let stored = zstd::bulk::compress(raw, ZSTD_LEVEL).unwrap_or_else(|_| raw.to_vec());
+    let header = SegmentHeader {
+        seq,
+        first_step,
+        steps,
+        events,
+        raw_len: raw.len() as u32,
+        stored_len: stored.len() as u32,
+        payload_crc: crc32c::crc32c(&stored),
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + stored.len());
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(&stored);
+    out
+}
+
+/// Checks and decompresses a payload read after `header`.
+pub fn unseal(header: &SegmentHeader, stored: &[u8]) -> Result<Vec<u8>, PayloadError> {
+    if crc32c::crc32c(stored) != header.payload_crc {
+        return Err(PayloadError::Checksum);
+    }
+    let want = header.raw_len as usize;
+    let raw = zstd::bulk::decompress(stored, want)
+        .map_err(|e| PayloadError::Decompress(e.to_string()))?;
+    if raw.len() != want {
+        return Err(PayloadError::Length {
+            got: raw.len(),
+            want,
+        });
+    }
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_then_unseal() {
+        let raw: Vec<u8> = (0..10_000u32).map(|i| (i % 7) as u8).collect();
+        let sealed = seal(&raw, 3, 1000, 50, 2);
+        let header = SegmentHeader::decode(&sealed).unwrap();
+        assert_eq!(
+            (header.seq, header.first_step, header.steps, header.events),
+            (3, 1000, 50, 2)
+        );
+        assert!(header.stored_len < 1000, "compressed");
+        assert_eq!(unseal(&header, &sealed[HEADER_LEN..]).unwrap(), raw);
+    }
+
+    #[test]
+    fn damage_is_detected() {
+        let raw = vec![1u8; 4096];
+        let sealed = seal(&raw, 0, 0, 1, 0);
+        let mut bad_header = sealed.clone();
+        bad_header[20] ^= 1;
+        assert_eq!(SegmentHeader::decode(&bad_header), None);
+        let header = SegmentHeader::decode(&sealed).unwrap();
+        let mut bad_payload = sealed[HEADER_LEN..].to_vec();
+        bad_payload[3] ^= 0x10;
+        assert_eq!(unseal(&header, &bad_payload), Err(PayloadError::Checksum));
+        assert_eq!(SegmentHeader::decode(&[0u8; 64]), None, "an empty slot");
+    }
+}
