@@ -1,4 +1,4 @@
-//! Trace records, their compact encoding and (next) the trace disk.
+//! Trace records, their compact encoding and the trace disk.
 //!
 //! A trace is a sequence of [`Record`]s: steps (one executed instruction
 //! each) with events between them. [`codec`] turns a run of records into the
@@ -7,10 +7,17 @@
 //! recovery and parallel analysis rely on.
 
 pub mod codec;
+pub mod digest;
 pub mod disk;
+pub mod reader;
 pub mod record;
 pub mod segment;
+pub mod summary;
 mod varint;
+pub mod writer;
 
 pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
-pub use record::{CpuMode, Event, InsnBytes, Record, Regs, Step};
+pub use reader::TraceReader;
+pub use record::{CpuMode, Event, InsnBytes, InterruptSource, Record, Regs, Step, TraceReason};
+pub use summary::{summarize, TraceSummary};
+pub use writer::Recorder;

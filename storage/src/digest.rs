@@ -1,0 +1,56 @@
+//! A content digest of decoded records: equal digests mean equal traces,
+//! however the records were cut into segments or compressed.
+
+use crate::codec::SegmentEncoder;
+use crate::record::{Record, REG_COUNT};
+
+/// Accumulates records into a BLAKE3 digest.
+pub struct TraceDigest {
+    hasher: blake3::Hasher,
+    scratch: SegmentEncoder,
+}
+
+impl Default for TraceDigest {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TraceDigest {
+    pub fn new() -> Self {
+        TraceDigest {
+            hasher: blake3::Hasher::new(),
+            scratch: SegmentEncoder::new(),
+        }
+    }
+
+    pub fn update(&mut self, record: &Record) {
+        match record {
+            Record::Step(s) => {
+                // Full state, not deltas: independent of segment boundaries.
+                let mut b = [0u8; 8 + 1 + 15 + 8 + 2 + 8 * REG_COUNT];
+                b[0..8].copy_from_slice(&s.pc.to_le_bytes());
+                b[8] = s.bytes.len() as u8;
+                b[9..9 + s.bytes.len()].copy_from_slice(s.bytes.as_slice());
+                b[24..32].copy_from_slice(&s.cr3.to_le_bytes());
+                b[32] = s.mode as u8;
+                b[33] = s.cpl;
+                for i in 0..REG_COUNT {
+                    b[34 + 8 * i..42 + 8 * i].copy_from_slice(&s.regs.get(i).to_le_bytes());
+                }
+                self.hasher.update(&[0]);
+                self.hasher.update(&b);
+            }
+            Record::Event(e) => {
+                // Event encodings carry no delta state: they are canonical.
+                self.scratch.push_event(e);
+                self.hasher.update(&self.scratch.take());
+            }
+        }
+    }
+
+    /// Hex of the first 128 bits.
+    pub fn hex(&self) -> String {
+        self.hasher.finalize().to_hex()[..32].to_string()
+    }
+}

@@ -1,0 +1,150 @@
+//! What `vtrace info` reports about a trace.
+
+use std::collections::BTreeMap;
+
+use crate::digest::TraceDigest;
+use crate::reader::{SegmentState, TraceReader};
+use crate::record::{Event, Record, TraceReason};
+
+/// Facts about a trace, from reading all of it.
+#[derive(Clone, Debug, Default)]
+pub struct TraceSummary {
+    pub steps: u64,
+    pub events: BTreeMap<&'static str, u64>,
+    pub gaps: u64,
+    /// pc of the first and last step.
+    pub first_pc: Option<u64>,
+    pub last_pc: Option<u64>,
+    pub start_reasons: Vec<TraceReason>,
+    pub stop_reasons: Vec<TraceReason>,
+    pub disk_size: u64,
+    /// Bytes of the disk holding segments (headers included).
+    pub disk_used: u64,
+    pub segments_good: u64,
+    pub segments_overwritten: u64,
+    /// Human-readable problems: corrupt or missing segments, torn tail.
+    pub problems: Vec<String>,
+    /// Whether the trace ends with its stop record (a clean shutdown).
+    pub clean_end: bool,
+    pub digest: String,
+    pub metadata: String,
+}
+
+impl TraceSummary {
+    /// Disk bytes per recorded step.
+    pub fn bytes_per_step(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.disk_used as f64 / self.steps as f64
+        }
+    }
+
+    /// The reason tracing stopped last, if it was recorded.
+    pub fn stop_reason(&self) -> Option<&TraceReason> {
+        self.stop_reasons.last()
+    }
+}
+
+/// Name of an event kind, as `vtrace info` counts them.
+pub fn event_kind(e: &Event) -> &'static str {
+    match e {
+        Event::Interrupt { .. } => "interrupt",
+        Event::Io { .. } => "io",
+        Event::Mmio { .. } => "mmio",
+        Event::Hypercall { .. } => "hypercall",
+        Event::Mark { .. } => "mark",
+        Event::Log(_) => "log",
+        Event::Capture { .. } => "capture",
+        Event::ControlRegister { .. } => "control_register",
+        Event::Gap { .. } => "gap",
+        Event::Halt => "halt",
+        Event::TraceStart(_) => "trace_start",
+        Event::TraceStop(_) => "trace_stop",
+    }
+}
+
+/// Reads every good segment in order and sums the trace up. `progress` is
+/// called after each segment with (done, total).
+pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -> TraceSummary {
+    let mut s = TraceSummary {
+        disk_size: reader.disk_size(),
+        metadata: reader
+            .superblock()
+            .map(|sb| sb.metadata.clone())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    let mut digest = TraceDigest::new();
+    let mut last_record_was_stop = false;
+    let total = reader.segments().len();
+    for (i, entry) in reader.segments().iter().enumerate() {
+        let h = entry.found.header;
+        match &entry.state {
+            SegmentState::Good => {}
+            SegmentState::Overwritten => {
+                s.segments_overwritten += 1;
+                continue;
+            }
+            SegmentState::Torn(why) => {
+                s.problems.push(format!(
+                    "torn tail: segment {} (steps from {}) was cut short: {why}",
+                    h.seq, h.first_step
+                ));
+                continue;
+            }
+            SegmentState::Corrupt(why) => {
+                s.problems.push(format!(
+                    "segment {} at byte {} is damaged ({why}); its {} steps are skipped",
+                    h.seq, entry.found.offset, h.steps
+                ));
+                continue;
+            }
+        }
+        match reader.decode(i) {
+            Ok(records) => {
+                s.segments_good += 1;
+                s.disk_used += h.total_len();
+                for r in &records {
+                    digest.update(r);
+                    last_record_was_stop = matches!(r, Record::Event(Event::TraceStop(_)));
+                    match r {
+                        Record::Step(step) => {
+                            s.steps += 1;
+                            s.first_pc.get_or_insert(step.pc);
+                            s.last_pc = Some(step.pc);
+                        }
+                        Record::Event(e) => {
+                            *s.events.entry(event_kind(e)).or_default() += 1;
+                            match e {
+                                Event::Gap { .. } => s.gaps += 1,
+                                Event::TraceStart(r) => s.start_reasons.push(r.clone()),
+                                Event::TraceStop(r) => s.stop_reasons.push(r.clone()),
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+            }
+            Err(why) => s
+                .problems
+                .push(format!("segment {} does not decode: {why}", h.seq)),
+        }
+        progress(i + 1, total);
+    }
+    for seq in reader.missing_segments() {
+        s.problems.push(format!(
+            "segment {seq} is missing (its header is damaged or was never written)"
+        ));
+    }
+    s.clean_end = last_record_was_stop;
+    if !s.clean_end && s.segments_good > 0 {
+        s.problems.push(
+            "the trace has no stop record at its end: the VMM did not shut down cleanly \
+             (killed?); everything up to the last complete segment is here"
+                .into(),
+        );
+    }
+    s.digest = digest.hex();
+    s
+}

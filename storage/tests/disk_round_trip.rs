@@ -1,0 +1,215 @@
+//! Records through the recorder, the writer thread and the disk, and back
+//! through the reader: order, wrap, fullness, damage and digests.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use vtrace_storage::disk::{DiskWriter, SUPERBLOCK_LEN};
+use vtrace_storage::{
+    summarize, CpuMode, Event, InsnBytes, Record, Recorder, Regs, Step, TraceReader, TraceReason,
+};
+
+/// A deterministic pseudo-program: loops with changing registers and the
+/// occasional event, so chunks compress like real traces (not perfectly).
+fn records(n: u64) -> Vec<Record> {
+    let mut out = vec![Record::Event(Event::TraceStart(TraceReason::CommandLine))];
+    let mut x = 0x1234_5678u64;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut regs = Regs::default();
+        regs.gpr[0] = i;
+        regs.gpr[1] = x & 0xffff;
+        regs.rflags = 0x202;
+        out.push(Record::Step(Step {
+            pc: 0x1000 + (i % 50) * 3,
+            bytes: InsnBytes::new(&[0x48, 0x01, (i % 50) as u8]).unwrap(),
+            cr3: 0x9000,
+            mode: CpuMode::Long64,
+            cpl: 0,
+            regs,
+        }));
+        if i % 1000 == 999 {
+            out.push(Record::Event(Event::Interrupt {
+                vector: 32,
+                error_code: None,
+                source: vtrace_storage::InterruptSource::Injected,
+            }));
+        }
+    }
+    out.push(Record::Event(Event::TraceStop(TraceReason::GuestExit)));
+    out
+}
+
+fn write(
+    path: &Path,
+    size: u64,
+    slot: u32,
+    wrap: bool,
+    recs: &[Record],
+) -> vtrace_storage::writer::WriterReport {
+    let disk = DiskWriter::create(path, size, slot, wrap, "test: synthetic").unwrap();
+    let mut rec = Recorder::start(disk);
+    for r in recs {
+        rec.record(r);
+    }
+    rec.finish().unwrap()
+}
+
+fn read_all(path: &Path) -> Vec<Record> {
+    let reader = TraceReader::open(path).unwrap();
+    (0..reader.segments().len())
+        .flat_map(|i| reader.decode(i).unwrap())
+        .collect()
+}
+
+#[test]
+fn round_trip_through_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.vtd");
+    let recs = records(200_000);
+    let report = write(&path, 64 << 20, 64 << 10, false, &recs);
+    assert!(report.segments > 3, "several segments: {report:?}");
+    assert_eq!(report.dropped_chunks, 0);
+    assert_eq!(read_all(&path), recs);
+
+    let reader = TraceReader::open(&path).unwrap();
+    let s = summarize(&reader, |_, _| {});
+    assert_eq!(s.steps, 200_000);
+    assert_eq!(s.events["interrupt"], 200);
+    assert!(s.clean_end && s.problems.is_empty(), "{:?}", s.problems);
+    assert_eq!(s.stop_reason(), Some(&TraceReason::GuestExit));
+    assert!(
+        s.bytes_per_step() < 4.0,
+        "{} bytes per step",
+        s.bytes_per_step()
+    );
+    assert_eq!(s.metadata, "test: synthetic");
+}
+
+#[test]
+fn digest_ignores_segmentation() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = records(50_000);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    write(&a, 16 << 20, 16 << 10, false, &recs);
+    write(&b, 16 << 20, 256 << 10, false, &recs);
+    let digest = |p: &Path| summarize(&TraceReader::open(p).unwrap(), |_, _| {}).digest;
+    assert_eq!(digest(&a), digest(&b));
+    let mut other = recs.clone();
+    other.insert(10, Record::Event(Event::Mark { id: 1, value: 2 }));
+    let c = dir.path().join("c");
+    write(&c, 16 << 20, 16 << 10, false, &other);
+    assert_ne!(digest(&a), digest(&c));
+}
+
+#[test]
+fn wrap_keeps_the_newest_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.vtd");
+    let recs = records(300_000);
+    let size = SUPERBLOCK_LEN + 8 * (16 << 10);
+    write(&path, size, 16 << 10, true, &recs);
+    let got = read_all(&path);
+    assert!(got.len() < recs.len(), "older records were overwritten");
+    assert_eq!(
+        &recs[recs.len() - got.len()..],
+        &got[..],
+        "what is left is the end of the trace"
+    );
+    let s = summarize(&TraceReader::open(&path).unwrap(), |_, _| {});
+    assert!(s.clean_end, "{:?}", s.problems);
+}
+
+#[test]
+fn nearly_full_comes_before_anything_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.vtd");
+    let disk =
+        DiskWriter::create(&path, SUPERBLOCK_LEN + 40 * (16 << 10), 16 << 10, false, "").unwrap();
+    let mut rec = Recorder::start(disk);
+    let mut written = 0u64;
+    for r in records(10_000_000) {
+        if rec.nearly_full() {
+            break;
+        }
+        rec.record(&r);
+        written += 1;
+    }
+    rec.event(&Event::TraceStop(TraceReason::DiskFull));
+    let report = rec.finish().unwrap();
+    assert_eq!(report.dropped_chunks, 0, "{report:?}");
+    assert!(written < 10_000_000);
+    let s = summarize(&TraceReader::open(&path).unwrap(), |_, _| {});
+    assert_eq!(s.stop_reason(), Some(&TraceReason::DiskFull));
+    assert!(s.clean_end);
+}
+
+#[test]
+fn a_flipped_byte_is_reported_with_its_segment_and_the_rest_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.vtd");
+    let recs = records(200_000);
+    write(&path, 64 << 20, 64 << 10, false, &recs);
+    let reader = TraceReader::open(&path).unwrap();
+    let victim = reader.segments()[1].found;
+    let whole = summarize(&reader, |_, _| {}).steps;
+    drop(reader);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let at = victim.offset + 64 + 100;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x01], at).unwrap();
+
+    let s = summarize(&TraceReader::open(&path).unwrap(), |_, _| {});
+    assert_eq!(s.problems.len(), 1, "{:?}", s.problems);
+    assert!(
+        s.problems[0].contains(&format!("segment {}", victim.header.seq)),
+        "{:?}",
+        s.problems
+    );
+    assert_eq!(
+        s.steps,
+        whole - victim.header.steps,
+        "every other segment still reads"
+    );
+}
+
+#[test]
+fn a_torn_tail_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.vtd");
+    let mut recs = records(200_000);
+    recs.pop(); // no stop record: the VMM "died"
+    write(&path, 64 << 20, 64 << 10, false, &recs);
+    let reader = TraceReader::open(&path).unwrap();
+    let last = *reader.segments().last().map(|s| &s.found).unwrap();
+    drop(reader);
+    // Cut the last segment's payload short, as a kill mid-write would.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(
+        &vec![0u8; 512],
+        last.offset + 64 + u64::from(last.header.stored_len) / 2,
+    )
+    .unwrap();
+    let s = summarize(&TraceReader::open(&path).unwrap(), |_, _| {});
+    assert!(!s.clean_end);
+    assert!(
+        s.problems.iter().any(|p| p.starts_with("torn tail")),
+        "{:?}",
+        s.problems
+    );
+    assert!(
+        s.problems
+            .iter()
+            .any(|p| p.contains("did not shut down cleanly")),
+        "{:?}",
+        s.problems
+    );
+    assert!(s.steps > 0);
+}
