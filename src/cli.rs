@@ -28,6 +28,19 @@ pub enum Command {
     /// raw real-mode image. Its serial console is this terminal.
     #[command(after_long_help = STATUS_TABLE)]
     Run(RunArgs),
+    /// Summarize a trace disk: steps, events, gaps, how tracing started and
+    /// stopped, disk use, and a digest (equal digests mean equal traces).
+    Info(InfoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// The trace disk.
+    pub trace: PathBuf,
+    /// Print JSON (keys: steps, gaps, events, bytes_per_step, digest,
+    /// stop_reason, ...).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// CPUID profile presented to the guest.
@@ -83,12 +96,34 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// How the guest's clock (PIT, RTC) follows host time: `wall`, or
-    /// `prescale:N` for host time divided by N. A guest running much slower
-    /// than hardware (emulated or single-stepped) with a wall clock spends
-    /// its time in timer interrupts; the old in-kernel tracer divided by 6300.
-    #[arg(long, value_name = "MODE", default_value = "wall", value_parser = ClockMode::parse)]
-    pub clock: ClockMode,
+    /// How the guest's clock (PIT, RTC) follows host time: `wall`,
+    /// `prescale:N` (host time divided by N), or `steps[:NS]` (while tracing,
+    /// each instruction advances time NS nanoseconds, default 1: traces are
+    /// deterministic). Default: `steps:1` with --trace, else `wall`.
+    #[arg(long, value_name = "MODE", value_parser = ClockMode::parse)]
+    pub clock: Option<ClockMode>,
+
+    /// Trace from the first instruction (also: Ctrl-A t, hypercalls).
+    #[arg(long)]
+    pub trace: bool,
+
+    /// Trace disk to write (a file, created and preallocated, or a block
+    /// device). Given alone, tracing waits for Ctrl-A t or a hypercall.
+    #[arg(long, value_name = "PATH")]
+    pub disk: Option<PathBuf>,
+
+    /// Size of the trace disk (a block device keeps its own).
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    pub disk_size: u64,
+
+    /// When the disk is full, overwrite the oldest segments (keep the end)
+    /// instead of stopping (keep the beginning).
+    #[arg(long)]
+    pub wrap: bool,
+
+    /// Stop tracing after this many steps.
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<u64>,
 
     /// KVM device to use.
     #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE)]

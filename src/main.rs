@@ -3,6 +3,7 @@
 
 mod cli;
 mod exit_status;
+mod info;
 mod run;
 mod units;
 
@@ -42,6 +43,7 @@ fn main() {
     init_logging(cli.verbose);
     let status = match cli.command {
         cli::Command::Run(args) => run::run(args),
+        cli::Command::Info(args) => info::info(args),
     };
     match status {
         Ok(code) => std::process::exit(code),

@@ -5,6 +5,13 @@ use vtrace_vmm::boot::{default_linux_cmdline, BootSource, Image};
 use vtrace_vmm::console::user_message;
 use vtrace_vmm::{ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, VmConfig};
 
+use std::path::PathBuf;
+
+use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
+use vtrace_storage::Recorder;
+use vtrace_trap::{TraceOptions, Tracer};
+use vtrace_vmm::clock::ClockMode;
+
 use crate::cli::{CpuArg, RunArgs};
 use crate::exit_status::GUEST_RESET;
 
@@ -69,6 +76,42 @@ fn summary(outcome: &RunOutcome) -> String {
     )
 }
 
+/// Creates the trace disk and the tracer, when the user asked for tracing.
+fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
+    if !args.trace && args.disk.is_none() {
+        return Ok(None);
+    }
+    let path = args
+        .disk
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("vtrace.vtd"));
+    let metadata = format!(
+        "guest: {description}\nclock: {:?}\nvtrace: {}",
+        clock_mode(args),
+        env!("CARGO_PKG_VERSION")
+    );
+    let disk = DiskWriter::create(
+        &path,
+        args.disk_size,
+        DEFAULT_SLOT_SIZE,
+        args.wrap,
+        &metadata,
+    )?;
+    let options = TraceOptions {
+        from_start: args.trace,
+        max_steps: args.max_steps,
+    };
+    Ok(Some(Tracer::new(Recorder::start(disk), options)))
+}
+
+fn clock_mode(args: &RunArgs) -> ClockMode {
+    args.clock.unwrap_or(if args.trace || args.disk.is_some() {
+        ClockMode::Steps(1)
+    } else {
+        ClockMode::Wall
+    })
+}
+
 pub fn run(args: RunArgs) -> Result<i32> {
     let config = VmConfig {
         boot: boot_source(&args)?,
@@ -81,18 +124,43 @@ pub fn run(args: RunArgs) -> Result<i32> {
         },
         kvm_device: args.kvm_device.clone(),
         serial_out: Box::new(std::io::stdout()),
-        clock: args.clock,
+        clock: clock_mode(&args),
     };
     let mut vm = Vm::new(config)?;
+    let mut tracer = tracer(&args, vm.boot_description())?;
     if !args.quiet {
         user_message(&format!("vtrace: booting {}", vm.boot_description()));
         if !args.no_input {
             user_message("vtrace: Ctrl-A h for help, Ctrl-A x to quit");
         }
     }
-    let outcome = vm.run(&mut NoMonitor)?;
+    let outcome = match tracer.as_mut() {
+        Some(t) => vm.run(t),
+        None => vm.run(&mut NoMonitor),
+    };
+    // The trace is flushed whatever became of the guest.
+    let report = tracer.map(Tracer::finish).transpose()?;
+    let outcome = outcome?;
     if !args.quiet {
         user_message(&summary(&outcome));
+        if let (Some(r), Some(path)) = (
+            &report,
+            args.disk.clone().or(Some(PathBuf::from("vtrace.vtd"))),
+        ) {
+            let stop = r
+                .stop_reason
+                .as_ref()
+                .map(|s| format!("{s:?}"))
+                .unwrap_or_else(|| "never started".into());
+            user_message(&format!(
+                "vtrace: trace {}: {} steps, {} gaps, {} segments, {} bytes (stopped: {stop})",
+                path.display(),
+                r.engine.steps,
+                r.engine.gaps,
+                r.writer.segments,
+                r.writer.stored_bytes
+            ));
+        }
     }
     Ok(match outcome.exit {
         GuestExit::Status(s) => i32::from(s),

@@ -1,6 +1,13 @@
-//! The tracer: arms single-step on the vCPU, turns each exit into trace
-//! records and decides when tracing starts and stops.
-//!
-//! The stepping engine arrives with the tracing issue; until then this crate
-//! only reserves its place in the workspace so that the dependency direction
-//! (`vmm` → `trap` → `storage`) is fixed from the start.
+//! `vtrace-trap`: the tracer. It arms single-step on the vCPU through the
+//! VMM's [`vtrace_vmm::Monitor`] hooks, turns every exit into trace records
+//! ([`engine`]) and decides when tracing starts and stops ([`tracer`]).
+
+pub mod context;
+pub mod engine;
+pub mod flow;
+pub mod idt;
+pub mod tracer;
+pub mod walker;
+
+pub use engine::{Engine, EngineStats, RecordSink};
+pub use tracer::{TraceOptions, TraceReport, Tracer};

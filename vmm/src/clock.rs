@@ -19,26 +19,34 @@ pub enum ClockMode {
     /// a guest running N times slower than hardware sees its timer N times
     /// slower too, instead of drowning in timer interrupts.
     Prescaled(u32),
+    /// While single-stepping, each executed instruction advances virtual
+    /// time by this many nanoseconds (deterministic: the same guest and
+    /// input give the same trace); idle waits (HLT) jump to the next timer
+    /// event. Untraced stretches run on wall time.
+    Steps(u32),
 }
 
 impl ClockMode {
-    /// Parses `wall` or `prescale:N`.
+    /// Parses `wall`, `prescale:N` or `steps[:NS]`.
     pub fn parse(text: &str) -> Result<ClockMode, String> {
+        let number = |n: &str, what: &str| match n.parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!("'{n}': the {what} is a whole number from 1 up")),
+        };
         match text.split_once(':') {
             None if text == "wall" => Ok(ClockMode::Wall),
-            Some(("prescale", n)) => match n.parse::<u32>() {
-                Ok(n) if n >= 1 => Ok(ClockMode::Prescaled(n)),
-                _ => Err(format!(
-                    "'{n}': the prescale factor is a whole number from 1 up"
-                )),
-            },
-            _ => Err(format!("'{text}': the clock is 'wall' or 'prescale:N'")),
+            None if text == "steps" => Ok(ClockMode::Steps(1)),
+            Some(("prescale", n)) => number(n, "prescale factor").map(ClockMode::Prescaled),
+            Some(("steps", n)) => number(n, "nanoseconds per step").map(ClockMode::Steps),
+            _ => Err(format!(
+                "'{text}': the clock is 'wall', 'prescale:N' or 'steps[:NS]'"
+            )),
         }
     }
 
     fn divisor(self) -> u64 {
         match self {
-            ClockMode::Wall => 1,
+            ClockMode::Wall | ClockMode::Steps(_) => 1,
             ClockMode::Prescaled(n) => u64::from(n),
         }
     }
@@ -48,7 +56,11 @@ impl ClockMode {
 #[derive(Debug)]
 pub struct VirtualClock {
     mode: ClockMode,
-    epoch: Instant,
+    /// Virtual time accumulated up to `since` (or up to now while stepping
+    /// in steps mode, when host time does not count).
+    base: VirtualNanos,
+    /// Host time from which wall-driven time runs; None while step-driven.
+    since: Option<Instant>,
 }
 
 impl VirtualClock {
@@ -56,7 +68,44 @@ impl VirtualClock {
     pub fn new(mode: ClockMode) -> Self {
         VirtualClock {
             mode,
-            epoch: Instant::now(),
+            base: 0,
+            since: Some(Instant::now()),
+        }
+    }
+
+    /// Whether time is step-driven now.
+    pub fn step_driven(&self) -> bool {
+        self.since.is_none()
+    }
+
+    /// The guest starts or stops single-stepping. In steps mode, time then
+    /// stops or starts following the host clock.
+    pub fn set_stepping(&mut self, stepping: bool) {
+        let ClockMode::Steps(_) = self.mode else {
+            return;
+        };
+        match (stepping, self.since) {
+            (true, Some(since)) => {
+                self.base += since.elapsed().as_nanos() as u64;
+                self.since = None;
+            }
+            (false, None) => self.since = Some(Instant::now()),
+            _ => {}
+        }
+    }
+
+    /// One instruction was executed under single-step.
+    #[inline]
+    pub fn step(&mut self) {
+        if let (ClockMode::Steps(ns), None) = (self.mode, self.since) {
+            self.base += u64::from(ns);
+        }
+    }
+
+    /// Step-driven idle: jump virtual time forward to `deadline`.
+    pub fn skip_to(&mut self, deadline: VirtualNanos) {
+        if self.since.is_none() {
+            self.base = self.base.max(deadline);
         }
     }
 
@@ -67,16 +116,21 @@ impl VirtualClock {
 
     /// Current virtual time.
     pub fn now(&self) -> VirtualNanos {
-        self.epoch.elapsed().as_nanos() as u64 / self.mode.divisor()
+        match self.since {
+            Some(since) => self.base + since.elapsed().as_nanos() as u64 / self.mode.divisor(),
+            None => self.base,
+        }
     }
 
     /// Host time left until virtual time reaches `deadline` (zero if past).
-    pub fn host_delay_until(&self, deadline: VirtualNanos) -> Duration {
-        Duration::from_nanos(
+    /// (None while time is step-driven: host time does not move it.)
+    pub fn host_delay_until(&self, deadline: VirtualNanos) -> Option<Duration> {
+        self.since?;
+        Some(Duration::from_nanos(
             deadline
                 .saturating_sub(self.now())
                 .saturating_mul(self.mode.divisor()),
-        )
+        ))
     }
 }
 
@@ -91,7 +145,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let b = clock.now();
         assert!(b >= a + 2_000_000, "{a} -> {b}");
-        assert_eq!(clock.host_delay_until(0), Duration::ZERO);
+        assert_eq!(clock.host_delay_until(0), Some(Duration::ZERO));
     }
 
     #[test]
@@ -103,7 +157,7 @@ mod tests {
             (20_000..200_000).contains(&now),
             "20 ms of host time is ~20 us: {now}"
         );
-        let delay = clock.host_delay_until(now + 1_000);
+        let delay = clock.host_delay_until(now + 1_000).unwrap();
         assert!(
             delay <= Duration::from_millis(1) && delay >= Duration::from_micros(900),
             "{delay:?}"
@@ -118,6 +172,31 @@ mod tests {
             Ok(ClockMode::Prescaled(6300))
         );
         assert!(ClockMode::parse("prescale:0").is_err());
-        assert!(ClockMode::parse("steps").is_err());
+        assert_eq!(ClockMode::parse("steps"), Ok(ClockMode::Steps(1)));
+        assert_eq!(ClockMode::parse("steps:4"), Ok(ClockMode::Steps(4)));
+        assert!(ClockMode::parse("steps:x").is_err());
+        assert!(ClockMode::parse("fast").is_err());
+    }
+
+    #[test]
+    fn step_driven_time_counts_steps_and_skips_idle() {
+        let mut clock = VirtualClock::new(ClockMode::Steps(10));
+        clock.set_stepping(true);
+        let start = clock.now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(clock.now(), start, "host time does not count");
+        for _ in 0..5 {
+            clock.step();
+        }
+        assert_eq!(clock.now(), start + 50);
+        clock.skip_to(start + 1_000);
+        assert_eq!(clock.now(), start + 1_000);
+        assert_eq!(clock.host_delay_until(start + 2_000), None);
+        clock.set_stepping(false);
+        std::thread::sleep(Duration::from_millis(1));
+        assert!(
+            clock.now() >= start + 1_000_000,
+            "untraced: wall time again"
+        );
     }
 }

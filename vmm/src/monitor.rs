@@ -1,7 +1,52 @@
 //! The hook through which a tracer observes and steers the VM. The VMM calls
 //! it at the points a tracer needs and otherwise knows nothing of tracing.
 
+use kvm_bindings::{kvm_regs, kvm_sregs};
+
 use crate::devices::hypercall::Hypercall;
+
+/// What the VMM saw at an exit, as the monitor needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitView {
+    /// Single-step or breakpoint exit: one instruction ran (or a
+    /// breakpoint was hit before one did).
+    Debug { breakpoint: bool },
+    /// `OUT`: the instruction has completed (RIP is past it).
+    IoOut { port: u16, size: u8, value: u32 },
+    /// `IN`: the instruction completes on the next entry with `value`.
+    IoIn { port: u16, size: u8, value: u32 },
+    /// A hypercall (an `IN` on the hypercall port) with its result.
+    Hypercall { call: Hypercall, result: i32 },
+    /// MMIO access (nothing is mapped there; reads return all ones).
+    Mmio { addr: u64, write: bool },
+    /// The guest executed HLT outside single-stepping.
+    Halt,
+    /// `KVM_RUN` returned without running anything (a kick).
+    Interrupted,
+    /// The VMM completed an instruction the emulator refused (INT3,
+    /// LDMXCSR...); `vector` is set when that was an interrupt delivery.
+    CompletedByVmm { vector: Option<u8> },
+}
+
+/// What the monitor asks of the VMM after an exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Directive {
+    Continue,
+    /// The instruction just stepped was HLT (which does not halt under
+    /// single-step on every host): wait for the next interrupt as HLT would.
+    Halt,
+}
+
+/// Read access to the vCPU and guest memory for the monitor. The VMM
+/// implements it over KVM; tests implement it over plain data.
+pub trait CpuView {
+    /// General registers as of this exit.
+    fn regs(&mut self) -> kvm_regs;
+    /// System registers as of this exit.
+    fn sregs(&mut self) -> kvm_sregs;
+    /// Reads guest-physical memory; false if any byte is not RAM.
+    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
+}
 
 /// Observer of a running VM. Every method has a default that does nothing,
 /// so [`NoMonitor`] is the VM without a tracer.
@@ -12,8 +57,8 @@ pub trait Monitor {
         None
     }
 
-    /// A console hotkey other than the VMM's own (`x`, `h`). Returns a line
-    /// to show the user, or `None` if the key means nothing to the monitor.
+    /// A console hotkey other than the VMM's own (`x`, `h`, `r`, `s`).
+    /// Returns a line to show the user, or `None` if it means nothing here.
     fn hotkey(&mut self, _key: u8) -> Option<String> {
         None
     }
@@ -22,6 +67,28 @@ pub trait Monitor {
     fn hotkey_help(&self) -> Vec<(char, &'static str)> {
         Vec::new()
     }
+
+    /// Whether the vCPU must single-step from the next entry on. Asked
+    /// before every `KVM_RUN`; cheap.
+    fn stepping(&self) -> bool {
+        false
+    }
+
+    /// Called right before every `KVM_RUN` (after stepping was armed for
+    /// it): a tracer that just started notes the instruction about to run.
+    fn before_entry(&mut self, _cpu: &mut dyn CpuView) {}
+
+    /// Called after every exit, before the VMM serves it further.
+    fn on_exit(&mut self, _exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+        Directive::Continue
+    }
+
+    /// The VMM just injected external interrupt `vector` (from ISA `irq`);
+    /// it reaches the guest on the next entry.
+    fn on_inject(&mut self, _vector: u8, _irq: u8) {}
+
+    /// The guest is about to stop running; last chance to record.
+    fn on_finish(&mut self, _cpu: &mut dyn CpuView) {}
 }
 
 /// The VM with nothing attached.

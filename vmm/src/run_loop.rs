@@ -14,8 +14,9 @@ use crate::devices::hypercall::{Hypercall, HypercallOutcome, MarkStats};
 use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
 use crate::error::{Error, Result};
 use crate::kick::Kicker;
-use crate::monitor::Monitor;
-use crate::vcpu::TranslatedMemory;
+use crate::memory::GuestRam;
+use crate::monitor::{CpuView, Directive, ExitView, Monitor};
+use crate::vcpu::{TranslatedMemory, Vcpu};
 use crate::vm::{ConsoleMode, Vm};
 
 /// How a run ended, when it ended the way a guest may end.
@@ -83,7 +84,9 @@ enum Exit {
     SystemEvent {
         kind: u32,
     },
-    Debug,
+    Debug {
+        breakpoint: bool,
+    },
     Other(String),
 }
 
@@ -112,19 +115,12 @@ impl Vm {
         self.clock = VirtualClock::new(self.clock.mode());
         let started = Instant::now();
         let mut irqs = [0u64; 16];
-        let exit = loop {
-            if let Next::Stop(exit) = self.service(&rx, monitor, &mut irqs)? {
-                break exit;
-            }
-            match self.devices.next_deadline() {
-                Some(deadline) => kicker.kick_after(self.clock.host_delay_until(deadline)),
-                None => kicker.cancel(),
-            }
-            let exit = self.enter();
-            if let Next::Stop(exit) = self.serve(exit, &rx, monitor, &mut irqs)? {
-                break exit;
-            }
-        };
+        let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
+        monitor.on_finish(&mut KvmCpuView {
+            vcpu: &mut self.vcpu,
+            ram: &self.ram,
+        });
+        let exit = result?;
         Ok(RunOutcome {
             exit,
             virtual_time: Duration::from_nanos(self.clock.now()),
@@ -134,6 +130,60 @@ impl Vm {
             marks: self.hypercalls.marks().clone(),
             completed_by_vmm: self.completed_by_vmm,
         })
+    }
+
+    fn run_until_stop(
+        &mut self,
+        rx: &Receiver<ConsoleInput>,
+        kicker: &Kicker,
+        monitor: &mut dyn Monitor,
+        irqs: &mut [u64; 16],
+    ) -> Result<GuestExit> {
+        loop {
+            if let Next::Stop(exit) = self.service(rx, monitor, irqs)? {
+                return Ok(exit);
+            }
+            self.set_stepping(monitor.stepping())?;
+            match self
+                .devices
+                .next_deadline()
+                .and_then(|d| self.clock.host_delay_until(d))
+            {
+                Some(delay) => kicker.kick_after(delay),
+                None => kicker.cancel(),
+            }
+            monitor.before_entry(&mut KvmCpuView {
+                vcpu: &mut self.vcpu,
+                ram: &self.ram,
+            });
+            let exit = self.enter();
+            if let Next::Stop(exit) = self.serve(exit, rx, monitor, irqs)? {
+                return Ok(exit);
+            }
+        }
+    }
+
+    /// Arms or disarms single-stepping (only when it changes).
+    fn set_stepping(&mut self, on: bool) -> Result<()> {
+        if on == self.stepping {
+            return Ok(());
+        }
+        let control = if on {
+            kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_SINGLESTEP
+        } else {
+            0
+        };
+        let debug = kvm_bindings::kvm_guest_debug {
+            control,
+            ..Default::default()
+        };
+        self.vcpu
+            .fd
+            .set_guest_debug(&debug)
+            .map_err(Error::kvm("KVM_SET_GUEST_DEBUG"))?;
+        self.stepping = on;
+        self.clock.set_stepping(on);
+        Ok(())
     }
 
     /// Device work between exits: console input, interrupt lines, injection.
@@ -153,13 +203,13 @@ impl Vm {
         if self.devices.reset.reset_requested() {
             return Ok(Next::Stop(GuestExit::Reset));
         }
-        self.inject(irqs)?;
+        self.inject(irqs, monitor)?;
         Ok(Next::Continue)
     }
 
     /// Delivers the PIC's pending interrupt if the guest can take it now,
     /// else asks KVM to exit as soon as it can.
-    fn inject(&mut self, irqs: &mut [u64; 16]) -> Result<()> {
+    fn inject(&mut self, irqs: &mut [u64; 16], monitor: &mut dyn Monitor) -> Result<()> {
         let pending = self.devices.pic.pending_vector().is_some();
         let run = self.vcpu.run_page();
         if !pending {
@@ -171,6 +221,7 @@ impl Vm {
             if let Some((vector, irq)) = self.devices.pic.acknowledge() {
                 self.vcpu.interrupt(vector)?;
                 irqs[usize::from(irq)] += 1;
+                monitor.on_inject(vector, irq);
             }
         } else {
             run.request_interrupt_window = 1;
@@ -227,7 +278,11 @@ impl Vm {
 
     /// Runs the vCPU until its next exit.
     fn enter(&mut self) -> Exit {
-        match self.vcpu.fd.run() {
+        let result = self.vcpu.fd.run();
+        if result.is_ok() {
+            self.vcpu.synced = true;
+        }
+        match result {
             Ok(VcpuExit::IoIn(port, data)) => Exit::IoIn {
                 port,
                 size: data.len(),
@@ -259,7 +314,10 @@ impl Vm {
             }
             Ok(VcpuExit::FailEntry(reason, _)) => Exit::FailEntry { reason },
             Ok(VcpuExit::SystemEvent(kind, _)) => Exit::SystemEvent { kind },
-            Ok(VcpuExit::Debug(_)) => Exit::Debug,
+            Ok(VcpuExit::Debug(arch)) => Exit::Debug {
+                // DR6 bits 0-3: a hardware breakpoint matched; BS (14): a step.
+                breakpoint: arch.dr6 & 0xf != 0 && arch.dr6 & (1 << 14) == 0,
+            },
             Ok(VcpuExit::Intr) => Exit::Interrupted,
             Ok(other) => Exit::Other(format!("{other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Exit::Interrupted,
@@ -289,30 +347,67 @@ impl Vm {
                 let now = self.clock.now();
                 self.devices.pio_read(port, &mut data[..size.min(8)], now);
                 self.vcpu.complete_io_in(&data[..size.min(8)]);
+                let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+                self.tell(
+                    monitor,
+                    ExitView::IoIn {
+                        port,
+                        size: size as u8,
+                        value,
+                    },
+                );
             }
             Exit::IoOut { port, data, size } => {
                 self.note("io-out", u64::from(port));
+                self.clock.step();
                 let now = self.clock.now();
                 self.devices.pio_write(port, &data[..size], now);
+                let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+                self.tell(
+                    monitor,
+                    ExitView::IoOut {
+                        port,
+                        size: size as u8,
+                        value,
+                    },
+                );
             }
-            Exit::MmioRead | Exit::MmioWrite => self.note("mmio", 0),
+            Exit::MmioRead | Exit::MmioWrite => {
+                self.note("mmio", 0);
+                let write = matches!(exit, Exit::MmioWrite);
+                self.tell(monitor, ExitView::Mmio { addr: 0, write });
+            }
             Exit::Halt => {
                 self.note("hlt", 0);
+                self.tell(monitor, ExitView::Halt);
                 return self.halt(rx, monitor, irqs);
             }
             Exit::IrqWindow => self.note("irq-window", 0),
             Exit::Interrupted => {
                 self.vcpu.fd.set_kvm_immediate_exit(0);
+                self.tell(monitor, ExitView::Interrupted);
             }
-            Exit::Debug => self.note("debug", 0),
+            Exit::Debug { breakpoint } => {
+                self.note("debug", 0);
+                if !breakpoint {
+                    self.clock.step();
+                }
+                if self.tell(monitor, ExitView::Debug { breakpoint }) == Directive::Halt {
+                    return self.halt(rx, monitor, irqs);
+                }
+            }
             Exit::Shutdown => {
                 self.note("shutdown", 0);
                 return Err(Error::GuestShutdown(Box::new(self.crash_report(None))));
             }
             Exit::InternalError { suberror } => {
                 self.note("internal", u64::from(suberror));
-                if suberror == KVM_INTERNAL_ERROR_EMULATION && self.complete_unemulated()? {
-                    return Ok(Next::Continue);
+                if suberror == KVM_INTERNAL_ERROR_EMULATION {
+                    if let Some(vector) = self.complete_unemulated()? {
+                        self.clock.step();
+                        self.tell(monitor, ExitView::CompletedByVmm { vector });
+                        return Ok(Next::Continue);
+                    }
                 }
                 if suberror == KVM_INTERNAL_ERROR_EMULATION {
                     let hint = Some(EMULATOR_HINT.to_string());
@@ -369,6 +464,13 @@ impl Vm {
         match outcome {
             HypercallOutcome::Reply(status) => {
                 self.vcpu.complete_io_in(&status.to_le_bytes());
+                self.tell(
+                    monitor,
+                    ExitView::Hypercall {
+                        call,
+                        result: status,
+                    },
+                );
                 Ok(Next::Continue)
             }
             HypercallOutcome::Exit(status) => Ok(Next::Stop(GuestExit::Status(status))),
@@ -398,12 +500,17 @@ impl Vm {
                 return Ok(Next::Stop(GuestExit::Reset));
             }
             if self.devices.pic.pending_vector().is_some() {
-                self.inject(irqs)?;
+                self.inject(irqs, monitor)?;
                 return Ok(Next::Continue);
             }
             let deadline = self.devices.next_deadline();
+            if let (Some(d), true) = (deadline, self.clock.step_driven()) {
+                // Nothing runs while the guest idles: jump to its next event.
+                self.clock.skip_to(d);
+                continue;
+            }
             let wait = deadline
-                .map(|d| self.clock.host_delay_until(d))
+                .and_then(|d| self.clock.host_delay_until(d))
                 .unwrap_or(Duration::from_millis(100));
             match rx.recv_timeout(wait) {
                 Ok(input) => {
@@ -428,7 +535,7 @@ impl Vm {
     /// Where KVM's emulator gave up on an instruction the VMM can complete
     /// itself (see `cpu::unemulated`), does so and returns true: the guest
     /// goes on as if the CPU had run it.
-    fn complete_unemulated(&mut self) -> Result<bool> {
+    fn complete_unemulated(&mut self) -> Result<Option<Option<u8>>> {
         let mut regs = self.vcpu.regs();
         let mut sregs = self.vcpu.sregs();
         let memory = TranslatedMemory {
@@ -442,18 +549,21 @@ impl Vm {
             .rev()
             .find(|&n| memory.read_virtual(linear, &mut code[..n]).is_ok());
         let Some(len) = readable else {
-            return Ok(false);
+            return Ok(None);
         };
         let bitness = CrashReport::bitness_of(&sregs);
         let Some(plan) = unemulated::plan(&code[..len], bitness, &regs, &sregs) else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut fpu = self.vcpu.fd.get_fpu().map_err(Error::kvm("KVM_GET_FPU"))?;
         let (cs_before, fpu_before) = (sregs.cs, (fpu.mxcsr, fpu.fsw));
-        if let Err(e) = unemulated::complete(plan, &memory, &mut regs, &mut sregs, &mut fpu) {
-            tracing::debug!("{plan:?} not completed: {e}");
-            return Ok(false);
-        }
+        let vector = match unemulated::complete(plan, &memory, &mut regs, &mut sregs, &mut fpu) {
+            Ok(vector) => vector,
+            Err(e) => {
+                tracing::debug!("{plan:?} not completed: {e}");
+                return Ok(None);
+            }
+        };
         if sregs.cs != cs_before {
             self.vcpu
                 .fd
@@ -472,7 +582,18 @@ impl Vm {
             .map_err(Error::kvm("KVM_SET_REGS"))?;
         self.completed_by_vmm += 1;
         tracing::debug!("completed {plan:?}; guest continues at {:#x}", regs.rip);
-        Ok(true)
+        Ok(Some(vector))
+    }
+
+    /// Passes an exit to the monitor.
+    fn tell(&mut self, monitor: &mut dyn Monitor, exit: ExitView) -> Directive {
+        monitor.on_exit(
+            &exit,
+            &mut KvmCpuView {
+                vcpu: &mut self.vcpu,
+                ram: &self.ram,
+            },
+        )
     }
 
     fn crash_report(&mut self, hint: Option<String>) -> CrashReport {
@@ -495,5 +616,26 @@ impl Vm {
             recent_exits: self.history.recent(),
             hint,
         }
+    }
+}
+
+/// The monitor's view of the vCPU: sync registers and guest RAM.
+struct KvmCpuView<'a> {
+    vcpu: &'a mut Vcpu,
+    ram: &'a GuestRam,
+}
+
+impl CpuView for KvmCpuView<'_> {
+    fn regs(&mut self) -> kvm_bindings::kvm_regs {
+        self.vcpu.regs()
+    }
+
+    fn sregs(&mut self) -> kvm_bindings::kvm_sregs {
+        self.vcpu.sregs()
+    }
+
+    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        use vm_memory::{Bytes, GuestAddress};
+        self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
     }
 }

@@ -18,6 +18,9 @@ ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
 /// The vCPU and the registers KVM hands over at every exit.
 pub struct Vcpu {
     pub fd: VcpuFd,
+    /// Sync registers are only filled by KVM_RUN; before the first exit the
+    /// registers come from the ioctls.
+    pub(crate) synced: bool,
 }
 
 impl Vcpu {
@@ -27,17 +30,25 @@ impl Vcpu {
         let mut fd = vm.create_vcpu(0).map_err(Error::kvm("KVM_CREATE_VCPU"))?;
         fd.set_sync_valid_reg(SyncReg::Register);
         fd.set_sync_valid_reg(SyncReg::SystemRegister);
-        Ok(Vcpu { fd })
+        Ok(Vcpu { fd, synced: false })
     }
 
     /// General registers as of the last exit.
     pub fn regs(&mut self) -> kvm_regs {
-        self.fd.sync_regs_mut().regs
+        if self.synced {
+            self.fd.sync_regs_mut().regs
+        } else {
+            self.fd.get_regs().unwrap_or_default()
+        }
     }
 
     /// System registers as of the last exit.
     pub fn sregs(&mut self) -> kvm_sregs {
-        self.fd.sync_regs_mut().sregs
+        if self.synced {
+            self.fd.sync_regs_mut().sregs
+        } else {
+            self.fd.get_sregs().unwrap_or_default()
+        }
     }
 
     /// The shared `kvm_run` page.

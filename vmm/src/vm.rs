@@ -54,6 +54,7 @@ pub struct Vm {
     pub(crate) clock: VirtualClock,
     pub(crate) console: ConsoleMode,
     pub(crate) completed_by_vmm: u64,
+    pub(crate) stepping: bool,
     boot: BootPlan,
 }
 
@@ -136,6 +137,7 @@ impl Vm {
             clock: VirtualClock::new(config.clock),
             console: config.console,
             completed_by_vmm: 0,
+            stepping: false,
             boot,
         })
     }

@@ -134,23 +134,26 @@ pub fn plan(code: &[u8], bitness: u32, regs: &kvm_regs, sregs: &kvm_sregs) -> Op
 }
 
 /// Carries out `plan` on the register images; the caller writes them back.
-/// `fpu` is read and changed for FWAIT and the MXCSR instructions.
+/// `fpu` is read and changed for FWAIT and the MXCSR instructions. Returns
+/// the vector when the completion delivered an interrupt.
 pub fn complete(
     plan: Completion,
     mem: &dyn LinearMemory,
     regs: &mut kvm_regs,
     sregs: &mut kvm_sregs,
     fpu: &mut kvm_fpu,
-) -> Result<(), CompleteError> {
+) -> Result<Option<u8>, CompleteError> {
     match plan {
         // FWAIT acts only on a pending unmasked x87 exception: #MF, a fault
         // that returns to the FWAIT itself.
         Completion::Skip { .. } if fpu.fsw & X87_FSW_ES != 0 => {
             soft_int::deliver(mem, regs, sregs, VECTOR_MF, regs.rip)?;
+            return Ok(Some(VECTOR_MF));
         }
         Completion::Skip { next_rip } => regs.rip = next_rip,
         Completion::Interrupt { vector, return_rip } => {
             soft_int::deliver(mem, regs, sregs, vector, return_rip)?;
+            return Ok(Some(vector));
         }
         Completion::LoadMxcsr { addr, next_rip } => {
             let mut b = [0u8; 4];
@@ -170,7 +173,7 @@ pub fn complete(
             regs.rip = next_rip;
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]

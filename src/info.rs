@@ -1,0 +1,73 @@
+//! `vtrace info`.
+
+use anyhow::Result;
+use vtrace_storage::{summarize, TraceReader, TraceSummary};
+
+use crate::cli::InfoArgs;
+
+fn reason(r: Option<&vtrace_storage::TraceReason>) -> String {
+    r.map(|r| format!("{r:?}"))
+        .unwrap_or_else(|| "none recorded".into())
+}
+
+fn json(s: &TraceSummary) -> serde_json::Value {
+    serde_json::json!({
+        "steps": s.steps,
+        "gaps": s.gaps,
+        "events": s.events,
+        "first_pc": s.first_pc,
+        "last_pc": s.last_pc,
+        "start_reasons": s.start_reasons.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
+        "stop_reason": s.stop_reason().map(|r| format!("{r:?}")),
+        "disk_size": s.disk_size,
+        "disk_used": s.disk_used,
+        "bytes_per_step": s.bytes_per_step(),
+        "segments": s.segments_good,
+        "segments_overwritten": s.segments_overwritten,
+        "clean_end": s.clean_end,
+        "problems": s.problems,
+        "digest": s.digest,
+        "metadata": s.metadata,
+    })
+}
+
+pub fn info(args: InfoArgs) -> Result<i32> {
+    let reader = TraceReader::open(&args.trace)?;
+    let s = summarize(&reader, |_, _| {});
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json(&s))?);
+        return Ok(0);
+    }
+    println!("trace:          {}", args.trace.display());
+    for line in s.metadata.lines() {
+        println!("  {line}");
+    }
+    println!("steps:          {}", s.steps);
+    println!("gaps:           {}", s.gaps);
+    let events: Vec<String> = s.events.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!("events:         {}", events.join(", "));
+    if let (Some(a), Some(b)) = (s.first_pc, s.last_pc) {
+        println!("first step:     {a:#x}");
+        println!("last step:      {b:#x}");
+    }
+    let starts: Vec<String> = s.start_reasons.iter().map(|r| format!("{r:?}")).collect();
+    println!("started by:     {}", starts.join(", "));
+    println!("stopped by:     {}", reason(s.stop_reason()));
+    println!(
+        "disk:           {} of {} bytes used, {:.2} bytes per step, {} segments{}",
+        s.disk_used,
+        s.disk_size,
+        s.bytes_per_step(),
+        s.segments_good,
+        if s.segments_overwritten > 0 {
+            format!(" ({} overwritten by --wrap)", s.segments_overwritten)
+        } else {
+            String::new()
+        }
+    );
+    println!("digest:         {}", s.digest);
+    for p in &s.problems {
+        println!("problem:        {p}");
+    }
+    Ok(if s.problems.is_empty() { 0 } else { 1 })
+}

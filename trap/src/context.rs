@@ -1,0 +1,42 @@
+//! The CPU mode and privilege a step runs in, from the system registers.
+
+use kvm_bindings::kvm_sregs;
+use vtrace_storage::CpuMode;
+
+const CR0_PE: u64 = 1;
+const EFER_LMA: u64 = 1 << 10;
+
+/// Mode of the code segment as the CPU would decode with it.
+pub fn cpu_mode(sregs: &kvm_sregs) -> CpuMode {
+    if sregs.cr0 & CR0_PE == 0 {
+        CpuMode::Real
+    } else if sregs.efer & EFER_LMA != 0 {
+        if sregs.cs.l == 1 {
+            CpuMode::Long64
+        } else {
+            CpuMode::Compat32
+        }
+    } else if sregs.cs.db == 1 {
+        CpuMode::Protected32
+    } else {
+        CpuMode::Protected16
+    }
+}
+
+/// Current privilege level.
+pub fn cpl(sregs: &kvm_sregs) -> u8 {
+    if sregs.cr0 & CR0_PE == 0 {
+        0
+    } else {
+        (sregs.cs.selector & 3) as u8
+    }
+}
+
+/// Linear address of CS:IP.
+pub fn linear_pc(sregs: &kvm_sregs, rip: u64) -> u64 {
+    match cpu_mode(sregs) {
+        CpuMode::Long64 => rip,
+        CpuMode::Real => (sregs.cs.base + (rip & 0xffff)) & 0xf_ffff,
+        _ => sregs.cs.base.wrapping_add(rip) & 0xffff_ffff,
+    }
+}

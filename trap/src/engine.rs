@@ -1,0 +1,363 @@
+//! The stepping engine: turns the VMM's exits into steps and events.
+//!
+//! The engine keeps the instruction about to run (fetched through the guest
+//! page tables and decoded before it runs). When the next exit shows where
+//! execution went, the instruction becomes a step with the registers it
+//! left, and the new pc is checked against what it can explain. Behaviours
+//! of real KVM hosts are folded back into plain steps:
+//!
+//! - After an interrupt injection or a guest exception, the first exit comes
+//!   after the handler's first instruction: the engine records the
+//!   interrupt and reconstructs that step (the registers at the exit are the
+//!   ones it left, so the reconstruction is exact).
+//! - An `OUT` exits with the instruction completed; an `IN` exits before it
+//!   completes and steps afterwards: both yield the step, then the I/O event.
+//! - HLT does not halt under single-step on every host: the engine tells
+//!   the VMM to do the waiting.
+//!
+//! Anything else that moves the pc unexplained is a gap event with both
+//! addresses; nothing is dropped silently.
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use vtrace_storage::{CpuMode, Event, InsnBytes, InterruptSource, Record, Recorder, Regs, Step};
+use vtrace_vmm::{CpuView, Directive, ExitView};
+
+use crate::context::{cpl, cpu_mode, linear_pc};
+use crate::flow::{decode, Decoded, Flow};
+use crate::idt::{error_code, gate, has_error_code, Gate};
+use crate::walker::Walker;
+
+/// Where records go: the trace disk's recorder, or a vector in tests.
+pub trait RecordSink {
+    fn step(&mut self, step: &Step);
+    fn event(&mut self, event: &Event);
+}
+
+impl RecordSink for Recorder {
+    fn step(&mut self, step: &Step) {
+        Recorder::step(self, step)
+    }
+    fn event(&mut self, event: &Event) {
+        Recorder::event(self, event)
+    }
+}
+
+impl RecordSink for Vec<Record> {
+    fn step(&mut self, step: &Step) {
+        self.push(Record::Step(*step))
+    }
+    fn event(&mut self, event: &Event) {
+        self.push(Record::Event(event.clone()))
+    }
+}
+
+/// The instruction at the current pc, fetched before it runs.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    pc: u64,
+    bytes: Option<InsnBytes>,
+    decoded: Option<Decoded>,
+    cr3: u64,
+    mode: CpuMode,
+    cpl: u8,
+}
+
+/// Counters for the run's summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub gaps: u64,
+    pub injected: u64,
+    pub exceptions: u64,
+}
+
+/// See the module documentation.
+#[derive(Default)]
+pub struct Engine {
+    walker: Walker,
+    pending: Option<Pending>,
+    started: bool,
+    injected: Option<u8>,
+    /// Events of an instruction that has exited but not yet stepped (IN,
+    /// hypercalls, MMIO): recorded right after its step.
+    deferred: Vec<Event>,
+    /// Stack pointer before the pending instruction (exception frames).
+    last_rsp: u64,
+    control: [u64; 4],
+    stats: EngineStats,
+}
+
+fn to_regs(r: &kvm_regs) -> Regs {
+    Regs {
+        gpr: [
+            r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11,
+            r.r12, r.r13, r.r14, r.r15,
+        ],
+        rflags: r.rflags,
+    }
+}
+
+fn control(s: &kvm_sregs) -> [u64; 4] {
+    [s.cr0, s.cr3, s.cr4, s.efer]
+}
+
+/// Register numbers of `Event::ControlRegister` (EFER as 0xEF).
+const CONTROL_REGS: [u8; 4] = [0, 3, 4, 0xef];
+
+impl Engine {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// Whether [`Engine::begin`] was called since the last stop.
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Starts following the vCPU: notes the instruction about to run.
+    pub fn begin(&mut self, cpu: &mut dyn CpuView) {
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        self.control = control(&sregs);
+        self.last_rsp = regs.rsp;
+        self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
+        self.injected = None;
+        self.deferred.clear();
+        self.started = true;
+    }
+
+    /// Stops following the vCPU (tracing was switched off).
+    pub fn end(&mut self) {
+        self.started = false;
+        self.pending = None;
+        self.injected = None;
+        self.deferred.clear();
+    }
+
+    /// The VMM injected `vector`; it is delivered before the pending
+    /// instruction runs.
+    pub fn note_injection(&mut self, vector: u8) {
+        self.injected = Some(vector);
+        self.stats.injected += 1;
+    }
+
+    fn fetch(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, pc: u64) -> Pending {
+        let mode = cpu_mode(sregs);
+        let mut buf = [0u8; 15];
+        let got = self.walker.read(cpu, sregs, pc, &mut buf);
+        let decoded = (got > 0)
+            .then(|| decode(&buf[..got], mode.bitness(), pc))
+            .flatten();
+        let bytes = decoded.and_then(|d| InsnBytes::new(&buf[..d.len]));
+        Pending {
+            pc,
+            bytes,
+            decoded,
+            cr3: sregs.cr3,
+            mode,
+            cpl: cpl(sregs),
+        }
+    }
+
+    fn emit_step(&mut self, p: &Pending, regs: &kvm_regs, sink: &mut dyn RecordSink) {
+        if let Some(bytes) = p.bytes {
+            sink.step(&Step {
+                pc: p.pc,
+                bytes,
+                cr3: p.cr3,
+                mode: p.mode,
+                cpl: p.cpl,
+                regs: to_regs(regs),
+            });
+            self.stats.steps += 1;
+        }
+    }
+
+    fn gap(&mut self, from: u64, to: u64, sink: &mut dyn RecordSink) {
+        self.stats.gaps += 1;
+        sink.event(&Event::Gap { from, to });
+    }
+
+    /// Records the handler's first instruction, which ran before this exit.
+    fn handler_first_step(
+        &mut self,
+        gate: Option<Gate>,
+        cpu: &dyn CpuView,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+        next: u64,
+        sink: &mut dyn RecordSink,
+    ) {
+        let Some(gate) = gate else {
+            self.gap(next, next, sink);
+            return;
+        };
+        let first = self.fetch(cpu, sregs, gate.handler);
+        self.emit_step(&first, regs, sink);
+        match first.decoded {
+            Some(d) if d.explains(first.pc, next) => {}
+            Some(d) => self.gap(d.expected(first.pc), next, sink),
+            None => self.gap(first.pc, next, sink),
+        }
+    }
+
+    /// An exception whose handler's first instruction explains `next`.
+    fn infer_exception(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        next: u64,
+    ) -> Option<(u8, Gate)> {
+        (0u8..32).find_map(|vector| {
+            let g = gate(cpu, &mut self.walker, sregs, vector)?;
+            let first = self.fetch(cpu, sregs, g.handler);
+            let d = first.decoded?;
+            (d.explains(g.handler, next) && next != g.handler).then_some((vector, g))
+        })
+    }
+
+    /// Handles one exit while tracing.
+    pub fn exit(
+        &mut self,
+        view: &ExitView,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) -> Directive {
+        if !self.started {
+            return Directive::Continue;
+        }
+        match *view {
+            ExitView::Debug { breakpoint: false }
+            | ExitView::IoOut { .. }
+            | ExitView::CompletedByVmm { .. } => self.after_instruction(view, cpu, sink),
+            ExitView::IoIn { port, size, value } => {
+                self.deferred.push(Event::Io {
+                    port,
+                    size,
+                    write: false,
+                    value,
+                });
+                Directive::Continue
+            }
+            ExitView::Hypercall { call, result } => {
+                self.deferred.push(Event::Hypercall {
+                    command: call.command,
+                    args: call.args,
+                    result,
+                });
+                Directive::Continue
+            }
+            ExitView::Mmio { addr, write } => {
+                self.deferred.push(Event::Mmio {
+                    addr,
+                    size: 0,
+                    write,
+                    value: 0,
+                });
+                Directive::Continue
+            }
+            ExitView::Debug { breakpoint: true } | ExitView::Halt | ExitView::Interrupted => {
+                Directive::Continue
+            }
+        }
+    }
+
+    fn after_instruction(
+        &mut self,
+        view: &ExitView,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) -> Directive {
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        let next = linear_pc(&sregs, regs.rip);
+        let mut directive = Directive::Continue;
+        let completed_here = !matches!(view, ExitView::Debug { .. });
+
+        let injected = if completed_here {
+            None
+        } else {
+            self.injected.take()
+        };
+        if let Some(vector) = injected {
+            sink.event(&Event::Interrupt {
+                vector,
+                error_code: None,
+                source: InterruptSource::Injected,
+            });
+            let g = gate(cpu, &mut self.walker, &sregs, vector);
+            self.handler_first_step(g, cpu, &regs, &sregs, next, sink);
+        } else if let Some(p) = self.pending.take() {
+            match p.decoded {
+                Some(d) if d.explains(p.pc, next) => {
+                    self.emit_step(&p, &regs, sink);
+                    if d.flow == Flow::Halt {
+                        sink.event(&Event::Halt);
+                        directive = Directive::Halt;
+                    }
+                    if d.flushes_tlb {
+                        self.walker.flush();
+                    }
+                }
+                _ => match (completed_here, self.infer_exception(cpu, &sregs, next)) {
+                    (false, Some((vector, g))) => {
+                        // The instruction faulted: it did not run, and runs
+                        // again (and is recorded) after the handler.
+                        self.stats.exceptions += 1;
+                        let error_code = has_error_code(vector)
+                            .then(|| error_code(cpu, &mut self.walker, &sregs, g, self.last_rsp))
+                            .flatten();
+                        sink.event(&Event::Interrupt {
+                            vector,
+                            error_code,
+                            source: InterruptSource::InferredFromIdt,
+                        });
+                        self.handler_first_step(Some(g), cpu, &regs, &sregs, next, sink);
+                    }
+                    _ => {
+                        self.emit_step(&p, &regs, sink);
+                        let from = p.decoded.map_or(p.pc, |d| d.expected(p.pc));
+                        self.gap(from, next, sink);
+                    }
+                },
+            }
+        }
+
+        for e in self.deferred.drain(..) {
+            sink.event(&e);
+        }
+        match *view {
+            ExitView::IoOut { port, size, value } => sink.event(&Event::Io {
+                port,
+                size,
+                write: true,
+                value,
+            }),
+            ExitView::CompletedByVmm {
+                vector: Some(vector),
+            } => sink.event(&Event::Interrupt {
+                vector,
+                error_code: None,
+                source: InterruptSource::DeliveredByVmm,
+            }),
+            _ => {}
+        }
+        let now = control(&sregs);
+        for i in 0..4 {
+            if now[i] != self.control[i] {
+                sink.event(&Event::ControlRegister {
+                    reg: CONTROL_REGS[i],
+                    value: now[i],
+                });
+            }
+        }
+        self.control = now;
+        self.last_rsp = regs.rsp;
+        self.pending = Some(self.fetch(cpu, &sregs, next));
+        directive
+    }
+}

@@ -1,0 +1,201 @@
+//! The tracer as the VMM sees it: a [`Monitor`] that decides when tracing
+//! is on, drives the [`Engine`] and sends its records to the trace disk.
+
+use vtrace_guest::{cmd, status};
+use vtrace_storage::writer::WriterReport;
+use vtrace_storage::{Event, Recorder, TraceReason};
+use vtrace_vmm::devices::hypercall::Hypercall;
+use vtrace_vmm::{CpuView, Directive, ExitView, Monitor};
+
+use crate::engine::{Engine, EngineStats};
+
+/// When and how long to trace.
+#[derive(Clone, Debug, Default)]
+pub struct TraceOptions {
+    /// Trace from the first instruction.
+    pub from_start: bool,
+    /// Stop after this many steps.
+    pub max_steps: Option<u64>,
+}
+
+/// What a finished trace run reports.
+#[derive(Clone, Debug)]
+pub struct TraceReport {
+    pub engine: EngineStats,
+    pub writer: WriterReport,
+    pub stop_reason: Option<TraceReason>,
+}
+
+/// Tracing state and the recorder it writes to.
+pub struct Tracer {
+    engine: Engine,
+    recorder: Recorder,
+    options: TraceOptions,
+    active: bool,
+    stop_reason: Option<TraceReason>,
+    start_calls: u64,
+    stop_calls: u64,
+    marks: u64,
+}
+
+impl Tracer {
+    pub fn new(recorder: Recorder, options: TraceOptions) -> Tracer {
+        let mut tracer = Tracer {
+            engine: Engine::new(),
+            recorder,
+            options,
+            active: false,
+            stop_reason: None,
+            start_calls: 0,
+            stop_calls: 0,
+            marks: 0,
+        };
+        if tracer.options.from_start {
+            tracer.start(TraceReason::CommandLine);
+        }
+        tracer
+    }
+
+    /// Whether tracing is on.
+    pub fn active(&self) -> bool {
+        self.active
+    }
+
+    pub fn start(&mut self, reason: TraceReason) -> bool {
+        if self.active {
+            return false;
+        }
+        self.recorder.event(&Event::TraceStart(reason));
+        self.active = true;
+        self.stop_calls = 0;
+        true
+    }
+
+    pub fn stop(&mut self, reason: TraceReason) -> bool {
+        if !self.active {
+            return false;
+        }
+        self.recorder.event(&Event::TraceStop(reason.clone()));
+        self.recorder.flush();
+        self.stop_reason = Some(reason);
+        self.active = false;
+        self.engine.end();
+        true
+    }
+
+    /// Flushes everything to the disk and reports.
+    pub fn finish(self) -> Result<TraceReport, vtrace_storage::disk::DiskError> {
+        let engine = self.engine.stats();
+        let stop_reason = self.stop_reason.clone();
+        let writer = self.recorder.finish()?;
+        Ok(TraceReport {
+            engine,
+            writer,
+            stop_reason,
+        })
+    }
+
+    fn check_limits(&mut self) {
+        if let Some(max) = self.options.max_steps {
+            if self.recorder.steps() >= max {
+                self.stop(TraceReason::MaxSteps);
+                return;
+            }
+        }
+        if self.recorder.nearly_full() {
+            self.stop(TraceReason::DiskFull);
+        }
+    }
+}
+
+impl Monitor for Tracer {
+    fn stepping(&self) -> bool {
+        self.active
+    }
+
+    fn before_entry(&mut self, cpu: &mut dyn CpuView) {
+        if self.active && !self.engine.started() {
+            self.engine.begin(cpu);
+        }
+    }
+
+    fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
+        if !self.active {
+            return Directive::Continue;
+        }
+        let directive = self.engine.exit(exit, cpu, &mut self.recorder);
+        self.check_limits();
+        directive
+    }
+
+    fn on_inject(&mut self, vector: u8, _irq: u8) {
+        if self.active {
+            self.engine.note_injection(vector);
+        }
+    }
+
+    fn on_finish(&mut self, _cpu: &mut dyn CpuView) {
+        self.stop(TraceReason::GuestExit);
+    }
+
+    fn hypercall(&mut self, call: &Hypercall) -> Option<i32> {
+        // Pass counts as the old tracer's system call had them: 0 and 1
+        // mean "this call"; n means "the n-th call".
+        let due = |count: u64, pass: u64| count >= pass.max(1);
+        match call.command {
+            cmd::TRACE_START => {
+                self.start_calls += 1;
+                if !self.active && due(self.start_calls, call.args[0]) {
+                    self.start(TraceReason::Hypercall {
+                        pass: self.start_calls,
+                    });
+                }
+                Some(status::OK)
+            }
+            cmd::TRACE_STOP => {
+                if self.active {
+                    self.stop_calls += 1;
+                    if due(self.stop_calls, call.args[0]) {
+                        self.stop(TraceReason::Hypercall {
+                            pass: self.stop_calls,
+                        });
+                    }
+                }
+                Some(status::OK)
+            }
+            _ => None,
+        }
+    }
+
+    fn hotkey(&mut self, key: u8) -> Option<String> {
+        match key {
+            b't' if self.active => {
+                self.stop(TraceReason::Hotkey);
+                Some(format!(
+                    "vtrace: tracing stopped ({} steps so far)",
+                    self.recorder.steps()
+                ))
+            }
+            b't' => {
+                self.start(TraceReason::Hotkey);
+                Some("vtrace: tracing started".into())
+            }
+            b'm' => {
+                self.marks += 1;
+                self.recorder.event(&Event::Mark {
+                    id: u64::MAX,
+                    value: self.marks,
+                });
+                Some(format!("vtrace: mark {} recorded", self.marks))
+            }
+            _ => None,
+        }
+    }
+
+    fn hotkey_help(&self) -> Vec<(char, &'static str)> {
+        vec![
+            ('t', "start or stop tracing"),
+            ('m', "record a mark in the trace"),
+        ]
+    }
+}

@@ -1,0 +1,253 @@
+//! Guest page-table walks: real mode, 32-bit, PAE, 4-level and 5-level
+//! paging, with a small cache of translations that is dropped whenever CR0,
+//! CR3, CR4 or EFER change, or the guest flushes its TLB (INVLPG).
+
+use std::collections::HashMap;
+
+use kvm_bindings::kvm_sregs;
+use vtrace_vmm::CpuView;
+
+const CR0_PG: u64 = 1 << 31;
+const CR4_PSE: u64 = 1 << 4;
+const CR4_PAE: u64 = 1 << 5;
+const CR4_LA57: u64 = 1 << 12;
+const EFER_LMA: u64 = 1 << 10;
+const PRESENT: u64 = 1;
+const PAGE_SIZE_BIT: u64 = 1 << 7;
+const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+/// Entries kept before the cache starts over (a bound, not a tuning knob).
+const CACHE_MAX: usize = 4096;
+
+/// Translates linear addresses with the guest's own page tables.
+#[derive(Default)]
+pub struct Walker {
+    key: (u64, u64, u64, u64),
+    cache: HashMap<u64, u64>,
+}
+
+fn read_u64(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    cpu.read_physical(gpa, &mut b)
+        .then(|| u64::from_le_bytes(b))
+}
+
+fn read_u32(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
+    let mut b = [0u8; 4];
+    cpu.read_physical(gpa, &mut b)
+        .then(|| u64::from(u32::from_le_bytes(b)))
+}
+
+impl Walker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets every cached translation.
+    pub fn flush(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Guest-physical address of `linear`, or None if it is not mapped.
+    pub fn translate(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
+        let key = (sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
+        if key != self.key {
+            self.key = key;
+            self.cache.clear();
+        }
+        let page = linear & !0xfff;
+        if let Some(phys) = self.cache.get(&page) {
+            return Some(phys | (linear & 0xfff));
+        }
+        let phys = walk(cpu, sregs, page)?;
+        if self.cache.len() >= CACHE_MAX {
+            self.cache.clear();
+        }
+        self.cache.insert(page, phys & !0xfff);
+        Some(phys | (linear & 0xfff))
+    }
+
+    /// Reads `buf.len()` bytes at `linear`, page by page. Returns how many
+    /// bytes could be read before an unmapped page.
+    pub fn read(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        linear: u64,
+        buf: &mut [u8],
+    ) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            let addr = linear.wrapping_add(done as u64);
+            let Some(phys) = self.translate(cpu, sregs, addr) else {
+                break;
+            };
+            let n = ((4096 - (addr & 0xfff)) as usize).min(buf.len() - done);
+            if !cpu.read_physical(phys, &mut buf[done..done + n]) {
+                break;
+            }
+            done += n;
+        }
+        done
+    }
+}
+
+/// One walk, no cache.
+fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
+    if sregs.cr0 & CR0_PG == 0 {
+        return Some(linear & 0xffff_ffff);
+    }
+    if sregs.efer & EFER_LMA != 0 {
+        let levels = if sregs.cr4 & CR4_LA57 != 0 { 5 } else { 4 };
+        let mut table = sregs.cr3 & ADDR_MASK;
+        for level in (1..=levels).rev() {
+            let shift = 12 + 9 * (level - 1);
+            let entry = read_u64(cpu, table + ((linear >> shift) & 0x1ff) * 8)?;
+            if entry & PRESENT == 0 {
+                return None;
+            }
+            if (level == 2 || level == 3) && entry & PAGE_SIZE_BIT != 0 {
+                let size = 1u64 << shift;
+                return Some((entry & ADDR_MASK & !(size - 1)) | (linear & (size - 1)));
+            }
+            table = entry & ADDR_MASK;
+        }
+        return Some(table | (linear & 0xfff));
+    }
+    if sregs.cr4 & CR4_PAE != 0 {
+        let pdpte = read_u64(cpu, (sregs.cr3 & 0xffff_ffe0) + ((linear >> 30) & 3) * 8)?;
+        if pdpte & PRESENT == 0 {
+            return None;
+        }
+        let pde = read_u64(cpu, (pdpte & ADDR_MASK) + ((linear >> 21) & 0x1ff) * 8)?;
+        if pde & PRESENT == 0 {
+            return None;
+        }
+        if pde & PAGE_SIZE_BIT != 0 {
+            return Some((pde & ADDR_MASK & !0x1f_ffff) | (linear & 0x1f_ffff));
+        }
+        let pte = read_u64(cpu, (pde & ADDR_MASK) + ((linear >> 12) & 0x1ff) * 8)?;
+        return (pte & PRESENT != 0).then(|| (pte & ADDR_MASK) | (linear & 0xfff));
+    }
+    let pde = read_u32(
+        cpu,
+        (sregs.cr3 & 0xffff_f000) + ((linear >> 22) & 0x3ff) * 4,
+    )?;
+    if pde & PRESENT == 0 {
+        return None;
+    }
+    if pde & PAGE_SIZE_BIT != 0 && sregs.cr4 & CR4_PSE != 0 {
+        // 4 MiB page; bits 13..20 extend the address above 4 GiB (PSE-36).
+        let high = ((pde >> 13) & 0xff) << 32;
+        return Some(high | (pde & 0xffc0_0000) | (linear & 0x3f_ffff));
+    }
+    let pte = read_u32(cpu, (pde & 0xffff_f000) + ((linear >> 12) & 0x3ff) * 4)?;
+    (pte & PRESENT != 0).then(|| (pte & 0xffff_f000) | (linear & 0xfff))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use kvm_bindings::kvm_regs;
+    use std::cell::RefCell;
+
+    /// Guest memory as a flat vector, for walker and engine tests.
+    pub struct FlatCpu {
+        pub mem: RefCell<Vec<u8>>,
+        pub regs: kvm_regs,
+        pub sregs: kvm_sregs,
+    }
+
+    impl FlatCpu {
+        pub fn new(size: usize) -> FlatCpu {
+            FlatCpu {
+                mem: RefCell::new(vec![0; size]),
+                regs: kvm_regs::default(),
+                sregs: kvm_sregs::default(),
+            }
+        }
+        pub fn put(&self, gpa: u64, bytes: &[u8]) {
+            self.mem.borrow_mut()[gpa as usize..gpa as usize + bytes.len()].copy_from_slice(bytes);
+        }
+        pub fn put_u64(&self, gpa: u64, v: u64) {
+            self.put(gpa, &v.to_le_bytes());
+        }
+    }
+
+    impl CpuView for FlatCpu {
+        fn regs(&mut self) -> kvm_regs {
+            self.regs
+        }
+        fn sregs(&mut self) -> kvm_sregs {
+            self.sregs
+        }
+        fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
+            let m = self.mem.borrow();
+            match m.get(gpa as usize..gpa as usize + buf.len()) {
+                Some(src) => {
+                    buf.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    #[test]
+    fn four_level_with_4k_and_2m_pages() {
+        let cpu = FlatCpu::new(0x20_0000);
+        let mut s = kvm_sregs {
+            cr0: CR0_PG | 1,
+            cr3: 0x1000,
+            cr4: CR4_PAE,
+            efer: EFER_LMA | 0x100,
+            ..Default::default()
+        };
+        // 0xffff_8000_0040_3123 -> PML4[256] -> PDPT[0] -> PD[2] -> PT[3]
+        let la = 0xffff_8000_0040_3123u64;
+        cpu.put_u64(0x1000 + 256 * 8, 0x2000 | 3);
+        cpu.put_u64(0x2000, 0x3000 | 3);
+        cpu.put_u64(0x3000 + 2 * 8, 0x4000 | 3);
+        cpu.put_u64(0x4000 + 3 * 8, 0x7000 | 3);
+        // A 2 MiB page at PD[3].
+        cpu.put_u64(0x3000 + 3 * 8, 0x20_0000 | 0x83);
+        let mut w = Walker::new();
+        assert_eq!(w.translate(&cpu, &s, la), Some(0x7123));
+        assert_eq!(
+            w.translate(&cpu, &s, 0xffff_8000_0060_0010),
+            Some(0x20_0010)
+        );
+        assert_eq!(w.translate(&cpu, &s, 0x1000), None, "PML4[0] not present");
+        // The cache goes with a CR3 change.
+        s.cr3 = 0x9000;
+        assert_eq!(w.translate(&cpu, &s, la), None);
+    }
+
+    #[test]
+    fn real_mode_and_32_bit_paging() {
+        let cpu = FlatCpu::new(0x10_0000);
+        let mut w = Walker::new();
+        let real = kvm_sregs::default();
+        assert_eq!(w.translate(&cpu, &real, 0x7c00), Some(0x7c00));
+        let s = kvm_sregs {
+            cr0: CR0_PG | 1,
+            cr3: 0x1000,
+            cr4: CR4_PSE,
+            ..Default::default()
+        };
+        cpu.put(0x1000 + 4, &(0x2000u32 | 3).to_le_bytes()); // PDE[1]
+        cpu.put(0x2000 + 5 * 4, &(0x9000u32 | 3).to_le_bytes()); // PTE[5]
+        cpu.put(0x1000 + 8, &(0x0040_0000u32 | 0x83).to_le_bytes()); // PDE[2]: 4 MiB
+        assert_eq!(w.translate(&cpu, &s, 0x0040_5abc), Some(0x9abc));
+        assert_eq!(w.translate(&cpu, &s, 0x0080_0010), Some(0x0040_0010));
+    }
+
+    #[test]
+    fn reads_across_a_page_boundary() {
+        let cpu = FlatCpu::new(0x10_000);
+        cpu.put(0x1ffe, &[1, 2, 3, 4]);
+        let mut w = Walker::new();
+        let mut buf = [0u8; 4];
+        assert_eq!(w.read(&cpu, &kvm_sregs::default(), 0x1ffe, &mut buf), 4);
+        assert_eq!(buf, [1, 2, 3, 4]);
+    }
+}
