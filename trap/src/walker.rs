@@ -126,7 +126,7 @@ fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
             return Some((pde & ADDR_MASK & !0x1f_ffff) | (linear & 0x1f_ffff));
         }
         let pte = read_u64(cpu, (pde & ADDR_MASK) + ((linear >> 12) & 0x1ff) * 8)?;
-        return (pte & PRESENT != 0).then(|| (pte & ADDR_MASK) | (linear & 0xfff));
+        return (pte & PRESENT != 0).then_some((pte & ADDR_MASK) | (linear & 0xfff));
     }
     let pde = read_u32(
         cpu,
@@ -141,7 +141,7 @@ fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
         return Some(high | (pde & 0xffc0_0000) | (linear & 0x3f_ffff));
     }
     let pte = read_u32(cpu, (pde & 0xffff_f000) + ((linear >> 12) & 0x3ff) * 4)?;
-    (pte & PRESENT != 0).then(|| (pte & 0xffff_f000) | (linear & 0xfff))
+    (pte & PRESENT != 0).then_some((pte & 0xffff_f000) | (linear & 0xfff))
 }
 
 #[cfg(test)]
