@@ -128,6 +128,7 @@ fn main() {
         "realmode-hello",
     );
     let tests = manifest.join("testguests");
+    build_flat_binary(&tests.join("count.S"), &include, &out, "count");
     build_pvh_test_guest(
         &tests.join("triple-fault.S"),
         &tests.join("pvh.ld"),

@@ -30,6 +30,9 @@ struct Chunk {
 
 #[derive(Default)]
 struct Shared {
+    /// Chunks handed to the writer and chunks it has finished with.
+    sent: AtomicU64,
+    done: AtomicU64,
     slots_free: AtomicU64,
     slots_used: AtomicU64,
     segments: AtomicU64,
@@ -119,15 +122,18 @@ impl Recorder {
         self.next_step
     }
 
-    /// True when, without wrap, the disk can only take what is queued and
-    /// one more chunk: time to stop tracing (and record why).
+    /// True when, without wrap, the disk can only take the chunks in flight
+    /// and one more: time to stop tracing (and record why).
     pub fn nearly_full(&self) -> bool {
         if self.wrap {
             return false;
         }
+        // A chunk of one slot's raw bytes never compresses into more than
+        // two slots.
         let per_chunk = 2u64.max((self.chunk_target as u64 + 1024).div_ceil(self.slot_size));
-        let queued = QUEUE_DEPTH as u64 + 1;
-        self.shared.slots_free.load(Ordering::Relaxed) < per_chunk * (queued + 1)
+        let s = &self.shared;
+        let in_flight = s.sent.load(Ordering::Acquire) - s.done.load(Ordering::Acquire);
+        s.slots_free.load(Ordering::Acquire) < per_chunk * (in_flight + 1)
     }
 
     /// Sends the current chunk to the writer (blocks if the queue is full).

@@ -81,6 +81,10 @@ pub struct Engine {
     /// Events of an instruction that has exited but not yet stepped (IN,
     /// hypercalls, MMIO): recorded right after its step.
     deferred: Vec<Event>,
+    /// The pending instruction exited for I/O and completes on the next
+    /// entry, with a debug exit of its own: an interrupt injected meanwhile
+    /// is delivered only on the entry after that.
+    completing: bool,
     /// Stack pointer before the pending instruction (exception frames).
     last_rsp: u64,
     control: [u64; 4],
@@ -127,6 +131,7 @@ impl Engine {
         self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
         self.injected = None;
         self.deferred.clear();
+        self.completing = false;
         self.started = true;
     }
 
@@ -136,6 +141,7 @@ impl Engine {
         self.pending = None;
         self.injected = None;
         self.deferred.clear();
+        self.completing = false;
     }
 
     /// The VMM injected `vector`; it is delivered before the pending
@@ -235,6 +241,7 @@ impl Engine {
             | ExitView::IoOut { .. }
             | ExitView::CompletedByVmm { .. } => self.after_instruction(view, cpu, sink),
             ExitView::IoIn { port, size, value } => {
+                self.completing = true;
                 self.deferred.push(Event::Io {
                     port,
                     size,
@@ -244,6 +251,7 @@ impl Engine {
                 Directive::Continue
             }
             ExitView::Hypercall { call, result } => {
+                self.completing = true;
                 self.deferred.push(Event::Hypercall {
                     command: call.command,
                     args: call.args,
@@ -252,6 +260,7 @@ impl Engine {
                 Directive::Continue
             }
             ExitView::Mmio { addr, write } => {
+                self.completing = true;
                 self.deferred.push(Event::Mmio {
                     addr,
                     size: 0,

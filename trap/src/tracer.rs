@@ -34,6 +34,8 @@ pub struct Tracer {
     active: bool,
     stop_reason: Option<TraceReason>,
     start_calls: u64,
+    /// The START hypercall's pass count fires once per run.
+    start_fired: bool,
     stop_calls: u64,
     marks: u64,
 }
@@ -47,6 +49,7 @@ impl Tracer {
             active: false,
             stop_reason: None,
             start_calls: 0,
+            start_fired: false,
             stop_calls: 0,
             marks: 0,
         };
@@ -76,7 +79,6 @@ impl Tracer {
             return false;
         }
         self.recorder.event(&Event::TraceStop(reason.clone()));
-        self.recorder.flush();
         self.stop_reason = Some(reason);
         self.active = false;
         self.engine.end();
@@ -145,13 +147,17 @@ impl Monitor for Tracer {
         match call.command {
             cmd::TRACE_START => {
                 self.start_calls += 1;
-                if !self.active && due(self.start_calls, call.args[0]) {
+                if !self.active && !self.start_fired && due(self.start_calls, call.args[0]) {
+                    self.start_fired = true;
                     self.start(TraceReason::Hypercall {
                         pass: self.start_calls,
                     });
                 }
                 Some(status::OK)
             }
+            // A trace the user started on the command line covers the whole
+            // run: the guest's STOPs are recorded, not obeyed.
+            cmd::TRACE_STOP if self.options.from_start => Some(status::OK),
             cmd::TRACE_STOP => {
                 if self.active {
                     self.stop_calls += 1;

@@ -26,6 +26,11 @@ pub mod test_guests {
     /// with [`UNEMULATED_NATIVE_STATUS`].
     pub const UNEMULATED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/unemulated.elf"));
 
+    /// Real mode (load at 0x7c00): `xor eax,eax; mov ecx,3; 1: add eax,ecx;
+    /// loop 1b; mov ebx,eax; mov eax,EXIT; mov dx,PORT; in eax,dx`. Exits
+    /// with status 6; its trace is known instruction by instruction.
+    pub const COUNT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/count.bin"));
+
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }

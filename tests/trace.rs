@@ -1,0 +1,376 @@
+//! Tracing with `vtrace run --trace` / `--disk` on real guests under KVM,
+//! checked through the trace disk and `vtrace info`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use object::{Object, ObjectSymbol};
+use vtrace_storage::{Event, InterruptSource, Record, TraceReader, TraceReason};
+
+fn records(path: &Path) -> Vec<Record> {
+    let reader = TraceReader::open(path).expect("open trace");
+    (0..reader.segments().len())
+        .flat_map(|i| reader.decode(i).expect("segment decodes"))
+        .collect()
+}
+
+fn info_json(path: &Path) -> serde_json::Value {
+    let out = run(&["info", "--json", path.to_str().unwrap()]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
+}
+
+fn demo_symbol(name: &str) -> u64 {
+    let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
+    elf.symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("demo OS has no symbol {name}"))
+        .address()
+}
+
+fn trace_demo(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, std::process::Output) {
+    let disk = dir.join(name);
+    let mut args = vec![
+        "run",
+        "--no-input",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    (disk, out)
+}
+
+#[test]
+fn demo_traced_from_first_instruction_to_exit() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, out) = trace_demo(dir.path(), "demo.vtd", &["--trace"]);
+    let console = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let info = info_json(&disk);
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert_eq!(info["stop_reason"], "GuestExit");
+    assert!(info["steps"].as_u64().unwrap() > 100_000, "{info}");
+
+    let recs = records(&disk);
+    let steps: Vec<_> = recs
+        .iter()
+        .filter_map(|r| {
+            if let Record::Step(s) = r {
+                Some(s)
+            } else {
+                None
+            }
+        })
+        .collect();
+    // PVH entry: the ELF's entry point, the first instruction of all.
+    let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
+    assert_eq!(steps[0].pc, elf.entry());
+
+    let interrupts: Vec<(usize, u8, Option<u32>, InterruptSource)> = recs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match r {
+            Record::Event(Event::Interrupt {
+                vector,
+                error_code,
+                source,
+            }) => Some((i, *vector, *error_code, *source)),
+            _ => None,
+        })
+        .collect();
+    // Page faults: as many as the guest counted, each a not-present fault
+    // reported with its error code and followed by the handler's first step.
+    let faults: Vec<_> = interrupts.iter().filter(|i| i.1 == 14).collect();
+    let guest_faults = number_after(&console, "page faults:").unwrap();
+    assert_eq!(faults.len() as u64, guest_faults, "{console}");
+    let isr14 = demo_symbol("isr14");
+    for (i, _, error, source) in &faults {
+        assert_eq!(*source, InterruptSource::InferredFromIdt);
+        assert_eq!(error.map(|e| e & 1), Some(0), "not-present fault");
+        assert!(
+            matches!(&recs[i + 1], Record::Step(s) if s.pc == isr14),
+            "{:?}",
+            recs[i + 1]
+        );
+    }
+    // Timer interrupts: the ones the guest counted, injected by the VMM,
+    // each entering the IRQ0 stub.
+    let timers: Vec<_> = interrupts.iter().filter(|i| i.1 == 32).collect();
+    let ticks = number_after(&console, "timer ticks:").unwrap();
+    assert_eq!(timers.len() as u64, ticks, "{console}");
+    assert!(
+        ticks > 0,
+        "the sleeping task makes the idle loop wait for ticks"
+    );
+    let isr32 = demo_symbol("isr32");
+    for (i, _, _, source) in &timers {
+        assert_eq!(*source, InterruptSource::Injected);
+        assert!(matches!(&recs[i + 1], Record::Step(s) if s.pc == isr32));
+    }
+    // Task switches are address-space switches: one CR3 change per switch,
+    // after the boot code's first load of its page tables.
+    let cr3_changes = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Event(Event::ControlRegister { reg: 3, .. })))
+        .count() as u64;
+    let switches = number_after(&console, "context switches:").unwrap();
+    assert_eq!(cr3_changes, switches + 1, "{console}");
+    // The guest's LOG hypercall is in the trace with its arguments.
+    assert!(recs.iter().any(|r| matches!(r,
+        Record::Event(Event::Hypercall { command, result: 0, .. }) if *command == vtrace_guest::cmd::LOG)));
+    // HLT in the idle loop is recorded and the VMM waited for the timer.
+    assert!(recs.iter().any(|r| matches!(r, Record::Event(Event::Halt))));
+    // Serial output as I/O events: "vtrace demo OS\n" starts with 'v'.
+    assert!(recs.iter().any(|r| matches!(r,
+        Record::Event(Event::Io { port: 0x3f8, write: true, value, .. }) if *value == u32::from(b'v'))));
+}
+
+#[test]
+fn traces_are_deterministic_with_the_step_clock() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, out) = trace_demo(dir.path(), "a.vtd", &["--trace"]);
+    assert_eq!(out.status.code(), Some(0));
+    let (b, _) = trace_demo(dir.path(), "b.vtd", &["--trace"]);
+    let (w, _) = trace_demo(dir.path(), "w.vtd", &["--trace", "--clock", "wall"]);
+    let (da, db, dw) = (
+        info_json(&a)["digest"].clone(),
+        info_json(&b)["digest"].clone(),
+        info_json(&w)["digest"].clone(),
+    );
+    assert_eq!(da, db);
+    assert_ne!(da, dw, "wall-clock timer interrupts land elsewhere");
+}
+
+#[test]
+fn exact_trace_of_a_known_program() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "count.bin", vtrace_demo::test_guests::COUNT);
+    let disk = dir.path().join("count.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "8M",
+        "--real-mode",
+        image.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(6), "3 + 2 + 1: {}", stderr(&out));
+    // Instruction boundaries of the image, from its bytes.
+    let mut decoder = iced_x86::Decoder::with_ip(16, vtrace_demo::test_guests::COUNT, 0x7c00, 0);
+    let pcs: Vec<u64> = (0..8).map(|_| decoder.decode().ip()).collect();
+    // xor, mov ecx=3, then add/loop three times, mov ebx, mov eax, mov dx;
+    // the final IN ends the VM inside the hypercall, so it never completes.
+    let expect: Vec<(u64, u64, u64, u64)> = vec![
+        (pcs[0], 0, 0, 0),
+        (pcs[1], 0, 3, 0),
+        (pcs[2], 3, 3, 0),
+        (pcs[3], 3, 2, 0),
+        (pcs[2], 5, 2, 0),
+        (pcs[3], 5, 1, 0),
+        (pcs[2], 6, 1, 0),
+        (pcs[3], 6, 0, 0),
+        (pcs[4], 6, 0, 6),
+        (pcs[5], 1, 0, 6),
+        (pcs[6], 1, 0, 6),
+    ];
+    let got: Vec<(u64, u64, u64, u64)> = records(&disk)
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some((
+                s.pc,
+                s.regs.gpr[0],
+                s.regs.gpr[1] & 0xffff_ffff,
+                s.regs.gpr[3],
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, expect);
+    let info = info_json(&disk);
+    assert_eq!(info["gaps"], 0);
+    assert_eq!(info["steps"], 11);
+}
+
+#[test]
+fn guest_hypercalls_start_and_stop_with_pass_counts() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // No --trace: the demo's matrix task calls START(3) before each row and
+    // STOP(2) after it, so tracing covers rows 3 and 4.
+    let (disk, out) = trace_demo(dir.path(), "roi.vtd", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let recs = records(&disk);
+    assert_eq!(
+        recs.first(),
+        Some(&Record::Event(Event::TraceStart(TraceReason::Hypercall {
+            pass: 3
+        })))
+    );
+    assert_eq!(
+        recs.last(),
+        Some(&Record::Event(Event::TraceStop(TraceReason::Hypercall {
+            pass: 2
+        })))
+    );
+    let calls: Vec<u32> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event(Event::Hypercall { command, .. }) => Some(*command),
+            _ => None,
+        })
+        .collect();
+    use vtrace_guest::cmd::{TRACE_START, TRACE_STOP};
+    // Traced: the STOP ending row 3 (1st after starting, not yet due) and
+    // the START before row 4 (tracing is on already); the 2nd STOP stops it.
+    assert_eq!(calls, vec![TRACE_STOP, TRACE_START]);
+    let steps = recs.iter().filter(|r| matches!(r, Record::Step(_))).count();
+    assert!(
+        (5_000..20_000).contains(&steps),
+        "two rows of a 24x24 product: {steps}"
+    );
+}
+
+#[test]
+fn max_steps_and_disk_full_stop_with_their_reason() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, out) = trace_demo(dir.path(), "max.vtd", &["--trace", "--max-steps", "1000"]);
+    assert_eq!(out.status.code(), Some(0));
+    let info = info_json(&disk);
+    assert_eq!(info["steps"], 1000);
+    assert_eq!(info["stop_reason"], "MaxSteps");
+
+    // Three 1 MiB slots (the superblock takes the rest): too small for the
+    // whole demo, so tracing stops, keeping the beginning, and says why.
+    let disk = dir.path().join("full.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "4M",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the guest runs on untraced: {}",
+        stderr(&out)
+    );
+    let info = info_json(&disk);
+    assert_eq!(info["stop_reason"], "DiskFull", "{info}");
+    assert_eq!(info["clean_end"], true);
+    assert_eq!(info["first_pc"], 0x100000);
+    assert!(info["steps"].as_u64().unwrap() > 10_000);
+}
+
+#[test]
+fn wrap_keeps_the_newest_steps() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (full, _) = trace_demo(dir.path(), "full.vtd", &["--trace"]);
+    let disk = dir.path().join("ring.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--wrap",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "3M",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let (whole, ring) = (info_json(&full), info_json(&disk));
+    assert_eq!(ring["stop_reason"], "GuestExit", "{ring}");
+    assert_eq!(ring["last_pc"], whole["last_pc"], "the end is kept");
+    assert_ne!(
+        ring["first_pc"], whole["first_pc"],
+        "the beginning was overwritten"
+    );
+    assert!(ring["steps"].as_u64().unwrap() < whole["steps"].as_u64().unwrap());
+    // What is kept is exactly the tail of the full trace.
+    let (a, b) = (records(&full), records(&disk));
+    let tail = &a[a.len() - (b.len() - 0)..];
+    assert_eq!(&b[..], tail);
+}
+
+#[test]
+fn killed_mid_trace_keeps_completed_segments() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("killed.vtd");
+    // A wall clock keeps the demo busy with timer interrupts for long
+    // enough to be killed in the middle.
+    let mut child = vtrace()
+        .args([
+            "run",
+            "--no-input",
+            "-q",
+            "--trace",
+            "--clock",
+            "wall",
+            "--disk-size",
+            "64M",
+            "--disk",
+        ])
+        .arg(&disk)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let segments = TraceReader::open(&disk)
+            .map(|r| r.segments().len())
+            .unwrap_or(0);
+        if segments >= 2 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the guest finished before it could be killed"
+        );
+        assert!(started.elapsed().as_secs() < 120, "no segments written");
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = run(&["info", disk.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "problems make info fail: {text}"
+    );
+    assert!(text.contains("did not shut down cleanly"), "{text}");
+    let info = info_json(&disk);
+    assert!(info["steps"].as_u64().unwrap() > 100_000, "{info}");
+    assert_eq!(info["gaps"], 0);
+}
