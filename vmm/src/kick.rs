@@ -34,6 +34,10 @@ const NO_DEADLINE: u64 = u64::MAX;
 
 struct Shared {
     epoch: Instant,
+    /// While the vCPU single-steps it exits after every instruction: kicks
+    /// are not needed, and a signal landing mid-step can cost the step's
+    /// debug exit (KVM reports EINTR instead).
+    quiet: AtomicBool,
     /// Host nanoseconds since `epoch` at which to kick; NO_DEADLINE if none.
     deadline: AtomicU64,
     stop: AtomicBool,
@@ -42,6 +46,9 @@ struct Shared {
 
 impl Shared {
     fn kick(&self) {
+        if self.quiet.load(Ordering::Relaxed) {
+            return;
+        }
         // SAFETY: target is the live vCPU thread (the Kicker is dropped on
         // it before it exits); the signal has a handler installed.
         unsafe { libc::pthread_kill(self.target, kick_signal()) };
@@ -94,6 +101,7 @@ impl Kicker {
         let shared = Arc::new(Shared {
             epoch: Instant::now(),
             deadline: AtomicU64::new(NO_DEADLINE),
+            quiet: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             // SAFETY: pthread_self has no preconditions.
             target: unsafe { libc::pthread_self() },
@@ -118,6 +126,11 @@ impl Kicker {
                 t.thread().unpark();
             }
         }
+    }
+
+    /// Suppresses all kicks (timed and on demand) while `quiet`.
+    pub fn set_quiet(&self, quiet: bool) {
+        self.shared.quiet.store(quiet, Ordering::Relaxed);
     }
 
     /// No timed kick is needed.

@@ -144,9 +144,11 @@ impl Vm {
                 return Ok(exit);
             }
             self.set_stepping(monitor.stepping())?;
+            kicker.set_quiet(self.stepping);
             match self
                 .devices
                 .next_deadline()
+                .filter(|_| !self.stepping)
                 .and_then(|d| self.clock.host_delay_until(d))
             {
                 Some(delay) => kicker.kick_after(delay),
