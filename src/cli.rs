@@ -31,6 +31,17 @@ pub enum Command {
     /// Summarize a trace disk: steps, events, gaps, how tracing started and
     /// stopped, disk use, and a digest (equal digests mean equal traces).
     Info(InfoArgs),
+    /// Measure the tracer: the bare single-step loop and full tracing of the
+    /// demo OS, in one process (build with --release for real figures).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Print JSON (keys: bare_steps_per_s, traced_steps_per_s, ratio,
+    /// bytes_per_step, peak_rss_bytes).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

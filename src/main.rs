@@ -1,6 +1,7 @@
 //! `vtrace`: the command line. Parsing and wiring only; the work is in the
 //! library crates.
 
+mod bench;
 mod cli;
 mod exit_status;
 mod info;
@@ -44,6 +45,7 @@ fn main() {
     let status = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Info(args) => info::info(args),
+        cli::Command::Bench(args) => bench::bench(args),
     };
     match status {
         Ok(code) => std::process::exit(code),

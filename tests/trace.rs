@@ -245,7 +245,10 @@ fn guest_hypercalls_start_and_stop_with_pass_counts() {
     // preempt the region, so other tasks can appear too; the matrix task's
     // own steps are two rows' worth.
     let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
-    let matrix = elf.symbols().find(|s| s.name() == Ok("task_matrix")).unwrap();
+    let matrix = elf
+        .symbols()
+        .find(|s| s.name() == Ok("task_matrix"))
+        .unwrap();
     let in_matrix = |pc: u64| (matrix.address()..matrix.address() + matrix.size()).contains(&pc);
     let steps = recs
         .iter()
@@ -382,4 +385,30 @@ fn killed_mid_trace_keeps_completed_segments() {
     let info = info_json(&disk);
     assert!(info["steps"].as_u64().unwrap() > 100_000, "{info}");
     assert_eq!(info["gaps"], 0);
+}
+
+#[test]
+fn bench_reports_its_figures() {
+    if !kvm_available() {
+        return;
+    }
+    // Not a timed assertion: the figures exist and are consistent.
+    let out = run(&["bench", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "bare_steps_per_s",
+        "traced_steps_per_s",
+        "ratio",
+        "bytes_per_step",
+    ] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    let (bare, traced) = (
+        v["bare_steps"].as_u64().unwrap(),
+        v["traced_steps"].as_u64().unwrap(),
+    );
+    // The same guest both times; the bare loop does not wait on HLT, so its
+    // idle loop may spin a little longer.
+    assert!(traced > 100_000 && traced <= bare + 1000, "{v}");
 }

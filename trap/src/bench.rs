@@ -1,0 +1,121 @@
+//! `vtrace bench`: the bare single-step loop and full tracing on the same
+//! guest, in one process, so the tracer's cost is measured against the
+//! ceiling the host sets.
+
+use std::path::Path;
+use std::time::Duration;
+
+use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
+use vtrace_storage::Recorder;
+use vtrace_vmm::boot::BootSource;
+use vtrace_vmm::clock::ClockMode;
+use vtrace_vmm::{ConsoleMode, CpuProfile, CpuView, Directive, ExitView, Monitor, Vm, VmConfig};
+
+use crate::tracer::{TraceOptions, Tracer};
+
+/// Single-steps and counts, recording nothing.
+#[derive(Default)]
+struct StepCounter {
+    steps: u64,
+}
+
+impl Monitor for StepCounter {
+    fn stepping(&self) -> bool {
+        true
+    }
+
+    fn on_exit(&mut self, exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+        if matches!(
+            exit,
+            ExitView::Debug { breakpoint: false } | ExitView::IoOut { .. }
+        ) {
+            self.steps += 1;
+        }
+        Directive::Continue
+    }
+}
+
+/// What one benchmark run measured.
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    pub bare_steps: u64,
+    pub bare_time: Duration,
+    pub traced_steps: u64,
+    pub traced_time: Duration,
+    pub trace_bytes: u64,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl BenchReport {
+    pub fn bare_steps_per_s(&self) -> f64 {
+        self.bare_steps as f64 / self.bare_time.as_secs_f64()
+    }
+    pub fn traced_steps_per_s(&self) -> f64 {
+        self.traced_steps as f64 / self.traced_time.as_secs_f64()
+    }
+    pub fn ratio(&self) -> f64 {
+        self.traced_steps_per_s() / self.bare_steps_per_s()
+    }
+    pub fn bytes_per_step(&self) -> f64 {
+        self.trace_bytes as f64 / self.traced_steps.max(1) as f64
+    }
+}
+
+/// Errors of a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Vmm(#[from] vtrace_vmm::Error),
+    #[error(transparent)]
+    Disk(#[from] vtrace_storage::disk::DiskError),
+}
+
+fn config(boot: &BootSource) -> VmConfig {
+    VmConfig {
+        boot: boot.clone(),
+        memory: 256 << 20,
+        cpu: CpuProfile::Baseline,
+        console: ConsoleMode::OutputOnly,
+        kvm_device: vtrace_vmm::KVM_DEVICE.into(),
+        serial_out: Box::new(std::io::sink()),
+        clock: ClockMode::Steps(1),
+    }
+}
+
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// Runs `boot` twice: stepping bare, then traced to a disk in `dir`.
+pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
+    let mut counter = StepCounter::default();
+    let bare = Vm::new(config(boot))?.run(&mut counter)?;
+
+    let disk = DiskWriter::create(
+        &dir.join("bench.vtd"),
+        1 << 30,
+        DEFAULT_SLOT_SIZE,
+        false,
+        "vtrace bench",
+    )?;
+    let mut tracer = Tracer::new(
+        Recorder::start(disk),
+        TraceOptions {
+            from_start: true,
+            max_steps: None,
+        },
+    );
+    let traced = Vm::new(config(boot))?.run(&mut tracer);
+    let report = tracer.finish()?;
+    let traced = traced?;
+    Ok(BenchReport {
+        bare_steps: counter.steps,
+        bare_time: bare.host_time,
+        traced_steps: report.engine.steps,
+        traced_time: traced.host_time,
+        trace_bytes: report.writer.stored_bytes,
+        peak_rss_bytes: peak_rss(),
+    })
+}
