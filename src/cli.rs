@@ -64,6 +64,14 @@ pub enum CpuArg {
     Host,
 }
 
+/// Exception vectors that stop tracing (one value, not a repeated flag).
+#[derive(Clone, Debug)]
+pub struct Autostop(pub Vec<u8>);
+
+fn parse_autostop(text: &str) -> Result<Autostop, String> {
+    vtrace_trap::parse_autostop(text).map(Autostop)
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Kernel to boot: a Linux bzImage, a 64-bit vmlinux ELF, or a PVH ELF.
@@ -135,6 +143,12 @@ pub struct RunArgs {
     /// Stop tracing after this many steps.
     #[arg(long, value_name = "N")]
     pub max_steps: Option<u64>,
+
+    /// Stop tracing when the guest takes one of these exceptions: a comma
+    /// list of names (de, nmi, bp, of, br, ud, df, ts, np, ss, gp, pf, ...)
+    /// or vectors; `none`; or `default` (de,nmi,bp,of,br,ud,df,ts,np,ss,gp).
+    #[arg(long, value_name = "LIST", default_value = "default", value_parser = parse_autostop)]
+    pub autostop: Autostop,
 
     /// KVM device to use.
     #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE)]

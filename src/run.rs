@@ -100,6 +100,7 @@ fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
     let options = TraceOptions {
         from_start: args.trace,
         max_steps: args.max_steps,
+        autostop: args.autostop.0.clone(),
     };
     Ok(Some(Tracer::new(Recorder::start(disk), options)))
 }

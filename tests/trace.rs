@@ -412,3 +412,75 @@ fn bench_reports_its_figures() {
     // idle loop may spin a little longer.
     assert!(traced > 100_000 && traced <= bare + 1000, "{v}");
 }
+
+#[test]
+fn autostop_on_an_exception_the_guest_takes() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let guest = write_guest(dir.path(), "ud.elf", vtrace_demo::test_guests::EXCEPTION);
+    let trace = |name: &str, extra: &[&str]| {
+        let disk = dir.path().join(name);
+        let mut args = vec![
+            "run",
+            "--no-input",
+            "--trace",
+            "--disk-size",
+            "8M",
+            "--kernel",
+            guest.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--disk", disk.to_str().unwrap()]);
+        let out = run(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(vtrace_demo::test_guests::EXCEPTION_STATUS),
+            "{}",
+            stderr(&out)
+        );
+        disk
+    };
+    // Default list: #UD stops tracing, with the exception as the reason.
+    let stopped = trace("stop.vtd", &[]);
+    let recs = records(&stopped);
+    assert_eq!(
+        recs.last(),
+        Some(&Record::Event(Event::TraceStop(TraceReason::Exception(6))))
+    );
+    let ud = recs
+        .iter()
+        .position(|r| {
+            matches!(
+                r,
+                Record::Event(Event::Interrupt {
+                    vector: 6,
+                    error_code: None,
+                    source: InterruptSource::InferredFromIdt
+                })
+            )
+        })
+        .expect("the #UD is an event");
+    // The UD2 itself never completes, so the last step before the event is
+    // the instruction before it, and the handler's first step follows.
+    let elf = object::File::parse(vtrace_demo::test_guests::EXCEPTION).unwrap();
+    let handler = elf
+        .symbols()
+        .find(|s| s.name() == Ok("ud_handler"))
+        .unwrap()
+        .address();
+    assert!(
+        matches!(&recs[ud + 1], Record::Step(s) if s.pc == handler),
+        "{:?}",
+        recs[ud + 1]
+    );
+    assert!(matches!(&recs[ud - 1], Record::Step(s) if s.bytes.as_slice() != [0x0f, 0x0b]));
+
+    // With --autostop none the trace runs on to the guest's exit.
+    let through = trace("through.vtd", &["--autostop", "none"]);
+    assert_eq!(info_json(&through)["stop_reason"], "GuestExit");
+    assert_eq!(info_json(&through)["gaps"], 0);
+    let bad = run(&["run", "--no-input", "--autostop", "ud,bogus"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+}

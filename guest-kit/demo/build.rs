@@ -137,6 +137,13 @@ fn main() {
         "triple-fault",
     );
     build_pvh_test_guest(
+        &tests.join("exception.S"),
+        &tests.join("pvh.ld"),
+        &include,
+        &out,
+        "exception",
+    );
+    build_pvh_test_guest(
         &tests.join("unemulated.S"),
         &tests.join("pvh.ld"),
         &include,

@@ -104,7 +104,7 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
         Recorder::start(disk),
         TraceOptions {
             from_start: true,
-            max_steps: None,
+            ..TraceOptions::default()
         },
     );
     let traced = Vm::new(config(boot))?.run(&mut tracer);

@@ -89,6 +89,8 @@ pub struct Engine {
     last_rsp: u64,
     control: [u64; 4],
     stats: EngineStats,
+    /// Vector of an exception seen at the last exit, for autostop.
+    last_exception: Option<u8>,
 }
 
 fn to_regs(r: &kvm_regs) -> Regs {
@@ -142,6 +144,11 @@ impl Engine {
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
+    }
+
+    /// The exception the guest took at the last exit, if any (once).
+    pub fn take_exception(&mut self) -> Option<u8> {
+        self.last_exception.take()
     }
 
     /// The VMM injected `vector`; it is delivered before the pending
@@ -317,6 +324,7 @@ impl Engine {
                         // The instruction faulted: it did not run, and runs
                         // again (and is recorded) after the handler.
                         self.stats.exceptions += 1;
+                        self.last_exception = Some(vector);
                         let error_code = has_error_code(vector)
                             .then(|| error_code(cpu, &mut self.walker, &sregs, g, self.last_rsp))
                             .flatten();

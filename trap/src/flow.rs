@@ -19,6 +19,9 @@ pub enum Flow {
     Any,
     /// HLT.
     Halt,
+    /// Raises an exception by design (UD2 and kin): the next pc is its
+    /// handler's, which the engine identifies through the IDT.
+    Trap,
 }
 
 /// A decoded instruction as the engine needs it.
@@ -58,6 +61,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
             near_target().map_or(Flow::Any, Flow::Jump)
         }
         FlowControl::ConditionalBranch => near_target().map_or(Flow::Any, Flow::Branch),
+        FlowControl::Exception => Flow::Trap,
         _ => Flow::Any,
     };
     let flushes_tlb = matches!(
@@ -115,6 +119,7 @@ impl Decoded {
             Flow::Jump(t) => next == t,
             Flow::Branch(t) => next == t || next == fall,
             Flow::Any => true,
+            Flow::Trap => false,
         }
     }
 
@@ -171,7 +176,11 @@ mod tests {
             decode(&[0x0f, 0x22, 0xd8], 64, 0).unwrap().flushes_tlb,
             "mov cr3, rax"
         );
-        assert!(decode(&[0x0f, 0x0b], 64, 0).is_some());
+        assert_eq!(
+            decode(&[0x0f, 0x0b], 64, 0).unwrap().flow,
+            Flow::Trap,
+            "ud2"
+        );
         assert!(decode(&[0x0f, 0xff], 64, 0).is_none() || decode(&[0x0f, 0xff], 64, 0).is_some());
     }
 

@@ -11,4 +11,4 @@ pub mod tracer;
 pub mod walker;
 
 pub use engine::{Engine, EngineStats, RecordSink};
-pub use tracer::{TraceOptions, TraceReport, Tracer};
+pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};

@@ -10,12 +10,76 @@ use vtrace_vmm::{CpuView, Directive, ExitView, Monitor};
 use crate::engine::{Engine, EngineStats};
 
 /// When and how long to trace.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct TraceOptions {
     /// Trace from the first instruction.
     pub from_start: bool,
     /// Stop after this many steps.
     pub max_steps: Option<u64>,
+    /// Stop when the guest takes one of these exception vectors.
+    pub autostop: Vec<u8>,
+}
+
+/// Exceptions that stop tracing by default, after the old tracer: divide
+/// error, NMI, breakpoint, overflow, BOUND, invalid opcode, double fault,
+/// invalid TSS, segment not present, stack fault, general protection.
+pub const DEFAULT_AUTOSTOP: [u8; 11] = [0, 2, 3, 4, 5, 6, 8, 10, 11, 12, 13];
+
+/// Exception names as `--autostop` takes them.
+pub const EXCEPTION_NAMES: [(&str, u8); 20] = [
+    ("de", 0),
+    ("db", 1),
+    ("nmi", 2),
+    ("bp", 3),
+    ("of", 4),
+    ("br", 5),
+    ("ud", 6),
+    ("nm", 7),
+    ("df", 8),
+    ("ts", 10),
+    ("np", 11),
+    ("ss", 12),
+    ("gp", 13),
+    ("pf", 14),
+    ("mf", 16),
+    ("ac", 17),
+    ("mc", 18),
+    ("xm", 19),
+    ("ve", 20),
+    ("cp", 21),
+];
+
+/// Parses `--autostop`: `default`, `none`, or a comma list of names
+/// (`ud,gp`) and vector numbers.
+pub fn parse_autostop(text: &str) -> Result<Vec<u8>, String> {
+    match text {
+        "default" => return Ok(DEFAULT_AUTOSTOP.to_vec()),
+        "none" => return Ok(Vec::new()),
+        _ => {}
+    }
+    text.split(',')
+        .map(|item| {
+            let item = item.trim().to_ascii_lowercase();
+            EXCEPTION_NAMES
+                .iter()
+                .find(|(name, _)| *name == item)
+                .map(|(_, v)| *v)
+                .or_else(|| item.parse::<u8>().ok().filter(|v| *v < 32))
+                .ok_or_else(|| {
+                    format!("'{item}' is not an exception (names: de, ud, gp, pf, ...; or 0-31)")
+                })
+        })
+        .collect()
+}
+
+impl Default for TraceOptions {
+    fn default() -> Self {
+        TraceOptions {
+            from_start: false,
+            max_steps: None,
+            autostop: DEFAULT_AUTOSTOP.to_vec(),
+        }
+    }
 }
 
 /// What a finished trace run reports.
@@ -98,6 +162,12 @@ impl Tracer {
     }
 
     fn check_limits(&mut self) {
+        if let Some(vector) = self.engine.take_exception() {
+            if self.options.autostop.contains(&vector) {
+                self.stop(TraceReason::Exception(vector));
+                return;
+            }
+        }
         if let Some(max) = self.options.max_steps {
             if self.recorder.steps() >= max {
                 self.stop(TraceReason::MaxSteps);

@@ -31,6 +31,13 @@ pub mod test_guests {
     /// with status 6; its trace is known instruction by instruction.
     pub const COUNT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/count.bin"));
 
+    /// PVH ELF: installs a #UD handler, executes UD2; the handler exits
+    /// with [`EXCEPTION_STATUS`].
+    pub const EXCEPTION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/exception.elf"));
+
+    /// Exit status of [`EXCEPTION`].
+    pub const EXCEPTION_STATUS: i32 = 7;
+
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }
