@@ -34,6 +34,19 @@ pub enum Command {
     /// Measure the tracer: the bare single-step loop and full tracing of the
     /// demo OS, in one process (build with --release for real figures).
     Bench(BenchArgs),
+    /// Control a running `vtrace run` from another terminal.
+    Ctl(CtlArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// start, stop, mark [ID], or status.
+    #[arg(required = true, num_args = 1..=2)]
+    pub command: Vec<String>,
+    /// The run's control socket (default: the only vtrace-*.sock in
+    /// $XDG_RUNTIME_DIR or /tmp).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +156,11 @@ pub struct RunArgs {
     /// Stop tracing after this many steps.
     #[arg(long, value_name = "N")]
     pub max_steps: Option<u64>,
+
+    /// Control socket for `vtrace ctl` (made when a trace disk is used;
+    /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 
     /// Stop tracing when the guest takes one of these exceptions: a comma
     /// list of names (de, nmi, bp, of, br, ud, df, ts, np, ss, gp, pf, ...)

@@ -10,7 +10,7 @@ Exit status:
   2      bad command-line arguments
   65     the kernel is not a format vtrace boots, or its command line is invalid
   66     the kernel or initrd file is missing or unreadable
-  69     KVM is missing or unusable on this host
+  69     KVM is missing or unusable on this host (vtrace ctl: no run listening)
   70     an internal or KVM error
   77     no permission to open the KVM device
   78     guest memory too small (or too large) for the image
@@ -27,6 +27,11 @@ fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
 
 /// The exit status for a failed run.
 pub fn for_error(error: &anyhow::Error) -> i32 {
+    if let Some(vtrace_vmm::control::ControlError::Connect { .. }) =
+        error.chain().find_map(|e| e.downcast_ref())
+    {
+        return 69;
+    }
     match vmm_error(error) {
         Some(Error::ImageFormat { .. } | Error::CommandLine(_)) => 65,
         Some(Error::ImageUnreadable { .. }) => 66,

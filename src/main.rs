@@ -3,6 +3,7 @@
 
 mod bench;
 mod cli;
+mod ctl;
 mod exit_status;
 mod info;
 mod run;
@@ -46,6 +47,7 @@ fn main() {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Info(args) => info::info(args),
         cli::Command::Bench(args) => bench::bench(args),
+        cli::Command::Ctl(args) => ctl::ctl(args),
     };
     match status {
         Ok(code) => std::process::exit(code),

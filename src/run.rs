@@ -126,11 +126,32 @@ pub fn run(args: RunArgs) -> Result<i32> {
         kvm_device: args.kvm_device.clone(),
         serial_out: Box::new(std::io::stdout()),
         clock: clock_mode(&args),
+        control: None,
     };
+    let traced = args.trace || args.disk.is_some();
+    let control = if traced {
+        let path = args
+            .control
+            .clone()
+            .unwrap_or_else(|| vtrace_vmm::control::default_path(std::process::id()));
+        Some(vtrace_vmm::control::ControlServer::bind(&path)?)
+    } else {
+        None
+    };
+    let control_line = control.as_ref().map(|c| {
+        format!(
+            "vtrace: control socket {} (vtrace ctl start|stop|mark|status)",
+            c.path().display()
+        )
+    });
+    let config = VmConfig { control, ..config };
     let mut vm = Vm::new(config)?;
     let mut tracer = tracer(&args, vm.boot_description())?;
     if !args.quiet {
         user_message(&format!("vtrace: booting {}", vm.boot_description()));
+        if let Some(line) = &control_line {
+            user_message(line);
+        }
         if !args.no_input {
             user_message("vtrace: Ctrl-A h for help, Ctrl-A x to quit");
         }

@@ -484,3 +484,62 @@ fn autostop_on_an_exception_the_guest_takes() {
     let bad = run(&["run", "--no-input", "--autostop", "ud,bogus"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
 }
+
+#[test]
+fn ctl_starts_marks_and_stops_a_running_trace() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("ctl.vtd");
+    let sock = dir.path().join("ctl.sock");
+    let mut child = vtrace()
+        .args(["run", "--no-input", "--disk-size", "64M", "--disk"])
+        .arg(&disk)
+        .arg("--control")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(started.elapsed().as_secs() < 30, "no control socket");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mode = std::fs::metadata(&sock)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
+        .unwrap();
+    assert_eq!(mode & 0o777, 0o600, "only the owner may steer the VM");
+    let ctl = |cmd: &[&str]| {
+        let mut args = vec!["ctl", "--control", sock.to_str().unwrap()];
+        args.extend_from_slice(cmd);
+        let out = run(&args);
+        (out.status.code(), stdout(&out))
+    };
+    assert_eq!(ctl(&["start"]), (Some(0), "tracing started\n".into()));
+    assert_eq!(ctl(&["mark", "7"]).0, Some(0));
+    let (code, status) = ctl(&["status"]);
+    assert_eq!(code, Some(0));
+    assert!(status.starts_with("tracing on"), "{status}");
+    assert_eq!(ctl(&["bogus"]).0, Some(1));
+    assert!(ctl(&["stop"]).1.starts_with("tracing stopped"));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!sock.exists(), "the socket is removed at exit");
+    let recs = records(&disk);
+    assert_eq!(
+        recs.first(),
+        Some(&Record::Event(Event::TraceStart(TraceReason::Control)))
+    );
+    assert!(recs.contains(&Record::Event(Event::Mark { id: 7, value: 1 })));
+    assert!(recs.contains(&Record::Event(Event::TraceStop(TraceReason::Control))));
+    // With the VM gone, ctl says nobody is listening.
+    assert_eq!(ctl(&["status"]).0, Some(69));
+}

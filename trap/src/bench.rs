@@ -79,6 +79,7 @@ fn config(boot: &BootSource) -> VmConfig {
         kvm_device: vtrace_vmm::KVM_DEVICE.into(),
         serial_out: Box::new(std::io::sink()),
         clock: ClockMode::Steps(1),
+        control: None,
     }
 }
 

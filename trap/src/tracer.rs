@@ -268,6 +268,39 @@ impl Monitor for Tracer {
         }
     }
 
+    fn control(&mut self, command: &str) -> Option<String> {
+        let mut words = command.split_whitespace();
+        Some(match (words.next()?, words.next()) {
+            ("start", None) => match self.start(TraceReason::Control) {
+                true => "tracing started".into(),
+                false => "tracing was already on".into(),
+            },
+            ("stop", None) => match self.stop(TraceReason::Control) {
+                true => format!("tracing stopped after {} steps", self.recorder.steps()),
+                false => "tracing was already off".into(),
+            },
+            ("mark", id) => {
+                let id = match id.map(str::parse::<u64>) {
+                    None => u64::MAX,
+                    Some(Ok(id)) => id,
+                    Some(Err(_)) => return Some("error: mark takes a number".into()),
+                };
+                self.marks += 1;
+                self.recorder.event(&Event::Mark {
+                    id,
+                    value: self.marks,
+                });
+                format!("mark {} recorded", self.marks)
+            }
+            ("status", None) => format!(
+                "tracing {}, {} steps recorded",
+                if self.active { "on" } else { "off" },
+                self.recorder.steps()
+            ),
+            _ => return None,
+        })
+    }
+
     fn hotkey_help(&self) -> Vec<(char, &'static str)> {
         vec![
             ('t', "start or stop tracing"),

@@ -15,6 +15,7 @@
 //!     kvm_device: vtrace_vmm::KVM_DEVICE.into(),
 //!     serial_out: Box::new(std::io::stdout()),
 //!     clock: vtrace_vmm::clock::ClockMode::Wall,
+//!     control: None,
 //! };
 //! let outcome = Vm::new(config)?.run(&mut NoMonitor)?;
 //! println!("{:?}", outcome.exit);
@@ -24,6 +25,7 @@
 pub mod boot;
 pub mod clock;
 pub mod console;
+pub mod control;
 pub mod cpu;
 pub mod devices;
 pub mod diagnostics;

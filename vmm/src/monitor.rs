@@ -63,6 +63,12 @@ pub trait Monitor {
         None
     }
 
+    /// A `vtrace ctl` command (`start`, `stop`, `mark`, `status`...).
+    /// Returns the answer, or `None` if the monitor has no such command.
+    fn control(&mut self, _command: &str) -> Option<String> {
+        None
+    }
+
     /// Lines for the console help (`Ctrl-A h`), as `(key, meaning)`.
     fn hotkey_help(&self) -> Vec<(char, &'static str)> {
         Vec::new()

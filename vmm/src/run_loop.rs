@@ -106,6 +106,10 @@ impl Vm {
         let immediate_exit = &mut self.vcpu.run_page().immediate_exit as *mut u8;
         let kicker = Kicker::new(immediate_exit)?;
         let (tx, rx) = mpsc::channel();
+        if let Some(control) = &self.control {
+            let handle = kicker.handle();
+            control.set_waker(Box::new(move || handle.kick()));
+        }
         if self.console == ConsoleMode::Interactive {
             let handle = kicker.handle();
             console::spawn_input_thread(tx, move || handle.kick())?;
@@ -199,6 +203,25 @@ impl Vm {
             if let Next::Stop(exit) = self.console_input(input, monitor) {
                 return Ok(Next::Stop(exit));
             }
+        }
+        while let Some(request) = self.control.as_ref().and_then(|c| c.try_next()) {
+            let answer = match request.command.as_str() {
+                "status" => {
+                    let own = format!(
+                        "virtual time {:.6} s, {} exits",
+                        self.clock.now() as f64 / 1e9,
+                        self.history.total()
+                    );
+                    match monitor.control("status") {
+                        Some(more) => format!("{more}; {own}"),
+                        None => own,
+                    }
+                }
+                command => monitor.control(command).unwrap_or_else(|| {
+                    format!("error: unknown command '{command}' (start, stop, mark [ID], status)")
+                }),
+            };
+            request.reply(answer);
         }
         let now = self.clock.now();
         self.devices.update_interrupts(now);

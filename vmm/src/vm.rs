@@ -40,6 +40,8 @@ pub struct VmConfig {
     pub serial_out: Box<dyn Write + Send>,
     /// How virtual time follows host time.
     pub clock: ClockMode,
+    /// Control socket for `vtrace ctl`, if any.
+    pub control: Option<crate::control::ControlServer>,
 }
 
 /// A VM ready to run.
@@ -53,6 +55,7 @@ pub struct Vm {
     pub(crate) history: ExitHistory,
     pub(crate) clock: VirtualClock,
     pub(crate) console: ConsoleMode,
+    pub(crate) control: Option<crate::control::ControlServer>,
     pub(crate) completed_by_vmm: u64,
     pub(crate) stepping: bool,
     boot: BootPlan,
@@ -136,6 +139,7 @@ impl Vm {
             history: ExitHistory::default(),
             clock: VirtualClock::new(config.clock),
             console: config.console,
+            control: config.control,
             completed_by_vmm: 0,
             stepping: false,
             boot,

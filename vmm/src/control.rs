@@ -1,0 +1,193 @@
+//! The control socket: `vtrace ctl` talks to a running VM over a Unix
+//! socket (mode 0600). One line in, one line out, per connection.
+//!
+//! The server runs on a tokio runtime on its own thread; requests reach the
+//! run loop through a channel, which serves them between exits and answers
+//! through a oneshot. The run loop is kicked so a request is served at once
+//! even while the guest computes without exits.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+/// Longest request line accepted.
+const MAX_LINE: usize = 256;
+
+/// A request from `vtrace ctl`, waiting for the run loop.
+pub struct ControlRequest {
+    pub command: String,
+    reply: tokio::sync::oneshot::Sender<String>,
+}
+
+impl ControlRequest {
+    /// Answers the client.
+    pub fn reply(self, text: String) {
+        let _ = self.reply.send(text);
+    }
+}
+
+type Waker = Arc<Mutex<Option<Box<dyn Fn() + Send>>>>;
+
+/// A listening control socket; removed from the filesystem when dropped.
+pub struct ControlServer {
+    path: PathBuf,
+    requests: Receiver<ControlRequest>,
+    waker: Waker,
+}
+
+/// Errors of the control socket, on either side.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no vtrace run is listening on {path} ({source}); is it running, with a trace disk?")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("talking to {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where a run's socket goes by default: `$XDG_RUNTIME_DIR` or /tmp.
+pub fn default_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// The default socket path of the process `pid`.
+pub fn default_path(pid: u32) -> PathBuf {
+    default_dir().join(format!("vtrace-{pid}.sock"))
+}
+
+impl ControlServer {
+    /// Listens on `path` (a stale socket there is replaced).
+    pub fn bind(path: &Path) -> Result<ControlServer, ControlError> {
+        let bind_err = |source| ControlError::Bind {
+            path: path.to_path_buf(),
+            source,
+        };
+        if std::fs::symlink_metadata(path).is_ok() && UnixStream::connect(path).is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(bind_err)?;
+        let (tx, rx) = channel();
+        let waker: Waker = Arc::new(Mutex::new(None));
+        let wake = waker.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(bind_err)?;
+        std::thread::Builder::new()
+            .name("vtrace-control".into())
+            .spawn(move || runtime.block_on(serve(listener, tx, wake)))
+            .map_err(bind_err)?;
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            requests: rx,
+            waker,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Called by the run loop with a function that kicks the vCPU.
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send>) {
+        if let Ok(mut w) = self.waker.lock() {
+            *w = Some(wake);
+        }
+    }
+
+    /// The next request, if one is waiting.
+    pub fn try_next(&self) -> Option<ControlRequest> {
+        self.requests.try_recv().ok()
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    tx: Sender<ControlRequest>,
+    waker: Waker,
+) {
+    let Ok(listener) = tokio::net::UnixListener::from_std(listener) else {
+        return;
+    };
+    while let Ok((stream, _)) = listener.accept().await {
+        let tx = tx.clone();
+        let waker = waker.clone();
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = tokio::io::BufReader::new(read.take(MAX_LINE as u64));
+            if reader.read_line(&mut line).await.is_err() {
+                return;
+            }
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let request = ControlRequest {
+                command: line.trim().to_string(),
+                reply,
+            };
+            if tx.send(request).is_err() {
+                let _ = write.write_all(b"error: the VM has stopped\n").await;
+                return;
+            }
+            if let Ok(w) = waker.lock() {
+                if let Some(wake) = w.as_ref() {
+                    wake();
+                }
+            }
+            let text = answer
+                .await
+                .unwrap_or_else(|_| "error: the VM has stopped".into());
+            let _ = write.write_all(format!("{text}\n").as_bytes()).await;
+        });
+    }
+}
+
+/// Sends one command to the run listening on `path`; returns its answer.
+pub fn send(path: &Path, command: &str) -> Result<String, ControlError> {
+    let io = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(io)?;
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .map_err(io)?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).map_err(io)?;
+    Ok(answer.trim_end().to_string())
+}
