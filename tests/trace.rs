@@ -493,7 +493,7 @@ fn ctl_starts_marks_and_stops_a_running_trace() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("ctl.vtd");
     let sock = dir.path().join("ctl.sock");
-    let mut child = vtrace()
+    let child = vtrace()
         .args(["run", "--no-input", "--disk-size", "64M", "--disk"])
         .arg(&disk)
         .arg("--control")
