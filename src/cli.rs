@@ -157,6 +157,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub max_steps: Option<u64>,
 
+    /// Start tracing when execution reaches this linear address (hardware
+    /// breakpoint), e.g. 0x100000. Symbol names come with the analyzer.
+    #[arg(long, value_name = "ADDR", value_parser = parse_address)]
+    pub start_at: Option<u64>,
+
+    /// Stop tracing when execution reaches this linear address.
+    #[arg(long, value_name = "ADDR", value_parser = parse_address)]
+    pub stop_at: Option<u64>,
+
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
     #[arg(long, value_name = "PATH")]

@@ -17,8 +17,8 @@ fn json(s: &TraceSummary) -> serde_json::Value {
         "events": s.events,
         "first_pc": s.first_pc,
         "last_pc": s.last_pc,
-        "start_reasons": s.start_reasons.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
-        "stop_reason": s.stop_reason().map(|r| format!("{r:?}")),
+        "start_reasons": s.start_reasons.iter().map(|r| r.token()).collect::<Vec<_>>(),
+        "stop_reason": s.stop_reason().map(|r| r.token()),
         "disk_size": s.disk_size,
         "disk_used": s.disk_used,
         "bytes_per_step": s.bytes_per_step(),
@@ -50,7 +50,7 @@ pub fn info(args: InfoArgs) -> Result<i32> {
         println!("first step:     {a:#x}");
         println!("last step:      {b:#x}");
     }
-    let starts: Vec<String> = s.start_reasons.iter().map(|r| format!("{r:?}")).collect();
+    let starts: Vec<String> = s.start_reasons.iter().map(|r| r.to_string()).collect();
     println!("started by:     {}", starts.join(", "));
     println!("stopped by:     {}", reason(s.stop_reason()));
     println!(

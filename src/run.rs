@@ -78,7 +78,7 @@ fn summary(outcome: &RunOutcome) -> String {
 
 /// Creates the trace disk and the tracer, when the user asked for tracing.
 fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
-    if !args.trace && args.disk.is_none() {
+    if !args.trace && args.disk.is_none() && args.start_at.is_none() {
         return Ok(None);
     }
     let path = args
@@ -101,16 +101,20 @@ fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
         from_start: args.trace,
         max_steps: args.max_steps,
         autostop: args.autostop.0.clone(),
+        start_at: args.start_at,
+        stop_at: args.stop_at,
     };
     Ok(Some(Tracer::new(Recorder::start(disk), options)))
 }
 
 fn clock_mode(args: &RunArgs) -> ClockMode {
-    args.clock.unwrap_or(if args.trace || args.disk.is_some() {
-        ClockMode::Steps(1)
-    } else {
-        ClockMode::Wall
-    })
+    args.clock.unwrap_or(
+        if args.trace || args.disk.is_some() || args.start_at.is_some() {
+            ClockMode::Steps(1)
+        } else {
+            ClockMode::Wall
+        },
+    )
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
@@ -128,7 +132,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         clock: clock_mode(&args),
         control: None,
     };
-    let traced = args.trace || args.disk.is_some();
+    let traced = args.trace || args.disk.is_some() || args.start_at.is_some();
     let control = if traced {
         let path = args
             .control
@@ -172,10 +176,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
             let stop = r
                 .stop_reason
                 .as_ref()
-                .map(|s| format!("{s:?}"))
+                .map(|s| s.to_string())
                 .unwrap_or_else(|| "never started".into());
             user_message(&format!(
-                "vtrace: trace {}: {} steps, {} gaps, {} segments, {} bytes (stopped: {stop})",
+                "vtrace: trace {}: {} steps, {} gaps, {} segments, {} bytes (stopped by {stop})",
                 path.display(),
                 r.engine.steps,
                 r.engine.gaps,

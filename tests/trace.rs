@@ -55,7 +55,7 @@ fn demo_traced_from_first_instruction_to_exit() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let info = info_json(&disk);
     assert_eq!(info["gaps"], 0, "{info}");
-    assert_eq!(info["stop_reason"], "GuestExit");
+    assert_eq!(info["stop_reason"], "guest_exit");
     assert!(info["steps"].as_u64().unwrap() > 100_000, "{info}");
 
     let recs = records(&disk);
@@ -270,7 +270,7 @@ fn max_steps_and_disk_full_stop_with_their_reason() {
     assert_eq!(out.status.code(), Some(0));
     let info = info_json(&disk);
     assert_eq!(info["steps"], 1000);
-    assert_eq!(info["stop_reason"], "MaxSteps");
+    assert_eq!(info["stop_reason"], "max_steps");
 
     // Three 1 MiB slots (the superblock takes the rest): too small for the
     // whole demo, so tracing stops, keeping the beginning, and says why.
@@ -291,7 +291,7 @@ fn max_steps_and_disk_full_stop_with_their_reason() {
         stderr(&out)
     );
     let info = info_json(&disk);
-    assert_eq!(info["stop_reason"], "DiskFull", "{info}");
+    assert_eq!(info["stop_reason"], "disk_full", "{info}");
     assert_eq!(info["clean_end"], true);
     assert_eq!(info["first_pc"], 0x100000);
     assert!(info["steps"].as_u64().unwrap() > 10_000);
@@ -317,7 +317,7 @@ fn wrap_keeps_the_newest_steps() {
     ]);
     assert_eq!(out.status.code(), Some(0));
     let (whole, ring) = (info_json(&full), info_json(&disk));
-    assert_eq!(ring["stop_reason"], "GuestExit", "{ring}");
+    assert_eq!(ring["stop_reason"], "guest_exit", "{ring}");
     assert_eq!(ring["last_pc"], whole["last_pc"], "the end is kept");
     assert_ne!(
         ring["first_pc"], whole["first_pc"],
@@ -479,7 +479,7 @@ fn autostop_on_an_exception_the_guest_takes() {
 
     // With --autostop none the trace runs on to the guest's exit.
     let through = trace("through.vtd", &["--autostop", "none"]);
-    assert_eq!(info_json(&through)["stop_reason"], "GuestExit");
+    assert_eq!(info_json(&through)["stop_reason"], "guest_exit");
     assert_eq!(info_json(&through)["gaps"], 0);
     let bad = run(&["run", "--no-input", "--autostop", "ud,bogus"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
@@ -542,4 +542,48 @@ fn ctl_starts_marks_and_stops_a_running_trace() {
     assert!(recs.contains(&Record::Event(Event::TraceStop(TraceReason::Control))));
     // With the VM gone, ctl says nobody is listening.
     assert_eq!(ctl(&["status"]).0, Some(69));
+}
+
+#[test]
+fn start_and_stop_at_addresses() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "count.bin", vtrace_demo::test_guests::COUNT);
+    let mut decoder = iced_x86::Decoder::with_ip(16, vtrace_demo::test_guests::COUNT, 0x7c00, 0);
+    let pcs: Vec<u64> = (0..5).map(|_| decoder.decode().ip()).collect();
+    let disk = dir.path().join("bp.vtd");
+    // From the loop body (a hardware breakpoint) to the instruction after
+    // the loop: the three add/loop pairs and nothing else.
+    let (start, stop) = (format!("{:#x}", pcs[2]), format!("{:#x}", pcs[4]));
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "8M",
+        "--real-mode",
+        image.to_str().unwrap(),
+        "--start-at",
+        &start,
+        "--stop-at",
+        &stop,
+    ]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    let got: Vec<u64> = records(&disk)
+        .iter()
+        .filter_map(|r| {
+            if let Record::Step(s) = r {
+                Some(s.pc)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(got, vec![pcs[2], pcs[3], pcs[2], pcs[3], pcs[2], pcs[3]]);
+    let info = info_json(&disk);
+    assert_eq!(info["start_reasons"][0], format!("address:{start}"));
+    assert_eq!(info["stop_reason"], format!("address:{stop}"));
 }

@@ -141,6 +141,43 @@ pub enum TraceReason {
     Other(String),
 }
 
+impl TraceReason {
+    /// A stable machine-readable form: `guest_exit`, `max_steps`,
+    /// `disk_full`, `command_line`, `hotkey`, `control`, `hypercall:N`,
+    /// `address:0x...`, `exception:N`, `other:TEXT`.
+    pub fn token(&self) -> String {
+        match self {
+            TraceReason::CommandLine => "command_line".into(),
+            TraceReason::Hotkey => "hotkey".into(),
+            TraceReason::Control => "control".into(),
+            TraceReason::Hypercall { pass } => format!("hypercall:{pass}"),
+            TraceReason::Address(a) => format!("address:{a:#x}"),
+            TraceReason::MaxSteps => "max_steps".into(),
+            TraceReason::Exception(v) => format!("exception:{v}"),
+            TraceReason::GuestExit => "guest_exit".into(),
+            TraceReason::DiskFull => "disk_full".into(),
+            TraceReason::Other(t) => format!("other:{t}"),
+        }
+    }
+}
+
+impl std::fmt::Display for TraceReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TraceReason::CommandLine => write!(f, "the command line (--trace)"),
+            TraceReason::Hotkey => write!(f, "the Ctrl-A t hotkey"),
+            TraceReason::Control => write!(f, "vtrace ctl"),
+            TraceReason::Hypercall { pass } => write!(f, "a guest hypercall (pass {pass})"),
+            TraceReason::Address(a) => write!(f, "reaching address {a:#x}"),
+            TraceReason::MaxSteps => write!(f, "--max-steps"),
+            TraceReason::Exception(v) => write!(f, "guest exception {v}"),
+            TraceReason::GuestExit => write!(f, "the end of the run"),
+            TraceReason::DiskFull => write!(f, "a full trace disk"),
+            TraceReason::Other(t) => write!(f, "{t}"),
+        }
+    }
+}
+
 /// Something that happened between two steps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Event {

@@ -146,6 +146,11 @@ impl Engine {
         self.completing = false;
     }
 
+    /// Linear address of the instruction about to run.
+    pub fn next_pc(&self) -> Option<u64> {
+        self.pending.map(|p| p.pc)
+    }
+
     /// The exception the guest took at the last exit, if any (once).
     pub fn take_exception(&mut self) -> Option<u8> {
         self.last_exception.take()

@@ -18,6 +18,11 @@ pub struct TraceOptions {
     pub max_steps: Option<u64>,
     /// Stop when the guest takes one of these exception vectors.
     pub autostop: Vec<u8>,
+    /// Start when execution reaches this linear address (a hardware
+    /// breakpoint; once).
+    pub start_at: Option<u64>,
+    /// Stop when execution reaches this linear address (before it runs).
+    pub stop_at: Option<u64>,
 }
 
 /// Exceptions that stop tracing by default, after the old tracer: divide
@@ -78,6 +83,8 @@ impl Default for TraceOptions {
             from_start: false,
             max_steps: None,
             autostop: DEFAULT_AUTOSTOP.to_vec(),
+            start_at: None,
+            stop_at: None,
         }
     }
 }
@@ -102,6 +109,8 @@ pub struct Tracer {
     start_fired: bool,
     stop_calls: u64,
     marks: u64,
+    /// Armed hardware breakpoints (the start address until it fires).
+    breakpoints: Vec<u64>,
 }
 
 impl Tracer {
@@ -116,7 +125,11 @@ impl Tracer {
             start_fired: false,
             stop_calls: 0,
             marks: 0,
+            breakpoints: Vec::new(),
         };
+        if let Some(at) = tracer.options.start_at {
+            tracer.breakpoints.push(at);
+        }
         if tracer.options.from_start {
             tracer.start(TraceReason::CommandLine);
         }
@@ -191,12 +204,29 @@ impl Monitor for Tracer {
         }
     }
 
+    fn breakpoints(&self) -> &[u64] {
+        &self.breakpoints
+    }
+
     fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
+        if let (ExitView::Debug { breakpoint: true }, Some(at)) = (exit, self.options.start_at) {
+            if !self.active && self.breakpoints.contains(&at) {
+                // Once: stepping on from here must not hit it again.
+                self.breakpoints.retain(|b| *b != at);
+                self.start(TraceReason::Address(at));
+            }
+            return Directive::Continue;
+        }
         if !self.active {
             return Directive::Continue;
         }
         let directive = self.engine.exit(exit, cpu, &mut self.recorder);
         self.check_limits();
+        if let (Some(at), true) = (self.options.stop_at, self.active) {
+            if self.engine.next_pc() == Some(at) {
+                self.stop(TraceReason::Address(at));
+            }
+        }
         directive
     }
 

@@ -80,6 +80,12 @@ pub trait Monitor {
         false
     }
 
+    /// Linear addresses where the guest must stop with a debug exit
+    /// (hardware breakpoints, at most 4). Asked before every `KVM_RUN`.
+    fn breakpoints(&self) -> &[u64] {
+        &[]
+    }
+
     /// Called right before every `KVM_RUN` (after stepping was armed for
     /// it): a tracer that just started notes the instruction about to run.
     fn before_entry(&mut self, _cpu: &mut dyn CpuView) {}

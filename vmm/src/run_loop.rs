@@ -147,7 +147,7 @@ impl Vm {
             if let Next::Stop(exit) = self.service(rx, monitor, irqs)? {
                 return Ok(exit);
             }
-            self.set_stepping(monitor.stepping())?;
+            self.set_debug(monitor.stepping(), monitor.breakpoints())?;
             kicker.set_quiet(self.stepping);
             match self
                 .devices
@@ -169,26 +169,37 @@ impl Vm {
         }
     }
 
-    /// Arms or disarms single-stepping (only when it changes).
-    fn set_stepping(&mut self, on: bool) -> Result<()> {
-        if on == self.stepping {
+    /// Arms or disarms single-stepping and hardware breakpoints (only when
+    /// they change: it is an ioctl).
+    fn set_debug(&mut self, stepping: bool, breakpoints: &[u64]) -> Result<()> {
+        let breakpoints = &breakpoints[..breakpoints.len().min(4)];
+        if stepping == self.stepping && breakpoints == self.breakpoints.as_slice() {
             return Ok(());
         }
-        let control = if on {
-            kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_SINGLESTEP
-        } else {
-            0
-        };
-        let debug = kvm_bindings::kvm_guest_debug {
-            control,
-            ..Default::default()
-        };
+        let mut debug = kvm_bindings::kvm_guest_debug::default();
+        if stepping || !breakpoints.is_empty() {
+            debug.control = kvm_bindings::KVM_GUESTDBG_ENABLE;
+        }
+        if stepping {
+            debug.control |= kvm_bindings::KVM_GUESTDBG_SINGLESTEP;
+        }
+        if !breakpoints.is_empty() {
+            debug.control |= kvm_bindings::KVM_GUESTDBG_USE_HW_BP;
+            for (i, addr) in breakpoints.iter().enumerate() {
+                debug.arch.debugreg[i] = *addr;
+                // Local enable; R/W and LEN 0: break on execution.
+                debug.arch.debugreg[7] |= 1 << (2 * i);
+            }
+        }
         self.vcpu
             .fd
             .set_guest_debug(&debug)
             .map_err(Error::kvm("KVM_SET_GUEST_DEBUG"))?;
-        self.stepping = on;
-        self.clock.set_stepping(on);
+        if stepping != self.stepping {
+            self.clock.set_stepping(stepping);
+        }
+        self.stepping = stepping;
+        self.breakpoints = breakpoints.to_vec();
         Ok(())
     }
 
