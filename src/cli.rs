@@ -27,7 +27,7 @@ pub enum Command {
     /// Boot a guest: the built-in demo OS, a Linux kernel, a PVH ELF or a
     /// raw real-mode image. Its serial console is this terminal.
     #[command(after_long_help = STATUS_TABLE)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Summarize a trace disk: steps, events, gaps, how tracing started and
     /// stopped, disk use, and a digest (equal digests mean equal traces).
     Info(InfoArgs),

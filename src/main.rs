@@ -44,7 +44,7 @@ fn main() {
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
     let status = match cli.command {
-        cli::Command::Run(args) => run::run(args),
+        cli::Command::Run(args) => run::run(*args),
         cli::Command::Info(args) => info::info(args),
         cli::Command::Bench(args) => bench::bench(args),
         cli::Command::Ctl(args) => ctl::ctl(args),
