@@ -129,27 +129,10 @@ fn main() {
     );
     let tests = manifest.join("testguests");
     build_flat_binary(&tests.join("count.S"), &include, &out, "count");
-    build_pvh_test_guest(
-        &tests.join("triple-fault.S"),
-        &tests.join("pvh.ld"),
-        &include,
-        &out,
-        "triple-fault",
-    );
-    build_pvh_test_guest(
-        &tests.join("exception.S"),
-        &tests.join("pvh.ld"),
-        &include,
-        &out,
-        "exception",
-    );
-    build_pvh_test_guest(
-        &tests.join("unemulated.S"),
-        &tests.join("pvh.ld"),
-        &include,
-        &out,
-        "unemulated",
-    );
+    for name in ["triple-fault", "exception", "unemulated"] {
+        let source = tests.join(format!("{name}.S"));
+        build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);
+    }
     println!("cargo:rerun-if-changed=os");
     println!("cargo:rerun-if-changed=testguests");
     println!("cargo:rerun-if-changed=realmode");

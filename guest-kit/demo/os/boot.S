@@ -3,16 +3,9 @@
  * EBX pointing at the hvm_start_info structure. We build identity page
  * tables for the first 1 GiB (2 MiB pages), enter long mode and call kmain.
  */
-#define XEN_ELFNOTE_PHYS32_ENTRY 18
+#include "vtrace-pvh.h"
 
-    .section .note.Xen, "a", @note
-    .balign 4
-    .long 4                       /* namesz: "Xen\0" */
-    .long 4                       /* descsz */
-    .long XEN_ELFNOTE_PHYS32_ENTRY
-    .asciz "Xen"
-    .balign 4
-    .long pvh_start
+VTRACE_PVH_NOTE(pvh_start)
 
     .section .text.boot, "ax"
     .code32

@@ -3,12 +3,8 @@
  * finds no handler, nor do the #GP and the double fault that follow, so the
  * CPU shuts down.
  */
-    .section .note.Xen, "a", @note
-    .balign 4
-    .long 4, 4, 18
-    .asciz "Xen"
-    .balign 4
-    .long start
+#include "vtrace-pvh.h"
+VTRACE_PVH_NOTE(start)
 
     .text
     .code32

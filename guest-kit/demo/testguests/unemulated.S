@@ -5,13 +5,8 @@
  * guest exits with status 42 instead.
  */
 #include "vtrace.h"
-
-    .section .note.Xen, "a", @note
-    .balign 4
-    .long 4, 4, 18
-    .asciz "Xen"
-    .balign 4
-    .long start
+#include "vtrace-pvh.h"
+VTRACE_PVH_NOTE(start)
 
     .text
     .code32
