@@ -122,8 +122,9 @@ impl Recorder {
         self.next_step
     }
 
-    /// True when, without wrap, the disk can only take the chunks in flight
-    /// and one more: time to stop tracing (and record why).
+    /// True when, without wrap, the disk can only take the chunks in flight,
+    /// the one being filled and one more (where the stop record may land):
+    /// time to stop tracing (and record why).
     pub fn nearly_full(&self) -> bool {
         if self.wrap {
             return false;
@@ -133,7 +134,7 @@ impl Recorder {
         let per_chunk = 2u64.max((self.chunk_target as u64 + 1024).div_ceil(self.slot_size));
         let s = &self.shared;
         let in_flight = s.sent.load(Ordering::Acquire) - s.done.load(Ordering::Acquire);
-        s.slots_free.load(Ordering::Acquire) < per_chunk * (in_flight + 1)
+        s.slots_free.load(Ordering::Acquire) < per_chunk * (in_flight + 2)
     }
 
     /// Sends the current chunk to the writer (blocks if the queue is full).
