@@ -77,6 +77,17 @@ pub enum CpuArg {
     Host,
 }
 
+fn parse_segment_size(text: &str) -> Result<u64, String> {
+    let size = parse_size(text)?;
+    if (64 << 10..=64 << 20).contains(&size) && size % 4096 == 0 {
+        Ok(size)
+    } else {
+        Err(format!(
+            "'{text}': a segment is 64K to 64M, a multiple of 4K"
+        ))
+    }
+}
+
 /// Exception vectors that stop tracing (one value, not a repeated flag).
 #[derive(Clone, Debug)]
 pub struct Autostop(pub Vec<u8>);
@@ -147,6 +158,11 @@ pub struct RunArgs {
     /// Size of the trace disk (a block device keeps its own).
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub disk_size: u64,
+
+    /// Size of a trace segment (one slot of the disk; 64K to 64M, a multiple
+    /// of 4K). Small disks want small segments.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_segment_size)]
+    pub segment_size: u64,
 
     /// When the disk is full, overwrite the oldest segments (keep the end)
     /// instead of stopping (keep the beginning).

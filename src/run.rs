@@ -7,7 +7,7 @@ use vtrace_vmm::{ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, 
 
 use std::path::PathBuf;
 
-use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
+use vtrace_storage::disk::DiskWriter;
 use vtrace_storage::Recorder;
 use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::clock::ClockMode;
@@ -93,7 +93,7 @@ fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
     let disk = DiskWriter::create(
         &path,
         args.disk_size,
-        DEFAULT_SLOT_SIZE,
+        args.segment_size as u32,
         args.wrap,
         &metadata,
     )?;

@@ -272,8 +272,8 @@ fn max_steps_and_disk_full_stop_with_their_reason() {
     assert_eq!(info["steps"], 1000);
     assert_eq!(info["stop_reason"], "max_steps");
 
-    // Three 1 MiB slots (the superblock takes the rest): too small for the
-    // whole demo, so tracing stops, keeping the beginning, and says why.
+    // Fifteen 64 KiB segments: too small for the whole demo, so tracing
+    // stops, keeping the beginning, and says why.
     let disk = dir.path().join("full.vtd");
     let out = run(&[
         "run",
@@ -282,7 +282,9 @@ fn max_steps_and_disk_full_stop_with_their_reason() {
         "--disk",
         disk.to_str().unwrap(),
         "--disk-size",
-        "4M",
+        "1M",
+        "--segment-size",
+        "64K",
     ]);
     assert_eq!(
         out.status.code(),

@@ -152,6 +152,7 @@ impl Recorder {
         };
         self.seq += 1;
         self.chunk_first_step = self.next_step;
+        self.shared.sent.fetch_add(1, Ordering::AcqRel);
         let sent = self
             .tx
             .as_ref()
@@ -159,6 +160,7 @@ impl Recorder {
             .unwrap_or(false);
         if !sent {
             self.shared.dropped_chunks.fetch_add(1, Ordering::Relaxed);
+            self.shared.done.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -217,10 +219,11 @@ fn write_loop(mut disk: DiskWriter, rx: Receiver<Chunk>, shared: &Shared) -> Res
         }
         shared
             .slots_free
-            .store(disk.slots_free(), Ordering::Relaxed);
+            .store(disk.slots_free(), Ordering::Release);
         shared
             .slots_used
             .store(disk.slots_used(), Ordering::Relaxed);
+        shared.done.fetch_add(1, Ordering::AcqRel);
     }
     disk.sync()?;
     result
