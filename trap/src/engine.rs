@@ -163,6 +163,31 @@ impl Engine {
         self.stats.injected += 1;
     }
 
+    /// The VMM delivered `vector` through the IDT itself: the pending
+    /// instruction did not run, and the vCPU stands at `handler`, whose first
+    /// instruction is stepped like any other.
+    pub fn note_delivery(
+        &mut self,
+        vector: u8,
+        handler: u64,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        if !self.started {
+            return;
+        }
+        self.stats.injected += 1;
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code: None,
+            source: InterruptSource::Injected,
+        });
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        self.last_rsp = regs.rsp;
+        self.pending = Some(self.fetch(cpu, &sregs, handler));
+    }
+
     fn fetch(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, pc: u64) -> Pending {
         let mode = cpu_mode(sregs);
         let mut buf = [0u8; 15];
@@ -298,8 +323,11 @@ impl Engine {
         let next = linear_pc(&sregs, regs.rip);
         let mut directive = Directive::Continue;
         let completed_here = !matches!(view, ExitView::Debug { .. });
+        // This exit may be the completion of an IN: an interrupt queued at
+        // its I/O exit arrives only on the entry after this one.
+        let completing = std::mem::take(&mut self.completing);
 
-        let injected = if completed_here {
+        let injected = if completed_here || completing {
             None
         } else {
             self.injected.take()
@@ -319,6 +347,8 @@ impl Engine {
                     if d.flow == Flow::Halt {
                         sink.event(&Event::Halt);
                         directive = Directive::Halt;
+                    } else if d.clears_tf {
+                        directive = Directive::ReArm;
                     }
                     if d.flushes_tlb {
                         self.walker.flush();
@@ -381,5 +411,222 @@ impl Engine {
         self.last_rsp = regs.rsp;
         self.pending = Some(self.fetch(cpu, &sregs, next));
         directive
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The engine against a fake vCPU: flat guest memory with an identity
+    //! map, registers set by hand to what each kind of host reports.
+    use super::*;
+    use crate::walker::tests::FlatCpu;
+    use vtrace_vmm::devices::hypercall::Hypercall;
+
+    const CODE: u64 = 0x10000;
+    const IDT: u64 = 0x20000;
+    const TIMER_HANDLER: u64 = 0x30000;
+    const PF_HANDLER: u64 = 0x31000;
+    const STACK: u64 = 0x80000;
+
+    /// Long mode, CPL 0, the first 2 MiB identity-mapped, an IDT with a
+    /// timer handler (vector 32) and a page-fault handler (vector 14).
+    fn machine(code: &[u8]) -> FlatCpu {
+        let mut cpu = FlatCpu::new(0x20_0000);
+        cpu.put_u64(0x1000, 0x2000 | 3);
+        cpu.put_u64(0x2000, 0x3000 | 3);
+        cpu.put_u64(0x3000, 0x83);
+        cpu.sregs.cr0 = 0x8000_0011;
+        cpu.sregs.cr3 = 0x1000;
+        cpu.sregs.cr4 = 0x20;
+        cpu.sregs.efer = 0x500;
+        cpu.sregs.cs.l = 1;
+        cpu.sregs.cs.selector = 0x08;
+        cpu.sregs.idt.base = IDT;
+        cpu.sregs.idt.limit = 0xfff;
+        for (vector, handler) in [(32u64, TIMER_HANDLER), (14, PF_HANDLER)] {
+            let lo =
+                (handler & 0xffff) | (0x08 << 16) | (0x8e << 40) | ((handler & 0xffff_0000) << 32);
+            cpu.put_u64(IDT + vector * 16, lo);
+            cpu.put_u64(IDT + vector * 16 + 8, handler >> 32);
+        }
+        // Both handlers start with `push 0` (2 bytes), then iretq.
+        cpu.put(TIMER_HANDLER, &[0x6a, 0x00, 0x48, 0xcf]);
+        cpu.put(PF_HANDLER, &[0x6a, 0x0e, 0x48, 0xcf]);
+        cpu.put(CODE, code);
+        cpu.regs.rip = CODE;
+        cpu.regs.rsp = STACK;
+        cpu.regs.rflags = 0x202;
+        cpu
+    }
+
+    fn steps(recs: &[Record]) -> Vec<u64> {
+        recs.iter()
+            .filter_map(|r| {
+                if let Record::Step(s) = r {
+                    Some(s.pc)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn debug_exit(
+        engine: &mut Engine,
+        cpu: &mut FlatCpu,
+        rip: u64,
+        sink: &mut Vec<Record>,
+    ) -> Directive {
+        cpu.regs.rip = rip;
+        engine.exit(&ExitView::Debug { breakpoint: false }, cpu, sink)
+    }
+
+    #[test]
+    fn straight_line_code_and_a_gap() {
+        // nop; nop; jmp +0 (to the next instruction)
+        let mut cpu = machine(&[0x90, 0x90, 0xeb, 0x00, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+        debug_exit(&mut e, &mut cpu, CODE + 2, &mut out);
+        debug_exit(&mut e, &mut cpu, CODE + 4, &mut out);
+        assert_eq!(steps(&out), vec![CODE, CODE + 1, CODE + 2]);
+        assert_eq!(e.stats().gaps, 0);
+        // The nop at CODE+4 "lands" somewhere it cannot go.
+        debug_exit(&mut e, &mut cpu, CODE + 0x100, &mut out);
+        assert_eq!(
+            out.last(),
+            Some(&Record::Event(Event::Gap {
+                from: CODE + 5,
+                to: CODE + 0x100
+            }))
+        );
+    }
+
+    #[test]
+    fn queued_injection_reconstructs_the_handlers_first_step() {
+        let mut cpu = machine(&[0x90, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        e.note_injection(32);
+        // KVM delivered before the nop and stepped the handler's push.
+        cpu.regs.rsp = STACK - 48;
+        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        assert_eq!(
+            out[0],
+            Record::Event(Event::Interrupt {
+                vector: 32,
+                error_code: None,
+                source: InterruptSource::Injected
+            })
+        );
+        assert!(
+            matches!(&out[1], Record::Step(s) if s.pc == TIMER_HANDLER && s.regs.gpr[4] == STACK - 48)
+        );
+        assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn delivery_by_the_vmm_steps_the_handler_normally() {
+        let mut cpu = machine(&[0x90, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rip = TIMER_HANDLER;
+        cpu.regs.rsp = STACK - 40;
+        e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
+        cpu.regs.rsp = STACK - 48;
+        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        // iretq back to the interrupted nop: TF may be gone, so re-arm.
+        cpu.regs.rsp = STACK;
+        let d = debug_exit(&mut e, &mut cpu, CODE, &mut out);
+        assert_eq!(d, Directive::ReArm);
+        assert_eq!(steps(&out), vec![TIMER_HANDLER, TIMER_HANDLER + 2]);
+        assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn an_in_completes_before_a_queued_interrupt_arrives() {
+        // in eax, dx; nop
+        let mut cpu = machine(&[0xed, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        let call = Hypercall {
+            command: 2,
+            args: [0; 4],
+        };
+        e.exit(&ExitView::Hypercall { call, result: 0 }, &mut cpu, &mut out);
+        e.note_injection(32);
+        debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+        assert_eq!(
+            steps(&out),
+            vec![CODE],
+            "the IN's own step, no interrupt yet"
+        );
+        assert!(matches!(
+            out[1],
+            Record::Event(Event::Hypercall { command: 2, .. })
+        ));
+        cpu.regs.rsp = STACK - 48;
+        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        assert!(matches!(
+            out[2],
+            Record::Event(Event::Interrupt { vector: 32, .. })
+        ));
+        assert_eq!(steps(&out), vec![CODE, TIMER_HANDLER]);
+        assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn a_page_fault_is_inferred_with_its_error_code() {
+        // mov [rax], al  -- faults; the handler's push has run at the exit.
+        let mut cpu = machine(&[0x88, 0x00, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        // Frame: error code at (old rsp aligned) - 48.
+        cpu.put_u64(STACK - 48, 0x2);
+        cpu.regs.rsp = STACK - 56;
+        debug_exit(&mut e, &mut cpu, PF_HANDLER + 2, &mut out);
+        assert_eq!(
+            out[0],
+            Record::Event(Event::Interrupt {
+                vector: 14,
+                error_code: Some(2),
+                source: InterruptSource::InferredFromIdt
+            })
+        );
+        assert_eq!(
+            steps(&out),
+            vec![PF_HANDLER],
+            "the faulting store did not run"
+        );
+        assert_eq!(e.take_exception(), Some(14));
+    }
+
+    #[test]
+    fn hlt_asks_the_vmm_to_wait_and_out_is_recorded_after_its_step() {
+        // out dx, al; hlt
+        let mut cpu = machine(&[0xee, 0xf4, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rip = CODE + 1;
+        let view = ExitView::IoOut {
+            port: 0x3f8,
+            size: 1,
+            value: 0x41,
+        };
+        e.exit(&view, &mut cpu, &mut out);
+        assert!(matches!(out[0], Record::Step(s) if s.pc == CODE));
+        assert!(matches!(
+            out[1],
+            Record::Event(Event::Io {
+                port: 0x3f8,
+                write: true,
+                value: 0x41,
+                ..
+            })
+        ));
+        let d = debug_exit(&mut e, &mut cpu, CODE + 2, &mut out);
+        assert_eq!(d, Directive::Halt);
+        assert_eq!(out.last(), Some(&Record::Event(Event::Halt)));
     }
 }

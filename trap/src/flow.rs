@@ -32,6 +32,9 @@ pub struct Decoded {
     /// The instruction invalidates cached translations (INVLPG, MOV to CR,
     /// INVPCID, WBINVD is not enough to matter).
     pub flushes_tlb: bool,
+    /// The instruction may clear RFLAGS.TF (SYSCALL, SYSENTER, POPF, IRET,
+    /// SYSRET): where stepping rides on TF, it must be armed again.
+    pub clears_tf: bool,
 }
 
 /// Decodes the instruction at the start of `bytes` (at address `ip`).
@@ -70,10 +73,26 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
     ) || (insn.mnemonic() == Mnemonic::Mov
         && insn.op0_kind() == OpKind::Register
         && insn.op0_register().is_cr());
+    let clears_tf = matches!(
+        insn.mnemonic(),
+        Mnemonic::Syscall
+            | Mnemonic::Sysenter
+            | Mnemonic::Sysret
+            | Mnemonic::Sysretq
+            | Mnemonic::Sysexit
+            | Mnemonic::Sysexitq
+            | Mnemonic::Popf
+            | Mnemonic::Popfd
+            | Mnemonic::Popfq
+            | Mnemonic::Iret
+            | Mnemonic::Iretd
+            | Mnemonic::Iretq
+    );
     Some(Decoded {
         len: insn.len(),
         flow,
         flushes_tlb,
+        clears_tf,
     })
 }
 
@@ -176,6 +195,10 @@ mod tests {
             decode(&[0x0f, 0x22, 0xd8], 64, 0).unwrap().flushes_tlb,
             "mov cr3, rax"
         );
+        assert!(decode(&[0x48, 0xcf], 64, 0).unwrap().clears_tf, "iretq");
+        assert!(decode(&[0x9d], 64, 0).unwrap().clears_tf, "popfq");
+        assert!(decode(&[0x0f, 0x05], 64, 0).unwrap().clears_tf, "syscall");
+        assert!(!decode(&[0x90], 64, 0).unwrap().clears_tf);
         assert_eq!(
             decode(&[0x0f, 0x0b], 64, 0).unwrap().flow,
             Flow::Trap,

@@ -5,7 +5,7 @@ use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
 use vtrace_storage::{Event, Recorder, TraceReason};
 use vtrace_vmm::devices::hypercall::Hypercall;
-use vtrace_vmm::{CpuView, Directive, ExitView, Monitor};
+use vtrace_vmm::{CpuView, Directive, ExitView, Injection, Monitor};
 
 use crate::engine::{Engine, EngineStats};
 
@@ -230,9 +230,20 @@ impl Monitor for Tracer {
         directive
     }
 
-    fn on_inject(&mut self, vector: u8, _irq: u8) {
-        if self.active {
-            self.engine.note_injection(vector);
+    fn deliver_interrupts(&self) -> bool {
+        self.active
+    }
+
+    fn on_inject(&mut self, vector: u8, _irq: u8, how: Injection, cpu: &mut dyn CpuView) {
+        if !self.active {
+            return;
+        }
+        match how {
+            Injection::Queued => self.engine.note_injection(vector),
+            Injection::Delivered { handler } => {
+                self.engine
+                    .note_delivery(vector, handler, cpu, &mut self.recorder)
+            }
         }
     }
 

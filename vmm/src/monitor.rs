@@ -35,6 +35,20 @@ pub enum Directive {
     /// The instruction just stepped was HLT (which does not halt under
     /// single-step on every host): wait for the next interrupt as HLT would.
     Halt,
+    /// Arm single-stepping again: the instruction just stepped may have
+    /// cleared the trap flag (SYSCALL, SYSENTER, POPF, IRET on hosts that
+    /// step with TF).
+    ReArm,
+}
+
+/// How an external interrupt reached the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Injection {
+    /// Queued with `KVM_INTERRUPT`: KVM delivers it on the next entry.
+    Queued,
+    /// Delivered by the VMM through the guest's IDT: the vCPU now stands
+    /// at the handler's first instruction, with the frame pushed.
+    Delivered { handler: u64 },
 }
 
 /// Read access to the vCPU and guest memory for the monitor. The VMM
@@ -95,9 +109,15 @@ pub trait Monitor {
         Directive::Continue
     }
 
-    /// The VMM just injected external interrupt `vector` (from ISA `irq`);
-    /// it reaches the guest on the next entry.
-    fn on_inject(&mut self, _vector: u8, _irq: u8) {}
+    /// Whether the VMM should deliver interrupts through the guest's IDT
+    /// itself (so that a stepped guest enters the handler under stepping on
+    /// every host) rather than queue them with `KVM_INTERRUPT`.
+    fn deliver_interrupts(&self) -> bool {
+        false
+    }
+
+    /// The VMM injected external interrupt `vector` (from ISA `irq`).
+    fn on_inject(&mut self, _vector: u8, _irq: u8, _how: Injection, _cpu: &mut dyn CpuView) {}
 
     /// The guest is about to stop running; last chance to record.
     fn on_finish(&mut self, _cpu: &mut dyn CpuView) {}

@@ -8,14 +8,14 @@ use kvm_ioctls::VcpuExit;
 
 use crate::clock::{VirtualClock, VirtualNanos};
 use crate::console::{self, ConsoleInput, RawTerminal};
-use crate::cpu::unemulated;
+use crate::cpu::{soft_int, unemulated};
 use crate::devices::hypercall::GuestVirtualMemory;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome, MarkStats};
 use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
 use crate::error::{Error, Result};
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
-use crate::monitor::{CpuView, Directive, ExitView, Monitor};
+use crate::monitor::{CpuView, Directive, ExitView, Injection, Monitor};
 use crate::vcpu::{TranslatedMemory, Vcpu};
 use crate::vm::{ConsoleMode, Vm};
 
@@ -163,6 +163,7 @@ impl Vm {
                 ram: &self.ram,
             });
             let exit = self.enter();
+            self.io_pending = matches!(exit, Exit::IoIn { .. } | Exit::MmioRead);
             if let Next::Stop(exit) = self.serve(exit, rx, monitor, irqs)? {
                 return Ok(exit);
             }
@@ -254,15 +255,87 @@ impl Vm {
         }
         if run.ready_for_interrupt_injection != 0 && run.if_flag != 0 {
             run.request_interrupt_window = 0;
+            // An IN or MMIO read completes on the next entry; moving RIP
+            // under it would break the completion. Deliver one exit later.
+            if monitor.deliver_interrupts() && self.stepping && !self.io_pending {
+                if let Some(handler) = self.deliver_through_idt()? {
+                    if let Some((vector, irq)) = self.devices.pic.acknowledge() {
+                        irqs[usize::from(irq)] += 1;
+                        let how = Injection::Delivered { handler };
+                        monitor.on_inject(
+                            vector,
+                            irq,
+                            how,
+                            &mut KvmCpuView {
+                                vcpu: &mut self.vcpu,
+                                ram: &self.ram,
+                            },
+                        );
+                    }
+                    return Ok(());
+                }
+            } else if monitor.deliver_interrupts() && self.io_pending {
+                return Ok(());
+            }
             if let Some((vector, irq)) = self.devices.pic.acknowledge() {
                 self.vcpu.interrupt(vector)?;
                 irqs[usize::from(irq)] += 1;
-                monitor.on_inject(vector, irq);
+                monitor.on_inject(
+                    vector,
+                    irq,
+                    Injection::Queued,
+                    &mut KvmCpuView {
+                        vcpu: &mut self.vcpu,
+                        ram: &self.ram,
+                    },
+                );
             }
         } else {
             run.request_interrupt_window = 1;
         }
         Ok(())
+    }
+
+    /// Delivers the PIC's pending vector through the guest IDT in the VMM.
+    /// Returns the handler address, or None where the VMM does not model
+    /// the delivery (not 64-bit mode at CPL 0, a bad gate): the caller then
+    /// queues the interrupt with KVM instead.
+    fn deliver_through_idt(&mut self) -> Result<Option<u64>> {
+        let Some(vector) = self.devices.pic.pending_vector() else {
+            return Ok(None);
+        };
+        let mut regs = self.vcpu.regs();
+        let mut sregs = self.vcpu.sregs();
+        let memory = TranslatedMemory {
+            vcpu: &self.vcpu.fd,
+            ram: &self.ram,
+        };
+        let return_rip = regs.rip;
+        match soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip) {
+            Ok(sregs_changed) => {
+                if sregs_changed {
+                    self.vcpu
+                        .fd
+                        .set_sregs(&sregs)
+                        .map_err(Error::kvm("KVM_SET_SREGS"))?;
+                }
+                self.vcpu
+                    .fd
+                    .set_regs(&regs)
+                    .map_err(Error::kvm("KVM_SET_REGS"))?;
+                // The sync registers are stale until the next exit.
+                self.vcpu.synced = false;
+                Ok(Some(regs.rip))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Issues the current debug configuration again (re-arming TF).
+    fn rearm(&mut self) -> Result<()> {
+        let (stepping, breakpoints) = (self.stepping, std::mem::take(&mut self.breakpoints));
+        self.stepping = !stepping;
+        self.set_debug(stepping, &breakpoints)
     }
 
     fn console_input(&mut self, input: ConsoleInput, monitor: &mut dyn Monitor) -> Next {
@@ -428,8 +501,10 @@ impl Vm {
                 if !breakpoint {
                     self.clock.step();
                 }
-                if self.tell(monitor, ExitView::Debug { breakpoint }) == Directive::Halt {
-                    return self.halt(rx, monitor, irqs);
+                match self.tell(monitor, ExitView::Debug { breakpoint }) {
+                    Directive::Halt => return self.halt(rx, monitor, irqs),
+                    Directive::ReArm => self.rearm()?,
+                    Directive::Continue => {}
                 }
             }
             Exit::Shutdown => {

@@ -58,6 +58,7 @@ pub struct Vm {
     pub(crate) control: Option<crate::control::ControlServer>,
     pub(crate) completed_by_vmm: u64,
     pub(crate) stepping: bool,
+    pub(crate) io_pending: bool,
     pub(crate) breakpoints: Vec<u64>,
     boot: BootPlan,
 }
@@ -143,6 +144,7 @@ impl Vm {
             control: config.control,
             completed_by_vmm: 0,
             stepping: false,
+            io_pending: false,
             breakpoints: Vec::new(),
             boot,
         })
