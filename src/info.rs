@@ -6,7 +6,7 @@ use vtrace_storage::{summarize, TraceReader, TraceSummary};
 use crate::cli::InfoArgs;
 
 fn reason(r: Option<&vtrace_storage::TraceReason>) -> String {
-    r.map(|r| format!("{r:?}"))
+    r.map(|r| r.to_string())
         .unwrap_or_else(|| "none recorded".into())
 }
 

@@ -125,6 +125,8 @@ fn demo_traced_from_first_instruction_to_exit() {
     // The guest's LOG hypercall is in the trace with its arguments.
     assert!(recs.iter().any(|r| matches!(r,
         Record::Event(Event::Hypercall { command, result: 0, .. }) if *command == vtrace_guest::cmd::LOG)));
+    // ... and its text, right after.
+    assert!(recs.contains(&Record::Event(Event::Log("demo OS done".into()))));
     // HLT in the idle loop is recorded and the VMM waited for the timer.
     assert!(recs.iter().any(|r| matches!(r, Record::Event(Event::Halt))));
     // Serial output as I/O events: "vtrace demo OS\n" starts with 'v'.
@@ -588,4 +590,45 @@ fn start_and_stop_at_addresses() {
     let info = info_json(&disk);
     assert_eq!(info["start_reasons"][0], format!("address:{start}"));
     assert_eq!(info["stop_reason"], format!("address:{stop}"));
+}
+
+#[test]
+fn hotkeys_start_tracing_and_mark() {
+    if !kvm_available() {
+        return;
+    }
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("keys.vtd");
+    let mut child = vtrace()
+        .args(["run", "--disk-size", "64M", "--disk"])
+        .arg(&disk)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\x01t\x01m")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("tracing started") && log.contains("mark 1 recorded"),
+        "{log}"
+    );
+    let recs = records(&disk);
+    assert_eq!(
+        recs.first(),
+        Some(&Record::Event(Event::TraceStart(TraceReason::Hotkey)))
+    );
+    assert!(recs.contains(&Record::Event(Event::Mark {
+        id: u64::MAX,
+        value: 1
+    })));
+    assert_eq!(info_json(&disk)["gaps"], 0);
 }

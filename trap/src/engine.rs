@@ -156,7 +156,15 @@ impl Engine {
         self.last_exception.take()
     }
 
-    /// The VMM injected `vector`; it is delivered before the pending
+    /// Records `event` right after the step of the instruction now
+    /// completing (a hypercall's LOG text, say).
+    pub fn defer_event(&mut self, event: Event) {
+        if self.started {
+            self.deferred.push(event);
+        }
+    }
+
+    /// The VMM queued `vector` with KVM; it is delivered before the pending
     /// instruction runs.
     pub fn note_injection(&mut self, vector: u8) {
         self.injected = Some(vector);
@@ -296,14 +304,22 @@ impl Engine {
                 });
                 Directive::Continue
             }
-            ExitView::Mmio { addr, write } => {
-                self.completing = true;
-                self.deferred.push(Event::Mmio {
+            ExitView::Mmio {
+                addr,
+                size,
+                write,
+                value,
+            } => {
+                let event = Event::Mmio {
                     addr,
-                    size: 0,
+                    size,
                     write,
-                    value: 0,
-                });
+                    value,
+                };
+                // Reads and writes alike complete on the next entry, which
+                // then steps the instruction: the event follows that step.
+                self.deferred.push(event);
+                self.completing = true;
                 Directive::Continue
             }
             ExitView::Debug { breakpoint: true } | ExitView::Halt | ExitView::Interrupted => {

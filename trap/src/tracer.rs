@@ -230,6 +230,12 @@ impl Monitor for Tracer {
         directive
     }
 
+    fn guest_log(&mut self, text: &str) {
+        if self.active {
+            self.engine.defer_event(Event::Log(text.to_string()));
+        }
+    }
+
     fn deliver_interrupts(&self) -> bool {
         self.active
     }
@@ -247,8 +253,12 @@ impl Monitor for Tracer {
         }
     }
 
-    fn on_finish(&mut self, _cpu: &mut dyn CpuView) {
-        self.stop(TraceReason::GuestExit);
+    fn on_finish(&mut self, _cpu: &mut dyn CpuView, failure: Option<&str>) {
+        let reason = match failure {
+            None => TraceReason::GuestExit,
+            Some(why) => TraceReason::Other(why.to_string()),
+        };
+        self.stop(reason);
     }
 
     fn hypercall(&mut self, call: &Hypercall) -> Option<i32> {

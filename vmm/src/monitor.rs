@@ -17,8 +17,14 @@ pub enum ExitView {
     IoIn { port: u16, size: u8, value: u32 },
     /// A hypercall (an `IN` on the hypercall port) with its result.
     Hypercall { call: Hypercall, result: i32 },
-    /// MMIO access (nothing is mapped there; reads return all ones).
-    Mmio { addr: u64, write: bool },
+    /// MMIO access (nothing is mapped there; reads return all ones). A
+    /// read completes on the next entry, like `IN`.
+    Mmio {
+        addr: u64,
+        size: u8,
+        write: bool,
+        value: u64,
+    },
     /// The guest executed HLT outside single-stepping.
     Halt,
     /// `KVM_RUN` returned without running anything (a kick).
@@ -109,6 +115,10 @@ pub trait Monitor {
         Directive::Continue
     }
 
+    /// The guest logged `text` with the LOG hypercall (reported right after
+    /// the hypercall's exit).
+    fn guest_log(&mut self, _text: &str) {}
+
     /// Whether the VMM should deliver interrupts through the guest's IDT
     /// itself (so that a stepped guest enters the handler under stepping on
     /// every host) rather than queue them with `KVM_INTERRUPT`.
@@ -119,8 +129,10 @@ pub trait Monitor {
     /// The VMM injected external interrupt `vector` (from ISA `irq`).
     fn on_inject(&mut self, _vector: u8, _irq: u8, _how: Injection, _cpu: &mut dyn CpuView) {}
 
-    /// The guest is about to stop running; last chance to record.
-    fn on_finish(&mut self, _cpu: &mut dyn CpuView) {}
+    /// The guest stops running: `failure` says why when it did not end
+    /// the way a guest may (triple fault, emulation failure...). Last chance
+    /// to record.
+    fn on_finish(&mut self, _cpu: &mut dyn CpuView, _failure: Option<&str>) {}
 }
 
 /// The VM with nothing attached.

@@ -69,8 +69,15 @@ enum Exit {
         data: [u8; 8],
         size: usize,
     },
-    MmioRead,
-    MmioWrite,
+    MmioRead {
+        addr: u64,
+        size: u8,
+    },
+    MmioWrite {
+        addr: u64,
+        size: u8,
+        value: u64,
+    },
     Halt,
     IrqWindow,
     Interrupted,
@@ -120,10 +127,17 @@ impl Vm {
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
-        monitor.on_finish(&mut KvmCpuView {
-            vcpu: &mut self.vcpu,
-            ram: &self.ram,
+        let failure = result.as_ref().err().map(|e| {
+            let text = e.to_string();
+            text.lines().next().unwrap_or_default().to_string()
         });
+        monitor.on_finish(
+            &mut KvmCpuView {
+                vcpu: &mut self.vcpu,
+                ram: &self.ram,
+            },
+            failure.as_deref(),
+        );
         let exit = result?;
         Ok(RunOutcome {
             exit,
@@ -163,7 +177,7 @@ impl Vm {
                 ram: &self.ram,
             });
             let exit = self.enter();
-            self.io_pending = matches!(exit, Exit::IoIn { .. } | Exit::MmioRead);
+            self.io_pending = matches!(exit, Exit::IoIn { .. } | Exit::MmioRead { .. });
             if let Next::Stop(exit) = self.serve(exit, rx, monitor, irqs)? {
                 return Ok(exit);
             }
@@ -406,12 +420,24 @@ impl Vm {
                     size,
                 }
             }
-            Ok(VcpuExit::MmioRead(_, data)) => {
+            Ok(VcpuExit::MmioRead(addr, data)) => {
                 // Nothing is mapped as MMIO: reads float high.
                 data.fill(0xff);
-                Exit::MmioRead
+                Exit::MmioRead {
+                    addr,
+                    size: data.len() as u8,
+                }
             }
-            Ok(VcpuExit::MmioWrite(..)) => Exit::MmioWrite,
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                let mut value = [0u8; 8];
+                let n = data.len().min(8);
+                value[..n].copy_from_slice(&data[..n]);
+                Exit::MmioWrite {
+                    addr,
+                    size: data.len() as u8,
+                    value: u64::from_le_bytes(value),
+                }
+            }
             Ok(VcpuExit::Hlt) => Exit::Halt,
             Ok(VcpuExit::IrqWindowOpen) => Exit::IrqWindow,
             Ok(VcpuExit::Shutdown) => Exit::Shutdown,
@@ -481,10 +507,25 @@ impl Vm {
                     },
                 );
             }
-            Exit::MmioRead | Exit::MmioWrite => {
-                self.note("mmio", 0);
-                let write = matches!(exit, Exit::MmioWrite);
-                self.tell(monitor, ExitView::Mmio { addr: 0, write });
+            Exit::MmioRead { addr, size } => {
+                self.note("mmio", addr);
+                let view = ExitView::Mmio {
+                    addr,
+                    size,
+                    write: false,
+                    value: u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8))),
+                };
+                self.tell(monitor, view);
+            }
+            Exit::MmioWrite { addr, size, value } => {
+                self.note("mmio", addr);
+                let view = ExitView::Mmio {
+                    addr,
+                    size,
+                    write: true,
+                    value,
+                };
+                self.tell(monitor, view);
             }
             Exit::Halt => {
                 self.note("hlt", 0);
@@ -582,6 +623,9 @@ impl Vm {
                         result: status,
                     },
                 );
+                if let Some(text) = self.hypercalls.take_log() {
+                    monitor.guest_log(&text);
+                }
                 Ok(Next::Continue)
             }
             HypercallOutcome::Exit(status) => Ok(Next::Stop(GuestExit::Status(status))),

@@ -50,6 +50,7 @@ pub struct HypercallPort {
     marks: BTreeMap<u64, MarkStats>,
     logs: u64,
     rejected: u64,
+    last_log: Option<String>,
 }
 
 impl HypercallPort {
@@ -74,6 +75,7 @@ impl HypercallPort {
                 Ok(text) => {
                     self.logs += 1;
                     log(&format!("guest: {text}"));
+                    self.last_log = Some(text);
                     status::OK
                 }
                 Err(code) => {
@@ -119,6 +121,11 @@ impl HypercallPort {
     /// Marks seen so far, by identifier.
     pub fn marks(&self) -> &BTreeMap<u64, MarkStats> {
         &self.marks
+    }
+
+    /// The text of the LOG call just served, once.
+    pub fn take_log(&mut self) -> Option<String> {
+        self.last_log.take()
     }
 
     /// Calls rejected for bad arguments or unknown commands.
