@@ -632,3 +632,50 @@ fn hotkeys_start_tracing_and_mark() {
     })));
     assert_eq!(info_json(&disk)["gaps"], 0);
 }
+
+#[test]
+fn combined_region_hypercall_traces_the_asked_passes() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "region.bin", vtrace_demo::test_guests::REGION);
+    let disk = dir.path().join("region.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "8M",
+        "--real-mode",
+        image.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let recs = records(&disk);
+    assert_eq!(
+        recs.first(),
+        Some(&Record::Event(Event::TraceStart(TraceReason::Hypercall {
+            pass: 2
+        })))
+    );
+    assert_eq!(
+        recs.last(),
+        Some(&Record::Event(Event::TraceStop(TraceReason::Hypercall {
+            pass: 4
+        })))
+    );
+    // ESI counts the passes: the traced ones end with 2 and 3.
+    let esi: std::collections::BTreeSet<u64> = recs
+        .iter()
+        .filter_map(|r| {
+            if let Record::Step(s) = r {
+                Some(s.regs.gpr[6])
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(esi.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(info_json(&disk)["gaps"], 0);
+}

@@ -22,6 +22,7 @@
 #define VTRACE_CMD_MARK        0x03
 #define VTRACE_CMD_TRACE_START 0x10
 #define VTRACE_CMD_TRACE_STOP  0x11
+#define VTRACE_CMD_TRACE_REGION 0x12
 
 #define VTRACE_OK              0
 #define VTRACE_UNKNOWN_COMMAND (-1)
@@ -72,6 +73,13 @@ static inline int vtrace_trace_start(unsigned long pass)
 static inline int vtrace_trace_stop(unsigned long pass)
 {
     return vtrace_hypercall(VTRACE_CMD_TRACE_STOP, pass, 0, 0, 0);
+}
+
+/* Start on the start_pass-th call, stop on the (start_pass + passes)-th:
+ * one call at the top of a loop traces `passes` iterations. */
+static inline int vtrace_trace_region(unsigned long start_pass, unsigned long passes)
+{
+    return vtrace_hypercall(VTRACE_CMD_TRACE_REGION, start_pass, passes, 0, 0);
 }
 
 #endif /* __ASSEMBLER__ */

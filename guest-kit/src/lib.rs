@@ -47,6 +47,10 @@ pub mod cmd {
     pub const TRACE_START: u32 = 0x10;
     /// Stops tracing on the arg0-th call after tracing started.
     pub const TRACE_STOP: u32 = 0x11;
+    /// The combined form, for one call site in a loop: tracing starts on
+    /// the arg0-th call and stops on the (arg0 + arg1)-th, so it covers
+    /// arg1 passes of the loop.
+    pub const TRACE_REGION: u32 = 0x12;
 }
 
 /// Results, returned in `EAX`. Errors are small negative numbers.

@@ -108,6 +108,9 @@ pub struct Tracer {
     /// The START hypercall's pass count fires once per run.
     start_fired: bool,
     stop_calls: u64,
+    region_calls: u64,
+    /// The call count at which a TRACE_REGION started tracing stops it.
+    region_stop: Option<u64>,
     marks: u64,
     /// Armed hardware breakpoints (the start address until it fires).
     breakpoints: Vec<u64>,
@@ -124,6 +127,8 @@ impl Tracer {
             start_calls: 0,
             start_fired: false,
             stop_calls: 0,
+            region_calls: 0,
+            region_stop: None,
             marks: 0,
             breakpoints: Vec::new(),
         };
@@ -273,6 +278,19 @@ impl Monitor for Tracer {
                     self.start(TraceReason::Hypercall {
                         pass: self.start_calls,
                     });
+                }
+                Some(status::OK)
+            }
+            cmd::TRACE_REGION => {
+                self.region_calls += 1;
+                let n = self.region_calls;
+                let (start, passes) = (call.args[0].max(1), call.args[1]);
+                if self.region_stop == Some(n) && !self.options.from_start {
+                    self.region_stop = None;
+                    self.stop(TraceReason::Hypercall { pass: n });
+                } else if n == start && !self.active {
+                    self.start(TraceReason::Hypercall { pass: n });
+                    self.region_stop = (passes > 0).then(|| start.saturating_add(passes));
                 }
                 Some(status::OK)
             }

@@ -38,6 +38,10 @@ pub mod test_guests {
     /// Exit status of [`EXCEPTION`].
     pub const EXCEPTION_STATUS: i32 = 7;
 
+    /// Real mode (load at 0x7c00): five passes of a loop, each starting
+    /// with TRACE_REGION(2, 2) and setting ESI to the pass number; exits 0.
+    pub const REGION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/region.bin"));
+
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }

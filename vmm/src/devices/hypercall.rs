@@ -95,7 +95,13 @@ impl HypercallPort {
             }
             other => match monitor.hypercall(&call) {
                 Some(code) => code,
-                None if matches!(other, cmd::TRACE_START | cmd::TRACE_STOP) => status::UNAVAILABLE,
+                None if matches!(
+                    other,
+                    cmd::TRACE_START | cmd::TRACE_STOP | cmd::TRACE_REGION
+                ) =>
+                {
+                    status::UNAVAILABLE
+                }
                 None => {
                     self.rejected += 1;
                     log(&format!(
