@@ -103,6 +103,7 @@ fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
         autostop: args.autostop.0.clone(),
         start_at: args.start_at,
         stop_at: args.stop_at,
+        trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
     };
     Ok(Some(Tracer::new(Recorder::start(disk), options)))
 }

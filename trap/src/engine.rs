@@ -156,6 +156,50 @@ impl Engine {
         self.last_exception.take()
     }
 
+    /// Where the handler of `vector` starts, from the guest's IDT.
+    pub fn handler_of(&mut self, vector: u8, cpu: &mut dyn CpuView) -> Option<u64> {
+        let sregs = cpu.sregs();
+        gate(cpu, &mut self.walker, &sregs, vector).map(|g| g.handler)
+    }
+
+    /// On hosts that step with TF: execution reached the entry of the
+    /// handler for exception `vector` (a breakpoint there fired before its
+    /// first instruction). The CPU delivered the exception, so the pending
+    /// instruction did not complete; the handler is stepped from here.
+    pub fn exception_entry(
+        &mut self,
+        vector: u8,
+        handler: u64,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        if !self.started {
+            return;
+        }
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        // At the handler's entry the error code is on top of the stack.
+        let error_code = has_error_code(vector)
+            .then(|| {
+                let mut b = [0u8; 4];
+                (self.walker.read(cpu, &sregs, regs.rsp, &mut b) == 4)
+                    .then(|| u32::from_le_bytes(b))
+            })
+            .flatten();
+        self.stats.exceptions += 1;
+        self.last_exception = Some(vector);
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code,
+            source: InterruptSource::ReportedByKvm,
+        });
+        self.injected = None;
+        self.deferred.clear();
+        self.completing = false;
+        self.last_rsp = regs.rsp;
+        self.pending = Some(self.fetch(cpu, &sregs, handler));
+    }
+
     /// Records `event` right after the step of the instruction now
     /// completing (a hypercall's LOG text, say).
     pub fn defer_event(&mut self, event: Event) {
@@ -435,45 +479,9 @@ mod tests {
     //! The engine against a fake vCPU: flat guest memory with an identity
     //! map, registers set by hand to what each kind of host reports.
     use super::*;
-    use crate::walker::tests::FlatCpu;
     use vtrace_vmm::devices::hypercall::Hypercall;
 
-    const CODE: u64 = 0x10000;
-    const IDT: u64 = 0x20000;
-    const TIMER_HANDLER: u64 = 0x30000;
-    const PF_HANDLER: u64 = 0x31000;
-    const STACK: u64 = 0x80000;
-
-    /// Long mode, CPL 0, the first 2 MiB identity-mapped, an IDT with a
-    /// timer handler (vector 32) and a page-fault handler (vector 14).
-    fn machine(code: &[u8]) -> FlatCpu {
-        let mut cpu = FlatCpu::new(0x20_0000);
-        cpu.put_u64(0x1000, 0x2000 | 3);
-        cpu.put_u64(0x2000, 0x3000 | 3);
-        cpu.put_u64(0x3000, 0x83);
-        cpu.sregs.cr0 = 0x8000_0011;
-        cpu.sregs.cr3 = 0x1000;
-        cpu.sregs.cr4 = 0x20;
-        cpu.sregs.efer = 0x500;
-        cpu.sregs.cs.l = 1;
-        cpu.sregs.cs.selector = 0x08;
-        cpu.sregs.idt.base = IDT;
-        cpu.sregs.idt.limit = 0xfff;
-        for (vector, handler) in [(32u64, TIMER_HANDLER), (14, PF_HANDLER)] {
-            let lo =
-                (handler & 0xffff) | (0x08 << 16) | (0x8e << 40) | ((handler & 0xffff_0000) << 32);
-            cpu.put_u64(IDT + vector * 16, lo);
-            cpu.put_u64(IDT + vector * 16 + 8, handler >> 32);
-        }
-        // Both handlers start with `push 0` (2 bytes), then iretq.
-        cpu.put(TIMER_HANDLER, &[0x6a, 0x00, 0x48, 0xcf]);
-        cpu.put(PF_HANDLER, &[0x6a, 0x0e, 0x48, 0xcf]);
-        cpu.put(CODE, code);
-        cpu.regs.rip = CODE;
-        cpu.regs.rsp = STACK;
-        cpu.regs.rflags = 0x202;
-        cpu
-    }
+    use crate::walker::tests::{machine, FlatCpu, CODE, PF_HANDLER, STACK, TIMER_HANDLER};
 
     fn steps(recs: &[Record]) -> Vec<u64> {
         recs.iter()
@@ -616,6 +624,34 @@ mod tests {
             "the faulting store did not run"
         );
         assert_eq!(e.take_exception(), Some(14));
+    }
+
+    #[test]
+    fn exception_caught_at_its_handler_entry_on_a_trap_flag_host() {
+        // mov [rax], al faults; on a TF host the CPU runs the delivery and a
+        // breakpoint on the handler's entry stops it there.
+        let mut cpu = machine(&[0x88, 0x00, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        assert_eq!(e.handler_of(14, &mut cpu), Some(PF_HANDLER));
+        cpu.put_u64(STACK - 48, 0x6);
+        cpu.regs.rip = PF_HANDLER;
+        cpu.regs.rsp = STACK - 48;
+        e.exit(&ExitView::Debug { breakpoint: true }, &mut cpu, &mut out);
+        e.exception_entry(14, PF_HANDLER, &mut cpu, &mut out);
+        assert_eq!(
+            out,
+            vec![Record::Event(Event::Interrupt {
+                vector: 14,
+                error_code: Some(6),
+                source: InterruptSource::ReportedByKvm
+            })]
+        );
+        // Stepping on from the entry records the handler from its first
+        // instruction, and the faulting store was never recorded.
+        debug_exit(&mut e, &mut cpu, PF_HANDLER + 2, &mut out);
+        assert_eq!(steps(&out), vec![PF_HANDLER]);
+        assert_eq!(e.stats().gaps, 0);
     }
 
     #[test]

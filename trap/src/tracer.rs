@@ -23,7 +23,14 @@ pub struct TraceOptions {
     pub start_at: Option<u64>,
     /// Stop when execution reaches this linear address (before it runs).
     pub stop_at: Option<u64>,
+    /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
+    /// exception handlers with breakpoints so they are traced too.
+    pub trap_flag_host: bool,
 }
+
+/// Exceptions whose handlers a TF host watches, most frequent first (four
+/// debug registers, one of which `--start-at` may need).
+const WATCHED_EXCEPTIONS: [u8; 4] = [14, 13, 6, 0];
 
 /// Exceptions that stop tracing by default, after the old tracer: divide
 /// error, NMI, breakpoint, overflow, BOUND, invalid opcode, double fault,
@@ -85,6 +92,7 @@ impl Default for TraceOptions {
             autostop: DEFAULT_AUTOSTOP.to_vec(),
             start_at: None,
             stop_at: None,
+            trap_flag_host: false,
         }
     }
 }
@@ -112,8 +120,11 @@ pub struct Tracer {
     /// The call count at which a TRACE_REGION started tracing stops it.
     region_stop: Option<u64>,
     marks: u64,
-    /// Armed hardware breakpoints (the start address until it fires).
+    /// Armed hardware breakpoints: the start address until it fires, and
+    /// on TF hosts the watched exception handlers while tracing.
     breakpoints: Vec<u64>,
+    /// Watched exception handlers: (entry, vector).
+    handlers: Vec<(u64, u8)>,
 }
 
 impl Tracer {
@@ -131,6 +142,7 @@ impl Tracer {
             region_stop: None,
             marks: 0,
             breakpoints: Vec::new(),
+            handlers: Vec::new(),
         };
         if let Some(at) = tracer.options.start_at {
             tracer.breakpoints.push(at);
@@ -164,6 +176,7 @@ impl Tracer {
         self.stop_reason = Some(reason);
         self.active = false;
         self.engine.end();
+        self.unwatch_handlers();
         true
     }
 
@@ -177,6 +190,24 @@ impl Tracer {
             writer,
             stop_reason,
         })
+    }
+
+    /// Sets the breakpoints a TF host needs (start address, handlers).
+    fn watch_handlers(&mut self, cpu: &mut dyn CpuView) {
+        let room = 4 - self.breakpoints.len().min(4);
+        self.handlers = WATCHED_EXCEPTIONS
+            .iter()
+            .filter_map(|&v| self.engine.handler_of(v, cpu).map(|h| (h, v)))
+            .take(room)
+            .collect();
+        self.breakpoints
+            .extend(self.handlers.iter().map(|(h, _)| *h));
+    }
+
+    fn unwatch_handlers(&mut self) {
+        let handlers = std::mem::take(&mut self.handlers);
+        self.breakpoints
+            .retain(|b| !handlers.iter().any(|(h, _)| h == b));
     }
 
     fn check_limits(&mut self) {
@@ -206,6 +237,9 @@ impl Monitor for Tracer {
     fn before_entry(&mut self, cpu: &mut dyn CpuView) {
         if self.active && !self.engine.started() {
             self.engine.begin(cpu);
+            if self.options.trap_flag_host {
+                self.watch_handlers(cpu);
+            }
         }
     }
 
@@ -224,6 +258,15 @@ impl Monitor for Tracer {
         }
         if !self.active {
             return Directive::Continue;
+        }
+        if let ExitView::Debug { breakpoint: true } = exit {
+            let pc = cpu.regs().rip;
+            if let Some(&(handler, vector)) = self.handlers.iter().find(|(h, _)| *h == pc) {
+                self.engine
+                    .exception_entry(vector, handler, cpu, &mut self.recorder);
+                self.check_limits();
+                return Directive::ReArm;
+            }
         }
         let directive = self.engine.exit(exit, cpu, &mut self.recorder);
         self.check_limits();
@@ -375,5 +418,54 @@ impl Monitor for Tracer {
             ('t', "start or stop tracing"),
             ('m', "record a mark in the trace"),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::walker::tests::{machine, PF_HANDLER};
+    use vtrace_storage::disk::DiskWriter;
+
+    fn tracer(dir: &std::path::Path, options: TraceOptions) -> Tracer {
+        let disk = DiskWriter::create(&dir.join("t.vtd"), 1 << 20, 64 << 10, false, "").unwrap();
+        Tracer::new(Recorder::start(disk), options)
+    }
+
+    #[test]
+    fn a_trap_flag_host_watches_exception_handlers_while_tracing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cpu = machine(&[0x88, 0x00, 0x90]);
+        let options = TraceOptions {
+            from_start: true,
+            trap_flag_host: true,
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        assert!(t.breakpoints().is_empty(), "nothing before the first entry");
+        t.before_entry(&mut cpu);
+        // The machine's IDT has handlers for #PF only among the watched.
+        assert_eq!(t.breakpoints(), &[PF_HANDLER]);
+        // The #PF handler's breakpoint fires: recorded, and stepping re-armed.
+        cpu.regs.rip = PF_HANDLER;
+        let d = t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
+        assert_eq!(d, Directive::ReArm);
+        assert_eq!(t.engine.stats().exceptions, 1);
+        // Stopping removes the watch.
+        t.stop(TraceReason::Control);
+        assert!(t.breakpoints().is_empty());
+    }
+
+    #[test]
+    fn an_emulating_host_needs_no_handler_breakpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cpu = machine(&[0x90]);
+        let options = TraceOptions {
+            from_start: true,
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        t.before_entry(&mut cpu);
+        assert!(t.breakpoints().is_empty());
     }
 }

@@ -192,6 +192,43 @@ pub(crate) mod tests {
         }
     }
 
+    pub const CODE: u64 = 0x10000;
+    const IDT: u64 = 0x20000;
+    pub const TIMER_HANDLER: u64 = 0x30000;
+    pub const PF_HANDLER: u64 = 0x31000;
+    pub const STACK: u64 = 0x80000;
+
+    /// Long mode, CPL 0, the first 2 MiB identity-mapped, an IDT with a
+    /// timer handler (vector 32) and a page-fault handler (vector 14).
+    pub fn machine(code: &[u8]) -> FlatCpu {
+        let mut cpu = FlatCpu::new(0x20_0000);
+        cpu.put_u64(0x1000, 0x2000 | 3);
+        cpu.put_u64(0x2000, 0x3000 | 3);
+        cpu.put_u64(0x3000, 0x83);
+        cpu.sregs.cr0 = 0x8000_0011;
+        cpu.sregs.cr3 = 0x1000;
+        cpu.sregs.cr4 = 0x20;
+        cpu.sregs.efer = 0x500;
+        cpu.sregs.cs.l = 1;
+        cpu.sregs.cs.selector = 0x08;
+        cpu.sregs.idt.base = IDT;
+        cpu.sregs.idt.limit = 0xfff;
+        for (vector, handler) in [(32u64, TIMER_HANDLER), (14, PF_HANDLER)] {
+            let lo =
+                (handler & 0xffff) | (0x08 << 16) | (0x8e << 40) | ((handler & 0xffff_0000) << 32);
+            cpu.put_u64(IDT + vector * 16, lo);
+            cpu.put_u64(IDT + vector * 16 + 8, handler >> 32);
+        }
+        // Both handlers start with `push 0` (2 bytes), then iretq.
+        cpu.put(TIMER_HANDLER, &[0x6a, 0x00, 0x48, 0xcf]);
+        cpu.put(PF_HANDLER, &[0x6a, 0x0e, 0x48, 0xcf]);
+        cpu.put(CODE, code);
+        cpu.regs.rip = CODE;
+        cpu.regs.rsp = STACK;
+        cpu.regs.rflags = 0x202;
+        cpu
+    }
+
     #[test]
     fn four_level_with_4k_and_2m_pages() {
         let cpu = FlatCpu::new(0x20_0000);

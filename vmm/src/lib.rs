@@ -30,6 +30,7 @@ pub mod cpu;
 pub mod devices;
 pub mod diagnostics;
 mod error;
+pub mod host;
 mod kick;
 pub mod memory;
 pub mod monitor;

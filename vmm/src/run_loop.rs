@@ -542,7 +542,19 @@ impl Vm {
                 if !breakpoint {
                     self.clock.step();
                 }
-                match self.tell(monitor, ExitView::Debug { breakpoint }) {
+                let directive = self.tell(monitor, ExitView::Debug { breakpoint });
+                if breakpoint {
+                    // An instruction breakpoint fires before the instruction:
+                    // RF lets it run once without firing again.
+                    let mut regs = self.vcpu.regs();
+                    regs.rflags |= 1 << 16;
+                    self.vcpu
+                        .fd
+                        .set_regs(&regs)
+                        .map_err(Error::kvm("KVM_SET_REGS"))?;
+                    self.vcpu.synced = false;
+                }
+                match directive {
                     Directive::Halt => return self.halt(rx, monitor, irqs),
                     Directive::ReArm => self.rearm()?,
                     Directive::Continue => {}
