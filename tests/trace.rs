@@ -44,6 +44,31 @@ fn trace_demo(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, std::process:
     (disk, out)
 }
 
+/// Traces a real-mode test guest: `vtrace run --real-mode IMAGE --disk DISK`
+/// with `extra` options; returns the disk and the run's output.
+fn trace_real_mode(
+    dir: &Path,
+    image: &[u8],
+    name: &str,
+    extra: &[&str],
+) -> (PathBuf, std::process::Output) {
+    let image = write_guest(dir, &format!("{name}.bin"), image);
+    let disk = dir.join(format!("{name}.vtd"));
+    let mut args = vec![
+        "run",
+        "--no-input",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "8M",
+        "--real-mode",
+        image.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    (disk, out)
+}
+
 #[test]
 fn demo_traced_from_first_instruction_to_exit() {
     if !kvm_available() {
@@ -159,19 +184,12 @@ fn exact_trace_of_a_known_program() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let image = write_guest(dir.path(), "count.bin", vtrace_demo::test_guests::COUNT);
-    let disk = dir.path().join("count.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--trace",
-        "--disk",
-        disk.to_str().unwrap(),
-        "--disk-size",
-        "8M",
-        "--real-mode",
-        image.to_str().unwrap(),
-    ]);
+    let (disk, out) = trace_real_mode(
+        dir.path(),
+        vtrace_demo::test_guests::COUNT,
+        "count",
+        &["--trace"],
+    );
     assert_eq!(out.status.code(), Some(6), "3 + 2 + 1: {}", stderr(&out));
     // Instruction boundaries of the image, from its bytes.
     let mut decoder = iced_x86::Decoder::with_ip(16, vtrace_demo::test_guests::COUNT, 0x7c00, 0);
@@ -554,27 +572,17 @@ fn start_and_stop_at_addresses() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let image = write_guest(dir.path(), "count.bin", vtrace_demo::test_guests::COUNT);
     let mut decoder = iced_x86::Decoder::with_ip(16, vtrace_demo::test_guests::COUNT, 0x7c00, 0);
     let pcs: Vec<u64> = (0..5).map(|_| decoder.decode().ip()).collect();
-    let disk = dir.path().join("bp.vtd");
     // From the loop body (a hardware breakpoint) to the instruction after
     // the loop: the three add/loop pairs and nothing else.
     let (start, stop) = (format!("{:#x}", pcs[2]), format!("{:#x}", pcs[4]));
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--disk",
-        disk.to_str().unwrap(),
-        "--disk-size",
-        "8M",
-        "--real-mode",
-        image.to_str().unwrap(),
-        "--start-at",
-        &start,
-        "--stop-at",
-        &stop,
-    ]);
+    let (disk, out) = trace_real_mode(
+        dir.path(),
+        vtrace_demo::test_guests::COUNT,
+        "bp",
+        &["--start-at", &start, "--stop-at", &stop],
+    );
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     let got: Vec<u64> = records(&disk)
         .iter()
@@ -639,18 +647,7 @@ fn combined_region_hypercall_traces_the_asked_passes() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let image = write_guest(dir.path(), "region.bin", vtrace_demo::test_guests::REGION);
-    let disk = dir.path().join("region.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--disk",
-        disk.to_str().unwrap(),
-        "--disk-size",
-        "8M",
-        "--real-mode",
-        image.to_str().unwrap(),
-    ]);
+    let (disk, out) = trace_real_mode(dir.path(), vtrace_demo::test_guests::REGION, "region", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let recs = records(&disk);
     assert_eq!(

@@ -77,7 +77,8 @@ fn build_demo_os(src: &Path, include: &Path, out: &Path) {
         .arg(out.join("demo-os.elf")));
 }
 
-fn build_flat_binary(source: &Path, include: &Path, out: &Path, name: &str) {
+/// Assembles one source file of a small guest; returns the object.
+fn assemble(source: &Path, include: &Path, out: &Path, name: &str) -> PathBuf {
     let obj = out.join(format!("{name}.o"));
     run(Command::new(cc())
         .arg("-I")
@@ -86,6 +87,11 @@ fn build_flat_binary(source: &Path, include: &Path, out: &Path, name: &str) {
         .arg(source)
         .arg("-o")
         .arg(&obj));
+    obj
+}
+
+fn build_flat_binary(source: &Path, include: &Path, out: &Path, name: &str) {
+    let obj = assemble(source, include, out, name);
     run(Command::new("objcopy")
         .args(["-O", "binary", "-j", ".text"])
         .arg(&obj)
@@ -94,14 +100,7 @@ fn build_flat_binary(source: &Path, include: &Path, out: &Path, name: &str) {
 
 /// A PVH test guest from one assembly file, linked at 1 MiB.
 fn build_pvh_test_guest(source: &Path, script: &Path, include: &Path, out: &Path, name: &str) {
-    let obj = out.join(format!("{name}.o"));
-    run(Command::new(cc())
-        .arg("-I")
-        .arg(include)
-        .arg("-c")
-        .arg(source)
-        .arg("-o")
-        .arg(&obj));
+    let obj = assemble(source, include, out, name);
     run(Command::new(cc())
         .args(["-nostdlib", "-static", "-no-pie"])
         .arg(format!("-Wl,-T,{}", script.display()))
