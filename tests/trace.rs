@@ -16,6 +16,22 @@ fn records(path: &Path) -> Vec<Record> {
         .collect()
 }
 
+/// The steps of a trace, in order.
+fn steps_of(recs: &[Record]) -> Vec<&vtrace_storage::Step> {
+    recs.iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(s),
+            Record::Event(_) => None,
+        })
+        .collect()
+}
+
+/// The trace opens with `start` and closes with `stop`.
+fn assert_bracketed(recs: &[Record], start: TraceReason, stop: TraceReason) {
+    assert_eq!(recs.first(), Some(&Record::Event(Event::TraceStart(start))));
+    assert_eq!(recs.last(), Some(&Record::Event(Event::TraceStop(stop))));
+}
+
 fn info_json(path: &Path) -> serde_json::Value {
     let out = run(&["info", "--json", path.to_str().unwrap()]);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
@@ -84,16 +100,7 @@ fn demo_traced_from_first_instruction_to_exit() {
     assert!(info["steps"].as_u64().unwrap() > 100_000, "{info}");
 
     let recs = records(&disk);
-    let steps: Vec<_> = recs
-        .iter()
-        .filter_map(|r| {
-            if let Record::Step(s) = r {
-                Some(s)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let steps = steps_of(&recs);
     // PVH entry: the ELF's entry point, the first instruction of all.
     let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
     assert_eq!(steps[0].pc, elf.entry());
@@ -209,16 +216,15 @@ fn exact_trace_of_a_known_program() {
         (pcs[5], 1, 0, 6),
         (pcs[6], 1, 0, 6),
     ];
-    let got: Vec<(u64, u64, u64, u64)> = records(&disk)
+    let got: Vec<(u64, u64, u64, u64)> = steps_of(&records(&disk))
         .iter()
-        .filter_map(|r| match r {
-            Record::Step(s) => Some((
+        .map(|s| {
+            (
                 s.pc,
                 s.regs.gpr[0],
                 s.regs.gpr[1] & 0xffff_ffff,
                 s.regs.gpr[3],
-            )),
-            _ => None,
+            )
         })
         .collect();
     assert_eq!(got, expect);
@@ -238,17 +244,10 @@ fn guest_hypercalls_start_and_stop_with_pass_counts() {
     let (disk, out) = trace_demo(dir.path(), "roi.vtd", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let recs = records(&disk);
-    assert_eq!(
-        recs.first(),
-        Some(&Record::Event(Event::TraceStart(TraceReason::Hypercall {
-            pass: 3
-        })))
-    );
-    assert_eq!(
-        recs.last(),
-        Some(&Record::Event(Event::TraceStop(TraceReason::Hypercall {
-            pass: 2
-        })))
+    assert_bracketed(
+        &recs,
+        TraceReason::Hypercall { pass: 3 },
+        TraceReason::Hypercall { pass: 2 },
     );
     let calls: Vec<u32> = recs
         .iter()
@@ -584,16 +583,7 @@ fn start_and_stop_at_addresses() {
         &["--start-at", &start, "--stop-at", &stop],
     );
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
-    let got: Vec<u64> = records(&disk)
-        .iter()
-        .filter_map(|r| {
-            if let Record::Step(s) = r {
-                Some(s.pc)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let got: Vec<u64> = steps_of(&records(&disk)).iter().map(|s| s.pc).collect();
     assert_eq!(got, vec![pcs[2], pcs[3], pcs[2], pcs[3], pcs[2], pcs[3]]);
     let info = info_json(&disk);
     assert_eq!(info["start_reasons"][0], format!("address:{start}"));
@@ -650,29 +640,14 @@ fn combined_region_hypercall_traces_the_asked_passes() {
     let (disk, out) = trace_real_mode(dir.path(), vtrace_demo::test_guests::REGION, "region", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let recs = records(&disk);
-    assert_eq!(
-        recs.first(),
-        Some(&Record::Event(Event::TraceStart(TraceReason::Hypercall {
-            pass: 2
-        })))
-    );
-    assert_eq!(
-        recs.last(),
-        Some(&Record::Event(Event::TraceStop(TraceReason::Hypercall {
-            pass: 4
-        })))
+    assert_bracketed(
+        &recs,
+        TraceReason::Hypercall { pass: 2 },
+        TraceReason::Hypercall { pass: 4 },
     );
     // ESI counts the passes: the traced ones end with 2 and 3.
-    let esi: std::collections::BTreeSet<u64> = recs
-        .iter()
-        .filter_map(|r| {
-            if let Record::Step(s) = r {
-                Some(s.regs.gpr[6])
-            } else {
-                None
-            }
-        })
-        .collect();
+    let esi: std::collections::BTreeSet<u64> =
+        steps_of(&recs).iter().map(|s| s.regs.gpr[6]).collect();
     assert_eq!(esi.into_iter().collect::<Vec<_>>(), vec![1, 2, 3]);
     assert_eq!(info_json(&disk)["gaps"], 0);
 }
