@@ -8,6 +8,7 @@ use vtrace_vmm::{ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, 
 use std::path::PathBuf;
 
 use vtrace_storage::disk::DiskWriter;
+use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
 use vtrace_storage::Recorder;
 use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::clock::ClockMode;
@@ -76,8 +77,28 @@ fn summary(outcome: &RunOutcome) -> String {
     )
 }
 
+/// Which kernel image ran, recorded so `vtrace analyze` finds its symbols.
+fn kernel_identity(boot: &BootSource) -> (Option<String>, Option<String>) {
+    let image = match boot {
+        BootSource::Kernel { kernel, .. } => kernel,
+        BootSource::RealMode { image, .. } => image,
+    };
+    let name = match &image.path {
+        Some(path) => std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string(),
+        None => BUILTIN_DEMO.to_string(),
+    };
+    (Some(name), Some(image_id(&image.bytes)))
+}
+
 /// Creates the trace disk and the tracer, when the user asked for tracing.
-fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
+fn tracer(
+    args: &RunArgs,
+    description: &str,
+    kernel: (Option<String>, Option<String>),
+) -> Result<Option<Tracer>> {
     if !args.trace && args.disk.is_none() && args.start_at.is_none() {
         return Ok(None);
     }
@@ -85,11 +106,14 @@ fn tracer(args: &RunArgs, description: &str) -> Result<Option<Tracer>> {
         .disk
         .clone()
         .unwrap_or_else(|| PathBuf::from("vtrace.vtd"));
-    let metadata = format!(
-        "guest: {description}\nclock: {:?}\nvtrace: {}",
-        clock_mode(args),
-        env!("CARGO_PKG_VERSION")
-    );
+    let metadata = TraceMetadata {
+        guest: description.to_string(),
+        kernel: kernel.0,
+        kernel_id: kernel.1,
+        clock: Some(clock_mode(args).to_string()),
+        vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+    }
+    .to_text();
     let disk = DiskWriter::create(
         &path,
         args.disk_size,
@@ -119,8 +143,10 @@ fn clock_mode(args: &RunArgs) -> ClockMode {
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
+    let boot = boot_source(&args)?;
+    let kernel = kernel_identity(&boot);
     let config = VmConfig {
-        boot: boot_source(&args)?,
+        boot,
         memory: args.memory,
         cpu: cpu_profile(&args),
         console: if args.no_input {
@@ -151,7 +177,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     });
     let config = VmConfig { control, ..config };
     let mut vm = Vm::new(config)?;
-    let mut tracer = tracer(&args, vm.boot_description())?;
+    let mut tracer = tracer(&args, vm.boot_description(), kernel)?;
     if !args.quiet {
         user_message(&format!("vtrace: booting {}", vm.boot_description()));
         if let Some(line) = &control_line {

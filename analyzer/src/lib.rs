@@ -1,4 +1,10 @@
-//! Offline analysis of trace disks: symbols, listings, nest diagrams,
-//! statistics and pictures.
+//! Offline analysis of vtrace traces.
 //!
-//! Filled in by the analyzer issue.
+//! The analyzer reads a trace disk through `vtrace-storage` and turns it
+//! into listings, nest diagrams of call levels, address-space tables,
+//! statistics, flame graphs, Perfetto timelines and an HTML report.
+//! Segments decode independently, so per-step work runs in parallel across
+//! them ([`input`]); analyses that follow the call stack see the steps in
+//! order through the level engine ([`levels`]).
+
+pub mod symbols;

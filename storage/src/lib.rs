@@ -9,6 +9,7 @@
 pub mod codec;
 pub mod digest;
 pub mod disk;
+pub mod metadata;
 pub mod reader;
 pub mod record;
 pub mod segment;

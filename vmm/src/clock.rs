@@ -52,6 +52,17 @@ impl ClockMode {
     }
 }
 
+/// Spelled the way [`ClockMode::parse`] reads it.
+impl std::fmt::Display for ClockMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClockMode::Wall => write!(f, "wall"),
+            ClockMode::Prescaled(n) => write!(f, "prescale:{n}"),
+            ClockMode::Steps(n) => write!(f, "steps:{n}"),
+        }
+    }
+}
+
 /// The VM's one source of time.
 #[derive(Debug)]
 pub struct VirtualClock {

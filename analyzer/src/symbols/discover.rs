@@ -1,0 +1,152 @@
+//! Finding the symbols of the kernel a trace recorded, without being told.
+
+use std::path::{Path, PathBuf};
+
+use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
+
+use super::{Scope, Symbolizer};
+
+/// What [`discover`] loaded and what it could not.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    pub loaded: Vec<String>,
+    /// Things a user should know: a kernel that changed since the run, a
+    /// kernel with no symbols anywhere we looked.
+    pub warnings: Vec<String>,
+}
+
+/// Files that may hold the symbols of a kernel image at `kernel`, best
+/// first: the image itself when it is an ELF, a debug vmlinux from the
+/// distribution's debug package, then System.map files beside it (the
+/// Debian and Fedora layout: /boot/vmlinuz-V with /boot/System.map-V).
+fn candidates(kernel: &Path) -> Vec<PathBuf> {
+    let mut out = vec![kernel.to_path_buf()];
+    let dir = kernel.parent().unwrap_or(Path::new("."));
+    let name = kernel
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(version) = name
+        .strip_prefix("vmlinuz-")
+        .or_else(|| name.strip_prefix("vmlinux-"))
+    {
+        out.push(PathBuf::from(format!("/usr/lib/debug/boot/vmlinux-{version}")));
+        out.push(PathBuf::from(format!("/usr/lib/debug/lib/modules/{version}/vmlinux")));
+        out.push(dir.join(format!("System.map-{version}")));
+    }
+    out.push(dir.join("System.map"));
+    out
+}
+
+fn is_elf_with_symbols(path: &Path) -> bool {
+    std::fs::read(path)
+        .ok()
+        .filter(|b| b.starts_with(b"\x7fELF"))
+        .is_some_and(|b| super::parse_elf(&b, "").is_ok())
+}
+
+/// Loads the symbols of the kernel `metadata` names into `symbols`.
+/// `builtin` maps the `kernel` value of built-in guests to their ELF bytes
+/// (the CLI passes the demo OS it embeds).
+pub fn discover(
+    metadata: &TraceMetadata,
+    builtin: &[(&str, &[u8])],
+    symbols: &mut Symbolizer,
+) -> Discovery {
+    let mut d = Discovery::default();
+    let Some(kernel) = metadata.kernel.as_deref() else {
+        d.warnings.push(
+            "the trace does not say which kernel ran (it predates that record); \
+             give its symbols with --symbols FILE"
+                .into(),
+        );
+        return d;
+    };
+    if let Some((_, bytes)) = builtin.iter().find(|(k, _)| *k == kernel) {
+        if metadata.kernel_id.as_deref().is_some_and(|id| id != image_id(bytes)) {
+            d.warnings.push(format!(
+                "this trace ran a different build of the {} than this vtrace embeds \
+                 (vtrace {} wrote it): symbols may be wrong",
+                if kernel == BUILTIN_DEMO { "demo OS" } else { kernel },
+                metadata.vtrace_version.as_deref().unwrap_or("of unknown version"),
+            ));
+        }
+        match symbols.add_elf(bytes, "built-in demo OS", Scope::Any) {
+            Ok(()) => d.loaded.push("built-in demo OS (ELF symbols and DWARF lines)".into()),
+            Err(e) => d.warnings.push(e.to_string()),
+        }
+        return d;
+    }
+    let kernel = Path::new(kernel);
+    if let (Some(id), Ok(bytes)) = (&metadata.kernel_id, std::fs::read(kernel)) {
+        if *id != image_id(&bytes) {
+            d.warnings.push(format!(
+                "{} changed since it was traced: symbols found for it may be wrong",
+                kernel.display()
+            ));
+        }
+    }
+    for path in candidates(kernel) {
+        let usable = if path == kernel {
+            is_elf_with_symbols(&path)
+        } else {
+            path.is_file()
+        };
+        if !usable {
+            continue;
+        }
+        match symbols.add_file(&path, Scope::Any) {
+            Ok(()) => {
+                d.loaded.push(path.display().to_string());
+                return d;
+            }
+            Err(e) => d.warnings.push(e.to_string()),
+        }
+    }
+    d.warnings.push(format!(
+        "no symbols found for {} (looked for an ELF image, a debug vmlinux and \
+         System.map beside it): give them with --symbols FILE",
+        kernel.display()
+    ));
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_system_map_beside_a_bzimage() {
+        let dir = std::env::temp_dir().join(format!("vtrace-discover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kernel = dir.join("vmlinuz-9.9-test");
+        std::fs::write(&kernel, b"MZ not an elf").unwrap();
+        std::fs::write(dir.join("System.map-9.9-test"), "ffffffff81000000 T _stext\n").unwrap();
+        let meta = TraceMetadata {
+            kernel: Some(kernel.display().to_string()),
+            kernel_id: Some(image_id(b"MZ not an elf")),
+            ..Default::default()
+        };
+        let mut s = Symbolizer::new();
+        let d = discover(&meta, &[], &mut s);
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert_eq!(s.format(0xffffffff81000004, 0), "_stext+0x4");
+        std::fs::write(&kernel, b"MZ rebuilt").unwrap();
+        let d = discover(&meta, &[], &mut Symbolizer::new());
+        assert!(d.warnings[0].contains("changed since"), "{:?}", d.warnings);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_demo_os_comes_from_the_builtin_list() {
+        let meta = TraceMetadata {
+            kernel: Some(BUILTIN_DEMO.into()),
+            kernel_id: Some(image_id(vtrace_demo::DEMO_OS_ELF)),
+            ..Default::default()
+        };
+        let mut s = Symbolizer::new();
+        let d = discover(&meta, &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)], &mut s);
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert!(s.func_count() > 50);
+    }
+}

@@ -1,0 +1,100 @@
+//! Code symbols from an ELF file's symbol table.
+
+use object::{Object, ObjectSection, ObjectSymbol, SectionFlags, SectionIndex, SymbolKind};
+
+use super::table::{Symbol, SymbolTable};
+use super::SymbolError;
+
+const SHF_EXECINSTR: u64 = 0x4;
+
+fn executable(section: &object::Section<'_, '_>) -> bool {
+    match section.flags() {
+        SectionFlags::Elf { sh_flags } => sh_flags & SHF_EXECINSTR != 0,
+        _ => section.kind() == object::SectionKind::Text,
+    }
+}
+
+/// Reads the code symbols of an ELF image: functions, and the untyped
+/// labels assembly code defines in executable sections (interrupt stubs
+/// such as `isr32` are labels, not functions). Falls back to the dynamic
+/// symbol table when the image is stripped of `.symtab`.
+pub fn parse_elf(bytes: &[u8], origin: &str) -> Result<SymbolTable, SymbolError> {
+    let file = object::File::parse(bytes).map_err(|e| SymbolError::Elf {
+        origin: origin.to_string(),
+        reason: e.to_string(),
+    })?;
+    let code_sections: Vec<SectionIndex> = file
+        .sections()
+        .filter(|s| executable(s) && s.size() > 0)
+        .map(|s| s.index())
+        .collect();
+    let end = file
+        .sections()
+        .filter(|s| code_sections.contains(&s.index()))
+        .map(|s| s.address() + s.size())
+        .max();
+    // Preference among names at one address: global functions, other
+    // globals, local functions, other labels.
+    let mut ranked: Vec<(u8, Symbol)> = Vec::new();
+    let mut symbols: Vec<_> = file.symbols().collect();
+    if symbols.is_empty() {
+        symbols = file.dynamic_symbols().collect();
+    }
+    for s in symbols {
+        let Some(section) = s.section_index() else {
+            continue;
+        };
+        if !code_sections.contains(&section) {
+            continue;
+        }
+        let rank = match s.kind() {
+            SymbolKind::Text => 0,
+            SymbolKind::Unknown | SymbolKind::Label => 1,
+            _ => continue,
+        } + if s.is_global() { 0 } else { 2 };
+        let Ok(name) = s.name() else { continue };
+        if name.is_empty() || name.starts_with(".L") || name.starts_with('$') {
+            continue;
+        }
+        ranked.push((
+            rank,
+            Symbol {
+                start: s.address(),
+                size: s.size(),
+                name: name.to_string(),
+            },
+        ));
+    }
+    ranked.sort_by_key(|(rank, s)| (s.start, *rank));
+    let list: Vec<Symbol> = ranked.into_iter().map(|(_, s)| s).collect();
+    if list.is_empty() {
+        return Err(SymbolError::NoSymbols(origin.to_string()));
+    }
+    Ok(SymbolTable::new(list, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_os_has_its_functions_and_assembly_labels() {
+        let t = parse_elf(vtrace_demo::DEMO_OS_ELF, "demo").unwrap();
+        for name in ["pvh_start", "kmain", "schedule", "isr32", "isr_common", "trap"] {
+            assert!(
+                t.symbols().iter().any(|s| s.name == name),
+                "{name} missing"
+            );
+        }
+        let schedule = t.symbols().iter().find(|s| s.name == "schedule").unwrap();
+        assert!(schedule.size > 0);
+        let i = t.lookup(schedule.start + schedule.size - 1).unwrap();
+        assert_eq!(t.symbols()[i].name, "schedule");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let e = parse_elf(b"not an elf file at all", "junk").unwrap_err();
+        assert!(e.to_string().contains("junk"), "{e}");
+    }
+}

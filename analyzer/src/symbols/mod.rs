@@ -1,0 +1,264 @@
+//! Symbols: which routine an address belongs to, and its source line.
+//!
+//! A [`Symbolizer`] holds several sources at once (ELF images, System.map
+//! or `nm` output, kallsyms dumps), each for every address space or for one
+//! (a CR3 value). A lookup tries the sources for the step's address space
+//! first, then the global ones, in the order they were added.
+
+mod discover;
+mod elf;
+mod lines;
+mod map;
+mod table;
+
+use std::path::{Path, PathBuf};
+
+pub use discover::{discover, Discovery};
+pub use elf::parse_elf;
+pub use lines::LineTable;
+pub use map::parse_map;
+pub use table::{Symbol, SymbolTable};
+
+/// Problems loading symbols.
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolError {
+    #[error("cannot read symbols from {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin} is not a usable ELF file: {reason}")]
+    Elf { origin: String, reason: String },
+    #[error("{origin}:{line}: {reason}")]
+    Parse {
+        origin: String,
+        line: usize,
+        reason: String,
+    },
+    #[error("{0} has no code symbols (stripped?)")]
+    NoSymbols(String),
+    #[error("'{0}': an address space is a CR3 value in hex, such as 0x1000 or 1000")]
+    BadScope(String),
+}
+
+/// Which address spaces a source describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Any,
+    /// One address space, by its CR3 value (the low 12 flag bits ignored).
+    AddressSpace(u64),
+}
+
+/// The page-table root of a CR3 value: what tells address spaces apart.
+pub fn cr3_root(cr3: u64) -> u64 {
+    cr3 & !0xfff
+}
+
+impl Scope {
+    /// Parses the `@ASPACE` part of `--symbols FILE@ASPACE`.
+    pub fn parse(text: &str) -> Result<Scope, SymbolError> {
+        let digits = text.trim_start_matches("0x").trim_start_matches("0X");
+        u64::from_str_radix(digits, 16)
+            .map(|v| Scope::AddressSpace(cr3_root(v)))
+            .map_err(|_| SymbolError::BadScope(text.to_string()))
+    }
+
+    fn covers(self, cr3: u64) -> bool {
+        match self {
+            Scope::Any => true,
+            Scope::AddressSpace(root) => root == cr3_root(cr3),
+        }
+    }
+}
+
+/// One loaded source.
+#[derive(Debug)]
+pub struct Source {
+    /// Where the symbols came from, for messages.
+    pub origin: String,
+    pub scope: Scope,
+    pub table: SymbolTable,
+    pub lines: Option<LineTable>,
+    /// Global id of this source's first symbol.
+    first_id: u32,
+}
+
+/// A routine id: stable for one [`Symbolizer`], dense from 0, so analyses
+/// can count per routine in plain vectors.
+pub type FuncId = u32;
+
+/// The routine of code no source covers.
+pub const UNKNOWN_FUNC: FuncId = u32::MAX;
+
+/// What an address resolved to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resolved<'a> {
+    pub func: FuncId,
+    pub name: &'a str,
+    pub offset: u64,
+    /// The routine's address range as far as this source knows: an address
+    /// in `start..end` (same address space) resolves to the same routine.
+    pub start: u64,
+    pub end: u64,
+}
+
+/// All symbol sources of one analysis.
+#[derive(Debug, Default)]
+pub struct Symbolizer {
+    sources: Vec<Source>,
+    /// Index of the source owning each [`FuncId`], by first id.
+    total: u32,
+}
+
+impl Symbolizer {
+    pub fn new() -> Symbolizer {
+        Symbolizer::default()
+    }
+
+    pub fn add(&mut self, origin: &str, scope: Scope, table: SymbolTable, lines: Option<LineTable>) {
+        let first_id = self.total;
+        self.total += table.len() as u32;
+        self.sources.push(Source {
+            origin: origin.to_string(),
+            scope,
+            table,
+            lines,
+            first_id,
+        });
+    }
+
+    /// Adds an ELF image: its symbols and, when it has them, its lines.
+    pub fn add_elf(&mut self, bytes: &[u8], origin: &str, scope: Scope) -> Result<(), SymbolError> {
+        let table = parse_elf(bytes, origin)?;
+        let lines = LineTable::from_elf(bytes, origin)?;
+        self.add(origin, scope, table, lines);
+        Ok(())
+    }
+
+    /// Adds a file: an ELF image, or map text (System.map, nm, kallsyms).
+    pub fn add_file(&mut self, path: &Path, scope: Scope) -> Result<(), SymbolError> {
+        let bytes = std::fs::read(path).map_err(|source| SymbolError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let origin = path.display().to_string();
+        if bytes.starts_with(b"\x7fELF") {
+            self.add_elf(&bytes, &origin, scope)
+        } else {
+            let table = parse_map(&String::from_utf8_lossy(&bytes), &origin)?;
+            self.add(&origin, scope, table, None);
+            Ok(())
+        }
+    }
+
+    pub fn sources(&self) -> &[Source] {
+        &self.sources
+    }
+
+    /// Number of routine ids handed out.
+    pub fn func_count(&self) -> usize {
+        self.total as usize
+    }
+
+    fn candidates(&self, cr3: u64) -> impl Iterator<Item = &Source> {
+        let specific = self
+            .sources
+            .iter()
+            .filter(move |s| s.scope != Scope::Any && s.scope.covers(cr3));
+        specific.chain(self.sources.iter().filter(|s| s.scope == Scope::Any))
+    }
+
+    /// The routine containing `addr` in address space `cr3`.
+    pub fn resolve(&self, addr: u64, cr3: u64) -> Option<Resolved<'_>> {
+        for source in self.candidates(cr3) {
+            if let Some(i) = source.table.lookup(addr) {
+                let sym = &source.table.symbols()[i];
+                let end = source
+                    .table
+                    .get(i + 1)
+                    .map(|n| n.start)
+                    .or(source.table.range().map(|r| r.1))
+                    .unwrap_or(addr + 1);
+                return Some(Resolved {
+                    func: source.first_id + i as u32,
+                    name: &sym.name,
+                    offset: addr - sym.start,
+                    start: sym.start,
+                    end,
+                });
+            }
+        }
+        None
+    }
+
+    /// The name of a routine id ("?" for [`UNKNOWN_FUNC`]).
+    pub fn name(&self, func: FuncId) -> &str {
+        let Some(source) = self
+            .sources
+            .iter()
+            .rev()
+            .find(|s| s.first_id <= func && func < s.first_id + s.table.len() as u32)
+        else {
+            return "?";
+        };
+        source
+            .table
+            .get((func - source.first_id) as usize)
+            .map(|s| &s.name[..])
+            .unwrap_or("?")
+    }
+
+    /// `symbol+0xoff`, or the bare address when no source covers it.
+    pub fn format(&self, addr: u64, cr3: u64) -> String {
+        match self.resolve(addr, cr3) {
+            Some(r) if r.offset == 0 => r.name.to_string(),
+            Some(r) => format!("{}+{:#x}", r.name, r.offset),
+            None => format!("{addr:#x}"),
+        }
+    }
+
+    /// `file:line` of `addr`, from the first source with lines covering it.
+    pub fn line(&self, addr: u64, cr3: u64) -> Option<String> {
+        self.candidates(cr3)
+            .filter(|s| s.table.lookup(addr).is_some())
+            .find_map(|s| s.lines.as_ref()?.locate(addr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(entries: &[(u64, &str)]) -> SymbolTable {
+        SymbolTable::new(
+            entries
+                .iter()
+                .map(|(a, n)| Symbol {
+                    start: *a,
+                    size: 0,
+                    name: n.to_string(),
+                })
+                .collect(),
+            None,
+        )
+    }
+
+    #[test]
+    fn address_space_sources_come_before_global_ones() {
+        let mut s = Symbolizer::new();
+        s.add("kernel", Scope::Any, table(&[(0x1000, "kfunc")]), None);
+        s.add(
+            "task",
+            Scope::parse("0x5000").unwrap(),
+            table(&[(0x1000, "tfunc")]),
+            None,
+        );
+        assert_eq!(s.format(0x1004, 0x9000), "kfunc+0x4");
+        assert_eq!(s.format(0x1004, 0x5018), "tfunc+0x4");
+        assert_eq!(s.format(0x9_0000, 0x5018), "0x90000");
+        let r = s.resolve(0x1000, 0x5000).unwrap();
+        assert_eq!(s.name(r.func), "tfunc");
+        assert_eq!(s.name(UNKNOWN_FUNC), "?");
+        assert!(Scope::parse("cr3").is_err());
+    }
+}
