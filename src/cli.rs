@@ -31,6 +31,11 @@ pub enum Command {
     /// Summarize a trace disk: steps, events, gaps, how tracing started and
     /// stopped, disk use, and a digest (equal digests mean equal traces).
     Info(InfoArgs),
+    /// Analyze a trace disk offline: listings, nest diagrams of call
+    /// levels, address spaces, statistics, flame graphs, timelines and an
+    /// HTML report. Symbols of the traced kernel are found from what the
+    /// trace records; --symbols adds more.
+    Analyze(AnalyzeArgs),
     /// Measure the tracer: the bare single-step loop and full tracing of the
     /// demo OS, in one process (build with --release for real figures).
     Bench(BenchArgs),
@@ -196,4 +201,145 @@ pub struct RunArgs {
     /// KVM device to use.
     #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE)]
     pub kvm_device: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    #[command(subcommand)]
+    pub what: AnalyzeCommand,
+}
+
+/// What every analysis takes: the trace and where symbols come from.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The trace disk (written by `vtrace run --trace`).
+    pub trace: PathBuf,
+    /// More symbols: an ELF image, System.map, `nm` output or a kallsyms
+    /// dump, for every address space or, with @CR3 (hex), for one.
+    /// Repeatable; these come before the kernel's own symbols.
+    #[arg(long = "symbols", value_name = "FILE[@ASPACE]")]
+    pub symbols: Vec<String>,
+    /// Do not look for the traced kernel's symbols.
+    #[arg(long)]
+    pub no_kernel_symbols: bool,
+    /// No progress bar, even on a terminal.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AnalyzeCommand {
+    /// One line per step: number, address space, symbolised address,
+    /// bytes, disassembly, registers changed, and the events between steps.
+    Listing(ListingArgs),
+    /// The nest diagram: routine entries and exits indented by call depth,
+    /// with step counts (total and self), one block per big level
+    /// (interrupt, system call, address-space switch).
+    Nest(NestArgs),
+    /// The address spaces (CR3) seen: steps, switches, code ranges, and
+    /// the routines that ran in each.
+    Spaces(SpacesArgs),
+    /// Instruction mix, steps per routine (self and total), addressing
+    /// modes, memory locality, interrupts and interrupt-disabled stretches.
+    Stats(StatsArgs),
+    /// A flame graph (SVG) of steps by call stack.
+    Flame(OutArgs),
+    /// A Chrome/Perfetto trace-event JSON timeline: a track per address
+    /// space, an event per routine call, instants for interrupts.
+    Timeline(TimelineArgs),
+    /// One self-contained HTML page: summary, statistics, flame graph and a
+    /// collapsible nest diagram.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListingArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// First step to print.
+    #[arg(long, value_name = "N")]
+    pub from: Option<u64>,
+    /// Number of steps to print.
+    #[arg(long, value_name = "M")]
+    pub count: Option<u64>,
+    /// Write files of 500,000 steps each into DIR instead of printing.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Disassembly syntax.
+    #[arg(long, value_enum, default_value = "intel")]
+    pub syntax: SyntaxArg,
+    /// Leave out file:line (faster on big traces).
+    #[arg(long)]
+    pub no_lines: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SyntaxArg {
+    Intel,
+    Att,
+}
+
+#[derive(Debug, Args)]
+pub struct NestArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Write to FILE instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SpacesArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Print JSON (every table in full).
+    #[arg(long)]
+    pub json: bool,
+    /// Rows in each table of the text output.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct OutArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// The file to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct TimelineArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// The file to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Leave out routine calls shorter than this many steps (keeps the
+    /// file small enough for the viewer).
+    #[arg(long, default_value_t = 1, value_name = "STEPS")]
+    pub min_steps: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// The file to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Most nest-diagram lines the page holds (the rest is cut, with a
+    /// note); `vtrace analyze nest` has them all.
+    #[arg(long, default_value_t = 20_000, value_name = "LINES")]
+    pub nest_lines: usize,
 }

@@ -1,6 +1,7 @@
 //! `vtrace`: the command line. Parsing and wiring only; the work is in the
 //! library crates.
 
+mod analyze;
 mod bench;
 mod cli;
 mod ctl;
@@ -46,6 +47,7 @@ fn main() {
     let status = match cli.command {
         cli::Command::Run(args) => run::run(*args),
         cli::Command::Info(args) => info::info(args),
+        cli::Command::Analyze(args) => analyze::analyze(args),
         cli::Command::Bench(args) => bench::bench(args),
         cli::Command::Ctl(args) => ctl::ctl(args),
     };

@@ -7,4 +7,15 @@
 //! them ([`input`]); analyses that follow the call stack see the steps in
 //! order through the level engine ([`levels`]).
 
+pub mod error;
+pub mod flame;
+pub mod input;
+pub mod insn;
+pub mod levels;
+pub mod listing;
+pub mod nest;
+pub mod report;
+pub mod spaces;
+pub mod stats;
 pub mod symbols;
+pub mod timeline;

@@ -62,6 +62,8 @@ struct Pending {
     cpl: u8,
 }
 
+const RFLAGS_IF: u64 = 1 << 9;
+
 /// Counters for the run's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
@@ -69,6 +71,10 @@ pub struct EngineStats {
     pub gaps: u64,
     pub injected: u64,
     pub exceptions: u64,
+    /// Steps rebuilt after IRETQ (an STI shadow at the target).
+    pub folded_after_iret: u64,
+    /// Steps of IRETQ/STI/POPF rebuilt when an interrupt came right after.
+    pub folded_before_interrupt: u64,
 }
 
 /// See the module documentation.
@@ -87,6 +93,8 @@ pub struct Engine {
     completing: bool,
     /// Stack pointer before the pending instruction (exception frames).
     last_rsp: u64,
+    /// RFLAGS before the pending instruction.
+    last_rflags: u64,
     control: [u64; 4],
     stats: EngineStats,
     /// Vector of an exception seen at the last exit, for autostop.
@@ -130,6 +138,7 @@ impl Engine {
         let sregs = cpu.sregs();
         self.control = control(&sregs);
         self.last_rsp = regs.rsp;
+        self.last_rflags = regs.rflags;
         self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
         self.injected = None;
         self.deferred.clear();
@@ -197,6 +206,7 @@ impl Engine {
         self.deferred.clear();
         self.completing = false;
         self.last_rsp = regs.rsp;
+        self.last_rflags = regs.rflags;
         self.pending = Some(self.fetch(cpu, &sregs, handler));
     }
 
@@ -229,15 +239,33 @@ impl Engine {
             return;
         }
         self.stats.injected += 1;
+        let regs = cpu.regs();
+        self.ran_before_interrupt(&regs, sink);
         sink.event(&Event::Interrupt {
             vector,
             error_code: None,
             source: InterruptSource::Injected,
         });
-        let regs = cpu.regs();
         let sregs = cpu.sregs();
         self.last_rsp = regs.rsp;
+        self.last_rflags = regs.rflags;
         self.pending = Some(self.fetch(cpu, &sregs, handler));
+    }
+
+    /// An interrupt arrives. If interrupts were disabled before the pending
+    /// instruction and it is one that enables them (IRETQ, STI, POPF), it
+    /// must have run first, though its own exit was not seen: the
+    /// interrupt could come only after it. Its step is recorded with the
+    /// registers seen now (its own are not observable). Otherwise the
+    /// pending instruction has not run and runs after the handler.
+    fn ran_before_interrupt(&mut self, regs: &kvm_regs, sink: &mut dyn RecordSink) {
+        if let Some(p) = self.pending.take() {
+            if self.last_rflags & RFLAGS_IF == 0 && p.decoded.is_some_and(|d| d.enables_interrupts)
+            {
+                self.emit_step(&p, regs, sink);
+                self.stats.folded_before_interrupt += 1;
+            }
+        }
     }
 
     fn fetch(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, pc: u64) -> Pending {
@@ -297,6 +325,40 @@ impl Engine {
             Some(d) if d.explains(first.pc, next) => {}
             Some(d) => self.gap(d.expected(first.pc), next, sink),
             None => self.gap(first.pc, next, sink),
+        }
+    }
+
+    /// IRETQ lands on the RIP it popped. When the next exit reports a pc
+    /// one instruction further, that instruction ran without its own debug
+    /// exit: on KVM's emulator an STI (or MOV SS) at the target holds the
+    /// single-step trap back for one instruction, as its interrupt shadow
+    /// does on hardware. The folded step is rebuilt from guest memory (its
+    /// registers are those after both); anything else is a gap.
+    fn after_iretq(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        next: u64,
+        sink: &mut dyn RecordSink,
+    ) {
+        let mut popped = [0u8; 8];
+        if cpu_mode(sregs) != CpuMode::Long64
+            || self.walker.read(cpu, sregs, self.last_rsp, &mut popped) != 8
+        {
+            return;
+        }
+        let target = u64::from_le_bytes(popped);
+        if target == next {
+            return;
+        }
+        let folded = self.fetch(cpu, sregs, target);
+        match folded.decoded {
+            Some(d) if d.flow != Flow::Any && d.explains(target, next) => {
+                self.emit_step(&folded, regs, sink);
+                self.stats.folded_after_iret += 1;
+            }
+            _ => self.gap(target, next, sink),
         }
     }
 
@@ -393,6 +455,12 @@ impl Engine {
             self.injected.take()
         };
         if let Some(vector) = injected {
+            // With interrupts disabled before it, the pending instruction
+            // must have run first if it is what enabled them (IRETQ, STI,
+            // POPF): the interrupt came right after it, and its step is
+            // folded into this exit. Its registers are not seen on their
+            // own; the step carries these.
+            self.ran_before_interrupt(&regs, sink);
             sink.event(&Event::Interrupt {
                 vector,
                 error_code: None,
@@ -404,6 +472,9 @@ impl Engine {
             match p.decoded {
                 Some(d) if d.explains(p.pc, next) => {
                     self.emit_step(&p, &regs, sink);
+                    if d.iretq {
+                        self.after_iretq(cpu, &sregs, &regs, next, sink);
+                    }
                     if d.flow == Flow::Halt {
                         sink.event(&Event::Halt);
                         directive = Directive::Halt;
@@ -469,6 +540,7 @@ impl Engine {
         }
         self.control = now;
         self.last_rsp = regs.rsp;
+        self.last_rflags = regs.rflags;
         self.pending = Some(self.fetch(cpu, &sregs, next));
         directive
     }

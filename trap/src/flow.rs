@@ -35,6 +35,11 @@ pub struct Decoded {
     /// The instruction may clear RFLAGS.TF (SYSCALL, SYSENTER, POPF, IRET,
     /// SYSRET): where stepping rides on TF, it must be armed again.
     pub clears_tf: bool,
+    /// IRETQ: its target is the RIP it pops, so the engine can check that
+    /// the next step is there.
+    pub iretq: bool,
+    /// The instruction may set RFLAGS.IF (STI, IRET, POPF).
+    pub enables_interrupts: bool,
 }
 
 /// Decodes the instruction at the start of `bytes` (at address `ip`).
@@ -93,6 +98,17 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
         flow,
         flushes_tlb,
         clears_tf,
+        iretq: insn.mnemonic() == Mnemonic::Iretq,
+        enables_interrupts: matches!(
+            insn.mnemonic(),
+            Mnemonic::Sti
+                | Mnemonic::Iret
+                | Mnemonic::Iretd
+                | Mnemonic::Iretq
+                | Mnemonic::Popf
+                | Mnemonic::Popfd
+                | Mnemonic::Popfq
+        ),
     })
 }
 

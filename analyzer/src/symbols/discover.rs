@@ -30,8 +30,12 @@ fn candidates(kernel: &Path) -> Vec<PathBuf> {
         .strip_prefix("vmlinuz-")
         .or_else(|| name.strip_prefix("vmlinux-"))
     {
-        out.push(PathBuf::from(format!("/usr/lib/debug/boot/vmlinux-{version}")));
-        out.push(PathBuf::from(format!("/usr/lib/debug/lib/modules/{version}/vmlinux")));
+        out.push(PathBuf::from(format!(
+            "/usr/lib/debug/boot/vmlinux-{version}"
+        )));
+        out.push(PathBuf::from(format!(
+            "/usr/lib/debug/lib/modules/{version}/vmlinux"
+        )));
         out.push(dir.join(format!("System.map-{version}")));
     }
     out.push(dir.join("System.map"));
@@ -63,16 +67,29 @@ pub fn discover(
         return d;
     };
     if let Some((_, bytes)) = builtin.iter().find(|(k, _)| *k == kernel) {
-        if metadata.kernel_id.as_deref().is_some_and(|id| id != image_id(bytes)) {
+        if metadata
+            .kernel_id
+            .as_deref()
+            .is_some_and(|id| id != image_id(bytes))
+        {
             d.warnings.push(format!(
                 "this trace ran a different build of the {} than this vtrace embeds \
                  (vtrace {} wrote it): symbols may be wrong",
-                if kernel == BUILTIN_DEMO { "demo OS" } else { kernel },
-                metadata.vtrace_version.as_deref().unwrap_or("of unknown version"),
+                if kernel == BUILTIN_DEMO {
+                    "demo OS"
+                } else {
+                    kernel
+                },
+                metadata
+                    .vtrace_version
+                    .as_deref()
+                    .unwrap_or("of unknown version"),
             ));
         }
         match symbols.add_elf(bytes, "built-in demo OS", Scope::Any) {
-            Ok(()) => d.loaded.push("built-in demo OS (ELF symbols and DWARF lines)".into()),
+            Ok(()) => d
+                .loaded
+                .push("built-in demo OS (ELF symbols and DWARF lines)".into()),
             Err(e) => d.warnings.push(e.to_string()),
         }
         return d;
@@ -121,7 +138,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let kernel = dir.join("vmlinuz-9.9-test");
         std::fs::write(&kernel, b"MZ not an elf").unwrap();
-        std::fs::write(dir.join("System.map-9.9-test"), "ffffffff81000000 T _stext\n").unwrap();
+        std::fs::write(
+            dir.join("System.map-9.9-test"),
+            "ffffffff81000000 T _stext\n",
+        )
+        .unwrap();
         let meta = TraceMetadata {
             kernel: Some(kernel.display().to_string()),
             kernel_id: Some(image_id(b"MZ not an elf")),

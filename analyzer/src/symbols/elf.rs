@@ -80,11 +80,15 @@ mod tests {
     #[test]
     fn the_demo_os_has_its_functions_and_assembly_labels() {
         let t = parse_elf(vtrace_demo::DEMO_OS_ELF, "demo").unwrap();
-        for name in ["pvh_start", "kmain", "schedule", "isr32", "isr_common", "trap"] {
-            assert!(
-                t.symbols().iter().any(|s| s.name == name),
-                "{name} missing"
-            );
+        for name in [
+            "pvh_start",
+            "kmain",
+            "schedule",
+            "isr32",
+            "isr_common",
+            "trap",
+        ] {
+            assert!(t.symbols().iter().any(|s| s.name == name), "{name} missing");
         }
         let schedule = t.symbols().iter().find(|s| s.name == "schedule").unwrap();
         assert!(schedule.size > 0);

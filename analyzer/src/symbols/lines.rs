@@ -10,9 +10,11 @@ use super::SymbolError;
 
 type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
 
-/// The line table of one ELF image.
+/// The line table of one ELF image. addr2line parses units lazily through
+/// interior cells, so the context is not `Sync`; a mutex shares it between
+/// the listing's workers, which cache lines per address and rarely ask.
 pub struct LineTable {
-    context: addr2line::Context<Reader>,
+    context: std::sync::Mutex<addr2line::Context<Reader>>,
 }
 
 impl std::fmt::Debug for LineTable {
@@ -47,13 +49,16 @@ impl LineTable {
         let dwarf = gimli::Dwarf::load(load).map_err(|e| err(format!("DWARF: {e}")))?;
         let context =
             addr2line::Context::from_dwarf(dwarf).map_err(|e| err(format!("DWARF: {e}")))?;
-        Ok(Some(LineTable { context }))
+        Ok(Some(LineTable {
+            context: std::sync::Mutex::new(context),
+        }))
     }
 
     /// `file:line` of `addr`, with the file name shortened to its last two
     /// components (a listing line has no room for build paths).
     pub fn locate(&self, addr: u64) -> Option<String> {
-        let loc = self.context.find_location(addr).ok()??;
+        let context = self.context.lock().ok()?;
+        let loc = context.find_location(addr).ok()??;
         let file = loc.file?;
         let short: Vec<&str> = file.rsplit('/').take(2).collect();
         let short = short.into_iter().rev().collect::<Vec<_>>().join("/");
@@ -74,7 +79,11 @@ mod tests {
             .unwrap()
             .expect("the demo OS is built with -g");
         let table = super::super::elf::parse_elf(vtrace_demo::DEMO_OS_ELF, "demo").unwrap();
-        let schedule = table.symbols().iter().find(|s| s.name == "schedule").unwrap();
+        let schedule = table
+            .symbols()
+            .iter()
+            .find(|s| s.name == "schedule")
+            .unwrap();
         let at = lines.locate(schedule.start).unwrap();
         assert!(at.starts_with("os/sched.c:"), "{at}");
     }

@@ -115,7 +115,13 @@ impl Symbolizer {
         Symbolizer::default()
     }
 
-    pub fn add(&mut self, origin: &str, scope: Scope, table: SymbolTable, lines: Option<LineTable>) {
+    pub fn add(
+        &mut self,
+        origin: &str,
+        scope: Scope,
+        table: SymbolTable,
+        lines: Option<LineTable>,
+    ) {
         let first_id = self.total;
         self.total += table.len() as u32;
         self.sources.push(Source {

@@ -93,9 +93,18 @@ mod tests {
             Some(0x2010),
         );
         assert_eq!(t.lookup(0xfff), None);
-        assert_eq!(t.lookup(0x1000).map(|i| &t.symbols()[i].name[..]), Some("a"));
-        assert_eq!(t.lookup(0x1fff).map(|i| &t.symbols()[i].name[..]), Some("a"));
-        assert_eq!(t.lookup(0x200f).map(|i| &t.symbols()[i].name[..]), Some("b"));
+        assert_eq!(
+            t.lookup(0x1000).map(|i| &t.symbols()[i].name[..]),
+            Some("a")
+        );
+        assert_eq!(
+            t.lookup(0x1fff).map(|i| &t.symbols()[i].name[..]),
+            Some("a")
+        );
+        assert_eq!(
+            t.lookup(0x200f).map(|i| &t.symbols()[i].name[..]),
+            Some("b")
+        );
         assert_eq!(t.lookup(0x2010), None);
     }
 

@@ -1,0 +1,28 @@
+//! Flame graphs of steps by call stack, drawn by inferno.
+
+use std::io::Write;
+
+use crate::error::{AnalyzeError, Result};
+
+/// Folded stacks (`a;b;c count`), the format flame graph tools read.
+pub fn folded_lines(folded: &[(Vec<String>, u64)]) -> Vec<String> {
+    folded
+        .iter()
+        .filter(|(path, _)| !path.is_empty())
+        .map(|(path, count)| {
+            let names: Vec<String> = path.iter().map(|n| n.replace([';', ' '], "_")).collect();
+            format!("{} {count}", names.join(";"))
+        })
+        .collect()
+}
+
+/// Writes an SVG flame graph, widths in steps.
+pub fn write_svg(folded: &[(Vec<String>, u64)], title: &str, out: &mut impl Write) -> Result<()> {
+    let lines = folded_lines(folded);
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_string();
+    options.count_name = "steps".to_string();
+    options.hash = true;
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(|s| s.as_str()), out)
+        .map_err(|e| AnalyzeError::Flame(e.to_string()))
+}

@@ -1,0 +1,149 @@
+//! A trace opened for analysis, and parallel ordered decoding of its
+//! segments.
+
+use std::path::Path;
+use std::sync::mpsc::sync_channel;
+
+use rayon::prelude::*;
+use vtrace_storage::metadata::TraceMetadata;
+use vtrace_storage::reader::SegmentState;
+use vtrace_storage::{Record, TraceReader};
+
+use crate::error::Result;
+
+/// A segment that decodes, and where its steps sit in the trace.
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentInfo {
+    /// Index in the reader's segment list.
+    pub index: usize,
+    /// Global number of its first step.
+    pub first_step: u64,
+    pub steps: u64,
+}
+
+/// Progress of a long analysis: called with (steps done, steps in all).
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
+
+/// A progress callback that says nothing.
+pub fn no_progress(_: u64, _: u64) {}
+
+/// An open trace.
+pub struct Trace {
+    reader: TraceReader,
+    pub metadata: TraceMetadata,
+    /// Good segments in trace order.
+    pub segments: Vec<SegmentInfo>,
+    /// Segments skipped (damaged, torn, missing), in words for the user.
+    pub problems: Vec<String>,
+}
+
+/// One segment's result, in trace order.
+pub struct Chunk<T> {
+    pub info: SegmentInfo,
+    /// `Err` when the segment's header checked out but its records did
+    /// not decode; the analysis goes on past it.
+    pub result: Result<T, String>,
+}
+
+impl Trace {
+    pub fn open(path: &Path) -> Result<Trace> {
+        let reader = TraceReader::open(path)?;
+        let metadata = TraceMetadata::parse(
+            reader
+                .superblock()
+                .map(|s| s.metadata.as_str())
+                .unwrap_or_default(),
+        );
+        let mut segments = Vec::new();
+        let mut problems = Vec::new();
+        for (index, entry) in reader.segments().iter().enumerate() {
+            let h = entry.found.header;
+            match &entry.state {
+                SegmentState::Good => segments.push(SegmentInfo {
+                    index,
+                    first_step: h.first_step,
+                    steps: h.steps,
+                }),
+                SegmentState::Overwritten => {}
+                SegmentState::Torn(why) | SegmentState::Corrupt(why) => problems.push(format!(
+                    "segment {} (steps {}..{}) is skipped: {why}",
+                    h.seq,
+                    h.first_step,
+                    h.first_step + h.steps
+                )),
+            }
+        }
+        for seq in reader.missing_segments() {
+            problems.push(format!("segment {seq} is missing"));
+        }
+        Ok(Trace {
+            reader,
+            metadata,
+            segments,
+            problems,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.reader.path()
+    }
+
+    /// Steps in the readable segments.
+    pub fn steps(&self) -> u64 {
+        self.segments.iter().map(|s| s.steps).sum()
+    }
+
+    /// Number of the first readable step and one past the last.
+    pub fn step_range(&self) -> Option<(u64, u64)> {
+        let first = self.segments.first()?;
+        let last = self.segments.last()?;
+        Some((first.first_step, last.first_step + last.steps))
+    }
+
+    /// Decodes `segments` in parallel, runs `work` on each (also in
+    /// parallel) and hands the results to `consume` in trace order. At most
+    /// a few segments are in flight, so memory does not grow with the trace.
+    pub fn for_each_ordered<T, W, C, E>(
+        &self,
+        segments: &[SegmentInfo],
+        work: W,
+        mut consume: C,
+        progress: Progress<'_>,
+    ) -> Result<(), E>
+    where
+        T: Send,
+        W: Fn(&SegmentInfo, &[Record]) -> T + Sync,
+        C: FnMut(Chunk<T>) -> Result<(), E>,
+    {
+        let window = (rayon::current_num_threads() * 2).max(2);
+        let total: u64 = segments.iter().map(|s| s.steps).sum();
+        let (tx, rx) = sync_channel::<Vec<Chunk<T>>>(1);
+        std::thread::scope(|scope| {
+            let work = &work;
+            // The sender moves in, so the receiver's loop ends with it.
+            scope.spawn(move || {
+                for batch in segments.chunks(window) {
+                    let results: Vec<Chunk<T>> = batch
+                        .par_iter()
+                        .map(|info| Chunk {
+                            info: *info,
+                            result: self.reader.decode(info.index).map(|r| work(info, &r)),
+                        })
+                        .collect();
+                    if tx.send(results).is_err() {
+                        return; // the consumer gave up
+                    }
+                }
+            });
+            let mut done = 0;
+            for batch in rx {
+                for chunk in batch {
+                    done += chunk.info.steps;
+                    consume(chunk)?;
+                    progress(done, total);
+                }
+            }
+            Ok(())
+        })
+    }
+}

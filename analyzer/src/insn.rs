@@ -1,0 +1,411 @@
+//! What an instruction is, decoded once per distinct instruction and
+//! cached: how it moves control, its class and its memory operands.
+
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpKind,
+    Register, UsedMemory,
+};
+use rustc_hash::FxHashMap;
+use vtrace_storage::{Regs, Step};
+
+/// How an instruction passes control on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Flow {
+    /// Falls through (or an instruction the level engine treats so).
+    Next,
+    /// Conditional or unconditional jump, direct or indirect.
+    Jump,
+    Call,
+    Return,
+    /// IRET, SYSRET, SYSEXIT: back from an interrupt or kernel entry.
+    InterruptReturn,
+    /// INT n, INT3, INTO, SYSCALL, SYSENTER: a deliberate kernel entry.
+    SystemCall,
+}
+
+/// Coarse instruction classes for the instruction mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    Branch,
+    Call,
+    Return,
+    SystemCall,
+    Stack,
+    String,
+    Load,
+    Store,
+    ReadModifyWrite,
+    Register,
+    FloatSimd,
+    System,
+    Invalid,
+}
+
+impl Class {
+    pub const ALL: [Class; 13] = [
+        Class::Branch,
+        Class::Call,
+        Class::Return,
+        Class::SystemCall,
+        Class::Stack,
+        Class::String,
+        Class::Load,
+        Class::Store,
+        Class::ReadModifyWrite,
+        Class::Register,
+        Class::FloatSimd,
+        Class::System,
+        Class::Invalid,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Branch => "branch",
+            Class::Call => "call",
+            Class::Return => "return",
+            Class::SystemCall => "system call/interrupt",
+            Class::Stack => "stack",
+            Class::String => "string",
+            Class::Load => "load",
+            Class::Store => "store",
+            Class::ReadModifyWrite => "read-modify-write",
+            Class::Register => "register only",
+            Class::FloatSimd => "float/SIMD",
+            Class::System => "system (privileged)",
+            Class::Invalid => "undecodable",
+        }
+    }
+}
+
+/// How an explicit memory operand forms its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AddressingMode {
+    Absolute,
+    RipRelative,
+    Base,
+    BaseDisplacement,
+    BaseIndex,
+    BaseIndexDisplacement,
+    IndexDisplacement,
+    /// String instructions: [rsi] and [rdi].
+    String,
+    /// Push, pop, call, ret: the stack, implied.
+    ImplicitStack,
+}
+
+impl AddressingMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            AddressingMode::Absolute => "[disp]",
+            AddressingMode::RipRelative => "[rip+disp]",
+            AddressingMode::Base => "[base]",
+            AddressingMode::BaseDisplacement => "[base+disp]",
+            AddressingMode::BaseIndex => "[base+index*scale]",
+            AddressingMode::BaseIndexDisplacement => "[base+index*scale+disp]",
+            AddressingMode::IndexDisplacement => "[index*scale+disp]",
+            AddressingMode::String => "string [rsi]/[rdi]",
+            AddressingMode::ImplicitStack => "implicit stack",
+        }
+    }
+}
+
+/// Everything the analyses want from one instruction.
+#[derive(Clone, Debug)]
+pub struct InsnInfo {
+    pub instruction: Instruction,
+    pub flow: Flow,
+    pub class: Class,
+    pub mnemonic: Mnemonic,
+    pub addressing: Option<AddressingMode>,
+    pub memory: Vec<UsedMemory>,
+}
+
+fn flow_of(i: &Instruction) -> Flow {
+    match i.mnemonic() {
+        Mnemonic::Iret
+        | Mnemonic::Iretd
+        | Mnemonic::Iretq
+        | Mnemonic::Sysret
+        | Mnemonic::Sysretq
+        | Mnemonic::Sysexit
+        | Mnemonic::Sysexitq => return Flow::InterruptReturn,
+        Mnemonic::Syscall
+        | Mnemonic::Sysenter
+        | Mnemonic::Int
+        | Mnemonic::Int3
+        | Mnemonic::Into
+        | Mnemonic::Int1 => return Flow::SystemCall,
+        _ => {}
+    }
+    match i.flow_control() {
+        FlowControl::Call | FlowControl::IndirectCall => Flow::Call,
+        FlowControl::Return => Flow::Return,
+        FlowControl::UnconditionalBranch
+        | FlowControl::IndirectBranch
+        | FlowControl::ConditionalBranch => Flow::Jump,
+        FlowControl::Interrupt => Flow::SystemCall,
+        _ => Flow::Next,
+    }
+}
+
+fn is_system(i: &Instruction) -> bool {
+    use Mnemonic::*;
+    matches!(
+        i.mnemonic(),
+        Cli | Sti
+            | Hlt
+            | Lgdt
+            | Lidt
+            | Lldt
+            | Ltr
+            | Lmsw
+            | Clts
+            | Invlpg
+            | Invpcid
+            | Wrmsr
+            | Rdmsr
+            | In
+            | Out
+            | Insb
+            | Insw
+            | Insd
+            | Outsb
+            | Outsw
+            | Outsd
+            | Swapgs
+            | Wbinvd
+            | Invd
+            | Cpuid
+            | Xsetbv
+            | Rdpmc
+            | Sgdt
+            | Sidt
+            | Str
+            | Sldt
+            | Smsw
+    ) || (0..i.op_count()).any(|n| {
+        i.op_kind(n) == OpKind::Register && (i.op_register(n).is_cr() || i.op_register(n).is_dr())
+    })
+}
+
+fn addressing_of(i: &Instruction) -> Option<AddressingMode> {
+    let explicit = (0..i.op_count()).map(|n| i.op_kind(n)).find(|k| {
+        matches!(
+            k,
+            OpKind::Memory
+                | OpKind::MemorySegSI
+                | OpKind::MemorySegESI
+                | OpKind::MemorySegRSI
+                | OpKind::MemoryESDI
+                | OpKind::MemoryESEDI
+                | OpKind::MemoryESRDI
+                | OpKind::MemorySegDI
+                | OpKind::MemorySegEDI
+                | OpKind::MemorySegRDI
+        )
+    });
+    match explicit {
+        Some(OpKind::Memory) => {
+            let base = i.memory_base();
+            let index = i.memory_index();
+            let disp = i.memory_displacement64() != 0;
+            Some(if i.is_ip_rel_memory_operand() {
+                AddressingMode::RipRelative
+            } else {
+                match (base != Register::None, index != Register::None, disp) {
+                    (false, false, _) => AddressingMode::Absolute,
+                    (true, false, false) => AddressingMode::Base,
+                    (true, false, true) => AddressingMode::BaseDisplacement,
+                    (true, true, false) => AddressingMode::BaseIndex,
+                    (true, true, true) => AddressingMode::BaseIndexDisplacement,
+                    (false, true, _) => AddressingMode::IndexDisplacement,
+                }
+            })
+        }
+        Some(_) => Some(AddressingMode::String),
+        None if i.is_stack_instruction() => Some(AddressingMode::ImplicitStack),
+        None => None,
+    }
+}
+
+fn uses_float_simd(i: &Instruction) -> bool {
+    (0..i.op_count()).any(|n| {
+        i.op_kind(n) == OpKind::Register && {
+            let r = i.op_register(n);
+            r.is_xmm() || r.is_ymm() || r.is_zmm() || r.is_st() || r.is_mm()
+        }
+    })
+}
+
+fn class_of(i: &Instruction, flow: Flow, memory: &[UsedMemory]) -> Class {
+    if i.is_invalid() {
+        return Class::Invalid;
+    }
+    match flow {
+        Flow::Jump => return Class::Branch,
+        Flow::Call => return Class::Call,
+        Flow::Return | Flow::InterruptReturn => return Class::Return,
+        Flow::SystemCall => return Class::SystemCall,
+        Flow::Next => {}
+    }
+    if is_system(i) {
+        return Class::System;
+    }
+    if i.is_string_instruction() {
+        return Class::String;
+    }
+    if i.is_stack_instruction() {
+        return Class::Stack;
+    }
+    if uses_float_simd(i) {
+        return Class::FloatSimd;
+    }
+    let reads = memory.iter().any(|m| {
+        matches!(
+            m.access(),
+            iced_x86::OpAccess::Read
+                | iced_x86::OpAccess::CondRead
+                | iced_x86::OpAccess::ReadWrite
+                | iced_x86::OpAccess::ReadCondWrite
+        )
+    });
+    let writes = memory.iter().any(|m| {
+        matches!(
+            m.access(),
+            iced_x86::OpAccess::Write
+                | iced_x86::OpAccess::CondWrite
+                | iced_x86::OpAccess::ReadWrite
+                | iced_x86::OpAccess::ReadCondWrite
+        )
+    });
+    match (reads, writes) {
+        (true, true) => Class::ReadModifyWrite,
+        (true, false) => Class::Load,
+        (false, true) => Class::Store,
+        (false, false) => Class::Register,
+    }
+}
+
+/// Decodes `bytes` at `pc` in a CPU of `bitness` (16, 32 or 64).
+pub fn decode(bytes: &[u8], pc: u64, bitness: u32) -> InsnInfo {
+    let mut decoder = Decoder::with_ip(bitness, bytes, pc, DecoderOptions::NONE);
+    let instruction = decoder.decode();
+    let mut factory = InstructionInfoFactory::new();
+    let memory: Vec<UsedMemory> = if instruction.is_invalid() {
+        Vec::new()
+    } else {
+        factory.info(&instruction).used_memory().to_vec()
+    };
+    let flow = flow_of(&instruction);
+    InsnInfo {
+        flow,
+        class: class_of(&instruction, flow, &memory),
+        mnemonic: instruction.mnemonic(),
+        addressing: addressing_of(&instruction),
+        memory,
+        instruction,
+    }
+}
+
+/// Index of a full 64-bit general register in [`Regs::gpr`].
+fn gpr_index(r: Register) -> Option<usize> {
+    let full = r.full_register();
+    let n = full as usize;
+    let rax = Register::RAX as usize;
+    (rax..rax + 16).contains(&n).then(|| n - rax)
+}
+
+/// Linear addresses the instruction touched, computed from the registers
+/// before it (`before`). Segment bases count as 0: the trace does not
+/// record FS/GS bases, so FS/GS-relative references are approximate.
+pub fn memory_addresses<'a>(
+    info: &'a InsnInfo,
+    before: &'a Regs,
+) -> impl Iterator<Item = u64> + 'a {
+    info.memory.iter().filter_map(move |m| {
+        m.try_virtual_address(0, |reg, _, _| {
+            if reg.is_segment_register() || reg == Register::RIP || reg == Register::EIP {
+                return Some(0);
+            }
+            let v = before.gpr[gpr_index(reg)?];
+            Some(match reg.size() {
+                1 if reg.is_gpr8() && (Register::AH..=Register::BH).contains(&reg) => {
+                    (v >> 8) & 0xff
+                }
+                1 => v & 0xff,
+                2 => v & 0xffff,
+                4 => v & 0xffff_ffff,
+                _ => v,
+            })
+        })
+    })
+}
+
+/// Decoded instructions by address, checked against the bytes so code
+/// that changes (self-modifying code, a reused address in another address
+/// space) is decoded again.
+#[derive(Default)]
+pub struct InsnCache {
+    map: FxHashMap<u64, (vtrace_storage::InsnBytes, u32, std::sync::Arc<InsnInfo>)>,
+}
+
+impl InsnCache {
+    pub fn get(&mut self, step: &Step) -> std::sync::Arc<InsnInfo> {
+        let bitness = step.mode.bitness();
+        if let Some((bytes, b, info)) = self.map.get(&step.pc) {
+            if *bytes == step.bytes && *b == bitness {
+                return info.clone();
+            }
+        }
+        let info = std::sync::Arc::new(decode(step.bytes.as_slice(), step.pc, bitness));
+        self.map
+            .insert(step.pc, (step.bytes, bitness, info.clone()));
+        info
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flows_and_classes() {
+        let d = |b: &[u8]| decode(b, 0x1000, 64);
+        assert_eq!(d(&[0xe8, 0, 0, 0, 0]).flow, Flow::Call);
+        assert_eq!(d(&[0xc3]).flow, Flow::Return);
+        assert_eq!(d(&[0x48, 0xcf]).flow, Flow::InterruptReturn);
+        assert_eq!(d(&[0xeb, 0xfe]).flow, Flow::Jump);
+        assert_eq!(d(&[0x0f, 0x05]).flow, Flow::SystemCall);
+        assert_eq!(d(&[0x90]).flow, Flow::Next);
+        assert_eq!(d(&[0xfa]).class, Class::System); // cli
+        assert_eq!(d(&[0x0f, 0x22, 0xd8]).class, Class::System); // mov cr3, rax
+        assert_eq!(d(&[0x48, 0x8b, 0x07]).class, Class::Load); // mov rax, [rdi]
+        assert_eq!(d(&[0x48, 0x89, 0x07]).class, Class::Store);
+        assert_eq!(d(&[0x48, 0x01, 0x07]).class, Class::ReadModifyWrite);
+        assert_eq!(d(&[0x50]).class, Class::Stack);
+        assert_eq!(d(&[0xf3, 0xa4]).class, Class::String);
+        assert_eq!(d(&[0x48, 0x01, 0xd8]).class, Class::Register);
+        assert_eq!(d(&[0x0f, 0x0b]).class, Class::Register); // ud2 is not invalid
+        assert_eq!(d(&[0x0f, 0xff]).class, Class::Invalid);
+    }
+
+    #[test]
+    fn addressing_modes_and_addresses() {
+        let mut regs = Regs::default();
+        regs.gpr[7] = 0x5000; // rdi
+        regs.gpr[1] = 3; // rcx
+        regs.gpr[4] = 0x8000; // rsp
+                              // mov rax, [rdi+rcx*8+0x10]
+        let i = decode(&[0x48, 0x8b, 0x44, 0xcf, 0x10], 0x1000, 64);
+        assert_eq!(i.addressing, Some(AddressingMode::BaseIndexDisplacement));
+        assert_eq!(memory_addresses(&i, &regs).collect::<Vec<_>>(), [0x5028]);
+        // mov rax, [rip+0x10] at 0x1000, 7 bytes: 0x1017
+        let i = decode(&[0x48, 0x8b, 0x05, 0x10, 0, 0, 0], 0x1000, 64);
+        assert_eq!(i.addressing, Some(AddressingMode::RipRelative));
+        assert_eq!(memory_addresses(&i, &regs).collect::<Vec<_>>(), [0x1017]);
+        // push rax writes below rsp
+        let i = decode(&[0x50], 0x1000, 64);
+        assert_eq!(i.addressing, Some(AddressingMode::ImplicitStack));
+        assert_eq!(memory_addresses(&i, &regs).collect::<Vec<_>>(), [0x7ff8]);
+    }
+}

@@ -1,0 +1,729 @@
+//! The level engine: follows calls, returns, jumps between routines,
+//! interrupts and address-space switches through a trace with a call stack
+//! per address space, and tells a [`LevelSink`] about routine entries and
+//! exits, big-level boundaries and irregular control flow.
+//!
+//! A *big level* is a stretch of the trace from its start, an interrupt or
+//! exception entry, a system-call entry, a return from one of those, or an
+//! address-space switch, to the next such boundary. *Small levels* are the
+//! call depths within it. Memory is the deepest stack times the number of
+//! address spaces, plus one trie node per distinct call path.
+
+use rustc_hash::FxHashMap;
+use vtrace_storage::{Event, Record};
+
+use crate::input::SegmentInfo;
+use crate::insn::{Flow, InsnCache};
+use crate::symbols::{cr3_root, FuncId, Symbolizer, UNKNOWN_FUNC};
+
+/// One step or boundary, as the engine needs it. Built in parallel per
+/// segment by [`items`], consumed in order by [`LevelEngine::push`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    Step {
+        step: u64,
+        pc: u64,
+        cr3: u64,
+        func: FuncId,
+        flow: Flow,
+        len: u8,
+    },
+    Interrupt {
+        vector: u8,
+    },
+    /// A guest mark (hypercall or `vtrace ctl mark`).
+    Mark {
+        id: u64,
+        value: u64,
+    },
+    /// Steps the trace does not have: a gap, or tracing stopped and started
+    /// again, or a damaged segment skipped.
+    Break,
+}
+
+/// Resolves routines with a one-entry cache: consecutive steps are almost
+/// always in the same routine, and a table lookup per step would dominate.
+pub struct FuncResolver<'a> {
+    symbols: &'a Symbolizer,
+    last: Option<(u64, u64, u64, FuncId)>,
+}
+
+impl<'a> FuncResolver<'a> {
+    pub fn new(symbols: &'a Symbolizer) -> Self {
+        FuncResolver {
+            symbols,
+            last: None,
+        }
+    }
+
+    pub fn func(&mut self, pc: u64, cr3: u64) -> FuncId {
+        let root = cr3_root(cr3);
+        if let Some((start, end, r, f)) = self.last {
+            if pc >= start && pc < end && r == root {
+                return f;
+            }
+        }
+        match self.symbols.resolve(pc, cr3) {
+            Some(r) => {
+                self.last = Some((r.start, r.end, root, r.func));
+                r.func
+            }
+            None => UNKNOWN_FUNC,
+        }
+    }
+}
+
+/// Turns one segment's records into level items.
+pub fn items(info: &SegmentInfo, records: &[Record], symbols: &Symbolizer) -> Vec<Item> {
+    let mut out = Vec::with_capacity(records.len());
+    let mut cache = InsnCache::default();
+    let mut funcs = FuncResolver::new(symbols);
+    let mut step = info.first_step;
+    let mut stopped = false;
+    for r in records {
+        match r {
+            Record::Step(s) => {
+                if stopped {
+                    out.push(Item::Break);
+                    stopped = false;
+                }
+                out.push(Item::Step {
+                    step,
+                    pc: s.pc,
+                    cr3: s.cr3,
+                    func: funcs.func(s.pc, s.cr3),
+                    flow: cache.get(s).flow,
+                    len: s.bytes.len() as u8,
+                });
+                step += 1;
+            }
+            Record::Event(Event::Interrupt { vector, .. }) => {
+                out.push(Item::Interrupt { vector: *vector })
+            }
+            Record::Event(Event::Mark { id, value }) => out.push(Item::Mark {
+                id: *id,
+                value: *value,
+            }),
+            Record::Event(Event::Gap { .. }) => out.push(Item::Break),
+            Record::Event(Event::TraceStop(_)) => stopped = true,
+            Record::Event(_) => {}
+        }
+    }
+    out
+}
+
+/// How a routine was entered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// First routine of the trace, of an address space, or after a break.
+    Root,
+    Call,
+    /// Reached by a jump from the routine it replaces at the same depth
+    /// (a tail call, or an interrupt stub jumping to common code).
+    Jump {
+        from: FuncId,
+    },
+    Interrupt {
+        vector: u8,
+    },
+    SystemCall,
+}
+
+/// How a routine was left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    Return,
+    /// A return or jump went to a frame further down: this one was skipped.
+    Unwound,
+    /// Replaced by a routine it jumped to.
+    JumpedAway,
+    TraceEnd,
+}
+
+/// A routine activation as sinks see it.
+#[derive(Clone, Copy, Debug)]
+pub struct FrameView {
+    pub func: FuncId,
+    pub entry_pc: u64,
+    pub entry_step: u64,
+    /// Position on its address space's call stack (0 = bottom).
+    pub depth: usize,
+    pub kind: EntryKind,
+    pub cr3: u64,
+    /// Node in the call-path trie ([`LevelEngine::path`]).
+    pub node: u32,
+    pub self_steps: u64,
+    /// Steps in it and everything it called or was interrupted by.
+    pub total_steps: u64,
+    /// Whether the same routine is further down the stack (its total is
+    /// already counted there).
+    pub recursive: bool,
+    /// Last step executed in it (valid at exit).
+    pub last_step: u64,
+}
+
+/// Irregular control flow, marked `## divided level ##` in nest diagrams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Irregular {
+    /// A `ret` went somewhere no frame on the stack returns to (a `ret`
+    /// used as a jump or call, or a stack switched under the tracer).
+    ReturnNotOnStack { to: u64 },
+    /// A `ret` returned to a frame below the top, skipping `skipped` frames.
+    ReturnPastFrames { skipped: usize },
+    /// A jump into a routine already on the stack, below the top.
+    JumpIntoStack { skipped: usize },
+    /// An interrupt return to a place no interrupt frame returns to.
+    InterruptReturnUnmatched { to: u64 },
+}
+
+impl Irregular {
+    pub fn describe(&self) -> String {
+        match self {
+            Irregular::ReturnNotOnStack { to } => {
+                format!("ret to {to:#x}, which no frame on the stack returns to")
+            }
+            Irregular::ReturnPastFrames { skipped } => {
+                format!("ret past {skipped} frame(s) to one further down the stack")
+            }
+            Irregular::JumpIntoStack { skipped } => {
+                format!("jump back into a routine on the stack, leaving {skipped} frame(s)")
+            }
+            Irregular::InterruptReturnUnmatched { to } => {
+                format!("interrupt return to {to:#x}, which no interrupt frame returns to")
+            }
+        }
+    }
+}
+
+/// Why a big level began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BigLevelCause {
+    TraceStart,
+    Interrupt {
+        vector: u8,
+    },
+    SystemCall,
+    /// Back from an interrupt or system call into what it interrupted.
+    Resume,
+    Switch {
+        from: u64,
+    },
+    /// After steps the trace does not have.
+    Break,
+}
+
+/// The start of a big level.
+#[derive(Clone, Copy, Debug)]
+pub struct BigLevel {
+    pub step: u64,
+    pub cause: BigLevelCause,
+    pub cr3: u64,
+    /// Interrupt and system-call frames on the stack: how deeply this level
+    /// is nested in what it interrupted.
+    pub nesting: usize,
+    /// The routine that was running when the level began (what an
+    /// interrupt interrupted), if any.
+    pub interrupted: Option<(FuncId, u64)>,
+}
+
+/// What consumes the engine's findings. Every method has a default that
+/// ignores it.
+pub trait LevelSink {
+    fn big_level(&mut self, _level: &BigLevel) {}
+    fn enter(&mut self, _frame: &FrameView) {}
+    fn exit(&mut self, _frame: &FrameView, _how: ExitKind) {}
+    fn irregular(&mut self, _step: u64, _depth: usize, _what: Irregular) {}
+    /// A mark between steps; `step` is the number of the next step.
+    fn mark(&mut self, _step: u64, _cr3: u64, _id: u64, _value: u64) {}
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Prev {
+    pc: u64,
+    len: u8,
+    flow: Flow,
+}
+
+#[derive(Clone, Debug)]
+struct Frame {
+    view: FrameView,
+    /// Where a return from it lands; `None` for a frame copied into a new
+    /// address space, which matches the first interrupt return.
+    ret: Option<u64>,
+    /// For interrupt and system-call frames: the step before the entry, to
+    /// go on from after the return as if nothing had happened.
+    saved_prev: Option<Prev>,
+}
+
+impl Frame {
+    fn is_entry(&self) -> bool {
+        matches!(
+            self.view.kind,
+            EntryKind::Interrupt { .. } | EntryKind::SystemCall
+        ) || self.saved_prev.is_some()
+    }
+}
+
+/// Counters of what the engine saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LevelCounts {
+    pub steps: u64,
+    pub calls: u64,
+    pub returns: u64,
+    pub interrupts: u64,
+    pub switches: u64,
+    pub irregular: u64,
+    pub breaks: u64,
+    pub max_depth: usize,
+}
+
+/// The engine. Feed it items in trace order, then call [`finish`].
+///
+/// [`finish`]: LevelEngine::finish
+pub struct LevelEngine {
+    stack: Vec<Frame>,
+    cr3: Option<u64>,
+    saved: FxHashMap<u64, Vec<Frame>>,
+    prev: Option<Prev>,
+    prev_step: Option<u64>,
+    pending_interrupt: Option<u8>,
+    after_break: bool,
+    nodes: Vec<(u32, FuncId)>,
+    node_index: FxHashMap<(u32, FuncId), u32>,
+    pub counts: LevelCounts,
+}
+
+/// Trie node of the empty path.
+pub const ROOT_NODE: u32 = 0;
+
+impl Default for LevelEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LevelEngine {
+    pub fn new() -> Self {
+        LevelEngine {
+            stack: Vec::new(),
+            cr3: None,
+            saved: FxHashMap::default(),
+            prev: None,
+            prev_step: None,
+            pending_interrupt: None,
+            after_break: false,
+            nodes: vec![(u32::MAX, UNKNOWN_FUNC)],
+            node_index: FxHashMap::default(),
+            counts: LevelCounts::default(),
+        }
+    }
+
+    /// Routines from the outermost to `node`.
+    pub fn path(&self, mut node: u32) -> Vec<FuncId> {
+        let mut out = Vec::new();
+        while node != ROOT_NODE {
+            let (parent, func) = self.nodes[node as usize];
+            out.push(func);
+            node = parent;
+        }
+        out.reverse();
+        out
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn node(&mut self, parent: u32, func: FuncId) -> u32 {
+        if let Some(n) = self.node_index.get(&(parent, func)) {
+            return *n;
+        }
+        let n = self.nodes.len() as u32;
+        self.nodes.push((parent, func));
+        self.node_index.insert((parent, func), n);
+        n
+    }
+
+    fn nesting(&self) -> usize {
+        self.stack.iter().filter(|f| f.is_entry()).count()
+    }
+
+    fn big_level(&self, sink: &mut impl LevelSink, step: u64, cause: BigLevelCause) {
+        let entering = matches!(
+            cause,
+            BigLevelCause::Interrupt { .. } | BigLevelCause::SystemCall
+        );
+        sink.big_level(&BigLevel {
+            step,
+            cause,
+            cr3: self.cr3.unwrap_or(0),
+            nesting: self.nesting() + usize::from(entering),
+            interrupted: self
+                .stack
+                .last()
+                .filter(|_| entering)
+                .map(|f| (f.view.func, f.view.entry_pc)),
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_frame(
+        &mut self,
+        sink: &mut impl LevelSink,
+        func: FuncId,
+        pc: u64,
+        step: u64,
+        kind: EntryKind,
+        ret: Option<u64>,
+        saved_prev: Option<Prev>,
+    ) {
+        let parent = self.stack.last().map(|f| f.view.node).unwrap_or(ROOT_NODE);
+        let node = self.node(parent, func);
+        let view = FrameView {
+            func,
+            entry_pc: pc,
+            entry_step: step,
+            depth: self.stack.len(),
+            kind,
+            cr3: self.cr3.unwrap_or(0),
+            node,
+            self_steps: 0,
+            total_steps: 0,
+            recursive: self.stack.iter().any(|f| f.view.func == func),
+            last_step: step,
+        };
+        sink.enter(&view);
+        self.stack.push(Frame {
+            view,
+            ret,
+            saved_prev,
+        });
+        self.counts.max_depth = self.counts.max_depth.max(self.stack.len());
+    }
+
+    fn pop_frame(&mut self, sink: &mut impl LevelSink, how: ExitKind) -> Option<Frame> {
+        let mut frame = self.stack.pop()?;
+        frame.view.total_steps += frame.view.self_steps;
+        sink.exit(&frame.view, how);
+        if let Some(parent) = self.stack.last_mut() {
+            parent.view.total_steps += frame.view.total_steps;
+            parent.view.last_step = parent.view.last_step.max(frame.view.last_step);
+        }
+        Some(frame)
+    }
+
+    /// Pops frames above `index`, then the one at `index`.
+    fn unwind_to(&mut self, sink: &mut impl LevelSink, index: usize) -> Option<Frame> {
+        while self.stack.len() > index + 1 {
+            self.pop_frame(sink, ExitKind::Unwound);
+        }
+        self.pop_frame(sink, ExitKind::Return)
+    }
+
+    fn switch(&mut self, sink: &mut impl LevelSink, to: u64, step: u64) {
+        let from = self.cr3.replace(to);
+        let Some(from) = from else {
+            return;
+        };
+        self.counts.switches += 1;
+        let next = self.saved.remove(&to).unwrap_or_else(|| {
+            // A new address space: it goes on with the kernel path that
+            // switched to it, from the innermost interrupt entry up; the
+            // copied entry frame's return is not known.
+            let Some(entry) = self.stack.iter().rposition(|f| f.is_entry()) else {
+                return Vec::new();
+            };
+            let mut seed: Vec<Frame> = self.stack[entry..].to_vec();
+            seed[0].ret = None;
+            seed[0].saved_prev = None;
+            for (i, f) in seed.iter_mut().enumerate() {
+                f.view.depth = i;
+                f.view.self_steps = 0;
+                f.view.total_steps = 0;
+                f.view.cr3 = to;
+                f.view.entry_step = step;
+            }
+            seed
+        });
+        let old = std::mem::replace(&mut self.stack, next);
+        self.saved.insert(from, old);
+        self.big_level(sink, step, BigLevelCause::Switch { from });
+    }
+
+    /// Handles control reaching `func` at `pc` other than by call or
+    /// return: a jump to another routine, or the place a broken return
+    /// landed.
+    fn arrive(&mut self, sink: &mut impl LevelSink, func: FuncId, pc: u64, step: u64) {
+        let Some(top) = self.stack.last() else {
+            self.push_frame(sink, func, pc, step, EntryKind::Root, None, None);
+            return;
+        };
+        if top.view.func == func {
+            return;
+        }
+        // Only frames of the current big level count: a re-entered
+        // interrupt stub jumping to common code that an outer, interrupted
+        // activation also runs is not a jump back into that activation.
+        let level_base = self
+            .stack
+            .iter()
+            .rposition(|f| f.is_entry())
+            .map_or(0, |i| i + 1);
+        if func != UNKNOWN_FUNC {
+            if let Some(i) = self.stack[level_base..]
+                .iter()
+                .rposition(|f| f.view.func == func)
+                .map(|i| i + level_base)
+            {
+                let skipped = self.stack.len() - 1 - i;
+                self.counts.irregular += 1;
+                sink.irregular(step, i, Irregular::JumpIntoStack { skipped });
+                while self.stack.len() > i + 1 {
+                    self.pop_frame(sink, ExitKind::Unwound);
+                }
+                return;
+            }
+        }
+        // A jump to another routine: it takes the place of the one that
+        // jumped, with its way back and, for an interrupt stub, its kind.
+        let Some(old) = self.pop_frame(sink, ExitKind::JumpedAway) else {
+            return;
+        };
+        let kind = match old.view.kind {
+            EntryKind::Call | EntryKind::Jump { .. } => EntryKind::Jump {
+                from: old.view.func,
+            },
+            other => other,
+        };
+        self.push_frame(sink, func, pc, step, kind, old.ret, old.saved_prev);
+    }
+
+    /// Handles one step's arrival given the step before it.
+    fn transition(
+        &mut self,
+        sink: &mut impl LevelSink,
+        prev: Option<Prev>,
+        func: FuncId,
+        pc: u64,
+        step: u64,
+    ) {
+        let Some(prev) = prev else {
+            self.arrive(sink, func, pc, step);
+            return;
+        };
+        let next_pc = prev.pc.wrapping_add(u64::from(prev.len));
+        match prev.flow {
+            Flow::Call if pc != next_pc => {
+                self.counts.calls += 1;
+                self.push_frame(sink, func, pc, step, EntryKind::Call, Some(next_pc), None);
+            }
+            Flow::SystemCall if pc != next_pc => {
+                self.big_level(sink, step, BigLevelCause::SystemCall);
+                let resume = Prev {
+                    flow: Flow::Next,
+                    ..prev
+                };
+                self.push_frame(
+                    sink,
+                    func,
+                    pc,
+                    step,
+                    EntryKind::SystemCall,
+                    Some(next_pc),
+                    Some(resume),
+                );
+            }
+            Flow::Return => {
+                self.counts.returns += 1;
+                match self.stack.iter().rposition(|f| f.ret == Some(pc)) {
+                    Some(i) => {
+                        let skipped = self.stack.len() - 1 - i;
+                        if skipped > 0 {
+                            self.counts.irregular += 1;
+                            sink.irregular(step, i, Irregular::ReturnPastFrames { skipped });
+                        }
+                        self.unwind_to(sink, i);
+                        self.arrive(sink, func, pc, step);
+                    }
+                    None => {
+                        self.counts.irregular += 1;
+                        let depth = self.stack.len().saturating_sub(1);
+                        sink.irregular(step, depth, Irregular::ReturnNotOnStack { to: pc });
+                        self.arrive(sink, func, pc, step);
+                    }
+                }
+            }
+            Flow::InterruptReturn => {
+                let found = self
+                    .stack
+                    .iter()
+                    .rposition(|f| f.ret == Some(pc) || (f.is_entry() && f.ret.is_none()));
+                match found {
+                    Some(i) => {
+                        let frame = self.unwind_to(sink, i);
+                        self.big_level(sink, step, BigLevelCause::Resume);
+                        let resumed = frame.and_then(|f| f.saved_prev);
+                        self.transition(sink, resumed, func, pc, step);
+                    }
+                    None => {
+                        self.counts.irregular += 1;
+                        let depth = self.stack.len().saturating_sub(1);
+                        sink.irregular(step, depth, Irregular::InterruptReturnUnmatched { to: pc });
+                        self.big_level(sink, step, BigLevelCause::Resume);
+                        self.arrive(sink, func, pc, step);
+                    }
+                }
+            }
+            _ => self.arrive(sink, func, pc, step),
+        }
+    }
+
+    /// Feeds one item.
+    pub fn push(&mut self, item: Item, sink: &mut impl LevelSink) {
+        match item {
+            Item::Interrupt { vector } => {
+                self.pending_interrupt = Some(vector);
+            }
+            Item::Mark { id, value } => {
+                let next = self.prev_step.map_or(0, |s| s + 1);
+                sink.mark(next, self.cr3.unwrap_or(0), id, value);
+            }
+            Item::Break => {
+                self.counts.breaks += 1;
+                self.after_break = true;
+                self.prev = None;
+            }
+            Item::Step {
+                step,
+                pc,
+                cr3,
+                func,
+                flow,
+                len,
+            } => {
+                let root = cr3_root(cr3);
+                if self.cr3.is_none() {
+                    self.cr3 = Some(root);
+                    self.big_level(sink, step, BigLevelCause::TraceStart);
+                } else if self.cr3 != Some(root) {
+                    self.switch(sink, root, step);
+                }
+                if std::mem::take(&mut self.after_break) {
+                    self.big_level(sink, step, BigLevelCause::Break);
+                }
+                if let Some(vector) = self.pending_interrupt.take() {
+                    self.counts.interrupts += 1;
+                    // An interrupt right after an interrupt return (`sti;
+                    // hlt` idling, interrupts queued while disabled) hides
+                    // where that return went, but it returned from the
+                    // innermost entry all the same.
+                    let mut before = self.prev;
+                    if before.is_some_and(|p| p.flow == Flow::InterruptReturn) {
+                        if let Some(i) = self.stack.iter().rposition(|f| f.is_entry()) {
+                            before = self.unwind_to(sink, i).and_then(|f| f.saved_prev);
+                        }
+                    }
+                    self.big_level(sink, step, BigLevelCause::Interrupt { vector });
+                    // The step before is finished after the handler
+                    // returns, against the pc it returns to: an interrupt
+                    // that lands on a call's target still enters the callee.
+                    let resume = before.map(|p| Prev {
+                        flow: if p.flow == Flow::SystemCall {
+                            Flow::Next
+                        } else {
+                            p.flow
+                        },
+                        ..p
+                    });
+                    self.push_frame(
+                        sink,
+                        func,
+                        pc,
+                        step,
+                        EntryKind::Interrupt { vector },
+                        None,
+                        Some(resume.unwrap_or(Prev {
+                            pc: 0,
+                            len: 0,
+                            flow: Flow::Jump,
+                        })),
+                    );
+                } else {
+                    let prev = self.prev;
+                    self.transition(sink, prev, func, pc, step);
+                }
+                if let Some(top) = self.stack.last_mut() {
+                    top.view.self_steps += 1;
+                    top.view.last_step = step;
+                }
+                self.counts.steps += 1;
+                self.prev = Some(Prev { pc, len, flow });
+                self.prev_step = Some(step);
+            }
+        }
+    }
+
+    /// Closes every open frame, of the current address space first, then
+    /// of the others in CR3 order.
+    pub fn finish(&mut self, sink: &mut impl LevelSink) {
+        while self.pop_frame(sink, ExitKind::TraceEnd).is_some() {}
+        let mut others: Vec<u64> = self.saved.keys().copied().collect();
+        others.sort_unstable();
+        for cr3 in others {
+            if let Some(stack) = self.saved.remove(&cr3) {
+                self.stack = stack;
+                self.cr3 = Some(cr3);
+                while self.pop_frame(sink, ExitKind::TraceEnd).is_some() {}
+            }
+        }
+    }
+}
+
+/// Runs the level engine over a whole trace: items are built in parallel
+/// across segments and fed to `sink` in order. Missing steps between
+/// segments become breaks.
+pub fn run(
+    trace: &crate::input::Trace,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    run_with(trace, symbols, sink, |_, _| (), |_| {}, progress)
+}
+
+/// [`run`], plus per-segment work `extra` done in parallel alongside the
+/// items and handed to `merge` in trace order.
+pub fn run_with<T: Send>(
+    trace: &crate::input::Trace,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    extra: impl Fn(&SegmentInfo, &[Record]) -> T + Sync,
+    mut merge: impl FnMut(T),
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    let mut engine = LevelEngine::new();
+    let mut expected: Option<u64> = None;
+    trace.for_each_ordered(
+        &trace.segments,
+        |info, records| (items(info, records, symbols), extra(info, records)),
+        |chunk| {
+            if expected.is_some_and(|e| e != chunk.info.first_step) {
+                engine.push(Item::Break, sink);
+            }
+            expected = Some(chunk.info.first_step + chunk.info.steps);
+            match chunk.result {
+                Ok((items, part)) => {
+                    for item in items {
+                        engine.push(item, sink);
+                    }
+                    merge(part);
+                }
+                Err(_) => engine.push(Item::Break, sink),
+            }
+            Ok::<(), crate::error::AnalyzeError>(())
+        },
+        progress,
+    )?;
+    engine.finish(sink);
+    Ok(engine)
+}

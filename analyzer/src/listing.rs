@@ -1,0 +1,401 @@
+//! The listing: one line per step (number, address space, symbolised
+//! address, bytes, disassembly, registers changed, source line) and a line
+//! per event between steps. Segments are formatted in parallel; only the
+//! first step of each, whose register changes depend on the segment before,
+//! is finished in order.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::Path;
+
+use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter, IntelFormatter};
+use rustc_hash::FxHashMap;
+use vtrace_storage::{Event, Record, Regs, Step};
+
+use crate::error::{AnalyzeError, Result};
+use crate::input::{Progress, SegmentInfo, Trace};
+use crate::insn::InsnCache;
+use crate::symbols::{cr3_root, Symbolizer};
+
+/// Steps per file with `--out` (as the old analyzer cut its listings).
+pub const STEPS_PER_FILE: u64 = 500_000;
+
+#[derive(Clone, Debug, Default)]
+pub struct ListingOptions {
+    pub from: Option<u64>,
+    pub count: Option<u64>,
+    /// AT&T syntax instead of Intel.
+    pub att: bool,
+    /// Add `file:line` where DWARF knows it.
+    pub lines: bool,
+}
+
+const REG_NAMES: [&str; 17] = [
+    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15", "rflags",
+];
+
+/// `rax=0x1 rsp=0x7ff0` for the registers that differ; everything after a
+/// break in the trace, when there is nothing to compare with.
+fn changed(prev: Option<&Regs>, now: &Regs) -> String {
+    let mut out = String::new();
+    for (i, name) in REG_NAMES.iter().enumerate() {
+        if prev.is_none_or(|p| p.get(i) != now.get(i)) {
+            let _ = write!(
+                out,
+                "{}{name}={:#x}",
+                if out.is_empty() { "" } else { " " },
+                now.get(i)
+            );
+        }
+    }
+    out
+}
+
+/// One event as a listing line.
+pub fn describe_event(e: &Event) -> String {
+    match e {
+        Event::Interrupt {
+            vector,
+            error_code,
+            source,
+        } => format!(
+            "interrupt {vector} ({}){} [{source:?}]",
+            crate::nest::vector_name(*vector),
+            error_code
+                .map(|c| format!(" error code {c:#x}"))
+                .unwrap_or_default()
+        ),
+        Event::Io {
+            port,
+            size,
+            write,
+            value,
+        } => format!(
+            "io {} port {port:#x} size {size} value {value:#x}",
+            if *write { "out" } else { "in" }
+        ),
+        Event::Mmio {
+            addr,
+            size,
+            write,
+            value,
+        } => format!(
+            "mmio {} {addr:#x} size {size} value {value:#x}",
+            if *write { "write" } else { "read" }
+        ),
+        Event::Hypercall {
+            command,
+            args,
+            result,
+        } => format!("hypercall {command:#x} args {args:x?} result {result}"),
+        Event::Mark { id, value } => format!("mark {id} value {value:#x}"),
+        Event::Log(text) => format!("log {text:?}"),
+        Event::Capture { addr, bytes } => format!("capture {} bytes at {addr:#x}", bytes.len()),
+        Event::ControlRegister { reg: 0xef, value } => format!("efer = {value:#x}"),
+        Event::ControlRegister { reg, value } => format!("cr{reg} = {value:#x}"),
+        Event::Gap { from, to } => {
+            format!("GAP: expected {from:#x}, went to {to:#x}; steps between are not in the trace")
+        }
+        Event::Halt => "halt (waiting for an interrupt)".into(),
+        Event::TraceStart(r) => format!("trace started by {r}"),
+        Event::TraceStop(r) => format!("trace stopped by {r}"),
+    }
+}
+
+/// Collects formatter output as plain text.
+struct Text(String);
+
+impl FormatterOutput for Text {
+    fn write(&mut self, text: &str, _kind: FormatterTextKind) {
+        self.0.push_str(text);
+    }
+}
+
+/// Per-worker formatting state: decoded instructions and their text, by
+/// address and address space.
+struct LineFormatter<'a> {
+    symbols: &'a Symbolizer,
+    options: &'a ListingOptions,
+    insns: InsnCache,
+    text: FxHashMap<(u64, u64), std::sync::Arc<str>>,
+}
+
+impl<'a> LineFormatter<'a> {
+    fn new(symbols: &'a Symbolizer, options: &'a ListingOptions) -> Self {
+        LineFormatter {
+            symbols,
+            options,
+            insns: InsnCache::default(),
+            text: FxHashMap::default(),
+        }
+    }
+
+    /// Everything of a step's line before its register changes, which
+    /// need the step before.
+    fn prefix(&mut self, number: u64, s: &Step) -> std::sync::Arc<str> {
+        let key = (s.pc, cr3_root(s.cr3));
+        if let Some(t) = self.text.get(&key) {
+            if !t.is_empty() {
+                return format!("{number:>10} {t}").into();
+            }
+        }
+        let info = self.insns.get(s);
+        let mut asm = Text(String::new());
+        if self.options.att {
+            GasFormatter::new().format(&info.instruction, &mut asm);
+        } else {
+            IntelFormatter::new().format(&info.instruction, &mut asm);
+        }
+        // Direct branch targets get their symbol, as objdump shows them
+        // (iced's own symbol resolver must be 'static; the symbols are not).
+        let target = info.instruction.near_branch_target();
+        if target != 0 {
+            let _ = write!(asm.0, " <{}>", self.symbols.format(target, s.cr3));
+        }
+        let bytes: String = s
+            .bytes
+            .as_slice()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let place = self.symbols.format(s.pc, s.cr3);
+        let line = if self.options.lines {
+            self.symbols
+                .line(s.pc, s.cr3)
+                .map(|l| format!(" {l}"))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let t: std::sync::Arc<str> = format!(
+            "{:>6x} {:<28} {bytes:<20} {:<36}{line} |",
+            cr3_root(s.cr3) >> 12,
+            place,
+            asm.0
+        )
+        .into();
+        self.text.insert(key, t.clone());
+        format!("{number:>10} {t}").into()
+    }
+}
+
+/// A segment formatted, but for its first step's register changes.
+struct SegmentText {
+    /// The first shown step: its line up to the registers, and its
+    /// registers, to finish once the registers before it are known.
+    first: Option<(String, Regs)>,
+    /// Lines after the first step's; each line's step number and byte
+    /// offset in `rest` (`u64::MAX` for event lines).
+    rest: String,
+    index: Vec<(u64, usize)>,
+    last_regs: Option<Regs>,
+}
+
+fn in_window(options: &ListingOptions, step: u64) -> bool {
+    let from = options.from.unwrap_or(0);
+    step >= from && options.count.is_none_or(|c| step < from.saturating_add(c))
+}
+
+fn format_segment(
+    info: &SegmentInfo,
+    records: &[Record],
+    symbols: &Symbolizer,
+    options: &ListingOptions,
+) -> SegmentText {
+    let mut f = LineFormatter::new(symbols, options);
+    let mut out = SegmentText {
+        first: None,
+        rest: String::new(),
+        index: Vec::new(),
+        last_regs: None,
+    };
+    let mut prev: Option<Regs> = None;
+    let mut number = info.first_step;
+    let mut pending_events = String::new();
+    for r in records {
+        match r {
+            Record::Event(e) => {
+                let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
+                if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
+                    prev = None;
+                }
+            }
+            Record::Step(s) => {
+                let shown = in_window(options, number);
+                if shown {
+                    let prefix = f.prefix(number, s);
+                    if out.first.is_none()
+                        && prev.is_none()
+                        && out.rest.is_empty()
+                        && number == info.first_step
+                    {
+                        out.rest.push_str(&pending_events);
+                        out.first = Some((prefix.to_string(), s.regs));
+                        if !pending_events.is_empty() {
+                            out.index.push((u64::MAX, 0));
+                        }
+                    } else {
+                        if !pending_events.is_empty() {
+                            out.index.push((u64::MAX, out.rest.len()));
+                            out.rest.push_str(&pending_events);
+                        }
+                        out.index.push((number, out.rest.len()));
+                        let _ = writeln!(out.rest, "{prefix} {}", changed(prev.as_ref(), &s.regs));
+                    }
+                }
+                pending_events.clear();
+                prev = Some(s.regs);
+                number += 1;
+            }
+        }
+    }
+    if !pending_events.is_empty() && in_window(options, number.saturating_sub(1)) {
+        out.index.push((u64::MAX, out.rest.len()));
+        out.rest.push_str(&pending_events);
+    }
+    out.last_regs = prev;
+    out
+}
+
+/// Segments that hold steps of the window.
+fn window_segments(trace: &Trace, options: &ListingOptions) -> Result<Vec<SegmentInfo>> {
+    let (first, end) = trace
+        .step_range()
+        .ok_or_else(|| AnalyzeError::NoSteps(String::new()))?;
+    let from = options.from.unwrap_or(first);
+    if from >= end {
+        return Err(AnalyzeError::WindowOutside {
+            from,
+            last: end - 1,
+        });
+    }
+    let to = options.count.map_or(u64::MAX, |c| from.saturating_add(c));
+    Ok(trace
+        .segments
+        .iter()
+        .filter(|s| s.first_step < to && s.first_step + s.steps > from)
+        .copied()
+        .collect())
+}
+
+/// Runs the listing, handing `emit` each line with its step number
+/// (`None` for events) in trace order.
+fn run(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    options: &ListingOptions,
+    progress: Progress<'_>,
+    mut emit: impl FnMut(Option<u64>, &str) -> Result<()>,
+) -> Result<()> {
+    let segments = window_segments(trace, options)?;
+    let mut carried: Option<Regs> = None;
+    let mut expected: Option<u64> = None;
+    trace.for_each_ordered(
+        &segments,
+        |info, records| format_segment(info, records, symbols, options),
+        |chunk| {
+            if expected.is_some_and(|e| e != chunk.info.first_step) {
+                carried = None;
+            }
+            expected = Some(chunk.info.first_step + chunk.info.steps);
+            let text = match chunk.result {
+                Ok(t) => t,
+                Err(why) => {
+                    carried = None;
+                    return emit(
+                        None,
+                        &format!(
+                            "{:>10} -- segment with steps {}..{} does not decode: {why}\n",
+                            "",
+                            chunk.info.first_step,
+                            chunk.info.first_step + chunk.info.steps
+                        ),
+                    );
+                }
+            };
+            // Events before the first step come first in `rest`.
+            let mut index = text.index.iter().peekable();
+            if let Some((u64::MAX, 0)) = index.peek() {
+                let end = text.index.get(1).map_or(text.rest.len(), |x| x.1);
+                emit(None, &text.rest[..end])?;
+                index.next();
+            }
+            if let Some((prefix, regs)) = &text.first {
+                emit(
+                    Some(chunk.info.first_step),
+                    &format!("{prefix} {}\n", changed(carried.as_ref(), regs)),
+                )?;
+            }
+            let offsets: Vec<&(u64, usize)> = index.collect();
+            for (i, (step, start)) in offsets.iter().enumerate() {
+                let end = offsets.get(i + 1).map_or(text.rest.len(), |n| n.1);
+                emit(
+                    (*step != u64::MAX).then_some(*step),
+                    &text.rest[*start..end],
+                )?;
+            }
+            carried = text.last_regs;
+            Ok(())
+        },
+        progress,
+    )
+}
+
+/// Writes the listing (or its window) to `out`.
+pub fn write(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    options: &ListingOptions,
+    out: &mut impl Write,
+    progress: Progress<'_>,
+) -> Result<()> {
+    run(trace, symbols, options, progress, |_, text| {
+        out.write_all(text.as_bytes())?;
+        Ok(())
+    })
+}
+
+/// Writes the listing into `dir` as files of [`STEPS_PER_FILE`] steps,
+/// named by their first step. Returns how many files it wrote.
+pub fn write_files(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    options: &ListingOptions,
+    dir: &Path,
+    progress: Progress<'_>,
+) -> Result<usize> {
+    std::fs::create_dir_all(dir).map_err(|source| AnalyzeError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut file: Option<(std::io::BufWriter<std::fs::File>, u64)> = None;
+    let mut files = 0;
+    run(trace, symbols, options, progress, |step, text| {
+        let number = step.unwrap_or(0);
+        let full = file
+            .as_ref()
+            .is_some_and(|(_, first)| step.is_some() && number >= first + STEPS_PER_FILE);
+        if file.is_none() || full {
+            let first = step.unwrap_or(0) / STEPS_PER_FILE * STEPS_PER_FILE;
+            let path = dir.join(format!("listing-{first:012}.txt"));
+            let f = std::fs::File::create(&path).map_err(|source| AnalyzeError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            if let Some((mut old, _)) = file.take() {
+                old.flush()?;
+            }
+            file = Some((std::io::BufWriter::new(f), first));
+            files += 1;
+        }
+        if let Some((f, _)) = file.as_mut() {
+            f.write_all(text.as_bytes())?;
+        }
+        Ok(())
+    })?;
+    if let Some((mut f, _)) = file {
+        f.flush()?;
+    }
+    Ok(files)
+}

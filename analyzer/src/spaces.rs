@@ -1,0 +1,230 @@
+//! The address-space table: each CR3 seen, its steps, the switches into
+//! it, the code it ran (as address ranges) and its busiest routines (the
+//! old analyzer's per-process table).
+
+use std::fmt::Write as _;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+use vtrace_storage::Record;
+
+use crate::error::Result;
+use crate::input::{Progress, SegmentInfo, Trace};
+use crate::levels::FuncResolver;
+use crate::symbols::{cr3_root, Symbolizer, UNKNOWN_FUNC};
+
+/// Routines listed per address space.
+const TOP_ROUTINES: usize = 10;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Routine {
+    pub name: String,
+    pub steps: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AddressSpace {
+    /// The page-table root (CR3 without its flag bits).
+    pub cr3: u64,
+    pub steps: u64,
+    pub kernel_steps: u64,
+    pub user_steps: u64,
+    /// Times execution switched into it from another address space.
+    pub switches_in: u64,
+    pub first_step: u64,
+    pub last_step: u64,
+    /// Code executed, as `[start, end)` ranges of 4 KiB pages.
+    pub code_ranges: Vec<(u64, u64)>,
+    pub routines: Vec<Routine>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SpaceTable {
+    pub steps: u64,
+    pub switches: u64,
+    pub spaces: Vec<AddressSpace>,
+}
+
+#[derive(Default)]
+struct Acc {
+    steps: u64,
+    kernel: u64,
+    switches_in: u64,
+    first: u64,
+    last: u64,
+    pages: FxHashSet<u64>,
+    funcs: FxHashMap<u32, u64>,
+}
+
+struct Part {
+    spaces: FxHashMap<u64, Acc>,
+    first_cr3: Option<u64>,
+    last_cr3: Option<u64>,
+}
+
+fn count_segment(info: &SegmentInfo, records: &[Record], symbols: &Symbolizer) -> Part {
+    let mut spaces: FxHashMap<u64, Acc> = FxHashMap::default();
+    let mut funcs = FuncResolver::new(symbols);
+    let mut prev: Option<u64> = None;
+    let mut first_cr3 = None;
+    let mut number = info.first_step;
+    for r in records {
+        let Record::Step(s) = r else { continue };
+        let root = cr3_root(s.cr3);
+        let a = spaces.entry(root).or_insert_with(|| Acc {
+            first: number,
+            ..Default::default()
+        });
+        a.steps += 1;
+        if s.cpl == 0 {
+            a.kernel += 1;
+        }
+        a.last = number;
+        a.pages.insert(s.pc >> 12);
+        *a.funcs.entry(funcs.func(s.pc, s.cr3)).or_default() += 1;
+        if prev.is_some_and(|p| p != root) {
+            a.switches_in += 1;
+        }
+        first_cr3.get_or_insert(root);
+        prev = Some(root);
+        number += 1;
+    }
+    Part {
+        spaces,
+        first_cr3,
+        last_cr3: prev,
+    }
+}
+
+fn ranges(pages: &FxHashSet<u64>) -> Vec<(u64, u64)> {
+    let mut sorted: Vec<u64> = pages.iter().copied().collect();
+    sorted.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for p in sorted {
+        match out.last_mut() {
+            Some(r) if r.1 == p << 12 => r.1 = (p + 1) << 12,
+            _ => out.push((p << 12, (p + 1) << 12)),
+        }
+    }
+    out
+}
+
+/// Reads the trace and builds the table.
+pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> Result<SpaceTable> {
+    let mut all: FxHashMap<u64, Acc> = FxHashMap::default();
+    let mut last: Option<u64> = None;
+    trace.for_each_ordered(
+        &trace.segments,
+        |info, records| count_segment(info, records, symbols),
+        |chunk| {
+            let Ok(part) = chunk.result else {
+                return Ok::<(), crate::error::AnalyzeError>(());
+            };
+            if let (Some(a), Some(b)) = (last, part.first_cr3) {
+                if a != b {
+                    all.entry(b).or_default().switches_in += 1;
+                }
+            }
+            last = part.last_cr3.or(last);
+            for (cr3, p) in part.spaces {
+                let a = all.entry(cr3).or_insert_with(|| Acc {
+                    first: p.first,
+                    ..Default::default()
+                });
+                if a.steps == 0 {
+                    a.first = p.first;
+                }
+                a.steps += p.steps;
+                a.kernel += p.kernel;
+                a.switches_in += p.switches_in;
+                a.last = p.last;
+                a.pages.extend(p.pages);
+                for (f, c) in p.funcs {
+                    *a.funcs.entry(f).or_default() += c;
+                }
+            }
+            Ok(())
+        },
+        progress,
+    )?;
+    let mut spaces: Vec<AddressSpace> = all
+        .into_iter()
+        .map(|(cr3, a)| {
+            let mut routines: Vec<Routine> = a
+                .funcs
+                .iter()
+                .map(|(f, c)| Routine {
+                    name: if *f == UNKNOWN_FUNC {
+                        "[unknown code]".into()
+                    } else {
+                        symbols.name(*f).to_string()
+                    },
+                    steps: *c,
+                })
+                .collect();
+            routines.sort_by(|x, y| y.steps.cmp(&x.steps).then(x.name.cmp(&y.name)));
+            routines.truncate(TOP_ROUTINES);
+            AddressSpace {
+                cr3,
+                steps: a.steps,
+                kernel_steps: a.kernel,
+                user_steps: a.steps - a.kernel,
+                switches_in: a.switches_in,
+                first_step: a.first,
+                last_step: a.last,
+                code_ranges: ranges(&a.pages),
+                routines,
+            }
+        })
+        .collect();
+    spaces.sort_by_key(|s| s.first_step);
+    Ok(SpaceTable {
+        steps: spaces.iter().map(|s| s.steps).sum(),
+        switches: spaces.iter().map(|s| s.switches_in).sum(),
+        spaces,
+    })
+}
+
+impl SpaceTable {
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{} address spaces, {} steps, {} switches\n\n{:>18} {:>12} {:>7} {:>10} {:>10} {:>10} {:>8}\n",
+            self.spaces.len(),
+            self.steps,
+            self.switches,
+            "cr3",
+            "steps",
+            "%",
+            "kernel",
+            "user",
+            "first",
+            "switches"
+        );
+        for s in &self.spaces {
+            let _ = writeln!(
+                out,
+                "{:>#18x} {:>12} {:>6.2}% {:>10} {:>10} {:>10} {:>8}",
+                s.cr3,
+                s.steps,
+                100.0 * s.steps as f64 / self.steps.max(1) as f64,
+                s.kernel_steps,
+                s.user_steps,
+                s.first_step,
+                s.switches_in
+            );
+        }
+        for s in &self.spaces {
+            let _ = writeln!(out, "\naddress space {:#x}", s.cr3);
+            let code: Vec<String> = s
+                .code_ranges
+                .iter()
+                .map(|(a, b)| format!("{a:#x}-{b:#x}"))
+                .collect();
+            let _ = writeln!(out, "  code: {}", code.join(", "));
+            for r in &s.routines {
+                let _ = writeln!(out, "  {:>12}  {}", r.steps, r.name);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,495 @@
+//! Statistics: instruction mix, steps per routine, addressing modes,
+//! memory locality, interrupts and interrupt-disabled stretches. Per-step
+//! counts are gathered in parallel per segment and merged in order; totals
+//! per routine and the call-stack profile come from the level engine.
+
+use std::fmt::Write as _;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+use vtrace_storage::{Event, Record, Regs};
+
+use crate::error::Result;
+use crate::input::{Progress, SegmentInfo, Trace};
+use crate::insn::{memory_addresses, AddressingMode, Class, InsnCache};
+use crate::levels::{run_with, ExitKind, FrameView, LevelSink};
+use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
+
+const IF: u64 = 1 << 9;
+
+/// A name and how many steps (or events) it had.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Count {
+    pub name: String,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RoutineCount {
+    pub name: String,
+    /// Steps executed in the routine itself.
+    pub self_steps: u64,
+    /// Steps in it and in everything it called or was interrupted by
+    /// (recursive activations counted once).
+    pub total_steps: u64,
+    pub calls: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Locality {
+    /// Memory references (explicit operands and implied stack accesses).
+    pub references: u64,
+    pub distinct_lines: u64,
+    pub distinct_pages: u64,
+    /// References to a 64-byte line touched before: references minus
+    /// distinct lines.
+    pub reused: u64,
+    pub reuse_ratio: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DisabledStretches {
+    /// Steps with RFLAGS.IF clear.
+    pub steps: u64,
+    pub stretches: u64,
+    pub longest: u64,
+    /// Step number where the longest began, and the routine there.
+    pub longest_from: Option<u64>,
+    pub longest_in: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VectorCount {
+    pub vector: u8,
+    pub name: String,
+    pub count: u64,
+}
+
+/// Everything `vtrace analyze stats` reports.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Stats {
+    pub steps: u64,
+    pub mnemonics: Vec<Count>,
+    pub classes: Vec<Count>,
+    pub routines: Vec<RoutineCount>,
+    pub addressing_modes: Vec<Count>,
+    pub locality: Locality,
+    pub interrupts: Vec<VectorCount>,
+    pub interrupts_disabled: DisabledStretches,
+    pub calls: u64,
+    pub returns: u64,
+    pub address_space_switches: u64,
+    pub divided_levels: u64,
+    pub deepest_stack: usize,
+    /// Steps the trace does not have (gaps, paused tracing, bad segments).
+    pub breaks: u64,
+    /// Self steps by call stack (outermost first), for flame graphs.
+    #[serde(skip)]
+    pub folded: Vec<(Vec<String>, u64)>,
+}
+
+/// One segment's counts.
+#[derive(Default)]
+struct Part {
+    steps: u64,
+    mnemonics: FxHashMap<iced_x86::Mnemonic, u64>,
+    classes: FxHashMap<Class, u64>,
+    addressing: FxHashMap<AddressingMode, u64>,
+    references: u64,
+    lines: FxHashSet<u64>,
+    pages: FxHashSet<u64>,
+    vectors: FxHashMap<u8, u64>,
+    /// IF-clear runs: the one open at the segment's start (length), the
+    /// longest inside (length, first step, pc), the one open at the end.
+    leading: u64,
+    first_pc: u64,
+    all_disabled: bool,
+    inner: Option<(u64, u64, u64)>,
+    trailing: Option<(u64, u64, u64)>,
+    disabled_steps: u64,
+    stretches: u64,
+}
+
+fn count_segment(info: &SegmentInfo, records: &[Record]) -> Part {
+    let mut p = Part {
+        all_disabled: true,
+        ..Default::default()
+    };
+    let mut cache = InsnCache::default();
+    let mut before: Option<Regs> = None;
+    let mut number = info.first_step;
+    // The IF-clear run in progress: (length, first step, pc), and whether
+    // it began at the segment's first step.
+    let mut run: Option<(u64, u64, u64)> = None;
+    let mut run_from_start = false;
+    for r in records {
+        let s = match r {
+            Record::Step(s) => s,
+            Record::Event(Event::Interrupt { vector, .. }) => {
+                *p.vectors.entry(*vector).or_default() += 1;
+                continue;
+            }
+            Record::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
+                before = None;
+                continue;
+            }
+            Record::Event(_) => continue,
+        };
+        if p.steps == 0 {
+            p.first_pc = s.pc;
+        }
+        let info = cache.get(s);
+        *p.mnemonics.entry(info.mnemonic).or_default() += 1;
+        *p.classes.entry(info.class).or_default() += 1;
+        if let Some(mode) = info.addressing {
+            *p.addressing.entry(mode).or_default() += 1;
+        }
+        if let Some(regs) = &before {
+            for addr in memory_addresses(&info, regs) {
+                p.references += 1;
+                p.lines.insert(addr >> 6);
+                p.pages.insert(addr >> 12);
+            }
+        }
+        if s.regs.rflags & IF == 0 {
+            p.disabled_steps += 1;
+            match &mut run {
+                Some(r) => r.0 += 1,
+                None => {
+                    run_from_start = p.steps == 0;
+                    run = Some((1, number, s.pc));
+                }
+            }
+        } else {
+            p.all_disabled = false;
+            if let Some(r) = run.take() {
+                if run_from_start {
+                    p.leading = r.0;
+                } else {
+                    p.stretches += 1;
+                    if p.inner.is_none_or(|i| r.0 > i.0) {
+                        p.inner = Some(r);
+                    }
+                }
+            }
+        }
+        before = Some(s.regs);
+        p.steps += 1;
+        number += 1;
+    }
+    if p.all_disabled {
+        p.leading = p.steps;
+    } else {
+        p.trailing = run;
+    }
+    p
+}
+
+/// Merges parts in order; IF-clear runs join across segment borders.
+#[derive(Default)]
+struct Totals {
+    steps: u64,
+    mnemonics: FxHashMap<iced_x86::Mnemonic, u64>,
+    classes: FxHashMap<Class, u64>,
+    addressing: FxHashMap<AddressingMode, u64>,
+    references: u64,
+    lines: FxHashSet<u64>,
+    pages: FxHashSet<u64>,
+    vectors: FxHashMap<u8, u64>,
+    disabled: DisabledStretches,
+    longest_pc: Option<u64>,
+    /// The run open at the end of what was merged so far.
+    open: Option<(u64, u64, u64)>,
+}
+
+impl Totals {
+    fn close(&mut self, run: (u64, u64, u64)) {
+        self.disabled.stretches += 1;
+        if run.0 > self.disabled.longest {
+            self.disabled.longest = run.0;
+            self.disabled.longest_from = Some(run.1);
+            self.longest_pc = Some(run.2);
+        }
+    }
+
+    fn merge(&mut self, info: &SegmentInfo, p: Part) {
+        self.steps += p.steps;
+        for (k, v) in p.mnemonics {
+            *self.mnemonics.entry(k).or_default() += v;
+        }
+        for (k, v) in p.classes {
+            *self.classes.entry(k).or_default() += v;
+        }
+        for (k, v) in p.addressing {
+            *self.addressing.entry(k).or_default() += v;
+        }
+        for (k, v) in p.vectors {
+            *self.vectors.entry(k).or_default() += v;
+        }
+        self.references += p.references;
+        self.lines.extend(p.lines);
+        self.pages.extend(p.pages);
+        self.disabled.steps += p.disabled_steps;
+        self.disabled.stretches += p.stretches;
+        // The run open before this segment goes on through its leading run.
+        let open = self.open.take();
+        if p.leading > 0 {
+            let joined = match open {
+                Some((len, from, pc)) => (len + p.leading, from, pc),
+                None => (p.leading, info.first_step, p.first_pc),
+            };
+            if p.all_disabled {
+                self.open = Some(joined);
+            } else {
+                self.close(joined);
+            }
+        } else if let Some(run) = open {
+            self.close(run);
+        }
+        if let Some(inner) = p.inner {
+            self.disabled.stretches -= 1; // counted in p.stretches already
+            self.close(inner);
+        }
+        if !p.all_disabled {
+            self.open = p.trailing;
+        }
+    }
+}
+
+/// Gathers what the level engine knows per routine and per call path.
+#[derive(Default)]
+struct Profile {
+    self_steps: FxHashMap<FuncId, u64>,
+    total_steps: FxHashMap<FuncId, u64>,
+    calls: FxHashMap<FuncId, u64>,
+    by_node: FxHashMap<u32, u64>,
+    unknown_names: FxHashMap<u32, u64>,
+    divided: u64,
+}
+
+impl LevelSink for Profile {
+    fn enter(&mut self, frame: &FrameView) {
+        *self.calls.entry(frame.func).or_default() += 1;
+        if frame.func == UNKNOWN_FUNC {
+            self.unknown_names
+                .entry(frame.node)
+                .or_insert(frame.entry_pc);
+        }
+    }
+
+    fn exit(&mut self, frame: &FrameView, _how: ExitKind) {
+        *self.self_steps.entry(frame.func).or_default() += frame.self_steps;
+        if !frame.recursive {
+            *self.total_steps.entry(frame.func).or_default() += frame.total_steps;
+        }
+        *self.by_node.entry(frame.node).or_default() += frame.self_steps;
+    }
+
+    fn irregular(&mut self, _: u64, _: usize, _: crate::levels::Irregular) {
+        self.divided += 1;
+    }
+}
+
+fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
+    let mut v: Vec<Count> = map
+        .into_iter()
+        .map(|(name, count)| Count { name, count })
+        .collect();
+    v.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
+    v
+}
+
+/// Reads the whole trace and computes its statistics.
+pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> Result<Stats> {
+    let mut totals = Totals::default();
+    let mut profile = Profile::default();
+    let engine = run_with(
+        trace,
+        symbols,
+        &mut profile,
+        |info, records| (*info, count_segment(info, records)),
+        |(info, part)| totals.merge(&info, part),
+        progress,
+    )?;
+    if let Some(run) = totals.open.take() {
+        totals.close(run);
+    }
+    let name = |f: FuncId| {
+        if f == UNKNOWN_FUNC {
+            "[unknown code]".to_string()
+        } else {
+            symbols.name(f).to_string()
+        }
+    };
+    let mut routines: Vec<RoutineCount> = profile
+        .self_steps
+        .iter()
+        .map(|(f, s)| RoutineCount {
+            name: name(*f),
+            self_steps: *s,
+            total_steps: profile.total_steps.get(f).copied().unwrap_or(0),
+            calls: profile.calls.get(f).copied().unwrap_or(0),
+        })
+        .collect();
+    routines.sort_by(|a, b| b.self_steps.cmp(&a.self_steps).then(a.name.cmp(&b.name)));
+    let mut folded: Vec<(Vec<String>, u64)> = profile
+        .by_node
+        .iter()
+        .filter(|(_, c)| **c > 0)
+        .map(|(node, c)| (engine.path(*node).into_iter().map(name).collect(), *c))
+        .collect();
+    folded.sort();
+    let mut interrupts: Vec<VectorCount> = totals
+        .vectors
+        .iter()
+        .map(|(v, c)| VectorCount {
+            vector: *v,
+            name: crate::nest::vector_name(*v),
+            count: *c,
+        })
+        .collect();
+    interrupts.sort_by_key(|v| v.vector);
+    let mut disabled = totals.disabled.clone();
+    disabled.longest_in = totals
+        .longest_pc
+        .filter(|pc| *pc != 0)
+        .map(|pc| symbols.format(pc, 0));
+    let references = totals.references;
+    let distinct_lines = totals.lines.len() as u64;
+    Ok(Stats {
+        steps: totals.steps,
+        mnemonics: sorted(
+            totals
+                .mnemonics
+                .iter()
+                .map(|(m, c)| (format!("{m:?}").to_lowercase(), *c)),
+        ),
+        classes: sorted(
+            totals
+                .classes
+                .iter()
+                .map(|(k, c)| (k.name().to_string(), *c)),
+        ),
+        addressing_modes: sorted(
+            totals
+                .addressing
+                .iter()
+                .map(|(k, c)| (k.name().to_string(), *c)),
+        ),
+        routines,
+        locality: Locality {
+            references,
+            distinct_lines,
+            distinct_pages: totals.pages.len() as u64,
+            reused: references.saturating_sub(distinct_lines),
+            reuse_ratio: if references == 0 {
+                0.0
+            } else {
+                references.saturating_sub(distinct_lines) as f64 / references as f64
+            },
+        },
+        interrupts,
+        interrupts_disabled: disabled,
+        calls: engine.counts.calls,
+        returns: engine.counts.returns,
+        address_space_switches: engine.counts.switches,
+        divided_levels: profile.divided,
+        deepest_stack: engine.counts.max_depth,
+        breaks: engine.counts.breaks,
+        folded,
+    })
+}
+
+fn table(out: &mut String, title: &str, total: u64, rows: &[Count], top: usize) {
+    let _ = writeln!(out, "\n{title}");
+    for r in rows.iter().take(top) {
+        let _ = writeln!(
+            out,
+            "  {:>12} {:>6.2}%  {}",
+            r.count,
+            100.0 * r.count as f64 / total.max(1) as f64,
+            r.name
+        );
+    }
+    if rows.len() > top {
+        let _ = writeln!(
+            out,
+            "  ... {} more (--top, or --json for all)",
+            rows.len() - top
+        );
+    }
+}
+
+impl Stats {
+    /// The text report, `top` rows a table.
+    pub fn to_text(&self, top: usize) -> String {
+        let mut out = format!(
+            "steps: {}\ncalls: {}, returns: {}, address-space switches: {}, deepest stack: {}, \
+             divided levels: {}, breaks: {}\n",
+            self.steps,
+            self.calls,
+            self.returns,
+            self.address_space_switches,
+            self.deepest_stack,
+            self.divided_levels,
+            self.breaks
+        );
+        let _ = writeln!(out, "\nroutines by self steps (self, total, calls)");
+        for r in self.routines.iter().take(top) {
+            let _ = writeln!(
+                out,
+                "  {:>12} {:>6.2}% {:>12} {:>8}  {}",
+                r.self_steps,
+                100.0 * r.self_steps as f64 / self.steps.max(1) as f64,
+                r.total_steps,
+                r.calls,
+                r.name
+            );
+        }
+        table(
+            &mut out,
+            "instruction classes",
+            self.steps,
+            &self.classes,
+            top,
+        );
+        table(&mut out, "mnemonics", self.steps, &self.mnemonics, top);
+        let refs: u64 = self.addressing_modes.iter().map(|c| c.count).sum();
+        table(
+            &mut out,
+            "addressing modes (instructions with a memory operand)",
+            refs,
+            &self.addressing_modes,
+            top,
+        );
+        let l = &self.locality;
+        let _ = writeln!(
+            out,
+            "\nmemory locality: {} references, {} distinct 64-byte lines, {} distinct pages, \
+             {:.1}% of references to a line touched before",
+            l.references,
+            l.distinct_lines,
+            l.distinct_pages,
+            100.0 * l.reuse_ratio
+        );
+        let _ = writeln!(out, "\ninterrupts and exceptions");
+        for v in &self.interrupts {
+            let _ = writeln!(out, "  {:>12}  vector {:>3} {}", v.count, v.vector, v.name);
+        }
+        let d = &self.interrupts_disabled;
+        let _ = writeln!(
+            out,
+            "\ninterrupts disabled: {} steps ({:.2}%) in {} stretches; longest {} steps{}",
+            d.steps,
+            100.0 * d.steps as f64 / self.steps.max(1) as f64,
+            d.stretches,
+            d.longest,
+            match (&d.longest_from, &d.longest_in) {
+                (Some(s), Some(f)) => format!(" from step {s} in {f}"),
+                (Some(s), None) => format!(" from step {s}"),
+                _ => String::new(),
+            }
+        );
+        out
+    }
+}

@@ -1,0 +1,224 @@
+//! `vtrace analyze`: wiring from the command line to the analyzer crate.
+
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use vtrace_analyzer::input::Trace;
+use vtrace_analyzer::symbols::{discover, Scope, Symbolizer};
+use vtrace_analyzer::{levels, listing, nest, report, spaces, stats, timeline};
+use vtrace_storage::metadata::BUILTIN_DEMO;
+
+use crate::cli::{AnalyzeArgs, AnalyzeCommand, SyntaxArg, TraceArgs};
+
+/// Traces with fewer steps finish in about a second: no bar for them.
+const PROGRESS_FROM_STEPS: u64 = 2_000_000;
+
+/// A progress bar on stderr when it is a terminal and the work is long.
+fn progress_bar(trace: &Trace, args: &TraceArgs, what: &str) -> ProgressBar {
+    if args.quiet || !std::io::stderr().is_terminal() || trace.steps() < PROGRESS_FROM_STEPS {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(trace.steps());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {human_pos}/{human_len} steps ({per_sec}, {eta} left)",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Opens the trace and gathers its symbols, telling the user what was
+/// found and what was not.
+fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
+    let trace = Trace::open(&args.trace)?;
+    for p in &trace.problems {
+        eprintln!("vtrace: warning: {p}");
+    }
+    if trace.steps() == 0 {
+        anyhow::bail!(
+            "{} has no readable steps (was tracing ever started? `vtrace info` tells)",
+            args.trace.display()
+        );
+    }
+    let mut symbols = Symbolizer::new();
+    for spec in &args.symbols {
+        let (file, scope) = match spec.rsplit_once('@') {
+            Some((file, aspace)) => (file, Scope::parse(aspace)?),
+            None => (spec.as_str(), Scope::Any),
+        };
+        symbols.add_file(Path::new(file), scope)?;
+    }
+    if !args.no_kernel_symbols {
+        let found = discover(
+            &trace.metadata,
+            &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
+            &mut symbols,
+        );
+        for w in &found.warnings {
+            eprintln!("vtrace: warning: {w}");
+        }
+    }
+    Ok((trace, symbols))
+}
+
+fn create(path: &Path) -> Result<BufWriter<std::fs::File>> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    Ok(BufWriter::with_capacity(1 << 20, file))
+}
+
+fn stdout() -> BufWriter<std::io::StdoutLock<'static>> {
+    BufWriter::with_capacity(1 << 20, std::io::stdout().lock())
+}
+
+/// A write to a closed pipe (`vtrace analyze listing | head`) ends quietly.
+fn quiet_on_broken_pipe(r: Result<()>) -> Result<()> {
+    match r {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+pub fn analyze(args: AnalyzeArgs) -> Result<i32> {
+    quiet_on_broken_pipe(dispatch(args))?;
+    Ok(0)
+}
+
+fn dispatch(args: AnalyzeArgs) -> Result<()> {
+    match args.what {
+        AnalyzeCommand::Listing(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let options = listing::ListingOptions {
+                from: a.from,
+                count: a.count,
+                att: a.syntax == SyntaxArg::Att,
+                lines: !a.no_lines,
+            };
+            let bar = progress_bar(&trace, &a.trace, "listing");
+            let progress = |done, _| bar.set_position(done);
+            match &a.out {
+                Some(dir) => {
+                    let files = listing::write_files(&trace, &symbols, &options, dir, &progress)?;
+                    bar.finish_and_clear();
+                    eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
+                }
+                None => {
+                    let mut out = stdout();
+                    listing::write(&trace, &symbols, &options, &mut out, &progress)?;
+                    out.flush()?;
+                    bar.finish_and_clear();
+                }
+            }
+        }
+        AnalyzeCommand::Nest(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let bar = progress_bar(&trace, &a.trace, "nest");
+            let progress = |done, _| bar.set_position(done);
+            let out: Box<dyn Write> = match &a.output {
+                Some(path) => Box::new(create(path)?),
+                None => Box::new(stdout()),
+            };
+            let mut writer = nest::NestWriter::new(out, &symbols);
+            writer.header(&format!(
+                "vtrace nest diagram of {} ({} steps)",
+                a.trace.trace.display(),
+                trace.steps()
+            ));
+            let engine = levels::run(&trace, &symbols, &mut writer, &progress)?;
+            let divided = writer.divided;
+            writer.finish()?;
+            bar.finish_and_clear();
+            if a.output.is_some() {
+                eprintln!(
+                    "vtrace: {} steps, {} calls, {} interrupts, {} address-space switches, \
+                     {divided} divided levels, deepest stack {}",
+                    engine.counts.steps,
+                    engine.counts.calls,
+                    engine.counts.interrupts,
+                    engine.counts.switches,
+                    engine.counts.max_depth
+                );
+            }
+        }
+        AnalyzeCommand::Spaces(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let bar = progress_bar(&trace, &a.trace, "spaces");
+            let table = spaces::collect(&trace, &symbols, &|d, _| bar.set_position(d))?;
+            bar.finish_and_clear();
+            let mut out = stdout();
+            if a.json {
+                serde_json::to_writer_pretty(&mut out, &table)?;
+                writeln!(out)?;
+            } else {
+                out.write_all(table.to_text().as_bytes())?;
+            }
+            out.flush()?;
+        }
+        AnalyzeCommand::Stats(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let bar = progress_bar(&trace, &a.trace, "stats");
+            let s = stats::collect(&trace, &symbols, &|d, _| bar.set_position(d))?;
+            bar.finish_and_clear();
+            let mut out = stdout();
+            if a.json {
+                serde_json::to_writer_pretty(&mut out, &s)?;
+                writeln!(out)?;
+            } else {
+                out.write_all(s.to_text(a.top).as_bytes())?;
+            }
+            out.flush()?;
+        }
+        AnalyzeCommand::Flame(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let bar = progress_bar(&trace, &a.trace, "flame");
+            let folded = stats::collect(&trace, &symbols, &|d, _| bar.set_position(d))?.folded;
+            bar.finish_and_clear();
+            let mut out = create(&a.output)?;
+            vtrace_analyzer::flame::write_svg(
+                &folded,
+                &format!("{} ({} steps)", a.trace.trace.display(), trace.steps()),
+                &mut out,
+            )?;
+            out.flush()?;
+            eprintln!("vtrace: wrote {}", a.output.display());
+        }
+        AnalyzeCommand::Timeline(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let bar = progress_bar(&trace, &a.trace, "timeline");
+            let mut out = create(&a.output)?;
+            let events = timeline::write(&trace, &symbols, a.min_steps, &mut out, &|d, _| {
+                bar.set_position(d)
+            })?;
+            out.flush()?;
+            bar.finish_and_clear();
+            eprintln!(
+                "vtrace: wrote {} ({events} events; open it in ui.perfetto.dev or chrome://tracing)",
+                a.output.display()
+            );
+        }
+        AnalyzeCommand::Report(a) => {
+            let (trace, symbols) = open(&a.trace)?;
+            let bar = progress_bar(&trace, &a.trace, "report");
+            let mut out = create(&a.output)?;
+            report::write(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
+                bar.set_position(d)
+            })?;
+            out.flush()?;
+            bar.finish_and_clear();
+            eprintln!("vtrace: wrote {}", a.output.display());
+        }
+    }
+    Ok(())
+}
