@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs vtrace's test suite on a fresh machine: installs what the tests need
-# (a stock Linux kernel image to boot), then runs every test.
+# (a stock Linux kernel image to boot, headless Chromium for the HTML
+# report), then runs every test.
 # Idempotent: what is already installed is not installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,14 @@ fi
 if ! command -v setpriv >/dev/null 2>&1; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq util-linux >/dev/null
+fi
+
+# Headless Chromium renders `vtrace analyze report` pages in tests/analyze.rs.
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing chromium (renders the HTML report in the tests)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        chromium >/dev/null
 fi
 
 cargo test --workspace "$@"

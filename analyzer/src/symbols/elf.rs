@@ -65,7 +65,10 @@ pub fn parse_elf(bytes: &[u8], origin: &str) -> Result<SymbolTable, SymbolError>
             },
         ));
     }
-    ranked.sort_by_key(|(rank, s)| (s.start, *rank));
+    // Linker-script markers (`__kernel_start`, `_stext`) share addresses
+    // with routines; the routine's name is the one to show, whatever the
+    // source, so names starting with '_' come last here as in map files.
+    ranked.sort_by_key(|(rank, s)| (s.start, s.name.starts_with('_'), *rank));
     let list: Vec<Symbol> = ranked.into_iter().map(|(_, s)| s).collect();
     if list.is_empty() {
         return Err(SymbolError::NoSymbols(origin.to_string()));
@@ -100,5 +103,41 @@ mod tests {
     fn garbage_is_an_error_not_a_panic() {
         let e = parse_elf(b"not an elf file at all", "junk").unwrap_err();
         assert!(e.to_string().contains("junk"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod agreement {
+    use super::*;
+    use crate::symbols::parse_map;
+
+    /// System.map is `nm -n` output: the same kernel through both sources
+    /// must give the same routine at every routine start and just before
+    /// the next one.
+    #[test]
+    fn system_map_and_elf_agree_on_the_demo_os() {
+        let dir = std::env::temp_dir().join(format!("vtrace-nm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let elf_path = dir.join("demo.elf");
+        std::fs::write(&elf_path, vtrace_demo::DEMO_OS_ELF).unwrap();
+        let nm = std::process::Command::new("nm")
+            .arg("-n")
+            .arg(&elf_path)
+            .output()
+            .expect("nm (binutils, installed with gcc) runs");
+        assert!(nm.status.success());
+        let map = parse_map(&String::from_utf8_lossy(&nm.stdout), "System.map").unwrap();
+        let elf = parse_elf(vtrace_demo::DEMO_OS_ELF, "demo").unwrap();
+        let name = |t: &SymbolTable, a: u64| t.lookup(a).map(|i| t.symbols()[i].name.clone());
+        let mut checked = 0;
+        for (i, s) in elf.symbols().iter().enumerate() {
+            let last = elf.get(i + 1).map_or(s.start + s.size.max(1), |n| n.start) - 1;
+            for addr in [s.start, last] {
+                assert_eq!(name(&map, addr), name(&elf, addr), "at {addr:#x}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "only {checked} addresses compared");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

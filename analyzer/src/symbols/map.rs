@@ -62,6 +62,9 @@ pub fn parse_map(text: &str, origin: &str) -> Result<SymbolTable, SymbolError> {
         });
     }
     globals.extend(locals);
+    // Among names at one address, markers starting with '_' (`_stext`,
+    // `__kernel_start`) yield to the routine's own name, as in ELF sources.
+    globals.sort_by_key(|s| (s.start, s.name.starts_with('_')));
     if globals.is_empty() {
         return Err(SymbolError::NoSymbols(origin.to_string()));
     }

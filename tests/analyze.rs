@@ -1,0 +1,380 @@
+//! End-to-end tests of `vtrace analyze` on a real trace of the demo OS.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::{kvm_available, run, stderr, stdout};
+use object::{Object, ObjectSymbol};
+
+/// One traced run of the demo OS, shared by the tests in this file.
+fn demo_trace() -> &'static Path {
+    static TRACE: OnceLock<PathBuf> = OnceLock::new();
+    TRACE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        let disk = dir.join("demo.vtd");
+        let out = run(&[
+            "run",
+            "--no-input",
+            "--trace",
+            "--disk",
+            disk.to_str().unwrap(),
+            "--disk-size",
+            "64M",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        disk
+    })
+}
+
+fn analyze(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["analyze"];
+    all.extend_from_slice(args);
+    let out = run(&all);
+    assert!(out.status.success(), "vtrace {all:?}: {}", stderr(&out));
+    out
+}
+
+fn trace_arg() -> &'static str {
+    demo_trace().to_str().unwrap()
+}
+
+fn info_steps() -> u64 {
+    let out = run(&["info", "--json", trace_arg()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["steps"].as_u64().unwrap()
+}
+
+/// Indentation of a nest line's routine column (after the three counts).
+fn indent(line: &str) -> usize {
+    let body = &line[2 + 10 + 1 + 10 + 1 + 8 + 2..];
+    body.len() - body.trim_start().len()
+}
+
+#[test]
+fn nest_shows_the_timer_interrupt_the_scheduler_and_task_switches() {
+    if !kvm_available() {
+        return;
+    }
+    let text = stdout(&analyze(&["nest", trace_arg()]));
+    let lines: Vec<&str> = text.lines().collect();
+    // The demo OS's timer path (os/entry.S, os/interrupts.c): isr32 jumps
+    // to isr_common, which calls trap(); trap's `return schedule(f)` is a
+    // tail call at -O2, so schedule runs at trap's depth, in place of it.
+    let mut timer_paths = 0;
+    let mut switches_in_timer = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if !l.contains("==> interrupt: irq 0 (timer)") {
+            continue;
+        }
+        let isr = lines[i + 1];
+        let common = lines[i + 2];
+        let trap = lines[i + 3];
+        let schedule = lines[i + 4];
+        assert!(isr.contains("isr32();  [irq 0 (timer)]"), "{isr}");
+        assert!(
+            common.contains("isr_common() {  [irq 0 (timer)]"),
+            "{common}"
+        );
+        assert_eq!(indent(isr), indent(common), "{isr}\n{common}");
+        assert!(trap.contains("trap();"), "{trap}");
+        assert_eq!(indent(trap), indent(common) + 2, "{common}\n{trap}");
+        assert!(
+            schedule.contains("schedule(") && schedule.contains("[jmp]"),
+            "{schedule}"
+        );
+        assert_eq!(indent(schedule), indent(trap));
+        timer_paths += 1;
+        let rest = &lines[i + 5..];
+        let end = rest
+            .iter()
+            .position(|l| l.contains("==> return from interrupt"))
+            .unwrap_or(rest.len());
+        if rest[..end]
+            .iter()
+            .any(|l| l.contains("==> address space switch"))
+        {
+            switches_in_timer += 1;
+        }
+    }
+    assert!(
+        timer_paths >= 3,
+        "only {timer_paths} timer interrupts in:\n{text}"
+    );
+    assert!(
+        switches_in_timer >= 1,
+        "no task switch inside a timer interrupt:\n{text}"
+    );
+    // A page fault: trap calls page_fault, one level deeper.
+    let pf = lines
+        .iter()
+        .position(|l| l.contains("==> interrupt: #PF"))
+        .expect("the demo OS takes page faults");
+    let trap = lines[pf + 3];
+    let fault = lines[pf + 4];
+    assert!(trap.contains("trap() {"), "{trap}");
+    assert!(fault.contains("page_fault"), "{fault}");
+    assert_eq!(indent(fault), indent(trap) + 2);
+    // Each task's first run starts from nowhere: a divided level, marked.
+    assert!(text.contains("## divided level ##"));
+}
+
+#[test]
+fn self_steps_add_up_to_the_trace_and_stats_parse() {
+    if !kvm_available() {
+        return;
+    }
+    let steps = info_steps();
+    let out = analyze(&["stats", "--json", trace_arg()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    assert_eq!(v["steps"].as_u64(), Some(steps));
+    let self_sum: u64 = v["routines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["self_steps"].as_u64().unwrap())
+        .sum();
+    assert_eq!(self_sum, steps);
+    let mix: u64 = v["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(mix, steps);
+    // The three tasks are where the demo spends its steps.
+    let top: Vec<&str> = v["routines"].as_array().unwrap()[..3]
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for task in ["task_crc", "task_sieve", "task_matrix"] {
+        assert!(top.contains(&task), "{top:?}");
+    }
+    let vectors: Vec<u64> = v["interrupts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["vector"].as_u64().unwrap())
+        .collect();
+    assert!(
+        vectors.contains(&32) && vectors.contains(&14),
+        "{vectors:?}"
+    );
+    assert!(v["interrupts_disabled"]["longest"].as_u64().unwrap() > 0);
+    assert!(v["locality"]["distinct_pages"].as_u64().unwrap() > 0);
+    let text = stdout(&analyze(&["stats", trace_arg()]));
+    assert!(text.contains("routines by self steps"), "{text}");
+}
+
+fn step_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter(|l| !l.trim_start().starts_with("--"))
+}
+
+#[test]
+fn listing_windows_and_files_cover_every_step_with_demo_symbols() {
+    if !kvm_available() {
+        return;
+    }
+    let steps = info_steps();
+    let window = stdout(&analyze(&[
+        "listing",
+        trace_arg(),
+        "--from",
+        "1000",
+        "--count",
+        "50",
+    ]));
+    let numbers: Vec<u64> = step_lines(&window)
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(numbers, (1000..1050).collect::<Vec<_>>());
+    let last = stdout(&analyze(&[
+        "listing",
+        trace_arg(),
+        "--from",
+        &(steps - 5).to_string(),
+        "--count",
+        "100",
+    ]));
+    assert_eq!(step_lines(&last).count(), 5, "{last}");
+
+    let dir = tempfile::tempdir().unwrap();
+    analyze(&[
+        "listing",
+        trace_arg(),
+        "--no-lines",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len() as u64, steps.div_ceil(500_000));
+    let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
+    let names: HashSet<String> = elf
+        .symbols()
+        .filter_map(|s| s.name().ok().map(str::to_string))
+        .collect();
+    let mut count = 0u64;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for l in step_lines(&text) {
+            let place = l.split_whitespace().nth(2).unwrap();
+            let routine = place.split('+').next().unwrap();
+            assert!(names.contains(routine), "step not in a demo routine: {l}");
+            count += 1;
+        }
+    }
+    assert_eq!(count, steps);
+}
+
+#[test]
+fn spaces_lists_the_boot_space_and_each_task() {
+    if !kvm_available() {
+        return;
+    }
+    let out = analyze(&["spaces", "--json", trace_arg()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("spaces JSON");
+    let spaces = v["spaces"].as_array().unwrap();
+    // Boot (paging off), the kernel's own tables, and one per task.
+    assert!(spaces.len() >= 5, "{v}");
+    let sum: u64 = spaces.iter().map(|s| s["steps"].as_u64().unwrap()).sum();
+    assert_eq!(sum, info_steps());
+    assert!(v["switches"].as_u64().unwrap() >= 6);
+    for task in ["task_crc", "task_sieve", "task_matrix"] {
+        assert!(
+            spaces.iter().any(|s| s["routines"][0]["name"] == task),
+            "{task} does not lead any address space: {v}"
+        );
+    }
+}
+
+#[test]
+fn flame_graph_is_well_formed_svg_with_the_call_stacks() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("flame.svg");
+    analyze(&["flame", trace_arg(), "-o", svg.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    // inferno writes the SVG 1.1 doctype; the parser refuses DTDs unless told.
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&text, options).expect("well-formed SVG");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    for name in ["isr_common", "trap", "schedule", "task_crc"] {
+        assert!(
+            titles.iter().any(|t| t.starts_with(name)),
+            "{name} not in the graph"
+        );
+    }
+}
+
+#[test]
+fn timeline_is_trace_event_json_with_a_track_per_address_space() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("timeline.json");
+    analyze(&["timeline", trace_arg(), "-o", json.to_str().unwrap()]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).expect("timeline JSON");
+    let events = v["traceEvents"].as_array().unwrap();
+    let of = |ph: &'static str| events.iter().filter(move |e| e["ph"] == ph);
+    assert!(of("M").filter(|e| e["name"] == "thread_name").count() >= 4);
+    assert!(of("X").any(|e| e["name"] == "schedule"));
+    assert!(of("i").any(|e| e["name"] == "irq 0 (timer)"));
+    // Virtual time: the demo was traced with one nanosecond per step.
+    let last_end = of("X")
+        .map(|e| e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(last_end <= info_steps() as f64 / 1000.0 + 1.0);
+}
+
+#[test]
+fn html_report_renders_in_headless_chromium() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("report.html");
+    analyze(&["report", trace_arg(), "-o", html.to_str().unwrap()]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        !page.contains("http://") || !page.contains("<script src"),
+        "loads from the network"
+    );
+    let chromium = std::process::Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .expect("chromium is installed by scripts/test.sh; run that script");
+    assert!(chromium.status.success(), "{}", stderr(&chromium));
+    let dom = stdout(&chromium);
+    for id in ["summary", "statistics", "flame", "nest"] {
+        assert!(
+            dom.contains(&format!("id=\"{id}\"")),
+            "section {id} missing"
+        );
+    }
+    assert!(dom.contains("<svg"), "no flame graph");
+    assert!(
+        dom.contains("<details class=\"level\">"),
+        "no collapsible nest"
+    );
+    assert!(dom.contains("task_crc"));
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.vtd");
+    let out = run(&["analyze", "nest", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("nope.vtd"), "{}", stderr(&out));
+    let junk = dir.path().join("junk.vtd");
+    std::fs::write(&junk, vec![0x5a; 8192]).unwrap();
+    let out = run(&["analyze", "stats", junk.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not a vtrace trace"),
+        "{}",
+        stderr(&out)
+    );
+    if !kvm_available() {
+        return;
+    }
+    let out = run(&[
+        "analyze",
+        "nest",
+        trace_arg(),
+        "--symbols",
+        "/no/such/System.map",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("/no/such/System.map"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["analyze", "listing", trace_arg(), "--from", "99999999"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("past the trace's last step"),
+        "{}",
+        stderr(&out)
+    );
+}
