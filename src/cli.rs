@@ -56,6 +56,14 @@ pub struct CtlArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// Measure the analyzer instead: trace the demo OS, repeat its records
+    /// into a trace of at least --steps steps, and time the nest diagram
+    /// and the statistics on it (goal: 10 M steps/s each).
+    #[arg(long)]
+    pub analyzer: bool,
+    /// Steps in the analyzer benchmark's trace.
+    #[arg(long, default_value_t = 10_000_000, value_name = "N")]
+    pub steps: u64,
     /// Print JSON (keys: bare_steps_per_s, traced_steps_per_s, ratio,
     /// bytes_per_step, peak_rss_bytes).
     #[arg(long)]

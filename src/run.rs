@@ -52,7 +52,7 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
 }
 
 /// Peak resident memory of this process, from /proc.
-fn peak_rss_bytes() -> Option<u64> {
+pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -632,7 +632,9 @@ mod tests {
         e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
         cpu.regs.rsp = STACK - 48;
         debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
-        // iretq back to the interrupted nop: TF may be gone, so re-arm.
+        // iretq back to the interrupted nop: TF may be gone, so re-arm. The
+        // engine checks the target against the RIP the iretq pops.
+        cpu.put_u64(STACK - 48, CODE);
         cpu.regs.rsp = STACK;
         let d = debug_exit(&mut e, &mut cpu, CODE, &mut out);
         assert_eq!(d, Directive::ReArm);
