@@ -183,7 +183,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         AnalyzeCommand::Flame(a) => {
             let (trace, symbols) = open(&a.trace)?;
             let bar = progress_bar(&trace, &a.trace, "flame");
-            let folded = stats::collect(&trace, &symbols, &|d, _| bar.set_position(d))?.folded;
+            let folded = stats::folded(&trace, &symbols, &|d, _| bar.set_position(d))?;
             bar.finish_and_clear();
             let mut out = create(&a.output)?;
             vtrace_analyzer::flame::write_svg(

@@ -346,21 +346,24 @@ pub fn memory_addresses<'a>(
 /// space) is decoded again.
 #[derive(Default)]
 pub struct InsnCache {
-    map: FxHashMap<u64, (vtrace_storage::InsnBytes, u32, std::sync::Arc<InsnInfo>)>,
+    map: FxHashMap<u64, (vtrace_storage::InsnBytes, u32, InsnInfo)>,
 }
 
 impl InsnCache {
-    pub fn get(&mut self, step: &Step) -> std::sync::Arc<InsnInfo> {
+    pub fn get(&mut self, step: &Step) -> &InsnInfo {
         let bitness = step.mode.bitness();
-        if let Some((bytes, b, info)) = self.map.get(&step.pc) {
-            if *bytes == step.bytes && *b == bitness {
-                return info.clone();
-            }
+        let fresh = || {
+            (
+                step.bytes,
+                bitness,
+                decode(step.bytes.as_slice(), step.pc, bitness),
+            )
+        };
+        let entry = self.map.entry(step.pc).or_insert_with(fresh);
+        if entry.0 != step.bytes || entry.1 != bitness {
+            *entry = fresh();
         }
-        let info = std::sync::Arc::new(decode(step.bytes.as_slice(), step.pc, bitness));
-        self.map
-            .insert(step.pc, (step.bytes, bitness, info.clone()));
-        info
+        &entry.2
     }
 }
 

@@ -73,10 +73,15 @@ impl<'a> FuncResolver<'a> {
     }
 }
 
-/// Turns one segment's records into level items.
-pub fn items(info: &SegmentInfo, records: &[Record], symbols: &Symbolizer) -> Vec<Item> {
+/// Turns one segment's records into level items. `cache` is the segment's
+/// decoded instructions, shared with other per-segment work.
+pub fn items(
+    info: &SegmentInfo,
+    records: &[Record],
+    symbols: &Symbolizer,
+    cache: &mut InsnCache,
+) -> Vec<Item> {
     let mut out = Vec::with_capacity(records.len());
-    let mut cache = InsnCache::default();
     let mut funcs = FuncResolver::new(symbols);
     let mut step = info.first_step;
     let mut stopped = false;
@@ -344,6 +349,11 @@ impl LevelEngine {
         n
     }
 
+    /// Index of the innermost interrupt or system-call frame.
+    fn innermost_entry(&self) -> Option<usize> {
+        self.stack.iter().rposition(|f| f.is_entry())
+    }
+
     fn nesting(&self) -> usize {
         self.stack.iter().filter(|f| f.is_entry()).count()
     }
@@ -430,7 +440,7 @@ impl LevelEngine {
             // A new address space: it goes on with the kernel path that
             // switched to it, from the innermost interrupt entry up; the
             // copied entry frame's return is not known.
-            let Some(entry) = self.stack.iter().rposition(|f| f.is_entry()) else {
+            let Some(entry) = self.innermost_entry() else {
                 return Vec::new();
             };
             let mut seed: Vec<Frame> = self.stack[entry..].to_vec();
@@ -464,11 +474,7 @@ impl LevelEngine {
         // Only frames of the current big level count: a re-entered
         // interrupt stub jumping to common code that an outer, interrupted
         // activation also runs is not a jump back into that activation.
-        let level_base = self
-            .stack
-            .iter()
-            .rposition(|f| f.is_entry())
-            .map_or(0, |i| i + 1);
+        let level_base = self.innermost_entry().map_or(0, |i| i + 1);
         if func != UNKNOWN_FUNC {
             if let Some(i) = self.stack[level_base..]
                 .iter()
@@ -619,7 +625,7 @@ impl LevelEngine {
                     // innermost entry all the same.
                     let mut before = self.prev;
                     if before.is_some_and(|p| p.flow == Flow::InterruptReturn) {
-                        if let Some(i) = self.stack.iter().rposition(|f| f.is_entry()) {
+                        if let Some(i) = self.innermost_entry() {
                             before = self.unwind_to(sink, i).and_then(|f| f.saved_prev);
                         }
                     }
@@ -688,16 +694,17 @@ pub fn run(
     sink: &mut impl LevelSink,
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
-    run_with(trace, symbols, sink, |_, _| (), |_| {}, progress)
+    run_with(trace, symbols, sink, |_, _, _| (), |_| {}, progress)
 }
 
 /// [`run`], plus per-segment work `extra` done in parallel alongside the
-/// items and handed to `merge` in trace order.
+/// items (with the same decoded-instruction cache, so each instruction is
+/// decoded once per segment) and handed to `merge` in trace order.
 pub fn run_with<T: Send>(
     trace: &crate::input::Trace,
     symbols: &Symbolizer,
     sink: &mut impl LevelSink,
-    extra: impl Fn(&SegmentInfo, &[Record]) -> T + Sync,
+    extra: impl Fn(&SegmentInfo, &[Record], &mut InsnCache) -> T + Sync,
     mut merge: impl FnMut(T),
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
@@ -705,7 +712,11 @@ pub fn run_with<T: Send>(
     let mut expected: Option<u64> = None;
     trace.for_each_ordered(
         &trace.segments,
-        |info, records| (items(info, records, symbols), extra(info, records)),
+        |info, records| {
+            let mut cache = InsnCache::default();
+            let items = items(info, records, symbols, &mut cache);
+            (items, extra(info, records, &mut cache))
+        },
         |chunk| {
             if expected.is_some_and(|e| e != chunk.info.first_step) {
                 engine.push(Item::Break, sink);

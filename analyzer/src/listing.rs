@@ -118,7 +118,7 @@ struct LineFormatter<'a> {
     symbols: &'a Symbolizer,
     options: &'a ListingOptions,
     insns: InsnCache,
-    text: FxHashMap<(u64, u64), std::sync::Arc<str>>,
+    text: FxHashMap<(u64, u64), String>,
 }
 
 impl<'a> LineFormatter<'a> {
@@ -131,15 +131,18 @@ impl<'a> LineFormatter<'a> {
         }
     }
 
-    /// Everything of a step's line before its register changes, which
-    /// need the step before.
-    fn prefix(&mut self, number: u64, s: &Step) -> std::sync::Arc<str> {
+    /// A step's line between its number and its register changes: the
+    /// same for every execution of the instruction, so made once.
+    fn describe(&mut self, s: &Step) -> &str {
         let key = (s.pc, cr3_root(s.cr3));
-        if let Some(t) = self.text.get(&key) {
-            if !t.is_empty() {
-                return format!("{number:>10} {t}").into();
-            }
+        if !self.text.contains_key(&key) {
+            let text = self.format(s);
+            self.text.insert(key, text);
         }
+        &self.text[&key]
+    }
+
+    fn format(&mut self, s: &Step) -> String {
         let info = self.insns.get(s);
         let mut asm = Text(String::new());
         if self.options.att {
@@ -168,15 +171,12 @@ impl<'a> LineFormatter<'a> {
         } else {
             String::new()
         };
-        let t: std::sync::Arc<str> = format!(
+        format!(
             "{:>6x} {:<28} {bytes:<20} {:<36}{line} |",
             cr3_root(s.cr3) >> 12,
             place,
             asm.0
         )
-        .into();
-        self.text.insert(key, t.clone());
-        format!("{number:>10} {t}").into()
     }
 }
 
@@ -222,18 +222,13 @@ fn format_segment(
                 }
             }
             Record::Step(s) => {
-                let shown = in_window(options, number);
-                if shown {
-                    let prefix = f.prefix(number, s);
-                    if out.first.is_none()
-                        && prev.is_none()
-                        && out.rest.is_empty()
-                        && number == info.first_step
-                    {
-                        out.rest.push_str(&pending_events);
-                        out.first = Some((prefix.to_string(), s.regs));
+                if in_window(options, number) {
+                    let text = f.describe(s);
+                    if number == info.first_step {
+                        out.first = Some((format!("{number:>10} {text}"), s.regs));
                         if !pending_events.is_empty() {
                             out.index.push((u64::MAX, 0));
+                            out.rest.push_str(&pending_events);
                         }
                     } else {
                         if !pending_events.is_empty() {
@@ -241,7 +236,11 @@ fn format_segment(
                             out.rest.push_str(&pending_events);
                         }
                         out.index.push((number, out.rest.len()));
-                        let _ = writeln!(out.rest, "{prefix} {}", changed(prev.as_ref(), &s.regs));
+                        let _ = writeln!(
+                            out.rest,
+                            "{number:>10} {text} {}",
+                            changed(prev.as_ref(), &s.regs)
+                        );
                     }
                 }
                 pending_events.clear();

@@ -11,7 +11,8 @@ use vtrace_storage::Record;
 use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
 use crate::levels::FuncResolver;
-use crate::symbols::{cr3_root, Symbolizer, UNKNOWN_FUNC};
+use crate::stats::routine_label;
+use crate::symbols::{cr3_root, Symbolizer};
 
 /// Routines listed per address space.
 const TOP_ROUTINES: usize = 10;
@@ -154,11 +155,7 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
                 .funcs
                 .iter()
                 .map(|(f, c)| Routine {
-                    name: if *f == UNKNOWN_FUNC {
-                        "[unknown code]".into()
-                    } else {
-                        symbols.name(*f).to_string()
-                    },
+                    name: routine_label(symbols, *f),
                     steps: *c,
                 })
                 .collect();

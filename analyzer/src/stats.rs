@@ -12,7 +12,7 @@ use vtrace_storage::{Event, Record, Regs};
 use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::{memory_addresses, AddressingMode, Class, InsnCache};
-use crate::levels::{run_with, ExitKind, FrameView, LevelSink};
+use crate::levels::{run_with, ExitKind, FrameView, LevelEngine, LevelSink};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
 const IF: u64 = 1 << 9;
@@ -88,9 +88,9 @@ pub struct Stats {
     pub folded: Vec<(Vec<String>, u64)>,
 }
 
-/// One segment's counts.
+/// Counts that add up across segments as they are.
 #[derive(Default)]
-struct Part {
+struct Counts {
     steps: u64,
     mnemonics: FxHashMap<iced_x86::Mnemonic, u64>,
     classes: FxHashMap<Class, u64>,
@@ -99,6 +99,33 @@ struct Part {
     lines: FxHashSet<u64>,
     pages: FxHashSet<u64>,
     vectors: FxHashMap<u8, u64>,
+    disabled_steps: u64,
+}
+
+fn add_all<K: std::hash::Hash + Eq>(to: &mut FxHashMap<K, u64>, from: FxHashMap<K, u64>) {
+    for (k, v) in from {
+        *to.entry(k).or_default() += v;
+    }
+}
+
+impl Counts {
+    fn add(&mut self, other: Counts) {
+        self.steps += other.steps;
+        add_all(&mut self.mnemonics, other.mnemonics);
+        add_all(&mut self.classes, other.classes);
+        add_all(&mut self.addressing, other.addressing);
+        add_all(&mut self.vectors, other.vectors);
+        self.references += other.references;
+        self.lines.extend(other.lines);
+        self.pages.extend(other.pages);
+        self.disabled_steps += other.disabled_steps;
+    }
+}
+
+/// One segment's counts.
+#[derive(Default)]
+struct Part {
+    counts: Counts,
     /// IF-clear runs: the one open at the segment's start (length), the
     /// longest inside (length, first step, pc), the one open at the end.
     leading: u64,
@@ -106,16 +133,15 @@ struct Part {
     all_disabled: bool,
     inner: Option<(u64, u64, u64)>,
     trailing: Option<(u64, u64, u64)>,
-    disabled_steps: u64,
+    /// IF-clear runs that began and ended inside the segment.
     stretches: u64,
 }
 
-fn count_segment(info: &SegmentInfo, records: &[Record]) -> Part {
+fn count_segment(info: &SegmentInfo, records: &[Record], cache: &mut InsnCache) -> Part {
     let mut p = Part {
         all_disabled: true,
         ..Default::default()
     };
-    let mut cache = InsnCache::default();
     let mut before: Option<Regs> = None;
     let mut number = info.first_step;
     // The IF-clear run in progress: (length, first step, pc), and whether
@@ -126,7 +152,7 @@ fn count_segment(info: &SegmentInfo, records: &[Record]) -> Part {
         let s = match r {
             Record::Step(s) => s,
             Record::Event(Event::Interrupt { vector, .. }) => {
-                *p.vectors.entry(*vector).or_default() += 1;
+                *p.counts.vectors.entry(*vector).or_default() += 1;
                 continue;
             }
             Record::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
@@ -135,28 +161,29 @@ fn count_segment(info: &SegmentInfo, records: &[Record]) -> Part {
             }
             Record::Event(_) => continue,
         };
-        if p.steps == 0 {
+        let c = &mut p.counts;
+        if c.steps == 0 {
             p.first_pc = s.pc;
         }
         let info = cache.get(s);
-        *p.mnemonics.entry(info.mnemonic).or_default() += 1;
-        *p.classes.entry(info.class).or_default() += 1;
+        *c.mnemonics.entry(info.mnemonic).or_default() += 1;
+        *c.classes.entry(info.class).or_default() += 1;
         if let Some(mode) = info.addressing {
-            *p.addressing.entry(mode).or_default() += 1;
+            *c.addressing.entry(mode).or_default() += 1;
         }
         if let Some(regs) = &before {
-            for addr in memory_addresses(&info, regs) {
-                p.references += 1;
-                p.lines.insert(addr >> 6);
-                p.pages.insert(addr >> 12);
+            for addr in memory_addresses(info, regs) {
+                c.references += 1;
+                c.lines.insert(addr >> 6);
+                c.pages.insert(addr >> 12);
             }
         }
         if s.regs.rflags & IF == 0 {
-            p.disabled_steps += 1;
+            c.disabled_steps += 1;
             match &mut run {
                 Some(r) => r.0 += 1,
                 None => {
-                    run_from_start = p.steps == 0;
+                    run_from_start = c.steps == 0;
                     run = Some((1, number, s.pc));
                 }
             }
@@ -174,11 +201,11 @@ fn count_segment(info: &SegmentInfo, records: &[Record]) -> Part {
             }
         }
         before = Some(s.regs);
-        p.steps += 1;
+        p.counts.steps += 1;
         number += 1;
     }
     if p.all_disabled {
-        p.leading = p.steps;
+        p.leading = p.counts.steps;
     } else {
         p.trailing = run;
     }
@@ -188,14 +215,7 @@ fn count_segment(info: &SegmentInfo, records: &[Record]) -> Part {
 /// Merges parts in order; IF-clear runs join across segment borders.
 #[derive(Default)]
 struct Totals {
-    steps: u64,
-    mnemonics: FxHashMap<iced_x86::Mnemonic, u64>,
-    classes: FxHashMap<Class, u64>,
-    addressing: FxHashMap<AddressingMode, u64>,
-    references: u64,
-    lines: FxHashSet<u64>,
-    pages: FxHashSet<u64>,
-    vectors: FxHashMap<u8, u64>,
+    counts: Counts,
     disabled: DisabledStretches,
     longest_pc: Option<u64>,
     /// The run open at the end of what was merged so far.
@@ -205,6 +225,10 @@ struct Totals {
 impl Totals {
     fn close(&mut self, run: (u64, u64, u64)) {
         self.disabled.stretches += 1;
+        self.consider(run);
+    }
+
+    fn consider(&mut self, run: (u64, u64, u64)) {
         if run.0 > self.disabled.longest {
             self.disabled.longest = run.0;
             self.disabled.longest_from = Some(run.1);
@@ -213,23 +237,7 @@ impl Totals {
     }
 
     fn merge(&mut self, info: &SegmentInfo, p: Part) {
-        self.steps += p.steps;
-        for (k, v) in p.mnemonics {
-            *self.mnemonics.entry(k).or_default() += v;
-        }
-        for (k, v) in p.classes {
-            *self.classes.entry(k).or_default() += v;
-        }
-        for (k, v) in p.addressing {
-            *self.addressing.entry(k).or_default() += v;
-        }
-        for (k, v) in p.vectors {
-            *self.vectors.entry(k).or_default() += v;
-        }
-        self.references += p.references;
-        self.lines.extend(p.lines);
-        self.pages.extend(p.pages);
-        self.disabled.steps += p.disabled_steps;
+        self.counts.add(p.counts);
         self.disabled.stretches += p.stretches;
         // The run open before this segment goes on through its leading run.
         let open = self.open.take();
@@ -247,8 +255,7 @@ impl Totals {
             self.close(run);
         }
         if let Some(inner) = p.inner {
-            self.disabled.stretches -= 1; // counted in p.stretches already
-            self.close(inner);
+            self.consider(inner);
         }
         if !p.all_disabled {
             self.open = p.trailing;
@@ -299,6 +306,51 @@ fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
     v
 }
 
+/// A routine's name for tables: its symbol, or `[unknown code]`.
+pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
+    if f == UNKNOWN_FUNC {
+        "[unknown code]".to_string()
+    } else {
+        symbols.name(f).to_string()
+    }
+}
+
+/// Self steps by call path (outermost routine first), sorted.
+fn folded_paths(
+    engine: &LevelEngine,
+    profile: &Profile,
+    symbols: &Symbolizer,
+) -> Vec<(Vec<String>, u64)> {
+    let mut folded: Vec<(Vec<String>, u64)> = profile
+        .by_node
+        .iter()
+        .filter(|(_, c)| **c > 0)
+        .map(|(node, c)| {
+            let path = engine.path(*node);
+            (
+                path.into_iter()
+                    .map(|f| routine_label(symbols, f))
+                    .collect(),
+                *c,
+            )
+        })
+        .collect();
+    folded.sort();
+    folded
+}
+
+/// Only the call-stack profile a flame graph needs, without the per-step
+/// statistics [`collect`] gathers too.
+pub fn folded(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    progress: Progress<'_>,
+) -> Result<Vec<(Vec<String>, u64)>> {
+    let mut profile = Profile::default();
+    let engine = crate::levels::run(trace, symbols, &mut profile, progress)?;
+    Ok(folded_paths(&engine, &profile, symbols))
+}
+
 /// Reads the whole trace and computes its statistics.
 pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> Result<Stats> {
     let mut totals = Totals::default();
@@ -307,39 +359,27 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
         trace,
         symbols,
         &mut profile,
-        |info, records| (*info, count_segment(info, records)),
+        |info, records, cache| (*info, count_segment(info, records, cache)),
         |(info, part)| totals.merge(&info, part),
         progress,
     )?;
     if let Some(run) = totals.open.take() {
         totals.close(run);
     }
-    let name = |f: FuncId| {
-        if f == UNKNOWN_FUNC {
-            "[unknown code]".to_string()
-        } else {
-            symbols.name(f).to_string()
-        }
-    };
     let mut routines: Vec<RoutineCount> = profile
         .self_steps
         .iter()
         .map(|(f, s)| RoutineCount {
-            name: name(*f),
+            name: routine_label(symbols, *f),
             self_steps: *s,
             total_steps: profile.total_steps.get(f).copied().unwrap_or(0),
             calls: profile.calls.get(f).copied().unwrap_or(0),
         })
         .collect();
     routines.sort_by(|a, b| b.self_steps.cmp(&a.self_steps).then(a.name.cmp(&b.name)));
-    let mut folded: Vec<(Vec<String>, u64)> = profile
-        .by_node
-        .iter()
-        .filter(|(_, c)| **c > 0)
-        .map(|(node, c)| (engine.path(*node).into_iter().map(name).collect(), *c))
-        .collect();
-    folded.sort();
-    let mut interrupts: Vec<VectorCount> = totals
+    let folded = folded_paths(&engine, &profile, symbols);
+    let totals_counts = totals.counts;
+    let mut interrupts: Vec<VectorCount> = totals_counts
         .vectors
         .iter()
         .map(|(v, c)| VectorCount {
@@ -349,11 +389,13 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
         })
         .collect();
     interrupts.sort_by_key(|v| v.vector);
-    let mut disabled = totals.disabled.clone();
+    let mut disabled = totals.disabled;
+    disabled.steps = totals_counts.disabled_steps;
     disabled.longest_in = totals
         .longest_pc
         .filter(|pc| *pc != 0)
         .map(|pc| symbols.format(pc, 0));
+    let totals = totals_counts;
     let references = totals.references;
     let distinct_lines = totals.lines.len() as u64;
     Ok(Stats {

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
 
-use super::{Scope, Symbolizer};
+use super::{Scope, SymbolError, Symbolizer};
 
 /// What [`discover`] loaded and what it could not.
 #[derive(Debug, Default)]
@@ -40,13 +40,6 @@ fn candidates(kernel: &Path) -> Vec<PathBuf> {
     }
     out.push(dir.join("System.map"));
     out
-}
-
-fn is_elf_with_symbols(path: &Path) -> bool {
-    std::fs::read(path)
-        .ok()
-        .filter(|b| b.starts_with(b"\x7fELF"))
-        .is_some_and(|b| super::parse_elf(&b, "").is_ok())
 }
 
 /// Loads the symbols of the kernel `metadata` names into `symbols`.
@@ -95,8 +88,10 @@ pub fn discover(
         return d;
     }
     let kernel = Path::new(kernel);
-    if let (Some(id), Ok(bytes)) = (&metadata.kernel_id, std::fs::read(kernel)) {
-        if *id != image_id(&bytes) {
+    // Read once: it is checked against the trace and may hold the symbols.
+    let image = std::fs::read(kernel).ok();
+    if let (Some(id), Some(bytes)) = (&metadata.kernel_id, &image) {
+        if *id != image_id(bytes) {
             d.warnings.push(format!(
                 "{} changed since it was traced: symbols found for it may be wrong",
                 kernel.display()
@@ -104,17 +99,27 @@ pub fn discover(
         }
     }
     for path in candidates(kernel) {
-        let usable = if path == kernel {
-            is_elf_with_symbols(&path)
+        let origin = path.display().to_string();
+        let result = if path == kernel {
+            // The image itself counts only as an ELF with symbols: a
+            // bzImage or a stripped vmlinux sends us on to the others.
+            match &image {
+                Some(bytes) if bytes.starts_with(b"\x7fELF") => {
+                    match symbols.add_bytes(bytes, &origin, Scope::Any) {
+                        Err(SymbolError::NoSymbols(_)) => continue,
+                        other => other,
+                    }
+                }
+                _ => continue,
+            }
+        } else if path.is_file() {
+            symbols.add_file(&path, Scope::Any)
         } else {
-            path.is_file()
-        };
-        if !usable {
             continue;
-        }
-        match symbols.add_file(&path, Scope::Any) {
+        };
+        match result {
             Ok(()) => {
-                d.loaded.push(path.display().to_string());
+                d.loaded.push(origin);
                 return d;
             }
             Err(e) => d.warnings.push(e.to_string()),

@@ -147,12 +147,21 @@ impl Symbolizer {
             path: path.to_path_buf(),
             source,
         })?;
-        let origin = path.display().to_string();
+        self.add_bytes(&bytes, &path.display().to_string(), scope)
+    }
+
+    /// Adds a file's contents, told apart as [`Symbolizer::add_file`] does.
+    pub fn add_bytes(
+        &mut self,
+        bytes: &[u8],
+        origin: &str,
+        scope: Scope,
+    ) -> Result<(), SymbolError> {
         if bytes.starts_with(b"\x7fELF") {
-            self.add_elf(&bytes, &origin, scope)
+            self.add_elf(bytes, origin, scope)
         } else {
-            let table = parse_map(&String::from_utf8_lossy(&bytes), &origin)?;
-            self.add(&origin, scope, table, None);
+            let table = parse_map(&String::from_utf8_lossy(bytes), origin)?;
+            self.add(origin, scope, table, None);
             Ok(())
         }
     }
