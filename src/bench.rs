@@ -3,11 +3,12 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use vtrace_analyzer::input::{no_progress, Trace};
-use vtrace_analyzer::symbols::{Scope, Symbolizer};
+use vtrace_analyzer::symbols::{discover, Symbolizer};
 use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
-use vtrace_storage::{Recorder, TraceReader};
+use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
+use vtrace_storage::{Recorder, SegmentDecoder, TraceReader};
 use vtrace_vmm::boot::{BootSource, Image};
 
 use crate::cli::BenchArgs;
@@ -20,13 +21,13 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     };
     let dir = std::env::temp_dir().join(format!("vtrace-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    if !args.json {
-        eprintln!("vtrace bench: stepping the demo OS bare, then tracing it...");
-    }
     if args.analyzer {
-        let result = analyzer_bench(&boot, &dir, args.steps, args.json);
+        let result = analyzer_bench(&boot, &dir, &args);
         let _ = std::fs::remove_dir_all(&dir);
         return result;
+    }
+    if !args.json {
+        eprintln!("vtrace bench: stepping the demo OS bare, then tracing it...");
     }
     let result = vtrace_trap::bench::run(&boot, &dir);
     let _ = std::fs::remove_dir_all(&dir);
@@ -73,52 +74,79 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
 /// it holds at least `steps` steps: a long trace with the demo OS's real
 /// instruction mix, call structure and interrupts, without tracing for
 /// minutes.
-fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<u64> {
+fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
     let reader = TraceReader::open(source)?;
-    let mut records = Vec::new();
-    for i in 0..reader.segments().len() {
-        records.extend(reader.decode(i).map_err(anyhow::Error::msg)?);
-    }
-    let per_copy = records
-        .iter()
-        .filter(|r| matches!(r, vtrace_storage::Record::Step(_)))
-        .count() as u64;
+    // The payloads, not the records: decoded, the demo's records take
+    // about 170 MiB, which would swamp the analyzer's own memory figure.
+    let payloads = (0..reader.segments().len())
+        .map(|i| reader.payload(i))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let per_copy: u64 = reader.segments().iter().map(|s| s.found.header.steps).sum();
     anyhow::ensure!(per_copy > 0, "the demo trace has no steps");
     let copies = steps.div_ceil(per_copy);
     // 1.64 bytes a step, measured; four bytes leaves room.
     let size = (copies * per_copy * 4).max(64 << 20);
-    let disk = DiskWriter::create(
-        target,
-        size,
-        DEFAULT_SLOT_SIZE,
-        false,
-        "vtrace bench --analyzer",
-    )?;
+    // Says which kernel ran, so `vtrace analyze` on a kept copy finds the
+    // demo OS's symbols as it does for a trace `vtrace run` wrote.
+    let metadata = TraceMetadata {
+        guest: "the demo OS, repeated by vtrace bench --analyzer".to_string(),
+        kernel: Some(BUILTIN_DEMO.to_string()),
+        kernel_id: Some(image_id(vtrace_demo::DEMO_OS_ELF)),
+        clock: None,
+        vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+    };
+    let disk = DiskWriter::create(target, size, DEFAULT_SLOT_SIZE, false, &metadata.to_text())?;
     let mut recorder = Recorder::start(disk);
     for _ in 0..copies {
-        for r in &records {
-            recorder.record(r);
+        for payload in &payloads {
+            for r in SegmentDecoder::new(payload) {
+                recorder.record(&r?);
+            }
         }
     }
     recorder.finish()?;
-    Ok(copies * per_copy)
+    Ok(())
 }
 
 fn analyzer_bench(
     boot: &vtrace_vmm::boot::BootSource,
     dir: &Path,
-    steps: u64,
-    json: bool,
+    args: &BenchArgs,
 ) -> Result<i32> {
-    if !json {
-        eprintln!("vtrace bench: tracing the demo OS, then repeating it to {steps} steps...");
-    }
-    vtrace_trap::bench::run(boot, dir)?;
-    let big = dir.join("analyzer.vtd");
-    let total = repeat_trace(&dir.join("bench.vtd"), &big, steps)?;
-    let trace = Trace::open(&big)?;
+    let json = args.json;
+    let (trace, what) = match &args.trace {
+        Some(path) => {
+            let trace = Trace::open(path)
+                .with_context(|| format!("cannot open the trace {}", path.display()))?;
+            (trace, path.display().to_string())
+        }
+        None => {
+            if !json {
+                eprintln!(
+                    "vtrace bench: tracing the demo OS, then repeating it to {} steps...",
+                    args.steps
+                );
+            }
+            vtrace_trap::bench::run(boot, dir)?;
+            let big = args
+                .keep
+                .clone()
+                .unwrap_or_else(|| dir.join("analyzer.vtd"));
+            repeat_trace(&dir.join("bench.vtd"), &big, args.steps)?;
+            (Trace::open(&big)?, "the demo OS, repeated".to_string())
+        }
+    };
+    let total = trace.steps();
     let mut symbols = Symbolizer::new();
-    symbols.add_elf(vtrace_demo::DEMO_OS_ELF, "built-in demo OS", Scope::Any)?;
+    let found = discover(
+        &trace.metadata,
+        &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
+        &mut symbols,
+    );
+    for w in &found.warnings {
+        eprintln!("vtrace: warning: {w}");
+    }
 
     let started = Instant::now();
     let mut nest = vtrace_analyzer::nest::NestWriter::new(std::io::sink(), &symbols);
@@ -151,7 +179,7 @@ fn analyzer_bench(
             }))?
         );
     } else {
-        println!("trace:             {total} steps (the demo OS, repeated), {threads} threads");
+        println!("trace:             {total} steps ({what}), {threads} threads");
         println!(
             "nest diagram:      {:.2} s = {:.1} M steps/s (goal >= 10)",
             nest_time,

@@ -64,6 +64,19 @@ pub struct BenchArgs {
     /// Steps in the analyzer benchmark's trace.
     #[arg(long, default_value_t = 10_000_000, value_name = "N")]
     pub steps: u64,
+    /// With --analyzer: time the analyzer on this trace instead of the
+    /// repeated demo trace (nothing is traced).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "analyzer",
+        conflicts_with = "keep"
+    )]
+    pub trace: Option<PathBuf>,
+    /// With --analyzer: keep the repeated demo trace in FILE (for
+    /// profiling, or to rerun with --trace).
+    #[arg(long, value_name = "FILE", requires = "analyzer")]
+    pub keep: Option<PathBuf>,
     /// Print JSON (keys: bare_steps_per_s, traced_steps_per_s, ratio,
     /// bytes_per_step, peak_rss_bytes).
     #[arg(long)]

@@ -7,7 +7,7 @@ use std::sync::mpsc::sync_channel;
 use rayon::prelude::*;
 use vtrace_storage::metadata::TraceMetadata;
 use vtrace_storage::reader::SegmentState;
-use vtrace_storage::{Record, TraceReader};
+use vtrace_storage::{DecodeError, Record, SegmentDecoder, TraceReader};
 
 use crate::error::Result;
 
@@ -26,6 +26,45 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 
 /// A progress callback that says nothing.
 pub fn no_progress(_: u64, _: u64) {}
+
+/// One segment's records, decoded one at a time as they are read, so a
+/// segment never sits in memory as records. Iteration ends at the first
+/// record that does not decode; [`for_each_ordered`] then reports the
+/// segment as bad.
+///
+/// [`for_each_ordered`]: Trace::for_each_ordered
+pub struct Records<'a> {
+    decoder: SegmentDecoder<'a>,
+    error: Option<DecodeError>,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(payload: &'a [u8]) -> Self {
+        Records {
+            decoder: SegmentDecoder::new(payload),
+            error: None,
+        }
+    }
+
+    /// Why iteration ended early, if it did.
+    pub fn error(&self) -> Option<&DecodeError> {
+        self.error.as_ref()
+    }
+}
+
+impl Iterator for Records<'_> {
+    type Item = Record;
+
+    fn next(&mut self) -> Option<Record> {
+        match self.decoder.next()? {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.error = Some(e);
+                None
+            }
+        }
+    }
+}
 
 /// An open trace.
 pub struct Trace {
@@ -100,9 +139,11 @@ impl Trace {
         Some((first.first_step, last.first_step + last.steps))
     }
 
-    /// Decodes `segments` in parallel, runs `work` on each (also in
-    /// parallel) and hands the results to `consume` in trace order. At most
-    /// a few segments are in flight, so memory does not grow with the trace.
+    /// Runs `work` on the records of each of `segments` in parallel and
+    /// hands the results to `consume` in trace order. At most a few
+    /// segments are in flight, as payloads and results, so memory does not
+    /// grow with the trace. A segment whose records stop decoding part way
+    /// gives an `Err` chunk, and `work`'s result for it is dropped.
     pub fn for_each_ordered<T, W, C, E>(
         &self,
         segments: &[SegmentInfo],
@@ -112,7 +153,7 @@ impl Trace {
     ) -> Result<(), E>
     where
         T: Send,
-        W: Fn(&SegmentInfo, &[Record]) -> T + Sync,
+        W: Fn(&SegmentInfo, &mut Records<'_>) -> T + Sync,
         C: FnMut(Chunk<T>) -> Result<(), E>,
     {
         let window = (rayon::current_num_threads() * 2).max(2);
@@ -127,7 +168,14 @@ impl Trace {
                         .par_iter()
                         .map(|info| Chunk {
                             info: *info,
-                            result: self.reader.decode(info.index).map(|r| work(info, &r)),
+                            result: self.reader.payload(info.index).and_then(|payload| {
+                                let mut records = Records::new(&payload);
+                                let out = work(info, &mut records);
+                                match records.error() {
+                                    None => Ok(out),
+                                    Some(e) => Err(e.to_string()),
+                                }
+                            }),
                         })
                         .collect();
                     if tx.send(results).is_err() {
@@ -145,5 +193,36 @@ impl Trace {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vtrace_storage::{CpuMode, InsnBytes, Regs, SegmentEncoder, Step};
+
+    #[test]
+    fn records_stop_at_damage_and_say_why() {
+        let mut enc = SegmentEncoder::new();
+        for i in 0..50 {
+            enc.push_step(&Step {
+                pc: 0x1000 + i,
+                bytes: InsnBytes::new(&[0x90]).expect("one byte"),
+                cr3: 0x1000,
+                mode: CpuMode::Long64,
+                cpl: 0,
+                regs: Regs::default(),
+            });
+        }
+        let payload = enc.take();
+        let mut whole = Records::new(&payload);
+        assert_eq!(whole.by_ref().count(), 50);
+        assert!(whole.error().is_none());
+
+        let cut = &payload[..payload.len() - 1];
+        let mut damaged = Records::new(cut);
+        let read = damaged.by_ref().count();
+        assert!(read < 50, "{read} records from a cut payload");
+        assert!(damaged.error().is_some());
     }
 }

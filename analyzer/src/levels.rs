@@ -17,7 +17,8 @@ use crate::insn::{Flow, InsnCache};
 use crate::symbols::{cr3_root, FuncId, Symbolizer, UNKNOWN_FUNC};
 
 /// One step or boundary, as the engine needs it. Built in parallel per
-/// segment by [`items`], consumed in order by [`LevelEngine::push`].
+/// segment by an [`ItemBuilder`], consumed in order by
+/// [`LevelEngine::push`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Item {
     Step {
@@ -27,6 +28,20 @@ pub enum Item {
         func: FuncId,
         flow: Flow,
         len: u8,
+    },
+    /// `steps` more steps in the routine and address space of the step
+    /// (or run) just before, each reached from the one before it by
+    /// falling through or by a jump within the routine, with no other item
+    /// between. They cannot change the call stack, so the engine only
+    /// counts them; `step`, `pc`, `len` and `flow` are the last one's.
+    /// Most of a trace is such runs, and folding them keeps the in-order
+    /// part of the analysis, the one that cannot run in parallel, short.
+    Run {
+        step: u64,
+        steps: u32,
+        pc: u64,
+        len: u8,
+        flow: Flow,
     },
     Interrupt {
         vector: u8,
@@ -73,48 +88,117 @@ impl<'a> FuncResolver<'a> {
     }
 }
 
-/// Turns one segment's records into level items. `cache` is the segment's
-/// decoded instructions, shared with other per-segment work.
-pub fn items(
-    info: &SegmentInfo,
-    records: &[Record],
-    symbols: &Symbolizer,
-    cache: &mut InsnCache,
-) -> Vec<Item> {
-    let mut out = Vec::with_capacity(records.len());
-    let mut funcs = FuncResolver::new(symbols);
-    let mut step = info.first_step;
-    let mut stopped = false;
-    for r in records {
-        match r {
+/// Builds one segment's level items, a record at a time.
+pub struct ItemBuilder<'a> {
+    funcs: FuncResolver<'a>,
+    out: Vec<Item>,
+    step: u64,
+    stopped: bool,
+    /// Address space and routine a next step in them may join the last
+    /// item as part of a run: set only after a step that neither calls nor
+    /// returns.
+    open: Option<(u64, FuncId)>,
+}
+
+impl<'a> ItemBuilder<'a> {
+    pub fn new(info: &SegmentInfo, symbols: &'a Symbolizer) -> Self {
+        ItemBuilder {
+            funcs: FuncResolver::new(symbols),
+            out: Vec::new(),
+            step: info.first_step,
+            stopped: false,
+            open: None,
+        }
+    }
+
+    fn boundary(&mut self, item: Item) {
+        self.out.push(item);
+        self.open = None;
+    }
+
+    /// Adds one record. `cache` is the segment's decoded instructions,
+    /// shared with other per-segment work.
+    pub fn record(&mut self, record: &Record, cache: &mut InsnCache) {
+        match record {
             Record::Step(s) => {
-                if stopped {
-                    out.push(Item::Break);
-                    stopped = false;
+                if std::mem::take(&mut self.stopped) {
+                    self.boundary(Item::Break);
                 }
-                out.push(Item::Step {
-                    step,
-                    pc: s.pc,
-                    cr3: s.cr3,
-                    func: funcs.func(s.pc, s.cr3),
-                    flow: cache.get(s).flow,
-                    len: s.bytes.len() as u8,
-                });
-                step += 1;
+                let func = self.funcs.func(s.pc, s.cr3);
+                let flow = cache.get(s).flow;
+                let len = s.bytes.len() as u8;
+                let step = self.step;
+                let extended = self.open == Some((s.cr3, func))
+                    && match self.out.last_mut() {
+                        Some(Item::Run {
+                            step: last,
+                            steps,
+                            pc,
+                            len: l,
+                            flow: f,
+                        }) if *steps < u32::MAX => {
+                            (*last, *pc, *l, *f) = (step, s.pc, len, flow);
+                            *steps += 1;
+                            true
+                        }
+                        _ => false,
+                    };
+                if !extended {
+                    let item = if self.open == Some((s.cr3, func)) {
+                        Item::Run {
+                            step,
+                            steps: 1,
+                            pc: s.pc,
+                            len,
+                            flow,
+                        }
+                    } else {
+                        Item::Step {
+                            step,
+                            pc: s.pc,
+                            cr3: s.cr3,
+                            func,
+                            flow,
+                            len,
+                        }
+                    };
+                    self.out.push(item);
+                }
+                self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((s.cr3, func));
+                self.step += 1;
             }
             Record::Event(Event::Interrupt { vector, .. }) => {
-                out.push(Item::Interrupt { vector: *vector })
+                self.boundary(Item::Interrupt { vector: *vector })
             }
-            Record::Event(Event::Mark { id, value }) => out.push(Item::Mark {
+            Record::Event(Event::Mark { id, value }) => self.boundary(Item::Mark {
                 id: *id,
                 value: *value,
             }),
-            Record::Event(Event::Gap { .. }) => out.push(Item::Break),
-            Record::Event(Event::TraceStop(_)) => stopped = true,
+            Record::Event(Event::Gap { .. }) => self.boundary(Item::Break),
+            Record::Event(Event::TraceStop(_)) => self.stopped = true,
             Record::Event(_) => {}
         }
     }
-    out
+
+    pub fn finish(self) -> Vec<Item> {
+        self.out
+    }
+}
+
+/// Work done on each segment in the same pass over its records as the
+/// level items (see [`run_with`]).
+pub trait SegmentPass {
+    type Output: Send;
+    /// Sees each record in order, with the segment's decoded instructions.
+    fn record(&mut self, record: &Record, cache: &mut InsnCache);
+    fn finish(self) -> Self::Output;
+}
+
+/// No extra work.
+impl SegmentPass for () {
+    type Output = ();
+    fn record(&mut self, _: &Record, _: &mut InsnCache) {}
+    fn finish(self) {}
 }
 
 /// How a routine was entered.
@@ -594,6 +678,21 @@ impl LevelEngine {
                 let next = self.prev_step.map_or(0, |s| s + 1);
                 sink.mark(next, self.cr3.unwrap_or(0), id, value);
             }
+            Item::Run {
+                step,
+                steps,
+                pc,
+                len,
+                flow,
+            } => {
+                if let Some(top) = self.stack.last_mut() {
+                    top.view.self_steps += u64::from(steps);
+                    top.view.last_step = step;
+                }
+                self.counts.steps += u64::from(steps);
+                self.prev = Some(Prev { pc, len, flow });
+                self.prev_step = Some(step);
+            }
             Item::Break => {
                 self.counts.breaks += 1;
                 self.after_break = true;
@@ -694,18 +793,18 @@ pub fn run(
     sink: &mut impl LevelSink,
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
-    run_with(trace, symbols, sink, |_, _, _| (), |_| {}, progress)
+    run_with(trace, symbols, sink, |_| (), |_| {}, progress)
 }
 
-/// [`run`], plus per-segment work `extra` done in parallel alongside the
-/// items (with the same decoded-instruction cache, so each instruction is
-/// decoded once per segment) and handed to `merge` in trace order.
-pub fn run_with<T: Send>(
+/// [`run`], plus per-segment work done in parallel in the same pass as the
+/// items: `pass` makes it for a segment, and `merge` gets its output in
+/// trace order.
+pub fn run_with<P: SegmentPass>(
     trace: &crate::input::Trace,
     symbols: &Symbolizer,
     sink: &mut impl LevelSink,
-    extra: impl Fn(&SegmentInfo, &[Record], &mut InsnCache) -> T + Sync,
-    mut merge: impl FnMut(T),
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
+    mut merge: impl FnMut(P::Output),
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
     let mut engine = LevelEngine::new();
@@ -714,8 +813,13 @@ pub fn run_with<T: Send>(
         &trace.segments,
         |info, records| {
             let mut cache = InsnCache::default();
-            let items = items(info, records, symbols, &mut cache);
-            (items, extra(info, records, &mut cache))
+            let mut items = ItemBuilder::new(info, symbols);
+            let mut extra = pass(info);
+            for r in records {
+                items.record(&r, &mut cache);
+                extra.record(&r, &mut cache);
+            }
+            (items.finish(), extra.finish())
         },
         |chunk| {
             if expected.is_some_and(|e| e != chunk.info.first_step) {
@@ -737,4 +841,169 @@ pub fn run_with<T: Send>(
     )?;
     engine.finish(sink);
     Ok(engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbols::{Scope, Symbol, SymbolTable};
+    use vtrace_storage::{CpuMode, InsnBytes, Regs, Step, TraceReason};
+
+    fn symbols() -> Symbolizer {
+        let table = SymbolTable::new(
+            [(0x1000, "a"), (0x2000, "b"), (0x3000, "c")]
+                .iter()
+                .map(|(start, name)| Symbol {
+                    start: *start,
+                    size: 0x100,
+                    name: name.to_string(),
+                })
+                .collect(),
+            Some(0x3100),
+        );
+        let mut s = Symbolizer::new();
+        s.add("test", Scope::Any, table, None);
+        s
+    }
+
+    fn step(pc: u64, bytes: &[u8]) -> Record {
+        Record::Step(Step {
+            pc,
+            bytes: InsnBytes::new(bytes).expect("test bytes"),
+            cr3: 0x1000,
+            mode: CpuMode::Long64,
+            cpl: 0,
+            regs: Regs::default(),
+        })
+    }
+
+    const NOP: &[u8] = &[0x90];
+
+    /// Straight runs, a jump within a routine, a call, a tail jump, a
+    /// return, an interrupt and its return, a mark, and tracing stopped
+    /// and started again.
+    fn records() -> Vec<Record> {
+        vec![
+            step(0x1000, NOP),
+            step(0x1001, NOP),
+            step(0x1002, &[0xeb, 0x00]),             // jmp 0x1004
+            step(0x1004, &[0xe8, 0xf7, 0x0f, 0, 0]), // call 0x2000
+            step(0x2000, NOP),
+            step(0x2001, NOP),
+            step(0x2002, &[0xe9, 0xf9, 0x0f, 0, 0]), // jmp 0x3000
+            step(0x3000, NOP),
+            step(0x3001, &[0xc3]), // ret to 0x1009
+            step(0x1009, NOP),
+            Record::Event(Event::Interrupt {
+                vector: 32,
+                error_code: None,
+                source: vtrace_storage::InterruptSource::Injected,
+            }),
+            step(0x2010, NOP),
+            step(0x2011, NOP),
+            step(0x2012, &[0x48, 0xcf]), // iretq to 0x100a
+            step(0x100a, NOP),
+            Record::Event(Event::Mark { id: 1, value: 2 }),
+            step(0x100b, NOP),
+            step(0x100c, NOP),
+            Record::Event(Event::TraceStop(TraceReason::Hotkey)),
+            Record::Event(Event::TraceStart(TraceReason::Hotkey)),
+            step(0x100d, NOP),
+            step(0x100e, NOP),
+        ]
+    }
+
+    /// Every callback, in order, as text.
+    #[derive(Default)]
+    struct Log(Vec<String>);
+
+    impl LevelSink for Log {
+        fn big_level(&mut self, level: &BigLevel) {
+            self.0.push(format!("{level:?}"));
+        }
+        fn enter(&mut self, frame: &FrameView) {
+            self.0.push(format!("enter {frame:?}"));
+        }
+        fn exit(&mut self, frame: &FrameView, how: ExitKind) {
+            self.0.push(format!("exit {frame:?} {how:?}"));
+        }
+        fn irregular(&mut self, step: u64, depth: usize, what: Irregular) {
+            self.0.push(format!("irregular {step} {depth} {what:?}"));
+        }
+        fn mark(&mut self, step: u64, cr3: u64, id: u64, value: u64) {
+            self.0.push(format!("mark {step} {cr3} {id} {value}"));
+        }
+    }
+
+    fn feed(items: &[Item]) -> (Vec<String>, LevelCounts) {
+        let mut engine = LevelEngine::new();
+        let mut log = Log::default();
+        for item in items {
+            engine.push(*item, &mut log);
+        }
+        engine.finish(&mut log);
+        (log.0, engine.counts)
+    }
+
+    #[test]
+    fn folded_runs_change_nothing_the_sinks_see() {
+        let symbols = symbols();
+        let info = SegmentInfo {
+            index: 0,
+            first_step: 100,
+            steps: 0,
+        };
+        let mut cache = InsnCache::default();
+        let mut builder = ItemBuilder::new(&info, &symbols);
+        for r in records() {
+            builder.record(&r, &mut cache);
+        }
+        let folded = builder.finish();
+
+        // The same records, one item per step, built independently.
+        let mut plain = Vec::new();
+        let mut number = info.first_step;
+        let mut stopped = false;
+        for r in records() {
+            match r {
+                Record::Step(s) => {
+                    if std::mem::take(&mut stopped) {
+                        plain.push(Item::Break);
+                    }
+                    plain.push(Item::Step {
+                        step: number,
+                        pc: s.pc,
+                        cr3: s.cr3,
+                        func: symbols
+                            .resolve(s.pc, s.cr3)
+                            .map_or(UNKNOWN_FUNC, |r| r.func),
+                        flow: cache.get(&s).flow,
+                        len: s.bytes.len() as u8,
+                    });
+                    number += 1;
+                }
+                Record::Event(Event::Interrupt { vector, .. }) => {
+                    plain.push(Item::Interrupt { vector })
+                }
+                Record::Event(Event::Mark { id, value }) => plain.push(Item::Mark { id, value }),
+                Record::Event(Event::TraceStop(_)) => stopped = true,
+                Record::Event(_) => {}
+            }
+        }
+
+        let runs = folded
+            .iter()
+            .filter(|i| matches!(i, Item::Run { .. }))
+            .count();
+        assert!(runs >= 4, "straight code is folded: {folded:?}");
+        assert!(folded.len() < plain.len());
+        let (folded_log, folded_counts) = feed(&folded);
+        let (plain_log, plain_counts) = feed(&plain);
+        assert_eq!(folded_log, plain_log);
+        assert_eq!(folded_counts, plain_counts);
+        assert_eq!(plain_counts.steps, 18);
+        assert_eq!(plain_counts.calls, 1);
+        assert_eq!(plain_counts.interrupts, 1);
+        assert_eq!(plain_counts.breaks, 1);
+    }
 }

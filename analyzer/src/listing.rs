@@ -199,7 +199,7 @@ fn in_window(options: &ListingOptions, step: u64) -> bool {
 
 fn format_segment(
     info: &SegmentInfo,
-    records: &[Record],
+    records: impl Iterator<Item = Record>,
     symbols: &Symbolizer,
     options: &ListingOptions,
 ) -> SegmentText {
@@ -216,14 +216,14 @@ fn format_segment(
     for r in records {
         match r {
             Record::Event(e) => {
-                let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
+                let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(&e));
                 if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
                     prev = None;
                 }
             }
             Record::Step(s) => {
                 if in_window(options, number) {
-                    let text = f.describe(s);
+                    let text = f.describe(&s);
                     if number == info.first_step {
                         out.first = Some((format!("{number:>10} {text}"), s.regs));
                         if !pending_events.is_empty() {

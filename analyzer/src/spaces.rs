@@ -63,7 +63,11 @@ struct Part {
     last_cr3: Option<u64>,
 }
 
-fn count_segment(info: &SegmentInfo, records: &[Record], symbols: &Symbolizer) -> Part {
+fn count_segment(
+    info: &SegmentInfo,
+    records: impl Iterator<Item = Record>,
+    symbols: &Symbolizer,
+) -> Part {
     let mut spaces: FxHashMap<u64, Acc> = FxHashMap::default();
     let mut funcs = FuncResolver::new(symbols);
     let mut prev: Option<u64> = None;

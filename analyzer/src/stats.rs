@@ -12,7 +12,7 @@ use vtrace_storage::{Event, Record, Regs};
 use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::{memory_addresses, AddressingMode, Class, InsnCache};
-use crate::levels::{run_with, ExitKind, FrameView, LevelEngine, LevelSink};
+use crate::levels::{run_with, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
 const IF: u64 = 1 << 9;
@@ -126,6 +126,8 @@ impl Counts {
 #[derive(Default)]
 struct Part {
     counts: Counts,
+    /// Number of the segment's first step.
+    first_step: u64,
     /// IF-clear runs: the one open at the segment's start (length), the
     /// longest inside (length, first step, pc), the one open at the end.
     leading: u64,
@@ -137,30 +139,50 @@ struct Part {
     stretches: u64,
 }
 
-fn count_segment(info: &SegmentInfo, records: &[Record], cache: &mut InsnCache) -> Part {
-    let mut p = Part {
-        all_disabled: true,
-        ..Default::default()
-    };
-    let mut before: Option<Regs> = None;
-    let mut number = info.first_step;
-    // The IF-clear run in progress: (length, first step, pc), and whether
-    // it began at the segment's first step.
-    let mut run: Option<(u64, u64, u64)> = None;
-    let mut run_from_start = false;
-    for r in records {
-        let s = match r {
+/// Counts one segment, a record at a time.
+struct SegmentCounter {
+    p: Part,
+    before: Option<Regs>,
+    number: u64,
+    /// The IF-clear run in progress: (length, first step, pc), and whether
+    /// it began at the segment's first step.
+    run: Option<(u64, u64, u64)>,
+    run_from_start: bool,
+}
+
+impl SegmentCounter {
+    fn new(info: &SegmentInfo) -> Self {
+        SegmentCounter {
+            p: Part {
+                all_disabled: true,
+                first_step: info.first_step,
+                ..Default::default()
+            },
+            before: None,
+            number: info.first_step,
+            run: None,
+            run_from_start: false,
+        }
+    }
+}
+
+impl SegmentPass for SegmentCounter {
+    type Output = Part;
+
+    fn record(&mut self, record: &Record, cache: &mut InsnCache) {
+        let s = match record {
             Record::Step(s) => s,
             Record::Event(Event::Interrupt { vector, .. }) => {
-                *p.counts.vectors.entry(*vector).or_default() += 1;
-                continue;
+                *self.p.counts.vectors.entry(*vector).or_default() += 1;
+                return;
             }
             Record::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
-                before = None;
-                continue;
+                self.before = None;
+                return;
             }
-            Record::Event(_) => continue,
+            Record::Event(_) => return,
         };
+        let p = &mut self.p;
         let c = &mut p.counts;
         if c.steps == 0 {
             p.first_pc = s.pc;
@@ -171,7 +193,7 @@ fn count_segment(info: &SegmentInfo, records: &[Record], cache: &mut InsnCache) 
         if let Some(mode) = info.addressing {
             *c.addressing.entry(mode).or_default() += 1;
         }
-        if let Some(regs) = &before {
+        if let Some(regs) = &self.before {
             for addr in memory_addresses(info, regs) {
                 c.references += 1;
                 c.lines.insert(addr >> 6);
@@ -180,17 +202,17 @@ fn count_segment(info: &SegmentInfo, records: &[Record], cache: &mut InsnCache) 
         }
         if s.regs.rflags & IF == 0 {
             c.disabled_steps += 1;
-            match &mut run {
+            match &mut self.run {
                 Some(r) => r.0 += 1,
                 None => {
-                    run_from_start = c.steps == 0;
-                    run = Some((1, number, s.pc));
+                    self.run_from_start = c.steps == 0;
+                    self.run = Some((1, self.number, s.pc));
                 }
             }
         } else {
             p.all_disabled = false;
-            if let Some(r) = run.take() {
-                if run_from_start {
+            if let Some(r) = self.run.take() {
+                if self.run_from_start {
                     p.leading = r.0;
                 } else {
                     p.stretches += 1;
@@ -200,16 +222,20 @@ fn count_segment(info: &SegmentInfo, records: &[Record], cache: &mut InsnCache) 
                 }
             }
         }
-        before = Some(s.regs);
+        self.before = Some(s.regs);
         p.counts.steps += 1;
-        number += 1;
+        self.number += 1;
     }
-    if p.all_disabled {
-        p.leading = p.counts.steps;
-    } else {
-        p.trailing = run;
+
+    fn finish(self) -> Part {
+        let mut p = self.p;
+        if p.all_disabled {
+            p.leading = p.counts.steps;
+        } else {
+            p.trailing = self.run;
+        }
+        p
     }
-    p
 }
 
 /// Merges parts in order; IF-clear runs join across segment borders.
@@ -236,7 +262,7 @@ impl Totals {
         }
     }
 
-    fn merge(&mut self, info: &SegmentInfo, p: Part) {
+    fn merge(&mut self, p: Part) {
         self.counts.add(p.counts);
         self.disabled.stretches += p.stretches;
         // The run open before this segment goes on through its leading run.
@@ -244,7 +270,7 @@ impl Totals {
         if p.leading > 0 {
             let joined = match open {
                 Some((len, from, pc)) => (len + p.leading, from, pc),
-                None => (p.leading, info.first_step, p.first_pc),
+                None => (p.leading, p.first_step, p.first_pc),
             };
             if p.all_disabled {
                 self.open = Some(joined);
@@ -359,8 +385,8 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
         trace,
         symbols,
         &mut profile,
-        |info, records, cache| (*info, count_segment(info, records, cache)),
-        |(info, part)| totals.merge(&info, part),
+        SegmentCounter::new,
+        |part| totals.merge(part),
         progress,
     )?;
     if let Some(run) = totals.open.take() {

@@ -95,15 +95,22 @@ impl TraceReader {
         seqs.windows(2).flat_map(|w| w[0] + 1..w[1]).collect()
     }
 
-    /// Decodes one segment on its own. Errors say what is wrong with it.
-    pub fn decode(&self, index: usize) -> Result<Vec<Record>, String> {
+    /// One segment's payload, checked and decompressed. Read it with a
+    /// [`SegmentDecoder`] to go through the records one at a time: decoded
+    /// all at once, a segment's records take some forty times the
+    /// payload's size.
+    pub fn payload(&self, index: usize) -> Result<Vec<u8>, String> {
         let entry = self.segments.get(index).ok_or("no such segment")?;
         let stored = self
             .scan
             .read_stored(&entry.found)
             .map_err(|e| e.to_string())?;
-        let raw = unseal(&entry.found.header, &stored).map_err(|e| e.to_string())?;
-        SegmentDecoder::new(&raw)
+        unseal(&entry.found.header, &stored).map_err(|e| e.to_string())
+    }
+
+    /// Decodes one segment on its own. Errors say what is wrong with it.
+    pub fn decode(&self, index: usize) -> Result<Vec<Record>, String> {
+        SegmentDecoder::new(&self.payload(index)?)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())
     }
