@@ -2,9 +2,10 @@
 
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
 use vtrace_analyzer::symbols::{discover, Scope, Symbolizer};
 use vtrace_analyzer::{levels, listing, nest, report, spaces, stats, timeline};
@@ -12,24 +13,53 @@ use vtrace_storage::metadata::BUILTIN_DEMO;
 
 use crate::cli::{AnalyzeArgs, AnalyzeCommand, SyntaxArg, TraceArgs};
 
-/// Traces with fewer steps finish in about a second: no bar for them.
-const PROGRESS_FROM_STEPS: u64 = 2_000_000;
+/// Work that ends sooner shows no bar at all.
+const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);
 
-/// A progress bar on stderr when it is a terminal and the work is long.
-fn progress_bar(trace: &Trace, args: &TraceArgs, what: &str) -> ProgressBar {
-    if args.quiet || !std::io::stderr().is_terminal() || trace.steps() < PROGRESS_FROM_STEPS {
-        return ProgressBar::hidden();
+/// A progress bar on stderr, when it is a terminal, that appears once the
+/// work has taken a second: how long an analysis takes depends on what it
+/// does per step (a listing formats every one, a nest diagram mostly
+/// counts), so elapsed time decides, not the trace's length.
+struct Progress {
+    bar: ProgressBar,
+    started: Instant,
+    enabled: bool,
+}
+
+impl Progress {
+    fn new(trace: &Trace, args: &TraceArgs, what: &str) -> Progress {
+        let bar = ProgressBar::with_draw_target(Some(trace.steps()), ProgressDrawTarget::hidden());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:40}] {human_pos}/{human_len} steps ({rate}, {eta} left)",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .with_key(
+                "rate",
+                |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.1} M steps/s", state.per_sec() / 1e6);
+                },
+            )
+            .progress_chars("=> "),
+        );
+        bar.set_message(what.to_string());
+        Progress {
+            bar,
+            started: Instant::now(),
+            enabled: !args.quiet && std::io::stderr().is_terminal(),
+        }
     }
-    let bar = ProgressBar::new(trace.steps());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {human_pos}/{human_len} steps ({per_sec}, {eta} left)",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar.set_message(what.to_string());
-    bar
+
+    fn update(&self, done: u64) {
+        if self.enabled && self.bar.is_hidden() && self.started.elapsed() >= SHOW_BAR_AFTER {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+        self.bar.set_position(done);
+    }
+
+    fn finish(&self) {
+        self.bar.finish();
+    }
 }
 
 /// Opens the trace and gathers its symbols, telling the user what was
@@ -106,26 +136,26 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 att: a.syntax == SyntaxArg::Att,
                 lines: !a.no_lines,
             };
-            let bar = progress_bar(&trace, &a.trace, "listing");
-            let progress = |done, _| bar.set_position(done);
+            let bar = Progress::new(&trace, &a.trace, "listing");
+            let progress = |done, _| bar.update(done);
             match &a.out {
                 Some(dir) => {
                     let files = listing::write_files(&trace, &symbols, &options, dir, &progress)?;
-                    bar.finish_and_clear();
+                    bar.finish();
                     eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
                 }
                 None => {
                     let mut out = stdout();
                     listing::write(&trace, &symbols, &options, &mut out, &progress)?;
                     out.flush()?;
-                    bar.finish_and_clear();
+                    bar.finish();
                 }
             }
         }
         AnalyzeCommand::Nest(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let bar = progress_bar(&trace, &a.trace, "nest");
-            let progress = |done, _| bar.set_position(done);
+            let bar = Progress::new(&trace, &a.trace, "nest");
+            let progress = |done, _| bar.update(done);
             let out: Box<dyn Write> = match &a.output {
                 Some(path) => Box::new(create(path)?),
                 None => Box::new(stdout()),
@@ -139,7 +169,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let engine = levels::run(&trace, &symbols, &mut writer, &progress)?;
             let divided = writer.divided;
             writer.finish()?;
-            bar.finish_and_clear();
+            bar.finish();
             if a.output.is_some() {
                 eprintln!(
                     "vtrace: {} steps, {} calls, {} interrupts, {} address-space switches, \
@@ -154,9 +184,9 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         }
         AnalyzeCommand::Spaces(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let bar = progress_bar(&trace, &a.trace, "spaces");
-            let table = spaces::collect(&trace, &symbols, &|d, _| bar.set_position(d))?;
-            bar.finish_and_clear();
+            let bar = Progress::new(&trace, &a.trace, "spaces");
+            let table = spaces::collect(&trace, &symbols, &|d, _| bar.update(d))?;
+            bar.finish();
             let mut out = stdout();
             if a.json {
                 serde_json::to_writer_pretty(&mut out, &table)?;
@@ -168,9 +198,9 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         }
         AnalyzeCommand::Stats(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let bar = progress_bar(&trace, &a.trace, "stats");
-            let s = stats::collect(&trace, &symbols, &|d, _| bar.set_position(d))?;
-            bar.finish_and_clear();
+            let bar = Progress::new(&trace, &a.trace, "stats");
+            let s = stats::collect(&trace, &symbols, &|d, _| bar.update(d))?;
+            bar.finish();
             let mut out = stdout();
             if a.json {
                 serde_json::to_writer_pretty(&mut out, &s)?;
@@ -182,9 +212,9 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         }
         AnalyzeCommand::Flame(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let bar = progress_bar(&trace, &a.trace, "flame");
-            let folded = stats::folded(&trace, &symbols, &|d, _| bar.set_position(d))?;
-            bar.finish_and_clear();
+            let bar = Progress::new(&trace, &a.trace, "flame");
+            let folded = stats::folded(&trace, &symbols, &|d, _| bar.update(d))?;
+            bar.finish();
             let mut out = create(&a.output)?;
             vtrace_analyzer::flame::write_svg(
                 &folded,
@@ -196,13 +226,13 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         }
         AnalyzeCommand::Timeline(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let bar = progress_bar(&trace, &a.trace, "timeline");
+            let bar = Progress::new(&trace, &a.trace, "timeline");
             let mut out = create(&a.output)?;
             let events = timeline::write(&trace, &symbols, a.min_steps, &mut out, &|d, _| {
-                bar.set_position(d)
+                bar.update(d)
             })?;
             out.flush()?;
-            bar.finish_and_clear();
+            bar.finish();
             eprintln!(
                 "vtrace: wrote {} ({events} events; open it in ui.perfetto.dev or chrome://tracing)",
                 a.output.display()
@@ -210,13 +240,13 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         }
         AnalyzeCommand::Report(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let bar = progress_bar(&trace, &a.trace, "report");
+            let bar = Progress::new(&trace, &a.trace, "report");
             let mut out = create(&a.output)?;
             report::write(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
-                bar.set_position(d)
+                bar.update(d)
             })?;
             out.flush()?;
-            bar.finish_and_clear();
+            bar.finish();
             eprintln!("vtrace: wrote {}", a.output.display());
         }
     }

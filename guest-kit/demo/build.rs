@@ -50,12 +50,22 @@ fn cc() -> String {
     env::var("VTRACE_GUEST_CC").unwrap_or_else(|_| "gcc".to_string())
 }
 
+/// Keeps the checkout's path out of the debug info, so the same sources
+/// build the same image wherever they are checked out: traces identify
+/// the demo OS by a hash of its bytes, and a path in them would make
+/// `vtrace analyze` warn that another build ran.
+fn prefix_map() -> String {
+    let manifest = env::var("CARGO_MANIFEST_DIR").expect("cargo sets this");
+    format!("-ffile-prefix-map={manifest}=guest-kit/demo")
+}
+
 fn build_demo_os(src: &Path, include: &Path, out: &Path) {
     let mut objects = Vec::new();
     for file in DEMO_SOURCES {
         let obj = out.join(format!("{file}.o"));
         run(Command::new(cc())
             .args(GUEST_CFLAGS)
+            .arg(prefix_map())
             .arg("-I")
             .arg(include)
             .arg("-c")

@@ -45,3 +45,15 @@ pub mod test_guests {
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }
+
+#[cfg(test)]
+mod tests {
+    /// Traces name the demo OS by a hash of its bytes; a checkout path in
+    /// its debug info would give every checkout a different image.
+    #[test]
+    fn the_demo_os_holds_no_checkout_path() {
+        let dir = env!("CARGO_MANIFEST_DIR").as_bytes();
+        let found = super::DEMO_OS_ELF.windows(dir.len()).any(|w| w == dir);
+        assert!(!found, "the demo OS embeds {}", env!("CARGO_MANIFEST_DIR"));
+    }
+}
