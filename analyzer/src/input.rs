@@ -7,7 +7,7 @@ use std::sync::mpsc::sync_channel;
 use rayon::prelude::*;
 use vtrace_storage::metadata::TraceMetadata;
 use vtrace_storage::reader::SegmentState;
-use vtrace_storage::{DecodeError, Record, SegmentDecoder, TraceReader};
+use vtrace_storage::{DecodeError, RecordRef, SegmentDecoder, TraceReader};
 
 use crate::error::Result;
 
@@ -27,10 +27,10 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 /// A progress callback that says nothing.
 pub fn no_progress(_: u64, _: u64) {}
 
-/// One segment's records, decoded one at a time as they are read, so a
-/// segment never sits in memory as records. Iteration ends at the first
-/// record that does not decode; [`for_each_ordered`] then reports the
-/// segment as bad.
+/// One segment's records, decoded one at a time as they are read and lent
+/// out, so a segment never sits in memory as records and no record is
+/// copied. Reading ends at the first record that does not decode;
+/// [`for_each_ordered`] then reports the segment as bad.
 ///
 /// [`for_each_ordered`]: Trace::for_each_ordered
 pub struct Records<'a> {
@@ -46,23 +46,20 @@ impl<'a> Records<'a> {
         }
     }
 
-    /// Why iteration ended early, if it did.
-    pub fn error(&self) -> Option<&DecodeError> {
-        self.error.as_ref()
-    }
-}
-
-impl Iterator for Records<'_> {
-    type Item = Record;
-
-    fn next(&mut self) -> Option<Record> {
-        match self.decoder.next()? {
+    /// The next record, borrowed until the next call.
+    pub fn next_record(&mut self) -> Option<RecordRef<'_>> {
+        match self.decoder.next_ref()? {
             Ok(r) => Some(r),
             Err(e) => {
                 self.error = Some(e);
                 None
             }
         }
+    }
+
+    /// Why reading ended early, if it did.
+    pub fn error(&self) -> Option<&DecodeError> {
+        self.error.as_ref()
     }
 }
 
@@ -215,13 +212,20 @@ mod tests {
             });
         }
         let payload = enc.take();
+        let count = |records: &mut Records| {
+            let mut n = 0;
+            while records.next_record().is_some() {
+                n += 1;
+            }
+            n
+        };
         let mut whole = Records::new(&payload);
-        assert_eq!(whole.by_ref().count(), 50);
+        assert_eq!(count(&mut whole), 50);
         assert!(whole.error().is_none());
 
         let cut = &payload[..payload.len() - 1];
         let mut damaged = Records::new(cut);
-        let read = damaged.by_ref().count();
+        let read = count(&mut damaged);
         assert!(read < 50, "{read} records from a cut payload");
         assert!(damaged.error().is_some());
     }

@@ -10,7 +10,7 @@
 //! address spaces, plus one trie node per distinct call path.
 
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, Record};
+use vtrace_storage::{Event, RecordRef};
 
 use crate::input::SegmentInfo;
 use crate::insn::{Flow, InsnCache};
@@ -118,9 +118,9 @@ impl<'a> ItemBuilder<'a> {
 
     /// Adds one record. `cache` is the segment's decoded instructions,
     /// shared with other per-segment work.
-    pub fn record(&mut self, record: &Record, cache: &mut InsnCache) {
+    pub fn record(&mut self, record: RecordRef<'_>, cache: &mut InsnCache) {
         match record {
-            Record::Step(s) => {
+            RecordRef::Step(s) => {
                 if std::mem::take(&mut self.stopped) {
                     self.boundary(Item::Break);
                 }
@@ -167,16 +167,16 @@ impl<'a> ItemBuilder<'a> {
                 self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((s.cr3, func));
                 self.step += 1;
             }
-            Record::Event(Event::Interrupt { vector, .. }) => {
+            RecordRef::Event(Event::Interrupt { vector, .. }) => {
                 self.boundary(Item::Interrupt { vector: *vector })
             }
-            Record::Event(Event::Mark { id, value }) => self.boundary(Item::Mark {
+            RecordRef::Event(Event::Mark { id, value }) => self.boundary(Item::Mark {
                 id: *id,
                 value: *value,
             }),
-            Record::Event(Event::Gap { .. }) => self.boundary(Item::Break),
-            Record::Event(Event::TraceStop(_)) => self.stopped = true,
-            Record::Event(_) => {}
+            RecordRef::Event(Event::Gap { .. }) => self.boundary(Item::Break),
+            RecordRef::Event(Event::TraceStop(_)) => self.stopped = true,
+            RecordRef::Event(_) => {}
         }
     }
 
@@ -190,14 +190,14 @@ impl<'a> ItemBuilder<'a> {
 pub trait SegmentPass {
     type Output: Send;
     /// Sees each record in order, with the segment's decoded instructions.
-    fn record(&mut self, record: &Record, cache: &mut InsnCache);
+    fn record(&mut self, record: RecordRef<'_>, cache: &mut InsnCache);
     fn finish(self) -> Self::Output;
 }
 
 /// No extra work.
 impl SegmentPass for () {
     type Output = ();
-    fn record(&mut self, _: &Record, _: &mut InsnCache) {}
+    fn record(&mut self, _: RecordRef<'_>, _: &mut InsnCache) {}
     fn finish(self) {}
 }
 
@@ -815,9 +815,9 @@ pub fn run_with<P: SegmentPass>(
             let mut cache = InsnCache::default();
             let mut items = ItemBuilder::new(info, symbols);
             let mut extra = pass(info);
-            for r in records {
-                items.record(&r, &mut cache);
-                extra.record(&r, &mut cache);
+            while let Some(r) = records.next_record() {
+                items.record(r, &mut cache);
+                extra.record(r, &mut cache);
             }
             (items.finish(), extra.finish())
         },
@@ -847,7 +847,7 @@ pub fn run_with<P: SegmentPass>(
 mod tests {
     use super::*;
     use crate::symbols::{Scope, Symbol, SymbolTable};
-    use vtrace_storage::{CpuMode, InsnBytes, Regs, Step, TraceReason};
+    use vtrace_storage::{CpuMode, InsnBytes, Record, Regs, Step, TraceReason};
 
     fn symbols() -> Symbolizer {
         let table = SymbolTable::new(
@@ -956,7 +956,7 @@ mod tests {
         let mut cache = InsnCache::default();
         let mut builder = ItemBuilder::new(&info, &symbols);
         for r in records() {
-            builder.record(&r, &mut cache);
+            builder.record(r.borrowed(), &mut cache);
         }
         let folded = builder.finish();
 

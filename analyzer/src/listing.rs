@@ -10,10 +10,10 @@ use std::path::Path;
 
 use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter, IntelFormatter};
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, Record, Regs, Step};
+use vtrace_storage::{Event, RecordRef, Regs, Step};
 
 use crate::error::{AnalyzeError, Result};
-use crate::input::{Progress, SegmentInfo, Trace};
+use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::insn::InsnCache;
 use crate::symbols::{cr3_root, Symbolizer};
 
@@ -199,7 +199,7 @@ fn in_window(options: &ListingOptions, step: u64) -> bool {
 
 fn format_segment(
     info: &SegmentInfo,
-    records: impl Iterator<Item = Record>,
+    records: &mut Records<'_>,
     symbols: &Symbolizer,
     options: &ListingOptions,
 ) -> SegmentText {
@@ -213,17 +213,17 @@ fn format_segment(
     let mut prev: Option<Regs> = None;
     let mut number = info.first_step;
     let mut pending_events = String::new();
-    for r in records {
+    while let Some(r) = records.next_record() {
         match r {
-            Record::Event(e) => {
-                let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(&e));
+            RecordRef::Event(e) => {
+                let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
                 if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
                     prev = None;
                 }
             }
-            Record::Step(s) => {
+            RecordRef::Step(s) => {
                 if in_window(options, number) {
-                    let text = f.describe(&s);
+                    let text = f.describe(s);
                     if number == info.first_step {
                         out.first = Some((format!("{number:>10} {text}"), s.regs));
                         if !pending_events.is_empty() {

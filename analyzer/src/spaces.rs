@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use vtrace_storage::Record;
+use vtrace_storage::RecordRef;
 
 use crate::error::Result;
-use crate::input::{Progress, SegmentInfo, Trace};
+use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::levels::FuncResolver;
 use crate::stats::routine_label;
 use crate::symbols::{cr3_root, Symbolizer};
@@ -63,18 +63,25 @@ struct Part {
     last_cr3: Option<u64>,
 }
 
-fn count_segment(
-    info: &SegmentInfo,
-    records: impl Iterator<Item = Record>,
-    symbols: &Symbolizer,
-) -> Part {
+fn count_segment(info: &SegmentInfo, records: &mut Records<'_>, symbols: &Symbolizer) -> Part {
     let mut spaces: FxHashMap<u64, Acc> = FxHashMap::default();
     let mut funcs = FuncResolver::new(symbols);
     let mut prev: Option<u64> = None;
     let mut first_cr3 = None;
     let mut number = info.first_step;
-    for r in records {
-        let Record::Step(s) = r else { continue };
+    // Consecutive steps mostly share a page and a routine: count those
+    // runs once rather than touch two hash tables every step.
+    let mut last_page: Option<(u64, u64)> = None;
+    let mut run: Option<(u64, u32, u64)> = None;
+    let flush = |spaces: &mut FxHashMap<u64, Acc>, run: Option<(u64, u32, u64)>| {
+        if let Some((root, func, steps)) = run {
+            if let Some(a) = spaces.get_mut(&root) {
+                *a.funcs.entry(func).or_default() += steps;
+            }
+        }
+    };
+    while let Some(r) = records.next_record() {
+        let RecordRef::Step(s) = r else { continue };
         let root = cr3_root(s.cr3);
         let a = spaces.entry(root).or_insert_with(|| Acc {
             first: number,
@@ -85,15 +92,24 @@ fn count_segment(
             a.kernel += 1;
         }
         a.last = number;
-        a.pages.insert(s.pc >> 12);
-        *a.funcs.entry(funcs.func(s.pc, s.cr3)).or_default() += 1;
+        let page = s.pc >> 12;
+        if last_page != Some((root, page)) {
+            a.pages.insert(page);
+            last_page = Some((root, page));
+        }
         if prev.is_some_and(|p| p != root) {
             a.switches_in += 1;
+        }
+        let func = funcs.func(s.pc, s.cr3);
+        match &mut run {
+            Some((r, f, steps)) if *r == root && *f == func => *steps += 1,
+            _ => flush(&mut spaces, run.replace((root, func, 1))),
         }
         first_cr3.get_or_insert(root);
         prev = Some(root);
         number += 1;
     }
+    flush(&mut spaces, run);
     Part {
         spaces,
         first_cr3,

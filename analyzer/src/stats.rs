@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use vtrace_storage::{Event, Record, Regs};
+use vtrace_storage::{Event, RecordRef, Regs};
 
 use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
@@ -169,18 +169,18 @@ impl SegmentCounter {
 impl SegmentPass for SegmentCounter {
     type Output = Part;
 
-    fn record(&mut self, record: &Record, cache: &mut InsnCache) {
+    fn record(&mut self, record: RecordRef<'_>, cache: &mut InsnCache) {
         let s = match record {
-            Record::Step(s) => s,
-            Record::Event(Event::Interrupt { vector, .. }) => {
+            RecordRef::Step(s) => s,
+            RecordRef::Event(Event::Interrupt { vector, .. }) => {
                 *self.p.counts.vectors.entry(*vector).or_default() += 1;
                 return;
             }
-            Record::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
+            RecordRef::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
                 self.before = None;
                 return;
             }
-            Record::Event(_) => return,
+            RecordRef::Event(_) => return,
         };
         let p = &mut self.p;
         let c = &mut p.counts;

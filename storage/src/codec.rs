@@ -19,7 +19,8 @@
 //! the instruction bytes again, never a wrong decode.
 
 use crate::record::{
-    CpuMode, Event, InsnBytes, InterruptSource, Record, Regs, Step, TraceReason, REG_COUNT,
+    CpuMode, Event, InsnBytes, InterruptSource, Record, RecordRef, Regs, Step, TraceReason,
+    REG_COUNT,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -301,12 +302,20 @@ pub struct DecodeError {
     pub what: &'static str,
 }
 
-/// Reads records back from one segment's payload.
+/// Reads records back from one segment's payload: borrowed, one at a time,
+/// with [`next_ref`](SegmentDecoder::next_ref), or owned, as an iterator.
 pub struct SegmentDecoder<'a> {
     input: &'a [u8],
     pos: usize,
+    /// The code cache and context; its `regs` are unused here, the
+    /// registers live in `step`.
     state: State,
     failed: bool,
+    /// The last step decoded: the base the next step's deltas apply to, and
+    /// what `next_ref` lends out.
+    step: Step,
+    /// The last event decoded.
+    event: Event,
 }
 
 impl<'a> SegmentDecoder<'a> {
@@ -316,7 +325,33 @@ impl<'a> SegmentDecoder<'a> {
             pos: 0,
             state: State::new(),
             failed: false,
+            step: Step::default(),
+            event: Event::Halt,
         }
+    }
+
+    /// The next record, borrowed until the next call; `None` at the end or
+    /// after an error.
+    pub fn next_ref(&mut self) -> Option<Result<RecordRef<'_>, DecodeError>> {
+        if self.failed || self.pos >= self.input.len() {
+            return None;
+        }
+        let result = self.byte().and_then(|tag| {
+            if tag < 0x80 {
+                self.step(tag).map(|()| true)
+            } else {
+                self.event = self.event(tag)?;
+                Ok(false)
+            }
+        });
+        Some(match result {
+            Ok(true) => Ok(RecordRef::Step(&self.step)),
+            Ok(false) => Ok(RecordRef::Event(&self.event)),
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        })
     }
 
     fn err(&self, what: &'static str) -> DecodeError {
@@ -352,7 +387,8 @@ impl<'a> SegmentDecoder<'a> {
         String::from_utf8(self.bytes()?).map_err(|_| self.err("text is not UTF-8"))
     }
 
-    fn step(&mut self, tag: u8) -> Result<Step, DecodeError> {
+    /// Decodes a step into `self.step`, in place.
+    fn step(&mut self, tag: u8) -> Result<(), DecodeError> {
         if tag & !STEP_TAG_MASK != 0 {
             return Err(self.err("unknown step flags"));
         }
@@ -394,25 +430,20 @@ impl<'a> SegmentDecoder<'a> {
                 return Err(self.err("register mask"));
             }
             for i in (0..REG_COUNT).filter(|i| mask & (1 << i) != 0) {
-                let old = self.state.regs.get(i);
+                let old = self.step.regs.get(i);
                 let d = self.var()?;
                 let new = if i < 16 {
                     old.wrapping_add(unzigzag(d) as u64)
                 } else {
                     old ^ d
                 };
-                self.state.regs.set(i, new);
+                self.step.regs.set(i, new);
             }
         }
         self.state.predicted_pc = pc.wrapping_add(bytes.len() as u64);
-        Ok(Step {
-            pc,
-            bytes,
-            cr3,
-            mode,
-            cpl,
-            regs: self.state.regs,
-        })
+        let s = &mut self.step;
+        (s.pc, s.bytes, s.cr3, s.mode, s.cpl) = (pc, bytes, cr3, mode, cpl);
+        Ok(())
     }
 
     fn reason(&mut self) -> Result<TraceReason, DecodeError> {
@@ -498,18 +529,7 @@ impl Iterator for SegmentDecoder<'_> {
     type Item = Result<Record, DecodeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.pos >= self.input.len() {
-            return None;
-        }
-        let result = self.byte().and_then(|tag| {
-            if tag < 0x80 {
-                self.step(tag).map(Record::Step)
-            } else {
-                self.event(tag).map(Record::Event)
-            }
-        });
-        self.failed = result.is_err();
-        Some(result)
+        self.next_ref().map(|r| r.map(RecordRef::to_record))
     }
 }
 

@@ -19,6 +19,8 @@ pub mod writer;
 
 pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
 pub use reader::TraceReader;
-pub use record::{CpuMode, Event, InsnBytes, InterruptSource, Record, Regs, Step, TraceReason};
+pub use record::{
+    CpuMode, Event, InsnBytes, InterruptSource, Record, RecordRef, Regs, Step, TraceReason,
+};
 pub use summary::{summarize, TraceSummary};
 pub use writer::Recorder;
