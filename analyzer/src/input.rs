@@ -153,9 +153,11 @@ impl Trace {
         W: Fn(&SegmentInfo, &mut Records<'_>) -> T + Sync,
         C: FnMut(Chunk<T>) -> Result<(), E>,
     {
-        let window = (rayon::current_num_threads() * 2).max(2);
+        // One batch is worked on while the one before is consumed, and no
+        // more: a listing's result is about 25 MB of text per segment.
+        let window = rayon::current_num_threads().max(2);
         let total: u64 = segments.iter().map(|s| s.steps).sum();
-        let (tx, rx) = sync_channel::<Vec<Chunk<T>>>(1);
+        let (tx, rx) = sync_channel::<Vec<Chunk<T>>>(0);
         std::thread::scope(|scope| {
             let work = &work;
             // The sender moves in, so the receiver's loop ends with it.
