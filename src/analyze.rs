@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
-use vtrace_analyzer::symbols::{discover, Scope, Symbolizer};
+use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
 use vtrace_analyzer::{levels, listing, nest, report, spaces, stats, timeline};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
@@ -62,6 +62,15 @@ impl Progress {
     }
 }
 
+/// Kernel images the analyzer cannot read alone: the demo OS this binary
+/// embeds, and bzImages, which the boot loader knows how to unpack.
+pub fn kernel_images() -> KernelImages<'static> {
+    KernelImages {
+        builtin: &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
+        unpack: &vtrace_vmm::boot::vmlinux_inside,
+    }
+}
+
 /// Opens the trace and gathers its symbols, telling the user what was
 /// found and what was not.
 fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
@@ -81,14 +90,16 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
             Some((file, aspace)) => (file, Scope::parse(aspace)?),
             None => (spec.as_str(), Scope::Any),
         };
-        symbols.add_file(Path::new(file), scope)?;
+        let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+        match vtrace_vmm::boot::vmlinux_inside(&bytes) {
+            Some(vmlinux) => {
+                symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?
+            }
+            None => symbols.add_bytes(&bytes, file, scope)?,
+        }
     }
     if !args.no_kernel_symbols {
-        let found = discover(
-            &trace.metadata,
-            &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
-            &mut symbols,
-        );
+        let found = discover(&trace.metadata, &kernel_images(), &mut symbols);
         for w in &found.warnings {
             eprintln!("vtrace: warning: {w}");
         }

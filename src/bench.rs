@@ -141,7 +141,7 @@ fn analyzer_bench(
     let mut symbols = Symbolizer::new();
     let found = discover(
         &trace.metadata,
-        &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
+        &crate::analyze::kernel_images(),
         &mut symbols,
     );
     for w in &found.warnings {

@@ -14,7 +14,7 @@ use vtrace_storage::{Event, RecordRef};
 
 use crate::input::SegmentInfo;
 use crate::insn::{Flow, InsnCache};
-use crate::symbols::{cr3_root, FuncId, Symbolizer, UNKNOWN_FUNC};
+use crate::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
 
 /// One step or boundary, as the engine needs it. Built in parallel per
 /// segment by an [`ItemBuilder`], consumed in order by
@@ -88,8 +88,27 @@ impl<'a> FuncResolver<'a> {
     }
 }
 
+/// A step inside an indirect-branch trampoline, held until the routine it
+/// leads to is known.
+#[derive(Clone, Copy, Debug)]
+struct InTransit {
+    step: u64,
+    pc: u64,
+    cr3: u64,
+    func: FuncId,
+    len: u8,
+}
+
 /// Builds one segment's level items, a record at a time.
+///
+/// Trampolines ([`Thunk`]) are folded into the routines around them: the
+/// steps of a return thunk count as the routine that jumped to it (its
+/// `ret` then returns from that routine), and the steps of an
+/// indirect-branch thunk (with any return thunk it goes through) count as
+/// the routine it reaches, with their own calls and returns ignored, so an
+/// indirect call through a retpoline enters its target like a direct call.
 pub struct ItemBuilder<'a> {
+    symbols: &'a Symbolizer,
     funcs: FuncResolver<'a>,
     out: Vec<Item>,
     step: u64,
@@ -98,22 +117,102 @@ pub struct ItemBuilder<'a> {
     /// item as part of a run: set only after a step that neither calls nor
     /// returns.
     open: Option<(u64, FuncId)>,
+    /// The last routine looked up and whether it is a trampoline.
+    last_thunk: Option<(FuncId, Option<Thunk>)>,
+    /// Routine of the last step outside trampolines, since the last
+    /// interrupt or break.
+    behind: Option<FuncId>,
+    transit: Vec<InTransit>,
 }
 
 impl<'a> ItemBuilder<'a> {
     pub fn new(info: &SegmentInfo, symbols: &'a Symbolizer) -> Self {
         ItemBuilder {
+            symbols,
             funcs: FuncResolver::new(symbols),
             out: Vec::new(),
             step: info.first_step,
             stopped: false,
             open: None,
+            last_thunk: None,
+            behind: None,
+            transit: Vec::new(),
         }
     }
 
     fn boundary(&mut self, item: Item) {
+        self.flush_transit(None);
         self.out.push(item);
         self.open = None;
+        self.behind = None;
+    }
+
+    fn thunk(&mut self, func: FuncId) -> Option<Thunk> {
+        match self.last_thunk {
+            Some((f, kind)) if f == func => kind,
+            _ => {
+                let kind = self.symbols.thunk(func);
+                self.last_thunk = Some((func, kind));
+                kind
+            }
+        }
+    }
+
+    /// Emits the held trampoline steps as part of `target`, or of their
+    /// own routine when what they lead to is not known (an interrupt or
+    /// the segment's end came first). Their calls and returns are
+    /// internal, so they go as plain jumps either way.
+    fn flush_transit(&mut self, target: Option<FuncId>) {
+        for t in std::mem::take(&mut self.transit) {
+            self.push_step(
+                t.step,
+                t.pc,
+                t.cr3,
+                target.unwrap_or(t.func),
+                Flow::Jump,
+                t.len,
+            );
+        }
+    }
+
+    fn push_step(&mut self, step: u64, pc: u64, cr3: u64, func: FuncId, flow: Flow, len: u8) {
+        let joins = self.open == Some((cr3, func));
+        let extended = joins
+            && match self.out.last_mut() {
+                Some(Item::Run {
+                    step: last,
+                    steps,
+                    pc: p,
+                    len: l,
+                    flow: f,
+                }) if *steps < u32::MAX => {
+                    (*last, *p, *l, *f) = (step, pc, len, flow);
+                    *steps += 1;
+                    true
+                }
+                _ => false,
+            };
+        if !extended {
+            self.out.push(if joins {
+                Item::Run {
+                    step,
+                    steps: 1,
+                    pc,
+                    len,
+                    flow,
+                }
+            } else {
+                Item::Step {
+                    step,
+                    pc,
+                    cr3,
+                    func,
+                    flow,
+                    len,
+                }
+            });
+        }
+        self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((cr3, func));
     }
 
     /// Adds one record. `cache` is the segment's decoded instructions,
@@ -128,44 +227,27 @@ impl<'a> ItemBuilder<'a> {
                 let flow = cache.get(s).flow;
                 let len = s.bytes.len() as u8;
                 let step = self.step;
-                let extended = self.open == Some((s.cr3, func))
-                    && match self.out.last_mut() {
-                        Some(Item::Run {
-                            step: last,
-                            steps,
-                            pc,
-                            len: l,
-                            flow: f,
-                        }) if *steps < u32::MAX => {
-                            (*last, *pc, *l, *f) = (step, s.pc, len, flow);
-                            *steps += 1;
-                            true
-                        }
-                        _ => false,
-                    };
-                if !extended {
-                    let item = if self.open == Some((s.cr3, func)) {
-                        Item::Run {
-                            step,
-                            steps: 1,
-                            pc: s.pc,
-                            len,
-                            flow,
-                        }
-                    } else {
-                        Item::Step {
-                            step,
-                            pc: s.pc,
-                            cr3: s.cr3,
-                            func,
-                            flow,
-                            len,
-                        }
-                    };
-                    self.out.push(item);
-                }
-                self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((s.cr3, func));
                 self.step += 1;
+                let held = InTransit {
+                    step,
+                    pc: s.pc,
+                    cr3: s.cr3,
+                    func,
+                    len,
+                };
+                match self.thunk(func) {
+                    Some(Thunk::IndirectBranch) => self.transit.push(held),
+                    Some(Thunk::Return) if !self.transit.is_empty() => self.transit.push(held),
+                    Some(Thunk::Return) => {
+                        let owner = self.behind.unwrap_or(func);
+                        self.push_step(step, s.pc, s.cr3, owner, flow, len);
+                    }
+                    None => {
+                        self.flush_transit(Some(func));
+                        self.behind = Some(func);
+                        self.push_step(step, s.pc, s.cr3, func, flow, len);
+                    }
+                }
             }
             RecordRef::Event(Event::Interrupt { vector, .. }) => {
                 self.boundary(Item::Interrupt { vector: *vector })
@@ -180,7 +262,8 @@ impl<'a> ItemBuilder<'a> {
         }
     }
 
-    pub fn finish(self) -> Vec<Item> {
+    pub fn finish(mut self) -> Vec<Item> {
+        self.flush_transit(None);
         self.out
     }
 }
@@ -943,6 +1026,81 @@ mod tests {
         }
         engine.finish(&mut log);
         (log.0, engine.counts)
+    }
+
+    #[test]
+    fn calls_through_retpolines_and_return_thunks_nest_like_direct_ones() {
+        let table = SymbolTable::new(
+            [
+                (0x1000, "a"),
+                (0x2000, "b"),
+                (0x4000, "__x86_return_thunk"),
+                (0x5000, "__x86_indirect_thunk_array"),
+            ]
+            .iter()
+            .map(|(start, name)| Symbol {
+                start: *start,
+                size: 0x100,
+                name: name.to_string(),
+            })
+            .collect(),
+            Some(0x5100),
+        );
+        let mut symbols = Symbolizer::new();
+        symbols.add("test", Scope::Any, table, None);
+        let records = [
+            step(0x1000, &[0xe8, 0xfb, 0x3f, 0, 0]), // call __x86_indirect_thunk_array
+            step(0x5000, &[0xe8, 0x07, 0, 0, 0]),    // call +0xc (the retpoline)
+            step(0x500c, &[0x48, 0x89, 0x04, 0x24]), // mov [rsp], rax
+            step(0x5010, &[0xe9, 0xeb, 0xef, 0xff, 0xff]), // jmp __x86_return_thunk
+            step(0x4000, &[0xc3]),                   // ret: into b
+            step(0x2000, NOP),
+            step(0x2001, &[0xe9, 0xfa, 0x1f, 0, 0]), // jmp __x86_return_thunk
+            step(0x4000, &[0xc3]),                   // ret: back to a
+            step(0x1005, NOP),
+        ];
+        let info = SegmentInfo {
+            index: 0,
+            first_step: 0,
+            steps: 0,
+        };
+        let mut cache = InsnCache::default();
+        let mut builder = ItemBuilder::new(&info, &symbols);
+        for r in &records {
+            builder.record(r.borrowed(), &mut cache);
+        }
+        /// Entries and exits by name, with self steps.
+        struct Calls<'a>(&'a Symbolizer, Vec<String>);
+        impl LevelSink for Calls<'_> {
+            fn enter(&mut self, f: &FrameView) {
+                self.1.push(format!("enter {}", self.0.name(f.func)));
+            }
+            fn exit(&mut self, f: &FrameView, how: ExitKind) {
+                let name = self.0.name(f.func);
+                self.1.push(format!("exit {name} {} {how:?}", f.self_steps));
+            }
+            fn irregular(&mut self, _: u64, _: usize, what: Irregular) {
+                self.1.push(format!("{what:?}"));
+            }
+        }
+        let mut engine = LevelEngine::new();
+        let mut calls = Calls(&symbols, Vec::new());
+        for item in builder.finish() {
+            engine.push(item, &mut calls);
+        }
+        engine.finish(&mut calls);
+        assert_eq!(
+            calls.1,
+            [
+                "enter a",
+                "enter b",
+                // The retpoline's four steps, b's two and the return
+                // thunk's ret.
+                "exit b 7 Return",
+                "exit a 2 TraceEnd",
+            ]
+        );
+        assert_eq!(engine.counts.irregular, 0);
     }
 
     #[test]

@@ -164,6 +164,21 @@ impl Recorder {
         }
     }
 
+    /// Flushes and waits until the writer has written everything handed
+    /// to it (into the host's page cache: it survives the process being
+    /// killed). For a stop after which the guest may run on for long.
+    pub fn flush_and_wait(&mut self) {
+        self.flush();
+        let s = &self.shared;
+        while s.done.load(Ordering::Acquire) < s.sent.load(Ordering::Acquire) {
+            // A writer that died never catches up.
+            if self.writer.as_ref().is_none_or(|w| w.is_finished()) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Flushes, waits for the writer and syncs the disk.
     pub fn finish(mut self) -> Result<WriterReport, DiskError> {
         self.flush();

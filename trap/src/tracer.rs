@@ -127,6 +127,19 @@ pub struct Tracer {
     handlers: Vec<(u64, u8)>,
 }
 
+/// Starts and stops the user did not ask for at that moment (a trigger,
+/// a limit, the guest) are told on the console; the others answer
+/// where they were asked, or end the run.
+fn announced(reason: &TraceReason) -> bool {
+    !matches!(
+        reason,
+        TraceReason::Hotkey
+            | TraceReason::Control
+            | TraceReason::CommandLine
+            | TraceReason::GuestExit
+    )
+}
+
 impl Tracer {
     pub fn new(recorder: Recorder, options: TraceOptions) -> Tracer {
         let mut tracer = Tracer {
@@ -162,6 +175,9 @@ impl Tracer {
         if self.active {
             return false;
         }
+        if announced(&reason) {
+            vtrace_vmm::console::user_message(&format!("vtrace: tracing started by {reason}"));
+        }
         self.recorder.event(&Event::TraceStart(reason));
         self.active = true;
         self.stop_calls = 0;
@@ -173,6 +189,18 @@ impl Tracer {
             return false;
         }
         self.recorder.event(&Event::TraceStop(reason.clone()));
+        // Sealed now, not when the chunk fills: the guest may run on for
+        // long after (a Linux boot, for minutes where kernel code is
+        // emulated), and a user who ends the run with a kill must not lose
+        // what was traced.
+        self.recorder.flush_and_wait();
+        if announced(&reason) {
+            vtrace_vmm::console::user_message(&format!(
+                "vtrace: tracing stopped by {reason} after {} steps; they are on the \
+                 trace disk, and the guest runs on",
+                self.recorder.steps()
+            ));
+        }
         self.stop_reason = Some(reason);
         self.active = false;
         self.engine.end();

@@ -1,5 +1,6 @@
 //! Finding the symbols of the kernel a trace recorded, without being told.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
@@ -15,10 +16,22 @@ pub struct Discovery {
     pub warnings: Vec<String>,
 }
 
+/// What the caller knows about kernel images that this crate does not.
+pub struct KernelImages<'a> {
+    /// The `kernel` values of built-in guests and their ELF bytes (the CLI
+    /// passes the demo OS it embeds).
+    pub builtin: &'a [(&'a str, &'a [u8])],
+    /// The vmlinux ELF inside a compressed kernel image (a bzImage), if
+    /// it can be had (the CLI passes the boot loader's decompressor).
+    pub unpack: &'a dyn Fn(&[u8]) -> Option<Vec<u8>>,
+}
+
 /// Files that may hold the symbols of a kernel image at `kernel`, best
 /// first: the image itself when it is an ELF, a debug vmlinux from the
 /// distribution's debug package, then System.map files beside it (the
 /// Debian and Fedora layout: /boot/vmlinuz-V with /boot/System.map-V).
+/// The kernel's own kallsyms table comes after all of them: it has no
+/// sizes and no line numbers.
 fn candidates(kernel: &Path) -> Vec<PathBuf> {
     let mut out = vec![kernel.to_path_buf()];
     let dir = kernel.parent().unwrap_or(Path::new("."));
@@ -43,11 +56,9 @@ fn candidates(kernel: &Path) -> Vec<PathBuf> {
 }
 
 /// Loads the symbols of the kernel `metadata` names into `symbols`.
-/// `builtin` maps the `kernel` value of built-in guests to their ELF bytes
-/// (the CLI passes the demo OS it embeds).
 pub fn discover(
     metadata: &TraceMetadata,
-    builtin: &[(&str, &[u8])],
+    images: &KernelImages,
     symbols: &mut Symbolizer,
 ) -> Discovery {
     let mut d = Discovery::default();
@@ -59,7 +70,7 @@ pub fn discover(
         );
         return d;
     };
-    if let Some((_, bytes)) = builtin.iter().find(|(k, _)| *k == kernel) {
+    if let Some((_, bytes)) = images.builtin.iter().find(|(k, _)| *k == kernel) {
         if metadata
             .kernel_id
             .as_deref()
@@ -98,6 +109,9 @@ pub fn discover(
             ));
         }
     }
+    // Said only if nothing is found in the end: Debian's System.map is a
+    // stub, which is no news when the kernel's own table does the job.
+    let mut problems = Vec::new();
     for path in candidates(kernel) {
         let origin = path.display().to_string();
         let result = if path == kernel {
@@ -105,7 +119,7 @@ pub fn discover(
             // bzImage or a stripped vmlinux sends us on to the others.
             match &image {
                 Some(bytes) if bytes.starts_with(b"\x7fELF") => {
-                    match symbols.add_bytes(bytes, &origin, Scope::Any) {
+                    match symbols.add_elf(bytes, &origin, Scope::Any) {
                         Err(SymbolError::NoSymbols(_)) => continue,
                         other => other,
                     }
@@ -122,12 +136,31 @@ pub fn discover(
                 d.loaded.push(origin);
                 return d;
             }
-            Err(e) => d.warnings.push(e.to_string()),
+            Err(e) => problems.push(e.to_string()),
         }
     }
+    if let Some(bytes) = &image {
+        let vmlinux = if bytes.starts_with(b"\x7fELF") {
+            Some(Cow::Borrowed(&bytes[..]))
+        } else {
+            (images.unpack)(bytes).map(Cow::Owned)
+        };
+        if let Some(vmlinux) = vmlinux {
+            let origin = format!("{} (the kernel's own kallsyms table)", kernel.display());
+            match symbols.add_kallsyms(&vmlinux, &origin, Scope::Any) {
+                Ok(()) => {
+                    d.loaded.push(origin);
+                    return d;
+                }
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+    }
+    d.warnings.extend(problems);
     d.warnings.push(format!(
-        "no symbols found for {} (looked for an ELF image, a debug vmlinux and \
-         System.map beside it): give them with --symbols FILE",
+        "no symbols found for {} (looked for an ELF image, a debug vmlinux, \
+         System.map beside it and the kernel's own kallsyms table): give them \
+         with --symbols FILE",
         kernel.display()
     ));
     d
@@ -136,6 +169,13 @@ pub fn discover(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn no_images() -> KernelImages<'static> {
+        KernelImages {
+            builtin: &[],
+            unpack: &|_| None,
+        }
+    }
 
     #[test]
     fn finds_system_map_beside_a_bzimage() {
@@ -154,11 +194,11 @@ mod tests {
             ..Default::default()
         };
         let mut s = Symbolizer::new();
-        let d = discover(&meta, &[], &mut s);
+        let d = discover(&meta, &no_images(), &mut s);
         assert!(d.warnings.is_empty(), "{:?}", d.warnings);
         assert_eq!(s.format(0xffffffff81000004, 0), "_stext+0x4");
         std::fs::write(&kernel, b"MZ rebuilt").unwrap();
-        let d = discover(&meta, &[], &mut Symbolizer::new());
+        let d = discover(&meta, &no_images(), &mut Symbolizer::new());
         assert!(d.warnings[0].contains("changed since"), "{:?}", d.warnings);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -171,7 +211,11 @@ mod tests {
             ..Default::default()
         };
         let mut s = Symbolizer::new();
-        let d = discover(&meta, &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)], &mut s);
+        let images = KernelImages {
+            builtin: &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
+            unpack: &|_| None,
+        };
+        let d = discover(&meta, &images, &mut s);
         assert!(d.warnings.is_empty(), "{:?}", d.warnings);
         assert!(s.func_count() > 50);
     }

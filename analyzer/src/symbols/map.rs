@@ -15,8 +15,7 @@ fn is_code(kind: &str) -> bool {
 /// because it means the file is not a map at all. All-zero addresses (a
 /// kallsyms dump read without privileges) are refused with the reason.
 pub fn parse_map(text: &str, origin: &str) -> Result<SymbolTable, SymbolError> {
-    let mut globals = Vec::new();
-    let mut locals = Vec::new();
+    let mut entries = Vec::new();
     let mut zero = 0usize;
     let mut lines = 0usize;
     for (n, line) in text.lines().enumerate() {
@@ -33,23 +32,13 @@ pub fn parse_map(text: &str, origin: &str) -> Result<SymbolTable, SymbolError> {
         })?;
         if start == 0 {
             zero += 1;
-        }
-        if !is_code(kind) || start == 0 {
             continue;
         }
-        let symbol = Symbol {
-            start,
-            size: 0,
-            name: match fields.next() {
-                Some(module) => format!("{name} {module}"),
-                None => name.to_string(),
-            },
+        let name = match fields.next() {
+            Some(module) => format!("{name} {module}"),
+            None => name.to_string(),
         };
-        if kind.chars().all(|c| c.is_ascii_uppercase()) {
-            globals.push(symbol);
-        } else {
-            locals.push(symbol);
-        }
+        entries.push((start, kind, name));
     }
     if lines > 0 && zero == lines {
         return Err(SymbolError::Parse {
@@ -61,9 +50,35 @@ pub fn parse_map(text: &str, origin: &str) -> Result<SymbolTable, SymbolError> {
                 .into(),
         });
     }
+    code_table(entries, origin)
+}
+
+/// The code symbols among `(address, nm type, name)` entries, as a table:
+/// global names before local ones and, among names at one address,
+/// markers starting with '_' (`_stext`, `__kernel_start`) after the
+/// routine's own name, as in ELF sources.
+pub(super) fn code_table<'a>(
+    entries: impl IntoIterator<Item = (u64, &'a str, String)>,
+    origin: &str,
+) -> Result<SymbolTable, SymbolError> {
+    let mut globals = Vec::new();
+    let mut locals = Vec::new();
+    for (start, kind, name) in entries {
+        if !is_code(kind) {
+            continue;
+        }
+        let symbol = Symbol {
+            start,
+            size: 0,
+            name,
+        };
+        if kind.chars().all(|c| c.is_ascii_uppercase()) {
+            globals.push(symbol);
+        } else {
+            locals.push(symbol);
+        }
+    }
     globals.extend(locals);
-    // Among names at one address, markers starting with '_' (`_stext`,
-    // `__kernel_start`) yield to the routine's own name, as in ELF sources.
     globals.sort_by_key(|s| (s.start, s.name.starts_with('_')));
     if globals.is_empty() {
         return Err(SymbolError::NoSymbols(origin.to_string()));

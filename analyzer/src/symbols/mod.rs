@@ -7,17 +7,20 @@
 
 mod discover;
 mod elf;
+mod kallsyms;
 mod lines;
 mod map;
 mod table;
+mod thunks;
 
 use std::path::{Path, PathBuf};
 
-pub use discover::{discover, Discovery};
+pub use discover::{discover, Discovery, KernelImages};
 pub use elf::parse_elf;
 pub use lines::LineTable;
 pub use map::parse_map;
 pub use table::{Symbol, SymbolTable};
+pub use thunks::{thunk_kind, Thunk};
 
 /// Problems loading symbols.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +111,8 @@ pub struct Symbolizer {
     sources: Vec<Source>,
     /// Index of the source owning each [`FuncId`], by first id.
     total: u32,
+    /// Routines that are trampolines (see [`Thunk`]).
+    thunks: rustc_hash::FxHashMap<FuncId, Thunk>,
 }
 
 impl Symbolizer {
@@ -124,6 +129,11 @@ impl Symbolizer {
     ) {
         let first_id = self.total;
         self.total += table.len() as u32;
+        for (i, s) in table.symbols().iter().enumerate() {
+            if let Some(kind) = thunk_kind(&s.name) {
+                self.thunks.insert(first_id + i as u32, kind);
+            }
+        }
         self.sources.push(Source {
             origin: origin.to_string(),
             scope,
@@ -158,12 +168,31 @@ impl Symbolizer {
         scope: Scope,
     ) -> Result<(), SymbolError> {
         if bytes.starts_with(b"\x7fELF") {
-            self.add_elf(bytes, origin, scope)
+            match self.add_elf(bytes, origin, scope) {
+                // A stripped vmlinux still has the kernel's own table.
+                Err(SymbolError::NoSymbols(_)) => self
+                    .add_kallsyms(bytes, &format!("{origin} (kallsyms)"), scope)
+                    .map_err(|_| SymbolError::NoSymbols(origin.to_string())),
+                other => other,
+            }
         } else {
             let table = parse_map(&String::from_utf8_lossy(bytes), origin)?;
             self.add(origin, scope, table, None);
             Ok(())
         }
+    }
+
+    /// Adds the symbols a Linux kernel keeps for `/proc/kallsyms`,
+    /// recovered from its image (a vmlinux, stripped or not).
+    pub fn add_kallsyms(
+        &mut self,
+        vmlinux: &[u8],
+        origin: &str,
+        scope: Scope,
+    ) -> Result<(), SymbolError> {
+        let table = kallsyms::recover(vmlinux, origin)?;
+        self.add(origin, scope, table, None);
+        Ok(())
     }
 
     pub fn sources(&self) -> &[Source] {
@@ -207,6 +236,11 @@ impl Symbolizer {
     }
 
     /// The name of a routine id ("?" for [`UNKNOWN_FUNC`]).
+    /// Whether `func` is a trampoline, and for what.
+    pub fn thunk(&self, func: FuncId) -> Option<Thunk> {
+        self.thunks.get(&func).copied()
+    }
+
     pub fn name(&self, func: FuncId) -> &str {
         let Some(source) = self
             .sources

@@ -47,6 +47,33 @@ fn version_string(bytes: &[u8], header: &setup_header) -> Option<String> {
     Some(String::from_utf8_lossy(&tail[..end]).into_owned())
 }
 
+/// The compressed payload of a bzImage, if the header describes one that
+/// lies inside the file.
+fn payload<'a>(bytes: &'a [u8], header: &setup_header) -> Option<&'a [u8]> {
+    let setup_sects = if header.setup_sects == 0 {
+        4
+    } else {
+        usize::from(header.setup_sects)
+    };
+    let start = (setup_sects + 1) * 512 + header.payload_offset as usize;
+    bytes.get(start..start.checked_add(header.payload_length as usize)?)
+}
+
+/// The vmlinux ELF inside a bzImage, decompressed on the host; `None` if
+/// `bytes` is not a bzImage, its payload is not an ELF, or its compression
+/// is one vtrace does not decompress (see [`decompress`]). The analyzer
+/// reads the kernel's own symbol table (kallsyms) from it.
+pub fn vmlinux_inside(bytes: &[u8]) -> Option<Vec<u8>> {
+    if !is_bzimage(bytes) {
+        return None;
+    }
+    let header = read_header(bytes)?;
+    let payload = payload(bytes, &header)?;
+    decompress(payload, Compression::detect(payload))?
+        .ok()
+        .filter(|v| v.starts_with(b"\x7fELF"))
+}
+
 pub fn load(
     ram: &GuestRam,
     kernel: &Image,
@@ -65,15 +92,7 @@ pub fn load(
         )));
     }
     let version = version_string(bytes, &header).unwrap_or_else(|| "unknown version".into());
-    let setup_sects = if header.setup_sects == 0 {
-        4
-    } else {
-        usize::from(header.setup_sects)
-    };
-    let setup_size = (setup_sects + 1) * 512;
-    let payload_start = setup_size + header.payload_offset as usize;
-    let payload = bytes
-        .get(payload_start..payload_start + header.payload_length as usize)
+    let payload = payload(bytes, &header)
         .ok_or_else(|| kernel.format_error("its compressed payload lies outside the file"))?;
     let compression = Compression::detect(payload);
 

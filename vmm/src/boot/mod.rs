@@ -4,6 +4,7 @@
 //! 64-bit boot protocol, and a raw 16-bit real-mode image.
 
 mod bzimage;
+pub use bzimage::vmlinux_inside;
 mod decompress;
 mod elf;
 mod linux;
