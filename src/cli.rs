@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use vtrace_vmm::clock::ClockMode;
 
 use crate::exit_status::STATUS_TABLE;
-use crate::units::{parse_address, parse_size};
+use crate::units::{parse_address, parse_location, parse_size, Location};
 
 /// Full-system instruction tracer for x86-64 guests on KVM.
 #[derive(Debug, Parser)]
@@ -199,14 +199,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub max_steps: Option<u64>,
 
-    /// Start tracing when execution reaches this linear address (hardware
-    /// breakpoint), e.g. 0x100000. Symbol names come with the analyzer.
-    #[arg(long, value_name = "ADDR", value_parser = parse_address)]
-    pub start_at: Option<u64>,
+    /// Start tracing when execution reaches this place (a hardware
+    /// breakpoint): a linear address (0x100000) or a routine of the
+    /// kernel's symbols, found as `vtrace analyze` finds them
+    /// (start_kernel, schedule+0x10).
+    #[arg(long, value_name = "WHERE", value_parser = parse_location)]
+    pub start_at: Option<Location>,
 
-    /// Stop tracing when execution reaches this linear address.
-    #[arg(long, value_name = "ADDR", value_parser = parse_address)]
-    pub stop_at: Option<u64>,
+    /// Stop tracing when execution reaches this place (as --start-at).
+    #[arg(long, value_name = "WHERE", value_parser = parse_location)]
+    pub stop_at: Option<Location>,
 
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).

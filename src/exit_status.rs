@@ -25,8 +25,24 @@ fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
     error.chain().find_map(|e| e.downcast_ref::<Error>())
 }
 
+/// A command-line value that parsed but means nothing here (a routine the
+/// kernel does not have): exit status 2, as for arguments clap refuses.
+#[derive(Debug)]
+pub struct BadArgument(pub String);
+
+impl std::fmt::Display for BadArgument {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadArgument {}
+
 /// The exit status for a failed run.
 pub fn for_error(error: &anyhow::Error) -> i32 {
+    if error.chain().any(|e| e.is::<BadArgument>()) {
+        return 2;
+    }
     if let Some(vtrace_vmm::control::ControlError::Connect { .. }) =
         error.chain().find_map(|e| e.downcast_ref())
     {

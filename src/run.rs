@@ -13,8 +13,11 @@ use vtrace_storage::Recorder;
 use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::clock::ClockMode;
 
+use vtrace_analyzer::symbols::{discover, Discovery, Symbolizer};
+
 use crate::cli::{CpuArg, RunArgs};
-use crate::exit_status::GUEST_RESET;
+use crate::exit_status::{BadArgument, GUEST_RESET};
+use crate::units::Location;
 
 fn cpu_profile(args: &RunArgs) -> CpuProfile {
     match args.cpu {
@@ -112,24 +115,73 @@ fn tracer(
         kernel_id: kernel.1,
         clock: Some(clock_mode(args).to_string()),
         vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
-    }
-    .to_text();
+    };
+    // Resolved before the disk is made: a misspelt routine must not leave
+    // a gigabyte file behind.
+    let mut symbols = None;
+    let mut place = |location: &Option<Location>, option: &str| -> Result<Option<u64>> {
+        match location {
+            None => Ok(None),
+            Some(Location::Address(a)) => Ok(Some(*a)),
+            Some(Location::Symbol { name, offset }) => {
+                let (symbols, found) = symbols.get_or_insert_with(|| {
+                    let mut s = Symbolizer::new();
+                    let found = discover(&metadata, &crate::analyze::kernel_images(), &mut s);
+                    (s, found)
+                });
+                resolve(symbols, found, option, name, *offset).map(Some)
+            }
+        }
+    };
+    let start_at = place(&args.start_at, "--start-at")?;
+    let stop_at = place(&args.stop_at, "--stop-at")?;
     let disk = DiskWriter::create(
         &path,
         args.disk_size,
         args.segment_size as u32,
         args.wrap,
-        &metadata,
+        &metadata.to_text(),
     )?;
     let options = TraceOptions {
         from_start: args.trace,
         max_steps: args.max_steps,
         autostop: args.autostop.0.clone(),
-        start_at: args.start_at,
-        stop_at: args.stop_at,
+        start_at,
+        stop_at,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
     };
     Ok(Some(Tracer::new(Recorder::start(disk), options)))
+}
+
+/// The address of routine `name` (plus `offset`) for a trigger option.
+fn resolve(
+    symbols: &Symbolizer,
+    found: &Discovery,
+    option: &str,
+    name: &str,
+    offset: u64,
+) -> Result<u64> {
+    let addresses = symbols.addresses_of(name);
+    let problem = match addresses.as_slice() {
+        [one] => return Ok(one + offset),
+        [] if found.loaded.is_empty() => format!(
+            "{option} {name}: the kernel's symbols were not found ({}); give an address",
+            found.warnings.join("; ")
+        ),
+        [] => format!(
+            "{option} {name}: no routine of that name in {}",
+            found.loaded.join(", ")
+        ),
+        many => format!(
+            "{option} {name}: {} routines have that name (at {}); give one by address",
+            many.len(),
+            many.iter()
+                .map(|a| format!("{a:#x}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    Err(BadArgument(problem).into())
 }
 
 fn clock_mode(args: &RunArgs) -> ClockMode {

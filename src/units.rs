@@ -25,6 +25,36 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is too large"))
 }
 
+/// Where a trigger fires: an address, or a routine of the kernel's symbols
+/// (resolved once the kernel is loaded) plus an offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    Address(u64),
+    Symbol { name: String, offset: u64 },
+}
+
+/// "0x1000d0", "1048784", "start_kernel" or "schedule+0x10" → location.
+pub fn parse_location(text: &str) -> Result<Location, String> {
+    let t = text.trim();
+    if t.starts_with(|c: char| c.is_ascii_digit()) {
+        return parse_address(t).map(Location::Address);
+    }
+    let (name, offset) = match t.split_once('+') {
+        Some((name, off)) => (name, parse_address(off)?),
+        None => (t, 0),
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!(
+            "'{text}' is neither an address nor a routine name (examples: 0x100000, \
+             start_kernel, schedule+0x10)"
+        ));
+    }
+    Ok(Location::Symbol {
+        name: name.to_string(),
+        offset,
+    })
+}
+
 /// "0x7c00" or "31744" → address.
 pub fn parse_address(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -38,6 +68,27 @@ pub fn parse_address(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn locations() {
+        assert_eq!(parse_location("0x1000"), Ok(Location::Address(0x1000)));
+        assert_eq!(
+            parse_location("schedule+0x10"),
+            Ok(Location::Symbol {
+                name: "schedule".into(),
+                offset: 0x10
+            })
+        );
+        assert_eq!(
+            parse_location("start_kernel"),
+            Ok(Location::Symbol {
+                name: "start_kernel".into(),
+                offset: 0
+            })
+        );
+        assert!(parse_location("f+x").is_err());
+        assert!(parse_location("0xzz").is_err());
+    }
 
     #[test]
     fn sizes() {

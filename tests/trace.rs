@@ -591,6 +591,50 @@ fn start_and_stop_at_addresses() {
 }
 
 #[test]
+fn start_and_stop_at_routines_by_name() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // From the demo OS's scheduler to the next interrupt entry (both
+    // found in the demo OS's own symbols).
+    let (schedule, switch) = (demo_symbol("schedule"), demo_symbol("isr_common"));
+    let (disk, out) = trace_demo(
+        dir.path(),
+        "named.vtd",
+        &["--start-at", "schedule", "--stop-at", "isr_common"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let recs = records(&disk);
+    // The demo OS's own start/stop hypercalls may trace more later: only
+    // the first stretch is the triggers'.
+    let first_stop = recs
+        .iter()
+        .position(|r| matches!(r, Record::Event(Event::TraceStop(_))))
+        .expect("a stop");
+    assert_eq!(
+        recs[first_stop],
+        Record::Event(Event::TraceStop(TraceReason::Address(switch)))
+    );
+    let steps = steps_of(&recs[..first_stop]);
+    assert_eq!(steps.first().map(|s| s.pc), Some(schedule));
+    assert!(steps.iter().all(|s| s.pc != switch), "stops before it runs");
+    let info = info_json(&disk);
+    assert_eq!(info["start_reasons"][0], format!("address:{schedule:#x}"));
+
+    // A name the kernel does not have is a bad argument, caught before a
+    // disk is made.
+    let (disk, out) = trace_demo(dir.path(), "typo.vtd", &["--start-at", "shedule"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--start-at shedule"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!disk.exists());
+}
+
+#[test]
 fn hotkeys_start_tracing_and_mark() {
     if !kvm_available() {
         return;

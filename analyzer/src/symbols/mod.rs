@@ -235,12 +235,27 @@ impl Symbolizer {
         None
     }
 
-    /// The name of a routine id ("?" for [`UNKNOWN_FUNC`]).
     /// Whether `func` is a trampoline, and for what.
     pub fn thunk(&self, func: FuncId) -> Option<Thunk> {
         self.thunks.get(&func).copied()
     }
 
+    /// Start addresses of the routines named `name`, in every source
+    /// (several when sources overlap or a name is static in several files).
+    pub fn addresses_of(&self, name: &str) -> Vec<u64> {
+        let mut out: Vec<u64> = self
+            .sources
+            .iter()
+            .flat_map(|s| s.table.symbols().iter())
+            .filter(|s| s.name == name)
+            .map(|s| s.start)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The name of a routine id ("?" for [`UNKNOWN_FUNC`]).
     pub fn name(&self, func: FuncId) -> &str {
         let Some(source) = self
             .sources
