@@ -932,21 +932,26 @@ mod tests {
     use crate::symbols::{Scope, Symbol, SymbolTable};
     use vtrace_storage::{CpuMode, InsnBytes, Record, Regs, Step, TraceReason};
 
-    fn symbols() -> Symbolizer {
+    /// Routines of 0x100 bytes at the given addresses.
+    fn routines(list: &[(u64, &str)]) -> Symbolizer {
+        let end = list.iter().map(|(start, _)| start + 0x100).max();
         let table = SymbolTable::new(
-            [(0x1000, "a"), (0x2000, "b"), (0x3000, "c")]
-                .iter()
+            list.iter()
                 .map(|(start, name)| Symbol {
                     start: *start,
                     size: 0x100,
                     name: name.to_string(),
                 })
                 .collect(),
-            Some(0x3100),
+            end,
         );
         let mut s = Symbolizer::new();
         s.add("test", Scope::Any, table, None);
         s
+    }
+
+    fn symbols() -> Symbolizer {
+        routines(&[(0x1000, "a"), (0x2000, "b"), (0x3000, "c")])
     }
 
     fn step(pc: u64, bytes: &[u8]) -> Record {
@@ -1030,24 +1035,12 @@ mod tests {
 
     #[test]
     fn calls_through_retpolines_and_return_thunks_nest_like_direct_ones() {
-        let table = SymbolTable::new(
-            [
-                (0x1000, "a"),
-                (0x2000, "b"),
-                (0x4000, "__x86_return_thunk"),
-                (0x5000, "__x86_indirect_thunk_array"),
-            ]
-            .iter()
-            .map(|(start, name)| Symbol {
-                start: *start,
-                size: 0x100,
-                name: name.to_string(),
-            })
-            .collect(),
-            Some(0x5100),
-        );
-        let mut symbols = Symbolizer::new();
-        symbols.add("test", Scope::Any, table, None);
+        let symbols = routines(&[
+            (0x1000, "a"),
+            (0x2000, "b"),
+            (0x4000, "__x86_return_thunk"),
+            (0x5000, "__x86_indirect_thunk_array"),
+        ]);
         let records = [
             step(0x1000, &[0xe8, 0xfb, 0x3f, 0, 0]), // call __x86_indirect_thunk_array
             step(0x5000, &[0xe8, 0x07, 0, 0, 0]),    // call +0xc (the retpoline)
