@@ -10,10 +10,10 @@
 //! address spaces, plus one trie node per distinct call path.
 
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, RecordRef};
+use vtrace_storage::{Event, RecordRef, Step};
 
 use crate::input::SegmentInfo;
-use crate::insn::{Flow, InsnCache};
+use crate::insn::{Flow, InsnCache, InsnInfo};
 use crate::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
 
 /// One step or boundary, as the engine needs it. Built in parallel per
@@ -56,31 +56,44 @@ pub enum Item {
     Break,
 }
 
-/// Resolves routines with a one-entry cache: consecutive steps are almost
-/// always in the same routine, and a table lookup per step would dominate.
+/// Routines a [`FuncResolver`] remembers.
+const RECENT_ROUTINES: usize = 4;
+
+/// Resolves routines with a cache of the last few: consecutive steps are
+/// almost always in the same routine, and a kernel's calls mostly go back
+/// and forth between a caller, its callee and a helper every function
+/// calls (`__fentry__`), while a table lookup per step would dominate.
 pub struct FuncResolver<'a> {
     symbols: &'a Symbolizer,
-    last: Option<(u64, u64, u64, FuncId)>,
+    /// (start, end, address-space root, routine), most recent first.
+    recent: [(u64, u64, u64, FuncId); RECENT_ROUTINES],
 }
 
 impl<'a> FuncResolver<'a> {
     pub fn new(symbols: &'a Symbolizer) -> Self {
         FuncResolver {
             symbols,
-            last: None,
+            // Empty ranges: never hit.
+            recent: [(1, 0, 0, UNKNOWN_FUNC); RECENT_ROUTINES],
         }
     }
 
     pub fn func(&mut self, pc: u64, cr3: u64) -> FuncId {
         let root = cr3_root(cr3);
-        if let Some((start, end, r, f)) = self.last {
-            if pc >= start && pc < end && r == root {
-                return f;
-            }
+        let hit = self
+            .recent
+            .iter()
+            .position(|&(start, end, r, _)| pc >= start && pc < end && r == root);
+        if let Some(i) = hit {
+            let entry = self.recent[i];
+            self.recent.copy_within(0..i, 1);
+            self.recent[0] = entry;
+            return entry.3;
         }
         match self.symbols.resolve(pc, cr3) {
             Some(r) => {
-                self.last = Some((r.start, r.end, root, r.func));
+                self.recent.copy_within(0..RECENT_ROUTINES - 1, 1);
+                self.recent[0] = (r.start, r.end, root, r.func);
                 r.func
             }
             None => UNKNOWN_FUNC,
@@ -215,16 +228,15 @@ impl<'a> ItemBuilder<'a> {
         self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((cr3, func));
     }
 
-    /// Adds one record. `cache` is the segment's decoded instructions,
-    /// shared with other per-segment work.
-    pub fn record(&mut self, record: RecordRef<'_>, cache: &mut InsnCache) {
+    /// Adds one record.
+    pub fn record(&mut self, record: SegmentRecord<'_>) {
         match record {
-            RecordRef::Step(s) => {
+            SegmentRecord::Step(s, insn) => {
                 if std::mem::take(&mut self.stopped) {
                     self.boundary(Item::Break);
                 }
                 let func = self.funcs.func(s.pc, s.cr3);
-                let flow = cache.get(s).flow;
+                let flow = insn.flow;
                 let len = s.bytes.len() as u8;
                 let step = self.step;
                 self.step += 1;
@@ -249,16 +261,16 @@ impl<'a> ItemBuilder<'a> {
                     }
                 }
             }
-            RecordRef::Event(Event::Interrupt { vector, .. }) => {
+            SegmentRecord::Event(Event::Interrupt { vector, .. }) => {
                 self.boundary(Item::Interrupt { vector: *vector })
             }
-            RecordRef::Event(Event::Mark { id, value }) => self.boundary(Item::Mark {
+            SegmentRecord::Event(Event::Mark { id, value }) => self.boundary(Item::Mark {
                 id: *id,
                 value: *value,
             }),
-            RecordRef::Event(Event::Gap { .. }) => self.boundary(Item::Break),
-            RecordRef::Event(Event::TraceStop(_)) => self.stopped = true,
-            RecordRef::Event(_) => {}
+            SegmentRecord::Event(Event::Gap { .. }) => self.boundary(Item::Break),
+            SegmentRecord::Event(Event::TraceStop(_)) => self.stopped = true,
+            SegmentRecord::Event(_) => {}
         }
     }
 
@@ -268,19 +280,37 @@ impl<'a> ItemBuilder<'a> {
     }
 }
 
+/// A record as per-segment work sees it: a step comes with its decoded
+/// instruction, looked up once for all the work on it.
+#[derive(Clone, Copy, Debug)]
+pub enum SegmentRecord<'a> {
+    Step(&'a Step, &'a InsnInfo),
+    Event(&'a Event),
+}
+
+impl<'a> SegmentRecord<'a> {
+    /// `record`, with a step's instruction from the segment's `cache`.
+    pub fn new(record: RecordRef<'a>, cache: &'a mut InsnCache) -> Self {
+        match record {
+            RecordRef::Step(s) => SegmentRecord::Step(s, cache.get(s)),
+            RecordRef::Event(e) => SegmentRecord::Event(e),
+        }
+    }
+}
+
 /// Work done on each segment in the same pass over its records as the
 /// level items (see [`run_with`]).
 pub trait SegmentPass {
     type Output: Send;
-    /// Sees each record in order, with the segment's decoded instructions.
-    fn record(&mut self, record: RecordRef<'_>, cache: &mut InsnCache);
+    /// Sees each record in order.
+    fn record(&mut self, record: SegmentRecord<'_>);
     fn finish(self) -> Self::Output;
 }
 
 /// No extra work.
 impl SegmentPass for () {
     type Output = ();
-    fn record(&mut self, _: RecordRef<'_>, _: &mut InsnCache) {}
+    fn record(&mut self, _: SegmentRecord<'_>) {}
     fn finish(self) {}
 }
 
@@ -899,8 +929,9 @@ pub fn run_with<P: SegmentPass>(
             let mut items = ItemBuilder::new(info, symbols);
             let mut extra = pass(info);
             while let Some(r) = records.next_record() {
-                items.record(r, &mut cache);
-                extra.record(r, &mut cache);
+                let r = SegmentRecord::new(r, &mut cache);
+                items.record(r);
+                extra.record(r);
             }
             (items.finish(), extra.finish())
         },
@@ -1060,7 +1091,7 @@ mod tests {
         let mut cache = InsnCache::default();
         let mut builder = ItemBuilder::new(&info, &symbols);
         for r in &records {
-            builder.record(r.borrowed(), &mut cache);
+            builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
         }
         /// Entries and exits by name, with self steps.
         struct Calls<'a>(&'a Symbolizer, Vec<String>);
@@ -1107,7 +1138,7 @@ mod tests {
         let mut cache = InsnCache::default();
         let mut builder = ItemBuilder::new(&info, &symbols);
         for r in records() {
-            builder.record(r.borrowed(), &mut cache);
+            builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
         }
         let folded = builder.finish();
 

@@ -7,12 +7,14 @@ use std::fmt::Write as _;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use vtrace_storage::{Event, RecordRef, Regs};
+use vtrace_storage::{Event, Regs};
 
 use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
-use crate::insn::{memory_addresses, AddressingMode, Class, InsnCache};
-use crate::levels::{run_with, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass};
+use crate::insn::{memory_addresses, AddressingMode, Class};
+use crate::levels::{
+    run_with, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
+};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
 const IF: u64 = 1 << 9;
@@ -169,25 +171,24 @@ impl SegmentCounter {
 impl SegmentPass for SegmentCounter {
     type Output = Part;
 
-    fn record(&mut self, record: RecordRef<'_>, cache: &mut InsnCache) {
-        let s = match record {
-            RecordRef::Step(s) => s,
-            RecordRef::Event(Event::Interrupt { vector, .. }) => {
+    fn record(&mut self, record: SegmentRecord<'_>) {
+        let (s, info) = match record {
+            SegmentRecord::Step(s, info) => (s, info),
+            SegmentRecord::Event(Event::Interrupt { vector, .. }) => {
                 *self.p.counts.vectors.entry(*vector).or_default() += 1;
                 return;
             }
-            RecordRef::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
+            SegmentRecord::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
                 self.before = None;
                 return;
             }
-            RecordRef::Event(_) => return,
+            SegmentRecord::Event(_) => return,
         };
         let p = &mut self.p;
         let c = &mut p.counts;
         if c.steps == 0 {
             p.first_pc = s.pc;
         }
-        let info = cache.get(s);
         *c.mnemonics.entry(info.mnemonic).or_default() += 1;
         *c.classes.entry(info.class).or_default() += 1;
         if let Some(mode) = info.addressing {
