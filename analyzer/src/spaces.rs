@@ -237,7 +237,11 @@ impl SpaceTable {
                 .iter()
                 .map(|(a, b)| format!("{a:#x}-{b:#x}"))
                 .collect();
-            let _ = writeln!(out, "  code: {}", code.join(", "));
+            // Three ranges a line: a kernel touches dozens of pages.
+            for (i, line) in code.chunks(3).enumerate() {
+                let label = if i == 0 { "code:" } else { "" };
+                let _ = writeln!(out, "  {label:<5} {}", line.join(", "));
+            }
             for r in &s.routines {
                 let _ = writeln!(out, "  {:>12}  {}", r.steps, r.name);
             }
