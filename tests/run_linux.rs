@@ -169,6 +169,14 @@ fn a_linux_trace_names_kernel_routines_without_being_told() {
     let (nest, log) = (stdout(&out), stderr(&out));
     assert!(out.status.success(), "{log}");
     assert!(!log.contains("no symbols found"), "{log}");
+    // The 64-bit boot protocol enters startup_64 (arch/x86/kernel/head_64.S)
+    // at its physical address, before paging maps the kernel where its
+    // symbols are: named through the image's load addresses.
+    let first = nest.lines().find(|l| l.trim_end().ends_with("() {"));
+    assert!(
+        first.is_some_and(|l| l.trim_end().ends_with(" startup_64() {")),
+        "{first:?}"
+    );
     // arch/x86/kernel/head64.c and init/main.c: the boot CPU's C entry
     // clears BSS before start_kernel, whose first calls have been these
     // for a decade (debug_objects_early_init is empty in a distribution

@@ -133,6 +133,9 @@ pub fn discover(
         };
         match result {
             Ok(()) => {
+                if let Some(elf) = image.as_ref().filter(|b| b.starts_with(b"\x7fELF")) {
+                    symbols.add_physical_alias(elf);
+                }
                 d.loaded.push(origin);
                 return d;
             }
@@ -149,6 +152,7 @@ pub fn discover(
             let origin = format!("{} (the kernel's own kallsyms table)", kernel.display());
             match symbols.add_kallsyms(&vmlinux, &origin, Scope::Any) {
                 Ok(()) => {
+                    symbols.add_physical_alias(&vmlinux);
                     d.loaded.push(origin);
                     return d;
                 }

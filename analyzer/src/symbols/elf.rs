@@ -141,3 +141,29 @@ mod agreement {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Where an ELF image's code is loaded when it runs before paging maps it
+/// at its link address: (virtual start, virtual end, physical start) of
+/// each loadable segment whose physical address differs from its virtual
+/// one. Linux's `startup_64` runs at physical addresses until it switches
+/// to the kernel's mapping; these ranges name those first steps.
+pub fn physical_loads(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    let Ok(file) = ElfFile64::<object::Endianness>::parse(bytes) else {
+        return Vec::new();
+    };
+    let endian = file.endian();
+    file.elf_program_headers()
+        .iter()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| {
+            let vaddr = p.p_vaddr(endian);
+            (
+                vaddr,
+                vaddr.saturating_add(p.p_memsz(endian)),
+                p.p_paddr(endian),
+            )
+        })
+        .filter(|(vaddr, _, paddr)| vaddr != paddr)
+        .collect()
+}

@@ -195,6 +195,38 @@ impl Symbolizer {
         Ok(())
     }
 
+    /// Adds, for the last source added, its routines in `elf`'s loadable
+    /// segments once more at their physical load addresses (see
+    /// [`elf::physical_loads`]). Nothing if no segment loads elsewhere.
+    pub fn add_physical_alias(&mut self, elf: &[u8]) {
+        let Some(last) = self.sources.last() else {
+            return;
+        };
+        let loads = elf::physical_loads(elf);
+        let alias: Vec<Symbol> = last
+            .table
+            .symbols()
+            .iter()
+            .filter_map(|s| {
+                let (vstart, _, pstart) = loads
+                    .iter()
+                    .find(|(start, end, _)| s.start >= *start && s.start < *end)?;
+                Some(Symbol {
+                    start: s.start - vstart + pstart,
+                    size: s.size,
+                    name: s.name.clone(),
+                })
+            })
+            .collect();
+        if alias.is_empty() {
+            return;
+        }
+        let end = loads.iter().map(|(start, end, p)| end - start + p).max();
+        let origin = format!("{} (at physical addresses)", last.origin);
+        let scope = last.scope;
+        self.add(&origin, scope, SymbolTable::new(alias, end), None);
+    }
+
     pub fn sources(&self) -> &[Source] {
         &self.sources
     }
