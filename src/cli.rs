@@ -206,6 +206,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "WHERE", value_parser = parse_location)]
     pub start_at: Option<Location>,
 
+    /// End the run when tracing stops (by --max-steps, --stop-at, the
+    /// guest, the hotkey or vtrace ctl) instead of letting the guest run
+    /// on; exit status 0.
+    #[arg(long)]
+    pub exit_after_trace: bool,
+
     /// Stop tracing when execution reaches this place (as --start-at).
     #[arg(long, value_name = "WHERE", value_parser = parse_location)]
     pub stop_at: Option<Location>,

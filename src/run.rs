@@ -67,6 +67,7 @@ fn summary(outcome: &RunOutcome) -> String {
         GuestExit::Status(s) => format!("guest exited with status {s}"),
         GuestExit::Reset => "guest reset the machine".to_string(),
         GuestExit::UserQuit => "quit by the user".to_string(),
+        GuestExit::MonitorDone => "run ended when tracing stopped (--exit-after-trace)".to_string(),
     };
     let rss = peak_rss_bytes()
         .map(|b| format!(", peak RSS {} MiB", b >> 20))
@@ -103,6 +104,12 @@ fn tracer(
     kernel: (Option<String>, Option<String>),
 ) -> Result<Option<Tracer>> {
     if !args.trace && args.disk.is_none() && args.start_at.is_none() {
+        if args.exit_after_trace {
+            return Err(BadArgument(
+                "--exit-after-trace needs tracing: add --trace, --disk or --start-at".into(),
+            )
+            .into());
+        }
         return Ok(None);
     }
     let path = args
@@ -148,6 +155,7 @@ fn tracer(
         autostop: args.autostop.0.clone(),
         start_at,
         stop_at,
+        exit_after_trace: args.exit_after_trace,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
     };
     Ok(Some(Tracer::new(Recorder::start(disk), options)))
@@ -270,6 +278,6 @@ pub fn run(args: RunArgs) -> Result<i32> {
     Ok(match outcome.exit {
         GuestExit::Status(s) => i32::from(s),
         GuestExit::Reset => GUEST_RESET,
-        GuestExit::UserQuit => 0,
+        GuestExit::UserQuit | GuestExit::MonitorDone => 0,
     })
 }

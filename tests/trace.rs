@@ -319,6 +319,31 @@ fn max_steps_and_disk_full_stop_with_their_reason() {
 }
 
 #[test]
+fn exit_after_trace_ends_the_run_at_the_stop() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, out) = trace_demo(
+        dir.path(),
+        "short.vtd",
+        &["--trace", "--max-steps", "5000", "--exit-after-trace"],
+    );
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("run ended when tracing stopped"), "{log}");
+    // The demo OS logs this at its very end: it never got there.
+    assert!(!log.contains("demo OS done"), "{log}");
+    let info = info_json(&disk);
+    assert_eq!(info["steps"], 5000);
+    assert_eq!(info["stop_reason"], "max_steps");
+
+    // Without tracing there is nothing to wait for: a bad argument.
+    let out = run(&["run", "--no-input", "--exit-after-trace"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
 fn wrap_keeps_the_newest_steps() {
     if !kvm_available() {
         return;

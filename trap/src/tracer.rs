@@ -26,6 +26,9 @@ pub struct TraceOptions {
     /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
     /// exception handlers with breakpoints so they are traced too.
     pub trap_flag_host: bool,
+    /// End the run the first time tracing stops, rather than let the guest
+    /// run on.
+    pub exit_after_trace: bool,
 }
 
 /// Exceptions whose handlers a TF host watches, most frequent first (four
@@ -93,6 +96,7 @@ impl Default for TraceOptions {
             start_at: None,
             stop_at: None,
             trap_flag_host: false,
+            exit_after_trace: false,
         }
     }
 }
@@ -197,8 +201,13 @@ impl Tracer {
         if announced(&reason) {
             vtrace_vmm::console::user_message(&format!(
                 "vtrace: tracing stopped by {reason} after {} steps; they are on the \
-                 trace disk, and the guest runs on",
-                self.recorder.steps()
+                 trace disk, and {}",
+                self.recorder.steps(),
+                if self.options.exit_after_trace {
+                    "the run ends (--exit-after-trace)"
+                } else {
+                    "the guest runs on"
+                }
             ));
         }
         self.stop_reason = Some(reason);
@@ -260,6 +269,10 @@ impl Tracer {
 impl Monitor for Tracer {
     fn stepping(&self) -> bool {
         self.active
+    }
+
+    fn done(&self) -> bool {
+        self.options.exit_after_trace && !self.active && self.stop_reason.is_some()
     }
 
     fn before_entry(&mut self, cpu: &mut dyn CpuView) {
@@ -495,5 +508,22 @@ mod tests {
         let mut t = tracer(dir.path(), options);
         t.before_entry(&mut cpu);
         assert!(t.breakpoints().is_empty());
+    }
+
+    #[test]
+    fn the_run_ends_at_the_first_stop_only_when_asked() {
+        for asked in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = TraceOptions {
+                exit_after_trace: asked,
+                ..TraceOptions::default()
+            };
+            let mut t = tracer(dir.path(), options);
+            assert!(!t.done(), "not before tracing");
+            t.start(TraceReason::Control);
+            assert!(!t.done(), "not while tracing");
+            t.stop(TraceReason::Control);
+            assert_eq!(t.done(), asked);
+        }
     }
 }

@@ -100,6 +100,12 @@ pub trait Monitor {
         false
     }
 
+    /// Whether the monitor is done with the guest and the run should end
+    /// ([`crate::GuestExit::MonitorDone`]). Asked before every `KVM_RUN`.
+    fn done(&self) -> bool {
+        false
+    }
+
     /// Linear addresses where the guest must stop with a debug exit
     /// (hardware breakpoints, at most 4). Asked before every `KVM_RUN`.
     fn breakpoints(&self) -> &[u64] {

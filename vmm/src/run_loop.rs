@@ -28,6 +28,9 @@ pub enum GuestExit {
     Reset,
     /// The user pressed `Ctrl-A x`.
     UserQuit,
+    /// The monitor was done with the guest (a tracer told to end the run
+    /// when tracing stops).
+    MonitorDone,
 }
 
 /// What a finished run reports.
@@ -160,6 +163,9 @@ impl Vm {
         loop {
             if let Next::Stop(exit) = self.service(rx, monitor, irqs)? {
                 return Ok(exit);
+            }
+            if monitor.done() {
+                return Ok(GuestExit::MonitorDone);
             }
             self.set_debug(monitor.stepping(), monitor.breakpoints())?;
             kicker.set_quiet(self.stepping);

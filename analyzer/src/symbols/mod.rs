@@ -84,6 +84,8 @@ pub struct Source {
     pub lines: Option<LineTable>,
     /// Global id of this source's first symbol.
     first_id: u32,
+    /// Another source's routines at their physical load addresses.
+    alias: bool,
 }
 
 /// A routine id: stable for one [`Symbolizer`], dense from 0, so analyses
@@ -140,6 +142,7 @@ impl Symbolizer {
             table,
             lines,
             first_id,
+            alias: false,
         });
     }
 
@@ -225,6 +228,9 @@ impl Symbolizer {
         let origin = format!("{} (at physical addresses)", last.origin);
         let scope = last.scope;
         self.add(&origin, scope, SymbolTable::new(alias, end), None);
+        if let Some(added) = self.sources.last_mut() {
+            added.alias = true;
+        }
     }
 
     pub fn sources(&self) -> &[Source] {
@@ -273,11 +279,13 @@ impl Symbolizer {
     }
 
     /// Start addresses of the routines named `name`, in every source
-    /// (several when sources overlap or a name is static in several files).
+    /// (several when sources overlap or a name is static in several
+    /// files), at their link addresses only.
     pub fn addresses_of(&self, name: &str) -> Vec<u64> {
         let mut out: Vec<u64> = self
             .sources
             .iter()
+            .filter(|s| !s.alias)
             .flat_map(|s| s.table.symbols().iter())
             .filter(|s| s.name == name)
             .map(|s| s.start)
