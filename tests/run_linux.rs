@@ -202,3 +202,49 @@ fn a_linux_trace_names_kernel_routines_without_being_told() {
     assert!(divided < 5, "{divided} divided levels in 30000 steps");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let dir = std::env::temp_dir().join(format!("vtrace-linux-at-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("at.vtd");
+    // The name resolves through the kernel's own kallsyms, as the
+    // analyzer finds it; the run ends with the trace.
+    let out = vtrace()
+        .args([
+            "run",
+            "--no-input",
+            "--memory",
+            "128M",
+            "--start-at",
+            "start_kernel",
+        ])
+        .args([
+            "--max-steps",
+            "2000",
+            "--exit-after-trace",
+            "--disk-size",
+            "16M",
+        ])
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--kernel")
+        .arg(&kernel)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run vtrace");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listing = run(&["analyze", "listing", "--count", "1", disk.to_str().unwrap()]);
+    let text = stdout(&listing);
+    let first = text.lines().find(|l| !l.trim_start().starts_with("--"));
+    assert!(
+        first.is_some_and(|l| l.contains(" start_kernel ")),
+        "{text}\n{}",
+        stderr(&listing)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
