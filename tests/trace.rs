@@ -383,12 +383,8 @@ fn killed_mid_trace_keeps_completed_segments() {
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("killed.vtd");
-    // The step clock: traced, the demo runs about 8 s here, and two
-    // segments are on the disk after about 3. (A wall clock makes
-    // thousands of timer interrupts, and under host load this host's KVM
-    // now and then runs an IRETQ and the instruction after it with no
-    // debug exit between, about once in 9,000: the trace then honestly
-    // holds a gap, which is not what this test is about.)
+    // The step clock keeps the run deterministic: traced, the demo runs
+    // about 8 s here, and two segments are on the disk after about 3.
     let mut child = vtrace()
         .args([
             "run",

@@ -353,12 +353,85 @@ impl Engine {
             return;
         }
         let folded = self.fetch(cpu, sregs, target);
-        match folded.decoded {
-            Some(d) if d.flow != Flow::Any && d.explains(target, next) => {
-                self.emit_step(&folded, regs, sink);
-                self.stats.folded_after_iret += 1;
+        let explained = match folded.decoded {
+            Some(d) if d.flow != Flow::Any => d.explains(target, next),
+            // Under host load KVM now and then runs the instruction at the
+            // target without a debug exit even with no STI there; when it
+            // is a `ret` or an indirect `jmp`, where it went is checked
+            // against guest memory and registers before it is believed.
+            Some(_) => self.indirect_target(cpu, sregs, regs, &folded) == Some(next),
+            None => false,
+        };
+        if explained {
+            self.emit_step(&folded, regs, sink);
+            self.stats.folded_after_iret += 1;
+        } else if let Some((vector, g)) = self.infer_exception(cpu, sregs, next) {
+            // The instruction at the target faulted (and went unrecorded,
+            // as a faulting instruction does: it runs again after the
+            // handler), and the handler's first instruction ran as well.
+            // Its frame is on the stack the iretq restored.
+            let mut b = [0u8; 8];
+            let restored = self.last_rsp.wrapping_add(24);
+            let old_rsp = (self.walker.read(cpu, sregs, restored, &mut b) == 8)
+                .then(|| u64::from_le_bytes(b));
+            self.stats.exceptions += 1;
+            self.last_exception = Some(vector);
+            let error_code = old_rsp
+                .filter(|_| has_error_code(vector))
+                .and_then(|rsp| error_code(cpu, &mut self.walker, sregs, g, rsp));
+            sink.event(&Event::Interrupt {
+                vector,
+                error_code,
+                source: InterruptSource::InferredFromIdt,
+            });
+            self.handler_first_step(Some(g), cpu, regs, sregs, next, sink);
+        } else {
+            self.gap(target, next, sink);
+        }
+    }
+
+    /// Where the near `ret` or indirect `jmp` at `p` went, from the
+    /// registers after it (it changed none but RSP) and guest memory;
+    /// `None` for any other instruction or an unreadable address.
+    fn indirect_target(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        p: &Pending,
+    ) -> Option<u64> {
+        use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
+        let bytes = p.bytes?;
+        let insn = Decoder::with_ip(64, bytes.as_slice(), p.pc, DecoderOptions::NONE).decode();
+        let mut read = |addr: u64| {
+            let mut b = [0u8; 8];
+            (self.walker.read(cpu, sregs, addr, &mut b) == 8).then(|| u64::from_le_bytes(b))
+        };
+        match (insn.mnemonic(), insn.op0_kind()) {
+            (Mnemonic::Ret, kind) => {
+                let extra = if kind == OpKind::Immediate16 {
+                    u64::from(insn.immediate16())
+                } else {
+                    0
+                };
+                read(regs.rsp.wrapping_sub(8 + extra))
             }
-            _ => self.gap(target, next, sink),
+            (Mnemonic::Jmp, OpKind::Register) => gpr(regs, insn.op0_register()),
+            (Mnemonic::Jmp, OpKind::Memory) => {
+                let addr = if insn.is_ip_rel_memory_operand() {
+                    insn.ip_rel_memory_address()
+                } else {
+                    insn.virtual_address(0, 0, |r, _, _| {
+                        if r.is_segment_register() {
+                            Some(0)
+                        } else {
+                            gpr(regs, r)
+                        }
+                    })?
+                };
+                read(addr)
+            }
+            _ => None,
         }
     }
 
@@ -546,6 +619,35 @@ impl Engine {
     }
 }
 
+/// The value of general register `r` (any width) in `regs`.
+fn gpr(regs: &kvm_regs, r: iced_x86::Register) -> Option<u64> {
+    use iced_x86::Register as R;
+    let full = match r.full_register() {
+        R::RAX => regs.rax,
+        R::RCX => regs.rcx,
+        R::RDX => regs.rdx,
+        R::RBX => regs.rbx,
+        R::RSP => regs.rsp,
+        R::RBP => regs.rbp,
+        R::RSI => regs.rsi,
+        R::RDI => regs.rdi,
+        R::R8 => regs.r8,
+        R::R9 => regs.r9,
+        R::R10 => regs.r10,
+        R::R11 => regs.r11,
+        R::R12 => regs.r12,
+        R::R13 => regs.r13,
+        R::R14 => regs.r14,
+        R::R15 => regs.r15,
+        _ => return None,
+    };
+    Some(match r.size() {
+        4 => full & 0xffff_ffff,
+        2 => full & 0xffff,
+        _ => full,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     //! The engine against a fake vCPU: flat guest memory with an identity
@@ -640,6 +742,76 @@ mod tests {
         assert_eq!(d, Directive::ReArm);
         assert_eq!(steps(&out), vec![TIMER_HANDLER, TIMER_HANDLER + 2]);
         assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn a_ret_run_without_its_exit_after_iretq_is_checked_then_recorded() {
+        for (lands_where_ret_goes, gaps) in [(true, 0), (false, 1)] {
+            // ret at CODE; its return address on the interrupted stack.
+            let mut cpu = machine(&[0xc3, 0x90]);
+            let (mut e, mut out) = (Engine::new(), Vec::new());
+            e.begin(&mut cpu);
+            cpu.regs.rip = TIMER_HANDLER;
+            cpu.regs.rsp = STACK - 40;
+            e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
+            cpu.regs.rsp = STACK - 48;
+            debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+            // The iretq pops CODE; KVM reports the next exit only after
+            // the ret there ran too.
+            cpu.put_u64(STACK - 48, CODE);
+            let interrupted_rsp = STACK - 0x100;
+            let back = if lands_where_ret_goes {
+                CODE + 0x40
+            } else {
+                CODE + 0x80
+            };
+            cpu.put_u64(interrupted_rsp, CODE + 0x40);
+            cpu.regs.rsp = interrupted_rsp + 8;
+            debug_exit(&mut e, &mut cpu, back, &mut out);
+            assert_eq!(e.stats().gaps, gaps);
+            if lands_where_ret_goes {
+                assert_eq!(steps(&out), vec![TIMER_HANDLER, TIMER_HANDLER + 2, CODE]);
+                assert_eq!(e.stats().folded_after_iret, 1);
+            } else {
+                assert_eq!(steps(&out), vec![TIMER_HANDLER, TIMER_HANDLER + 2]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_fault_at_the_iretq_target_run_without_exits_is_inferred() {
+        // mov [rax], al at CODE faults when the iretq returns to it.
+        let mut cpu = machine(&[0x88, 0x00, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rip = TIMER_HANDLER;
+        cpu.regs.rsp = STACK - 40;
+        e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
+        // The interrupted code's stack is at S; the timer's frame below it
+        // is what the iretq pops: RIP = CODE at S - 40, RSP = S at S - 16.
+        let s = STACK - 0x100;
+        cpu.regs.rsp = s - 40;
+        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        cpu.put_u64(s - 40, CODE);
+        cpu.put_u64(s - 16, s);
+        // The store faults; the #PF frame lands on the same place, with its
+        // error code below, and KVM's next exit comes after the #PF
+        // handler's first push.
+        cpu.put_u64(s - 48, 0x2);
+        cpu.regs.rsp = s - 56;
+        debug_exit(&mut e, &mut cpu, PF_HANDLER + 2, &mut out);
+        assert_eq!(e.stats().gaps, 0, "{out:?}");
+        assert_eq!(
+            steps(&out),
+            vec![TIMER_HANDLER, TIMER_HANDLER + 2, PF_HANDLER],
+            "the store did not run: it runs again after the handler"
+        );
+        assert!(out.contains(&Record::Event(Event::Interrupt {
+            vector: 14,
+            error_code: Some(2),
+            source: InterruptSource::InferredFromIdt
+        })));
+        assert_eq!(e.take_exception(), Some(14));
     }
 
     #[test]
