@@ -679,6 +679,21 @@ mod tests {
         engine.exit(&ExitView::Debug { breakpoint: false }, cpu, sink)
     }
 
+    /// A machine running `code`, interrupted by the VMM delivering the
+    /// timer, whose handler has run its first instruction (`push 0`) and
+    /// stands at its iretq with RSP = `rsp_at_iretq`.
+    fn at_timer_iretq(code: &[u8], rsp_at_iretq: u64) -> (FlatCpu, Engine, Vec<Record>) {
+        let mut cpu = machine(code);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rip = TIMER_HANDLER;
+        cpu.regs.rsp = STACK - 40;
+        e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
+        cpu.regs.rsp = rsp_at_iretq;
+        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        (cpu, e, out)
+    }
+
     #[test]
     fn straight_line_code_and_a_gap() {
         // nop; nop; jmp +0 (to the next instruction)
@@ -726,14 +741,7 @@ mod tests {
 
     #[test]
     fn delivery_by_the_vmm_steps_the_handler_normally() {
-        let mut cpu = machine(&[0x90, 0x90]);
-        let (mut e, mut out) = (Engine::new(), Vec::new());
-        e.begin(&mut cpu);
-        cpu.regs.rip = TIMER_HANDLER;
-        cpu.regs.rsp = STACK - 40;
-        e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
-        cpu.regs.rsp = STACK - 48;
-        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        let (mut cpu, mut e, mut out) = at_timer_iretq(&[0x90, 0x90], STACK - 48);
         // iretq back to the interrupted nop: TF may be gone, so re-arm. The
         // engine checks the target against the RIP the iretq pops.
         cpu.put_u64(STACK - 48, CODE);
@@ -748,14 +756,7 @@ mod tests {
     fn a_ret_run_without_its_exit_after_iretq_is_checked_then_recorded() {
         for (lands_where_ret_goes, gaps) in [(true, 0), (false, 1)] {
             // ret at CODE; its return address on the interrupted stack.
-            let mut cpu = machine(&[0xc3, 0x90]);
-            let (mut e, mut out) = (Engine::new(), Vec::new());
-            e.begin(&mut cpu);
-            cpu.regs.rip = TIMER_HANDLER;
-            cpu.regs.rsp = STACK - 40;
-            e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
-            cpu.regs.rsp = STACK - 48;
-            debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+            let (mut cpu, mut e, mut out) = at_timer_iretq(&[0xc3, 0x90], STACK - 48);
             // The iretq pops CODE; KVM reports the next exit only after
             // the ret there ran too.
             cpu.put_u64(STACK - 48, CODE);
@@ -780,18 +781,11 @@ mod tests {
 
     #[test]
     fn a_fault_at_the_iretq_target_run_without_exits_is_inferred() {
-        // mov [rax], al at CODE faults when the iretq returns to it.
-        let mut cpu = machine(&[0x88, 0x00, 0x90]);
-        let (mut e, mut out) = (Engine::new(), Vec::new());
-        e.begin(&mut cpu);
-        cpu.regs.rip = TIMER_HANDLER;
-        cpu.regs.rsp = STACK - 40;
-        e.note_delivery(32, TIMER_HANDLER, &mut cpu, &mut out);
-        // The interrupted code's stack is at S; the timer's frame below it
-        // is what the iretq pops: RIP = CODE at S - 40, RSP = S at S - 16.
+        // mov [rax], al at CODE faults when the iretq returns to it. The
+        // interrupted code's stack is at S; the timer's frame below it is
+        // what the iretq pops: RIP = CODE at S - 40, RSP = S at S - 16.
         let s = STACK - 0x100;
-        cpu.regs.rsp = s - 40;
-        debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
+        let (mut cpu, mut e, mut out) = at_timer_iretq(&[0x88, 0x00, 0x90], s - 40);
         cpu.put_u64(s - 40, CODE);
         cpu.put_u64(s - 16, s);
         // The store faults; the #PF frame lands on the same place, with its
