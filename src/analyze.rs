@@ -117,6 +117,19 @@ fn stdout() -> BufWriter<std::io::StdoutLock<'static>> {
     BufWriter::with_capacity(1 << 20, std::io::stdout().lock())
 }
 
+/// Prints `value` as JSON, or its text.
+fn print(json: bool, value: &impl serde::Serialize, text: impl FnOnce() -> String) -> Result<()> {
+    let mut out = stdout();
+    if json {
+        serde_json::to_writer_pretty(&mut out, value)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(text().as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 /// A write to a closed pipe (`vtrace analyze listing | head`) ends quietly.
 fn quiet_on_broken_pipe(r: Result<()>) -> Result<()> {
     match r {
@@ -198,28 +211,14 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let bar = Progress::new(&trace, &a.trace, "spaces");
             let table = spaces::collect(&trace, &symbols, &|d, _| bar.update(d))?;
             bar.finish();
-            let mut out = stdout();
-            if a.json {
-                serde_json::to_writer_pretty(&mut out, &table)?;
-                writeln!(out)?;
-            } else {
-                out.write_all(table.to_text().as_bytes())?;
-            }
-            out.flush()?;
+            print(a.json, &table, || table.to_text())?;
         }
         AnalyzeCommand::Stats(a) => {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "stats");
             let s = stats::collect(&trace, &symbols, &|d, _| bar.update(d))?;
             bar.finish();
-            let mut out = stdout();
-            if a.json {
-                serde_json::to_writer_pretty(&mut out, &s)?;
-                writeln!(out)?;
-            } else {
-                out.write_all(s.to_text(a.top).as_bytes())?;
-            }
-            out.flush()?;
+            print(a.json, &s, || s.to_text(a.top))?;
         }
         AnalyzeCommand::Flame(a) => {
             let (trace, symbols) = open(&a.trace)?;

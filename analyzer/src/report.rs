@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::input::{Progress, Trace};
 use crate::levels::run;
 use crate::nest::NestWriter;
-use crate::stats::{collect, Count, Stats};
+use crate::stats::{collect, percent, Count, Stats};
 use crate::symbols::Symbolizer;
 
 fn esc(text: &str) -> String {
@@ -58,7 +58,7 @@ fn count_table(out: &mut String, id: &str, title: &str, rows: &[Count], total: u
             out,
             "<tr><td>{}</td><td>{:.2}</td><td>{}</td></tr>",
             r.count,
-            100.0 * r.count as f64 / total.max(1) as f64,
+            percent(r.count, total),
             esc(&r.name)
         );
     }
@@ -76,7 +76,7 @@ fn stats_html(s: &Stats) -> String {
             out,
             "<tr><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             r.self_steps,
-            100.0 * r.self_steps as f64 / s.steps.max(1) as f64,
+            percent(r.self_steps, s.steps),
             r.total_steps,
             r.calls,
             esc(&r.name)

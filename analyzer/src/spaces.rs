@@ -11,7 +11,7 @@ use vtrace_storage::RecordRef;
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::levels::FuncResolver;
-use crate::stats::routine_label;
+use crate::stats::{percent, routine_label};
 use crate::symbols::{cr3_root, Symbolizer};
 
 /// Routines listed per address space.
@@ -223,7 +223,7 @@ impl SpaceTable {
                 "{:>#18x} {:>12} {:>6.2}% {:>10} {:>10} {:>10} {:>8}",
                 s.cr3,
                 s.steps,
-                100.0 * s.steps as f64 / self.steps.max(1) as f64,
+                percent(s.steps, self.steps),
                 s.kernel_steps,
                 s.user_steps,
                 s.first_step,

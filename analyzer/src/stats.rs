@@ -333,6 +333,11 @@ fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
     v
 }
 
+/// `part` as a percentage of `total` (0 when there is no total).
+pub fn percent(part: u64, total: u64) -> f64 {
+    100.0 * part as f64 / total.max(1) as f64
+}
+
 /// A routine's name for tables: its symbol, or `[unknown code]`.
 pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
     if f == UNKNOWN_FUNC {
@@ -476,7 +481,7 @@ fn table(out: &mut String, title: &str, total: u64, rows: &[Count], top: usize) 
             out,
             "  {:>12} {:>6.2}%  {}",
             r.count,
-            100.0 * r.count as f64 / total.max(1) as f64,
+            percent(r.count, total),
             r.name
         );
     }
@@ -509,7 +514,7 @@ impl Stats {
                 out,
                 "  {:>12} {:>6.2}% {:>12} {:>8}  {}",
                 r.self_steps,
-                100.0 * r.self_steps as f64 / self.steps.max(1) as f64,
+                percent(r.self_steps, self.steps),
                 r.total_steps,
                 r.calls,
                 r.name
@@ -550,7 +555,7 @@ impl Stats {
             out,
             "\ninterrupts disabled: {} steps ({:.2}%) in {} stretches; longest {} steps{}",
             d.steps,
-            100.0 * d.steps as f64 / self.steps.max(1) as f64,
+            percent(d.steps, self.steps),
             d.stretches,
             d.longest,
             match (&d.longest_from, &d.longest_in) {

@@ -20,6 +20,7 @@
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vtrace_storage::{CpuMode, Event, InsnBytes, InterruptSource, Record, Recorder, Regs, Step};
+use vtrace_vmm::cpu::unemulated::reg_value;
 use vtrace_vmm::{CpuView, Directive, ExitView};
 
 use crate::context::{cpl, cpu_mode, linear_pc};
@@ -416,7 +417,7 @@ impl Engine {
                 };
                 read(regs.rsp.wrapping_sub(8 + extra))
             }
-            (Mnemonic::Jmp, OpKind::Register) => gpr(regs, insn.op0_register()),
+            (Mnemonic::Jmp, OpKind::Register) => reg_value(regs, insn.op0_register()),
             (Mnemonic::Jmp, OpKind::Memory) => {
                 let addr = if insn.is_ip_rel_memory_operand() {
                     insn.ip_rel_memory_address()
@@ -425,7 +426,7 @@ impl Engine {
                         if r.is_segment_register() {
                             Some(0)
                         } else {
-                            gpr(regs, r)
+                            reg_value(regs, r)
                         }
                     })?
                 };
@@ -617,35 +618,6 @@ impl Engine {
         self.pending = Some(self.fetch(cpu, &sregs, next));
         directive
     }
-}
-
-/// The value of general register `r` (any width) in `regs`.
-fn gpr(regs: &kvm_regs, r: iced_x86::Register) -> Option<u64> {
-    use iced_x86::Register as R;
-    let full = match r.full_register() {
-        R::RAX => regs.rax,
-        R::RCX => regs.rcx,
-        R::RDX => regs.rdx,
-        R::RBX => regs.rbx,
-        R::RSP => regs.rsp,
-        R::RBP => regs.rbp,
-        R::RSI => regs.rsi,
-        R::RDI => regs.rdi,
-        R::R8 => regs.r8,
-        R::R9 => regs.r9,
-        R::R10 => regs.r10,
-        R::R11 => regs.r11,
-        R::R12 => regs.r12,
-        R::R13 => regs.r13,
-        R::R14 => regs.r14,
-        R::R15 => regs.r15,
-        _ => return None,
-    };
-    Some(match r.size() {
-        4 => full & 0xffff_ffff,
-        2 => full & 0xffff,
-        _ => full,
-    })
 }
 
 #[cfg(test)]

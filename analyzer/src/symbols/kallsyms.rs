@@ -123,6 +123,16 @@ fn find_tokens(image: &[u8]) -> Option<Tokens<'_>> {
     None
 }
 
+/// The name entry at `at`: where its token numbers start and how many
+/// there are (one length byte, two when the top bit is set).
+fn name_entry(image: &[u8], at: usize) -> Option<(usize, usize)> {
+    let len = usize::from(*image.get(at)?);
+    if len & 0x80 == 0 {
+        return Some((at + 1, len));
+    }
+    Some((at + 2, (len & 0x7f) | usize::from(*image.get(at + 1)?) << 7))
+}
+
 /// Where each of `count` names starting at `names` begins (relative to
 /// `names`), and where the last ends; `None` if they run past `limit`.
 fn name_bounds(
@@ -135,16 +145,11 @@ fn name_bounds(
     let mut at = names;
     for _ in 0..count {
         starts.push(u32::try_from(at - names).ok()?);
-        let mut len = usize::from(*image.get(at)?);
-        at += 1;
-        if len & 0x80 != 0 {
-            len = (len & 0x7f) | usize::from(*image.get(at)?) << 7;
-            at += 1;
-        }
+        let (tokens, len) = name_entry(image, at)?;
         if len == 0 {
             return None;
         }
-        at += len;
+        at = tokens + len;
         if at > limit {
             return None;
         }
@@ -203,13 +208,7 @@ fn find_names(image: &[u8], tokens: &Tokens) -> Option<Names> {
 
 /// Expands name `i` into its type and text.
 fn expand(image: &[u8], tokens: &Tokens, names: &Names, i: usize) -> Option<(char, String)> {
-    let mut at = names.start + names.starts[i] as usize;
-    let mut len = usize::from(*image.get(at)?);
-    at += 1;
-    if len & 0x80 != 0 {
-        len = (len & 0x7f) | usize::from(*image.get(at)?) << 7;
-        at += 1;
-    }
+    let (at, len) = name_entry(image, names.start + names.starts[i] as usize)?;
     let mut text = Vec::new();
     for &t in image.get(at..at + len)? {
         text.extend_from_slice(tokens.tokens[usize::from(t)]);

@@ -41,7 +41,8 @@ pub enum CompleteError {
     ReservedMxcsr(u32),
 }
 
-fn reg_value(regs: &kvm_regs, reg: Register) -> Option<u64> {
+/// The value of general register `reg` (or RIP), at its width, in `regs`.
+pub fn reg_value(regs: &kvm_regs, reg: Register) -> Option<u64> {
     let full = reg.full_register();
     let v = match full {
         Register::RAX => regs.rax,
