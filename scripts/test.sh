@@ -24,6 +24,22 @@ if ! command -v setpriv >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq util-linux >/dev/null
 fi
 
+# The AMD-V test machine (scripts/amdv.sh, tests/amdv.rs): QEMU emulating an
+# AMD CPU with SVM, busybox for its userspace, cpio to pack it.
+missing=()
+command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
+# A static busybox: it runs in the machine without shared libraries.
+if ! command -v busybox >/dev/null 2>&1 || ldd "$(command -v busybox)" >/dev/null 2>&1; then
+    missing+=(busybox-static)
+fi
+command -v cpio >/dev/null 2>&1 || missing+=(cpio)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "scripts/test.sh: installing ${missing[*]} (the AMD-V test machine)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+fi
+
 # Headless Chromium renders `vtrace analyze report` pages in tests/analyze.rs.
 if ! command -v chromium >/dev/null 2>&1; then
     echo "scripts/test.sh: installing chromium (renders the HTML report in the tests)"

@@ -37,12 +37,13 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "guest": "demo OS",
-                "bare_steps": r.bare_steps,
+                "bare_exits": r.bare_exits,
                 "bare_seconds": r.bare_time.as_secs_f64(),
-                "bare_steps_per_s": r.bare_steps_per_s(),
+                "bare_exits_per_s": r.bare_exits_per_s(),
+                "traced_exits": r.traced_exits,
                 "traced_steps": r.traced_steps,
                 "traced_seconds": r.traced_time.as_secs_f64(),
-                "traced_steps_per_s": r.traced_steps_per_s(),
+                "traced_exits_per_s": r.traced_exits_per_s(),
                 "ratio": r.ratio(),
                 "bytes_per_step": r.bytes_per_step(),
                 "peak_rss_bytes": r.peak_rss_bytes,
@@ -50,16 +51,17 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         );
     } else {
         println!(
-            "bare single-step:  {} steps in {:.2} s = {:.0} steps/s",
-            r.bare_steps,
+            "bare single-step:  {} exits in {:.2} s = {:.0} exits/s",
+            r.bare_exits,
             r.bare_time.as_secs_f64(),
-            r.bare_steps_per_s()
+            r.bare_exits_per_s()
         );
         println!(
-            "full tracing:      {} steps in {:.2} s = {:.0} steps/s",
-            r.traced_steps,
+            "full tracing:      {} exits in {:.2} s = {:.0} exits/s ({} steps)",
+            r.traced_exits,
             r.traced_time.as_secs_f64(),
-            r.traced_steps_per_s()
+            r.traced_exits_per_s(),
+            r.traced_steps
         );
         println!("ratio:             {:.2} (goal >= 0.9)", r.ratio());
         println!("bytes per step:    {:.2} (goal <= 2)", r.bytes_per_step());

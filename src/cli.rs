@@ -77,7 +77,7 @@ pub struct BenchArgs {
     /// profiling, or to rerun with --trace).
     #[arg(long, value_name = "FILE", requires = "analyzer")]
     pub keep: Option<PathBuf>,
-    /// Print JSON (keys: bare_steps_per_s, traced_steps_per_s, ratio,
+    /// Print JSON (keys: bare_exits_per_s, traced_exits_per_s, ratio,
     /// bytes_per_step, peak_rss_bytes).
     #[arg(long)]
     pub json: bool,

@@ -76,3 +76,5 @@ pub fn virtual_seconds(text: &str) -> Option<f64> {
     let at = text.find("virtual time ")? + "virtual time ".len();
     text[at..].split_whitespace().next()?.parse().ok()
 }
+
+pub mod amdv;

@@ -9,37 +9,30 @@ use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
 use vtrace_storage::Recorder;
 use vtrace_vmm::boot::BootSource;
 use vtrace_vmm::clock::ClockMode;
-use vtrace_vmm::{ConsoleMode, CpuProfile, CpuView, Directive, ExitView, Monitor, Vm, VmConfig};
+use vtrace_vmm::{ConsoleMode, CpuProfile, Monitor, Vm, VmConfig};
 
 use crate::tracer::{TraceOptions, Tracer};
 
-/// Single-steps and counts, recording nothing.
-#[derive(Default)]
-struct StepCounter {
-    steps: u64,
-}
+/// Single-steps, recording nothing.
+struct BareStepper;
 
-impl Monitor for StepCounter {
+impl Monitor for BareStepper {
     fn stepping(&self) -> bool {
         true
     }
-
-    fn on_exit(&mut self, exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
-        if matches!(
-            exit,
-            ExitView::Debug { breakpoint: false } | ExitView::IoOut { .. }
-        ) {
-            self.steps += 1;
-        }
-        Directive::Continue
-    }
 }
 
-/// What one benchmark run measured.
+/// What one benchmark run measured. Rates are VM exits per second: one
+/// exit per instruction, except where a host runs several REP iterations
+/// before it exits; both runs step the same guest, so they compare.
 #[derive(Clone, Debug)]
 pub struct BenchReport {
-    pub bare_steps: u64,
+    /// Exits of the bare single-stepping run.
+    pub bare_exits: u64,
     pub bare_time: Duration,
+    /// Exits of the traced run.
+    pub traced_exits: u64,
+    /// Steps recorded (every REP iteration is one).
     pub traced_steps: u64,
     pub traced_time: Duration,
     pub trace_bytes: u64,
@@ -47,14 +40,15 @@ pub struct BenchReport {
 }
 
 impl BenchReport {
-    pub fn bare_steps_per_s(&self) -> f64 {
-        self.bare_steps as f64 / self.bare_time.as_secs_f64()
+    pub fn bare_exits_per_s(&self) -> f64 {
+        self.bare_exits as f64 / self.bare_time.as_secs_f64()
     }
-    pub fn traced_steps_per_s(&self) -> f64 {
-        self.traced_steps as f64 / self.traced_time.as_secs_f64()
+    pub fn traced_exits_per_s(&self) -> f64 {
+        self.traced_exits as f64 / self.traced_time.as_secs_f64()
     }
+    /// Traced over bare exit rate: the tracer's share of the host's cost.
     pub fn ratio(&self) -> f64 {
-        self.traced_steps_per_s() / self.bare_steps_per_s()
+        self.traced_exits_per_s() / self.bare_exits_per_s()
     }
     pub fn bytes_per_step(&self) -> f64 {
         self.trace_bytes as f64 / self.traced_steps.max(1) as f64
@@ -91,8 +85,7 @@ fn peak_rss() -> Option<u64> {
 
 /// Runs `boot` twice: stepping bare, then traced to a disk in `dir`.
 pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
-    let mut counter = StepCounter::default();
-    let bare = Vm::new(config(boot))?.run(&mut counter)?;
+    let bare = Vm::new(config(boot))?.run(&mut BareStepper)?;
 
     let disk = DiskWriter::create(
         &dir.join("bench.vtd"),
@@ -112,8 +105,9 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
     let report = tracer.finish()?;
     let traced = traced?;
     Ok(BenchReport {
-        bare_steps: counter.steps,
+        bare_exits: bare.exits,
         bare_time: bare.host_time,
+        traced_exits: traced.exits,
         traced_steps: report.engine.steps,
         traced_time: traced.host_time,
         trace_bytes: report.writer.stored_bytes,

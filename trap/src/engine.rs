@@ -24,8 +24,9 @@ use vtrace_vmm::cpu::unemulated::reg_value;
 use vtrace_vmm::{CpuView, Directive, ExitView};
 
 use crate::context::{cpl, cpu_mode, linear_pc};
-use crate::flow::{decode, Decoded, Flow};
+use crate::flow::{decode, Decoded, Flow, Shadow};
 use crate::idt::{error_code, gate, has_error_code, Gate};
+use crate::rep::{ReadLinear, RepString};
 use crate::walker::Walker;
 
 /// Where records go: the trace disk's recorder, or a vector in tests.
@@ -76,6 +77,8 @@ pub struct EngineStats {
     pub folded_after_iret: u64,
     /// Steps of IRETQ/STI/POPF rebuilt when an interrupt came right after.
     pub folded_before_interrupt: u64,
+    /// Steps rebuilt after STI, MOV SS or POP SS (the trap held back).
+    pub folded_after_shadow: u64,
 }
 
 /// See the module documentation.
@@ -92,14 +95,39 @@ pub struct Engine {
     /// entry, with a debug exit of its own: an interrupt injected meanwhile
     /// is delivered only on the entry after that.
     completing: bool,
-    /// Stack pointer before the pending instruction (exception frames).
-    last_rsp: u64,
-    /// RFLAGS before the pending instruction.
-    last_rflags: u64,
+    /// Registers before the pending instruction (exception frames, steps
+    /// rebuilt from what an instruction does).
+    last: kvm_regs,
     control: [u64; 4],
     stats: EngineStats,
     /// Vector of an exception seen at the last exit, for autostop.
     last_exception: Option<u8>,
+    /// See [`Engine::mid_rep`].
+    mid_rep: bool,
+    /// Steps after this many are not recorded (`--max-steps`; a REP batch
+    /// may run past it within one exit).
+    step_limit: Option<u64>,
+    /// CR2 at the last exit: a change no recorded step explains is a page
+    /// fault handled out of sight.
+    last_cr2: u64,
+    /// Status flags an instruction left undefined and none has defined
+    /// since. CPUs differ there (KVM's emulator sets AF after SHL, AMD's
+    /// CPUs clear it), so the trace records them as 0: the same guest
+    /// gives the same trace on every host.
+    undefined_flags: u64,
+}
+
+/// Guest memory at linear addresses, through the engine's walker.
+struct WalkedMemory<'a> {
+    walker: &'a mut Walker,
+    cpu: &'a dyn CpuView,
+    sregs: &'a kvm_sregs,
+}
+
+impl ReadLinear for WalkedMemory<'_> {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool {
+        self.walker.read(self.cpu, self.sregs, addr, buf) == buf.len()
+    }
 }
 
 fn to_regs(r: &kvm_regs) -> Regs {
@@ -108,9 +136,15 @@ fn to_regs(r: &kvm_regs) -> Regs {
             r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11,
             r.r12, r.r13, r.r14, r.r15,
         ],
-        rflags: r.rflags,
+        // RF only says whether an instruction breakpoint may fire on
+        // resuming; KVM's emulator sets it inside REP batches and the VMM
+        // after breakpoint exits, where a CPU stepping with TF does not.
+        rflags: r.rflags & !RFLAGS_RF,
     }
 }
+
+const RFLAGS_RF: u64 = 1 << 16;
+const RFLAGS_TF: u64 = 1 << 8;
 
 fn control(s: &kvm_sregs) -> [u64; 4] {
     [s.cr0, s.cr3, s.cr4, s.efer]
@@ -128,6 +162,12 @@ impl Engine {
         self.stats
     }
 
+    /// Records no step beyond the `limit`-th: a host that runs REP
+    /// iterations in batches must not overshoot `--max-steps`.
+    pub fn set_step_limit(&mut self, limit: Option<u64>) {
+        self.step_limit = limit;
+    }
+
     /// Whether [`Engine::begin`] was called since the last stop.
     pub fn started(&self) -> bool {
         self.started
@@ -138,18 +178,20 @@ impl Engine {
         let regs = cpu.regs();
         let sregs = cpu.sregs();
         self.control = control(&sregs);
-        self.last_rsp = regs.rsp;
-        self.last_rflags = regs.rflags;
+        self.last_cr2 = sregs.cr2;
+        self.last = regs;
         self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
+        self.mid_rep = false;
         self.started = true;
     }
 
     /// Stops following the vCPU (tracing was switched off).
     pub fn end(&mut self) {
         self.started = false;
+        self.mid_rep = false;
         self.pending = None;
         self.injected = None;
         self.deferred.clear();
@@ -206,8 +248,7 @@ impl Engine {
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
-        self.last_rsp = regs.rsp;
-        self.last_rflags = regs.rflags;
+        self.last = regs;
         self.pending = Some(self.fetch(cpu, &sregs, handler));
     }
 
@@ -248,8 +289,7 @@ impl Engine {
             source: InterruptSource::Injected,
         });
         let sregs = cpu.sregs();
-        self.last_rsp = regs.rsp;
-        self.last_rflags = regs.rflags;
+        self.last = regs;
         self.pending = Some(self.fetch(cpu, &sregs, handler));
     }
 
@@ -261,7 +301,7 @@ impl Engine {
     /// pending instruction has not run and runs after the handler.
     fn ran_before_interrupt(&mut self, regs: &kvm_regs, sink: &mut dyn RecordSink) {
         if let Some(p) = self.pending.take() {
-            if self.last_rflags & RFLAGS_IF == 0 && p.decoded.is_some_and(|d| d.enables_interrupts)
+            if self.last.rflags & RFLAGS_IF == 0 && p.decoded.is_some_and(|d| d.enables_interrupts)
             {
                 self.emit_step(&p, regs, sink);
                 self.stats.folded_before_interrupt += 1;
@@ -288,14 +328,25 @@ impl Engine {
     }
 
     fn emit_step(&mut self, p: &Pending, regs: &kvm_regs, sink: &mut dyn RecordSink) {
+        if let Some(d) = p.decoded {
+            self.undefined_flags = (self.undefined_flags & !d.defines_flags) | d.undefines_flags;
+        }
+        if self
+            .step_limit
+            .is_some_and(|limit| self.stats.steps >= limit)
+        {
+            return;
+        }
         if let Some(bytes) = p.bytes {
+            let mut regs = to_regs(regs);
+            regs.rflags &= !self.undefined_flags;
             sink.step(&Step {
                 pc: p.pc,
                 bytes,
                 cr3: p.cr3,
                 mode: p.mode,
                 cpl: p.cpl,
-                regs: to_regs(regs),
+                regs,
             });
             self.stats.steps += 1;
         }
@@ -329,6 +380,39 @@ impl Engine {
         }
     }
 
+    /// The registers IRETQ left. When the exit came later than its target
+    /// (see [`Engine::after_iretq`]), they are those before it with RSP
+    /// and RFLAGS from the frame it popped, the only general registers it
+    /// changes.
+    fn iretq_regs(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        next: u64,
+    ) -> kvm_regs {
+        let mut frame = [0u8; 40];
+        if cpu_mode(sregs) != CpuMode::Long64
+            || self.walker.read(cpu, sregs, self.last.rsp, &mut frame) != 40
+        {
+            return *regs;
+        }
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&frame[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        if word(0) == next {
+            return *regs;
+        }
+        kvm_regs {
+            rip: word(0),
+            rflags: word(2),
+            rsp: word(3),
+            ..self.last
+        }
+    }
+
     /// IRETQ lands on the RIP it popped. When the next exit reports a pc
     /// one instruction further, that instruction ran without its own debug
     /// exit: on KVM's emulator an STI (or MOV SS) at the target holds the
@@ -345,7 +429,7 @@ impl Engine {
     ) {
         let mut popped = [0u8; 8];
         if cpu_mode(sregs) != CpuMode::Long64
-            || self.walker.read(cpu, sregs, self.last_rsp, &mut popped) != 8
+            || self.walker.read(cpu, sregs, self.last.rsp, &mut popped) != 8
         {
             return;
         }
@@ -372,7 +456,7 @@ impl Engine {
             // handler), and the handler's first instruction ran as well.
             // Its frame is on the stack the iretq restored.
             let mut b = [0u8; 8];
-            let restored = self.last_rsp.wrapping_add(24);
+            let restored = self.last.rsp.wrapping_add(24);
             let old_rsp = (self.walker.read(cpu, sregs, restored, &mut b) == 8)
                 .then(|| u64::from_le_bytes(b));
             self.stats.exceptions += 1;
@@ -389,6 +473,138 @@ impl Engine {
         } else {
             self.gap(target, next, sink);
         }
+    }
+
+    /// STI, MOV SS and POP SS hold the single-step trap back for one
+    /// instruction on AMD-V (as their interrupt shadow does), so the exit
+    /// comes after the instruction that follows. Both steps are rebuilt
+    /// exactly: the shadow instruction's registers follow from the ones
+    /// before it, the next one's are those at the exit. Returns false,
+    /// recording nothing, when the instruction after it does not explain
+    /// `next`.
+    #[allow(clippy::too_many_arguments)]
+    fn after_shadow(
+        &mut self,
+        p: &Pending,
+        d: Decoded,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        next: u64,
+        sink: &mut dyn RecordSink,
+    ) -> bool {
+        let Some(shadow) = d.shadow else {
+            return false;
+        };
+        let fall = p.pc.wrapping_add(d.len as u64);
+        let folded = self.fetch(cpu, sregs, fall);
+        let explained = match folded.decoded {
+            Some(f) if f.flow != Flow::Any => f.explains(fall, next),
+            Some(_) => self.indirect_target(cpu, sregs, regs, &folded) == Some(next),
+            None => false,
+        };
+        if !explained {
+            return false;
+        }
+        let mut own = self.last;
+        match shadow {
+            Shadow::Sti => own.rflags |= RFLAGS_IF,
+            Shadow::MovSs => {}
+            Shadow::PopSs(bytes) => own.rsp = own.rsp.wrapping_add(u64::from(bytes)),
+        }
+        self.emit_step(p, &own, sink);
+        self.emit_step(&folded, regs, sink);
+        self.stats.folded_after_shadow += 1;
+        true
+    }
+
+    /// Records the iterations of the REP string instruction `p` that ran
+    /// before this exit, one step each (see [`crate::rep`]); returns how
+    /// many. `mid_rep`: the last exit stopped between its iterations. Where memory a comparison needs cannot be read, the
+    /// iterations are one step and a gap says what is missing.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_repeat(
+        &mut self,
+        p: &Pending,
+        mid_rep: bool,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        sink: &mut dyn RecordSink,
+    ) -> u64 {
+        let rep = p
+            .bytes
+            .and_then(|b| RepString::decode(b.as_slice(), p.mode.bitness()));
+        let Some(rep) = rep else {
+            self.emit_step(p, regs, sink);
+            return 1;
+        };
+        let n = rep.iterations(&self.last, regs);
+        if n == 0 && mid_rep {
+            // KVM's emulator stops a batch when the count reaches zero and
+            // moves RIP past the instruction on the next entry, without an
+            // iteration: no instruction ran.
+            return 0;
+        }
+        if n <= 1 {
+            self.emit_step(p, regs, sink);
+            return 1;
+        }
+        let segments = if p.mode == CpuMode::Long64 {
+            (0, 0)
+        } else {
+            (sregs.ds.base, sregs.es.base)
+        };
+        let mut memory = WalkedMemory {
+            walker: &mut self.walker,
+            cpu,
+            sregs,
+        };
+        match rep.rebuild(&self.last, regs, n, segments, &mut memory) {
+            Some(each) => {
+                for r in &each {
+                    self.emit_step(p, r, sink);
+                }
+                n
+            }
+            None => {
+                self.emit_step(p, regs, sink);
+                self.gap(p.pc, p.pc, sink);
+                1
+            }
+        }
+    }
+
+    /// Where stepping rides on RFLAGS.TF, PUSHF pushes it: KVM hides TF
+    /// from the registers it reports, but not from the image in guest
+    /// memory. The guest must not see the tracer (a later POPF or IRET
+    /// would carry TF on into code that never set it), so TF is cleared
+    /// there unless the guest's own RFLAGS has it.
+    fn hide_trap_flag(
+        &mut self,
+        cpu: &mut dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        size: u8,
+    ) {
+        const TF: u8 = 1 << 0; // bit 8: in the second byte
+        if regs.rflags & RFLAGS_TF != 0 || size < 2 {
+            return;
+        }
+        let Some(gpa) = self.walker.translate(cpu, sregs, regs.rsp.wrapping_add(1)) else {
+            return;
+        };
+        let mut byte = [0u8; 1];
+        if cpu.read_physical(gpa, &mut byte) && byte[0] & TF != 0 {
+            byte[0] &= !TF;
+            cpu.write_physical(gpa, &byte);
+        }
+    }
+
+    /// Whether a REP string instruction stopped between iterations at the
+    /// last exit (it runs on at the same pc).
+    pub fn mid_rep(&self) -> bool {
+        self.mid_rep
     }
 
     /// Where the near `ret` or indirect `jmp` at `p` went, from the
@@ -463,8 +679,27 @@ impl Engine {
         }
         match *view {
             ExitView::Debug { breakpoint: false }
-            | ExitView::IoOut { .. }
+            | ExitView::IoOut {
+                completed: true, ..
+            }
             | ExitView::CompletedByVmm { .. } => self.after_instruction(view, cpu, sink),
+            ExitView::IoOut {
+                port,
+                size,
+                value,
+                completed: false,
+            } => {
+                // KVM's fast path: the OUT completes, and steps, on the
+                // next entry, like an IN.
+                self.completing = true;
+                self.deferred.push(Event::Io {
+                    port,
+                    size,
+                    write: true,
+                    value,
+                });
+                Directive::Continue
+            }
             ExitView::IoIn { port, size, value } => {
                 self.completing = true;
                 self.deferred.push(Event::Io {
@@ -522,6 +757,7 @@ impl Engine {
         // This exit may be the completion of an IN: an interrupt queued at
         // its I/O exit arrives only on the entry after this one.
         let completing = std::mem::take(&mut self.completing);
+        let mid_rep = std::mem::take(&mut self.mid_rep);
 
         let injected = if completed_here || completing {
             None
@@ -545,20 +781,44 @@ impl Engine {
         } else if let Some(p) = self.pending.take() {
             match p.decoded {
                 Some(d) if d.explains(p.pc, next) => {
-                    self.emit_step(&p, &regs, sink);
+                    if sregs.cr2 != self.last_cr2 && !d.rearm {
+                        // Only a page fault writes CR2. Where stepping
+                        // rides on TF, a fault the CPU delivered itself
+                        // ran its handler without stepping, and returned
+                        // here to run the instruction again.
+                        self.gap(p.pc, p.pc, sink);
+                    }
+                    if d.flow == Flow::Repeat {
+                        let steps = self.emit_repeat(&p, mid_rep, cpu, &sregs, &regs, sink);
+                        self.mid_rep = next == p.pc;
+                        if steps != 1 {
+                            directive = Directive::Steps(steps);
+                        }
+                    } else if d.iretq {
+                        let own = self.iretq_regs(cpu, &sregs, &regs, next);
+                        self.emit_step(&p, &own, sink);
+                    } else {
+                        self.emit_step(&p, &regs, sink);
+                    }
                     if d.iretq {
                         self.after_iretq(cpu, &sregs, &regs, next, sink);
                     }
                     if d.flow == Flow::Halt {
                         sink.event(&Event::Halt);
                         directive = Directive::Halt;
-                    } else if d.clears_tf {
+                    } else if d.rearm {
                         directive = Directive::ReArm;
                     }
                     if d.flushes_tlb {
                         self.walker.flush();
                     }
+                    if let Some(size) = d.pushes_flags {
+                        self.hide_trap_flag(cpu, &sregs, &regs, size);
+                    }
                 }
+                Some(d)
+                    if d.shadow.is_some()
+                        && self.after_shadow(&p, d, cpu, &sregs, &regs, next, sink) => {}
                 _ => match (completed_here, self.infer_exception(cpu, &sregs, next)) {
                     (false, Some((vector, g))) => {
                         // The instruction faulted: it did not run, and runs
@@ -566,7 +826,7 @@ impl Engine {
                         self.stats.exceptions += 1;
                         self.last_exception = Some(vector);
                         let error_code = has_error_code(vector)
-                            .then(|| error_code(cpu, &mut self.walker, &sregs, g, self.last_rsp))
+                            .then(|| error_code(cpu, &mut self.walker, &sregs, g, self.last.rsp))
                             .flatten();
                         sink.event(&Event::Interrupt {
                             vector,
@@ -588,7 +848,9 @@ impl Engine {
             sink.event(&e);
         }
         match *view {
-            ExitView::IoOut { port, size, value } => sink.event(&Event::Io {
+            ExitView::IoOut {
+                port, size, value, ..
+            } => sink.event(&Event::Io {
                 port,
                 size,
                 write: true,
@@ -613,8 +875,8 @@ impl Engine {
             }
         }
         self.control = now;
-        self.last_rsp = regs.rsp;
-        self.last_rflags = regs.rflags;
+        self.last_cr2 = sregs.cr2;
+        self.last = regs;
         self.pending = Some(self.fetch(cpu, &sregs, next));
         directive
     }
@@ -664,6 +926,157 @@ mod tests {
         cpu.regs.rsp = rsp_at_iretq;
         debug_exit(&mut e, &mut cpu, TIMER_HANDLER + 2, &mut out);
         (cpu, e, out)
+    }
+
+    // Host behaviours of KVM on AMD-V (seen in the AMD-V test machine) and
+    // of this project's emulating hosts. Logic only: tests/amdv.rs runs
+    // the real thing.
+
+    #[test]
+    fn an_out_that_completes_on_the_next_entry_is_one_step_then_its_io() {
+        // out dx, al; nop. KVM's fast path exits with RIP still at the OUT.
+        let mut cpu = machine(&[0xee, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        let view = ExitView::IoOut {
+            port: 0x3f8,
+            size: 1,
+            value: 0x41,
+            completed: false,
+        };
+        e.exit(&view, &mut cpu, &mut out);
+        assert!(out.is_empty(), "nothing ran yet: {out:?}");
+        debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+        assert_eq!(steps(&out), vec![CODE]);
+        assert!(matches!(
+            out[1],
+            Record::Event(Event::Io {
+                write: true,
+                value: 0x41,
+                ..
+            })
+        ));
+        assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn the_instruction_in_an_sti_shadow_is_rebuilt_exactly() {
+        // sti; mov eax, 1; nop: the trap comes only after the mov.
+        let mut cpu = machine(&[0xfb, 0xb8, 0x01, 0x00, 0x00, 0x00, 0x90]);
+        cpu.regs.rflags = 0x2;
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rflags = 0x202;
+        cpu.regs.rax = 1;
+        debug_exit(&mut e, &mut cpu, CODE + 6, &mut out);
+        assert_eq!(steps(&out), vec![CODE, CODE + 1]);
+        let regs: Vec<Regs> = out
+            .iter()
+            .filter_map(|r| {
+                if let Record::Step(s) = r {
+                    Some(s.regs)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(
+            (regs[0].rflags, regs[0].gpr[0]),
+            (0x202, 0),
+            "sti: IF set, rax untouched"
+        );
+        assert_eq!(regs[1].gpr[0], 1);
+        assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn a_rep_batch_becomes_one_step_per_iteration_and_the_clock_counts_them() {
+        // rep stosb; nop. KVM's emulator runs 3 iterations, then exits with
+        // RIP still at the instruction and RCX at 0, then moves past it.
+        let mut cpu = machine(&[0xf3, 0xaa, 0x90]);
+        cpu.regs.rcx = 3;
+        cpu.regs.rdi = 0x50000;
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rcx = 0;
+        cpu.regs.rdi = 0x50003;
+        assert_eq!(
+            debug_exit(&mut e, &mut cpu, CODE, &mut out),
+            Directive::Steps(3)
+        );
+        assert!(e.mid_rep(), "interrupts wait for the instruction's end");
+        assert_eq!(
+            debug_exit(&mut e, &mut cpu, CODE + 2, &mut out),
+            Directive::Steps(0)
+        );
+        assert!(!e.mid_rep());
+        assert_eq!(steps(&out), vec![CODE, CODE, CODE]);
+        // A host that traps after each iteration gives the same records.
+        let mut cpu2 = machine(&[0xf3, 0xaa, 0x90]);
+        cpu2.regs.rcx = 3;
+        cpu2.regs.rdi = 0x50000;
+        let (mut e2, mut out2) = (Engine::new(), Vec::new());
+        e2.begin(&mut cpu2);
+        for i in 1..=3u64 {
+            cpu2.regs.rcx = 3 - i;
+            cpu2.regs.rdi = 0x50000 + i;
+            let rip = if i == 3 { CODE + 2 } else { CODE };
+            assert_eq!(
+                debug_exit(&mut e2, &mut cpu2, rip, &mut out2),
+                Directive::Continue
+            );
+        }
+        assert_eq!(out, out2);
+    }
+
+    #[test]
+    fn pushf_leaves_no_trap_flag_in_guest_memory() {
+        // pushfq; nop. A TF host's PUSHF writes TF into the image.
+        let mut cpu = machine(&[0x9c, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rsp = STACK - 8;
+        cpu.put_u64(STACK - 8, 0x302);
+        debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+        let mut b = [0u8; 8];
+        assert!(cpu.read_physical(STACK - 8, &mut b));
+        assert_eq!(u64::from_le_bytes(b), 0x202);
+    }
+
+    #[test]
+    fn a_page_fault_handled_out_of_sight_is_a_gap() {
+        // mov [rbx], al; nop. On a TF host the CPU delivers the fault, its
+        // handler runs unstepped and returns; only CR2 tells.
+        let mut cpu = machine(&[0x88, 0x03, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.sregs.cr2 = 0x40_0000;
+        debug_exit(&mut e, &mut cpu, CODE + 2, &mut out);
+        assert_eq!(e.stats().gaps, 1);
+        assert_eq!(steps(&out), vec![CODE]);
+    }
+
+    #[test]
+    fn status_flags_left_undefined_are_recorded_as_zero_until_defined() {
+        // shl eax, 21 (AF undefined); nop; add eax, 0 (defines AF)
+        let mut cpu = machine(&[0xc1, 0xe0, 0x15, 0x90, 0x83, 0xc0, 0x00, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rflags = 0x202 | 0x10;
+        debug_exit(&mut e, &mut cpu, CODE + 3, &mut out);
+        debug_exit(&mut e, &mut cpu, CODE + 4, &mut out);
+        debug_exit(&mut e, &mut cpu, CODE + 7, &mut out);
+        let flags: Vec<u64> = out
+            .iter()
+            .filter_map(|r| {
+                if let Record::Step(s) = r {
+                    Some(s.regs.rflags)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(flags, vec![0x202, 0x202, 0x212]);
     }
 
     #[test]
@@ -877,6 +1290,7 @@ mod tests {
             port: 0x3f8,
             size: 1,
             value: 0x41,
+            completed: true,
         };
         e.exit(&view, &mut cpu, &mut out);
         assert!(matches!(out[0], Record::Step(s) if s.pc == CODE));

@@ -1,6 +1,6 @@
 //! Where an instruction may send execution next, from its decoding.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 /// The set of next pcs an instruction explains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +24,18 @@ pub enum Flow {
     Trap,
 }
 
+/// Instructions after which the next one runs in an interrupt shadow, and
+/// with it (on AMD-V) without a single-step trap of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shadow {
+    /// STI: sets IF.
+    Sti,
+    /// MOV SS: changes no general register.
+    MovSs,
+    /// POP SS: pops this many bytes.
+    PopSs(u8),
+}
+
 /// A decoded instruction as the engine needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decoded {
@@ -32,14 +44,26 @@ pub struct Decoded {
     /// The instruction invalidates cached translations (INVLPG, MOV to CR,
     /// INVPCID, WBINVD is not enough to matter).
     pub flushes_tlb: bool,
-    /// The instruction may clear RFLAGS.TF (SYSCALL, SYSENTER, POPF, IRET,
-    /// SYSRET): where stepping rides on TF, it must be armed again.
-    pub clears_tf: bool,
+    /// Where stepping rides on RFLAGS.TF (VT-x, AMD-V), stepping must be
+    /// armed again after it: the CPU may clear TF (SYSCALL, SYSENTER, POPF,
+    /// IRET, SYSRET), or KVM intercepts the instruction and, where it
+    /// emulates it, writes RFLAGS back without TF (KVM adds TF only at the
+    /// RIP where stepping was armed). Measured on an AMD-V KVM: after a
+    /// `mov cr4` no debug exit came until the next I/O exit.
+    pub rearm: bool,
     /// IRETQ: its target is the RIP it pops, so the engine can check that
     /// the next step is there.
     pub iretq: bool,
     /// The instruction may set RFLAGS.IF (STI, IRET, POPF).
     pub enables_interrupts: bool,
+    /// STI, MOV SS, POP SS.
+    pub shadow: Option<Shadow>,
+    /// PUSHF: the size of the RFLAGS image it pushes.
+    pub pushes_flags: Option<u8>,
+    /// RFLAGS bits (x86 positions) the instruction defines.
+    pub defines_flags: u64,
+    /// RFLAGS bits the instruction leaves undefined: CPUs differ there.
+    pub undefines_flags: u64,
 }
 
 /// Decodes the instruction at the start of `bytes` (at address `ip`).
@@ -78,26 +102,39 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
     ) || (insn.mnemonic() == Mnemonic::Mov
         && insn.op0_kind() == OpKind::Register
         && insn.op0_register().is_cr());
-    let clears_tf = matches!(
-        insn.mnemonic(),
-        Mnemonic::Syscall
-            | Mnemonic::Sysenter
-            | Mnemonic::Sysret
-            | Mnemonic::Sysretq
-            | Mnemonic::Sysexit
-            | Mnemonic::Sysexitq
-            | Mnemonic::Popf
-            | Mnemonic::Popfd
-            | Mnemonic::Popfq
-            | Mnemonic::Iret
-            | Mnemonic::Iretd
-            | Mnemonic::Iretq
-    );
+    let rearm = rearm_after(&insn);
+    let shadow = match insn.mnemonic() {
+        Mnemonic::Sti => Some(Shadow::Sti),
+        Mnemonic::Mov
+            if insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::SS =>
+        {
+            Some(Shadow::MovSs)
+        }
+        Mnemonic::Pop
+            if insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::SS =>
+        {
+            Some(Shadow::PopSs(if insn.code() == iced_x86::Code::Popw_SS {
+                2
+            } else {
+                (bitness / 8) as u8
+            }))
+        }
+        _ => None,
+    };
     Some(Decoded {
         len: insn.len(),
+        shadow,
+        pushes_flags: match insn.mnemonic() {
+            Mnemonic::Pushf => Some(2),
+            Mnemonic::Pushfd => Some(4),
+            Mnemonic::Pushfq => Some(8),
+            _ => None,
+        },
+        defines_flags: x86_flags(insn.rflags_written() | insn.rflags_cleared() | insn.rflags_set()),
+        undefines_flags: x86_flags(insn.rflags_undefined()),
         flow,
         flushes_tlb,
-        clears_tf,
+        rearm,
         iretq: insn.mnemonic() == Mnemonic::Iretq,
         enables_interrupts: matches!(
             insn.mnemonic(),
@@ -110,6 +147,45 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
                 | Mnemonic::Popfq
         ),
     })
+}
+
+/// iced-x86's `RflagsBits` at their RFLAGS positions (the status flags,
+/// the only ones an instruction can leave undefined, and DF).
+fn x86_flags(iced: u32) -> u64 {
+    use iced_x86::RflagsBits as B;
+    [
+        (B::CF, 1u64),
+        (B::PF, 1 << 2),
+        (B::AF, 1 << 4),
+        (B::ZF, 1 << 6),
+        (B::SF, 1 << 7),
+        (B::DF, 1 << 10),
+        (B::OF, 1 << 11),
+    ]
+    .iter()
+    .filter(|(bit, _)| iced & bit != 0)
+    .fold(0, |acc, (_, x86)| acc | x86)
+}
+
+/// See [`Decoded::rearm`]: instructions that change TF themselves, and
+/// those KVM intercepts on VT-x or AMD-V (its default intercepts), which
+/// it may emulate.
+fn rearm_after(insn: &Instruction) -> bool {
+    use Mnemonic::*;
+    let system_register = |i: u32| {
+        matches!(insn.op_kind(i), OpKind::Register)
+            && (insn.op_register(i).is_cr() || insn.op_register(i).is_dr())
+    };
+    match insn.mnemonic() {
+        Mov => system_register(0) || system_register(1),
+        Syscall | Sysenter | Sysret | Sysretq | Sysexit | Sysexitq | Popf | Popfd | Popfq
+        | Iret | Iretd | Iretq => true,
+        Clts | Lmsw | Smsw | Rdmsr | Wrmsr | Cpuid | Hlt | In | Out | Insb | Insw | Insd
+        | Outsb | Outsw | Outsd | Invlpg | Invlpga | Invpcid | Invd | Wbinvd | Wbnoinvd
+        | Xsetbv | Rdpmc | Rdtsc | Rdtscp | Rdpid | Monitor | Monitorx | Mwait | Mwaitx | Pause
+        | Vmcall | Vmmcall | Lgdt | Lidt | Lldt | Ltr | Sgdt | Sidt | Sldt | Str | Rsm => true,
+        _ => false,
+    }
 }
 
 fn is_string_op(m: Mnemonic) -> bool {
@@ -211,10 +287,17 @@ mod tests {
             decode(&[0x0f, 0x22, 0xd8], 64, 0).unwrap().flushes_tlb,
             "mov cr3, rax"
         );
-        assert!(decode(&[0x48, 0xcf], 64, 0).unwrap().clears_tf, "iretq");
-        assert!(decode(&[0x9d], 64, 0).unwrap().clears_tf, "popfq");
-        assert!(decode(&[0x0f, 0x05], 64, 0).unwrap().clears_tf, "syscall");
-        assert!(!decode(&[0x90], 64, 0).unwrap().clears_tf);
+        let rearm = |bytes: &[u8]| decode(bytes, 64, 0).unwrap().rearm;
+        assert!(rearm(&[0x48, 0xcf]), "iretq");
+        assert!(rearm(&[0x9d]), "popfq");
+        assert!(rearm(&[0x0f, 0x05]), "syscall");
+        assert!(rearm(&[0x0f, 0x22, 0xe0]), "mov cr4, rax: KVM emulates it");
+        assert!(rearm(&[0x0f, 0x20, 0xe0]), "mov rax, cr4");
+        assert!(rearm(&[0x0f, 0x30]), "wrmsr");
+        assert!(rearm(&[0xf3, 0x6e]), "rep outsb: KVM emulates string I/O");
+        assert!(!rearm(&[0x90]), "nop");
+        assert!(!rearm(&[0x48, 0x89, 0xc3]), "mov rbx, rax");
+        assert!(!rearm(&[0x48, 0x8b, 0x03]), "mov rax, [rbx]");
         assert_eq!(
             decode(&[0x0f, 0x0b], 64, 0).unwrap().flow,
             Flow::Trap,

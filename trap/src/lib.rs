@@ -7,6 +7,7 @@ pub mod context;
 pub mod engine;
 pub mod flow;
 pub mod idt;
+pub mod rep;
 pub mod tracer;
 pub mod walker;
 

@@ -161,6 +161,7 @@ impl Tracer {
             breakpoints: Vec::new(),
             handlers: Vec::new(),
         };
+        tracer.engine.set_step_limit(tracer.options.max_steps);
         if let Some(at) = tracer.options.start_at {
             tracer.breakpoints.push(at);
         }
@@ -327,6 +328,10 @@ impl Monitor for Tracer {
 
     fn deliver_interrupts(&self) -> bool {
         self.active
+    }
+
+    fn interruptible(&self) -> bool {
+        !(self.active && self.engine.mid_rep())
     }
 
     fn on_inject(&mut self, vector: u8, _irq: u8, how: Injection, cpu: &mut dyn CpuView) {

@@ -190,6 +190,16 @@ pub(crate) mod tests {
                 None => false,
             }
         }
+        fn write_physical(&mut self, gpa: u64, data: &[u8]) -> bool {
+            let mut m = self.mem.borrow_mut();
+            match m.get_mut(gpa as usize..gpa as usize + data.len()) {
+                Some(dst) => {
+                    dst.copy_from_slice(data);
+                    true
+                }
+                None => false,
+            }
+        }
     }
 
     pub const CODE: u64 = 0x10000;

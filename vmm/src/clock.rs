@@ -108,8 +108,15 @@ impl VirtualClock {
     /// One instruction was executed under single-step.
     #[inline]
     pub fn step(&mut self) {
+        self.steps(1);
+    }
+
+    /// `n` instructions were executed under single-step (REP iterations a
+    /// host ran in one exit).
+    #[inline]
+    pub fn steps(&mut self, n: u64) {
         if let (ClockMode::Steps(ns), None) = (self.mode, self.since) {
-            self.base += u64::from(ns);
+            self.base = self.base.saturating_add(u64::from(ns).saturating_mul(n));
         }
     }
 

@@ -11,8 +11,15 @@ pub enum ExitView {
     /// Single-step or breakpoint exit: one instruction ran (or a
     /// breakpoint was hit before one did).
     Debug { breakpoint: bool },
-    /// `OUT`: the instruction has completed (RIP is past it).
-    IoOut { port: u16, size: u8, value: u32 },
+    /// `OUT`. Where KVM's emulator ran it (this project's hosts) it has
+    /// completed; on KVM's fast path (VT-x/AMD-V) RIP is still at it, and
+    /// it completes on the next entry with a debug exit of its own.
+    IoOut {
+        port: u16,
+        size: u8,
+        value: u32,
+        completed: bool,
+    },
     /// `IN`: the instruction completes on the next entry with `value`.
     IoIn { port: u16, size: u8, value: u32 },
     /// A hypercall (an `IN` on the hypercall port) with its result.
@@ -41,10 +48,15 @@ pub enum Directive {
     /// The instruction just stepped was HLT (which does not halt under
     /// single-step on every host): wait for the next interrupt as HLT would.
     Halt,
-    /// Arm single-stepping again: the instruction just stepped may have
-    /// cleared the trap flag (SYSCALL, SYSENTER, POPF, IRET on hosts that
-    /// step with TF).
+    /// Arm single-stepping again: on hosts that step with TF, the
+    /// instruction just stepped may have cleared it (SYSCALL, SYSENTER,
+    /// POPF, IRET), or KVM handled it itself and rewrote RFLAGS without it
+    /// (control-register and MSR accesses, CPUID, string I/O...).
     ReArm,
+    /// The exit covered this many instructions, not one: REP iterations
+    /// the host ran before it exited, or none where the host exited once
+    /// more only to move past a finished REP. The step clock counts them.
+    Steps(u64),
 }
 
 /// How an external interrupt reached the guest.
@@ -66,6 +78,11 @@ pub trait CpuView {
     fn sregs(&mut self) -> kvm_sregs;
     /// Reads guest-physical memory; false if any byte is not RAM.
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
+    /// Writes guest-physical memory; false if any byte is not RAM. Only
+    /// for undoing what stepping itself left in guest memory.
+    fn write_physical(&mut self, _gpa: u64, _data: &[u8]) -> bool {
+        false
+    }
 }
 
 /// Observer of a running VM. Every method has a default that does nothing,
@@ -130,6 +147,14 @@ pub trait Monitor {
     /// every host) rather than queue them with `KVM_INTERRUPT`.
     fn deliver_interrupts(&self) -> bool {
         false
+    }
+
+    /// Whether an interrupt may be delivered before the next instruction.
+    /// A tracer says no between the iterations of a REP string
+    /// instruction, so that interrupts land at the same steps on hosts that
+    /// run iterations one at a time and on hosts that batch them.
+    fn interruptible(&self) -> bool {
+        true
     }
 
     /// The VMM injected external interrupt `vector` (from ISA `irq`).

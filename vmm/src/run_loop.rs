@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
 use crate::monitor::{CpuView, Directive, ExitView, Injection, Monitor};
-use crate::vcpu::{TranslatedMemory, Vcpu};
+use crate::vcpu::Vcpu;
 use crate::vm::{ConsoleMode, Vm};
 
 /// How a run ended, when it ended the way a guest may end.
@@ -71,6 +71,10 @@ enum Exit {
         port: u16,
         data: [u8; 8],
         size: usize,
+        /// RIP moved past the instruction before the exit (this host's
+        /// emulator); else it completes on the next entry, which steps it
+        /// (KVM's fast path on VT-x/AMD-V).
+        completed: bool,
     },
     MmioRead {
         addr: u64,
@@ -168,6 +172,9 @@ impl Vm {
                 return Ok(GuestExit::MonitorDone);
             }
             self.set_debug(monitor.stepping(), monitor.breakpoints())?;
+            if self.stepping && self.vcpu.step_stale() {
+                self.rearm()?;
+            }
             kicker.set_quiet(self.stepping);
             match self
                 .devices
@@ -183,7 +190,15 @@ impl Vm {
                 ram: &self.ram,
             });
             let exit = self.enter();
-            self.io_pending = matches!(exit, Exit::IoIn { .. } | Exit::MmioRead { .. });
+            self.io_pending = matches!(
+                exit,
+                Exit::IoIn { .. }
+                    | Exit::MmioRead { .. }
+                    | Exit::IoOut {
+                        completed: false,
+                        ..
+                    }
+            );
             if let Next::Stop(exit) = self.serve(exit, rx, monitor, irqs)? {
                 return Ok(exit);
             }
@@ -212,10 +227,7 @@ impl Vm {
                 debug.arch.debugreg[7] |= 1 << (2 * i);
             }
         }
-        self.vcpu
-            .fd
-            .set_guest_debug(&debug)
-            .map_err(Error::kvm("KVM_SET_GUEST_DEBUG"))?;
+        self.vcpu.set_guest_debug(&debug)?;
         if stepping != self.stepping {
             self.clock.set_stepping(stepping);
         }
@@ -268,6 +280,10 @@ impl Vm {
     /// else asks KVM to exit as soon as it can.
     fn inject(&mut self, irqs: &mut [u64; 16], monitor: &mut dyn Monitor) -> Result<()> {
         let pending = self.devices.pic.pending_vector().is_some();
+        if pending && self.stepping && !monitor.interruptible() {
+            // Stepping exits after every instruction anyway.
+            return Ok(());
+        }
         let run = self.vcpu.run_page();
         if !pending {
             run.request_interrupt_window = 0;
@@ -326,29 +342,18 @@ impl Vm {
         };
         let mut regs = self.vcpu.regs();
         let mut sregs = self.vcpu.sregs();
-        let memory = TranslatedMemory {
-            vcpu: &self.vcpu.fd,
-            ram: &self.ram,
-        };
         let return_rip = regs.rip;
-        match soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip) {
-            Ok(sregs_changed) => {
-                if sregs_changed {
-                    self.vcpu
-                        .fd
-                        .set_sregs(&sregs)
-                        .map_err(Error::kvm("KVM_SET_SREGS"))?;
-                }
-                self.vcpu
-                    .fd
-                    .set_regs(&regs)
-                    .map_err(Error::kvm("KVM_SET_REGS"))?;
-                // The sync registers are stale until the next exit.
-                self.vcpu.synced = false;
-                Ok(Some(regs.rip))
-            }
-            Err(_) => Ok(None),
+        let memory = self.vcpu.memory(&self.ram);
+        let Ok(sregs_changed) =
+            soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip)
+        else {
+            return Ok(None);
+        };
+        if sregs_changed {
+            self.vcpu.set_sregs(&sregs)?;
         }
+        self.vcpu.set_regs(&regs)?;
+        Ok(Some(regs.rip))
     }
 
     /// Issues the current debug configuration again (re-arming TF).
@@ -407,11 +412,8 @@ impl Vm {
 
     /// Runs the vCPU until its next exit.
     fn enter(&mut self) -> Exit {
-        let result = self.vcpu.fd.run();
-        if result.is_ok() {
-            self.vcpu.synced = true;
-        }
-        match result {
+        let entry_rip = self.vcpu.rip();
+        let exit = match self.vcpu.run() {
             Ok(VcpuExit::IoIn(port, data)) => Exit::IoIn {
                 port,
                 size: data.len(),
@@ -424,6 +426,7 @@ impl Vm {
                     port,
                     data: buf,
                     size,
+                    completed: true,
                 }
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
@@ -463,11 +466,19 @@ impl Vm {
             Ok(other) => Exit::Other(format!("{other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Exit::Interrupted,
             Err(e) => Exit::Other(format!("KVM_RUN failed: {e}")),
+        };
+        let mut exit = exit;
+        match &mut exit {
+            Exit::IoOut { completed, .. } => *completed = self.vcpu.rip() != entry_rip,
+            // KVM's emulator ran the access and rewrote RFLAGS without TF.
+            Exit::MmioRead { .. } | Exit::MmioWrite { .. } => self.vcpu.mark_step_stale(),
+            _ => {}
         }
+        exit
     }
 
     fn note(&mut self, kind: &'static str, detail: u64) {
-        let rip = self.vcpu.fd.sync_regs_mut().regs.rip;
+        let rip = self.vcpu.rip();
         self.history.record(ExitNote { kind, rip, detail });
     }
 
@@ -498,9 +509,16 @@ impl Vm {
                     },
                 );
             }
-            Exit::IoOut { port, data, size } => {
+            Exit::IoOut {
+                port,
+                data,
+                size,
+                completed,
+            } => {
                 self.note("io-out", u64::from(port));
-                self.clock.step();
+                if completed {
+                    self.clock.step();
+                }
                 let now = self.clock.now();
                 self.devices.pio_write(port, &data[..size], now);
                 let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
@@ -510,6 +528,7 @@ impl Vm {
                         port,
                         size: size as u8,
                         value,
+                        completed,
                     },
                 );
             }
@@ -540,29 +559,29 @@ impl Vm {
             }
             Exit::IrqWindow => self.note("irq-window", 0),
             Exit::Interrupted => {
-                self.vcpu.fd.set_kvm_immediate_exit(0);
+                self.vcpu.clear_immediate_exit();
                 self.tell(monitor, ExitView::Interrupted);
             }
             Exit::Debug { breakpoint } => {
                 self.note("debug", 0);
-                if !breakpoint {
-                    self.clock.step();
-                }
                 let directive = self.tell(monitor, ExitView::Debug { breakpoint });
+                if !breakpoint {
+                    self.clock.steps(match directive {
+                        Directive::Steps(n) => n,
+                        _ => 1,
+                    });
+                }
                 if breakpoint {
                     // An instruction breakpoint fires before the instruction:
                     // RF lets it run once without firing again.
                     let mut regs = self.vcpu.regs();
                     regs.rflags |= 1 << 16;
-                    self.vcpu
-                        .fd
-                        .set_regs(&regs)
-                        .map_err(Error::kvm("KVM_SET_REGS"))?;
-                    self.vcpu.synced = false;
+                    self.vcpu.set_regs(&regs)?;
                 }
                 match directive {
                     Directive::Halt => return self.halt(rx, monitor, irqs),
                     Directive::ReArm => self.rearm()?,
+                    Directive::Steps(_) => {}
                     Directive::Continue => {}
                 }
             }
@@ -624,10 +643,7 @@ impl Vm {
                 width(regs.rdi),
             ],
         };
-        let memory = TranslatedMemory {
-            vcpu: &self.vcpu.fd,
-            ram: &self.ram,
-        };
+        let memory = self.vcpu.memory(&self.ram);
         let outcome = self.hypercalls.handle(call, &memory, monitor, &mut |line| {
             console::user_message(&format!("vtrace: {line}"))
         });
@@ -711,10 +727,7 @@ impl Vm {
     fn complete_unemulated(&mut self) -> Result<Option<Option<u8>>> {
         let mut regs = self.vcpu.regs();
         let mut sregs = self.vcpu.sregs();
-        let memory = TranslatedMemory {
-            vcpu: &self.vcpu.fd,
-            ram: &self.ram,
-        };
+        let memory = self.vcpu.memory(&self.ram);
         let mut code = [0u8; 15];
         let linear = sregs.cs.base.wrapping_add(regs.rip);
         // The instruction may end a mapped page; read what there is.
@@ -728,7 +741,7 @@ impl Vm {
         let Some(plan) = unemulated::plan(&code[..len], bitness, &regs, &sregs) else {
             return Ok(None);
         };
-        let mut fpu = self.vcpu.fd.get_fpu().map_err(Error::kvm("KVM_GET_FPU"))?;
+        let mut fpu = self.vcpu.fpu()?;
         let (cs_before, fpu_before) = (sregs.cs, (fpu.mxcsr, fpu.fsw));
         let vector = match unemulated::complete(plan, &memory, &mut regs, &mut sregs, &mut fpu) {
             Ok(vector) => vector,
@@ -738,21 +751,12 @@ impl Vm {
             }
         };
         if sregs.cs != cs_before {
-            self.vcpu
-                .fd
-                .set_sregs(&sregs)
-                .map_err(Error::kvm("KVM_SET_SREGS"))?;
+            self.vcpu.set_sregs(&sregs)?;
         }
         if (fpu.mxcsr, fpu.fsw) != fpu_before {
-            self.vcpu
-                .fd
-                .set_fpu(&fpu)
-                .map_err(Error::kvm("KVM_SET_FPU"))?;
+            self.vcpu.set_fpu(&fpu)?;
         }
-        self.vcpu
-            .fd
-            .set_regs(&regs)
-            .map_err(Error::kvm("KVM_SET_REGS"))?;
+        self.vcpu.set_regs(&regs)?;
         self.completed_by_vmm += 1;
         tracing::debug!("completed {plan:?}; guest continues at {:#x}", regs.rip);
         Ok(Some(vector))
@@ -774,10 +778,7 @@ impl Vm {
         let sregs = self.vcpu.sregs();
         let linear = sregs.cs.base.wrapping_add(regs.rip);
         let mut code = vec![0u8; 15];
-        let memory = TranslatedMemory {
-            vcpu: &self.vcpu.fd,
-            ram: &self.ram,
-        };
+        let memory = self.vcpu.memory(&self.ram);
         let code =
             crate::devices::hypercall::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
                 .ok()
@@ -810,5 +811,10 @@ impl CpuView for KvmCpuView<'_> {
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
         use vm_memory::{Bytes, GuestAddress};
         self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
+    }
+
+    fn write_physical(&mut self, gpa: u64, data: &[u8]) -> bool {
+        use vm_memory::{Bytes, GuestAddress};
+        self.ram.write_slice(data, GuestAddress(gpa)).is_ok()
     }
 }

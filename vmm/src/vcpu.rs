@@ -1,8 +1,8 @@
 //! The one vCPU: creation, sync-register exchange and the few ioctls
 //! kvm-ioctls does not wrap (`KVM_INTERRUPT`).
 
-use kvm_bindings::{kvm_interrupt, kvm_regs, kvm_run, kvm_sregs};
-use kvm_ioctls::{SyncReg, VcpuFd, VmFd};
+use kvm_bindings::{kvm_fpu, kvm_guest_debug, kvm_interrupt, kvm_regs, kvm_run, kvm_sregs};
+use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
@@ -16,11 +16,20 @@ const KVMIO: u32 = 0xAE;
 ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
 
 /// The vCPU and the registers KVM hands over at every exit.
+///
+/// Every register write goes through this type, so the cached sync
+/// registers are never stale and the run loop learns that single-stepping
+/// must be armed again: on hosts that step with RFLAGS.TF, KVM adds TF only
+/// while RIP is where `KVM_SET_GUEST_DEBUG` found it, and a register write
+/// that moves RIP (an interrupt delivered by the VMM, an instruction it
+/// completed) drops it.
 pub struct Vcpu {
-    pub fd: VcpuFd,
+    fd: VcpuFd,
     /// Sync registers are only filled by KVM_RUN; before the first exit the
     /// registers come from the ioctls.
-    pub(crate) synced: bool,
+    synced: bool,
+    /// Registers were written since single-stepping was last armed.
+    step_stale: bool,
 }
 
 impl Vcpu {
@@ -30,7 +39,11 @@ impl Vcpu {
         let mut fd = vm.create_vcpu(0).map_err(Error::kvm("KVM_CREATE_VCPU"))?;
         fd.set_sync_valid_reg(SyncReg::Register);
         fd.set_sync_valid_reg(SyncReg::SystemRegister);
-        Ok(Vcpu { fd, synced: false })
+        Ok(Vcpu {
+            fd,
+            synced: false,
+            step_stale: false,
+        })
     }
 
     /// General registers as of the last exit.
@@ -48,6 +61,95 @@ impl Vcpu {
             self.fd.sync_regs_mut().sregs
         } else {
             self.fd.get_sregs().unwrap_or_default()
+        }
+    }
+
+    /// RIP as of the last exit (no ioctl once the vCPU has run).
+    pub fn rip(&mut self) -> u64 {
+        if self.synced {
+            self.fd.sync_regs_mut().regs.rip
+        } else {
+            self.regs().rip
+        }
+    }
+
+    /// Writes the general registers.
+    pub fn set_regs(&mut self, regs: &kvm_regs) -> Result<()> {
+        self.fd.set_regs(regs).map_err(Error::kvm("KVM_SET_REGS"))?;
+        self.written();
+        Ok(())
+    }
+
+    /// Writes the system registers.
+    pub fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<()> {
+        self.fd
+            .set_sregs(sregs)
+            .map_err(Error::kvm("KVM_SET_SREGS"))?;
+        self.written();
+        Ok(())
+    }
+
+    /// The FPU and SSE state.
+    pub fn fpu(&self) -> Result<kvm_fpu> {
+        self.fd.get_fpu().map_err(Error::kvm("KVM_GET_FPU"))
+    }
+
+    /// Writes the FPU and SSE state.
+    pub fn set_fpu(&self, fpu: &kvm_fpu) -> Result<()> {
+        self.fd.set_fpu(fpu).map_err(Error::kvm("KVM_SET_FPU"))
+    }
+
+    /// Sets the CPUID the guest sees.
+    pub fn set_cpuid(&self, cpuid: &kvm_bindings::CpuId) -> Result<()> {
+        self.fd
+            .set_cpuid2(cpuid)
+            .map_err(Error::kvm("KVM_SET_CPUID2"))
+    }
+
+    /// Configures single-stepping and hardware breakpoints; this also arms
+    /// the trap flag again where stepping rides on it.
+    pub fn set_guest_debug(&mut self, debug: &kvm_guest_debug) -> Result<()> {
+        self.fd
+            .set_guest_debug(debug)
+            .map_err(Error::kvm("KVM_SET_GUEST_DEBUG"))?;
+        self.step_stale = false;
+        Ok(())
+    }
+
+    /// Whether registers were written since stepping was last armed.
+    pub fn step_stale(&self) -> bool {
+        self.step_stale
+    }
+
+    /// Marks the trap flag as possibly lost: KVM emulated the instruction
+    /// at this exit (MMIO), which rewrites RFLAGS without it.
+    pub fn mark_step_stale(&mut self) {
+        self.step_stale = true;
+    }
+
+    fn written(&mut self) {
+        // The cached copy is what KVM had before the write.
+        self.synced = false;
+        self.step_stale = true;
+    }
+
+    /// Runs the vCPU until its next exit.
+    pub fn run(&mut self) -> std::result::Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        let result = self.fd.run();
+        self.synced = result.is_ok();
+        result
+    }
+
+    /// Clears `kvm_run.immediate_exit` after a kick.
+    pub fn clear_immediate_exit(&mut self) {
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    /// Guest-virtual memory through KVM's page walk.
+    pub fn memory<'a>(&'a self, ram: &'a GuestRam) -> TranslatedMemory<'a> {
+        TranslatedMemory {
+            vcpu: &self.fd,
+            ram,
         }
     }
 
@@ -126,8 +228,8 @@ impl LinearMemory for TranslatedMemory<'_> {
 
 /// Guest-virtual memory through KVM's own page walk (`KVM_TRANSLATE`).
 pub struct TranslatedMemory<'a> {
-    pub vcpu: &'a VcpuFd,
-    pub ram: &'a GuestRam,
+    vcpu: &'a VcpuFd,
+    ram: &'a GuestRam,
 }
 
 impl GuestVirtualMemory for TranslatedMemory<'_> {

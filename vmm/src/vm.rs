@@ -124,12 +124,10 @@ impl Vm {
         }
 
         let boot = boot::load(&ram, &config.boot)?;
-        let vcpu = Vcpu::new(&vm)?;
+        let mut vcpu = Vcpu::new(&vm)?;
         let cpuid = cpuid::build(&kvm, config.cpu)?;
-        vcpu.fd
-            .set_cpuid2(&cpuid)
-            .map_err(Error::kvm("KVM_SET_CPUID2"))?;
-        entry::apply(&vcpu.fd, &ram, boot.entry)?;
+        vcpu.set_cpuid(&cpuid)?;
+        entry::apply(&mut vcpu, &ram, boot.entry)?;
 
         Ok(Vm {
             _kvm: kvm,

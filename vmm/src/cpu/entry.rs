@@ -1,11 +1,11 @@
 //! The CPU state each boot protocol hands over to the guest.
 
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs};
-use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::error::{Error, Result};
 use crate::memory::{layout, GuestRam};
+use crate::vcpu::Vcpu;
 
 /// Where and how the vCPU starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,8 +113,8 @@ fn write_identity_map(mem: &GuestRam) -> Result<()> {
 
 /// Puts the vCPU into `state`, writing the boot GDT (and page tables for
 /// long mode) into guest memory.
-pub fn apply(vcpu: &VcpuFd, mem: &GuestRam, state: EntryState) -> Result<()> {
-    let mut sregs = vcpu.get_sregs().map_err(Error::kvm("KVM_GET_SREGS"))?;
+pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
+    let mut sregs = vcpu.sregs();
     let mut regs = kvm_regs {
         rflags: 0x2,
         ..Default::default()
@@ -184,15 +184,14 @@ pub fn apply(vcpu: &VcpuFd, mem: &GuestRam, state: EntryState) -> Result<()> {
             regs.rbp = layout::BOOT_STACK_TOP;
         }
     }
-    vcpu.set_sregs(&sregs)
-        .map_err(Error::kvm("KVM_SET_SREGS"))?;
-    vcpu.set_regs(&regs).map_err(Error::kvm("KVM_SET_REGS"))?;
+    vcpu.set_sregs(&sregs)?;
+    vcpu.set_regs(&regs)?;
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu).map_err(Error::kvm("KVM_SET_FPU"))
+    vcpu.set_fpu(&fpu)
 }
 
 #[cfg(test)]

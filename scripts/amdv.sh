@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The AMD-V test machine: runs a command inside a QEMU (TCG) machine that
+# emulates an AMD CPU with SVM, under the installed Debian kernel with its
+# own kvm-amd module loaded, so /dev/kvm in there is KVM's real SVM code.
+# See docs/amdv.md for what in it is KVM and what is QEMU.
+#
+#   scripts/amdv.sh [--vtrace BIN] [--file HOST[:GUEST]]... [--out DIR]
+#                   [--timeout SECONDS] [--memory SIZE] -- COMMAND [ARG]...
+#
+# The command runs as root in /work inside the machine, with `vtrace` (BIN,
+# default target/release/vtrace) and busybox on PATH. Files named with
+# --file are copied in (GUEST defaults to the base name, relative to /work).
+# Whatever the command leaves in /out comes back into DIR. The command's
+# output is printed; the script exits with the command's exit status, or
+# 124 when the machine ran out of time, or 125 when it could not boot.
+set -euo pipefail
+
+die() {
+    echo "amdv.sh: $*" >&2
+    exit 125
+}
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+vtrace="$top/target/release/vtrace"
+out=""
+timeout=600
+memory=3G
+files=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --vtrace) vtrace=$2; shift 2 ;;
+        --file) files+=("$2"); shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --timeout) timeout=$2; shift 2 ;;
+        --memory) memory=$2; shift 2 ;;
+        --) shift; break ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+[ $# -gt 0 ] || die "no command given (see --help)"
+
+for tool in qemu-system-x86_64 busybox cpio; do
+    command -v "$tool" >/dev/null || die "$tool is missing: scripts/test.sh installs it (qemu-system-x86, busybox-static, cpio)"
+done
+ldd "$(command -v busybox)" >/dev/null 2>&1 && die "busybox is not the static build: install busybox-static"
+[ -x "$vtrace" ] || die "no vtrace binary at $vtrace: build it first (cargo build --release)"
+kernel=${VTRACE_AMDV_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n 1)}
+[ -n "$kernel" ] && [ -r "$kernel" ] || die "no kernel in /boot: scripts/test.sh installs linux-image-cloud-amd64"
+version=${kernel##*/vmlinuz-}
+modules=/lib/modules/$version/kernel
+[ -d "$modules" ] || die "no modules for $version in /lib/modules"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vtrace-amdv.XXXXXX")
+[ -n "${VTRACE_AMDV_KEEP:-}" ] && echo "amdv.sh: keeping $work" >&2 || trap 'rm -rf "$work"' EXIT
+root=$work/root
+mkdir -p "$root"/{bin,sbin,lib64,lib/x86_64-linux-gnu,modules,proc,sys,dev,tmp,work,out}
+cp "$(command -v busybox)" "$root/bin/busybox"
+
+# Modules in load order: KVM, then the virtio disk that carries /out back.
+mods=(virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko arch/x86/kvm/kvm-amd.ko
+      drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko
+      drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko
+      drivers/virtio/virtio_pci.ko drivers/block/virtio_blk.ko)
+for m in "${mods[@]}"; do
+    src=$modules/$m
+    if [ -f "$src" ]; then cp "$src" "$root/modules/"
+    elif [ -f "$src.xz" ]; then xz -dc "$src.xz" >"$root/modules/${m##*/}"
+    elif [ -f "$src.zst" ]; then zstd -qdc "$src.zst" >"$root/modules/${m##*/}"
+    else die "module $m is missing from $modules"
+    fi
+done
+
+# vtrace and the shared libraries it links.
+cp "$vtrace" "$root/bin/vtrace"
+ldd "$vtrace" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+done
+
+for spec in "${files[@]}"; do
+    src=${spec%%:*}
+    dst=${spec#*:}
+    [ "$dst" = "$spec" ] && dst=$(basename "$src")
+    [ -r "$src" ] || die "--file $src: not readable"
+    mkdir -p "$root/work/$(dirname "$dst")"
+    cp -L "$src" "$root/work/$dst"
+done
+
+# The command, quoted once for the guest's shell.
+printf '%q ' "$@" >"$root/command"
+
+cat >"$root/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in irqbypass kvm kvm-amd virtio_ring virtio virtio_pci_legacy_dev \
+         virtio_pci_modern_dev virtio_pci virtio_blk; do
+    insmod /modules/$m.ko || echo "AMDV-FAIL insmod $m"
+done
+[ -c /dev/kvm ] || echo "AMDV-FAIL no /dev/kvm"
+cd /work
+echo AMDV-START
+sh -c "$(cat /command)"
+status=$?
+echo "AMDV-EXIT $status"
+if [ -b /dev/vda ]; then
+    tar cf /dev/vda -C /out . && sync
+fi
+poweroff -f
+EOF
+chmod +x "$root/init"
+(cd "$root" && find . | cpio -o -H newc --quiet) >"$work/initramfs.cpio"
+
+# The disk that carries /out back: a tar stream written over a raw image.
+disk=$work/out.img
+truncate -s 1G "$disk"
+
+log=$work/console.log
+set +e
+timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
+    -accel tcg -cpu EPYC,+svm -m "$memory" -smp 1 -nographic -no-reboot \
+    -kernel "$kernel" -initrd "$work/initramfs.cpio" \
+    -append "console=ttyS0 quiet panic=-1 rdinit=/init" \
+    -drive "file=$disk,format=raw,if=virtio" \
+    </dev/null 2>"$work/qemu.err" | tr -d '\r' | tee "$log" | sed -n '/AMDV-START$/,/^AMDV-EXIT/{/AMDV-START$/d;/^AMDV-EXIT/d;p}'
+qemu_status=${PIPESTATUS[0]}
+set -e
+# QEMU's warnings about CPUID bits TCG lacks are noise; anything else is not.
+grep -v 'TCG doesn.t support requested feature' "$work/qemu.err" >&2 || true
+
+if grep -q '^AMDV-FAIL' "$log"; then
+    grep '^AMDV-FAIL' "$log" >&2
+    die "the machine did not come up"
+fi
+status=$(sed -n 's/^AMDV-EXIT \([0-9]*\).*/\1/p' "$log" | tail -n 1)
+if [ -z "$status" ]; then
+    if [ "$qemu_status" -eq 124 ]; then
+        echo "amdv.sh: the machine ran out of time (${timeout} s)" >&2
+        exit 124
+    fi
+    tail -n 20 "$log" >&2
+    die "the machine stopped before the command ended (QEMU status $qemu_status)"
+fi
+if [ -n "$out" ]; then
+    mkdir -p "$out"
+    tar xf "$disk" -C "$out" 2>/dev/null || echo "amdv.sh: nothing came back from /out" >&2
+fi
+exit "$status"
