@@ -43,12 +43,13 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
 /// The demo OS traced from its first instruction on the AMD-V machine and
 /// here. Before the trap flag was re-armed where KVM handles an
 /// instruction itself, the AMD-V trace lost everything after the switch to
-/// long mode (49,625 steps, 356 gaps). Now both hosts record the same
-/// steps, registers and events, REP iterations and STI shadows included,
-/// up to the first page fault; a fault the CPU delivers on AMD-V runs its
-/// handler unstepped, and each is marked by a gap where it happened, never
-/// lost silently: the AMD-V trace has one gap per page fault this host
-/// traced.
+/// long mode (49,625 steps, 356 gaps). Now it has no gap: page faults are
+/// foreseen and delivered by the VMM, so their handlers are stepped. Both
+/// hosts record the same steps, registers and events (REP iterations, STI
+/// shadows and page faults included) up to the idle loop's first HLT,
+/// where this host's KVM still takes its next timer interrupt at another
+/// step (docs/amdv.md). How a fault was seen (inferred from the handler
+/// here, delivered by the VMM there) is not compared.
 #[test]
 fn demo_os_traced_on_amdv_matches_this_host() {
     if !amdv_available() || !kvm_available() {
@@ -75,24 +76,33 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     let there = m.file("amdv.vtd");
 
-    let (a, b) = (listing(&here), listing(&there));
-    let first_gap = b.iter().position(|l| l.contains("GAP")).unwrap_or(b.len());
-    assert!(first_gap > 0);
+    let neutral = |lines: Vec<String>| -> Vec<String> {
+        lines
+            .into_iter()
+            .map(|l| {
+                l.replace("[InferredFromIdt]", "[fault]")
+                    .replace("[DeliveredByVmm]", "[fault]")
+            })
+            .collect()
+    };
+    let (a, b) = (neutral(listing(&here)), neutral(listing(&there)));
+    let first_halt = a.iter().position(|l| l.contains("-- halt")).unwrap();
     assert_eq!(
-        a[..first_gap],
-        b[..first_gap],
-        "the traces differ before the AMD-V trace's first gap"
+        a[..=first_halt],
+        b[..=first_halt],
+        "the traces differ before the first HLT"
     );
-    // The first divergence is the first page fault here.
-    let first_fault = a.iter().position(|l| l.contains("#PF")).unwrap();
-    assert!(first_fault >= first_gap - 1, "{first_fault} {first_gap}");
+    let faults = a[..first_halt]
+        .iter()
+        .filter(|l| l.contains("(#PF)"))
+        .count();
+    assert!(faults > 0, "page faults come before the first HLT");
 
     let (ih, ia) = (info_json(&here), info_json(&there));
     assert_eq!(ih["gaps"], 0);
-    let faults_here = a
-        .iter()
-        .filter(|l| l.contains("interrupt 14 (#PF)"))
-        .count();
-    assert!(faults_here > 0);
-    assert_eq!(ia["gaps"].as_u64(), Some(faults_here as u64), "{ia}");
+    assert_eq!(ia["gaps"], 0, "{ia}");
+    assert_eq!(
+        ih["events"]["interrupt"], ia["events"]["interrupt"],
+        "{ih} {ia}"
+    );
 }

@@ -21,9 +21,10 @@
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vtrace_storage::{CpuMode, Event, InsnBytes, InterruptSource, Record, Recorder, Regs, Step};
 use vtrace_vmm::cpu::unemulated::reg_value;
-use vtrace_vmm::{CpuView, Directive, ExitView};
+use vtrace_vmm::{CpuView, Directive, Exception, ExitView};
 
 use crate::context::{cpl, cpu_mode, linear_pc};
+use crate::fault;
 use crate::flow::{decode, Decoded, Flow, Shadow};
 use crate::idt::{error_code, gate, has_error_code, Gate};
 use crate::rep::{ReadLinear, RepString};
@@ -104,6 +105,12 @@ pub struct Engine {
     last_exception: Option<u8>,
     /// See [`Engine::mid_rep`].
     mid_rep: bool,
+    /// Whether to foresee exceptions (see [`crate::fault`]).
+    foresee: bool,
+    /// Steps recorded before the current exit.
+    steps_before_exit: u64,
+    /// The exception the pending instruction will raise.
+    foreseen: Option<Exception>,
     /// Steps after this many are not recorded (`--max-steps`; a REP batch
     /// may run past it within one exit).
     step_limit: Option<u64>,
@@ -168,6 +175,60 @@ impl Engine {
         self.step_limit = limit;
     }
 
+    /// Foresees the exceptions the next instruction will raise, for the
+    /// VMM to deliver (hosts that step with TF; see [`crate::fault`]).
+    pub fn set_foresee_faults(&mut self, on: bool) {
+        self.foresee = on;
+    }
+
+    /// The exception the instruction about to run will raise, once.
+    pub fn take_foreseen(&mut self) -> Option<Exception> {
+        self.foreseen.take()
+    }
+
+    /// The VMM delivered the foreseen fault: the pending instruction did
+    /// not run; the handler is stepped from its first instruction.
+    fn fault_delivered(
+        &mut self,
+        vector: u8,
+        error_code: Option<u32>,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        self.pending = None;
+        self.stats.exceptions += 1;
+        self.last_exception = Some(vector);
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code,
+            source: InterruptSource::DeliveredByVmm,
+        });
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        self.last = regs;
+        self.last_cr2 = sregs.cr2;
+        self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
+        self.foreseen = None;
+    }
+
+    /// Works out [`Engine::foreseen`] for the pending instruction.
+    fn foresee_fault(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, regs: &kvm_regs) {
+        self.foreseen = None;
+        let Some(p) = self.pending else {
+            return;
+        };
+        let mut buf = [0u8; 15];
+        let bytes: &[u8] = match p.bytes {
+            Some(ref b) => b.as_slice(),
+            None => {
+                let n = self.walker.read(cpu, sregs, p.pc, &mut buf);
+                &buf[..n]
+            }
+        };
+        let bytes = bytes.to_vec();
+        self.foreseen = fault::foresee(&mut self.walker, cpu, sregs, regs, p.pc, &bytes);
+    }
+
     /// Whether [`Engine::begin`] was called since the last stop.
     pub fn started(&self) -> bool {
         self.started
@@ -185,6 +246,7 @@ impl Engine {
         self.deferred.clear();
         self.completing = false;
         self.mid_rep = false;
+        self.foreseen = None;
         self.started = true;
     }
 
@@ -192,6 +254,7 @@ impl Engine {
     pub fn end(&mut self) {
         self.started = false;
         self.mid_rep = false;
+        self.foreseen = None;
         self.pending = None;
         self.injected = None;
         self.deferred.clear();
@@ -238,6 +301,7 @@ impl Engine {
                     .then(|| u32::from_le_bytes(b))
             })
             .flatten();
+        self.foreseen = None;
         self.stats.exceptions += 1;
         self.last_exception = Some(vector);
         sink.event(&Event::Interrupt {
@@ -263,6 +327,7 @@ impl Engine {
     /// The VMM queued `vector` with KVM; it is delivered before the pending
     /// instruction runs.
     pub fn note_injection(&mut self, vector: u8) {
+        self.foreseen = None;
         self.injected = Some(vector);
         self.stats.injected += 1;
     }
@@ -280,6 +345,7 @@ impl Engine {
         if !self.started {
             return;
         }
+        self.foreseen = None;
         self.stats.injected += 1;
         let regs = cpu.regs();
         self.ran_before_interrupt(&regs, sink);
@@ -479,9 +545,9 @@ impl Engine {
     /// instruction on AMD-V (as their interrupt shadow does), so the exit
     /// comes after the instruction that follows. Both steps are rebuilt
     /// exactly: the shadow instruction's registers follow from the ones
-    /// before it, the next one's are those at the exit. Returns false,
-    /// recording nothing, when the instruction after it does not explain
-    /// `next`.
+    /// before it, the next one's are those at the exit. Returns the
+    /// instruction after it, or None, recording nothing, when that does
+    /// not explain `next`.
     #[allow(clippy::too_many_arguments)]
     fn after_shadow(
         &mut self,
@@ -492,19 +558,18 @@ impl Engine {
         regs: &kvm_regs,
         next: u64,
         sink: &mut dyn RecordSink,
-    ) -> bool {
-        let Some(shadow) = d.shadow else {
-            return false;
-        };
+    ) -> Option<Decoded> {
+        let shadow = d.shadow?;
         let fall = p.pc.wrapping_add(d.len as u64);
         let folded = self.fetch(cpu, sregs, fall);
-        let explained = match folded.decoded {
-            Some(f) if f.flow != Flow::Any => f.explains(fall, next),
-            Some(_) => self.indirect_target(cpu, sregs, regs, &folded) == Some(next),
-            None => false,
+        let f = folded.decoded?;
+        let explained = if f.flow != Flow::Any {
+            f.explains(fall, next)
+        } else {
+            self.indirect_target(cpu, sregs, regs, &folded) == Some(next)
         };
         if !explained {
-            return false;
+            return None;
         }
         let mut own = self.last;
         match shadow {
@@ -515,12 +580,39 @@ impl Engine {
         self.emit_step(p, &own, sink);
         self.emit_step(&folded, regs, sink);
         self.stats.folded_after_shadow += 1;
-        true
+        Some(f)
+    }
+
+    /// What follows a recorded step of `d`, the last instruction this exit
+    /// covered: HLT waits, instructions that may lose TF re-arm, TLB
+    /// flushes reach the walker, PUSHF's image loses the tracer's TF.
+    fn after_step(
+        &mut self,
+        d: Decoded,
+        cpu: &mut dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        sink: &mut dyn RecordSink,
+    ) -> Directive {
+        if d.flushes_tlb {
+            self.walker.flush();
+        }
+        if let Some(size) = d.pushes_flags {
+            self.hide_trap_flag(cpu, sregs, regs, size);
+        }
+        if d.flow == Flow::Halt {
+            sink.event(&Event::Halt);
+            Directive::Halt
+        } else if d.rearm {
+            Directive::ReArm
+        } else {
+            Directive::Continue
+        }
     }
 
     /// Records the iterations of the REP string instruction `p` that ran
-    /// before this exit, one step each (see [`crate::rep`]); returns how
-    /// many. `mid_rep`: the last exit stopped between its iterations. Where memory a comparison needs cannot be read, the
+    /// before this exit, one step each (see [`crate::rep`]). `mid_rep`: the
+    /// last exit stopped between its iterations. Where memory a comparison needs cannot be read, the
     /// iterations are one step and a gap says what is missing.
     #[allow(clippy::too_many_arguments)]
     fn emit_repeat(
@@ -531,24 +623,24 @@ impl Engine {
         sregs: &kvm_sregs,
         regs: &kvm_regs,
         sink: &mut dyn RecordSink,
-    ) -> u64 {
+    ) {
         let rep = p
             .bytes
             .and_then(|b| RepString::decode(b.as_slice(), p.mode.bitness()));
         let Some(rep) = rep else {
             self.emit_step(p, regs, sink);
-            return 1;
+            return;
         };
         let n = rep.iterations(&self.last, regs);
         if n == 0 && mid_rep {
             // KVM's emulator stops a batch when the count reaches zero and
             // moves RIP past the instruction on the next entry, without an
             // iteration: no instruction ran.
-            return 0;
+            return;
         }
         if n <= 1 {
             self.emit_step(p, regs, sink);
-            return 1;
+            return;
         }
         let segments = if p.mode == CpuMode::Long64 {
             (0, 0)
@@ -565,12 +657,10 @@ impl Engine {
                 for r in &each {
                     self.emit_step(p, r, sink);
                 }
-                n
             }
             None => {
                 self.emit_step(p, regs, sink);
                 self.gap(p.pc, p.pc, sink);
-                1
             }
         }
     }
@@ -599,6 +689,12 @@ impl Engine {
             byte[0] &= !TF;
             cpu.write_physical(gpa, &byte);
         }
+    }
+
+    /// Instructions the last exit covered: the steps it recorded (see
+    /// [`vtrace_vmm::Monitor::instructions_at_exit`]).
+    pub fn steps_at_exit(&self) -> u64 {
+        self.stats.steps - self.steps_before_exit
     }
 
     /// Whether a REP string instruction stopped between iterations at the
@@ -677,6 +773,7 @@ impl Engine {
         if !self.started {
             return Directive::Continue;
         }
+        self.steps_before_exit = self.stats.steps;
         match *view {
             ExitView::Debug { breakpoint: false }
             | ExitView::IoOut {
@@ -737,9 +834,14 @@ impl Engine {
                 self.completing = true;
                 Directive::Continue
             }
-            ExitView::Debug { breakpoint: true } | ExitView::Halt | ExitView::Interrupted => {
+            ExitView::FaultDelivered { vector, error_code } => {
+                self.fault_delivered(vector, error_code, cpu, sink);
                 Directive::Continue
             }
+            // KVM exits for HLT (without an in-kernel irqchip) with RIP past
+            // it, where the trap flag did not stop before it (a STI shadow).
+            ExitView::Halt => self.after_instruction(view, cpu, sink),
+            ExitView::Debug { breakpoint: true } | ExitView::Interrupted => Directive::Continue,
         }
     }
 
@@ -779,6 +881,7 @@ impl Engine {
             let g = gate(cpu, &mut self.walker, &sregs, vector);
             self.handler_first_step(g, cpu, &regs, &sregs, next, sink);
         } else if let Some(p) = self.pending.take() {
+            let folded: Option<Decoded>;
             match p.decoded {
                 Some(d) if d.explains(p.pc, next) => {
                     if sregs.cr2 != self.last_cr2 && !d.rearm {
@@ -789,11 +892,8 @@ impl Engine {
                         self.gap(p.pc, p.pc, sink);
                     }
                     if d.flow == Flow::Repeat {
-                        let steps = self.emit_repeat(&p, mid_rep, cpu, &sregs, &regs, sink);
+                        self.emit_repeat(&p, mid_rep, cpu, &sregs, &regs, sink);
                         self.mid_rep = next == p.pc;
-                        if steps != 1 {
-                            directive = Directive::Steps(steps);
-                        }
                     } else if d.iretq {
                         let own = self.iretq_regs(cpu, &sregs, &regs, next);
                         self.emit_step(&p, &own, sink);
@@ -803,22 +903,18 @@ impl Engine {
                     if d.iretq {
                         self.after_iretq(cpu, &sregs, &regs, next, sink);
                     }
-                    if d.flow == Flow::Halt {
-                        sink.event(&Event::Halt);
-                        directive = Directive::Halt;
-                    } else if d.rearm {
-                        directive = Directive::ReArm;
-                    }
-                    if d.flushes_tlb {
-                        self.walker.flush();
-                    }
-                    if let Some(size) = d.pushes_flags {
-                        self.hide_trap_flag(cpu, &sregs, &regs, size);
-                    }
+                    directive = self.after_step(d, cpu, &sregs, &regs, sink);
                 }
                 Some(d)
-                    if d.shadow.is_some()
-                        && self.after_shadow(&p, d, cpu, &sregs, &regs, next, sink) => {}
+                    if d.shadow.is_some() && {
+                        folded = self.after_shadow(&p, d, cpu, &sregs, &regs, next, sink);
+                        folded.is_some()
+                    } =>
+                {
+                    if let Some(f) = folded {
+                        directive = self.after_step(f, cpu, &sregs, &regs, sink);
+                    }
+                }
                 _ => match (completed_here, self.infer_exception(cpu, &sregs, next)) {
                     (false, Some((vector, g))) => {
                         // The instruction faulted: it did not run, and runs
@@ -878,6 +974,9 @@ impl Engine {
         self.last_cr2 = sregs.cr2;
         self.last = regs;
         self.pending = Some(self.fetch(cpu, &sregs, next));
+        if self.foresee {
+            self.foresee_fault(cpu, &sregs, &regs);
+        }
         directive
     }
 }
@@ -1000,15 +1099,11 @@ mod tests {
         e.begin(&mut cpu);
         cpu.regs.rcx = 0;
         cpu.regs.rdi = 0x50003;
-        assert_eq!(
-            debug_exit(&mut e, &mut cpu, CODE, &mut out),
-            Directive::Steps(3)
-        );
+        debug_exit(&mut e, &mut cpu, CODE, &mut out);
+        assert_eq!(e.steps_at_exit(), 3, "the clock counts each iteration");
         assert!(e.mid_rep(), "interrupts wait for the instruction's end");
-        assert_eq!(
-            debug_exit(&mut e, &mut cpu, CODE + 2, &mut out),
-            Directive::Steps(0)
-        );
+        debug_exit(&mut e, &mut cpu, CODE + 2, &mut out);
+        assert_eq!(e.steps_at_exit(), 0, "no instruction ran");
         assert!(!e.mid_rep());
         assert_eq!(steps(&out), vec![CODE, CODE, CODE]);
         // A host that traps after each iteration gives the same records.
@@ -1021,10 +1116,8 @@ mod tests {
             cpu2.regs.rcx = 3 - i;
             cpu2.regs.rdi = 0x50000 + i;
             let rip = if i == 3 { CODE + 2 } else { CODE };
-            assert_eq!(
-                debug_exit(&mut e2, &mut cpu2, rip, &mut out2),
-                Directive::Continue
-            );
+            debug_exit(&mut e2, &mut cpu2, rip, &mut out2);
+            assert_eq!(e2.steps_at_exit(), 1);
         }
         assert_eq!(out, out2);
     }

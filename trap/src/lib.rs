@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod context;
 pub mod engine;
+pub mod fault;
 pub mod flow;
 pub mod idt;
 pub mod rep;

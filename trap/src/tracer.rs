@@ -23,8 +23,10 @@ pub struct TraceOptions {
     pub start_at: Option<u64>,
     /// Stop when execution reaches this linear address (before it runs).
     pub stop_at: Option<u64>,
-    /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
-    /// exception handlers with breakpoints so they are traced too.
+    /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): foresee the
+    /// exceptions instructions will raise and have the VMM deliver them
+    /// (see [`crate::fault`]), and catch the main exception handlers with
+    /// breakpoints, so handlers are traced too.
     pub trap_flag_host: bool,
     /// End the run the first time tracing stops, rather than let the guest
     /// run on.
@@ -162,6 +164,9 @@ impl Tracer {
             handlers: Vec::new(),
         };
         tracer.engine.set_step_limit(tracer.options.max_steps);
+        tracer
+            .engine
+            .set_foresee_faults(tracer.options.trap_flag_host);
         if let Some(at) = tracer.options.start_at {
             tracer.breakpoints.push(at);
         }
@@ -328,6 +333,22 @@ impl Monitor for Tracer {
 
     fn deliver_interrupts(&self) -> bool {
         self.active
+    }
+
+    fn exception_before_entry(&mut self) -> Option<vtrace_vmm::Exception> {
+        if self.active {
+            self.engine.take_foreseen()
+        } else {
+            None
+        }
+    }
+
+    fn instructions_at_exit(&self) -> u64 {
+        if self.active {
+            self.engine.steps_at_exit()
+        } else {
+            1
+        }
     }
 
     fn interruptible(&self) -> bool {

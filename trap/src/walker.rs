@@ -22,8 +22,26 @@ const CACHE_MAX: usize = 4096;
 #[derive(Default)]
 pub struct Walker {
     key: (u64, u64, u64, u64),
-    cache: HashMap<u64, u64>,
+    cache: HashMap<u64, (u64, PageAccess)>,
 }
+
+/// What the paging structures allow on a mapped page, all levels
+/// combined. Outside 4- and 5-level paging everything is allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageAccess {
+    pub writable: bool,
+    pub user: bool,
+    pub executable: bool,
+}
+
+const ANY_ACCESS: PageAccess = PageAccess {
+    writable: true,
+    user: true,
+    executable: true,
+};
+const WRITABLE: u64 = 1 << 1;
+const USER: u64 = 1 << 2;
+const NO_EXECUTE: u64 = 1 << 63;
 
 fn read_u64(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
     let mut b = [0u8; 8];
@@ -49,21 +67,54 @@ impl Walker {
 
     /// Guest-physical address of `linear`, or None if it is not mapped.
     pub fn translate(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
+        self.lookup(cpu, sregs, linear).map(|(phys, _)| phys)
+    }
+
+    /// What the guest's paging allows at `linear`; None if not mapped.
+    pub fn access(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        linear: u64,
+    ) -> Option<PageAccess> {
+        self.lookup(cpu, sregs, linear).map(|(_, access)| access)
+    }
+
+    /// [`Walker::access`] from the page tables as they are now: the guest
+    /// may have widened a page's permissions without flushing its TLB (as
+    /// a CPU that then faults spuriously permits), so a cached denial is
+    /// never final.
+    pub fn access_now(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        linear: u64,
+    ) -> Option<PageAccess> {
+        self.cache.remove(&(linear & !0xfff));
+        self.access(cpu, sregs, linear)
+    }
+
+    fn lookup(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        linear: u64,
+    ) -> Option<(u64, PageAccess)> {
         let key = (sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
         if key != self.key {
             self.key = key;
             self.cache.clear();
         }
         let page = linear & !0xfff;
-        if let Some(phys) = self.cache.get(&page) {
-            return Some(phys | (linear & 0xfff));
+        if let Some(&(phys, access)) = self.cache.get(&page) {
+            return Some((phys | (linear & 0xfff), access));
         }
-        let phys = walk(cpu, sregs, page)?;
+        let (phys, access) = walk(cpu, sregs, page)?;
         if self.cache.len() >= CACHE_MAX {
             self.cache.clear();
         }
-        self.cache.insert(page, phys & !0xfff);
-        Some(phys | (linear & 0xfff))
+        self.cache.insert(page, (phys & !0xfff, access));
+        Some((phys | (linear & 0xfff), access))
     }
 
     /// Reads `buf.len()` bytes at `linear`, page by page. Returns how many
@@ -92,26 +143,31 @@ impl Walker {
 }
 
 /// One walk, no cache.
-fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
+fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<(u64, PageAccess)> {
     if sregs.cr0 & CR0_PG == 0 {
-        return Some(linear & 0xffff_ffff);
+        return Some((linear & 0xffff_ffff, ANY_ACCESS));
     }
     if sregs.efer & EFER_LMA != 0 {
         let levels = if sregs.cr4 & CR4_LA57 != 0 { 5 } else { 4 };
         let mut table = sregs.cr3 & ADDR_MASK;
+        let mut access = ANY_ACCESS;
         for level in (1..=levels).rev() {
             let shift = 12 + 9 * (level - 1);
             let entry = read_u64(cpu, table + ((linear >> shift) & 0x1ff) * 8)?;
             if entry & PRESENT == 0 {
                 return None;
             }
+            access.writable &= entry & WRITABLE != 0;
+            access.user &= entry & USER != 0;
+            access.executable &= entry & NO_EXECUTE == 0;
             if (level == 2 || level == 3) && entry & PAGE_SIZE_BIT != 0 {
                 let size = 1u64 << shift;
-                return Some((entry & ADDR_MASK & !(size - 1)) | (linear & (size - 1)));
+                let phys = (entry & ADDR_MASK & !(size - 1)) | (linear & (size - 1));
+                return Some((phys, access));
             }
             table = entry & ADDR_MASK;
         }
-        return Some(table | (linear & 0xfff));
+        return Some((table | (linear & 0xfff), access));
     }
     if sregs.cr4 & CR4_PAE != 0 {
         let pdpte = read_u64(cpu, (sregs.cr3 & 0xffff_ffe0) + ((linear >> 30) & 3) * 8)?;
@@ -123,10 +179,11 @@ fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
             return None;
         }
         if pde & PAGE_SIZE_BIT != 0 {
-            return Some((pde & ADDR_MASK & !0x1f_ffff) | (linear & 0x1f_ffff));
+            let phys = (pde & ADDR_MASK & !0x1f_ffff) | (linear & 0x1f_ffff);
+            return Some((phys, ANY_ACCESS));
         }
         let pte = read_u64(cpu, (pde & ADDR_MASK) + ((linear >> 12) & 0x1ff) * 8)?;
-        return (pte & PRESENT != 0).then_some((pte & ADDR_MASK) | (linear & 0xfff));
+        return (pte & PRESENT != 0).then_some(((pte & ADDR_MASK) | (linear & 0xfff), ANY_ACCESS));
     }
     let pde = read_u32(
         cpu,
@@ -138,10 +195,13 @@ fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
     if pde & PAGE_SIZE_BIT != 0 && sregs.cr4 & CR4_PSE != 0 {
         // 4 MiB page; bits 13..20 extend the address above 4 GiB (PSE-36).
         let high = ((pde >> 13) & 0xff) << 32;
-        return Some(high | (pde & 0xffc0_0000) | (linear & 0x3f_ffff));
+        return Some((
+            high | (pde & 0xffc0_0000) | (linear & 0x3f_ffff),
+            ANY_ACCESS,
+        ));
     }
     let pte = read_u32(cpu, (pde & 0xffff_f000) + ((linear >> 12) & 0x3ff) * 4)?;
-    (pte & PRESENT != 0).then_some((pte & 0xffff_f000) | (linear & 0xfff))
+    (pte & PRESENT != 0).then_some(((pte & 0xffff_f000) | (linear & 0xfff), ANY_ACCESS))
 }
 
 #[cfg(test)]

@@ -84,6 +84,17 @@ impl VirtualClock {
         }
     }
 
+    /// A clock starting at zero for a guest that is single-stepped from
+    /// its first instruction: in steps mode no host time counts at all, so
+    /// the same guest sees the same time on a fast host and a slow one.
+    pub fn stepping_from_start(mode: ClockMode) -> Self {
+        let mut clock = VirtualClock::new(mode);
+        if let ClockMode::Steps(_) = mode {
+            clock.since = None;
+        }
+        clock
+    }
+
     /// Whether time is step-driven now.
     pub fn step_driven(&self) -> bool {
         self.since.is_none()
@@ -216,5 +227,14 @@ mod tests {
             clock.now() >= start + 1_000_000,
             "untraced: wall time again"
         );
+    }
+
+    #[test]
+    fn a_guest_stepped_from_its_start_sees_no_host_time() {
+        let mut clock = VirtualClock::stepping_from_start(ClockMode::Steps(1));
+        std::thread::sleep(Duration::from_millis(2));
+        clock.set_stepping(true);
+        clock.step();
+        assert_eq!(clock.now(), 1);
     }
 }

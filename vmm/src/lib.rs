@@ -40,6 +40,8 @@ mod vm;
 
 pub use cpu::cpuid::CpuProfile;
 pub use error::{Error, Result};
-pub use monitor::{CpuView, Directive, ExitView, Injection, Monitor, NoMonitor};
+pub use monitor::{
+    CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor, NoMonitor,
+};
 pub use run_loop::{GuestExit, RunOutcome};
 pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};

@@ -32,13 +32,41 @@ pub enum ExitView {
         write: bool,
         value: u64,
     },
-    /// The guest executed HLT outside single-stepping.
+    /// KVM exited for HLT, with RIP past it: outside single-stepping, or
+    /// where the trap did not stop before it (a STI shadow on VT-x/AMD-V).
     Halt,
     /// `KVM_RUN` returned without running anything (a kick).
     Interrupted,
     /// The VMM completed an instruction the emulator refused (INT3,
     /// LDMXCSR...); `vector` is set when that was an interrupt delivery.
     CompletedByVmm { vector: Option<u8> },
+    /// The VMM delivered the fault the monitor foresaw
+    /// ([`Monitor::exception_before_entry`]): the faulting instruction did
+    /// not run, and the vCPU stands at the handler's first instruction.
+    FaultDelivered { vector: u8, error_code: Option<u32> },
+}
+
+/// An exception or software interrupt a monitor asks the VMM to deliver
+/// through the guest's IDT before the next instruction runs (see
+/// [`Monitor::exception_before_entry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exception {
+    pub vector: u8,
+    /// Pushed below the frame, for vectors that have one.
+    pub error_code: Option<u32>,
+    /// Loaded into CR2 first (page faults).
+    pub cr2: Option<u64>,
+    /// The RIP the frame saves: the faulting instruction's, or the one
+    /// after a software interrupt.
+    pub return_rip: u64,
+    pub kind: ExceptionKind,
+}
+
+/// Whether the instruction completes (software interrupt) or not (fault).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExceptionKind {
+    Fault,
+    SoftwareInterrupt,
 }
 
 /// What the monitor asks of the VMM after an exit.
@@ -53,10 +81,6 @@ pub enum Directive {
     /// POPF, IRET), or KVM handled it itself and rewrote RFLAGS without it
     /// (control-register and MSR accesses, CPUID, string I/O...).
     ReArm,
-    /// The exit covered this many instructions, not one: REP iterations
-    /// the host ran before it exited, or none where the host exited once
-    /// more only to move past a finished REP. The step clock counts them.
-    Steps(u64),
 }
 
 /// How an external interrupt reached the guest.
@@ -147,6 +171,23 @@ pub trait Monitor {
     /// every host) rather than queue them with `KVM_INTERRUPT`.
     fn deliver_interrupts(&self) -> bool {
         false
+    }
+
+    /// An exception the instruction about to run will raise, for the VMM
+    /// to deliver itself: where stepping rides on TF, one the CPU delivers
+    /// runs its handler unstepped. Asked before every entry while
+    /// stepping, after interrupts were delivered.
+    fn exception_before_entry(&mut self) -> Option<Exception> {
+        None
+    }
+
+    /// How many instructions the last single-step exit covered, for the
+    /// step clock: one, except where the host ran REP iterations in a
+    /// batch, held the trap back (STI shadow) or exited once more only to
+    /// move past a finished REP. The same guest then sees the same virtual
+    /// time at the same instruction on every host.
+    fn instructions_at_exit(&self) -> u64 {
+        1
     }
 
     /// Whether an interrupt may be delivered before the next instruction.

@@ -15,7 +15,7 @@ use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
 use crate::error::{Error, Result};
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
-use crate::monitor::{CpuView, Directive, ExitView, Injection, Monitor};
+use crate::monitor::{CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor};
 use crate::vcpu::Vcpu;
 use crate::vm::{ConsoleMode, Vm};
 
@@ -130,7 +130,11 @@ impl Vm {
         } else {
             drop(tx);
         }
-        self.clock = VirtualClock::new(self.clock.mode());
+        self.clock = if monitor.stepping() {
+            VirtualClock::stepping_from_start(self.clock.mode())
+        } else {
+            VirtualClock::new(self.clock.mode())
+        };
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
@@ -172,6 +176,11 @@ impl Vm {
                 return Ok(GuestExit::MonitorDone);
             }
             self.set_debug(monitor.stepping(), monitor.breakpoints())?;
+            if self.stepping && !self.io_pending {
+                if let Some(e) = monitor.exception_before_entry() {
+                    self.deliver_exception(e, monitor)?;
+                }
+            }
             if self.stepping && self.vcpu.step_stale() {
                 self.rearm()?;
             }
@@ -356,6 +365,47 @@ impl Vm {
         Ok(Some(regs.rip))
     }
 
+    /// Delivers an exception the monitor foresaw, through the guest's IDT,
+    /// and tells the monitor. Where the VMM does not model the delivery
+    /// (see `soft_int`), the instruction runs and the CPU delivers it.
+    fn deliver_exception(&mut self, e: Exception, monitor: &mut dyn Monitor) -> Result<()> {
+        let mut regs = self.vcpu.regs();
+        let mut sregs = self.vcpu.sregs();
+        if let Some(cr2) = e.cr2 {
+            sregs.cr2 = cr2;
+        }
+        let memory = self.vcpu.memory(&self.ram);
+        let delivered = soft_int::deliver_with_error_code(
+            &memory,
+            &mut regs,
+            &mut sregs,
+            e.vector,
+            e.return_rip,
+            e.error_code,
+        );
+        if let Err(why) = delivered {
+            tracing::debug!("vector {} not delivered by the VMM: {why}", e.vector);
+            return Ok(());
+        }
+        self.vcpu.set_sregs(&sregs)?;
+        self.vcpu.set_regs(&regs)?;
+        let view = match e.kind {
+            ExceptionKind::Fault => ExitView::FaultDelivered {
+                vector: e.vector,
+                error_code: e.error_code,
+            },
+            ExceptionKind::SoftwareInterrupt => {
+                // The instruction completed.
+                self.clock.step();
+                ExitView::CompletedByVmm {
+                    vector: Some(e.vector),
+                }
+            }
+        };
+        self.tell(monitor, view);
+        Ok(())
+    }
+
     /// Issues the current debug configuration again (re-arming TF).
     fn rearm(&mut self) -> Result<()> {
         let (stepping, breakpoints) = (self.stepping, std::mem::take(&mut self.breakpoints));
@@ -516,9 +566,11 @@ impl Vm {
                 completed,
             } => {
                 self.note("io-out", u64::from(port));
-                if completed {
-                    self.clock.step();
-                }
+                // Devices see the time after the OUT on every host; where
+                // it completes on the next entry, that exit's step is
+                // already counted here.
+                self.clock.step();
+                self.out_counted = !completed;
                 let now = self.clock.now();
                 self.devices.pio_write(port, &data[..size], now);
                 let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
@@ -555,6 +607,9 @@ impl Vm {
             Exit::Halt => {
                 self.note("hlt", 0);
                 self.tell(monitor, ExitView::Halt);
+                if self.stepping {
+                    self.clock.steps(monitor.instructions_at_exit());
+                }
                 return self.halt(rx, monitor, irqs);
             }
             Exit::IrqWindow => self.note("irq-window", 0),
@@ -566,10 +621,9 @@ impl Vm {
                 self.note("debug", 0);
                 let directive = self.tell(monitor, ExitView::Debug { breakpoint });
                 if !breakpoint {
-                    self.clock.steps(match directive {
-                        Directive::Steps(n) => n,
-                        _ => 1,
-                    });
+                    let counted = u64::from(std::mem::take(&mut self.out_counted));
+                    self.clock
+                        .steps(monitor.instructions_at_exit().saturating_sub(counted));
                 }
                 if breakpoint {
                     // An instruction breakpoint fires before the instruction:
@@ -581,7 +635,6 @@ impl Vm {
                 match directive {
                     Directive::Halt => return self.halt(rx, monitor, irqs),
                     Directive::ReArm => self.rearm()?,
-                    Directive::Steps(_) => {}
                     Directive::Continue => {}
                 }
             }

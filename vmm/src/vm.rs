@@ -59,6 +59,9 @@ pub struct Vm {
     pub(crate) completed_by_vmm: u64,
     pub(crate) stepping: bool,
     pub(crate) io_pending: bool,
+    /// The step of an OUT that completes on the next entry was counted at
+    /// its I/O exit.
+    pub(crate) out_counted: bool,
     pub(crate) breakpoints: Vec<u64>,
     boot: BootPlan,
 }
@@ -143,6 +146,7 @@ impl Vm {
             completed_by_vmm: 0,
             stepping: false,
             io_pending: false,
+            out_counted: false,
             breakpoints: Vec::new(),
             boot,
         })

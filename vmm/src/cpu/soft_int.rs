@@ -70,6 +70,19 @@ pub fn deliver(
     vector: u8,
     return_rip: u64,
 ) -> Result<bool, SoftIntError> {
+    deliver_with_error_code(mem, regs, sregs, vector, return_rip, None)
+}
+
+/// [`deliver`] for an exception: `error_code`, where the vector has one,
+/// is pushed below the frame, as the CPU does.
+pub fn deliver_with_error_code(
+    mem: &dyn LinearMemory,
+    regs: &mut kvm_regs,
+    sregs: &mut kvm_sregs,
+    vector: u8,
+    return_rip: u64,
+    error_code: Option<u32>,
+) -> Result<bool, SoftIntError> {
     const EFER_LMA: u64 = 0x400;
     const IF: u64 = 1 << 9;
     const TF: u64 = 1 << 8;
@@ -106,7 +119,12 @@ pub fn deliver(
         regs.rsp,
         u64::from(sregs.ss.selector),
     ];
-    let bytes: Vec<u8> = frame.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes: Vec<u8> = error_code
+        .map(u64::from)
+        .iter()
+        .chain(frame.iter())
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     rsp -= bytes.len() as u64;
     mem.write(rsp, &bytes).map_err(SoftIntError::Unmapped)?;
 
