@@ -32,11 +32,6 @@ fn assert_bracketed(recs: &[Record], start: TraceReason, stop: TraceReason) {
     assert_eq!(recs.last(), Some(&Record::Event(Event::TraceStop(stop))));
 }
 
-fn info_json(path: &Path) -> serde_json::Value {
-    let out = run(&["info", "--json", path.to_str().unwrap()]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
-}
-
 fn demo_symbol(name: &str) -> u64 {
     let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
     elf.symbols()

@@ -46,6 +46,12 @@ pub fn run(args: &[&str]) -> Output {
         .expect("start vtrace")
 }
 
+/// `vtrace info --json` of a trace.
+pub fn info_json(path: &Path) -> serde_json::Value {
+    let out = run(&["info", "--json", path.to_str().unwrap()]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -9,16 +9,29 @@ use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
 use vtrace_storage::Recorder;
 use vtrace_vmm::boot::BootSource;
 use vtrace_vmm::clock::ClockMode;
-use vtrace_vmm::{ConsoleMode, CpuProfile, Monitor, Vm, VmConfig};
+use vtrace_vmm::{ConsoleMode, CpuProfile, CpuView, Directive, ExitView, Monitor, Vm, VmConfig};
 
 use crate::tracer::{TraceOptions, Tracer};
 
-/// Single-steps, recording nothing.
-struct BareStepper;
+/// Single-steps, recording nothing. Where stepping rides on TF, KVM drops
+/// it after instructions it handles itself, so the bare loop re-arms after
+/// every exit to step the whole guest (the tracer re-arms only where
+/// needed): its rate there is that of stepping with re-arming.
+struct BareStepper {
+    rearm: bool,
+}
 
 impl Monitor for BareStepper {
     fn stepping(&self) -> bool {
         true
+    }
+
+    fn on_exit(&mut self, _exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+        if self.rearm {
+            Directive::ReArm
+        } else {
+            Directive::Continue
+        }
     }
 }
 
@@ -85,7 +98,10 @@ fn peak_rss() -> Option<u64> {
 
 /// Runs `boot` twice: stepping bare, then traced to a disk in `dir`.
 pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
-    let bare = Vm::new(config(boot))?.run(&mut BareStepper)?;
+    let trap_flag_host = vtrace_vmm::host::steps_with_trap_flag();
+    let bare = Vm::new(config(boot))?.run(&mut BareStepper {
+        rearm: trap_flag_host,
+    })?;
 
     let disk = DiskWriter::create(
         &dir.join("bench.vtd"),
@@ -98,6 +114,7 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
         Recorder::start(disk),
         TraceOptions {
             from_start: true,
+            trap_flag_host,
             ..TraceOptions::default()
         },
     );

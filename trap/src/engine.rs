@@ -897,6 +897,20 @@ impl Engine {
                     } else if d.iretq {
                         let own = self.iretq_regs(cpu, &sregs, &regs, next);
                         self.emit_step(&p, &own, sink);
+                    } else if d.saves_flags_in_r11 && cpl(&sregs) != 0 {
+                        // SYSCALL lands in the kernel: back in user mode,
+                        // the kernel ran unseen.
+                        self.emit_step(&p, &regs, sink);
+                        self.gap(p.pc, next, sink);
+                    } else if d.saves_flags_in_r11
+                        && regs.r11 & RFLAGS_TF != 0
+                        && self.last.rflags & RFLAGS_TF == 0
+                    {
+                        // SYSCALL saved the tracer's TF into R11.
+                        let mut own = regs;
+                        own.r11 &= !RFLAGS_TF;
+                        cpu.write_regs(&own);
+                        self.emit_step(&p, &own, sink);
                     } else {
                         self.emit_step(&p, &regs, sink);
                     }
@@ -976,8 +990,53 @@ impl Engine {
         self.pending = Some(self.fetch(cpu, &sregs, next));
         if self.foresee {
             self.foresee_fault(cpu, &sregs, &regs);
+            self.carry_trap_flag(cpu, &sregs, &regs);
         }
         directive
+    }
+
+    /// Where stepping rides on TF, a return to user mode (IRETQ, SYSRETQ)
+    /// loads RFLAGS from the guest's frame or R11, without the TF KVM set,
+    /// and the CPU (as QEMU's SVM showed) then runs user code untrapped.
+    /// So TF is put into what the instruction is about to load; the
+    /// engine re-arms after it, and KVM keeps TF hidden from the guest's
+    /// registers from then on.
+    fn carry_trap_flag(&mut self, cpu: &mut dyn CpuView, sregs: &kvm_sregs, regs: &kvm_regs) {
+        use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+        let Some(p) = self.pending else {
+            return;
+        };
+        let (Some(d), Some(bytes)) = (p.decoded, p.bytes) else {
+            return;
+        };
+        if !d.rearm || p.mode != CpuMode::Long64 {
+            return;
+        }
+        let insn = Decoder::with_ip(64, bytes.as_slice(), p.pc, DecoderOptions::NONE).decode();
+        match insn.mnemonic() {
+            Mnemonic::Sysretq | Mnemonic::Sysret if regs.r11 & RFLAGS_TF == 0 => {
+                let mut r = *regs;
+                r.r11 |= RFLAGS_TF;
+                cpu.write_regs(&r);
+            }
+            Mnemonic::Iretq => {
+                // The popped RFLAGS' second byte holds TF (bit 8).
+                let at = regs.rsp.wrapping_add(17);
+                let mut cs = [0u8; 1];
+                let to_user = self
+                    .walker
+                    .read(cpu, sregs, regs.rsp.wrapping_add(8), &mut cs)
+                    == 1
+                    && cs[0] & 3 == 3;
+                if let (true, Some(gpa)) = (to_user, self.walker.translate(cpu, sregs, at)) {
+                    let mut b = [0u8; 1];
+                    if cpu.read_physical(gpa, &mut b) && b[0] & 1 == 0 {
+                        cpu.write_physical(gpa, &[b[0] | 1]);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 

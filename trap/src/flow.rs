@@ -58,6 +58,8 @@ pub struct Decoded {
     pub enables_interrupts: bool,
     /// STI, MOV SS, POP SS.
     pub shadow: Option<Shadow>,
+    /// SYSCALL: RFLAGS goes to R11.
+    pub saves_flags_in_r11: bool,
     /// PUSHF: the size of the RFLAGS image it pushes.
     pub pushes_flags: Option<u8>,
     /// RFLAGS bits (x86 positions) the instruction defines.
@@ -124,6 +126,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
     Some(Decoded {
         len: insn.len(),
         shadow,
+        saves_flags_in_r11: insn.mnemonic() == Mnemonic::Syscall,
         pushes_flags: match insn.mnemonic() {
             Mnemonic::Pushf => Some(2),
             Mnemonic::Pushfd => Some(4),

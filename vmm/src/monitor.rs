@@ -107,6 +107,12 @@ pub trait CpuView {
     fn write_physical(&mut self, _gpa: u64, _data: &[u8]) -> bool {
         false
     }
+    /// Writes the general registers; false if it cannot. Only for what
+    /// stepping with the trap flag needs (carrying TF across a return to
+    /// user mode, hiding it from SYSCALL's R11).
+    fn write_regs(&mut self, _regs: &kvm_regs) -> bool {
+        false
+    }
 }
 
 /// Observer of a running VM. Every method has a default that does nothing,

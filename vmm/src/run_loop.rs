@@ -870,4 +870,8 @@ impl CpuView for KvmCpuView<'_> {
         use vm_memory::{Bytes, GuestAddress};
         self.ram.write_slice(data, GuestAddress(gpa)).is_ok()
     }
+
+    fn write_regs(&mut self, regs: &kvm_bindings::kvm_regs) -> bool {
+        self.vcpu.set_regs(regs).is_ok()
+    }
 }

@@ -5,8 +5,11 @@
 //! is what a tracer needs on VT-x/AMD-V hosts to keep stepping into
 //! handlers, so it is written once, here.
 //!
-//! Covered: 64-bit mode at CPL 0 with interrupt and trap gates, with and
-//! without an IST stack. Anything else is reported, not guessed.
+//! Covered: IA-32e mode, from CPL 0 in 64-bit code or from CPL 3 (64-bit
+//! or compatibility code) to a CPL 0 handler, with interrupt and trap
+//! gates, with and without an IST stack; from CPL 3 the stack switches to
+//! the TSS's RSP0 and SS becomes the null selector, as the CPU does.
+//! Anything else is reported, not guessed.
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
@@ -19,7 +22,7 @@ pub trait LinearMemory {
 /// Why a software interrupt could not be delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SoftIntError {
-    #[error("the CPU is not in 64-bit mode at CPL 0")]
+    #[error("the CPU is not in IA-32e mode at CPL 0 (64-bit code) or CPL 3")]
     UnsupportedMode,
     #[error("vector {0} lies beyond the IDT limit")]
     BeyondIdt(u8),
@@ -88,7 +91,8 @@ pub fn deliver_with_error_code(
     const TF: u64 = 1 << 8;
     const NT: u64 = 1 << 14;
     const RF: u64 = 1 << 16;
-    if sregs.efer & EFER_LMA == 0 || sregs.cs.l != 1 || sregs.cs.dpl != 0 {
+    let cpl = sregs.cs.dpl;
+    if sregs.efer & EFER_LMA == 0 || !((cpl == 0 && sregs.cs.l == 1) || cpl == 3) {
         return Err(SoftIntError::UnsupportedMode);
     }
     let gate_at = u64::from(vector) * 16;
@@ -106,8 +110,15 @@ pub fn deliver_with_error_code(
     let selector = ((lo >> 16) & 0xffff) as u16;
     let ist = (lo >> 32) & 0x7;
 
+    let target = code_segment(mem, sregs, selector)?;
+    if target.dpl != 0 {
+        return Err(SoftIntError::UnsupportedMode);
+    }
     let mut rsp = if ist != 0 {
         read_u64(mem, sregs.tr.base + 0x24 + (ist - 1) * 8)?
+    } else if cpl == 3 {
+        // RSP0 of the 64-bit TSS.
+        read_u64(mem, sregs.tr.base + 4)?
     } else {
         regs.rsp
     };
@@ -129,9 +140,28 @@ pub fn deliver_with_error_code(
     mem.write(rsp, &bytes).map_err(SoftIntError::Unmapped)?;
 
     let mut sregs_changed = false;
-    if selector != sregs.cs.selector {
-        sregs.cs = code_segment(mem, sregs, selector)?;
+    if selector != sregs.cs.selector || cpl != 0 {
+        sregs.cs = target;
         sregs_changed = true;
+    }
+    if cpl != 0 {
+        // A privilege change loads SS with the null selector (its DPL is
+        // the new CPL, which is what SVM takes the CPL from).
+        sregs.ss = kvm_segment {
+            selector: 0,
+            base: 0,
+            limit: 0,
+            type_: 0,
+            present: 0,
+            dpl: 0,
+            db: 0,
+            s: 0,
+            l: 0,
+            g: 0,
+            avl: 0,
+            unusable: 1,
+            padding: 0,
+        };
     }
     regs.rsp = rsp;
     regs.rip = handler;
@@ -196,6 +226,39 @@ mod tests {
             ..Default::default()
         };
         (regs, sregs)
+    }
+
+    #[test]
+    fn from_user_mode_the_stack_switches_to_rsp0_and_ss_becomes_null() {
+        let mem = Flat(RefCell::new(vec![0; 0x10000]));
+        mem.write(0x1000 + 14 * 16, &gate(0xffff_ffff_8100_2000, 0x10, 0, 0xe))
+            .unwrap();
+        // Kernel code descriptor at 0x10: present, DPL 0, 64-bit.
+        mem.write(0x10, &0x00af_9b00_0000_ffffu64.to_le_bytes())
+            .unwrap();
+        mem.write(0x3004, &0xa000u64.to_le_bytes()).unwrap();
+        let (mut regs, mut sregs) = long_mode();
+        sregs.cs.selector = 0x33;
+        sregs.cs.dpl = 3;
+        sregs.ss.selector = 0x2b;
+        sregs.ss.dpl = 3;
+        regs.rsp = 0x7777;
+        let changed =
+            deliver_with_error_code(&mem, &mut regs, &mut sregs, 14, 0x40_1000, Some(6)).unwrap();
+        assert!(changed);
+        assert_eq!((sregs.cs.selector, sregs.cs.dpl), (0x10, 0));
+        assert_eq!(
+            (sregs.ss.selector, sregs.ss.dpl, sregs.ss.unusable),
+            (0, 0, 1)
+        );
+        assert_eq!(regs.rsp, 0xa000 - 48, "RSP0, error code and five slots");
+        let mut frame = [0u8; 48];
+        mem.read(regs.rsp, &mut frame).unwrap();
+        let slot = |i: usize| u64::from_le_bytes(frame[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(
+            [slot(0), slot(1), slot(2), slot(4), slot(5)],
+            [6, 0x40_1000, 0x33, 0x7777, 0x2b]
+        );
     }
 
     #[test]
