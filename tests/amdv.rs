@@ -37,13 +37,10 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
 /// The demo OS traced from its first instruction on the AMD-V machine and
 /// here. Before the trap flag was re-armed where KVM handles an
 /// instruction itself, the AMD-V trace lost everything after the switch to
-/// long mode (49,625 steps, 356 gaps). Now it has no gap: page faults are
-/// foreseen and delivered by the VMM, so their handlers are stepped. Both
-/// hosts record the same steps, registers and events (REP iterations, STI
-/// shadows and page faults included) up to the idle loop's first HLT,
-/// where this host's KVM still takes its next timer interrupt at another
-/// step (docs/amdv.md). How a fault was seen (inferred from the handler
-/// here, delivered by the VMM there) is not compared.
+/// long mode (49,625 steps, 356 gaps). Now it has no gap, and both hosts
+/// record the same trace, digest for digest: REP iterations one step each,
+/// STI shadows rebuilt, page faults foreseen and delivered by the VMM,
+/// virtual time counting instructions.
 #[test]
 fn demo_os_traced_on_amdv_matches_this_host() {
     if !amdv_available() || !kvm_available() {
@@ -70,35 +67,25 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     let there = m.file("amdv.vtd");
 
-    let neutral = |lines: Vec<String>| -> Vec<String> {
-        lines
-            .into_iter()
-            .map(|l| {
-                l.replace("[InferredFromIdt]", "[fault]")
-                    .replace("[DeliveredByVmm]", "[fault]")
-            })
-            .collect()
-    };
-    let (a, b) = (neutral(listing(&here)), neutral(listing(&there)));
-    let first_halt = a.iter().position(|l| l.contains("-- halt")).unwrap();
-    assert_eq!(
-        a[..=first_halt],
-        b[..=first_halt],
-        "the traces differ before the first HLT"
-    );
-    let faults = a[..first_halt]
-        .iter()
-        .filter(|l| l.contains("(#PF)"))
-        .count();
-    assert!(faults > 0, "page faults come before the first HLT");
-
     let (ih, ia) = (info_json(&here), info_json(&there));
     assert_eq!(ih["gaps"], 0);
     assert_eq!(ia["gaps"], 0, "{ia}");
-    assert_eq!(
-        ih["events"]["interrupt"], ia["events"]["interrupt"],
-        "{ih} {ia}"
-    );
+    // The demo takes page faults, timer interrupts, HLTs and REP strings:
+    // each of the mechanisms the hosts differ in.
+    assert!(ih["events"]["interrupt"].as_u64() > Some(0), "{ih}");
+    assert!(ih["events"]["halt"].as_u64() > Some(0), "{ih}");
+    if ih["digest"] != ia["digest"] {
+        let (a, b) = (listing(&here), listing(&there));
+        let at = a.iter().zip(&b).position(|(x, y)| x != y);
+        panic!(
+            "the traces differ (digests {} and {}); first at listing line {at:?}:\n{:?}\n{:?}",
+            ih["digest"],
+            ia["digest"],
+            at.and_then(|i| a.get(i)),
+            at.and_then(|i| b.get(i)),
+        );
+    }
+    assert_eq!(ih["steps"], ia["steps"]);
 }
 
 /// The newest kernel in /boot (or VTRACE_TEST_KERNEL).

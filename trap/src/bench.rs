@@ -26,7 +26,12 @@ impl Monitor for BareStepper {
         true
     }
 
-    fn on_exit(&mut self, _exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+    fn on_exit(&mut self, exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+        // Without an engine to tell a HLT that ran from one KVM reports
+        // again, every HLT exit waits.
+        if *exit == ExitView::Halt {
+            return Directive::Halt;
+        }
         if self.rearm {
             Directive::ReArm
         } else {

@@ -840,7 +840,17 @@ impl Engine {
             }
             // KVM exits for HLT (without an in-kernel irqchip) with RIP past
             // it, where the trap flag did not stop before it (a STI shadow).
-            ExitView::Halt => self.after_instruction(view, cpu, sink),
+            // An emulating host may also report a HLT it already stepped once
+            // more, after the VMM delivered an interrupt through the IDT:
+            // no instruction ran, and the guest is not halted.
+            ExitView::Halt => {
+                let rip = linear_pc(&cpu.sregs(), cpu.regs().rip);
+                if self.pending.is_some_and(|p| p.pc == rip) {
+                    Directive::Continue
+                } else {
+                    self.after_instruction(view, cpu, sink)
+                }
+            }
             ExitView::Debug { breakpoint: true } | ExitView::Interrupted => Directive::Continue,
         }
     }

@@ -23,10 +23,9 @@ pub struct TraceOptions {
     pub start_at: Option<u64>,
     /// Stop when execution reaches this linear address (before it runs).
     pub stop_at: Option<u64>,
-    /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): foresee the
-    /// exceptions instructions will raise and have the VMM deliver them
-    /// (see [`crate::fault`]), and catch the main exception handlers with
-    /// breakpoints, so handlers are traced too.
+    /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
+    /// exception handlers with breakpoints too, for exceptions the engine
+    /// does not foresee (see [`crate::fault`]).
     pub trap_flag_host: bool,
     /// End the run the first time tracing stops, rather than let the guest
     /// run on.
@@ -164,9 +163,10 @@ impl Tracer {
             handlers: Vec::new(),
         };
         tracer.engine.set_step_limit(tracer.options.max_steps);
-        tracer
-            .engine
-            .set_foresee_faults(tracer.options.trap_flag_host);
+        // Needed where stepping rides on TF (the CPU would run handlers
+        // unstepped); done on every host so that the same guest gives the
+        // same records everywhere. Its cost here is within noise.
+        tracer.engine.set_foresee_faults(true);
         if let Some(at) = tracer.options.start_at {
             tracer.breakpoints.push(at);
         }

@@ -34,6 +34,9 @@ pub enum ExitView {
     },
     /// KVM exited for HLT, with RIP past it: outside single-stepping, or
     /// where the trap did not stop before it (a STI shadow on VT-x/AMD-V).
+    /// While stepping, the VMM waits only if the monitor answers
+    /// [`Directive::Halt`]: an emulating host may report a HLT it already
+    /// stepped once more after an interrupt woke the guest.
     Halt,
     /// `KVM_RUN` returned without running anything (a kick).
     Interrupted,

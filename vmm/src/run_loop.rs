@@ -606,8 +606,13 @@ impl Vm {
             }
             Exit::Halt => {
                 self.note("hlt", 0);
-                self.tell(monitor, ExitView::Halt);
+                let directive = self.tell(monitor, ExitView::Halt);
                 if self.stepping {
+                    if directive != Directive::Halt {
+                        // The monitor saw no HLT run (see ExitView::Halt).
+                        self.vcpu.set_runnable()?;
+                        return Ok(Next::Continue);
+                    }
                     self.clock.steps(monitor.instructions_at_exit());
                 }
                 return self.halt(rx, monitor, irqs);

@@ -99,6 +99,16 @@ impl Vcpu {
         self.fd.set_fpu(fpu).map_err(Error::kvm("KVM_SET_FPU"))
     }
 
+    /// Takes the vCPU out of KVM's halted state (KVM_SET_MP_STATE).
+    pub fn set_runnable(&self) -> Result<()> {
+        let state = kvm_bindings::kvm_mp_state {
+            mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+        };
+        self.fd
+            .set_mp_state(state)
+            .map_err(Error::kvm("KVM_SET_MP_STATE"))
+    }
+
     /// Sets the CPUID the guest sees.
     pub fn set_cpuid(&self, cpuid: &kvm_bindings::CpuId) -> Result<()> {
         self.fd
