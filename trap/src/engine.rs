@@ -217,16 +217,17 @@ impl Engine {
         let Some(p) = self.pending else {
             return;
         };
+        // A copy on the stack: the walker is borrowed again below.
         let mut buf = [0u8; 15];
-        let bytes: &[u8] = match p.bytes {
-            Some(ref b) => b.as_slice(),
-            None => {
-                let n = self.walker.read(cpu, sregs, p.pc, &mut buf);
-                &buf[..n]
+        let n = match p.bytes {
+            Some(b) => {
+                let b = b.as_slice();
+                buf[..b.len()].copy_from_slice(b);
+                b.len()
             }
+            None => self.walker.read(cpu, sregs, p.pc, &mut buf),
         };
-        let bytes = bytes.to_vec();
-        self.foreseen = fault::foresee(&mut self.walker, cpu, sregs, regs, p.pc, &bytes);
+        self.foreseen = fault::foresee(&mut self.walker, cpu, sregs, regs, p.pc, &buf[..n]);
     }
 
     /// Whether [`Engine::begin`] was called since the last stop.

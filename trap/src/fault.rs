@@ -95,8 +95,7 @@ pub fn foresee(
         return None;
     }
     let mut info = InstructionInfoFactory::new();
-    let used = info.info(&insn).used_memory().to_vec();
-    for m in used {
+    for m in info.info(&insn).used_memory() {
         let access = match m.access() {
             // CMOVcc reads its memory operand whatever the condition.
             OpAccess::Read | OpAccess::CondRead => Access::Read,
