@@ -6,7 +6,8 @@ use vtrace_vmm::Error;
 pub const STATUS_TABLE: &str = "\
 Exit status:
   0-255  the status the guest passed to the EXIT hypercall (the demo OS: 0)
-  0      also: quit with Ctrl-A x
+  0      also: the guest powered off (ACPI) or rebooted, or quit with Ctrl-A x;
+         the last line vtrace prints says which
   2      bad command-line arguments
   65     the kernel is not a format vtrace boots, or its command line is invalid
   66     the kernel or initrd file is missing or unreadable
@@ -16,10 +17,7 @@ Exit status:
   78     guest memory too small (or too large) for the image
   80     the guest shut down (triple fault); registers and last exits are printed
   81     KVM could not emulate a guest instruction; the instruction is printed
-  82     the guest stopped otherwise (halted for good, VM entry failed)
-  83     the guest reset the machine";
-
-pub const GUEST_RESET: i32 = 83;
+  82     the guest stopped otherwise (halted for good, VM entry failed)";
 
 fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
     error.chain().find_map(|e| e.downcast_ref::<Error>())

@@ -16,7 +16,7 @@ use vtrace_vmm::clock::ClockMode;
 use vtrace_analyzer::symbols::{discover, Discovery, Symbolizer};
 
 use crate::cli::{CpuArg, RunArgs};
-use crate::exit_status::{BadArgument, GUEST_RESET};
+use crate::exit_status::BadArgument;
 use crate::units::Location;
 
 fn cpu_profile(args: &RunArgs) -> CpuProfile {
@@ -65,7 +65,8 @@ pub fn peak_rss_bytes() -> Option<u64> {
 fn summary(outcome: &RunOutcome) -> String {
     let how = match outcome.exit {
         GuestExit::Status(s) => format!("guest exited with status {s}"),
-        GuestExit::Reset => "guest reset the machine".to_string(),
+        GuestExit::Reset => "guest rebooted (reset the machine)".to_string(),
+        GuestExit::PowerOff => "guest powered off".to_string(),
         GuestExit::UserQuit => "quit by the user".to_string(),
         GuestExit::MonitorDone => "run ended when tracing stopped (--exit-after-trace)".to_string(),
     };
@@ -277,7 +278,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     Ok(match outcome.exit {
         GuestExit::Status(s) => i32::from(s),
-        GuestExit::Reset => GUEST_RESET,
-        GuestExit::UserQuit | GuestExit::MonitorDone => 0,
+        // A guest that powers off or reboots ended as it meant to, as under
+        // QEMU with -no-reboot.
+        GuestExit::Reset | GuestExit::PowerOff | GuestExit::UserQuit | GuestExit::MonitorDone => 0,
     })
 }

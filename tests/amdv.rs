@@ -104,9 +104,9 @@ fn test_kernel() -> std::path::PathBuf {
         .expect("no kernel in /boot: scripts/test.sh installs linux-image-cloud-amd64")
 }
 
-/// A busybox initramfs whose init loops on a system call (open, read and
-/// close of /proc/uptime) after saying it is up.
-fn syscall_loop_initramfs(dir: &std::path::Path) -> std::path::PathBuf {
+/// A busybox initramfs whose /init mounts /proc, says it is up and runs
+/// `body` (shell).
+fn busybox_initramfs(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     let root = dir.join("l2");
     std::fs::create_dir_all(root.join("bin")).unwrap();
     std::fs::create_dir_all(root.join("proc")).unwrap();
@@ -116,8 +116,10 @@ fn syscall_loop_initramfs(dir: &std::path::Path) -> std::path::PathBuf {
         .unwrap();
     let busybox = String::from_utf8_lossy(&busybox.stdout).trim().to_string();
     std::fs::copy(&busybox, root.join("bin/busybox")).expect("busybox (static)");
-    let init = "#!/bin/busybox sh\n/bin/busybox --install -s /bin\nmount -t proc proc /proc\n\
-                echo 'l2: userspace up'\nwhile :; do read -r up < /proc/uptime; done\n";
+    let init = format!(
+        "#!/bin/busybox sh\n/bin/busybox --install -s /bin\nmount -t proc proc /proc\n\
+         echo 'l2: userspace up'\n{body}\n"
+    );
     std::fs::write(root.join("init"), init).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -139,12 +141,17 @@ fn syscall_loop_initramfs(dir: &std::path::Path) -> std::path::PathBuf {
     cpio
 }
 
+/// Userspace loops on a system call (open, read and close of
+/// /proc/uptime), saying every 100 rounds that it is alive.
+const SYSCALL_LOOP: &str = "i=0; while :; do read -r up < /proc/uptime; i=$((i+1)); \
+                            case $i in *00) echo \"l2: alive $i\";; esac; done";
+
 /// Linux boots to a busybox userspace under vtrace on the AMD-V machine,
 /// and `vtrace ctl start` / `stop` from another process trace it while
-/// userspace loops on a system call: the trace holds user-mode and kernel
-/// steps. Where a SYSCALL's kernel part ran unstepped (QEMU's SVM raises
-/// no trap after SYSCALL once FMASK cleared TF), the trace says so with a
-/// gap right after it: no system call is lost silently.
+/// userspace loops on a system call. Every system call is followed from
+/// its user-mode SYSCALL through the kernel's entry and SYSRETQ back into
+/// user mode, with no gap: the trap flag stays on across SYSCALL (FMASK
+/// would clear it) and across the return (SYSRETQ would load it from R11).
 #[test]
 fn linux_user_mode_traced_from_the_host_on_amdv() {
     if !amdv_available() {
@@ -152,13 +159,13 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     }
     let dir = tempfile::tempdir().unwrap();
     let kernel = test_kernel();
-    let initrd = syscall_loop_initramfs(dir.path());
+    let initrd = busybox_initramfs(dir.path(), SYSCALL_LOOP);
     let m = amdv(
         &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
         "vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
            --disk /out/l.vtd --disk-size 256M --exit-after-trace > /tmp/log 2>&1 & pid=$!; \
          for i in $(seq 240); do grep -q 'userspace up' /tmp/log && break; sleep 0.5; done; \
-         vtrace ctl start; sleep 5; vtrace ctl stop; wait $pid; s=$?; cat /tmp/log; exit $s",
+         sleep 2; vtrace ctl start; sleep 5; vtrace ctl stop; wait $pid; s=$?; cat /tmp/log; exit $s",
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(m.output.contains("l2: userspace up"), "{}", m.output);
@@ -180,21 +187,120 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     // an idle host, 600 of 30,000 under load): both must be there.
     assert!(user > 100 && kernel > 100, "{spaces}");
 
+    let info = info_json(&trace);
+    assert_eq!(info["gaps"], 0, "{info}");
+
+    // Listing columns: step, address space, pc, bytes, mnemonic.
     let lines = listing(&trace);
-    let mut syscalls = 0;
-    for (i, l) in lines.iter().enumerate() {
-        if l.split_whitespace().nth(4) == Some("syscall") {
-            syscalls += 1;
-            let next = lines.get(i + 1).map(String::as_str).unwrap_or("");
-            let in_kernel = next
-                .split_whitespace()
-                .nth(2)
-                .is_some_and(|pc| pc.starts_with("0xffff"));
-            assert!(
-                next.contains("GAP") || in_kernel,
-                "a system call's kernel part went unmarked: {l}\n{next}"
-            );
+    let steps: Vec<Vec<&str>> = lines
+        .iter()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 4 && f[0].parse::<u64>().is_ok())
+        .collect();
+    let kernel = |f: &[&str]| f[2].starts_with("0xffff");
+    let (mut syscalls, mut sysrets) = (0, 0);
+    for w in steps.windows(2) {
+        let (this, next) = (&w[0], &w[1]);
+        match this[4] {
+            "syscall" if !kernel(this) => {
+                syscalls += 1;
+                assert!(
+                    kernel(next),
+                    "SYSCALL not followed into the kernel: {this:?} {next:?}"
+                );
+            }
+            "sysretq" => {
+                sysrets += 1;
+                assert!(!kernel(next), "SYSRETQ not followed to user mode: {next:?}");
+            }
+            _ => {}
         }
     }
-    assert!(syscalls > 0, "no system call in {} lines", lines.len());
+    assert!(
+        syscalls > 0 && sysrets > 0,
+        "{syscalls} syscalls, {sysrets} sysrets in {} steps",
+        steps.len()
+    );
+}
+
+/// Tracing started and stopped from the host again and again while Linux
+/// userspace runs: wherever a stop lands (also on an instruction for which
+/// the tracer put TF into guest state: a SYSCALL, SYSRETQ, IRETQ), the
+/// guest must run on unharmed, without a #DB or SIGTRAP it never asked for,
+/// and every window must be free of gaps.
+#[test]
+fn linux_runs_on_after_many_host_stops_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    let initrd = busybox_initramfs(dir.path(), SYSCALL_LOOP);
+    let m = amdv(
+        &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
+        "vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
+           --disk /out/s.vtd --disk-size 128M > /tmp/log 2>&1 & pid=$!; \
+         for i in $(seq 240); do grep -q 'userspace up' /tmp/log && break; sleep 0.5; done; \
+         for n in 1 2 3 4 5 6; do vtrace ctl start; sleep 0.7; vtrace ctl stop; sleep 0.3; done; \
+         a=$(grep -c alive /tmp/log); sleep 4; b=$(grep -c alive /tmp/log); \
+         kill $pid; wait $pid; cat /tmp/log; echo \"alive lines: $a then $b\"",
+    );
+    assert!(
+        m.output.contains("l2: userspace up"),
+        "{}\n{}",
+        m.output,
+        m.stderr
+    );
+    for bad in ["Trace/breakpoint trap", "Kernel panic", "traps: ", "PANIC"] {
+        assert!(!m.output.contains(bad), "{bad}:\n{}", m.output);
+    }
+    let counts = m
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("alive lines: "))
+        .expect("the script's last line");
+    let (a, b) = counts.split_once(" then ").unwrap();
+    let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+    assert!(
+        b > a,
+        "userspace stopped after the last stop: {counts}\n{}",
+        m.output
+    );
+
+    let info = info_json(&m.file("s.vtd"));
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert!(info["steps"].as_u64() > Some(1000), "{info}");
+}
+
+/// A guest's `poweroff` (through the ACPI tables vtrace gives a Linux
+/// kernel) and `reboot` end the run with status 0, and vtrace says which.
+#[test]
+fn linux_power_off_and_reboot_end_the_run_with_status_0_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    let initrd = busybox_initramfs(
+        dir.path(),
+        "c=$(sed -n 's/.* l2=\\([a-z]*\\).*/\\1/p' /proc/cmdline); echo \"l2: $c\"; $c -f",
+    );
+    let m = amdv(
+        &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
+        "for how in poweroff reboot; do \
+           vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
+             --append \"console=ttyS0 reboot=k panic=1 pci=off nolapic noapic quiet l2=$how\" \
+             > /tmp/$how 2>&1; echo \"$how status $?\"; tail -3 /tmp/$how; done",
+    );
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    assert!(m.output.contains("l2: poweroff"), "{}", m.output);
+    assert!(m.output.contains("poweroff status 0"), "{}", m.output);
+    assert!(
+        m.output.contains("vtrace: guest powered off"),
+        "{}",
+        m.output
+    );
+    assert!(m.output.contains("l2: reboot"), "{}", m.output);
+    assert!(m.output.contains("reboot status 0"), "{}", m.output);
+    assert!(m.output.contains("vtrace: guest rebooted"), "{}", m.output);
 }

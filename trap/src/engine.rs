@@ -122,7 +122,25 @@ pub struct Engine {
     /// CPUs clear it), so the trace records them as 0: the same guest
     /// gives the same trace on every host.
     undefined_flags: u64,
+    /// What [`Engine::carry_trap_flag`] put into guest state for the
+    /// pending instruction, to be taken back.
+    carried: Carried,
 }
+
+/// Guest state the engine changed so that TF survives one instruction.
+#[derive(Clone, Copy, Debug, Default)]
+struct Carried {
+    /// IA32_FMASK as the guest wrote it, while TF is kept out of it.
+    fmask: Option<u64>,
+    /// TF was set in R11 for a SYSRET.
+    r11: bool,
+    /// TF was set in an IRETQ frame, in the byte at this guest-physical
+    /// address.
+    frame: Option<u64>,
+}
+
+/// IA32_FMASK: the RFLAGS bits SYSCALL clears.
+const MSR_FMASK: u32 = 0xc000_0084;
 
 /// Guest memory at linear addresses, through the engine's walker.
 struct WalkedMemory<'a> {
@@ -228,6 +246,32 @@ impl Engine {
             None => self.walker.read(cpu, sregs, p.pc, &mut buf),
         };
         self.foreseen = fault::foresee(&mut self.walker, cpu, sregs, regs, p.pc, &buf[..n]);
+    }
+
+    /// Gives the guest back the FMASK it wrote, once the SYSCALL that ran
+    /// without TF in it is behind: at every exit.
+    pub fn restore_fmask(&mut self, cpu: &mut dyn CpuView) {
+        if let Some(mask) = self.carried.fmask.take() {
+            cpu.write_msr(MSR_FMASK, mask);
+        }
+    }
+
+    /// Takes back all TF the engine carried into guest state for an
+    /// instruction that will now run unstepped (tracing stopped before
+    /// it): left there, TF would raise a #DB the guest never asked for.
+    pub fn release(&mut self, cpu: &mut dyn CpuView) {
+        self.restore_fmask(cpu);
+        if std::mem::take(&mut self.carried.r11) {
+            let mut r = cpu.regs();
+            r.r11 &= !RFLAGS_TF;
+            cpu.write_regs(&r);
+        }
+        if let Some(gpa) = self.carried.frame.take() {
+            let mut b = [0u8; 1];
+            if cpu.read_physical(gpa, &mut b) {
+                cpu.write_physical(gpa, &[b[0] & !1]);
+            }
+        }
     }
 
     /// Whether [`Engine::begin`] was called since the last stop.
@@ -358,6 +402,17 @@ impl Engine {
         let sregs = cpu.sregs();
         self.last = regs;
         self.pending = Some(self.fetch(cpu, &sregs, handler));
+    }
+
+    /// The VMM delivered `vector` on the entry where tracing starts
+    /// ([`Engine::begin`] found the vCPU at its handler already).
+    pub fn note_first_delivery(&mut self, vector: u8, sink: &mut dyn RecordSink) {
+        self.stats.injected += 1;
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code: None,
+            source: InterruptSource::Injected,
+        });
     }
 
     /// An interrupt arrives. If interrupts were disabled before the pending
@@ -862,11 +917,14 @@ impl Engine {
         cpu: &mut dyn CpuView,
         sink: &mut dyn RecordSink,
     ) -> Directive {
-        let regs = cpu.regs();
+        let mut regs = cpu.regs();
         let sregs = cpu.sregs();
         let next = linear_pc(&sregs, regs.rip);
         let mut directive = Directive::Continue;
         let completed_here = !matches!(view, ExitView::Debug { .. });
+        // Popped or run by now: what carry_trap_flag put there is spent.
+        self.carried.frame = None;
+        let carried_r11 = std::mem::take(&mut self.carried.r11);
         // This exit may be the completion of an IN: an interrupt queued at
         // its I/O exit arrives only on the entry after this one.
         let completing = std::mem::take(&mut self.completing);
@@ -894,7 +952,11 @@ impl Engine {
         } else if let Some(p) = self.pending.take() {
             let folded: Option<Decoded>;
             match p.decoded {
-                Some(d) if d.explains(p.pc, next) => {
+                // Only some instructions change the privilege level; after
+                // any other, a new CPL means the CPU went somewhere unseen.
+                Some(d)
+                    if d.explains(p.pc, next) && (d.changes_privilege || cpl(&sregs) == p.cpl) =>
+                {
                     if sregs.cr2 != self.last_cr2 && !d.rearm {
                         // Only a page fault writes CR2. Where stepping
                         // rides on TF, a fault the CPU delivered itself
@@ -922,6 +984,12 @@ impl Engine {
                         own.r11 &= !RFLAGS_TF;
                         cpu.write_regs(&own);
                         self.emit_step(&p, &own, sink);
+                    } else if carried_r11 && regs.r11 & RFLAGS_TF != 0 {
+                        // SYSRET ran with the TF the engine put into R11:
+                        // the guest gets its own R11 back.
+                        regs.r11 &= !RFLAGS_TF;
+                        cpu.write_regs(&regs);
+                        self.emit_step(&p, &regs, sink);
                     } else {
                         self.emit_step(&p, &regs, sink);
                     }
@@ -1025,10 +1093,23 @@ impl Engine {
         }
         let insn = Decoder::with_ip(64, bytes.as_slice(), p.pc, DecoderOptions::NONE).decode();
         match insn.mnemonic() {
+            // SYSCALL clears the RFLAGS bits FMASK names, TF among them in
+            // Linux, and the CPU then runs the kernel's entry untrapped.
+            // With TF left out of FMASK for this one instruction, the
+            // trap comes at the entry point's first instruction, as it
+            // does after SYSENTER; the kernel's copy of RFLAGS in R11
+            // loses the tracer's TF at that exit.
+            Mnemonic::Syscall if p.cpl == 3 => {
+                if let Some(mask) = cpu.read_msr(MSR_FMASK) {
+                    if mask & RFLAGS_TF != 0 && cpu.write_msr(MSR_FMASK, mask & !RFLAGS_TF) {
+                        self.carried.fmask = Some(mask);
+                    }
+                }
+            }
             Mnemonic::Sysretq | Mnemonic::Sysret if regs.r11 & RFLAGS_TF == 0 => {
                 let mut r = *regs;
                 r.r11 |= RFLAGS_TF;
-                cpu.write_regs(&r);
+                self.carried.r11 = cpu.write_regs(&r);
             }
             Mnemonic::Iretq => {
                 // The popped RFLAGS' second byte holds TF (bit 8).
@@ -1041,8 +1122,11 @@ impl Engine {
                     && cs[0] & 3 == 3;
                 if let (true, Some(gpa)) = (to_user, self.walker.translate(cpu, sregs, at)) {
                     let mut b = [0u8; 1];
-                    if cpu.read_physical(gpa, &mut b) && b[0] & 1 == 0 {
-                        cpu.write_physical(gpa, &[b[0] | 1]);
+                    if cpu.read_physical(gpa, &mut b)
+                        && b[0] & 1 == 0
+                        && cpu.write_physical(gpa, &[b[0] | 1])
+                    {
+                        self.carried.frame = Some(gpa);
                     }
                 }
             }

@@ -60,6 +60,9 @@ pub struct Decoded {
     pub shadow: Option<Shadow>,
     /// SYSCALL: RFLAGS goes to R11.
     pub saves_flags_in_r11: bool,
+    /// The instruction may change the privilege level (system calls and
+    /// their returns, IRET, INT n, far transfers).
+    pub changes_privilege: bool,
     /// PUSHF: the size of the RFLAGS image it pushes.
     pub pushes_flags: Option<u8>,
     /// RFLAGS bits (x86 positions) the instruction defines.
@@ -127,6 +130,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
         len: insn.len(),
         shadow,
         saves_flags_in_r11: insn.mnemonic() == Mnemonic::Syscall,
+        changes_privilege: changes_privilege(&insn),
         pushes_flags: match insn.mnemonic() {
             Mnemonic::Pushf => Some(2),
             Mnemonic::Pushfd => Some(4),
@@ -189,6 +193,33 @@ fn rearm_after(insn: &Instruction) -> bool {
         | Vmcall | Vmmcall | Lgdt | Lidt | Lldt | Ltr | Sgdt | Sidt | Sldt | Str | Rsm => true,
         _ => false,
     }
+}
+
+/// See [`Decoded::changes_privilege`].
+fn changes_privilege(insn: &Instruction) -> bool {
+    use Mnemonic::*;
+    insn.is_jmp_far()
+        || insn.is_jmp_far_indirect()
+        || insn.is_call_far()
+        || insn.is_call_far_indirect()
+        || matches!(
+            insn.mnemonic(),
+            Syscall
+                | Sysenter
+                | Sysret
+                | Sysretq
+                | Sysexit
+                | Sysexitq
+                | Iret
+                | Iretd
+                | Iretq
+                | Int
+                | Int1
+                | Int3
+                | Into
+                | Retf
+                | Rsm
+        )
 }
 
 fn is_string_op(m: Mnemonic) -> bool {

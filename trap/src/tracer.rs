@@ -235,6 +235,14 @@ impl Tracer {
         })
     }
 
+    /// Starts following the vCPU where it stands.
+    fn begin(&mut self, cpu: &mut dyn CpuView) {
+        self.engine.begin(cpu);
+        if self.options.trap_flag_host {
+            self.watch_handlers(cpu);
+        }
+    }
+
     /// Sets the breakpoints a TF host needs (start address, handlers).
     fn watch_handlers(&mut self, cpu: &mut dyn CpuView) {
         let room = 4 - self.breakpoints.len().min(4);
@@ -282,11 +290,10 @@ impl Monitor for Tracer {
     }
 
     fn before_entry(&mut self, cpu: &mut dyn CpuView) {
-        if self.active && !self.engine.started() {
-            self.engine.begin(cpu);
-            if self.options.trap_flag_host {
-                self.watch_handlers(cpu);
-            }
+        if !self.active {
+            self.engine.release(cpu);
+        } else if !self.engine.started() {
+            self.begin(cpu);
         }
     }
 
@@ -295,6 +302,7 @@ impl Monitor for Tracer {
     }
 
     fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
+        self.engine.restore_fmask(cpu);
         if let (ExitView::Debug { breakpoint: true }, Some(at)) = (exit, self.options.start_at) {
             if !self.active && self.breakpoints.contains(&at) {
                 // Once: stepping on from here must not hit it again.
@@ -361,6 +369,12 @@ impl Monitor for Tracer {
         }
         match how {
             Injection::Queued => self.engine.note_injection(vector),
+            Injection::Delivered { .. } if !self.engine.started() => {
+                // Tracing starts with this interrupt: its handler is the
+                // first thing stepped.
+                self.begin(cpu);
+                self.engine.note_first_delivery(vector, &mut self.recorder);
+            }
             Injection::Delivered { handler } => {
                 self.engine
                     .note_delivery(vector, handler, cpu, &mut self.recorder)

@@ -116,6 +116,15 @@ pub trait CpuView {
     fn write_regs(&mut self, _regs: &kvm_regs) -> bool {
         false
     }
+    /// Reads a model-specific register; `None` if it cannot.
+    fn read_msr(&mut self, _index: u32) -> Option<u64> {
+        None
+    }
+    /// Writes a model-specific register; false if it cannot. Only for
+    /// keeping SYSCALL from clearing the tracer's TF.
+    fn write_msr(&mut self, _index: u32, _value: u64) -> bool {
+        false
+    }
 }
 
 /// Observer of a running VM. Every method has a default that does nothing,

@@ -24,8 +24,10 @@ use crate::vm::{ConsoleMode, Vm};
 pub enum GuestExit {
     /// The guest made the EXIT hypercall with this status.
     Status(u8),
-    /// The guest reset the machine (i8042 or port 0xCF9).
+    /// The guest reset the machine (i8042 or port 0xCF9): a reboot.
     Reset,
+    /// The guest powered the machine off (ACPI S5).
+    PowerOff,
     /// The user pressed `Ctrl-A x`.
     UserQuit,
     /// The monitor was done with the guest (a tracer told to end the run
@@ -278,8 +280,8 @@ impl Vm {
         }
         let now = self.clock.now();
         self.devices.update_interrupts(now);
-        if self.devices.reset.reset_requested() {
-            return Ok(Next::Stop(GuestExit::Reset));
+        if let Some(end) = self.devices.machine_end() {
+            return Ok(Next::Stop(end));
         }
         self.inject(irqs, monitor)?;
         Ok(Next::Continue)
@@ -302,7 +304,11 @@ impl Vm {
             run.request_interrupt_window = 0;
             // An IN or MMIO read completes on the next entry; moving RIP
             // under it would break the completion. Deliver one exit later.
-            if monitor.deliver_interrupts() && self.stepping && !self.io_pending {
+            // Whether the next entry steps, not whether the last one did:
+            // an interrupt queued where tracing starts would be delivered by
+            // the CPU with the tracer's TF in the frame it pushes, for the
+            // guest to find after tracing stops.
+            if monitor.deliver_interrupts() && monitor.stepping() && !self.io_pending {
                 if let Some(handler) = self.deliver_through_idt()? {
                     if let Some((vector, irq)) = self.devices.pic.acknowledge() {
                         irqs[usize::from(irq)] += 1;
@@ -743,8 +749,8 @@ impl Vm {
         loop {
             let now: VirtualNanos = self.clock.now();
             self.devices.update_interrupts(now);
-            if self.devices.reset.reset_requested() {
-                return Ok(Next::Stop(GuestExit::Reset));
+            if let Some(end) = self.devices.machine_end() {
+                return Ok(Next::Stop(end));
             }
             if self.devices.pic.pending_vector().is_some() {
                 self.inject(irqs, monitor)?;
@@ -878,5 +884,13 @@ impl CpuView for KvmCpuView<'_> {
 
     fn write_regs(&mut self, regs: &kvm_bindings::kvm_regs) -> bool {
         self.vcpu.set_regs(regs).is_ok()
+    }
+
+    fn read_msr(&mut self, index: u32) -> Option<u64> {
+        self.vcpu.msr(index)
+    }
+
+    fn write_msr(&mut self, index: u32, value: u64) -> bool {
+        self.vcpu.set_msr(index, value)
     }
 }

@@ -99,6 +99,30 @@ impl Vcpu {
         self.fd.set_fpu(fpu).map_err(Error::kvm("KVM_SET_FPU"))
     }
 
+    /// One model-specific register, or `None` if KVM will not read it.
+    pub fn msr(&self, index: u32) -> Option<u64> {
+        let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .ok()?;
+        match self.fd.get_msrs(&mut msrs) {
+            Ok(1) => msrs.as_slice().first().map(|e| e.data),
+            _ => None,
+        }
+    }
+
+    /// Writes one model-specific register; false if KVM refused it.
+    pub fn set_msr(&self, index: u32, data: u64) -> bool {
+        let entry = kvm_bindings::kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        };
+        kvm_bindings::Msrs::from_entries(&[entry])
+            .is_ok_and(|msrs| matches!(self.fd.set_msrs(&msrs), Ok(1)))
+    }
+
     /// Takes the vCPU out of KVM's halted state (KVM_SET_MP_STATE).
     pub fn set_runnable(&self) -> Result<()> {
         let state = kvm_bindings::kvm_mp_state {

@@ -3,6 +3,7 @@
 //! Firecracker boot), a Linux bzImage (or plain vmlinux ELF) through the
 //! 64-bit boot protocol, and a raw 16-bit real-mode image.
 
+mod acpi;
 mod bzimage;
 pub use bzimage::vmlinux_inside;
 mod decompress;

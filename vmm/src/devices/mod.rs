@@ -2,6 +2,7 @@
 //! accesses to them. There is deliberately no in-kernel irqchip or PIT: the
 //! VMM decides when each interrupt reaches the vCPU.
 
+pub mod acpi_pm;
 pub mod cmos;
 pub mod hypercall;
 pub mod pic;
@@ -14,6 +15,7 @@ use std::io::Write;
 
 use crate::clock::VirtualNanos;
 
+use self::acpi_pm::AcpiPm;
 use self::cmos::Cmos;
 use self::pic::Pic;
 use self::pit::Pit;
@@ -30,6 +32,7 @@ pub struct Devices {
     pub serial: SerialPort,
     pub cmos: Cmos,
     pub reset: ResetController,
+    pub acpi_pm: AcpiPm,
     /// Ports nobody answers, noted once each for the debug log.
     unclaimed: BTreeSet<u16>,
     /// IRQ0 edges raised so far (the timer interrupts the guest was sent).
@@ -50,6 +53,7 @@ impl Devices {
             serial: SerialPort::new(console),
             cmos: Cmos::new(rtc_base_unix),
             reset: ResetController::default(),
+            acpi_pm: AcpiPm::default(),
             unclaimed: BTreeSet::new(),
             timer_edges: 0,
         }
@@ -57,6 +61,11 @@ impl Devices {
 
     /// A guest `IN` of `data.len()` bytes.
     pub fn pio_read(&mut self, port: u16, data: &mut [u8], now: VirtualNanos) {
+        if AcpiPm::claims(port) {
+            // Word-wide registers.
+            self.acpi_pm.read(port, data);
+            return;
+        }
         let value = match port {
             0x20 | 0x21 | 0xa0 | 0xa1 | 0x4d0 | 0x4d1 => self.pic.read(port),
             0x40..=0x43 | pit::PORT_SPEAKER => self.pit.read(port, now),
@@ -90,6 +99,7 @@ impl Devices {
             p if (COM1_BASE..COM1_BASE + 8).contains(&p) => {
                 self.serial.write((p - COM1_BASE) as u8, value)
             }
+            p if AcpiPm::claims(p) => self.acpi_pm.write(p, data),
             p if DELAY_PORTS.contains(&p) => {}
             p => self.note_unclaimed(p),
         }
@@ -98,6 +108,18 @@ impl Devices {
     fn note_unclaimed(&mut self, port: u16) {
         if self.unclaimed.insert(port) {
             tracing::debug!("guest accessed port {port:#x}, which no device claims");
+        }
+    }
+
+    /// How the guest ended the machine, if it did: a reset (reboot) or
+    /// an ACPI power-off.
+    pub fn machine_end(&self) -> Option<crate::GuestExit> {
+        if self.reset.reset_requested() {
+            Some(crate::GuestExit::Reset)
+        } else if self.acpi_pm.power_off_requested() {
+            Some(crate::GuestExit::PowerOff)
+        } else {
+            None
         }
     }
 
