@@ -41,6 +41,19 @@ pub enum Command {
     Bench(BenchArgs),
     /// Control a running `vtrace run` from another terminal.
     Ctl(CtlArgs),
+    /// Find out, by running tiny guests, what this host's KVM lets a
+    /// tracer see: whether kernel code is emulated, single-stepping at CPL 0
+    /// and CPL 3, hardware breakpoints, instructions KVM's emulator lacks,
+    /// CPUID bits that leak past the baseline, and the bare step rate; and
+    /// what that means for a trace taken here.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@ mod analyze;
 mod bench;
 mod cli;
 mod ctl;
+mod doctor;
 mod exit_status;
 mod info;
 mod run;
@@ -50,6 +51,7 @@ fn main() {
         cli::Command::Analyze(args) => analyze::analyze(args),
         cli::Command::Bench(args) => bench::bench(args),
         cli::Command::Ctl(args) => ctl::ctl(args),
+        cli::Command::Doctor(args) => doctor::doctor(args),
     };
     match status {
         Ok(code) => std::process::exit(code),

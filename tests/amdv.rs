@@ -304,3 +304,27 @@ fn linux_power_off_and_reboot_end_the_run_with_status_0_on_amdv() {
     assert!(m.output.contains("reboot status 0"), "{}", m.output);
     assert!(m.output.contains("vtrace: guest rebooted"), "{}", m.output);
 }
+
+/// `vtrace doctor` on the AMD-V machine finds what the other tests there
+/// rely on: stepping at CPL 0 and CPL 3 (with re-arming), no emulator gaps,
+/// the baseline CPUID honoured, and breakpoints that do not reach the VMM.
+#[test]
+fn doctor_on_amdv_finds_trap_flag_stepping_and_no_breakpoints() {
+    if !amdv_available() {
+        return;
+    }
+    let m = amdv(&[], "vtrace doctor --json > /out/d.json && vtrace doctor");
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    let text = std::fs::read_to_string(m.file("d.json")).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(d["kind"], "AMD-V", "{d}");
+    assert_eq!(d["kernel_code_emulated"], false, "{d}");
+    assert_eq!(d["kernel_stepping"]["works"], true, "{d}");
+    assert_eq!(d["user_stepping"]["works"], true, "{d}");
+    assert_eq!(d["trap_flag_stepping"], true, "{d}");
+    assert_eq!(d["breakpoints_exit"], false, "{d}");
+    assert_eq!(d["emulator_lacks"], serde_json::json!([]), "{d}");
+    assert_eq!(d["cpuid_leaks"], serde_json::json!([]), "{d}");
+    assert!(d["step_rate"].as_f64() > Some(1000.0), "{d}");
+    assert!(m.output.contains("do not fire"), "{}", m.output);
+}

@@ -34,6 +34,7 @@ pub mod host;
 mod kick;
 pub mod memory;
 pub mod monitor;
+pub mod probe;
 mod run_loop;
 mod vcpu;
 mod vm;

@@ -66,7 +66,7 @@ pub struct Vm {
     boot: BootPlan,
 }
 
-fn open_kvm(path: &Path) -> Result<Kvm> {
+pub(crate) fn open_kvm(path: &Path) -> Result<Kvm> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::KvmUnsupported(format!("{} is not a valid path", path.display())))?;
     let kvm = Kvm::new_with_path(&c_path).map_err(|e| Error::KvmUnavailable {

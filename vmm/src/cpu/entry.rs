@@ -37,7 +37,9 @@ const CODE32: u16 = 0x08;
 const DATA: u16 = 0x10;
 const CODE64: u16 = 0x18;
 
-const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
+/// A GDT descriptor from its flags (access byte and granularity nibble),
+/// base and limit.
+pub(crate) const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
     ((base as u64 & 0xff00_0000) << 32)
         | ((flags as u64 & 0xf0ff) << 40)
         | ((limit as u64 & 0x000f_0000) << 32)
@@ -48,7 +50,12 @@ const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 /// The hidden part of a segment register, as loading `selector` from GDT
 /// would fill it.
 fn segment(selector: u16) -> kvm_segment {
-    let entry = GDT[usize::from(selector >> 3)];
+    segment_of(GDT[usize::from(selector >> 3)], selector)
+}
+
+/// The hidden part of a segment register loaded with `selector`, which
+/// names the GDT descriptor `entry`.
+pub(crate) fn segment_of(entry: u64, selector: u16) -> kvm_segment {
     let flags = (entry >> 40) as u16;
     let granular = (flags >> 15) & 1 == 1;
     let raw_limit = ((entry >> 32) & 0xf_0000 | entry & 0xffff) as u32;

@@ -1,0 +1,243 @@
+//! `vtrace doctor`: what this host's KVM lets a tracer see, and what that
+//! means for a trace taken here.
+
+use anyhow::Result;
+use serde_json::json;
+use vtrace_vmm::probe::{examine, Findings, ProbeEnding, Stepping};
+
+use crate::cli::DoctorArgs;
+
+/// Kernel code slower than this runs in KVM's instruction emulator (about
+/// 1 M instructions/s measured); hardware and binary translation run
+/// hundreds of millions.
+const EMULATED_BELOW: f64 = 20e6;
+
+fn ending(e: &ProbeEnding) -> String {
+    match e {
+        ProbeEnding::Done => "runs".into(),
+        ProbeEnding::Vector(6) => "#UD (the CPU or its CPUID does not offer it)".into(),
+        ProbeEnding::Vector(v) => format!("the guest took vector {v} through its IDT"),
+        ProbeEnding::EmulationFailure => "KVM's emulator lacks it".into(),
+        ProbeEnding::Breakpoint(at) => format!("breakpoint exit at {at:#x}"),
+        ProbeEnding::Budget => "did not finish".into(),
+        ProbeEnding::Other(what) => what.clone(),
+    }
+}
+
+/// The host's kind, from what the probes saw first and flags second.
+fn kind(f: &Findings) -> &'static str {
+    let emulated = f.kernel_code_rate < EMULATED_BELOW;
+    if f.paravirtual_module || (emulated && !f.user_stepping.works()) {
+        "paravirtual"
+    } else {
+        f.cpu_virtualization.unwrap_or("hardware virtualization")
+    }
+}
+
+fn stepping_line(s: &Stepping) -> String {
+    let mut line = format!(
+        "{} of {} instructions armed once, {} re-armed after each exit",
+        s.seen, s.expected, s.seen_rearmed
+    );
+    match &s.ending {
+        ProbeEnding::Vector(1) => line.push_str("; the guest received the #DB itself"),
+        ProbeEnding::Done | ProbeEnding::Vector(6) => {
+            if s.seen_rearmed == 0 {
+                line.push_str("; the code ran to its end without a debug exit");
+            } else if s.seen < s.expected && s.works() {
+                line.push_str(
+                    "; armed once, the trap flag was lost to an instruction that loads \
+                     RFLAGS (the probe's IRETQ into user mode)",
+                );
+            }
+        }
+        other => line.push_str(&format!("; the probe ended with: {}", ending(other))),
+    }
+    line
+}
+
+fn rate(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.1} M", r / 1e6)
+    } else {
+        format!("{:.0} k", r / 1e3)
+    }
+}
+
+/// What a trace taken here shows, row by row: (what, verdict).
+fn consequences(f: &Findings) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
+    let trap_flag = f.user_stepping.works();
+    rows.push((
+        "kernel code (CPL 0)",
+        if f.kernel_stepping.works() {
+            if trap_flag {
+                "every instruction; stepping rides on the trap flag, so vtrace re-arms it \
+                 after instructions KVM handles and delivers interrupts and faults itself"
+                    .to_string()
+            } else {
+                "every instruction, interrupt and exception handlers included (KVM \
+                 emulates each one)"
+                    .to_string()
+            }
+        } else {
+            "NOT every instruction: expect gaps".to_string()
+        },
+    ));
+    rows.push((
+        "user code (CPL 3)",
+        if trap_flag {
+            "every instruction, system calls followed into the kernel and back".to_string()
+        } else {
+            "not shown: KVM does not intercept single-steps there; a trace marks each \
+             stretch of user code with a gap"
+                .to_string()
+        },
+    ));
+    rows.push((
+        "--start-at, --stop-at",
+        if f.breakpoints_exit {
+            "work (hardware breakpoints reach the VMM)".to_string()
+        } else {
+            "do not fire: breakpoints do not reach the VMM here; start tracing from the \
+             host (vtrace ctl, Ctrl-A t), with a hypercall, or from the first instruction"
+                .to_string()
+        },
+    ));
+    let lacks: Vec<&str> = lacking(f);
+    rows.push((
+        "guest instructions",
+        if lacks.is_empty() {
+            "all probed instructions run".to_string()
+        } else {
+            format!(
+                "a guest that runs {} at CPL 0 stops with exit status 81; --cpu baseline \
+                 hides the CPUID bits of the ones a kernel checks for",
+                lacks.join(", ")
+            )
+        },
+    ));
+    rows
+}
+
+fn lacking(f: &Findings) -> Vec<&'static str> {
+    f.instructions
+        .iter()
+        .filter(|(_, e)| *e == ProbeEnding::EmulationFailure)
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+fn stepping_json(s: &Stepping) -> serde_json::Value {
+    json!({
+        "expected": s.expected,
+        "seen": s.seen,
+        "seen_rearmed": s.seen_rearmed,
+        "works": s.works(),
+        "ending": ending(&s.ending),
+    })
+}
+
+pub fn doctor(args: DoctorArgs) -> Result<i32> {
+    if !args.json {
+        eprintln!(
+            "vtrace doctor: running probe guests on {}...",
+            vtrace_vmm::KVM_DEVICE
+        );
+    }
+    let f = examine(std::path::Path::new(vtrace_vmm::KVM_DEVICE))?;
+    let rows = consequences(&f);
+    if args.json {
+        let v = json!({
+            "kind": kind(&f),
+            "cpu_vendor": f.cpu_vendor,
+            "cpu_virtualization": f.cpu_virtualization,
+            "paravirtual_module": f.paravirtual_module,
+            "kernel_code_emulated": f.kernel_code_rate < EMULATED_BELOW,
+            "kernel_code_rate": f.kernel_code_rate,
+            "kernel_stepping": stepping_json(&f.kernel_stepping),
+            "user_stepping": stepping_json(&f.user_stepping),
+            "trap_flag_stepping": f.user_stepping.works(),
+            "breakpoints_exit": f.breakpoints_exit,
+            "instructions": f.instructions.iter().map(|(n, e)| json!({
+                "name": n,
+                "result": ending(e),
+            })).collect::<Vec<_>>(),
+            "emulator_lacks": lacking(&f),
+            "cpuid_leaks": f.cpuid_leaks.iter().map(|(leaf, reg, bit)| json!({
+                "leaf": leaf,
+                "register": format!("e{reg}x"),
+                "bit": bit,
+            })).collect::<Vec<_>>(),
+            "step_rate": f.step_rate,
+            "trace_shows": rows.iter().map(|(what, verdict)| json!({
+                "what": what,
+                "verdict": verdict,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    let module = if f.paravirtual_module {
+        ", kvm_pvm loaded"
+    } else {
+        ""
+    };
+    println!(
+        "host:         {} CPU, {} advertised{module}",
+        f.cpu_vendor,
+        f.cpu_virtualization.unwrap_or("no VT-x or AMD-V")
+    );
+    println!("KVM:          {}", kind(&f));
+    println!(
+        "kernel code:  {} ({} instructions/s untraced)",
+        if f.kernel_code_rate < EMULATED_BELOW {
+            "emulated by KVM"
+        } else {
+            "runs natively"
+        },
+        rate(f.kernel_code_rate)
+    );
+    println!("stepping:");
+    println!("  CPL 0       {}", stepping_line(&f.kernel_stepping));
+    println!("  CPL 3       {}", stepping_line(&f.user_stepping));
+    println!(
+        "breakpoints:  {}",
+        if f.breakpoints_exit {
+            "a hardware breakpoint stops the VMM"
+        } else {
+            "a hardware breakpoint does not stop the VMM"
+        }
+    );
+    println!("instructions at CPL 0:");
+    for (name, e) in &f.instructions {
+        println!("  {name:<12}{}", ending(e));
+    }
+    if f.cpuid_leaks.is_empty() {
+        println!("CPUID:        the guest sees what --cpu baseline gives it");
+    } else {
+        // Grouped by register: "leaf 0x1 ecx bits 0 1 9".
+        let mut groups: Vec<(u32, char, Vec<u8>)> = Vec::new();
+        for &(leaf, reg, bit) in &f.cpuid_leaks {
+            match groups.last_mut() {
+                Some((l, r, bits)) if *l == leaf && *r == reg => bits.push(bit),
+                _ => groups.push((leaf, reg, vec![bit])),
+            }
+        }
+        println!("CPUID:        set in the guest though --cpu baseline clears them:");
+        for (leaf, reg, bits) in groups {
+            let bits: Vec<String> = bits.iter().map(u8::to_string).collect();
+            println!("  leaf {leaf:#x} e{reg}x bits {}", bits.join(" "));
+        }
+    }
+    println!(
+        "step rate:    {} steps/s (bare single-step at CPL 0)",
+        rate(f.step_rate)
+    );
+    println!();
+    println!("what a trace taken here shows:");
+    for (what, verdict) in rows {
+        println!("  {what:<22}{verdict}");
+    }
+    Ok(0)
+}
