@@ -203,6 +203,26 @@ fn a_linux_trace_names_kernel_routines_without_being_told() {
     assert!(!nest.contains("__x86_indirect_thunk"), "a retpoline shows");
     let divided = nest.matches("## divided level ##").count();
     assert!(divided < 5, "{divided} divided levels in 30000 steps");
+
+    // verify_cpu (head_64.S) runs CPUID leaf 1 at CPL 0 in long mode,
+    // where a KVM that emulates kernel code answers from the host CPU
+    // (`vtrace doctor` lists the leaks): the trace holds what the vCPU's
+    // baseline table gives, which hides MOVBE, POPCNT, AES, XSAVE and AVX.
+    let reader = vtrace_storage::TraceReader::open(&disk).unwrap();
+    let mut rax_before = 0u64;
+    let mut leaf1 = 0;
+    for record in reader.decode(0).unwrap() {
+        if let vtrace_storage::Record::Step(s) = record {
+            if s.bytes.as_slice() == [0x0f, 0xa2] && rax_before as u32 == 1 {
+                leaf1 += 1;
+                let ecx = s.regs.gpr[1];
+                let hidden = (1 << 22) | (1 << 23) | (1 << 25) | (1 << 26) | (1 << 28);
+                assert_eq!(ecx & hidden, 0, "CPUID leaf 1 ECX {ecx:#x} at {:#x}", s.pc);
+            }
+            rax_before = s.regs.gpr[0];
+        }
+    }
+    assert!(leaf1 > 0, "no CPUID leaf 1 in the first segment");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -984,6 +984,8 @@ impl Engine {
                         own.r11 &= !RFLAGS_TF;
                         cpu.write_regs(&own);
                         self.emit_step(&p, &own, sink);
+                    } else if d.cpuid && self.correct_cpuid(cpu, &mut regs) {
+                        self.emit_step(&p, &regs, sink);
                     } else if carried_r11 && regs.r11 & RFLAGS_TF != 0 {
                         // SYSRET ran with the TF the engine put into R11:
                         // the guest gets its own R11 back.
@@ -1072,6 +1074,27 @@ impl Engine {
             self.carry_trap_flag(cpu, &sregs, &regs);
         }
         directive
+    }
+
+    /// Gives CPUID's result the vCPU's table where the host answered with
+    /// its own feature bits (see `cpuid::as_given`); true if it changed.
+    fn correct_cpuid(&mut self, cpu: &mut dyn CpuView, regs: &mut kvm_regs) -> bool {
+        let seen = [
+            regs.rax as u32,
+            regs.rbx as u32,
+            regs.rcx as u32,
+            regs.rdx as u32,
+        ];
+        let given = cpu.cpuid_as_given(self.last.rax as u32, self.last.rcx as u32, seen);
+        if given == seen {
+            return false;
+        }
+        // CPUID zero-extends its 32-bit results.
+        regs.rax = u64::from(given[0]);
+        regs.rbx = u64::from(given[1]);
+        regs.rcx = u64::from(given[2]);
+        regs.rdx = u64::from(given[3]);
+        cpu.write_regs(regs)
     }
 
     /// Where stepping rides on TF, a return to user mode (IRETQ, SYSRETQ)

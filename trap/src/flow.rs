@@ -60,6 +60,8 @@ pub struct Decoded {
     pub shadow: Option<Shadow>,
     /// SYSCALL: RFLAGS goes to R11.
     pub saves_flags_in_r11: bool,
+    /// CPUID: its result may need correcting to the vCPU's table.
+    pub cpuid: bool,
     /// The instruction may change the privilege level (system calls and
     /// their returns, IRET, INT n, far transfers).
     pub changes_privilege: bool,
@@ -131,6 +133,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
         shadow,
         saves_flags_in_r11: insn.mnemonic() == Mnemonic::Syscall,
         changes_privilege: changes_privilege(&insn),
+        cpuid: insn.mnemonic() == Mnemonic::Cpuid,
         pushes_flags: match insn.mnemonic() {
             Mnemonic::Pushf => Some(2),
             Mnemonic::Pushfd => Some(4),

@@ -116,6 +116,12 @@ pub trait CpuView {
     fn write_regs(&mut self, _regs: &kvm_regs) -> bool {
         false
     }
+    /// What a CPUID of `function`/`index` that returned `seen` (EAX, EBX,
+    /// ECX, EDX) should have returned with the vCPU's table (see
+    /// [`crate::cpu::cpuid::as_given`]).
+    fn cpuid_as_given(&self, _function: u32, _index: u32, seen: [u32; 4]) -> [u32; 4] {
+        seen
+    }
     /// Reads a model-specific register; `None` if it cannot.
     fn read_msr(&mut self, _index: u32) -> Option<u64> {
         None

@@ -148,6 +148,7 @@ impl Vm {
             &mut KvmCpuView {
                 vcpu: &mut self.vcpu,
                 ram: &self.ram,
+                cpuid: &self.cpuid,
             },
             failure.as_deref(),
         );
@@ -199,6 +200,7 @@ impl Vm {
             monitor.before_entry(&mut KvmCpuView {
                 vcpu: &mut self.vcpu,
                 ram: &self.ram,
+                cpuid: &self.cpuid,
             });
             let exit = self.enter();
             self.io_pending = matches!(
@@ -320,6 +322,7 @@ impl Vm {
                             &mut KvmCpuView {
                                 vcpu: &mut self.vcpu,
                                 ram: &self.ram,
+                                cpuid: &self.cpuid,
                             },
                         );
                     }
@@ -338,6 +341,7 @@ impl Vm {
                     &mut KvmCpuView {
                         vcpu: &mut self.vcpu,
                         ram: &self.ram,
+                        cpuid: &self.cpuid,
                     },
                 );
             }
@@ -833,6 +837,7 @@ impl Vm {
             &mut KvmCpuView {
                 vcpu: &mut self.vcpu,
                 ram: &self.ram,
+                cpuid: &self.cpuid,
             },
         )
     }
@@ -861,6 +866,7 @@ impl Vm {
 struct KvmCpuView<'a> {
     vcpu: &'a mut Vcpu,
     ram: &'a GuestRam,
+    cpuid: &'a kvm_bindings::CpuId,
 }
 
 impl CpuView for KvmCpuView<'_> {
@@ -884,6 +890,10 @@ impl CpuView for KvmCpuView<'_> {
 
     fn write_regs(&mut self, regs: &kvm_bindings::kvm_regs) -> bool {
         self.vcpu.set_regs(regs).is_ok()
+    }
+
+    fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
+        crate::cpu::cpuid::as_given(self.cpuid, function, index, seen)
     }
 
     fn read_msr(&mut self, index: u32) -> Option<u64> {

@@ -63,6 +63,9 @@ pub struct Vm {
     /// its I/O exit.
     pub(crate) out_counted: bool,
     pub(crate) breakpoints: Vec<u64>,
+    /// The vCPU's CPUID table, for correcting CPUID results where the
+    /// host leaks its own (see `cpuid::as_given`).
+    pub(crate) cpuid: kvm_bindings::CpuId,
     boot: BootPlan,
 }
 
@@ -137,6 +140,7 @@ impl Vm {
             _vm: vm,
             vcpu,
             ram,
+            cpuid,
             devices: Devices::new(config.serial_out, host_unix_time()),
             hypercalls: HypercallPort::new(),
             history: ExitHistory::default(),

@@ -104,6 +104,39 @@ pub fn apply_baseline(entries: &mut Vec<kvm_cpuid_entry2>) {
     }
 }
 
+/// Bits of the feature leaves that mirror control-register state rather
+/// than name a feature (OSXSAVE, OSPKE, the APIC bit KVM clears with the
+/// APIC), left as the CPU reported them by [`as_given`].
+fn dynamic_bits(function: u32, index: u32) -> [u32; 4] {
+    match (function, index) {
+        (1, _) => [u32::MAX, u32::MAX, bit(27), bit(9)],
+        (7, 0) => [u32::MAX, 0, bit(4), 0],
+        _ => [u32::MAX; 4],
+    }
+}
+
+/// What a CPUID of `function`/`index` should have returned, given that the
+/// CPU returned `seen` (EAX, EBX, ECX, EDX) and the vCPU's table is
+/// `table`: feature bits the table does not set are cleared. Some KVMs
+/// (those that emulate kernel code) answer CPUID from the host CPU, so the
+/// feature leaves leak what the table hides; a tracer corrects the result
+/// at the step after the instruction, so every host gives the same trace.
+pub fn as_given(table: &CpuId, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
+    if !matches!(function, 1 | 7 | 0x8000_0001) || (function == 7 && index != 0) {
+        return seen;
+    }
+    let Some(e) = table
+        .as_slice()
+        .iter()
+        .find(|e| e.function == function && (function != 7 || e.index == index))
+    else {
+        return seen;
+    };
+    let given = [e.eax, e.ebx, e.ecx, e.edx];
+    let keep = dynamic_bits(function, index);
+    std::array::from_fn(|i| seen[i] & (given[i] | keep[i]))
+}
+
 /// The CPUID table for the guest's vCPU.
 pub fn build(kvm: &Kvm, profile: CpuProfile) -> Result<CpuId> {
     let supported = kvm
@@ -135,6 +168,24 @@ mod tests {
             edx: regs[3],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn as_given_clears_only_feature_bits_the_table_lacks() {
+        let table =
+            CpuId::from_entries(&[entry(1, 0, [0x800f12, 0x10800, bit(0), bit(0)])]).unwrap();
+        let seen = [
+            0x800f12,
+            0x20800,
+            bit(0) | bit(23) | bit(27),
+            bit(0) | bit(9) | bit(25),
+        ];
+        assert_eq!(
+            as_given(&table, 1, 0, seen),
+            // EAX and EBX as seen; POPCNT and SSE go, OSXSAVE and APIC stay.
+            [0x800f12, 0x20800, bit(0) | bit(27), bit(0) | bit(9)]
+        );
+        assert_eq!(as_given(&table, 0xb, 0, seen), seen, "not a feature leaf");
     }
 
     #[test]
