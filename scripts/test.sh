@@ -48,4 +48,9 @@ if ! command -v chromium >/dev/null 2>&1; then
         chromium >/dev/null
 fi
 
+# The code's own bar: formatted, and no clippy warning anywhere.
+echo "scripts/test.sh: cargo fmt --check and cargo clippy"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
 cargo test --workspace "$@"

@@ -212,8 +212,10 @@ mod tests {
     }
 
     fn long_mode() -> (kvm_regs, kvm_sregs) {
-        let mut sregs = kvm_sregs::default();
-        sregs.efer = 0x500;
+        let mut sregs = kvm_sregs {
+            efer: 0x500,
+            ..Default::default()
+        };
         sregs.cs.l = 1;
         sregs.cs.selector = 0x10;
         sregs.ss.selector = 0x18;
