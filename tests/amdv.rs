@@ -141,6 +141,17 @@ fn busybox_initramfs(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     cpio
 }
 
+/// Shell that starts `vtrace run` on the machine's Linux with the busybox
+/// initramfs (`extra` options added, output to /tmp/log, its pid in $pid)
+/// and waits until userspace says it is up.
+fn linux_up(extra: &str) -> String {
+    format!(
+        "vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M {extra} \
+           > /tmp/log 2>&1 & pid=$!; \
+         for i in $(seq 240); do grep -q 'userspace up' /tmp/log && break; sleep 0.5; done; "
+    )
+}
+
 /// Userspace loops on a system call (open, read and close of
 /// /proc/uptime), saying every 100 rounds that it is alive.
 const SYSCALL_LOOP: &str = "i=0; while :; do read -r up < /proc/uptime; i=$((i+1)); \
@@ -160,13 +171,10 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     let dir = tempfile::tempdir().unwrap();
     let kernel = test_kernel();
     let initrd = busybox_initramfs(dir.path(), SYSCALL_LOOP);
-    let m = amdv(
-        &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
-        "vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
-           --disk /out/l.vtd --disk-size 256M --exit-after-trace > /tmp/log 2>&1 & pid=$!; \
-         for i in $(seq 240); do grep -q 'userspace up' /tmp/log && break; sleep 0.5; done; \
-         sleep 2; vtrace ctl start; sleep 5; vtrace ctl stop; wait $pid; s=$?; cat /tmp/log; exit $s",
-    );
+    let script = linux_up("--disk /out/l.vtd --disk-size 256M --exit-after-trace")
+        + "sleep 2; vtrace ctl start; sleep 5; vtrace ctl stop; \
+           wait $pid; s=$?; cat /tmp/log; exit $s";
+    let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(m.output.contains("l2: userspace up"), "{}", m.output);
     let trace = m.file("l.vtd");
@@ -236,15 +244,11 @@ fn linux_runs_on_after_many_host_stops_on_amdv() {
     let dir = tempfile::tempdir().unwrap();
     let kernel = test_kernel();
     let initrd = busybox_initramfs(dir.path(), SYSCALL_LOOP);
-    let m = amdv(
-        &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
-        "vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
-           --disk /out/s.vtd --disk-size 128M > /tmp/log 2>&1 & pid=$!; \
-         for i in $(seq 240); do grep -q 'userspace up' /tmp/log && break; sleep 0.5; done; \
-         for n in 1 2 3 4 5 6; do vtrace ctl start; sleep 0.7; vtrace ctl stop; sleep 0.3; done; \
-         a=$(grep -c alive /tmp/log); sleep 4; b=$(grep -c alive /tmp/log); \
-         kill $pid; wait $pid; cat /tmp/log; echo \"alive lines: $a then $b\"",
-    );
+    let script = linux_up("--disk /out/s.vtd --disk-size 128M")
+        + "for n in 1 2 3 4 5 6 7 8 9 10; do vtrace ctl start; sleep 0.5; vtrace ctl stop; sleep 0.2; done; \
+           a=$(grep -c alive /tmp/log); sleep 4; b=$(grep -c alive /tmp/log); \
+           kill $pid; wait $pid; cat /tmp/log; echo \"alive lines: $a then $b\"";
+    let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert!(
         m.output.contains("l2: userspace up"),
         "{}\n{}",

@@ -222,7 +222,8 @@ pub trait Monitor {
         true
     }
 
-    /// The VMM injected external interrupt `vector` (from ISA `irq`).
+    /// The VMM injected external interrupt `vector` (from ISA `irq`, or
+    /// `u8::MAX` for one it took back from KVM where tracing starts).
     fn on_inject(&mut self, _vector: u8, _irq: u8, _how: Injection, _cpu: &mut dyn CpuView) {}
 
     /// The guest stops running: `failure` says why when it did not end

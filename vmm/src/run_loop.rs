@@ -178,6 +178,9 @@ impl Vm {
             if monitor.done() {
                 return Ok(GuestExit::MonitorDone);
             }
+            if monitor.stepping() && !self.stepping && !self.io_pending {
+                self.reclaim_queued_interrupt(monitor)?;
+            }
             self.set_debug(monitor.stepping(), monitor.breakpoints())?;
             if self.stepping && !self.io_pending {
                 if let Some(e) = monitor.exception_before_entry() {
@@ -351,14 +354,46 @@ impl Vm {
         Ok(())
     }
 
+    /// Where stepping is about to start, an interrupt queued with
+    /// `KVM_INTERRUPT` while it was off may still wait inside KVM (a kick,
+    /// such as the `vtrace ctl start` that turns tracing on, cut the last
+    /// `KVM_RUN` short). The CPU would deliver it with the tracer's TF in the
+    /// frame it pushes and run the handler unstepped, so the VMM takes it
+    /// back and delivers it through the IDT itself.
+    fn reclaim_queued_interrupt(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
+        let Some(vector) = self.vcpu.take_queued_interrupt()? else {
+            return Ok(());
+        };
+        match self.deliver_vector(vector)? {
+            Some(handler) => monitor.on_inject(
+                vector,
+                // Counted by its IRQ line when it was queued.
+                u8::MAX,
+                Injection::Delivered { handler },
+                &mut KvmCpuView {
+                    vcpu: &mut self.vcpu,
+                    ram: &self.ram,
+                    cpuid: &self.cpuid,
+                },
+            ),
+            None => self.vcpu.interrupt(vector)?,
+        }
+        Ok(())
+    }
+
     /// Delivers the PIC's pending vector through the guest IDT in the VMM.
     /// Returns the handler address, or None where the VMM does not model
-    /// the delivery (not 64-bit mode at CPL 0, a bad gate): the caller then
-    /// queues the interrupt with KVM instead.
+    /// the delivery (not 64-bit mode at CPL 0 or 3, a bad gate): the caller
+    /// then queues the interrupt with KVM instead.
     fn deliver_through_idt(&mut self) -> Result<Option<u64>> {
         let Some(vector) = self.devices.pic.pending_vector() else {
             return Ok(None);
         };
+        self.deliver_vector(vector)
+    }
+
+    /// Delivers `vector` through the guest IDT (see `deliver_through_idt`).
+    fn deliver_vector(&mut self, vector: u8) -> Result<Option<u64>> {
         let mut regs = self.vcpu.regs();
         let mut sregs = self.vcpu.sregs();
         let return_rip = regs.rip;

@@ -123,6 +123,25 @@ impl Vcpu {
             .is_ok_and(|msrs| matches!(self.fd.set_msrs(&msrs), Ok(1)))
     }
 
+    /// Takes back an external interrupt queued with `KVM_INTERRUPT` that
+    /// KVM has not delivered yet (a `KVM_RUN` cut short by a kick before it
+    /// entered the guest leaves one behind); returns its vector.
+    pub fn take_queued_interrupt(&mut self) -> Result<Option<u8>> {
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(Error::kvm("KVM_GET_VCPU_EVENTS"))?;
+        if events.interrupt.injected == 0 || events.interrupt.soft != 0 {
+            return Ok(None);
+        }
+        let vector = events.interrupt.nr;
+        events.interrupt.injected = 0;
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(Error::kvm("KVM_SET_VCPU_EVENTS"))?;
+        Ok(Some(vector))
+    }
+
     /// Takes the vCPU out of KVM's halted state (KVM_SET_MP_STATE).
     pub fn set_runnable(&self) -> Result<()> {
         let state = kvm_bindings::kvm_mp_state {

@@ -69,6 +69,26 @@ pub struct Vm {
     boot: BootPlan,
 }
 
+/// Gives KVM the guest's RAM, one memory slot per region. The caller keeps
+/// `ram` alive as long as `vm`.
+pub(crate) fn register_ram(vm: &VmFd, ram: &GuestRam) -> Result<()> {
+    for (slot, region) in vm_memory::GuestMemoryBackend::iter(ram).enumerate() {
+        use vm_memory::{Address, GuestMemoryRegion};
+        let mem_region = kvm_bindings::kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().raw_value(),
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: the region is a live mapping owned by `ram`, which the
+        // caller keeps for as long as the VM fd exists.
+        unsafe { vm.set_user_memory_region(mem_region) }
+            .map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
 pub(crate) fn open_kvm(path: &Path) -> Result<Kvm> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::KvmUnsupported(format!("{} is not a valid path", path.display())))?;
@@ -114,20 +134,7 @@ impl Vm {
         let _ = vm.set_identity_map_address(0xfffb_c000);
 
         let ram = create_guest_ram(config.memory)?;
-        for (slot, region) in vm_memory::GuestMemoryBackend::iter(&ram).enumerate() {
-            use vm_memory::{Address, GuestMemoryRegion};
-            let mem_region = kvm_bindings::kvm_userspace_memory_region {
-                slot: slot as u32,
-                flags: 0,
-                guest_phys_addr: region.start_addr().raw_value(),
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-            };
-            // SAFETY: the region is a live mapping owned by `ram`, which the
-            // Vm keeps for as long as the VM fd exists.
-            unsafe { vm.set_user_memory_region(mem_region) }
-                .map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
-        }
+        register_ram(&vm, &ram)?;
 
         let boot = boot::load(&ram, &config.boot)?;
         let mut vcpu = Vcpu::new(&vm)?;

@@ -93,20 +93,7 @@ impl Machine {
         let vm = kvm.create_vm().map_err(Error::kvm("KVM_CREATE_VM"))?;
         let _ = vm.set_tss_address(0xfffb_d000);
         let ram = create_guest_ram(RAM)?;
-        for (slot, region) in vm_memory::GuestMemoryBackend::iter(&ram).enumerate() {
-            use vm_memory::{Address, GuestMemoryRegion};
-            let region = kvm_bindings::kvm_userspace_memory_region {
-                slot: slot as u32,
-                flags: 0,
-                guest_phys_addr: region.start_addr().raw_value(),
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-            };
-            // SAFETY: the region is a live mapping owned by `ram`, which the
-            // Machine keeps as long as the VM fd.
-            unsafe { vm.set_user_memory_region(region) }
-                .map_err(Error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
-        }
+        crate::vm::register_ram(&vm, &ram)?;
         write_tables(&ram)?;
         write(&ram, KERNEL_CODE, kernel)?;
         write(&ram, USER_CODE, user)?;
