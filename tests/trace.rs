@@ -615,6 +615,32 @@ fn start_and_stop_at_addresses() {
     assert_eq!(info["stop_reason"], format!("address:{stop}"));
 }
 
+/// A guest that writes its own debug registers (DR7 off, then DR0 on its
+/// own first byte and enabled) before the address `--start-at` names: the
+/// VMM's breakpoint still fires there, and the guest's does not take over.
+#[test]
+fn start_at_survives_the_guest_rewriting_its_debug_registers() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = vtrace_demo::test_guests::DEBUG_REGS;
+    let mut decoder = iced_x86::Decoder::with_ip(16, image, 0x7c00, 0);
+    let insns: Vec<iced_x86::Instruction> = (0..9).map(|_| decoder.decode()).collect();
+    assert_eq!(insns[8].mnemonic(), iced_x86::Mnemonic::Add, "{insns:?}");
+    let start = format!("{:#x}", insns[8].ip());
+    let (disk, out) = trace_real_mode(dir.path(), image, "dr", &["--start-at", &start]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    let got: Vec<u64> = steps_of(&records(&disk)).iter().map(|s| s.pc).collect();
+    // add/loop three times, mov ebx, mov eax, mov dx (the IN ends the VM).
+    assert_eq!(got.len(), 9, "{got:x?}");
+    assert_eq!(got[0], insns[8].ip());
+    assert_eq!(
+        info_json(&disk)["start_reasons"][0],
+        format!("address:{start}")
+    );
+}
+
 #[test]
 fn start_and_stop_at_routines_by_name() {
     if !kvm_available() {

@@ -139,6 +139,7 @@ fn main() {
     let tests = manifest.join("testguests");
     build_flat_binary(&tests.join("count.S"), &include, &out, "count");
     build_flat_binary(&tests.join("region.S"), &include, &out, "region");
+    build_flat_binary(&tests.join("debugregs.S"), &include, &out, "debugregs");
     for name in ["triple-fault", "exception", "unemulated"] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);

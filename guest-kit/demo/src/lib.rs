@@ -31,6 +31,11 @@ pub mod test_guests {
     /// with status 6; its trace is known instruction by instruction.
     pub const COUNT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/count.bin"));
 
+    /// Real mode (load at 0x7c00): writes DR7 and DR0 for itself (a
+    /// breakpoint on its own first byte), then runs [`COUNT`]'s loop and
+    /// exits with status 6.
+    pub const DEBUG_REGS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/debugregs.bin"));
+
     /// PVH ELF: installs a #UD handler, executes UD2; the handler exits
     /// with [`EXCEPTION_STATUS`].
     pub const EXCEPTION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/exception.elf"));
