@@ -1189,6 +1189,63 @@ mod tests {
         engine.exit(&ExitView::Debug { breakpoint: false }, cpu, sink)
     }
 
+    /// Where stepping rides on TF, a SYSCALL from user mode runs with TF
+    /// kept out of FMASK, and the guest gets its FMASK back at the next
+    /// exit, or when tracing stops before the SYSCALL ran.
+    #[test]
+    fn syscall_runs_without_tf_in_fmask_and_a_stop_gives_it_back() {
+        let linux_fmask = 0x47700; // TF, IF, DF, NT, AC, ... as Linux sets it
+        for stop_first in [false, true] {
+            let mut cpu = machine(&[0x90, 0x0f, 0x05]);
+            // User code: CPL 3 and pages it may use.
+            cpu.sregs.cs.dpl = 3;
+            cpu.sregs.cs.selector = 0x1b;
+            cpu.put_u64(0x1000, 0x2000 | 7);
+            cpu.put_u64(0x2000, 0x3000 | 7);
+            cpu.put_u64(0x3000, 0x87);
+            cpu.fmask = linux_fmask;
+            let (mut e, mut out) = (Engine::new(), Vec::new());
+            e.set_foresee_faults(true);
+            e.begin(&mut cpu);
+            debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+            assert_eq!(cpu.fmask, linux_fmask & !RFLAGS_TF, "SYSCALL pending");
+            if stop_first {
+                e.end();
+                e.release(&mut cpu);
+            } else {
+                e.restore_fmask(&mut cpu);
+            }
+            assert_eq!(cpu.fmask, linux_fmask);
+        }
+    }
+
+    /// TF put into R11 for a SYSRETQ is the guest's no more once it ran
+    /// (or once tracing stopped before it did).
+    #[test]
+    fn sysretq_carries_tf_in_r11_and_gives_the_guest_its_own_back() {
+        for stop_first in [false, true] {
+            let mut cpu = machine(&[0x90, 0x48, 0x0f, 0x07]);
+            cpu.regs.r11 = 0x202;
+            let (mut e, mut out) = (Engine::new(), Vec::new());
+            e.set_foresee_faults(true);
+            e.begin(&mut cpu);
+            debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+            assert_eq!(cpu.regs.r11, 0x302, "TF carried for the SYSRETQ");
+            if stop_first {
+                e.end();
+                e.release(&mut cpu);
+            } else {
+                // SYSRETQ ran: user mode, where R11 was.
+                cpu.sregs.cs.dpl = 3;
+                cpu.sregs.cs.selector = 0x2b;
+                debug_exit(&mut e, &mut cpu, 0x40_0000, &mut out);
+                let last = steps(&out).len();
+                assert_eq!(last, 2, "nop and sysretq");
+            }
+            assert_eq!(cpu.regs.r11, 0x202);
+        }
+    }
+
     /// A machine running `code`, interrupted by the VMM delivering the
     /// timer, whose handler has run its first instruction (`push 0`) and
     /// stands at its iretq with RSP = `rsp_at_iretq`.

@@ -215,6 +215,8 @@ pub(crate) mod tests {
         pub mem: RefCell<Vec<u8>>,
         pub regs: kvm_regs,
         pub sregs: kvm_sregs,
+        /// IA32_FMASK, the one MSR the engine touches.
+        pub fmask: u64,
     }
 
     impl FlatCpu {
@@ -223,6 +225,7 @@ pub(crate) mod tests {
                 mem: RefCell::new(vec![0; size]),
                 regs: kvm_regs::default(),
                 sregs: kvm_sregs::default(),
+                fmask: 0,
             }
         }
         pub fn put(&self, gpa: u64, bytes: &[u8]) {
@@ -259,6 +262,19 @@ pub(crate) mod tests {
                 }
                 None => false,
             }
+        }
+        fn write_regs(&mut self, regs: &kvm_regs) -> bool {
+            self.regs = *regs;
+            true
+        }
+        fn read_msr(&mut self, index: u32) -> Option<u64> {
+            (index == 0xc000_0084).then_some(self.fmask)
+        }
+        fn write_msr(&mut self, index: u32, value: u64) -> bool {
+            if index == 0xc000_0084 {
+                self.fmask = value;
+            }
+            index == 0xc000_0084
         }
     }
 
