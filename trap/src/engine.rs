@@ -60,6 +60,9 @@ struct Pending {
     pc: u64,
     bytes: Option<InsnBytes>,
     decoded: Option<Decoded>,
+    /// Bytes the fetch got (fewer than 15 where the next page is not
+    /// mapped).
+    fetched: usize,
     cr3: u64,
     mode: CpuMode,
     cpl: u8,
@@ -235,17 +238,16 @@ impl Engine {
         let Some(p) = self.pending else {
             return;
         };
-        // A copy on the stack: the walker is borrowed again below.
-        let mut buf = [0u8; 15];
-        let n = match p.bytes {
-            Some(b) => {
-                let b = b.as_slice();
-                buf[..b.len()].copy_from_slice(b);
-                b.len()
-            }
-            None => self.walker.read(cpu, sregs, p.pc, &mut buf),
-        };
-        self.foreseen = fault::foresee(&mut self.walker, cpu, sregs, regs, p.pc, &buf[..n]);
+        let insn = p.decoded.map(|d| d.insn);
+        self.foreseen = fault::foresee(
+            &mut self.walker,
+            cpu,
+            sregs,
+            regs,
+            p.pc,
+            insn.as_ref(),
+            p.fetched,
+        );
     }
 
     /// Gives the guest back the FMASK it wrote, once the SYSCALL that ran
@@ -443,6 +445,7 @@ impl Engine {
             pc,
             bytes,
             decoded,
+            fetched: got,
             cr3: sregs.cr3,
             mode,
             cpl: cpl(sregs),
@@ -769,9 +772,8 @@ impl Engine {
         regs: &kvm_regs,
         p: &Pending,
     ) -> Option<u64> {
-        use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
-        let bytes = p.bytes?;
-        let insn = Decoder::with_ip(64, bytes.as_slice(), p.pc, DecoderOptions::NONE).decode();
+        use iced_x86::{Mnemonic, OpKind};
+        let insn = p.decoded?.insn;
         let mut read = |addr: u64| {
             let mut b = [0u8; 8];
             (self.walker.read(cpu, sregs, addr, &mut b) == 8).then(|| u64::from_le_bytes(b))
@@ -1104,18 +1106,17 @@ impl Engine {
     /// engine re-arms after it, and KVM keeps TF hidden from the guest's
     /// registers from then on.
     fn carry_trap_flag(&mut self, cpu: &mut dyn CpuView, sregs: &kvm_sregs, regs: &kvm_regs) {
-        use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+        use iced_x86::Mnemonic;
         let Some(p) = self.pending else {
             return;
         };
-        let (Some(d), Some(bytes)) = (p.decoded, p.bytes) else {
+        let Some(d) = p.decoded else {
             return;
         };
         if !d.rearm || p.mode != CpuMode::Long64 {
             return;
         }
-        let insn = Decoder::with_ip(64, bytes.as_slice(), p.pc, DecoderOptions::NONE).decode();
-        match insn.mnemonic() {
+        match d.insn.mnemonic() {
             // SYSCALL clears the RFLAGS bits FMASK names, TF among them in
             // Linux, and the CPU then runs the kernel's entry untrapped.
             // With TF left out of FMASK for this one instruction, the

@@ -12,10 +12,7 @@
 //! INT3 and INTO. What is not foreseen still runs on the CPU, and a page
 //! fault there is noticed afterwards through CR2 and marked as a gap.
 
-use iced_x86::{
-    Code, Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
-    Register,
-};
+use iced_x86::{Code, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use vtrace_vmm::cpu::unemulated::reg_value;
 use vtrace_vmm::{CpuView, Exception, ExceptionKind};
@@ -35,15 +32,17 @@ const PF_USER: u32 = 1 << 2;
 const PF_FETCH: u32 = 1 << 4;
 
 /// The exception the instruction at `pc` will raise, if it is one this
-/// module foresees. `bytes` are what could be fetched there (fewer than
-/// the instruction needs when its page is not mapped).
+/// module foresees. `insn` is the instruction there as the engine decoded
+/// it, `None` where the `fetched` bytes did not make one (fewer than it
+/// needs when the next page is not mapped).
 pub fn foresee(
     walker: &mut Walker,
     cpu: &dyn CpuView,
     sregs: &kvm_sregs,
     regs: &kvm_regs,
     pc: u64,
-    bytes: &[u8],
+    insn: Option<&Instruction>,
+    fetched: usize,
 ) -> Option<Exception> {
     // 64-bit code only: segmentation, 32-bit paging and real mode are
     // not modelled here.
@@ -51,14 +50,13 @@ pub fn foresee(
         return None;
     }
     let cpl = sregs.cs.dpl;
-    let insn = Decoder::with_ip(64, bytes, pc, DecoderOptions::NONE).decode();
-    if insn.is_invalid() {
+    let Some(insn) = insn else {
         // Too few bytes: the fetch ran into a page that is not mapped.
-        let end = pc.wrapping_add(bytes.len() as u64);
-        return (bytes.len() < 15)
+        let end = pc.wrapping_add(fetched as u64);
+        return (fetched < 15)
             .then(|| page_fault(walker, cpu, sregs, regs, end, Access::Fetch, cpl))
             .flatten();
-    }
+    };
     let fault = |vector: u8, error_code: Option<u32>, cr2: Option<u64>| Exception {
         vector,
         error_code,
@@ -91,11 +89,11 @@ pub fn foresee(
     // any other, its next iteration does (iced calls that conditional).
     let rep_string =
         (insn.has_rep_prefix() || insn.has_repne_prefix()) && insn.is_string_instruction();
-    if rep_string && count_register(&insn, regs) == 0 {
+    if rep_string && count_register(insn, regs) == 0 {
         return None;
     }
     let mut info = InstructionInfoFactory::new();
-    for m in info.info(&insn).used_memory() {
+    for m in info.info(insn).used_memory() {
         let access = match m.access() {
             // CMOVcc reads its memory operand whatever the condition.
             OpAccess::Read | OpAccess::CondRead => Access::Read,
@@ -116,7 +114,7 @@ pub fn foresee(
             }
         }
     }
-    if divides_badly(&insn, regs, walker, cpu, sregs) {
+    if divides_badly(insn, regs, walker, cpu, sregs) {
         return Some(fault(0, None, None));
     }
     None
@@ -275,7 +273,17 @@ mod tests {
         let mut cpu = machine(code);
         setup(&mut cpu);
         let (regs, sregs) = (cpu.regs, cpu.sregs);
-        foresee(&mut Walker::new(), &cpu, &sregs, &regs, CODE, code)
+        // Decoded as the engine does, from the bytes given.
+        let insn = crate::flow::decode(code, 64, CODE).map(|d| d.insn);
+        foresee(
+            &mut Walker::new(),
+            &cpu,
+            &sregs,
+            &regs,
+            CODE,
+            insn.as_ref(),
+            code.len(),
+        )
     }
 
     #[test]

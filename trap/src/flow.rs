@@ -39,6 +39,9 @@ pub enum Shadow {
 /// A decoded instruction as the engine needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decoded {
+    /// The instruction as iced-x86 decoded it, for whoever needs more than
+    /// the fields below (fault foresight, TF carrying): decoded once.
+    pub insn: Instruction,
     pub len: usize,
     pub flow: Flow,
     /// The instruction invalidates cached translations (INVLPG, MOV to CR,
@@ -129,6 +132,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
         _ => None,
     };
     Some(Decoded {
+        insn,
         len: insn.len(),
         shadow,
         saves_flags_in_r11: insn.mnemonic() == Mnemonic::Syscall,

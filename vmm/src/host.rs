@@ -6,11 +6,23 @@
 /// so a tracer must catch exception handlers itself. Hosts without those
 /// flags (KVM emulating kernel code) step into handlers on their own.
 pub fn steps_with_trap_flag() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .map(|info| {
-            info.lines()
-                .filter(|l| l.starts_with("flags"))
-                .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
-        })
-        .unwrap_or(false)
+    virtualization().is_some()
+}
+
+/// The hardware virtualization the CPU advertises to this kernel: "AMD-V"
+/// (`svm`), "VT-x" (`vmx`), or none.
+pub fn virtualization() -> Option<&'static str> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has = |flag: &str| {
+        info.lines()
+            .filter(|l| l.starts_with("flags"))
+            .any(|l| l.split_whitespace().any(|f| f == flag))
+    };
+    if has("svm") {
+        Some("AMD-V")
+    } else if has("vmx") {
+        Some("VT-x")
+    } else {
+        None
+    }
 }

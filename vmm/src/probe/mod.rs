@@ -284,21 +284,10 @@ fn host_cpu() -> (String, Option<&'static str>) {
         .iter()
         .flat_map(|r| r.to_le_bytes())
         .collect();
-    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let has = |f: &str| {
-        flags
-            .lines()
-            .filter(|l| l.starts_with("flags"))
-            .any(|l| l.split_whitespace().any(|x| x == f))
-    };
-    let virt = if has("svm") {
-        Some("AMD-V")
-    } else if has("vmx") {
-        Some("VT-x")
-    } else {
-        None
-    };
-    (String::from_utf8_lossy(&vendor).into_owned(), virt)
+    (
+        String::from_utf8_lossy(&vendor).into_owned(),
+        crate::host::virtualization(),
+    )
 }
 
 #[cfg(test)]
