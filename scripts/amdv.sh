@@ -106,6 +106,8 @@ cd /work
 echo AMDV-START
 sh -c "$(cat /command)"
 status=$?
+# On a line of its own even where the command's output ended mid-line.
+echo
 echo "AMDV-EXIT $status"
 if [ -b /dev/vda ]; then
     tar cf /dev/vda -C /out . && sync
