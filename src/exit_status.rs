@@ -17,7 +17,10 @@ Exit status:
   78     guest memory too small (or too large) for the image
   80     the guest shut down (triple fault); registers and last exits are printed
   81     KVM could not emulate a guest instruction; the instruction is printed
-  82     the guest stopped otherwise (halted for good, VM entry failed)";
+  82     the guest stopped otherwise (halted for good, VM entry failed)
+  129    SIGHUP, 130 SIGINT (Ctrl-C), 143 SIGTERM: vtrace stopped tracing, wrote
+         the trace to its end and removed its control socket first (a second
+         signal ends it at once)";
 
 fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
     error.chain().find_map(|e| e.downcast_ref::<Error>())

@@ -3,7 +3,9 @@
 use anyhow::Result;
 use vtrace_vmm::boot::{default_linux_cmdline, BootSource, Image};
 use vtrace_vmm::console::user_message;
-use vtrace_vmm::{ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, VmConfig};
+use vtrace_vmm::{
+    signals, ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, VmConfig,
+};
 
 use std::path::PathBuf;
 
@@ -69,6 +71,7 @@ fn summary(outcome: &RunOutcome) -> String {
         GuestExit::PowerOff => "guest powered off".to_string(),
         GuestExit::UserQuit => "quit by the user".to_string(),
         GuestExit::MonitorDone => "run ended when tracing stopped (--exit-after-trace)".to_string(),
+        GuestExit::Signal(signal) => format!("stopped by {}", signals::name(signal)),
     };
     let rss = peak_rss_bytes()
         .map(|b| format!(", peak RSS {} MiB", b >> 20))
@@ -204,6 +207,9 @@ fn clock_mode(args: &RunArgs) -> ClockMode {
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
+    // From the start: a signal while the kernel loads or the disk is made
+    // ends the run at its first exit, with the disk in order.
+    signals::catch_stop_signals()?;
     let boot = boot_source(&args)?;
     let kernel = kernel_identity(&boot);
     let config = VmConfig {
@@ -281,5 +287,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         // A guest that powers off or reboots ended as it meant to, as under
         // QEMU with -no-reboot.
         GuestExit::Reset | GuestExit::PowerOff | GuestExit::UserQuit | GuestExit::MonitorDone => 0,
+        // What the shell shows for a process the signal ended.
+        GuestExit::Signal(signal) => 128 + signal,
     })
 }

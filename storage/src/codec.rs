@@ -291,6 +291,8 @@ fn put_reason(o: &mut Vec<u8>, r: &TraceReason) {
             o.push(9);
             put_bytes(o, text.as_bytes());
         }
+        TraceReason::UserQuit => o.push(10),
+        TraceReason::Signal(n) => o.extend_from_slice(&[11, *n]),
     }
 }
 
@@ -458,6 +460,8 @@ impl<'a> SegmentDecoder<'a> {
             7 => TraceReason::GuestExit,
             8 => TraceReason::DiskFull,
             9 => TraceReason::Other(self.text()?),
+            10 => TraceReason::UserQuit,
+            11 => TraceReason::Signal(self.byte()?),
             _ => return Err(self.err("unknown trace reason")),
         })
     }
@@ -599,6 +603,8 @@ mod tests {
             Event::TraceStart(TraceReason::Hypercall { pass: 3 }),
             Event::TraceStop(TraceReason::Other("disk".into())),
             Event::TraceStop(TraceReason::Exception(13)),
+            Event::TraceStop(TraceReason::UserQuit),
+            Event::TraceStop(TraceReason::Signal(2)),
         ]
     }
 

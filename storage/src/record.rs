@@ -132,19 +132,36 @@ pub enum TraceReason {
     CommandLine,
     Hotkey,
     Control,
-    Hypercall { pass: u64 },
+    Hypercall {
+        pass: u64,
+    },
     Address(u64),
     MaxSteps,
     Exception(u8),
     GuestExit,
     DiskFull,
     Other(String),
+    /// The user ended the run with `Ctrl-A x`.
+    UserQuit,
+    /// A signal (SIGINT, SIGTERM, SIGHUP: its number) ended the run.
+    Signal(u8),
+}
+
+/// The conventional name of a stop signal's number.
+fn signal_name(signal: u8) -> String {
+    match signal {
+        1 => "SIGHUP".into(),
+        2 => "SIGINT".into(),
+        15 => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
 }
 
 impl TraceReason {
     /// A stable machine-readable form: `guest_exit`, `max_steps`,
     /// `disk_full`, `command_line`, `hotkey`, `control`, `hypercall:N`,
-    /// `address:0x...`, `exception:N`, `other:TEXT`.
+    /// `address:0x...`, `exception:N`, `other:TEXT`, `user_quit`,
+    /// `signal:SIGINT`.
     pub fn token(&self) -> String {
         match self {
             TraceReason::CommandLine => "command_line".into(),
@@ -157,6 +174,8 @@ impl TraceReason {
             TraceReason::GuestExit => "guest_exit".into(),
             TraceReason::DiskFull => "disk_full".into(),
             TraceReason::Other(t) => format!("other:{t}"),
+            TraceReason::UserQuit => "user_quit".into(),
+            TraceReason::Signal(n) => format!("signal:{}", signal_name(*n)),
         }
     }
 }
@@ -174,6 +193,8 @@ impl std::fmt::Display for TraceReason {
             TraceReason::GuestExit => write!(f, "the end of the run"),
             TraceReason::DiskFull => write!(f, "a full trace disk"),
             TraceReason::Other(t) => write!(f, "{t}"),
+            TraceReason::UserQuit => write!(f, "Ctrl-A x"),
+            TraceReason::Signal(n) => write!(f, "{}", signal_name(*n)),
         }
     }
 }

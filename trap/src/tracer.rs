@@ -5,7 +5,7 @@ use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
 use vtrace_storage::{Event, Recorder, TraceReason};
 use vtrace_vmm::devices::hypercall::Hypercall;
-use vtrace_vmm::{CpuView, Directive, ExitView, Injection, Monitor};
+use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::engine::{Engine, EngineStats};
 
@@ -125,6 +125,8 @@ pub struct Tracer {
     /// The call count at which a TRACE_REGION started tracing stops it.
     region_stop: Option<u64>,
     marks: u64,
+    /// The run is ending (`on_finish`): no guest runs on after a stop.
+    ending: bool,
     /// Armed hardware breakpoints: the start address until it fires, and
     /// on TF hosts the watched exception handlers while tracing.
     breakpoints: Vec<u64>,
@@ -142,6 +144,8 @@ fn announced(reason: &TraceReason) -> bool {
             | TraceReason::Control
             | TraceReason::CommandLine
             | TraceReason::GuestExit
+            | TraceReason::UserQuit
+            | TraceReason::Signal(_)
     )
 }
 
@@ -159,6 +163,7 @@ impl Tracer {
             region_calls: 0,
             region_stop: None,
             marks: 0,
+            ending: false,
             breakpoints: Vec::new(),
             handlers: Vec::new(),
         };
@@ -209,7 +214,9 @@ impl Tracer {
                 "vtrace: tracing stopped by {reason} after {} steps; they are on the \
                  trace disk, and {}",
                 self.recorder.steps(),
-                if self.options.exit_after_trace {
+                if self.ending {
+                    "the run ends"
+                } else if self.options.exit_after_trace {
                     "the run ends (--exit-after-trace)"
                 } else {
                     "the guest runs on"
@@ -382,11 +389,14 @@ impl Monitor for Tracer {
         }
     }
 
-    fn on_finish(&mut self, _cpu: &mut dyn CpuView, failure: Option<&str>) {
-        let reason = match failure {
-            None => TraceReason::GuestExit,
-            Some(why) => TraceReason::Other(why.to_string()),
+    fn on_finish(&mut self, _cpu: &mut dyn CpuView, how: Finish<'_>) {
+        let reason = match how {
+            Finish::Guest => TraceReason::GuestExit,
+            Finish::UserQuit => TraceReason::UserQuit,
+            Finish::Signal(signal) => TraceReason::Signal(signal as u8),
+            Finish::Failure(why) => TraceReason::Other(why.to_string()),
         };
+        self.ending = true;
         self.stop(reason);
     }
 

@@ -2,12 +2,13 @@
 //! when stdin is a TTY, with a QEMU-like `Ctrl-A` escape for hotkeys.
 //!
 //! The terminal is restored on every way out: normal return, error, panic
-//! (panic hook) and fatal signals (signal handlers restore, then re-raise).
+//! (panic hook), SIGQUIT (restore, then die of it) and the stop signals
+//! (see `signals`: they end the run normally, or restore and die when
+//! repeated).
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Mutex, Once};
 
 use crate::error::{Error, Result};
@@ -86,7 +87,8 @@ pub fn user_message(text: &str) {
     let _ = err.flush();
 }
 
-fn restore_saved() {
+/// Restores the terminal from inside a signal handler.
+pub(crate) fn restore_terminal_in_handler() {
     // try_lock: a signal may arrive while the lock is held; better to leave
     // the terminal raw than to deadlock in a signal handler.
     if let Ok(guard) = SAVED.try_lock() {
@@ -98,32 +100,22 @@ fn restore_saved() {
     }
 }
 
-extern "C" fn restore_and_reraise(signal: libc::c_int) {
-    restore_saved();
-    // SAFETY: resetting to the default action and re-raising is the
-    // documented way to die of the signal after cleaning up.
-    unsafe {
-        libc::signal(signal, libc::SIG_DFL);
-        libc::raise(signal);
-    }
-}
-
 fn install_hooks() {
     HOOKS.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            restore_saved();
+            restore_terminal_in_handler();
             previous(info);
         }));
-        for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT] {
-            // SAFETY: the handler only calls async-signal-safe functions.
-            unsafe {
-                libc::signal(
-                    signal,
-                    restore_and_reraise as *const () as libc::sighandler_t,
-                );
-            }
-        }
+        // SIGQUIT (Ctrl-\ in cooked mode, or kill -QUIT) is for leaving at
+        // once: restore the terminal and die of it, without a flush.
+        // SAFETY: the action only calls async-signal-safe functions.
+        let _ = unsafe {
+            signal_hook::low_level::register(libc::SIGQUIT, || {
+                restore_terminal_in_handler();
+                let _ = signal_hook::low_level::emulate_default_handler(libc::SIGQUIT);
+            })
+        };
     });
 }
 
@@ -177,12 +169,9 @@ impl Drop for RawTerminal {
     }
 }
 
-/// Reads stdin on its own thread and sends what it means to the run loop.
-/// `wake` is called after each send so a running vCPU notices at once.
-pub fn spawn_input_thread(
-    tx: Sender<ConsoleInput>,
-    wake: impl Fn() + Send + 'static,
-) -> Result<()> {
+/// Reads stdin on its own thread and hands what it means to `send`, which
+/// returns false when nobody listens any more.
+pub fn spawn_input_thread(send: impl Fn(ConsoleInput) -> bool + Send + 'static) -> Result<()> {
     std::thread::Builder::new()
         .name("vtrace-console".into())
         .spawn(move || {
@@ -192,17 +181,16 @@ pub fn spawn_input_thread(
             loop {
                 let n = match stdin.read(&mut buf) {
                     Ok(0) | Err(_) => {
-                        let _ = tx.send(ConsoleInput::Closed);
+                        send(ConsoleInput::Closed);
                         return;
                     }
                     Ok(n) => n,
                 };
                 for input in parser.feed(&buf[..n]) {
-                    if tx.send(input).is_err() {
+                    if !send(input) {
                         return;
                     }
                 }
-                wake();
             }
         })
         .map(|_| ())

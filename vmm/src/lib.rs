@@ -36,6 +36,7 @@ pub mod memory;
 pub mod monitor;
 pub mod probe;
 mod run_loop;
+pub mod signals;
 mod vcpu;
 mod vm;
 
@@ -44,5 +45,5 @@ pub use error::{Error, Result};
 pub use monitor::{
     CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor, NoMonitor,
 };
-pub use run_loop::{GuestExit, RunOutcome};
+pub use run_loop::{Finish, GuestExit, RunOutcome};
 pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};

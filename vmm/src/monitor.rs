@@ -229,7 +229,7 @@ pub trait Monitor {
     /// The guest stops running: `failure` says why when it did not end
     /// the way a guest may (triple fault, emulation failure...). Last chance
     /// to record.
-    fn on_finish(&mut self, _cpu: &mut dyn CpuView, _failure: Option<&str>) {}
+    fn on_finish(&mut self, _cpu: &mut dyn CpuView, _how: crate::Finish<'_>) {}
 }
 
 /// The VM with nothing attached.

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
 use crate::monitor::{CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor};
+use crate::signals;
 use crate::vcpu::Vcpu;
 use crate::vm::{ConsoleMode, Vm};
 
@@ -33,6 +34,33 @@ pub enum GuestExit {
     /// The monitor was done with the guest (a tracer told to end the run
     /// when tracing stops).
     MonitorDone,
+    /// SIGINT, SIGTERM or SIGHUP (this number) asked vtrace to stop; see
+    /// [`signals`](crate::signals).
+    Signal(i32),
+}
+
+/// How a run ended, as the monitor is told in [`Monitor::on_finish`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish<'a> {
+    /// The guest ended it (EXIT hypercall, power-off, reset), or the
+    /// monitor did.
+    Guest,
+    /// The user pressed `Ctrl-A x`.
+    UserQuit,
+    /// A stop signal (its number).
+    Signal(i32),
+    /// The guest failed or KVM did; the first line of the error.
+    Failure(&'a str),
+}
+
+/// What wakes the run loop between exits or from a halt.
+enum Wake {
+    /// Console input: bytes for the guest, a hotkey, or its end.
+    Console(ConsoleInput),
+    /// A `vtrace ctl` request is waiting.
+    Control,
+    /// A stop signal was caught.
+    Signal,
 }
 
 /// What a finished run reports.
@@ -62,6 +90,16 @@ impl RunOutcome {
 }
 
 const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+
+/// A function for another thread that sends `what` to the loop and kicks
+/// the vCPU out of `KVM_RUN`.
+fn waker(tx: &mpsc::Sender<Wake>, kicker: &Kicker, what: fn() -> Wake) -> Box<dyn Fn() + Send> {
+    let (tx, handle) = (tx.clone(), kicker.handle());
+    Box::new(move || {
+        let _ = tx.send(what());
+        handle.kick();
+    })
+}
 
 /// An exit, copied out of `kvm_run` so the VM can be used while serving it.
 enum Exit {
@@ -122,15 +160,19 @@ impl Vm {
         let immediate_exit = &mut self.vcpu.run_page().immediate_exit as *mut u8;
         let kicker = Kicker::new(immediate_exit)?;
         let (tx, rx) = mpsc::channel();
+        signals::catch_stop_signals()?;
+        signals::set_waker(Some(waker(&tx, &kicker, || Wake::Signal)));
         if let Some(control) = &self.control {
-            let handle = kicker.handle();
-            control.set_waker(Box::new(move || handle.kick()));
+            control.set_waker(waker(&tx, &kicker, || Wake::Control));
         }
-        if self.console == ConsoleMode::Interactive {
-            let handle = kicker.handle();
-            console::spawn_input_thread(tx, move || handle.kick())?;
-        } else {
-            drop(tx);
+        self.console_open = self.console == ConsoleMode::Interactive;
+        if self.console_open {
+            let (tx, handle) = (tx.clone(), kicker.handle());
+            console::spawn_input_thread(move |input| {
+                let sent = tx.send(Wake::Console(input)).is_ok();
+                handle.kick();
+                sent
+            })?;
         }
         self.clock = if monitor.stepping() {
             VirtualClock::stepping_from_start(self.clock.mode())
@@ -140,17 +182,24 @@ impl Vm {
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
+        signals::set_waker(None);
         let failure = result.as_ref().err().map(|e| {
             let text = e.to_string();
             text.lines().next().unwrap_or_default().to_string()
         });
+        let finish = match (&result, failure.as_deref()) {
+            (_, Some(failure)) => Finish::Failure(failure),
+            (Ok(GuestExit::UserQuit), None) => Finish::UserQuit,
+            (Ok(GuestExit::Signal(signal)), None) => Finish::Signal(*signal),
+            _ => Finish::Guest,
+        };
         monitor.on_finish(
             &mut KvmCpuView {
                 vcpu: &mut self.vcpu,
                 ram: &self.ram,
                 cpuid: &self.cpuid,
             },
-            failure.as_deref(),
+            finish,
         );
         let exit = result?;
         Ok(RunOutcome {
@@ -166,7 +215,7 @@ impl Vm {
 
     fn run_until_stop(
         &mut self,
-        rx: &Receiver<ConsoleInput>,
+        rx: &Receiver<Wake>,
         kicker: &Kicker,
         monitor: &mut dyn Monitor,
         irqs: &mut [u64; 16],
@@ -255,15 +304,45 @@ impl Vm {
     /// Device work between exits: console input, interrupt lines, injection.
     fn service(
         &mut self,
-        rx: &Receiver<ConsoleInput>,
+        rx: &Receiver<Wake>,
         monitor: &mut dyn Monitor,
         irqs: &mut [u64; 16],
     ) -> Result<Next> {
-        while let Ok(input) = rx.try_recv() {
-            if let Next::Stop(exit) = self.console_input(input, monitor) {
+        while let Ok(wake) = rx.try_recv() {
+            if let Next::Stop(exit) = self.woken(wake, monitor) {
                 return Ok(Next::Stop(exit));
             }
         }
+        if let Some(signal) = signals::caught() {
+            return Ok(Next::Stop(GuestExit::Signal(signal)));
+        }
+        self.serve_control(monitor);
+        let now = self.clock.now();
+        self.devices.update_interrupts(now);
+        if let Some(end) = self.devices.machine_end() {
+            return Ok(Next::Stop(end));
+        }
+        self.inject(irqs, monitor)?;
+        Ok(Next::Continue)
+    }
+
+    /// Acts on what woke the loop (console input, a signal...).
+    fn woken(&mut self, wake: Wake, monitor: &mut dyn Monitor) -> Next {
+        match wake {
+            Wake::Console(input) => self.console_input(input, monitor),
+            Wake::Control => {
+                self.serve_control(monitor);
+                Next::Continue
+            }
+            Wake::Signal => match signals::caught() {
+                Some(signal) => Next::Stop(GuestExit::Signal(signal)),
+                None => Next::Continue,
+            },
+        }
+    }
+
+    /// Answers the waiting `vtrace ctl` requests.
+    fn serve_control(&mut self, monitor: &mut dyn Monitor) {
         while let Some(request) = self.control.as_ref().and_then(|c| c.try_next()) {
             let answer = match request.command.as_str() {
                 "status" => {
@@ -283,13 +362,6 @@ impl Vm {
             };
             request.reply(answer);
         }
-        let now = self.clock.now();
-        self.devices.update_interrupts(now);
-        if let Some(end) = self.devices.machine_end() {
-            return Ok(Next::Stop(end));
-        }
-        self.inject(irqs, monitor)?;
-        Ok(Next::Continue)
     }
 
     /// Delivers the PIC's pending interrupt if the guest can take it now,
@@ -500,7 +572,7 @@ impl Vm {
                     char::from(key).escape_default()
                 )),
             },
-            ConsoleInput::Closed => {}
+            ConsoleInput::Closed => self.console_open = false,
         }
         Next::Continue
     }
@@ -580,7 +652,7 @@ impl Vm {
     fn serve(
         &mut self,
         exit: Exit,
-        rx: &Receiver<ConsoleInput>,
+        rx: &Receiver<Wake>,
         monitor: &mut dyn Monitor,
         irqs: &mut [u64; 16],
     ) -> Result<Next> {
@@ -773,7 +845,7 @@ impl Vm {
     /// something for it, serving console input meanwhile.
     fn halt(
         &mut self,
-        rx: &Receiver<ConsoleInput>,
+        rx: &Receiver<Wake>,
         monitor: &mut dyn Monitor,
         irqs: &mut [u64; 16],
     ) -> Result<Next> {
@@ -804,22 +876,26 @@ impl Vm {
             let wait = deadline
                 .and_then(|d| self.clock.host_delay_until(d))
                 .unwrap_or(Duration::from_millis(100));
+            if let Some(signal) = signals::caught() {
+                return Ok(Next::Stop(GuestExit::Signal(signal)));
+            }
+            if deadline.is_none() && !self.console_open {
+                return Err(Error::GuestFailure {
+                    reason: "the guest halted with no timer programmed and no console \
+                             input, so nothing can wake it"
+                        .into(),
+                    report: Box::new(self.crash_report(None)),
+                });
+            }
             match rx.recv_timeout(wait) {
-                Ok(input) => {
-                    if let Next::Stop(exit) = self.console_input(input, monitor) {
+                Ok(wake) => {
+                    if let Next::Stop(exit) = self.woken(wake, monitor) {
                         return Ok(Next::Stop(exit));
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) if deadline.is_none() => {
-                    return Err(Error::GuestFailure {
-                        reason: "the guest halted with no timer programmed and no console \
-                                 input, so nothing can wake it"
-                            .into(),
-                        report: Box::new(self.crash_report(None)),
-                    });
-                }
-                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+                // The senders live as long as the loop: a timeout, or a
+                // channel that cannot end.
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
             }
         }
     }

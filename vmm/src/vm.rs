@@ -63,6 +63,8 @@ pub struct Vm {
     /// its I/O exit.
     pub(crate) out_counted: bool,
     pub(crate) breakpoints: Vec<u64>,
+    /// Console input may still come (interactive, and stdin not closed).
+    pub(crate) console_open: bool,
     /// The vCPU's CPUID table, for correcting CPUID results where the
     /// host leaks its own (see `cpuid::as_given`).
     pub(crate) cpuid: kvm_bindings::CpuId,
@@ -159,6 +161,7 @@ impl Vm {
             io_pending: false,
             out_counted: false,
             breakpoints: Vec::new(),
+            console_open: false,
             boot,
         })
     }
