@@ -90,7 +90,7 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
             Some((file, aspace)) => (file, Scope::parse(aspace)?),
             None => (spec.as_str(), Scope::Any),
         };
-        let bytes = std::fs::read(file).with_context(|| format!("cannot read {file}"))?;
+        let bytes = vtrace_analyzer::symbols::read_symbol_file(Path::new(file))?;
         match vtrace_vmm::boot::vmlinux_inside(&bytes) {
             Some(vmlinux) => {
                 symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use vtrace_analyzer::input::{no_progress, Trace};
 use vtrace_analyzer::symbols::{discover, Symbolizer};
-use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
+use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
 use vtrace_storage::{Recorder, SegmentDecoder, TraceReader};
 use vtrace_vmm::boot::{BootSource, Image};
@@ -98,7 +98,13 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
         clock: None,
         vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
     };
-    let disk = DiskWriter::create(target, size, DEFAULT_SLOT_SIZE, false, &metadata.to_text())?;
+    let disk = DiskWriter::create(
+        target,
+        size,
+        DEFAULT_SEGMENT_SIZE,
+        false,
+        &metadata.to_text(),
+    )?;
     let mut recorder = Recorder::start(disk);
     for _ in 0..copies {
         for payload in &payloads {

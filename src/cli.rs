@@ -58,13 +58,43 @@ pub struct DoctorArgs {
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
-    /// start, stop, mark [ID], or status.
-    #[arg(required = true, num_args = 1..=2)]
-    pub command: Vec<String>,
-    /// The run's control socket (default: the only vtrace-*.sock in
-    /// $XDG_RUNTIME_DIR or /tmp).
-    #[arg(long, value_name = "PATH")]
+    #[command(subcommand)]
+    pub command: CtlCommand,
+    /// The run's control socket (default: the one socket of a live run of
+    /// yours in $XDG_RUNTIME_DIR or /tmp).
+    #[arg(long, value_name = "PATH", global = true)]
     pub control: Option<PathBuf>,
+}
+
+/// What to ask the run.
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Start tracing.
+    Start,
+    /// Stop tracing; what was traced is written to the disk at once.
+    Stop,
+    /// Record a mark in the trace: with ID as a guest MARK hypercall would,
+    /// without one as a host mark (like Ctrl-A m).
+    Mark {
+        /// The mark's id (a number below 2^64-1).
+        #[arg(value_parser = clap::value_parser!(u64).range(..u64::MAX))]
+        id: Option<u64>,
+    },
+    /// Whether tracing is on, steps recorded, virtual time and exits.
+    Status,
+}
+
+impl CtlCommand {
+    /// The request line the control socket takes.
+    pub fn request(&self) -> String {
+        match self {
+            CtlCommand::Start => "start".into(),
+            CtlCommand::Stop => "stop".into(),
+            CtlCommand::Mark { id: Some(id) } => format!("mark {id}"),
+            CtlCommand::Mark { id: None } => "mark".into(),
+            CtlCommand::Status => "status".into(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -189,17 +219,24 @@ pub struct RunArgs {
     #[arg(long)]
     pub trace: bool,
 
-    /// Trace disk to write (a file, created and preallocated, or a block
-    /// device). Given alone, tracing waits for Ctrl-A t or a hypercall.
+    /// Trace disk to write (a file, or a block device). Given alone,
+    /// tracing waits for Ctrl-A t or a hypercall. An earlier trace there
+    /// is replaced; any other file is not, without --force.
     #[arg(long, value_name = "PATH")]
     pub disk: Option<PathBuf>,
 
-    /// Size of the trace disk (a block device keeps its own).
+    /// Replace the file at --disk even if it is not a trace.
+    #[arg(long)]
+    pub force: bool,
+
+    /// Room reserved for the trace disk while tracing (a block device
+    /// keeps its own size). A trace that ends cleanly is cut back to what
+    /// it holds.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
     pub disk_size: u64,
 
-    /// Size of a trace segment (one slot of the disk; 64K to 64M, a multiple
-    /// of 4K). Small disks want small segments.
+    /// Size at which the trace is cut into segments, each compressed and
+    /// checked on its own (64K to 64M, a multiple of 4K).
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_segment_size)]
     pub segment_size: u64,
 

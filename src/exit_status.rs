@@ -1,6 +1,22 @@
 //! Exit statuses of `vtrace run` and advice for the errors a user can fix.
 
+use vtrace_analyzer::error::AnalyzeError;
+use vtrace_analyzer::symbols::SymbolError;
+use vtrace_storage::disk::DiskError;
 use vtrace_vmm::Error;
+
+/// `vtrace ctl` found no run to talk to: exit status 69, as when it cannot
+/// connect.
+#[derive(Debug)]
+pub struct NoRunListening(pub String);
+
+impl std::fmt::Display for NoRunListening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoRunListening {}
 
 /// Shown under `vtrace run --help`.
 pub const STATUS_TABLE: &str = "\
@@ -9,10 +25,15 @@ Exit status:
   0      also: the guest powered off (ACPI) or rebooted, or quit with Ctrl-A x;
          the last line vtrace prints says which
   2      bad command-line arguments
-  65     the kernel is not a format vtrace boots, or its command line is invalid
-  66     the kernel or initrd file is missing or unreadable
+  65     the kernel is not a format vtrace boots, or its command line is invalid;
+         a file given as a trace is not one
+  66     the kernel, initrd or trace file (or --disk's directory) is missing or
+         unreadable
   69     KVM is missing or unusable on this host (vtrace ctl: no run listening)
   70     an internal or KVM error
+  73     the trace disk cannot be made (a file that is not a trace is there,
+         no room to reserve it)
+  74     reading or writing the trace disk failed
   77     no permission to open the KVM device
   78     guest memory too small (or too large) for the image
   80     the guest shut down (triple fault); registers and last exits are printed
@@ -47,6 +68,34 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
     if let Some(vtrace_vmm::control::ControlError::Connect { .. }) =
         error.chain().find_map(|e| e.downcast_ref())
     {
+        return 69;
+    }
+    let analysis = error.chain().find_map(|e| e.downcast_ref::<AnalyzeError>());
+    if let Some(AnalyzeError::Symbols(symbols)) = analysis {
+        return match symbols {
+            SymbolError::Read { .. } => 66,
+            SymbolError::BadScope(_) => 2,
+            _ => 65,
+        };
+    }
+    // AnalyzeError::Trace is transparent: its DiskError is not in the chain.
+    let disk = error
+        .chain()
+        .find_map(|e| e.downcast_ref::<DiskError>())
+        .or(match analysis {
+            Some(AnalyzeError::Trace(disk)) => Some(disk),
+            _ => None,
+        });
+    if let Some(disk) = disk {
+        return match disk {
+            DiskError::Open { .. } => 66,
+            DiskError::NotATrace { .. } | DiskError::NotAFile { .. } => 65,
+            DiskError::TooSmall { .. } => 2,
+            DiskError::Foreign { .. } | DiskError::Reserve { .. } => 73,
+            DiskError::Io { .. } => 74,
+        };
+    }
+    if error.chain().any(|e| e.is::<NoRunListening>()) {
         return 69;
     }
     match vmm_error(error) {

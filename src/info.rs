@@ -34,9 +34,11 @@ fn json(s: &TraceSummary) -> serde_json::Value {
 pub fn info(args: InfoArgs) -> Result<i32> {
     let reader = TraceReader::open(&args.trace)?;
     let s = summarize(&reader, |_, _| {});
+    // Problems fail the command in both forms, so scripts notice damage.
+    let status = if s.problems.is_empty() { 0 } else { 1 };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json(&s))?);
-        return Ok(0);
+        return Ok(status);
     }
     println!("trace:          {}", args.trace.display());
     for line in s.metadata.lines() {
@@ -69,5 +71,5 @@ pub fn info(args: InfoArgs) -> Result<i32> {
     for p in &s.problems {
         println!("problem:        {p}");
     }
-    Ok(if s.problems.is_empty() { 0 } else { 1 })
+    Ok(status)
 }

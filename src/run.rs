@@ -1,6 +1,6 @@
 //! `vtrace run`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use vtrace_vmm::boot::{default_linux_cmdline, BootSource, Image};
 use vtrace_vmm::console::user_message;
 use vtrace_vmm::{
@@ -146,6 +146,10 @@ fn tracer(
     };
     let start_at = place(&args.start_at, "--start-at")?;
     let stop_at = place(&args.stop_at, "--stop-at")?;
+    if args.force && path.is_file() {
+        std::fs::remove_file(&path)
+            .with_context(|| format!("cannot remove {} (--force)", path.display()))?;
+    }
     let disk = DiskWriter::create(
         &path,
         args.disk_size,

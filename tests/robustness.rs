@@ -158,8 +158,10 @@ fn stopping_anywhere_never_hands_the_guest_a_debug_trap() {
     let disk = dir.path().join("toggled.vtd");
     let control = dir.path().join("c.sock");
     // A slower timer keeps the guest busy for the whole exercise untraced.
+    // Each stop seals a small segment; 8 MiB holds them all (each once
+    // took a whole 1 MiB of the disk, and 8 MiB was full after 7).
     let mut child = vtrace()
-        .args(["run", "--no-input", "--trace", "--disk-size", "64M"])
+        .args(["run", "--no-input", "--trace", "--disk-size", "8M"])
         .arg("--disk")
         .arg(&disk)
         .arg("--control")
@@ -197,11 +199,296 @@ fn stopping_anywhere_never_hands_the_guest_a_debug_trap() {
     let console = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{console}\n{}", stderr(&out));
     assert!(!console.contains("PANIC"), "{console}");
-    assert!(stops >= 5, "only {stops} stops landed");
+    assert!(stops >= 10, "only {stops} stops landed");
     let json = info_json(&disk);
     assert_eq!(json["gaps"], 0, "{json}");
+    assert_ne!(json["stop_reason"], "disk_full", "{json}");
     assert!(
         json["events"]["trace_stop"].as_u64().unwrap() >= stops,
         "{json}"
     );
+}
+
+/// A fresh trace of the demo's first 50,000 steps in several segments.
+fn small_trace(dir: &Path, name: &str) -> std::path::PathBuf {
+    let disk = dir.join(name);
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--max-steps",
+        "50000",
+        "--segment-size",
+        "64K",
+        "--disk-size",
+        "8M",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    disk
+}
+
+/// An exit status and what came with it.
+type Told<T> = (Option<i32>, T);
+
+/// `vtrace info` in both forms: (status, text), (status, problems).
+fn info_both(disk: &Path) -> (Told<String>, Told<Vec<String>>) {
+    let text = run(&["info", disk.to_str().unwrap()]);
+    let json = run(&["info", "--json", disk.to_str().unwrap()]);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap_or_default();
+    let problems = value["problems"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    (
+        (text.status.code(), stdout(&text) + &stderr(&text)),
+        (json.status.code(), problems),
+    )
+}
+
+fn patch(disk: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(disk).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+fn byte_at(disk: &Path, offset: u64) -> u8 {
+    std::fs::read(disk).unwrap()[offset as usize]
+}
+
+#[test]
+fn damage_is_reported_and_fails_info_in_both_forms() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let good = small_trace(dir.path(), "good.vtd");
+    let ((status, text), (json_status, problems)) = info_both(&good);
+    assert_eq!((status, json_status), (Some(0), Some(0)), "{text}");
+    assert!(problems.is_empty());
+    let reader = TraceReader::open(&good).unwrap();
+    assert!(reader.segments().len() >= 3, "several segments");
+    let first = reader.segments()[0].found.offset;
+    drop(reader);
+
+    // What each damage must be reported as.
+    type Damage = fn(&Path, u64);
+    let cases: [(&str, Damage, &str); 5] = [
+        (
+            "a flipped byte in segment 0's header",
+            |d, at| patch(d, at + 20, &[byte_at(d, at + 20) ^ 0x40]),
+            "segment 0 is missing",
+        ),
+        (
+            "segment 0 zeroed",
+            |d, at| {
+                let len = TraceReader::open(d).unwrap().segments()[0]
+                    .found
+                    .header
+                    .total_len();
+                patch(d, at, &vec![0u8; len as usize]);
+            },
+            "segment 0 is missing",
+        ),
+        (
+            "every segment zeroed",
+            |d, at| {
+                let len = std::fs::metadata(d).unwrap().len() - at;
+                patch(d, at, &vec![0u8; len as usize]);
+            },
+            "segments written are not on the disk",
+        ),
+        (
+            "a flipped superblock byte",
+            |d, _| patch(d, 70, &[byte_at(d, 70) ^ 1]),
+            "superblock is damaged",
+        ),
+        (
+            "a header claiming a huge sequence number",
+            |d, at| {
+                // A valid header (CRC fixed up) with seq 2^59: the reader
+                // must neither allocate for the gap nor call it fine.
+                let mut h = std::fs::read(d).unwrap()[at as usize..at as usize + 64].to_vec();
+                h[8..16].copy_from_slice(&(1u64 << 59).to_le_bytes());
+                let crc = crc32c(&h[..60]);
+                h[60..64].copy_from_slice(&crc.to_le_bytes());
+                patch(d, at, &h);
+            },
+            "segment 0 is missing",
+        ),
+    ];
+    for (what, damage, expected) in cases {
+        let disk = dir.path().join("damaged.vtd");
+        std::fs::copy(&good, &disk).unwrap();
+        damage(&disk, first);
+        let ((status, text), (json_status, problems)) = info_both(&disk);
+        assert_eq!(status, Some(1), "{what}: {text}");
+        assert_eq!(json_status, Some(1), "{what}: --json fails too");
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "{what}: {problems:?}"
+        );
+    }
+}
+
+/// CRC32C, as the segment headers use it (Castagnoli, reflected).
+fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82f6_3b78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn a_run_killed_before_its_first_segment_is_not_a_clean_empty_trace() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("early.vtd");
+    let control = dir.path().join("c.sock");
+    // Tracing waits for a trigger that never comes; killed meanwhile.
+    let mut child = vtrace()
+        .args(["run", "--no-input", "-q", "--clock", "prescale:1000"])
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The disk is made after the socket; the guest runs after both.
+    while !control.exists() || std::fs::metadata(&disk).map_or(0, |m| m.len()) == 0 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let ((status, text), (json_status, problems)) = info_both(&disk);
+    assert_eq!((status, json_status), (Some(1), Some(1)), "{text}");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("did not shut down cleanly")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn a_finished_trace_takes_its_size_and_small_segments_do_not_fill_the_disk() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("demo.vtd");
+    // The default 1 GiB is reserved while tracing.
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json = info_json(&disk);
+    let used = json["disk_used"].as_u64().unwrap();
+    let meta = std::fs::metadata(&disk).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let on_disk = meta.blocks() * 512;
+    // Superblock plus each segment rounded up to 4 KiB.
+    let segments = json["segments"].as_u64().unwrap();
+    assert!(
+        on_disk <= used + 4096 * (segments + 1),
+        "{on_disk} bytes on the host disk for {used} bytes of trace"
+    );
+}
+
+/// A trace of a few steps whose metadata names `kernel` as the traced
+/// kernel, as a crafted or moved trace may.
+fn trace_naming_kernel(dir: &Path, kernel: &str) -> std::path::PathBuf {
+    use vtrace_storage::disk::DiskWriter;
+    use vtrace_storage::{CpuMode, InsnBytes, Recorder, Regs, Step};
+    let path = dir.join("crafted.vtd");
+    let metadata = format!("guest: crafted\nkernel: {kernel}\nkernel-id: 0\n");
+    let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, &metadata).unwrap();
+    let mut recorder = Recorder::start(disk);
+    recorder.event(&Event::TraceStart(TraceReason::CommandLine));
+    for i in 0..10 {
+        recorder.step(&Step {
+            pc: 0x1000 + i,
+            bytes: InsnBytes::new(&[0x90]).unwrap(),
+            cr3: 0x1000,
+            mode: CpuMode::Long64,
+            cpl: 0,
+            regs: Regs::default(),
+        });
+    }
+    recorder.event(&Event::TraceStop(TraceReason::GuestExit));
+    recorder.finish().unwrap();
+    path
+}
+
+#[test]
+fn a_trace_naming_a_device_or_fifo_as_its_kernel_is_not_read_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for kernel in ["/dev/zero", fifo.to_str().unwrap()] {
+        let trace = trace_naming_kernel(dir.path(), kernel);
+        let mut child = vtrace()
+            .args(["analyze", "nest"])
+            .arg(&trace)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(60) {
+                child.kill().unwrap();
+                panic!("analyze hangs on a trace naming {kernel}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("is not a regular file"),
+            "{kernel}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn a_directory_is_refused_as_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    for args in [vec!["info", path], vec!["analyze", "stats", path]] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(65), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("is a directory"), "{}", stderr(&out));
+    }
 }

@@ -355,8 +355,11 @@ fn wrap_keeps_the_newest_steps() {
         "--wrap",
         "--disk",
         disk.to_str().unwrap(),
+        // Less than the demo's 1.5 MB of trace: it must wrap.
         "--disk-size",
-        "3M",
+        "1M",
+        "--segment-size",
+        "64K",
     ]);
     assert_eq!(out.status.code(), Some(0));
     let (whole, ring) = (info_json(&full), info_json(&disk));
@@ -569,7 +572,7 @@ fn ctl_starts_marks_and_stops_a_running_trace() {
     let (code, status) = ctl(&["status"]);
     assert_eq!(code, Some(0));
     assert!(status.starts_with("tracing on"), "{status}");
-    assert_eq!(ctl(&["bogus"]).0, Some(1));
+    assert_eq!(ctl(&["bogus"]).0, Some(2), "a usage error");
     assert!(ctl(&["stop"]).1.starts_with("tracing stopped"));
     let out = child.wait_with_output().unwrap();
     assert_eq!(

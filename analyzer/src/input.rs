@@ -105,13 +105,11 @@ impl Trace {
                     "segment {} (steps {}..{}) is skipped: {why}",
                     h.seq,
                     h.first_step,
-                    h.first_step + h.steps
+                    h.first_step.saturating_add(h.steps)
                 )),
             }
         }
-        for seq in reader.missing_segments() {
-            problems.push(format!("segment {seq} is missing"));
-        }
+        problems.extend(reader.structural_problems());
         Ok(Trace {
             reader,
             metadata,
@@ -126,14 +124,16 @@ impl Trace {
 
     /// Steps in the readable segments.
     pub fn steps(&self) -> u64 {
-        self.segments.iter().map(|s| s.steps).sum()
+        self.segments
+            .iter()
+            .fold(0u64, |sum, s| sum.saturating_add(s.steps))
     }
 
     /// Number of the first readable step and one past the last.
     pub fn step_range(&self) -> Option<(u64, u64)> {
         let first = self.segments.first()?;
         let last = self.segments.last()?;
-        Some((first.first_step, last.first_step + last.steps))
+        Some((first.first_step, last.first_step.saturating_add(last.steps)))
     }
 
     /// Runs `work` on the records of each of `segments` in parallel and
@@ -156,7 +156,9 @@ impl Trace {
         // One batch is worked on while the one before is consumed, and no
         // more: a listing's result is about 25 MB of text per segment.
         let window = rayon::current_num_threads().max(2);
-        let total: u64 = segments.iter().map(|s| s.steps).sum();
+        let total = segments
+            .iter()
+            .fold(0u64, |sum, s| sum.saturating_add(s.steps));
         let (tx, rx) = sync_channel::<Vec<Chunk<T>>>(0);
         std::thread::scope(|scope| {
             let work = &work;

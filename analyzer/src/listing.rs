@@ -10,7 +10,7 @@ use std::path::Path;
 
 use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter, IntelFormatter};
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, RecordRef, Regs, Step};
+use vtrace_storage::{Event, RecordRef, Regs, Step, HOST_MARK};
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
@@ -89,6 +89,10 @@ pub fn describe_event(e: &Event) -> String {
             args,
             result,
         } => format!("hypercall {command:#x} args {args:x?} result {result}"),
+        Event::Mark {
+            id: HOST_MARK,
+            value,
+        } => format!("host mark {value}"),
         Event::Mark { id, value } => format!("mark {id} value {value:#x}"),
         Event::Log(text) => format!("log {text:?}"),
         Event::Capture { addr, bytes } => format!("capture {} bytes at {addr:#x}", bytes.len()),

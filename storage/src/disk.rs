@@ -1,11 +1,30 @@
-//! The trace disk: a preallocated file (or a block device) holding a
-//! superblock and then equal-sized slots. A segment fills one slot or, when
-//! it compresses badly, a few consecutive ones; segments never straddle the
-//! end of the disk.
+//! The trace disk: a file (or a block device) holding a superblock and then
+//! segments, packed one after the other at 4 KiB boundaries (blocks).
+//! Segments never straddle the end of the disk; with `--wrap` the writer
+//! starts again at the first block.
+//!
+//! A file is preallocated to its full size while tracing, so tracing never
+//! fails halfway on a full host disk; when the run ends cleanly it is cut
+//! back to the blocks it used and the superblock is marked closed. A trace
+//! whose superblock is not closed did not end cleanly.
 //!
 //! The superblock is a hint. Every segment header carries its sequence
-//! number and checksums, so the reader rebuilds the order by scanning slots,
-//! even after the VMM was killed mid-trace or the superblock was lost.
+//! number and checksums, so the reader rebuilds the order by scanning
+//! blocks, even after the VMM was killed mid-trace or the superblock was
+//! lost.
+//!
+//! | bytes | superblock field |
+//! |---|---|
+//! | 0..8 | magic `VTRACEDK` |
+//! | 8..12 | version (2) |
+//! | 12..16 | segment size: raw bytes a segment is cut at |
+//! | 16..24 | blocks after the superblock |
+//! | 24..28 | flags: 1 wrap, 2 closed (the run ended cleanly) |
+//! | 28..36 | creation time, Unix seconds |
+//! | 36..40 | metadata length, then the metadata text at 64 |
+//! | 40..48 | segments written (set when closed) |
+//! | 48..56 | steps written (set when closed) |
+//! | 4092..4096 | CRC32C of bytes 0..4092 |
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
@@ -16,23 +35,28 @@ use crate::segment::{SegmentHeader, HEADER_LEN};
 
 /// Bytes reserved at the start for the superblock.
 pub const SUPERBLOCK_LEN: u64 = 4096;
-/// Default slot size.
-pub const DEFAULT_SLOT_SIZE: u32 = 1 << 20;
+/// Segments start at multiples of this many bytes after the superblock.
+pub const BLOCK: u64 = 4096;
+/// Default segment size.
+pub const DEFAULT_SEGMENT_SIZE: u32 = 1 << 20;
 const MAGIC: [u8; 8] = *b"VTRACEDK";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const FLAG_WRAP: u32 = 1;
+const FLAG_CLOSED: u32 = 2;
 /// Longest metadata text the superblock holds.
 pub const METADATA_MAX: usize = 3072;
 
 /// Errors opening, creating or writing a trace disk.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
+    /// The file could not be opened or created.
     #[error("cannot open trace disk {path}: {source}")]
     Open {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// The host could not give the file its size.
     #[error(
         "cannot reserve {size} bytes for trace disk {path}: {source} \
          (free some space or choose a smaller --disk-size)"
@@ -43,31 +67,54 @@ pub enum DiskError {
         #[source]
         source: std::io::Error,
     },
+    /// The size leaves no room for a segment.
     #[error(
-        "trace disk {path} is too small: {size} bytes holds fewer than two {slot_size}-byte slots"
+        "trace disk {path} is too small: {size} bytes holds fewer than two {segment_size}-byte \
+         segments"
     )]
     TooSmall {
         path: PathBuf,
         size: u64,
-        slot_size: u32,
+        segment_size: u32,
     },
+    /// Reading or writing failed.
     #[error("I/O on trace disk {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// Neither a superblock nor a segment was found.
     #[error("{path} is not a vtrace trace disk (no superblock and no segments)")]
     NotATrace { path: PathBuf },
+    /// A directory, FIFO, socket or character device.
+    #[error("{path} is {kind}, not a trace disk (a regular file or a block device)")]
+    NotAFile { path: PathBuf, kind: &'static str },
+    /// Creating the disk would destroy a file that is not a trace.
+    #[error(
+        "{path} exists and is not a vtrace trace disk; refusing to overwrite it \
+         (choose another --disk, or add --force)"
+    )]
+    Foreign { path: PathBuf },
 }
 
 /// What the superblock records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    pub slot_size: u32,
-    pub slot_count: u64,
+    /// Raw bytes at which the recorder cuts a segment.
+    pub segment_size: u32,
+    /// Blocks of [`BLOCK`] bytes after the superblock.
+    pub block_count: u64,
+    /// Old segments are overwritten when the disk is full.
     pub wrap: bool,
+    /// The run ended cleanly: everything it recorded was written.
+    pub closed: bool,
+    /// When the disk was made, Unix seconds.
     pub created_unix: u64,
+    /// Segments written, once closed (else 0).
+    pub segments: u64,
+    /// Steps written, once closed (else 0).
+    pub steps: u64,
     /// Free text: what was traced and how (`key: value` lines).
     pub metadata: String,
 }
@@ -77,13 +124,17 @@ impl Superblock {
         let mut b = vec![0u8; SUPERBLOCK_LEN as usize];
         b[0..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&self.slot_size.to_le_bytes());
-        b[16..24].copy_from_slice(&self.slot_count.to_le_bytes());
-        b[24..28].copy_from_slice(&(if self.wrap { FLAG_WRAP } else { 0 }).to_le_bytes());
+        b[12..16].copy_from_slice(&self.segment_size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.block_count.to_le_bytes());
+        let flags =
+            (if self.wrap { FLAG_WRAP } else { 0 }) | (if self.closed { FLAG_CLOSED } else { 0 });
+        b[24..28].copy_from_slice(&flags.to_le_bytes());
         b[28..36].copy_from_slice(&self.created_unix.to_le_bytes());
         let meta = self.metadata.as_bytes();
         let meta = &meta[..meta.len().min(METADATA_MAX)];
         b[36..40].copy_from_slice(&(meta.len() as u32).to_le_bytes());
+        b[40..48].copy_from_slice(&self.segments.to_le_bytes());
+        b[48..56].copy_from_slice(&self.steps.to_le_bytes());
         b[64..64 + meta.len()].copy_from_slice(meta);
         let crc = crc32c::crc32c(&b[..SUPERBLOCK_LEN as usize - 4]);
         let end = SUPERBLOCK_LEN as usize;
@@ -102,20 +153,41 @@ impl Superblock {
             return None;
         }
         let meta_len = (u32_at(36) as usize).min(METADATA_MAX);
+        let flags = u32_at(24);
         Some(Superblock {
-            slot_size: u32_at(12),
-            slot_count: u64_at(16),
-            wrap: u32_at(24) & FLAG_WRAP != 0,
+            segment_size: u32_at(12),
+            block_count: u64_at(16),
+            wrap: flags & FLAG_WRAP != 0,
+            closed: flags & FLAG_CLOSED != 0,
             created_unix: u64_at(28),
+            segments: u64_at(40),
+            steps: u64_at(48),
             metadata: String::from_utf8_lossy(&b[64..64 + meta_len]).into_owned(),
         })
     }
 }
 
-fn is_block_device(file: &File) -> bool {
-    file.metadata()
-        .map(|m| m.file_type().is_block_device())
-        .unwrap_or(false)
+/// Whether `b` starts like a superblock (the magic), intact or not.
+fn looks_like_a_superblock(b: &[u8]) -> bool {
+    b.get(0..8) == Some(&MAGIC[..])
+}
+
+/// What kind of file `path` is, when it cannot be a trace disk.
+fn unusable_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() || t.is_block_device() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else {
+        Some("not a regular file")
+    }
 }
 
 /// Size of a file or block device.
@@ -123,33 +195,42 @@ fn device_size(file: &mut File) -> std::io::Result<u64> {
     file.seek(SeekFrom::End(0))
 }
 
-/// A trace disk opened for writing, with the slot the next segment goes to.
+/// Blocks that `len` bytes take.
+fn blocks_for(len: u64) -> u64 {
+    len.div_ceil(BLOCK)
+}
+
+/// A trace disk opened for writing, with the block the next segment goes
+/// to.
 pub struct DiskWriter {
     file: File,
     path: PathBuf,
     superblock: Superblock,
-    next_slot: u64,
-    /// Slots written at least once (for "disk use").
-    slots_used: u64,
+    block_device: bool,
+    next_block: u64,
+    /// Blocks written at least once (for "disk use").
+    blocks_used: u64,
 }
 
 /// Result of appending a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Appended {
-    /// Written at this slot.
-    At { slot: u64, slots: u64 },
+    /// Written at this block, taking `blocks`.
+    At { block: u64, blocks: u64 },
     /// No room left (not in wrap mode): nothing was written.
     Full,
 }
 
 impl DiskWriter {
-    /// Creates (or takes over) a trace disk of `size` bytes at `path`,
-    /// reserving the space now so tracing can never fail halfway on a full
-    /// host disk. A block device keeps its own size.
+    /// Creates a trace disk of `size` bytes at `path` (or takes over an
+    /// earlier trace there, or a block device), reserving the space now so
+    /// tracing can never fail halfway on a full host disk. A block device
+    /// keeps its own size. A file that is not a trace is not overwritten
+    /// ([`DiskError::Foreign`]): remove it first where that is meant.
     pub fn create(
         path: &Path,
         size: u64,
-        slot_size: u32,
+        segment_size: u32,
         wrap: bool,
         metadata: &str,
     ) -> Result<DiskWriter, DiskError> {
@@ -157,9 +238,28 @@ impl DiskWriter {
             path: path.to_path_buf(),
             source,
         };
-        let existing_block = std::fs::metadata(path)
-            .map(|m| m.file_type().is_block_device())
-            .unwrap_or(false);
+        let existing = std::fs::metadata(path).ok();
+        if let Some(kind) = existing.as_ref().and_then(unusable_kind) {
+            return Err(DiskError::NotAFile {
+                path: path.to_path_buf(),
+                kind,
+            });
+        }
+        let existing_block = existing
+            .as_ref()
+            .is_some_and(|m| m.file_type().is_block_device());
+        if existing
+            .as_ref()
+            .is_some_and(|m| m.is_file() && m.len() > 0)
+        {
+            let mut head = [0u8; 8];
+            let read = File::open(path).and_then(|f| f.read_exact_at(&mut head, 0));
+            if read.is_err() || !looks_like_a_superblock(&head) {
+                return Err(DiskError::Foreign {
+                    path: path.to_path_buf(),
+                });
+            }
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -167,7 +267,7 @@ impl DiskWriter {
             .truncate(!existing_block)
             .open(path)
             .map_err(open_err)?;
-        let size = if is_block_device(&file) {
+        let size = if existing_block {
             device_size(&mut file).map_err(open_err)?
         } else {
             reserve(&file, size).map_err(|source| DiskError::Reserve {
@@ -177,37 +277,41 @@ impl DiskWriter {
             })?;
             size
         };
-        let slot_count = size.saturating_sub(SUPERBLOCK_LEN) / u64::from(slot_size);
-        if slot_count < 2 {
+        let block_count = size.saturating_sub(SUPERBLOCK_LEN) / BLOCK;
+        if block_count < 2 * blocks_for(u64::from(segment_size)) {
             return Err(DiskError::TooSmall {
                 path: path.to_path_buf(),
                 size,
-                slot_size,
+                segment_size,
             });
         }
         let superblock = Superblock {
-            slot_size,
-            slot_count,
+            segment_size,
+            block_count,
             wrap,
+            closed: false,
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            segments: 0,
+            steps: 0,
             metadata: metadata.to_string(),
         };
         let writer = DiskWriter {
             file,
             path: path.to_path_buf(),
             superblock,
-            next_slot: 0,
-            slots_used: 0,
+            block_device: existing_block,
+            next_block: 0,
+            blocks_used: 0,
         };
         writer.write_at(0, &writer.superblock.encode())?;
         if existing_block {
             // Stale segments of an earlier trace would confuse the scan.
             let zero = vec![0u8; HEADER_LEN];
-            for slot in 0..slot_count {
-                writer.write_at(writer.slot_offset(slot), &zero)?;
+            for block in 0..block_count {
+                writer.write_at(writer.block_offset(block), &zero)?;
             }
         }
         Ok(writer)
@@ -216,78 +320,95 @@ impl DiskWriter {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), DiskError> {
         self.file
             .write_all_at(data, offset)
-            .map_err(|source| DiskError::Io {
-                path: self.path.clone(),
-                source,
-            })
+            .map_err(|source| self.io(source))
     }
 
-    fn slot_offset(&self, slot: u64) -> u64 {
-        SUPERBLOCK_LEN + slot * u64::from(self.superblock.slot_size)
+    fn io(&self, source: std::io::Error) -> DiskError {
+        DiskError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 
+    fn block_offset(&self, block: u64) -> u64 {
+        SUPERBLOCK_LEN + block * BLOCK
+    }
+
+    /// The superblock as written at creation.
     pub fn superblock(&self) -> &Superblock {
         &self.superblock
     }
 
-    /// Slots a sealed segment of `len` bytes needs.
-    pub fn slots_for(&self, len: usize) -> u64 {
-        (len as u64).div_ceil(u64::from(self.superblock.slot_size))
+    /// Blocks a sealed segment of `len` bytes needs.
+    pub fn blocks_for(&self, len: usize) -> u64 {
+        blocks_for(len as u64)
     }
 
-    /// Slots left before the disk is full (wrap mode never is).
-    pub fn slots_free(&self) -> u64 {
-        self.superblock.slot_count - self.next_slot
+    /// Blocks left before the disk is full (wrap mode never is).
+    pub fn blocks_free(&self) -> u64 {
+        self.superblock.block_count - self.next_block
     }
 
-    /// Slots that hold trace data.
-    pub fn slots_used(&self) -> u64 {
-        self.slots_used
+    /// Blocks that hold trace data.
+    pub fn blocks_used(&self) -> u64 {
+        self.blocks_used
     }
 
     /// Writes a sealed segment (see [`crate::segment::seal`]).
     pub fn append(&mut self, sealed: &[u8]) -> Result<Appended, DiskError> {
-        let slots = self.slots_for(sealed.len());
-        let count = self.superblock.slot_count;
-        if slots > count {
+        let blocks = self.blocks_for(sealed.len());
+        let count = self.superblock.block_count;
+        if blocks > count {
             return Ok(Appended::Full);
         }
-        if self.next_slot + slots > count {
+        if self.next_block + blocks > count {
             if !self.superblock.wrap {
                 return Ok(Appended::Full);
             }
-            self.next_slot = 0;
+            self.next_block = 0;
         }
-        let slot = self.next_slot;
-        self.write_at(self.slot_offset(slot), sealed)?;
-        self.next_slot += slots;
-        self.slots_used = self.slots_used.max(self.next_slot);
-        if self.superblock.wrap && self.next_slot == count {
-            self.next_slot = 0;
+        let block = self.next_block;
+        self.write_at(self.block_offset(block), sealed)?;
+        if let Some(h) = SegmentHeader::decode(sealed) {
+            self.superblock.segments += 1;
+            self.superblock.steps = self.superblock.steps.saturating_add(h.steps);
         }
-        Ok(Appended::At { slot, slots })
+        self.next_block += blocks;
+        self.blocks_used = self.blocks_used.max(self.next_block);
+        if self.superblock.wrap && self.next_block == count {
+            self.next_block = 0;
+        }
+        Ok(Appended::At { block, blocks })
     }
 
     /// Makes written segments durable.
     pub fn sync(&self) -> Result<(), DiskError> {
-        self.file.sync_data().map_err(|source| DiskError::Io {
-            path: self.path.clone(),
-            source,
-        })
+        self.file.sync_data().map_err(|source| self.io(source))
+    }
+
+    /// Ends the trace cleanly: a file is cut back to the blocks it used
+    /// (a finished trace takes its size, not the size reserved), and the
+    /// superblock says the run ended cleanly. Everything is synced.
+    pub fn close(mut self) -> Result<(), DiskError> {
+        self.sync()?;
+        if !self.block_device {
+            let end = self.block_offset(self.blocks_used);
+            self.file.set_len(end).map_err(|source| self.io(source))?;
+            self.superblock.block_count = self.blocks_used;
+        }
+        self.superblock.closed = true;
+        self.write_at(0, &self.superblock.encode())?;
+        self.sync()
     }
 }
 
 /// Sizes a regular file and reserves its blocks.
 fn reserve(file: &File, size: u64) -> std::io::Result<()> {
     file.set_len(size)?;
+    let len =
+        libc::off_t::try_from(size).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
     // SAFETY: posix_fallocate on an open descriptor with in-range values.
-    let rc = unsafe {
-        libc::posix_fallocate(
-            std::os::fd::AsRawFd::as_raw_fd(file),
-            0,
-            size as libc::off_t,
-        )
-    };
+    let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(file), 0, len) };
     match rc {
         0 => Ok(()),
         // Filesystems without fallocate (tmpfs on old kernels, some FUSE):
@@ -308,46 +429,65 @@ pub struct FoundSegment {
 /// A trace disk opened for reading: the superblock if intact, and every
 /// segment header the scan found, in sequence order.
 pub struct DiskScan {
+    /// Where the disk is.
     pub path: PathBuf,
+    /// The open disk.
     pub file: File,
+    /// Its size in bytes.
     pub size: u64,
+    /// The superblock, if it is intact.
     pub superblock: Option<Superblock>,
+    /// The disk starts with a superblock's magic that does not check out
+    /// (a damaged superblock, or one of another vtrace version).
+    pub superblock_damaged: bool,
+    /// Every valid segment header, by sequence number.
     pub segments: Vec<FoundSegment>,
-    /// Where headers can start (the slot size, or 4 KiB when guessing).
-    pub stride: u64,
 }
 
 impl DiskScan {
-    /// Opens `path` and collects every valid segment header.
+    /// Opens `path` and collects every valid segment header. Only regular
+    /// files and block devices are read.
     pub fn open(path: &Path) -> Result<DiskScan, DiskError> {
         let io = |source| DiskError::Open {
             path: path.to_path_buf(),
             source,
         };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if let Some(kind) = unusable_kind(&meta) {
+            return Err(DiskError::NotAFile {
+                path: path.to_path_buf(),
+                kind,
+            });
+        }
         let mut file = File::open(path).map_err(io)?;
         let size = device_size(&mut file).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         let mut sb = vec![0u8; SUPERBLOCK_LEN as usize];
-        let superblock = match file.read_exact(&mut sb) {
-            Ok(()) => Superblock::decode(&sb),
-            Err(_) => None,
+        let (superblock, superblock_damaged) = match file.read_exact(&mut sb) {
+            Ok(()) => {
+                let decoded = Superblock::decode(&sb);
+                let damaged = decoded.is_none() && looks_like_a_superblock(&sb);
+                (decoded, damaged)
+            }
+            Err(_) => (None, false),
         };
-        // Without a superblock, segments are still 4 KiB aligned.
-        let stride = superblock
-            .as_ref()
-            .map_or(4096, |s| u64::from(s.slot_size).max(4096));
         let mut segments = Vec::new();
         let mut header = [0u8; HEADER_LEN];
         let mut offset = SUPERBLOCK_LEN;
-        while offset + HEADER_LEN as u64 <= size {
+        while offset.saturating_add(HEADER_LEN as u64) <= size {
+            let mut next = offset.saturating_add(BLOCK);
             if file.read_exact_at(&mut header, offset).is_ok() {
                 if let Some(h) = SegmentHeader::decode(&header) {
                     segments.push(FoundSegment { header: h, offset });
+                    // Not into the segment's own bytes: data the guest
+                    // controls could look like a header there.
+                    let end = blocks_for(h.total_len()).saturating_mul(BLOCK);
+                    next = next.max(offset.saturating_add(end));
                 }
             }
-            offset += stride;
+            offset = next;
         }
-        if superblock.is_none() && segments.is_empty() {
+        if superblock.is_none() && !superblock_damaged && segments.is_empty() {
             return Err(DiskError::NotATrace {
                 path: path.to_path_buf(),
             });
@@ -358,15 +498,15 @@ impl DiskScan {
             file,
             size,
             superblock,
+            superblock_damaged,
             segments,
-            stride,
         })
     }
 
     /// The stored (compressed) payload of a segment.
     pub fn read_stored(&self, seg: &FoundSegment) -> std::io::Result<Vec<u8>> {
         let len = seg.header.stored_len as usize;
-        if seg.offset + (HEADER_LEN + len) as u64 > self.size {
+        if seg.offset.saturating_add(seg.header.total_len()) > self.size {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "segment runs past the end of the disk",
@@ -387,10 +527,13 @@ mod tests {
     #[test]
     fn superblock_round_trips() {
         let sb = Superblock {
-            slot_size: 1 << 20,
-            slot_count: 1023,
+            segment_size: 1 << 20,
+            block_count: 1023,
             wrap: true,
+            closed: true,
             created_unix: 42,
+            segments: 3,
+            steps: 99,
             metadata: "guest: demo".into(),
         };
         assert_eq!(Superblock::decode(&sb.encode()), Some(sb));
@@ -440,11 +583,11 @@ mod tests {
     }
 
     #[test]
-    fn segments_larger_than_a_slot_take_several() {
+    fn segments_larger_than_a_block_take_several() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.vtd");
         let mut w = DiskWriter::create(&path, SUPERBLOCK_LEN + 8 * 4096, 4096, false, "").unwrap();
-        // Incompressible 10 KB: three slots.
+        // Incompressible 10 KB: three blocks.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let noise: Vec<u8> = (0..10_000)
             .map(|_| {
@@ -456,17 +599,93 @@ mod tests {
             .collect();
         assert_eq!(
             w.append(&seal(&noise, 0, 0, 1, 0)).unwrap(),
-            Appended::At { slot: 0, slots: 3 }
+            Appended::At {
+                block: 0,
+                blocks: 3
+            }
         );
         assert_eq!(
             w.append(&seal(&[1; 10], 1, 1, 1, 0)).unwrap(),
-            Appended::At { slot: 3, slots: 1 }
+            Appended::At {
+                block: 3,
+                blocks: 1
+            }
         );
         drop(w);
         let scan = DiskScan::open(&path).unwrap();
         let seg = scan.segments[0];
         let stored = scan.read_stored(&seg).unwrap();
         assert_eq!(crate::segment::unseal(&seg.header, &stored).unwrap(), noise);
+    }
+
+    #[test]
+    fn small_segments_are_packed_and_a_closed_disk_takes_only_its_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.vtd");
+        let size = 64 << 20;
+        let mut w = DiskWriter::create(&path, size, 1 << 20, false, "m").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "reserved");
+        for seq in 0..3 {
+            assert_eq!(
+                w.append(&seal(&[seq as u8; 100], seq, seq, 1, 0)).unwrap(),
+                Appended::At {
+                    block: seq,
+                    blocks: 1
+                },
+                "a small segment takes one block, not a whole segment's room"
+            );
+        }
+        w.close().unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            SUPERBLOCK_LEN + 3 * BLOCK
+        );
+        let scan = DiskScan::open(&path).unwrap();
+        let sb = scan.superblock.unwrap();
+        assert!(sb.closed);
+        assert_eq!(sb.block_count, 3);
+        assert_eq!(scan.segments.len(), 3);
+    }
+
+    #[test]
+    fn a_damaged_superblock_is_told_apart_from_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.vtd");
+        let mut w = DiskWriter::create(&path, SUPERBLOCK_LEN + 4 * 8192, 8192, false, "").unwrap();
+        w.append(&seal(&[1; 10], 0, 0, 1, 0)).unwrap();
+        drop(w);
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0xee], 40).unwrap();
+        let scan = DiskScan::open(&path).unwrap();
+        assert!(scan.superblock.is_none());
+        assert!(scan.superblock_damaged);
+    }
+
+    #[test]
+    fn directories_and_other_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            DiskScan::open(dir.path()),
+            Err(DiskError::NotAFile { .. })
+        ));
+        assert!(matches!(
+            DiskWriter::create(dir.path(), 1 << 20, 4096, false, ""),
+            Err(DiskError::NotAFile { .. })
+        ));
+        let other = dir.path().join("notes.txt");
+        std::fs::write(&other, "not a trace").unwrap();
+        assert!(matches!(
+            DiskWriter::create(&other, 1 << 20, 4096, false, ""),
+            Err(DiskError::Foreign { .. })
+        ));
+        assert_eq!(std::fs::read(&other).unwrap(), b"not a trace");
+        // An earlier trace is taken over.
+        let trace = dir.path().join("t.vtd");
+        DiskWriter::create(&trace, 1 << 20, 4096, false, "")
+            .unwrap()
+            .close()
+            .unwrap();
+        assert!(DiskWriter::create(&trace, 1 << 20, 4096, false, "").is_ok());
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
 pub use reader::TraceReader;
 pub use record::{
     CpuMode, Event, InsnBytes, InterruptSource, Record, RecordRef, Regs, Step, TraceReason,
+    HOST_MARK,
 };
 pub use summary::{summarize, TraceSummary};
 pub use writer::Recorder;

@@ -88,11 +88,111 @@ impl TraceReader {
         &self.scan.path
     }
 
-    /// Sequence numbers between the first and last segment found that no
-    /// header claims (a damaged header, or a write that never happened).
-    pub fn missing_segments(&self) -> Vec<u64> {
-        let seqs: Vec<u64> = self.segments.iter().map(|s| s.found.header.seq).collect();
-        seqs.windows(2).flat_map(|w| w[0] + 1..w[1]).collect()
+    /// Runs of sequence numbers no header claims, as inclusive ranges:
+    /// between the segments found, and before the first where the trace
+    /// must start at segment 0 (not `--wrap`). A damaged header, or a
+    /// write that never happened. Ranges, not numbers: a crafted header
+    /// may claim any sequence number.
+    pub fn missing_segments(&self) -> Vec<(u64, u64)> {
+        let seqs = self.segments.iter().map(|s| s.found.header.seq);
+        let mut missing = Vec::new();
+        let mut expected = if self.wraps() { None } else { Some(0u64) };
+        for seq in seqs {
+            if let Some(want) = expected {
+                if seq > want {
+                    missing.push((want, seq - 1));
+                }
+            }
+            expected = seq.checked_add(1);
+        }
+        missing
+    }
+
+    /// Whether the trace was written with `--wrap` (or may have been: the
+    /// superblock that would say is lost).
+    pub fn wraps(&self) -> bool {
+        self.scan.superblock.as_ref().is_none_or(|s| s.wrap)
+    }
+
+    /// Steps the segment headers say are missing between consecutive segments
+    /// (each segment starts where the one before ended).
+    fn step_gaps(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let headers: Vec<_> = self.segments().iter().map(|e| e.found.header).collect();
+        for pair in headers.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if b.seq == a.seq {
+                problems.push(format!("two segments claim number {}", a.seq));
+                continue;
+            }
+            if b.seq != a.seq.saturating_add(1) {
+                continue; // Told as missing segments.
+            }
+            match a.first_step.checked_add(a.steps) {
+                Some(end) if end == b.first_step => {}
+                _ => problems.push(format!(
+                    "segment {} starts at step {} but segment {} ends at step {}+{}: the trace is \
+                     not contiguous there",
+                    b.seq, b.first_step, a.seq, a.first_step, a.steps
+                )),
+            }
+        }
+        if let (Some(first), false) = (headers.first(), self.wraps()) {
+            if first.seq == 0 && first.first_step != 0 {
+                problems.push(format!(
+                    "segment 0 starts at step {}, not 0: the trace's beginning is lost",
+                    first.first_step
+                ));
+            }
+        }
+        problems
+    }
+
+    /// What is wrong with the trace's structure, in words for the user:
+    /// missing segments, steps missing between segments, a lost or
+    /// damaged superblock. Damaged segments are told by their state.
+    pub fn structural_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (first, last) in self.missing_segments() {
+            problems.push(if first == last {
+                format!("segment {first} is missing (its header is damaged or was never written)")
+            } else {
+                format!(
+                    "segments {first} to {last} are missing (their headers are damaged or were \
+                     never written)"
+                )
+            });
+        }
+        problems.extend(self.step_gaps());
+        if let Some(sb) = self.superblock().filter(|sb| sb.closed && !sb.wrap) {
+            let found = self.segments.len() as u64;
+            if found < sb.segments {
+                problems.push(format!(
+                    "{} of the {} segments written are not on the disk (damaged or \
+                     overwritten): {} steps were written",
+                    sb.segments - found,
+                    sb.segments,
+                    sb.steps
+                ));
+            }
+        }
+        match self.superblock() {
+            Some(_) => {}
+            None if self.superblock_damaged() => problems.push(
+                "the superblock is damaged: the trace's metadata (guest, kernel, clock) is \
+                 lost, so the analyzer finds no symbols by itself (give --kernel)"
+                    .into(),
+            ),
+            None => {
+                problems.push("the disk has no superblock: the trace's metadata is lost".into())
+            }
+        }
+        problems
+    }
+
+    /// The disk starts with a superblock that does not check out.
+    pub fn superblock_damaged(&self) -> bool {
+        self.scan.superblock_damaged
     }
 
     /// One segment's payload, checked and decompressed. Read it with a

@@ -199,6 +199,10 @@ impl std::fmt::Display for TraceReason {
     }
 }
 
+/// The id of a mark made from the host (`Ctrl-A m`, `vtrace ctl mark`
+/// without an id); its value counts the run's host marks.
+pub const HOST_MARK: u64 = u64::MAX;
+
 /// Something that happened between two steps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Event {
@@ -224,6 +228,8 @@ pub enum Event {
         args: [u64; 4],
         result: i32,
     },
+    /// A MARK hypercall's id and value, or a mark from the host
+    /// ([`HOST_MARK`]).
     Mark {
         id: u64,
         value: u64,

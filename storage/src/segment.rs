@@ -60,6 +60,11 @@ impl SegmentHeader {
         if u16::from_le_bytes([h[4], h[5]]) != VERSION {
             return None;
         }
+        // Bounds for readers: a crafted header must not make them allocate
+        // more than a real segment could need.
+        if u32_at(40) > MAX_SEGMENT_LEN || u32_at(44) > MAX_SEGMENT_LEN {
+            return None;
+        }
         Some(SegmentHeader {
             seq: u64_at(8),
             first_step: u64_at(16),
@@ -71,6 +76,10 @@ impl SegmentHeader {
         })
     }
 }
+
+/// The largest raw or stored payload a segment header may claim: far
+/// above the largest segment size (64 MiB) plus a record.
+pub const MAX_SEGMENT_LEN: u32 = 1 << 27;
 
 /// Why a segment's payload could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

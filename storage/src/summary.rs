@@ -104,7 +104,17 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
         match reader.decode(i) {
             Ok(records) => {
                 s.segments_good += 1;
-                s.disk_used += h.total_len();
+                s.disk_used = s.disk_used.saturating_add(h.total_len());
+                let steps = records
+                    .iter()
+                    .filter(|r| matches!(r, Record::Step(_)))
+                    .count() as u64;
+                if steps != h.steps {
+                    s.problems.push(format!(
+                        "segment {}'s header says {} steps but it holds {steps}",
+                        h.seq, h.steps
+                    ));
+                }
                 for r in &records {
                     digest.update(r);
                     last_record_was_stop = matches!(r, Record::Event(Event::TraceStop(_)));
@@ -132,16 +142,14 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
         }
         progress(i + 1, total);
     }
-    for seq in reader.missing_segments() {
-        s.problems.push(format!(
-            "segment {seq} is missing (its header is damaged or was never written)"
-        ));
-    }
-    s.clean_end = last_record_was_stop;
-    if !s.clean_end && s.segments_good > 0 {
+    s.problems.extend(reader.structural_problems());
+    let closed = reader.superblock().is_some_and(|sb| sb.closed);
+    s.clean_end = last_record_was_stop && (closed || reader.superblock().is_none());
+    if !s.clean_end && (s.segments_good > 0 || !closed) {
         s.problems.push(
-            "the trace has no stop record at its end: the VMM did not shut down cleanly \
-             (killed?); everything up to the last complete segment is here"
+            "the VMM did not shut down cleanly (killed?): the trace has no stop record at its \
+             end, or its disk was never closed; everything up to the last complete segment \
+             is here"
                 .into(),
         );
     }

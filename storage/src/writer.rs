@@ -7,13 +7,13 @@
 //! dropped: without `--wrap`, the recorder reports "nearly full" early enough
 //! that every queued chunk and a final one still fit.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::codec::SegmentEncoder;
-use crate::disk::{Appended, DiskError, DiskWriter};
+use crate::disk::{Appended, DiskError, DiskWriter, BLOCK};
 use crate::record::{Event, Record, Step};
 use crate::segment::{seal, HEADER_LEN};
 
@@ -33,11 +33,14 @@ struct Shared {
     /// Chunks handed to the writer and chunks it has finished with.
     sent: AtomicU64,
     done: AtomicU64,
-    slots_free: AtomicU64,
-    slots_used: AtomicU64,
+    blocks_free: AtomicU64,
+    blocks_used: AtomicU64,
     segments: AtomicU64,
     stored_bytes: AtomicU64,
     dropped_chunks: AtomicU64,
+    /// Set by [`Recorder::finish`]: the writer closes the disk (see
+    /// [`DiskWriter::close`]) only when everything was handed to it.
+    finishing: AtomicBool,
 }
 
 /// What the writer did, when it is done.
@@ -46,7 +49,8 @@ pub struct WriterReport {
     pub segments: u64,
     /// Compressed bytes written, headers included.
     pub stored_bytes: u64,
-    pub slots_used: u64,
+    /// Blocks of the disk that hold segments.
+    pub blocks_used: u64,
     /// Chunks that did not fit (only if the recorder was ignored when it
     /// said the disk is nearly full; reported, never silent).
     pub dropped_chunks: u64,
@@ -60,7 +64,6 @@ pub struct Recorder {
     writer: Option<JoinHandle<Result<(), DiskError>>>,
     shared: Arc<Shared>,
     wrap: bool,
-    slot_size: u64,
     seq: u64,
     next_step: u64,
     chunk_first_step: u64,
@@ -70,11 +73,9 @@ impl Recorder {
     /// Starts the writer thread on `disk`.
     pub fn start(disk: DiskWriter) -> Recorder {
         let sb = disk.superblock().clone();
-        // A raw chunk of one slot (less the header) compresses into at most
-        // a little more than a slot: worst case two slots.
-        let chunk_target = sb.slot_size as usize - HEADER_LEN - 256;
+        let chunk_target = sb.segment_size as usize - HEADER_LEN - 256;
         let shared = Arc::new(Shared::default());
-        shared.slots_free.store(sb.slot_count, Ordering::Relaxed);
+        shared.blocks_free.store(sb.block_count, Ordering::Relaxed);
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
         let worker = shared.clone();
         let writer = std::thread::Builder::new()
@@ -88,7 +89,6 @@ impl Recorder {
             writer,
             shared,
             wrap: sb.wrap,
-            slot_size: u64::from(sb.slot_size),
             seq: 0,
             next_step: 0,
             chunk_first_step: 0,
@@ -129,12 +129,14 @@ impl Recorder {
         if self.wrap {
             return false;
         }
-        // A chunk of one slot's raw bytes never compresses into more than
-        // two slots.
-        let per_chunk = 2u64.max((self.chunk_target as u64 + 1024).div_ceil(self.slot_size));
+        // A chunk is cut once it reaches the target; the record that
+        // crossed it adds at most a few KiB (a LOG), and zstd grows
+        // incompressible data by less than 1 %.
+        let worst = (self.chunk_target as u64 + 8192) * 101 / 100 + HEADER_LEN as u64;
+        let per_chunk = worst.div_ceil(BLOCK);
         let s = &self.shared;
         let in_flight = s.sent.load(Ordering::Acquire) - s.done.load(Ordering::Acquire);
-        s.slots_free.load(Ordering::Acquire) < per_chunk * (in_flight + 2)
+        s.blocks_free.load(Ordering::Acquire) < per_chunk * (in_flight + 2)
     }
 
     /// Sends the current chunk to the writer (blocks if the queue is full).
@@ -179,9 +181,11 @@ impl Recorder {
         }
     }
 
-    /// Flushes, waits for the writer and syncs the disk.
+    /// Flushes, waits for the writer, and closes the disk: cut back to
+    /// what it holds and marked as a trace that ended cleanly.
     pub fn finish(mut self) -> Result<WriterReport, DiskError> {
         self.flush();
+        self.shared.finishing.store(true, Ordering::Release);
         drop(self.tx.take());
         if let Some(w) = self.writer.take() {
             match w.join() {
@@ -198,7 +202,7 @@ impl Recorder {
         Ok(WriterReport {
             segments: s.segments.load(Ordering::Relaxed),
             stored_bytes: s.stored_bytes.load(Ordering::Relaxed),
-            slots_used: s.slots_used.load(Ordering::Relaxed),
+            blocks_used: s.blocks_used.load(Ordering::Relaxed),
             dropped_chunks: s.dropped_chunks.load(Ordering::Relaxed),
         })
     }
@@ -233,13 +237,17 @@ fn write_loop(mut disk: DiskWriter, rx: Receiver<Chunk>, shared: &Shared) -> Res
             }
         }
         shared
-            .slots_free
-            .store(disk.slots_free(), Ordering::Release);
+            .blocks_free
+            .store(disk.blocks_free(), Ordering::Release);
         shared
-            .slots_used
-            .store(disk.slots_used(), Ordering::Relaxed);
+            .blocks_used
+            .store(disk.blocks_used(), Ordering::Relaxed);
         shared.done.fetch_add(1, Ordering::AcqRel);
     }
-    disk.sync()?;
+    if shared.finishing.load(Ordering::Acquire) && result.is_ok() {
+        disk.close()?;
+    } else {
+        disk.sync()?;
+    }
     result
 }

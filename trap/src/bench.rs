@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use vtrace_storage::disk::{DiskWriter, DEFAULT_SLOT_SIZE};
+use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::Recorder;
 use vtrace_vmm::boot::BootSource;
 use vtrace_vmm::clock::ClockMode;
@@ -111,7 +111,7 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
     let disk = DiskWriter::create(
         &dir.join("bench.vtd"),
         1 << 30,
-        DEFAULT_SLOT_SIZE,
+        DEFAULT_SEGMENT_SIZE,
         false,
         "vtrace bench",
     )?;

@@ -3,7 +3,7 @@
 
 use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
-use vtrace_storage::{Event, Recorder, TraceReason};
+use vtrace_storage::{Event, Recorder, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
@@ -268,6 +268,21 @@ impl Tracer {
             .retain(|b| !handlers.iter().any(|(h, _)| h == b));
     }
 
+    /// Records a mark made from the host: with `id` as a guest MARK
+    /// would, else as [`HOST_MARK`]; the value counts host marks. Says
+    /// what the trace shows.
+    fn host_mark(&mut self, id: Option<u64>) -> String {
+        self.marks += 1;
+        self.recorder.event(&Event::Mark {
+            id: id.unwrap_or(HOST_MARK),
+            value: self.marks,
+        });
+        match id {
+            Some(id) => format!("mark {id} recorded (value {})", self.marks),
+            None => format!("host mark {} recorded", self.marks),
+        }
+    }
+
     fn check_limits(&mut self) {
         if let Some(vector) = self.engine.take_exception() {
             if self.options.autostop.contains(&vector) {
@@ -459,14 +474,7 @@ impl Monitor for Tracer {
                 self.start(TraceReason::Hotkey);
                 Some("vtrace: tracing started".into())
             }
-            b'm' => {
-                self.marks += 1;
-                self.recorder.event(&Event::Mark {
-                    id: u64::MAX,
-                    value: self.marks,
-                });
-                Some(format!("vtrace: mark {} recorded", self.marks))
-            }
+            b'm' => Some(format!("vtrace: {}", self.host_mark(None))),
             _ => None,
         }
     }
@@ -482,19 +490,16 @@ impl Monitor for Tracer {
                 true => format!("tracing stopped after {} steps", self.recorder.steps()),
                 false => "tracing was already off".into(),
             },
-            ("mark", id) => {
-                let id = match id.map(str::parse::<u64>) {
-                    None => u64::MAX,
-                    Some(Ok(id)) => id,
-                    Some(Err(_)) => return Some("error: mark takes a number".into()),
-                };
-                self.marks += 1;
-                self.recorder.event(&Event::Mark {
-                    id,
-                    value: self.marks,
-                });
-                format!("mark {} recorded", self.marks)
-            }
+            ("mark", id) => match id.map(str::parse::<u64>) {
+                None => self.host_mark(None),
+                Some(Ok(id)) if id != HOST_MARK => self.host_mark(Some(id)),
+                Some(_) => {
+                    return Some(format!(
+                        "error: a mark's id is a number below {HOST_MARK} (that one means \
+                         a mark without an id)"
+                    ))
+                }
+            },
             ("status", None) => format!(
                 "tracing {}, {} steps recorded",
                 if self.active { "on" } else { "off" },

@@ -18,6 +18,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 /// Longest request line accepted.
 const MAX_LINE: usize = 256;
+/// How long a client may take to send its request.
+const IDLE_CLIENT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (descriptors exhausted).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// A request from `vtrace ctl`, waiting for the run loop.
 pub struct ControlRequest {
@@ -84,7 +88,22 @@ impl ControlServer {
             path: path.to_path_buf(),
             source,
         };
-        if std::fs::symlink_metadata(path).is_ok() && UnixStream::connect(path).is_err() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            // Only a socket no run answers on is taken over: never a file,
+            // and never a live run's socket.
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(bind_err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "a file that is not a socket is there; choose another --control path",
+                )));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(bind_err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another vtrace run is listening there",
+                )));
+            }
             let _ = std::fs::remove_file(path);
         }
         let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
@@ -95,6 +114,7 @@ impl ControlServer {
         let wake = waker.clone();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
+            .enable_time()
             .build()
             .map_err(bind_err)?;
         std::thread::Builder::new()
@@ -139,15 +159,32 @@ async fn serve(
     let Ok(listener) = tokio::net::UnixListener::from_std(listener) else {
         return;
     };
-    while let Ok((stream, _)) = listener.accept().await {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most likely: the clients holding them
+                // time out, so wait and serve again rather than give up.
+                tracing::warn!("control socket: accept failed: {e}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
         let tx = tx.clone();
         let waker = waker.clone();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
             let mut line = String::new();
             let mut reader = tokio::io::BufReader::new(read.take(MAX_LINE as u64));
-            if reader.read_line(&mut line).await.is_err() {
-                return;
+            // A client that connects and says nothing must not hold its
+            // descriptor for ever.
+            match tokio::time::timeout(IDLE_CLIENT, reader.read_line(&mut line)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    let _ = write.write_all(b"error: no request within 10 s\n").await;
+                    return;
+                }
             }
             let (reply, answer) = tokio::sync::oneshot::channel();
             let request = ControlRequest {

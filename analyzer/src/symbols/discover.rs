@@ -100,7 +100,14 @@ pub fn discover(
     }
     let kernel = Path::new(kernel);
     // Read once: it is checked against the trace and may hold the symbols.
-    let image = std::fs::read(kernel).ok();
+    let image = match super::read_symbol_file(kernel) {
+        Ok(bytes) => Some(bytes),
+        Err(e @ (SymbolError::NotAFile { .. } | SymbolError::TooLarge { .. })) => {
+            d.warnings.push(format!("the trace names {e}; not read"));
+            None
+        }
+        Err(_) => None,
+    };
     if let (Some(id), Some(bytes)) = (&metadata.kernel_id, &image) {
         if *id != image_id(bytes) {
             d.warnings.push(format!(

@@ -42,6 +42,56 @@ pub enum SymbolError {
     NoSymbols(String),
     #[error("'{0}': an address space is a CR3 value in hex, such as 0x1000 or 1000")]
     BadScope(String),
+    /// Symbols are read from regular files only: a device or FIFO named by
+    /// a trace (or a user) could feed the reader without end.
+    #[error("{path} is not a regular file; symbols are read from regular files only")]
+    NotAFile { path: PathBuf },
+    /// Bigger than any kernel image or symbol file.
+    #[error("{path} is {size} bytes, more than the {limit} a symbol file may have")]
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
+}
+
+/// The largest file read for symbols: a vmlinux with full DWARF is a few
+/// hundred MiB.
+pub const MAX_SYMBOL_FILE: u64 = 2 << 30;
+
+/// Reads a file for symbols: a regular file, at most [`MAX_SYMBOL_FILE`].
+pub fn read_symbol_file(path: &Path) -> Result<Vec<u8>, SymbolError> {
+    use std::io::Read;
+    let read_err = |source| SymbolError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    // Looked at before it is opened: opening a FIFO waits for a writer.
+    if !std::fs::metadata(path).map_err(read_err)?.is_file() {
+        return Err(SymbolError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.is_file() {
+        return Err(SymbolError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if meta.len() > MAX_SYMBOL_FILE {
+        return Err(SymbolError::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit: MAX_SYMBOL_FILE,
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // take(): the file may grow while it is read.
+    file.take(MAX_SYMBOL_FILE)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    Ok(bytes)
 }
 
 /// Which address spaces a source describes.
@@ -156,10 +206,7 @@ impl Symbolizer {
 
     /// Adds a file: an ELF image, or map text (System.map, nm, kallsyms).
     pub fn add_file(&mut self, path: &Path, scope: Scope) -> Result<(), SymbolError> {
-        let bytes = std::fs::read(path).map_err(|source| SymbolError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = read_symbol_file(path)?;
         self.add_bytes(&bytes, &path.display().to_string(), scope)
     }
 
