@@ -113,7 +113,12 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
             }
         }
     }
-    recorder.finish()?;
+    let report = recorder.finish()?;
+    anyhow::ensure!(
+        report.dropped_chunks == 0,
+        "the benchmark trace did not fit its disk ({} chunks dropped)",
+        report.dropped_chunks
+    );
     Ok(())
 }
 

@@ -76,8 +76,13 @@ fn summary(outcome: &RunOutcome) -> String {
     let rss = peak_rss_bytes()
         .map(|b| format!(", peak RSS {} MiB", b >> 20))
         .unwrap_or_default();
+    let hidden = match outcome.guest_lines_not_shown {
+        0 => String::new(),
+        n => format!(", {n} guest lines not shown (rate limit)"),
+    };
     format!(
-        "vtrace: {how} after {:.2} s (virtual time {:.3} s): {} timer interrupts, {} exits{rss}",
+        "vtrace: {how} after {:.2} s (virtual time {:.3} s): {} timer interrupts, {} exits{rss}\
+         {hidden}",
         outcome.host_time.as_secs_f64(),
         outcome.virtual_time.as_secs_f64(),
         outcome.timer_interrupts(),

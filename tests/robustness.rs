@@ -492,3 +492,80 @@ fn a_directory_is_refused_as_a_trace() {
         assert!(stderr(&out).contains("is a directory"), "{}", stderr(&out));
     }
 }
+
+#[test]
+fn a_flooding_guest_cannot_flood_the_terminal_forge_lines_or_grow_the_vmm() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "flood.bin", vtrace_demo::test_guests::FLOOD);
+    let out = run(&["run", "--no-input", "--real-mode", image.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    // 40,000 guest lines asked for, about 4 MB raw.
+    assert!(
+        out.stderr.len() < 200_000,
+        "{} bytes of output",
+        out.stderr.len()
+    );
+    assert!(
+        !out.stderr.contains(&0x1b),
+        "a raw escape reached the terminal"
+    );
+    assert!(!out.stderr.contains(&0), "a raw NUL reached the terminal");
+    let forged = err
+        .lines()
+        .filter(|l| l.starts_with("vtrace: guest exited"))
+        .count();
+    assert_eq!(forged, 1, "only vtrace's own line: {err}");
+    assert!(err.contains("vtrace: guest: \\u{1b}[2J"), "shown escaped");
+    assert!(err.contains("guest lines not shown"), "the drop is told");
+    let rss_mib = number_before(&err, " MiB").expect("the summary gives the peak RSS");
+    assert!(rss_mib < 64, "peak RSS {rss_mib} MiB");
+}
+
+#[test]
+fn a_listing_of_a_wrapped_trace_starts_where_the_trace_does() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("wrap.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--wrap",
+        "--disk-size",
+        "1M",
+        "--segment-size",
+        "64K",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let first = TraceReader::open(&disk)
+        .unwrap()
+        .segments()
+        .iter()
+        .find(|s| s.state == vtrace_storage::reader::SegmentState::Good)
+        .map(|s| s.found.header.first_step)
+        .unwrap();
+    assert!(first > 0, "the beginning was overwritten");
+    let out = run(&[
+        "analyze",
+        "listing",
+        "--no-lines",
+        "--count",
+        "3",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let steps: Vec<u64> = stdout(&out)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(steps, vec![first, first + 1, first + 2], "{}", stdout(&out));
+}

@@ -261,8 +261,9 @@ fn format_segment(
     out
 }
 
-/// Segments that hold steps of the window.
-fn window_segments(trace: &Trace, options: &ListingOptions) -> Result<Vec<SegmentInfo>> {
+/// Segments that hold steps of the window, and the window's first step
+/// (without `--from`, the trace's: a wrapped trace starts past step 0).
+fn window_segments(trace: &Trace, options: &ListingOptions) -> Result<(Vec<SegmentInfo>, u64)> {
     let (first, end) = trace
         .step_range()
         .ok_or_else(|| AnalyzeError::NoSteps(String::new()))?;
@@ -274,12 +275,13 @@ fn window_segments(trace: &Trace, options: &ListingOptions) -> Result<Vec<Segmen
         });
     }
     let to = options.count.map_or(u64::MAX, |c| from.saturating_add(c));
-    Ok(trace
+    let segments = trace
         .segments
         .iter()
-        .filter(|s| s.first_step < to && s.first_step + s.steps > from)
+        .filter(|s| s.first_step < to && s.first_step.saturating_add(s.steps) > from)
         .copied()
-        .collect())
+        .collect();
+    Ok((segments, from))
 }
 
 /// Runs the listing, handing `emit` each line with its step number
@@ -291,7 +293,11 @@ fn run(
     progress: Progress<'_>,
     mut emit: impl FnMut(Option<u64>, &str) -> Result<()>,
 ) -> Result<()> {
-    let segments = window_segments(trace, options)?;
+    let (segments, from) = window_segments(trace, options)?;
+    let options = &ListingOptions {
+        from: Some(from),
+        ..options.clone()
+    };
     let mut carried: Option<Regs> = None;
     let mut expected: Option<u64> = None;
     trace.for_each_ordered(

@@ -140,6 +140,7 @@ fn main() {
     build_flat_binary(&tests.join("count.S"), &include, &out, "count");
     build_flat_binary(&tests.join("region.S"), &include, &out, "region");
     build_flat_binary(&tests.join("debugregs.S"), &include, &out, "debugregs");
+    build_flat_binary(&tests.join("flood.S"), &include, &out, "flood");
     for name in ["triple-fault", "exception", "unemulated"] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);

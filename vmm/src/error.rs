@@ -57,8 +57,9 @@ pub enum Error {
     /// KVM's instruction emulator met an instruction it cannot run.
     #[error("KVM could not emulate a guest instruction\n{0}")]
     EmulationFailure(Box<CrashReport>),
-    /// KVM stopped the guest for another internal reason.
-    #[error("KVM stopped the guest: {reason}\n{report}")]
+    /// The guest cannot go on: it halted for good, or KVM stopped it
+    /// (the reason says which).
+    #[error("{reason}\n{report}")]
     GuestFailure {
         reason: String,
         report: Box<CrashReport>,

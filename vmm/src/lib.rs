@@ -30,6 +30,7 @@ pub mod cpu;
 pub mod devices;
 pub mod diagnostics;
 mod error;
+mod guest_text;
 pub mod host;
 mod kick;
 pub mod memory;

@@ -19,6 +19,7 @@ use crate::monitor::{CpuView, Directive, Exception, ExceptionKind, ExitView, Inj
 use crate::signals;
 use crate::vcpu::Vcpu;
 use crate::vm::{ConsoleMode, Vm};
+use vtrace_guest::status;
 
 /// How a run ended, when it ended the way a guest may end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,8 +76,13 @@ pub struct RunOutcome {
     pub irqs: [u64; 16],
     /// VM exits served.
     pub exits: u64,
-    /// MARK hypercalls, by identifier.
+    /// MARK hypercalls, by identifier (the first
+    /// [`MAX_MARK_IDS`](crate::devices::hypercall::MAX_MARK_IDS) ids).
     pub marks: BTreeMap<u64, MarkStats>,
+    /// MARK calls with ids past that bound.
+    pub marks_uncounted: u64,
+    /// Guest lines (LOG, rejected calls) not printed: over the rate limit.
+    pub guest_lines_not_shown: u64,
     /// Instructions (INT3, INT n, FWAIT, LDMXCSR...) the VMM completed because KVM's
     /// emulator could not.
     pub completed_by_vmm: u64,
@@ -209,6 +215,8 @@ impl Vm {
             irqs,
             exits: self.history.total(),
             marks: self.hypercalls.marks().clone(),
+            marks_uncounted: self.hypercalls.marks_uncounted(),
+            guest_lines_not_shown: self.hypercalls.lines_not_shown(),
             completed_by_vmm: self.completed_by_vmm,
         })
     }
@@ -778,13 +786,13 @@ impl Vm {
                     return Err(Error::EmulationFailure(Box::new(self.crash_report(hint))));
                 }
                 return Err(Error::GuestFailure {
-                    reason: format!("internal error, suberror {suberror}"),
+                    reason: format!("KVM stopped the guest: internal error, suberror {suberror}"),
                     report: Box::new(self.crash_report(None)),
                 });
             }
             Exit::FailEntry { reason } => {
                 return Err(Error::GuestFailure {
-                    reason: format!("VM entry failed, hardware reason {reason:#x}"),
+                    reason: format!("KVM could not enter the guest: hardware reason {reason:#x}"),
                     report: Box::new(self.crash_report(None)),
                 });
             }
@@ -797,7 +805,7 @@ impl Vm {
             }
             Exit::Other(what) => {
                 return Err(Error::GuestFailure {
-                    reason: format!("unexpected exit: {what}"),
+                    reason: format!("KVM stopped the guest: unexpected exit {what}"),
                     report: Box::new(self.crash_report(None)),
                 });
             }
@@ -819,9 +827,9 @@ impl Vm {
             ],
         };
         let memory = self.vcpu.memory(&self.ram);
-        let outcome = self.hypercalls.handle(call, &memory, monitor, &mut |line| {
-            console::user_message(&format!("vtrace: {line}"))
-        });
+        let outcome = self
+            .hypercalls
+            .handle(call, &memory, monitor, &mut console::user_message);
         match outcome {
             HypercallOutcome::Reply(status) => {
                 self.vcpu.complete_io_in(&status.to_le_bytes());
@@ -837,7 +845,25 @@ impl Vm {
                 }
                 Ok(Next::Continue)
             }
-            HypercallOutcome::Exit(status) => Ok(Next::Stop(GuestExit::Status(status))),
+            HypercallOutcome::Exit(status) => {
+                if self.stepping {
+                    // The `in` completes, and steps, on the next entry, as
+                    // every other hypercall's does: run it, so that the
+                    // trace ends with it (as QEMU's does).
+                    self.vcpu.complete_io_in(&status::OK.to_le_bytes());
+                    self.tell(
+                        monitor,
+                        ExitView::Hypercall {
+                            call,
+                            result: status::OK,
+                        },
+                    );
+                    if let Exit::Debug { breakpoint: false } = self.enter() {
+                        self.tell(monitor, ExitView::Debug { breakpoint: false });
+                    }
+                }
+                Ok(Next::Stop(GuestExit::Status(status)))
+            }
         }
     }
 

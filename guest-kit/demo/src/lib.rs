@@ -47,6 +47,11 @@ pub mod test_guests {
     /// with TRACE_REGION(2, 2) and setting ESI to the pass number; exits 0.
     pub const REGION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/region.bin"));
 
+    /// Real mode (load at 0x7c00): 20,000 LOG calls with terminal escapes,
+    /// a NUL and a forged vtrace line in their text, 100,000 MARK calls
+    /// with distinct ids, 20,000 unknown hypercalls; exits 0.
+    pub const FLOOD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flood.bin"));
+
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use vtrace_guest::{cmd, status, ABI_VERSION, LOG_MAX_LEN, VERSION_MAGIC};
 
+use crate::guest_text::GuestLines;
 use crate::monitor::Monitor;
 
 /// A hypercall as the guest issued it.
@@ -44,13 +45,20 @@ pub struct MarkStats {
     pub last_value: u64,
 }
 
+/// Distinct MARK ids counted: beyond this, a guest could grow the VMM
+/// without bound (the trace records every MARK regardless).
+pub const MAX_MARK_IDS: usize = 4096;
+
 /// State of the hypercall port.
 #[derive(Debug, Default)]
 pub struct HypercallPort {
     marks: BTreeMap<u64, MarkStats>,
+    /// MARK calls with a new id after [`MAX_MARK_IDS`] were counted.
+    marks_uncounted: u64,
     logs: u64,
     rejected: u64,
     last_log: Option<String>,
+    lines: GuestLines,
 }
 
 impl HypercallPort {
@@ -58,8 +66,9 @@ impl HypercallPort {
         Self::default()
     }
 
-    /// Serves one call. `log` receives the text of LOG calls and the
-    /// reason for rejected calls.
+    /// Serves one call. `log` receives lines to print for the user: LOG
+    /// text and the reason for rejected calls, escaped and rate-limited
+    /// (see [`crate::guest_text`]).
     pub fn handle(
         &mut self,
         call: Hypercall,
@@ -74,23 +83,28 @@ impl HypercallPort {
             cmd::LOG => match self.read_log(a0, a1, mem) {
                 Ok(text) => {
                     self.logs += 1;
-                    log(&format!("guest: {text}"));
+                    self.say(&text, log);
                     self.last_log = Some(text);
                     status::OK
                 }
                 Err(code) => {
                     self.rejected += 1;
-                    log(&format!(
-                        "guest LOG rejected ({}): address {a0:#x}, length {a1}",
+                    let why = format!(
+                        "LOG rejected ({}): address {a0:#x}, length {a1}",
                         describe(code)
-                    ));
+                    );
+                    self.say(&why, log);
                     code
                 }
             },
             cmd::MARK => {
-                let m = self.marks.entry(a0).or_default();
-                m.count += 1;
-                m.last_value = a1;
+                if self.marks.len() < MAX_MARK_IDS || self.marks.contains_key(&a0) {
+                    let m = self.marks.entry(a0).or_default();
+                    m.count += 1;
+                    m.last_value = a1;
+                } else {
+                    self.marks_uncounted += 1;
+                }
                 status::OK
             }
             other => match monitor.hypercall(&call) {
@@ -104,14 +118,31 @@ impl HypercallPort {
                 }
                 None => {
                     self.rejected += 1;
-                    log(&format!(
-                        "guest hypercall {other:#x} is not a vtrace command"
-                    ));
+                    self.say(
+                        &format!("hypercall {other:#x} is not a vtrace command"),
+                        log,
+                    );
                     status::UNKNOWN_COMMAND
                 }
             },
         };
         HypercallOutcome::Reply(reply)
+    }
+
+    fn say(&mut self, text: &str, log: &mut dyn FnMut(&str)) {
+        if let Some(line) = self.lines.admit(text, std::time::Instant::now()) {
+            log(&line);
+        }
+    }
+
+    /// Guest lines not printed (over the rate limit).
+    pub fn lines_not_shown(&self) -> u64 {
+        self.lines.dropped()
+    }
+
+    /// MARK calls not counted by id (more than [`MAX_MARK_IDS`] ids).
+    pub fn marks_uncounted(&self) -> u64 {
+        self.marks_uncounted
     }
 
     fn read_log(&self, gva: u64, len: u64, mem: &dyn GuestVirtualMemory) -> Result<String, i32> {
@@ -193,7 +224,7 @@ mod tests {
         let mut port = HypercallPort::new();
         let (out, lines) = call(&mut port, cmd::LOG, 0x1000, 5);
         assert_eq!(out, HypercallOutcome::Reply(status::OK));
-        assert_eq!(lines, vec!["guest: hello"]);
+        assert_eq!(lines, vec!["vtrace: guest: hello"]);
     }
 
     #[test]
@@ -216,6 +247,18 @@ mod tests {
             HypercallOutcome::Reply(status::BAD_LENGTH)
         );
         assert_eq!(port.rejected(), 4);
+    }
+
+    #[test]
+    fn mark_ids_are_counted_up_to_a_bound() {
+        let mut port = HypercallPort::new();
+        for id in 0..(MAX_MARK_IDS as u64 + 1000) {
+            call(&mut port, cmd::MARK, id, 1);
+        }
+        call(&mut port, cmd::MARK, 5, 2);
+        assert_eq!(port.marks().len(), MAX_MARK_IDS);
+        assert_eq!(port.marks_uncounted(), 1000);
+        assert_eq!(port.marks()[&5].count, 2, "known ids still count");
     }
 
     #[test]
