@@ -48,9 +48,40 @@ if ! command -v chromium >/dev/null 2>&1; then
         chromium >/dev/null
 fi
 
+# cargo fuzz (fuzz/): its targets build with the stable toolchain and no
+# sanitizer.
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing cargo-fuzz (the fuzz targets)"
+    cargo install cargo-fuzz --locked --quiet
+fi
+
 # The code's own bar: formatted, and no clippy warning anywhere.
 echo "scripts/test.sh: cargo fmt --check and cargo clippy"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy --manifest-path fuzz/Cargo.toml --quiet -- -D warnings
 
 cargo test --workspace "$@"
+
+# Each fuzz target for a short, bounded time from its seeds (real traces,
+# images and symbol files in fuzz/seeds); a crash fails the suite and
+# leaves its input in fuzz/artifacts/. VTRACE_FUZZ_SECONDS=0 skips this.
+seconds="${VTRACE_FUZZ_SECONDS:-20}"
+if [ "$seconds" -gt 0 ]; then
+    for target in $(cargo fuzz list); do
+        echo "scripts/test.sh: fuzzing $target for $seconds s"
+        corpus="$(mktemp -d)"
+        status=0
+        cargo fuzz run --sanitizer none --release "$target" "$corpus" "fuzz/seeds/$target" -- \
+            -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
+            >"$corpus.log" 2>&1 || status=$?
+        grep -E '^stat::number_of_executed_units|panicked at|SUMMARY' "$corpus.log" || true
+        if [ "$status" -ne 0 ]; then
+            tail -n 40 "$corpus.log"
+            echo "scripts/test.sh: fuzz target $target failed (input in fuzz/artifacts/$target)"
+            exit 1
+        fi
+        rm -rf "$corpus" "$corpus.log"
+    done
+fi

@@ -569,3 +569,48 @@ fn a_listing_of_a_wrapped_trace_starts_where_the_trace_does() {
         .collect();
     assert_eq!(steps, vec![first, first + 1, first + 2], "{}", stdout(&out));
 }
+
+#[test]
+fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "idle.bin", vtrace_demo::test_guests::IDLE);
+    let disk = dir.path().join("idle.vtd");
+    let control = dir.path().join("c.sock");
+    // Console input stays open (a pipe nobody writes): the guest waits
+    // for it, and nothing else can wake it.
+    let mut child = vtrace()
+        .args(["run", "--real-mode"])
+        .arg(&image)
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while !control.exists() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let out = run(&["ctl", "--control", control.to_str().unwrap(), "status"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(stdout(&out).starts_with("tracing off"), "{}", stdout(&out));
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "answered after {:?}",
+            asked.elapsed()
+        );
+    }
+    kill(&child, "INT");
+    let stdin = child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+}

@@ -141,6 +141,7 @@ fn main() {
     build_flat_binary(&tests.join("region.S"), &include, &out, "region");
     build_flat_binary(&tests.join("debugregs.S"), &include, &out, "debugregs");
     build_flat_binary(&tests.join("flood.S"), &include, &out, "flood");
+    build_flat_binary(&tests.join("idle.S"), &include, &out, "idle");
     for name in ["triple-fault", "exception", "unemulated"] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);

@@ -31,7 +31,7 @@ pub fn parse_elf(bytes: &[u8], origin: &str) -> Result<SymbolTable, SymbolError>
     let end = file
         .sections()
         .filter(|s| code_sections.contains(&s.index()))
-        .map(|s| s.address() + s.size())
+        .map(|s| s.address().saturating_add(s.size()))
         .max();
     // Preference among names at one address: global functions, other
     // globals, local functions, other labels.

@@ -262,7 +262,8 @@ impl Symbolizer {
                     .iter()
                     .find(|(start, end, _)| s.start >= *start && s.start < *end)?;
                 Some(Symbol {
-                    start: s.start - vstart + pstart,
+                    // The file gives both addresses: checked.
+                    start: (s.start - vstart).checked_add(*pstart)?,
                     size: s.size,
                     name: s.name.clone(),
                 })
@@ -271,7 +272,10 @@ impl Symbolizer {
         if alias.is_empty() {
             return;
         }
-        let end = loads.iter().map(|(start, end, p)| end - start + p).max();
+        let end = loads
+            .iter()
+            .filter_map(|(start, end, p)| end.checked_sub(*start)?.checked_add(*p))
+            .max();
         let origin = format!("{} (at physical addresses)", last.origin);
         let scope = last.scope;
         self.add(&origin, scope, SymbolTable::new(alias, end), None);

@@ -52,6 +52,10 @@ pub mod test_guests {
     /// with distinct ids, 20,000 unknown hypercalls; exits 0.
     pub const FLOOD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/flood.bin"));
 
+    /// Real mode (load at 0x7c00): `sti; 1: hlt; jmp 1b` with no timer:
+    /// idles until the run is ended from outside.
+    pub const IDLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/idle.bin"));
+
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }

@@ -51,23 +51,36 @@ impl Compression {
 /// host (the guest's decompressor then runs instead).
 pub fn decompress(payload: &[u8], kind: Compression) -> Option<Result<Vec<u8>, String>> {
     let mut out = Vec::new();
+    // One byte past the limit tells a payload that would exceed it.
+    let limit = MAX_DECOMPRESSED + 1;
     let result = match kind {
         Compression::Gzip => flate2::read::GzDecoder::new(payload)
+            .take(limit)
             .read_to_end(&mut out)
             .map(|_| ())
             .map_err(|e| e.to_string()),
         // The kernel appends the uncompressed size after the frame, so only
         // one frame is read.
         Compression::Zstd => zstd::stream::read::Decoder::new(payload)
-            .map(|d| d.single_frame())
+            .map(|d| d.single_frame().take(limit))
             .and_then(|mut d| d.read_to_end(&mut out))
             .map(|_| ())
             .map_err(|e| e.to_string()),
         Compression::Lz4 => lz4_legacy(payload, &mut out),
         _ => return None,
     };
+    if out.len() as u64 > MAX_DECOMPRESSED {
+        return Some(Err(format!(
+            "the kernel decompresses to more than {} MiB",
+            MAX_DECOMPRESSED >> 20
+        )));
+    }
     Some(result.map(|()| out))
 }
+
+/// No kernel is bigger than this decompressed; a crafted payload (a
+/// "zip bomb") must not take the host's memory.
+pub const MAX_DECOMPRESSED: u64 = 1 << 30;
 
 /// The LZ4 "legacy" container the kernel build uses (`lz4 -l`): a magic,
 /// then blocks of at most 8 MiB, each prefixed by its compressed length.
@@ -96,6 +109,9 @@ fn lz4_legacy(payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         let n = lz4_flex::block::decompress_into(data, &mut block)
             .map_err(|e| format!("LZ4 block at offset {}: {e}", pos - 4))?;
         out.extend_from_slice(&block[..n]);
+        if out.len() as u64 > MAX_DECOMPRESSED {
+            break;
+        }
         pos += len as usize;
     }
     if out.is_empty() {

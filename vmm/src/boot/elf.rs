@@ -33,13 +33,19 @@ pub struct LoadedElf {
 }
 
 fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(off..off.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(off..off.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(off..off.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 impl ElfInfo {
@@ -65,8 +71,8 @@ impl ElfInfo {
             if u32_at(bytes, ph).ok_or_else(truncated)? != PT_LOAD {
                 continue;
             }
-            let paddr = u64_at(bytes, ph + 24).ok_or_else(truncated)?;
-            let memsz = u64_at(bytes, ph + 40).ok_or_else(truncated)?;
+            let paddr = u64_at(bytes, ph.saturating_add(24)).ok_or_else(truncated)?;
+            let memsz = u64_at(bytes, ph.saturating_add(40)).ok_or_else(truncated)?;
             start = start.min(paddr);
             end = end.max(paddr.checked_add(memsz).ok_or_else(truncated)?);
         }

@@ -22,6 +22,9 @@ use crate::cpu::entry::EntryState;
 use crate::error::{Error, Result};
 use crate::memory::{layout, GuestRam, EBDA_START, HIGH_MEMORY_START, MMIO_HOLE_START};
 
+/// The largest kernel, initrd or real-mode image read.
+pub const MAX_IMAGE: u64 = 2 << 30;
+
 /// Bytes of an image and the name to show for it.
 #[derive(Clone, Debug)]
 pub struct Image {
@@ -42,13 +45,27 @@ impl Image {
     }
 
     /// An image read from a file; `what` names it in errors ("kernel").
+    /// Only regular files of at most [`MAX_IMAGE`] bytes are read: a
+    /// device or FIFO would feed the reader without end.
     pub fn from_file(what: &'static str, path: impl Into<PathBuf>) -> Result<Image> {
+        use std::io::Read;
         let path = path.into();
-        let bytes = std::fs::read(&path).map_err(|source| Error::ImageUnreadable {
+        let unreadable = |source| Error::ImageUnreadable {
             what,
             path: path.clone(),
             source,
-        })?;
+        };
+        let meta = std::fs::metadata(&path).map_err(unreadable)?;
+        if !meta.is_file() || meta.len() > MAX_IMAGE {
+            return Err(unreadable(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not a regular file of at most {} MiB", MAX_IMAGE >> 20),
+            )));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        std::fs::File::open(&path)
+            .and_then(|f| f.take(MAX_IMAGE).read_to_end(&mut bytes))
+            .map_err(unreadable)?;
         Ok(Image {
             name: path.display().to_string(),
             path: Some(path),

@@ -1,0 +1,36 @@
+//! Kernel images as `vtrace run --kernel` loads them (PVH ELF, 64-bit
+//! vmlinux, bzImage with its compressed payload) and real-mode images,
+//! into guest memory.
+#![no_main]
+
+use std::borrow::Cow;
+use std::sync::LazyLock;
+
+use libfuzzer_sys::fuzz_target;
+use vtrace_vmm::boot::{load, BootSource, Image};
+use vtrace_vmm::memory::{create_guest_ram, GuestRam};
+
+static RAM: LazyLock<GuestRam> =
+    LazyLock::new(|| create_guest_ram(64 << 20).expect("64 MiB of guest memory"));
+
+fn image(data: &[u8]) -> Image {
+    Image {
+        name: "fuzz".into(),
+        path: None,
+        bytes: Cow::Owned(data.to_vec()),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let kernel = BootSource::Kernel {
+        kernel: image(data),
+        initrd: Some(image(&data[..data.len().min(64)])),
+        cmdline: "console=ttyS0".into(),
+    };
+    let _ = load(&RAM, &kernel);
+    let real = BootSource::RealMode {
+        image: image(data),
+        load_addr: 0x7c00,
+    };
+    let _ = load(&RAM, &real);
+});

@@ -1,0 +1,350 @@
+//! The run loop: enter the guest, serve each exit, deliver interrupts.
+//!
+//! One room a job: `exit` enters the guest and serves what it exits for,
+//! `inject` delivers interrupts and foreseen exceptions, `halt` waits while
+//! the guest idles, `requests` answers the console's hotkeys and `vtrace
+//! ctl`. This file holds the loop itself and what the rooms share.
+
+mod exit;
+mod halt;
+mod inject;
+mod requests;
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use crate::clock::VirtualClock;
+use crate::console::{self, ConsoleInput, RawTerminal};
+use crate::devices::hypercall::MarkStats;
+use crate::error::Result;
+use crate::kick::Kicker;
+use crate::memory::GuestRam;
+use crate::monitor::{CpuView, Directive, ExitView, Monitor};
+use crate::signals;
+use crate::vcpu::Vcpu;
+use crate::vm::{ConsoleMode, Vm};
+
+use exit::Exit;
+
+/// How a run ended, when it ended the way a guest may end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestExit {
+    /// The guest made the EXIT hypercall with this status.
+    Status(u8),
+    /// The guest reset the machine (i8042 or port 0xCF9): a reboot.
+    Reset,
+    /// The guest powered the machine off (ACPI S5).
+    PowerOff,
+    /// The user pressed `Ctrl-A x`.
+    UserQuit,
+    /// The monitor was done with the guest (a tracer told to end the run
+    /// when tracing stops).
+    MonitorDone,
+    /// SIGINT, SIGTERM or SIGHUP (this number) asked vtrace to stop; see
+    /// [`signals`](crate::signals).
+    Signal(i32),
+}
+
+/// How a run ended, as the monitor is told in [`Monitor::on_finish`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish<'a> {
+    /// The guest ended it (EXIT hypercall, power-off, reset), or the
+    /// monitor did.
+    Guest,
+    /// The user pressed `Ctrl-A x`.
+    UserQuit,
+    /// A stop signal (its number).
+    Signal(i32),
+    /// The guest failed or KVM did; the first line of the error.
+    Failure(&'a str),
+}
+
+/// What wakes the run loop between exits or from a halt.
+pub(super) enum Wake {
+    /// Console input: bytes for the guest, a hotkey, or its end.
+    Console(ConsoleInput),
+    /// A `vtrace ctl` request is waiting.
+    Control,
+    /// A stop signal was caught.
+    Signal,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub exit: GuestExit,
+    /// Virtual time at the end.
+    pub virtual_time: Duration,
+    /// Host time the run took.
+    pub host_time: Duration,
+    /// Interrupts injected, by ISA IRQ line.
+    pub irqs: [u64; 16],
+    /// VM exits served.
+    pub exits: u64,
+    /// MARK hypercalls, by identifier (the first
+    /// [`MAX_MARK_IDS`](crate::devices::hypercall::MAX_MARK_IDS) ids).
+    pub marks: BTreeMap<u64, MarkStats>,
+    /// MARK calls with ids past that bound.
+    pub marks_uncounted: u64,
+    /// Guest lines (LOG, rejected calls) not printed: over the rate limit.
+    pub guest_lines_not_shown: u64,
+    /// Instructions (INT3, INT n, FWAIT, LDMXCSR...) the VMM completed because KVM's
+    /// emulator could not.
+    pub completed_by_vmm: u64,
+}
+
+impl RunOutcome {
+    /// Timer (IRQ0) interrupts delivered to the guest.
+    pub fn timer_interrupts(&self) -> u64 {
+        self.irqs[0]
+    }
+}
+
+/// A function for another thread that sends `what` to the loop and kicks
+/// the vCPU out of `KVM_RUN`.
+fn waker(tx: &mpsc::Sender<Wake>, kicker: &Kicker, what: fn() -> Wake) -> Box<dyn Fn() + Send> {
+    let (tx, handle) = (tx.clone(), kicker.handle());
+    Box::new(move || {
+        let _ = tx.send(what());
+        handle.kick();
+    })
+}
+
+/// What serving an exit decided.
+pub(super) enum Next {
+    Continue,
+    Stop(GuestExit),
+}
+
+impl Vm {
+    /// Runs the guest until it exits, resets, is quit by the user, or fails.
+    pub fn run(&mut self, monitor: &mut dyn Monitor) -> Result<RunOutcome> {
+        let _raw = match self.console {
+            ConsoleMode::Interactive => RawTerminal::enable()?,
+            ConsoleMode::OutputOnly => None,
+        };
+        let immediate_exit = &mut self.vcpu.run_page().immediate_exit as *mut u8;
+        let kicker = Kicker::new(immediate_exit)?;
+        let (tx, rx) = mpsc::channel();
+        signals::catch_stop_signals()?;
+        signals::set_waker(Some(waker(&tx, &kicker, || Wake::Signal)));
+        if let Some(control) = &self.control {
+            control.set_waker(waker(&tx, &kicker, || Wake::Control));
+        }
+        self.console_open = self.console == ConsoleMode::Interactive;
+        if self.console_open {
+            let (tx, handle) = (tx.clone(), kicker.handle());
+            console::spawn_input_thread(move |input| {
+                let sent = tx.send(Wake::Console(input)).is_ok();
+                handle.kick();
+                sent
+            })?;
+        }
+        self.clock = if monitor.stepping() {
+            VirtualClock::stepping_from_start(self.clock.mode())
+        } else {
+            VirtualClock::new(self.clock.mode())
+        };
+        let started = Instant::now();
+        let mut irqs = [0u64; 16];
+        let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
+        signals::set_waker(None);
+        let failure = result.as_ref().err().map(|e| {
+            let text = e.to_string();
+            text.lines().next().unwrap_or_default().to_string()
+        });
+        let finish = match (&result, failure.as_deref()) {
+            (_, Some(failure)) => Finish::Failure(failure),
+            (Ok(GuestExit::UserQuit), None) => Finish::UserQuit,
+            (Ok(GuestExit::Signal(signal)), None) => Finish::Signal(*signal),
+            _ => Finish::Guest,
+        };
+        monitor.on_finish(&mut self.cpu_view(), finish);
+        let exit = result?;
+        Ok(RunOutcome {
+            exit,
+            virtual_time: Duration::from_nanos(self.clock.now()),
+            host_time: started.elapsed(),
+            irqs,
+            exits: self.history.total(),
+            marks: self.hypercalls.marks().clone(),
+            marks_uncounted: self.hypercalls.marks_uncounted(),
+            guest_lines_not_shown: self.hypercalls.lines_not_shown(),
+            completed_by_vmm: self.completed_by_vmm,
+        })
+    }
+
+    pub(super) fn run_until_stop(
+        &mut self,
+        rx: &Receiver<Wake>,
+        kicker: &Kicker,
+        monitor: &mut dyn Monitor,
+        irqs: &mut [u64; 16],
+    ) -> Result<GuestExit> {
+        loop {
+            if let Next::Stop(exit) = self.service(rx, monitor, irqs)? {
+                return Ok(exit);
+            }
+            if monitor.done() {
+                return Ok(GuestExit::MonitorDone);
+            }
+            if monitor.stepping() && !self.stepping && !self.io_pending {
+                self.reclaim_queued_interrupt(monitor)?;
+            }
+            self.set_debug(monitor.stepping(), monitor.breakpoints())?;
+            if self.stepping && !self.io_pending {
+                if let Some(e) = monitor.exception_before_entry() {
+                    self.deliver_exception(e, monitor)?;
+                }
+            }
+            if self.stepping && self.vcpu.step_stale() {
+                self.rearm()?;
+            }
+            kicker.set_quiet(self.stepping);
+            match self
+                .devices
+                .next_deadline()
+                .filter(|_| !self.stepping)
+                .and_then(|d| self.clock.host_delay_until(d))
+            {
+                Some(delay) => kicker.kick_after(delay),
+                None => kicker.cancel(),
+            }
+            monitor.before_entry(&mut self.cpu_view());
+            let exit = self.enter();
+            self.io_pending = matches!(
+                exit,
+                Exit::IoIn { .. }
+                    | Exit::MmioRead { .. }
+                    | Exit::IoOut {
+                        completed: false,
+                        ..
+                    }
+            );
+            if let Next::Stop(exit) = self.serve(exit, rx, monitor, irqs)? {
+                return Ok(exit);
+            }
+        }
+    }
+
+    /// Arms or disarms single-stepping and hardware breakpoints (only when
+    /// they change: it is an ioctl).
+    pub(super) fn set_debug(&mut self, stepping: bool, breakpoints: &[u64]) -> Result<()> {
+        let breakpoints = &breakpoints[..breakpoints.len().min(4)];
+        if stepping == self.stepping && breakpoints == self.breakpoints.as_slice() {
+            return Ok(());
+        }
+        let mut debug = kvm_bindings::kvm_guest_debug::default();
+        if stepping || !breakpoints.is_empty() {
+            debug.control = kvm_bindings::KVM_GUESTDBG_ENABLE;
+        }
+        if stepping {
+            debug.control |= kvm_bindings::KVM_GUESTDBG_SINGLESTEP;
+        }
+        if !breakpoints.is_empty() {
+            debug.control |= kvm_bindings::KVM_GUESTDBG_USE_HW_BP;
+            for (i, addr) in breakpoints.iter().enumerate() {
+                debug.arch.debugreg[i] = *addr;
+                // Local enable; R/W and LEN 0: break on execution.
+                debug.arch.debugreg[7] |= 1 << (2 * i);
+            }
+        }
+        self.vcpu.set_guest_debug(&debug)?;
+        if stepping != self.stepping {
+            self.clock.set_stepping(stepping);
+        }
+        self.stepping = stepping;
+        self.breakpoints = breakpoints.to_vec();
+        Ok(())
+    }
+
+    /// Device work between exits: console input, interrupt lines, injection.
+    pub(super) fn service(
+        &mut self,
+        rx: &Receiver<Wake>,
+        monitor: &mut dyn Monitor,
+        irqs: &mut [u64; 16],
+    ) -> Result<Next> {
+        while let Ok(wake) = rx.try_recv() {
+            if let Next::Stop(exit) = self.woken(wake, monitor) {
+                return Ok(Next::Stop(exit));
+            }
+        }
+        if let Some(signal) = signals::caught() {
+            return Ok(Next::Stop(GuestExit::Signal(signal)));
+        }
+        self.serve_control(monitor);
+        let now = self.clock.now();
+        self.devices.update_interrupts(now);
+        if let Some(end) = self.devices.machine_end() {
+            return Ok(Next::Stop(end));
+        }
+        self.inject(irqs, monitor)?;
+        Ok(Next::Continue)
+    }
+
+    /// Issues the current debug configuration again (re-arming TF).
+    pub(super) fn rearm(&mut self) -> Result<()> {
+        let (stepping, breakpoints) = (self.stepping, std::mem::take(&mut self.breakpoints));
+        self.stepping = !stepping;
+        self.set_debug(stepping, &breakpoints)
+    }
+
+    /// Passes an exit to the monitor.
+    pub(super) fn tell(&mut self, monitor: &mut dyn Monitor, exit: ExitView) -> Directive {
+        monitor.on_exit(&exit, &mut self.cpu_view())
+    }
+
+    /// The monitor's view of the vCPU.
+    pub(super) fn cpu_view(&mut self) -> KvmCpuView<'_> {
+        KvmCpuView {
+            vcpu: &mut self.vcpu,
+            ram: &self.ram,
+            cpuid: &self.cpuid,
+        }
+    }
+}
+
+/// The monitor's view of the vCPU: sync registers and guest RAM.
+pub(super) struct KvmCpuView<'a> {
+    vcpu: &'a mut Vcpu,
+    ram: &'a GuestRam,
+    cpuid: &'a kvm_bindings::CpuId,
+}
+
+impl CpuView for KvmCpuView<'_> {
+    fn regs(&mut self) -> kvm_bindings::kvm_regs {
+        self.vcpu.regs()
+    }
+
+    fn sregs(&mut self) -> kvm_bindings::kvm_sregs {
+        self.vcpu.sregs()
+    }
+
+    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        use vm_memory::{Bytes, GuestAddress};
+        self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
+    }
+
+    fn write_physical(&mut self, gpa: u64, data: &[u8]) -> bool {
+        use vm_memory::{Bytes, GuestAddress};
+        self.ram.write_slice(data, GuestAddress(gpa)).is_ok()
+    }
+
+    fn write_regs(&mut self, regs: &kvm_bindings::kvm_regs) -> bool {
+        self.vcpu.set_regs(regs).is_ok()
+    }
+
+    fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
+        crate::cpu::cpuid::as_given(self.cpuid, function, index, seen)
+    }
+
+    fn read_msr(&mut self, index: u32) -> Option<u64> {
+        self.vcpu.msr(index)
+    }
+
+    fn write_msr(&mut self, index: u32, value: u64) -> bool {
+        self.vcpu.set_msr(index, value)
+    }
+}

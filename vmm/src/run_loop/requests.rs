@@ -1,0 +1,96 @@
+//! What the user asks of a running VM: console hotkeys and `vtrace ctl`
+//! requests.
+
+use crate::console::{self, ConsoleInput};
+use crate::monitor::Monitor;
+use crate::signals;
+use crate::vm::Vm;
+
+use super::{GuestExit, Next, Wake};
+
+impl Vm {
+    /// Acts on what woke the loop (console input, a signal...).
+    pub(super) fn woken(&mut self, wake: Wake, monitor: &mut dyn Monitor) -> Next {
+        match wake {
+            Wake::Console(input) => self.console_input(input, monitor),
+            Wake::Control => {
+                self.serve_control(monitor);
+                Next::Continue
+            }
+            Wake::Signal => match signals::caught() {
+                Some(signal) => Next::Stop(GuestExit::Signal(signal)),
+                None => Next::Continue,
+            },
+        }
+    }
+
+    /// Answers the waiting `vtrace ctl` requests.
+    pub(super) fn serve_control(&mut self, monitor: &mut dyn Monitor) {
+        while let Some(request) = self.control.as_ref().and_then(|c| c.try_next()) {
+            let answer = match request.command.as_str() {
+                "status" => {
+                    let own = format!(
+                        "virtual time {:.6} s, {} exits",
+                        self.clock.now() as f64 / 1e9,
+                        self.history.total()
+                    );
+                    match monitor.control("status") {
+                        Some(more) => format!("{more}; {own}"),
+                        None => own,
+                    }
+                }
+                command => monitor.control(command).unwrap_or_else(|| {
+                    format!("error: unknown command '{command}' (start, stop, mark [ID], status)")
+                }),
+            };
+            request.reply(answer);
+        }
+    }
+
+    pub(super) fn console_input(&mut self, input: ConsoleInput, monitor: &mut dyn Monitor) -> Next {
+        match input {
+            ConsoleInput::Guest(bytes) => self.devices.serial.queue_input(&bytes),
+            ConsoleInput::Hotkey(b'x') => {
+                console::user_message("vtrace: terminated by Ctrl-A x");
+                return Next::Stop(GuestExit::UserQuit);
+            }
+            ConsoleInput::Hotkey(b'h' | b'?') => {
+                let mut help = String::from(
+                    "vtrace console keys (press Ctrl-A, then the key):\n  \
+                     Ctrl-A x    quit vtrace\n  \
+                     Ctrl-A h    this help\n  \
+                     Ctrl-A r    show the guest's registers and recent exits\n  \
+                     Ctrl-A s    show run statistics\n  \
+                     Ctrl-A C-a  send Ctrl-A to the guest",
+                );
+                for (key, meaning) in monitor.hotkey_help() {
+                    help.push_str(&format!("\n  Ctrl-A {key}    {meaning}"));
+                }
+                console::user_message(&help);
+            }
+            ConsoleInput::Hotkey(b'r') => {
+                let report = self.crash_report(None);
+                console::user_message(&format!("vtrace: guest state\n{report}"));
+            }
+            ConsoleInput::Hotkey(b's') => {
+                console::user_message(&format!(
+                    "vtrace: virtual time {:.3} s, {} exits, timer interrupts {}, \
+                     instructions completed by vtrace {}",
+                    self.clock.now() as f64 / 1e9,
+                    self.history.total(),
+                    self.devices.timer_edges,
+                    self.completed_by_vmm
+                ));
+            }
+            ConsoleInput::Hotkey(key) => match monitor.hotkey(key) {
+                Some(message) => console::user_message(&message),
+                None => console::user_message(&format!(
+                    "vtrace: Ctrl-A {} does nothing (Ctrl-A h lists the keys)",
+                    char::from(key).escape_default()
+                )),
+            },
+            ConsoleInput::Closed => self.console_open = false,
+        }
+        Next::Continue
+    }
+}
