@@ -3,9 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_vmm::devices::hypercall::{
-    BadAddress, GuestVirtualMemory, Hypercall, HypercallPort,
-};
+use vtrace_vmm::devices::hypercall::{BadAddress, GuestVirtualMemory, Hypercall, HypercallPort};
 use vtrace_vmm::NoMonitor;
 
 /// Guest memory: the input's bytes, mapped from address 0x1000.
@@ -37,7 +35,12 @@ fuzz_target!(|data: &[u8]| {
     for chunk in data.chunks(40).take(64) {
         let call = Hypercall {
             command: word(chunk, 0) as u32,
-            args: [word(chunk, 8), word(chunk, 16), word(chunk, 24), word(chunk, 32)],
+            args: [
+                word(chunk, 8),
+                word(chunk, 16),
+                word(chunk, 24),
+                word(chunk, 32),
+            ],
         };
         let _ = port.handle(call, &Memory(data), &mut NoMonitor, &mut |_| {});
         let _ = port.take_log();

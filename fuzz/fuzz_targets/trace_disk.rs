@@ -3,14 +3,22 @@
 #![no_main]
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use vtrace_storage::{summarize, TraceReader};
 
-/// One file per fuzzing process, rewritten for each input.
-static PATH: LazyLock<std::path::PathBuf> = LazyLock::new(|| {
-    std::env::temp_dir().join(format!("vtrace-fuzz-{}.vtd", std::process::id()))
+/// One file per fuzzing process, rewritten for each input: in memory
+/// (/dev/shm) where there is one, for speed.
+static PATH: LazyLock<PathBuf> = LazyLock::new(|| {
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("vtrace-fuzz-{}.vtd", std::process::id()))
 });
 
 fuzz_target!(|data: &[u8]| {
