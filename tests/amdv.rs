@@ -247,7 +247,8 @@ fn linux_runs_on_after_many_host_stops_on_amdv() {
     let script = linux_up("--disk /out/s.vtd --disk-size 128M")
         + "for n in 1 2 3 4 5 6 7 8 9 10; do vtrace ctl start; sleep 0.5; vtrace ctl stop; sleep 0.2; done; \
            a=$(grep -c alive /tmp/log); sleep 4; b=$(grep -c alive /tmp/log); \
-           kill $pid; wait $pid; cat /tmp/log; echo \"$a $b\" > /out/alive";
+           vtrace ctl start; sleep 1; kill -INT $pid; wait $pid; echo $? > /out/status; \
+           cat /tmp/log; echo \"$a $b\" > /out/alive";
     let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert!(
         m.output.contains("l2: userspace up"),
@@ -270,9 +271,16 @@ fn linux_runs_on_after_many_host_stops_on_amdv() {
         m.output
     );
 
+    // Ctrl-C while tracing Linux userspace: the trace is written to its
+    // end, with the signal as its stop reason.
+    let status = std::fs::read_to_string(m.file("status")).unwrap_or_default();
+    assert_eq!(status.trim(), "130", "{}", m.output);
     let info = info_json(&m.file("s.vtd"));
     assert_eq!(info["gaps"], 0, "{info}");
     assert!(info["steps"].as_u64() > Some(1000), "{info}");
+    assert_eq!(info["stop_reason"], "signal:SIGINT", "{info}");
+    assert_eq!(info["clean_end"], true, "{info}");
+    assert_eq!(info["problems"], serde_json::json!([]), "{info}");
 }
 
 /// A guest's `poweroff` (through the ACPI tables vtrace gives a Linux

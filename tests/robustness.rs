@@ -10,13 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use vtrace_storage::{Event, Record, TraceReader, TraceReason};
 
-fn records(path: &Path) -> Vec<Record> {
-    let reader = TraceReader::open(path).expect("open trace");
-    (0..reader.segments().len())
-        .flat_map(|i| reader.decode(i).expect("segment decodes"))
-        .collect()
-}
-
 /// Steps in the segments already sealed on the disk (0 before the first).
 fn sealed_steps(disk: &Path) -> u64 {
     TraceReader::open(disk)

@@ -9,13 +9,6 @@ use common::*;
 use object::{Object, ObjectSymbol};
 use vtrace_storage::{Event, InterruptSource, Record, TraceReader, TraceReason};
 
-fn records(path: &Path) -> Vec<Record> {
-    let reader = TraceReader::open(path).expect("open trace");
-    (0..reader.segments().len())
-        .flat_map(|i| reader.decode(i).expect("segment decodes"))
-        .collect()
-}
-
 /// The steps of a trace, in order.
 fn steps_of(recs: &[Record]) -> Vec<&vtrace_storage::Step> {
     recs.iter()

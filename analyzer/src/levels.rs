@@ -239,7 +239,7 @@ impl<'a> ItemBuilder<'a> {
                 let flow = insn.flow;
                 let len = s.bytes.len() as u8;
                 let step = self.step;
-                self.step += 1;
+                self.step = self.step.saturating_add(1);
                 let held = InTransit {
                     step,
                     pc: s.pc,
@@ -788,7 +788,7 @@ impl LevelEngine {
                 self.pending_interrupt = Some(vector);
             }
             Item::Mark { id, value } => {
-                let next = self.prev_step.map_or(0, |s| s + 1);
+                let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
                 sink.mark(next, self.cr3.unwrap_or(0), id, value);
             }
             Item::Run {
@@ -939,7 +939,7 @@ pub fn run_with<P: SegmentPass>(
             if expected.is_some_and(|e| e != chunk.info.first_step) {
                 engine.push(Item::Break, sink);
             }
-            expected = Some(chunk.info.first_step + chunk.info.steps);
+            expected = Some(chunk.info.first_step.saturating_add(chunk.info.steps));
             match chunk.result {
                 Ok((items, part)) => {
                     for item in items {

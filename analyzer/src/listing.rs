@@ -249,7 +249,7 @@ fn format_segment(
                 }
                 pending_events.clear();
                 prev = Some(s.regs);
-                number += 1;
+                number = number.saturating_add(1);
             }
         }
     }
@@ -307,7 +307,7 @@ fn run(
             if expected.is_some_and(|e| e != chunk.info.first_step) {
                 carried = None;
             }
-            expected = Some(chunk.info.first_step + chunk.info.steps);
+            expected = Some(chunk.info.first_step.saturating_add(chunk.info.steps));
             let text = match chunk.result {
                 Ok(t) => t,
                 Err(why) => {
@@ -318,7 +318,7 @@ fn run(
                             "{:>10} -- segment with steps {}..{} does not decode: {why}\n",
                             "",
                             chunk.info.first_step,
-                            chunk.info.first_step + chunk.info.steps
+                            chunk.info.first_step.saturating_add(chunk.info.steps)
                         ),
                     );
                 }

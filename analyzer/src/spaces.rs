@@ -107,7 +107,7 @@ fn count_segment(info: &SegmentInfo, records: &mut Records<'_>, symbols: &Symbol
         }
         first_cr3.get_or_insert(root);
         prev = Some(root);
-        number += 1;
+        number = number.saturating_add(1);
     }
     flush(&mut spaces, run);
     Part {

@@ -225,7 +225,7 @@ impl SegmentPass for SegmentCounter {
         }
         self.before = Some(s.regs);
         p.counts.steps += 1;
-        self.number += 1;
+        self.number = self.number.saturating_add(1);
     }
 
     fn finish(self) -> Part {

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
+use vtrace_analyzer::listing::{self, ListingOptions};
+use vtrace_analyzer::stats;
+use vtrace_analyzer::symbols::Symbolizer;
 use vtrace_storage::{summarize, TraceReader};
 
 /// One file per fuzzing process, rewritten for each input: in memory
@@ -36,5 +39,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(trace) = vtrace_analyzer::input::Trace::open(&PATH) {
         let _ = trace.steps();
         let _ = trace.step_range();
+        // The analyses' own arithmetic on what the headers claim.
+        let symbols = Symbolizer::new();
+        let _ = stats::collect(&trace, &symbols, &|_, _| {});
+        let options = ListingOptions::default();
+        let _ = listing::write(&trace, &symbols, &options, &mut std::io::sink(), &|_, _| {});
     }
 });

@@ -46,6 +46,14 @@ pub fn run(args: &[&str]) -> Output {
         .expect("start vtrace")
 }
 
+/// Every record of a trace, in order; panics on a damaged segment.
+pub fn records(path: &Path) -> Vec<vtrace_storage::Record> {
+    let reader = vtrace_storage::TraceReader::open(path).expect("open trace");
+    (0..reader.segments().len())
+        .flat_map(|i| reader.decode(i).expect("segment decodes"))
+        .collect()
+}
+
 /// `vtrace info --json` of a trace.
 pub fn info_json(path: &Path) -> serde_json::Value {
     let out = run(&["info", "--json", path.to_str().unwrap()]);
