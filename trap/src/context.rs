@@ -3,8 +3,8 @@
 use kvm_bindings::kvm_sregs;
 use vtrace_storage::CpuMode;
 
-const CR0_PE: u64 = 1;
-const EFER_LMA: u64 = 1 << 10;
+use vtrace_vmm::x86::cr0::PE as CR0_PE;
+use vtrace_vmm::x86::efer::LMA as EFER_LMA;
 
 /// Mode of the code segment as the CPU would decode with it.
 pub fn cpu_mode(sregs: &kvm_sregs) -> CpuMode {

@@ -68,7 +68,7 @@ struct Pending {
     cpl: u8,
 }
 
-const RFLAGS_IF: u64 = 1 << 9;
+use vtrace_vmm::x86::rflags::IF as RFLAGS_IF;
 
 /// Counters for the run's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,8 +171,8 @@ fn to_regs(r: &kvm_regs) -> Regs {
     }
 }
 
-const RFLAGS_RF: u64 = 1 << 16;
-const RFLAGS_TF: u64 = 1 << 8;
+use vtrace_vmm::x86::rflags::RF as RFLAGS_RF;
+use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
 
 fn control(s: &kvm_sregs) -> [u64; 4] {
     [s.cr0, s.cr3, s.cr4, s.efer]

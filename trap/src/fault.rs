@@ -19,17 +19,17 @@ use vtrace_vmm::{CpuView, Exception, ExceptionKind};
 
 use crate::walker::{PageAccess, Walker};
 
-const CR0_WP: u64 = 1 << 16;
-const CR4_SMEP: u64 = 1 << 20;
-const CR4_SMAP: u64 = 1 << 21;
-const EFER_NXE: u64 = 1 << 11;
-const RFLAGS_AC: u64 = 1 << 18;
+use vtrace_vmm::x86::cr0::WP as CR0_WP;
+use vtrace_vmm::x86::cr4::SMAP as CR4_SMAP;
+use vtrace_vmm::x86::cr4::SMEP as CR4_SMEP;
+use vtrace_vmm::x86::efer::NXE as EFER_NXE;
+use vtrace_vmm::x86::rflags::AC as RFLAGS_AC;
 
+use vtrace_vmm::x86::pf_error::I as PF_FETCH;
 /// Page-fault error code bits.
-const PF_PRESENT: u32 = 1;
-const PF_WRITE: u32 = 1 << 1;
-const PF_USER: u32 = 1 << 2;
-const PF_FETCH: u32 = 1 << 4;
+use vtrace_vmm::x86::pf_error::P as PF_PRESENT;
+use vtrace_vmm::x86::pf_error::U as PF_USER;
+use vtrace_vmm::x86::pf_error::W as PF_WRITE;
 
 /// The exception the instruction at `pc` will raise, if it is one this
 /// module foresees. `insn` is the instruction there as the engine decoded

@@ -3,15 +3,12 @@
 
 use kvm_bindings::kvm_sregs;
 use vtrace_storage::CpuMode;
-use vtrace_vmm::CpuView;
+use vtrace_vmm::{x86, CpuView};
 
 use crate::context::cpu_mode;
 use crate::walker::Walker;
 
-/// Exceptions for which the CPU pushes an error code.
-pub fn has_error_code(vector: u8) -> bool {
-    matches!(vector, 8 | 10..=14 | 17 | 21 | 29 | 30)
-}
+pub use vtrace_vmm::x86::has_error_code;
 
 /// A gate: handler address and IST index (long mode; 0 elsewhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,13 +23,9 @@ pub fn gate(cpu: &dyn CpuView, walker: &mut Walker, sregs: &kvm_sregs, vector: u
         CpuMode::Real => {
             let mut b = [0u8; 4];
             let base = sregs.idt.base + u64::from(vector) * 4;
-            (walker.read(cpu, sregs, base, &mut b) == 4).then(|| {
-                let off = u64::from(u16::from_le_bytes([b[0], b[1]]));
-                let seg = u64::from(u16::from_le_bytes([b[2], b[3]]));
-                Gate {
-                    handler: (seg << 4) + off,
-                    ist: 0,
-                }
+            (walker.read(cpu, sregs, base, &mut b) == 4).then(|| Gate {
+                handler: x86::real_mode_vector(&b),
+                ist: 0,
             })
         }
         CpuMode::Long64 | CpuMode::Compat32 => {
@@ -41,15 +34,13 @@ pub fn gate(cpu: &dyn CpuView, walker: &mut Walker, sregs: &kvm_sregs, vector: u
                 return None;
             }
             let mut b = [0u8; 16];
-            if walker.read(cpu, sregs, sregs.idt.base + at, &mut b) != 16 || b[5] & 0x80 == 0 {
+            if walker.read(cpu, sregs, sregs.idt.base + at, &mut b) != 16 {
                 return None;
             }
-            let lo = u64::from(u16::from_le_bytes([b[0], b[1]]));
-            let mid = u64::from(u16::from_le_bytes([b[6], b[7]]));
-            let hi = u64::from(u32::from_le_bytes([b[8], b[9], b[10], b[11]]));
-            Some(Gate {
-                handler: lo | mid << 16 | hi << 32,
-                ist: b[4] & 7,
+            let g = x86::Gate64::decode(&b);
+            g.present.then_some(Gate {
+                handler: g.handler,
+                ist: g.ist,
             })
         }
         CpuMode::Protected32 | CpuMode::Protected16 => {
@@ -58,16 +49,11 @@ pub fn gate(cpu: &dyn CpuView, walker: &mut Walker, sregs: &kvm_sregs, vector: u
                 return None;
             }
             let mut b = [0u8; 8];
-            if walker.read(cpu, sregs, sregs.idt.base + at, &mut b) != 8 || b[5] & 0x80 == 0 {
+            if walker.read(cpu, sregs, sregs.idt.base + at, &mut b) != 8 {
                 return None;
             }
-            let lo = u64::from(u16::from_le_bytes([b[0], b[1]]));
-            let hi = u64::from(u16::from_le_bytes([b[6], b[7]]));
             // Flat code segments only: the handler's linear address.
-            Some(Gate {
-                handler: lo | hi << 16,
-                ist: 0,
-            })
+            x86::gate32_handler(&b).map(|handler| Gate { handler, ist: 0 })
         }
     }
 }
@@ -85,7 +71,7 @@ pub fn error_code(
         CpuMode::Long64 | CpuMode::Compat32 => {
             let top = if gate.ist != 0 {
                 let mut b = [0u8; 8];
-                let at = sregs.tr.base + 0x24 + (u64::from(gate.ist) - 1) * 8;
+                let at = sregs.tr.base + x86::tss64::IST1 + (u64::from(gate.ist) - 1) * 8;
                 (walker.read(cpu, sregs, at, &mut b) == 8).then(|| u64::from_le_bytes(b))?
             } else {
                 old_rsp

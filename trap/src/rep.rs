@@ -179,7 +179,7 @@ impl RepString {
     }
 }
 
-const RFLAGS_DF: u64 = 1 << 10;
+use vtrace_vmm::x86::rflags::DF as RFLAGS_DF;
 
 fn address_bits(insn: &Instruction) -> u32 {
     match insn.memory_base() {
@@ -198,12 +198,7 @@ fn address_bits(insn: &Instruction) -> u32 {
 
 /// RFLAGS after `CMP a, b` on `size`-byte operands.
 fn compare_flags(rflags: u64, a: u64, b: u64, size: u8) -> u64 {
-    const CF: u64 = 1;
-    const PF: u64 = 1 << 2;
-    const AF: u64 = 1 << 4;
-    const ZF: u64 = 1 << 6;
-    const SF: u64 = 1 << 7;
-    const OF: u64 = 1 << 11;
+    use vtrace_vmm::x86::rflags::{AF, CF, OF, PF, SF, ZF};
     let bits = u32::from(size) * 8;
     let mask = if bits == 64 {
         u64::MAX

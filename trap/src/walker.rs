@@ -7,14 +7,14 @@ use std::collections::HashMap;
 use kvm_bindings::kvm_sregs;
 use vtrace_vmm::CpuView;
 
-const CR0_PG: u64 = 1 << 31;
-const CR4_PSE: u64 = 1 << 4;
-const CR4_PAE: u64 = 1 << 5;
-const CR4_LA57: u64 = 1 << 12;
-const EFER_LMA: u64 = 1 << 10;
-const PRESENT: u64 = 1;
-const PAGE_SIZE_BIT: u64 = 1 << 7;
-const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+use vtrace_vmm::x86::cr0::PG as CR0_PG;
+use vtrace_vmm::x86::cr4::LA57 as CR4_LA57;
+use vtrace_vmm::x86::cr4::PAE as CR4_PAE;
+use vtrace_vmm::x86::cr4::PSE as CR4_PSE;
+use vtrace_vmm::x86::efer::LMA as EFER_LMA;
+use vtrace_vmm::x86::pte::ADDR as ADDR_MASK;
+use vtrace_vmm::x86::pte::P as PRESENT;
+use vtrace_vmm::x86::pte::PS as PAGE_SIZE_BIT;
 /// Entries kept before the cache starts over (a bound, not a tuning knob).
 const CACHE_MAX: usize = 4096;
 
@@ -39,9 +39,9 @@ const ANY_ACCESS: PageAccess = PageAccess {
     user: true,
     executable: true,
 };
-const WRITABLE: u64 = 1 << 1;
-const USER: u64 = 1 << 2;
-const NO_EXECUTE: u64 = 1 << 63;
+use vtrace_vmm::x86::pte::RW as WRITABLE;
+use vtrace_vmm::x86::pte::US as USER;
+use vtrace_vmm::x86::pte::XD as NO_EXECUTE;
 
 fn read_u64(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
     let mut b = [0u8; 8];

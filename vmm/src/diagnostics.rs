@@ -68,7 +68,7 @@ impl CrashReport {
 
     /// Code size for these system registers: 16, 32 or 64.
     pub fn bitness_of(sregs: &kvm_sregs) -> u32 {
-        if sregs.efer & 0x400 != 0 && sregs.cs.l == 1 {
+        if sregs.efer & crate::x86::efer::LMA != 0 && sregs.cs.l == 1 {
             64
         } else if sregs.cr0 & 1 == 1 && sregs.cs.db == 1 {
             32

@@ -40,6 +40,7 @@ mod run_loop;
 pub mod signals;
 mod vcpu;
 mod vm;
+pub mod x86;
 
 pub use cpu::cpuid::CpuProfile;
 pub use error::{Error, Result};

@@ -19,12 +19,7 @@ pub enum EntryState {
     Long64 { entry: u64, boot_params: u64 },
 }
 
-const X86_CR0_PE: u64 = 0x1;
-const X86_CR0_ET: u64 = 0x10;
-const X86_CR0_PG: u64 = 0x8000_0000;
-const X86_CR4_PAE: u64 = 0x20;
-const EFER_LME: u64 = 0x100;
-const EFER_LMA: u64 = 0x400;
+use crate::x86::{cr0, cr4, efer};
 
 /// Boot GDT: null, 32-bit code (0x08), data (0x10), 64-bit code (0x18).
 const GDT: [u64; 4] = [
@@ -143,7 +138,7 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
             ] {
                 *seg = real_segment(0, false);
             }
-            sregs.cr0 = X86_CR0_ET;
+            sregs.cr0 = cr0::ET;
             regs.rip = ip;
         }
         EntryState::Protected32 { entry, start_info } => {
@@ -160,7 +155,7 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
             }
             sregs.tr.type_ = 0xb;
             sregs.tr.present = 1;
-            sregs.cr0 = X86_CR0_PE | X86_CR0_ET;
+            sregs.cr0 = cr0::PE | cr0::ET;
             sregs.cr4 = 0;
             sregs.efer = 0;
             regs.rip = entry;
@@ -182,9 +177,9 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
             sregs.tr.type_ = 0xb;
             sregs.tr.present = 1;
             sregs.cr3 = layout::PML4;
-            sregs.cr4 = X86_CR4_PAE;
-            sregs.cr0 = X86_CR0_PE | X86_CR0_ET | X86_CR0_PG;
-            sregs.efer = EFER_LME | EFER_LMA;
+            sregs.cr4 = cr4::PAE;
+            sregs.cr0 = cr0::PE | cr0::ET | cr0::PG;
+            sregs.efer = efer::LME | efer::LMA;
             regs.rip = entry;
             regs.rsi = boot_params;
             regs.rsp = layout::BOOT_STACK_TOP;

@@ -13,6 +13,8 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
+use crate::x86::{efer, tss64, Gate64};
+
 /// Guest memory by linear address, for the IDT, TSS, GDT and stack.
 pub trait LinearMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), u64>;
@@ -86,39 +88,32 @@ pub fn deliver_with_error_code(
     return_rip: u64,
     error_code: Option<u32>,
 ) -> Result<bool, SoftIntError> {
-    const EFER_LMA: u64 = 0x400;
-    const IF: u64 = 1 << 9;
-    const TF: u64 = 1 << 8;
-    const NT: u64 = 1 << 14;
-    const RF: u64 = 1 << 16;
+    use crate::x86::rflags::{IF, NT, RF, TF};
     let cpl = sregs.cs.dpl;
-    if sregs.efer & EFER_LMA == 0 || !((cpl == 0 && sregs.cs.l == 1) || cpl == 3) {
+    if sregs.efer & efer::LMA == 0 || !((cpl == 0 && sregs.cs.l == 1) || cpl == 3) {
         return Err(SoftIntError::UnsupportedMode);
     }
     let gate_at = u64::from(vector) * 16;
     if gate_at + 15 > u64::from(sregs.idt.limit) {
         return Err(SoftIntError::BeyondIdt(vector));
     }
-    let lo = read_u64(mem, sregs.idt.base + gate_at)?;
-    let hi = read_u64(mem, sregs.idt.base + gate_at + 8)?;
-    let kind = (lo >> 40) & 0xf;
-    let present = (lo >> 47) & 1 == 1;
-    if !present || !(kind == 0xe || kind == 0xf) {
+    let mut raw = [0u8; 16];
+    mem.read(sregs.idt.base + gate_at, &mut raw)
+        .map_err(SoftIntError::Unmapped)?;
+    let gate = Gate64::decode(&raw);
+    if !gate.usable() {
         return Err(SoftIntError::BadGate(vector));
     }
-    let handler = (lo & 0xffff) | ((lo >> 32) & 0xffff_0000) | (hi << 32);
-    let selector = ((lo >> 16) & 0xffff) as u16;
-    let ist = (lo >> 32) & 0x7;
+    let (handler, selector, ist) = (gate.handler, gate.selector, u64::from(gate.ist));
 
     let target = code_segment(mem, sregs, selector)?;
     if target.dpl != 0 {
         return Err(SoftIntError::UnsupportedMode);
     }
     let mut rsp = if ist != 0 {
-        read_u64(mem, sregs.tr.base + 0x24 + (ist - 1) * 8)?
+        read_u64(mem, sregs.tr.base + tss64::IST1 + (ist - 1) * 8)?
     } else if cpl == 3 {
-        // RSP0 of the 64-bit TSS.
-        read_u64(mem, sregs.tr.base + 4)?
+        read_u64(mem, sregs.tr.base + tss64::RSP0)?
     } else {
         regs.rsp
     };
@@ -166,7 +161,7 @@ pub fn deliver_with_error_code(
     regs.rsp = rsp;
     regs.rip = handler;
     regs.rflags &= !(TF | NT | RF);
-    if kind == 0xe {
+    if gate.kind == 0xe {
         regs.rflags &= !IF;
     }
     Ok(sregs_changed)

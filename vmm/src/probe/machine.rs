@@ -12,6 +12,7 @@ use crate::cpu::entry::{gdt_entry, segment_of};
 use crate::error::{Error, Result};
 use crate::memory::{create_guest_ram, GuestRam};
 use crate::vcpu::Vcpu;
+use crate::x86::{cr0, cr4, efer};
 
 /// The port a probe's code writes when it is done.
 pub const DONE_PORT: u16 = 0x5f0;
@@ -259,10 +260,11 @@ fn long_mode(xsave: bool) -> kvm_sregs {
     sregs.idt.limit = 256 * 16 - 1;
     sregs.cr3 = PML4;
     // PAE, OSFXSR, OSXMMEXCPT (and OSXSAVE).
-    sregs.cr4 = 0x20 | 0x200 | 0x400 | if xsave { 1 << 18 } else { 0 };
+    sregs.cr4 = cr4::PAE | cr4::OSFXSR | cr4::OSXMMEXCPT | if xsave { cr4::OSXSAVE } else { 0 };
     // PE, MP, ET, NE, WP, PG.
-    sregs.cr0 = 0x1 | 0x2 | 0x10 | 0x20 | 0x1_0000 | 0x8000_0000;
+    // MP (bit 1) and NE (bit 5) as firmware leaves them.
+    sregs.cr0 = cr0::PE | 0x2 | cr0::ET | 0x20 | cr0::WP | cr0::PG;
     // SCE, LME, LMA.
-    sregs.efer = 0x1 | 0x100 | 0x400;
+    sregs.efer = efer::SCE | efer::LME | efer::LMA;
     sregs
 }
