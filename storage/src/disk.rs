@@ -260,6 +260,18 @@ impl DiskWriter {
                 });
             }
         }
+        let too_small = |size: u64| {
+            let blocks = size.saturating_sub(SUPERBLOCK_LEN) / BLOCK;
+            (blocks < 2 * blocks_for(u64::from(segment_size))).then(|| DiskError::TooSmall {
+                path: path.to_path_buf(),
+                size,
+                segment_size,
+            })
+        };
+        // Before anything is made: a refused size leaves no file behind.
+        if let (false, Some(e)) = (existing_block, too_small(size)) {
+            return Err(e);
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -277,14 +289,10 @@ impl DiskWriter {
             })?;
             size
         };
-        let block_count = size.saturating_sub(SUPERBLOCK_LEN) / BLOCK;
-        if block_count < 2 * blocks_for(u64::from(segment_size)) {
-            return Err(DiskError::TooSmall {
-                path: path.to_path_buf(),
-                size,
-                segment_size,
-            });
+        if let Some(e) = too_small(size) {
+            return Err(e);
         }
+        let block_count = size.saturating_sub(SUPERBLOCK_LEN) / BLOCK;
         let superblock = Superblock {
             segment_size,
             block_count,
@@ -679,6 +687,13 @@ mod tests {
             Err(DiskError::Foreign { .. })
         ));
         assert_eq!(std::fs::read(&other).unwrap(), b"not a trace");
+        // A size that holds no two segments leaves no file behind.
+        let small = dir.path().join("small.vtd");
+        assert!(matches!(
+            DiskWriter::create(&small, 100 << 10, 1 << 20, false, ""),
+            Err(DiskError::TooSmall { .. })
+        ));
+        assert!(!small.exists());
         // An earlier trace is taken over.
         let trace = dir.path().join("t.vtd");
         DiskWriter::create(&trace, 1 << 20, 4096, false, "")
