@@ -7,6 +7,7 @@ use std::sync::mpsc::sync_channel;
 use rayon::prelude::*;
 use vtrace_storage::metadata::TraceMetadata;
 use vtrace_storage::reader::SegmentState;
+use vtrace_storage::reader::SegmentError;
 use vtrace_storage::{DecodeError, RecordRef, SegmentDecoder, TraceReader};
 
 use crate::error::Result;
@@ -78,7 +79,7 @@ pub struct Chunk<T> {
     pub info: SegmentInfo,
     /// `Err` when the segment's header checked out but its records did
     /// not decode; the analysis goes on past it.
-    pub result: Result<T, String>,
+    pub result: Result<T, SegmentError>,
 }
 
 impl Trace {
@@ -174,7 +175,7 @@ impl Trace {
                                 let out = work(info, &mut records);
                                 match records.error() {
                                     None => Ok(out),
-                                    Some(e) => Err(e.to_string()),
+                                    Some(e) => Err(SegmentError::Decode(e.clone())),
                                 }
                             }),
                         })

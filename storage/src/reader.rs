@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use crate::codec::SegmentDecoder;
+use crate::codec::{DecodeError, SegmentDecoder};
 use crate::disk::{DiskError, DiskScan, FoundSegment, Superblock};
 use crate::record::Record;
-use crate::segment::unseal;
+use crate::segment::{unseal, PayloadError};
 
 /// What became of a segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +18,23 @@ pub enum SegmentState {
     Torn(String),
     /// Damaged: a changed byte or a failed write.
     Corrupt(String),
+}
+
+/// Why a segment could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    /// No segment has that index.
+    #[error("no segment {0}")]
+    NoSuchSegment(usize),
+    /// Its bytes could not be read from the disk.
+    #[error("reading the segment: {0}")]
+    Read(#[from] std::io::Error),
+    /// Its payload is damaged or does not decompress.
+    #[error(transparent)]
+    Payload(#[from] PayloadError),
+    /// Its records do not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
 }
 
 /// A segment and its state.
@@ -199,19 +216,17 @@ impl TraceReader {
     /// [`SegmentDecoder`] to go through the records one at a time: decoded
     /// all at once, a segment's records take some forty times the
     /// payload's size.
-    pub fn payload(&self, index: usize) -> Result<Vec<u8>, String> {
-        let entry = self.segments.get(index).ok_or("no such segment")?;
-        let stored = self
-            .scan
-            .read_stored(&entry.found)
-            .map_err(|e| e.to_string())?;
-        unseal(&entry.found.header, &stored).map_err(|e| e.to_string())
+    pub fn payload(&self, index: usize) -> Result<Vec<u8>, SegmentError> {
+        let entry = self
+            .segments
+            .get(index)
+            .ok_or(SegmentError::NoSuchSegment(index))?;
+        let stored = self.scan.read_stored(&entry.found)?;
+        Ok(unseal(&entry.found.header, &stored)?)
     }
 
     /// Decodes one segment on its own. Errors say what is wrong with it.
-    pub fn decode(&self, index: usize) -> Result<Vec<Record>, String> {
-        SegmentDecoder::new(&self.payload(index)?)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())
+    pub fn decode(&self, index: usize) -> Result<Vec<Record>, SegmentError> {
+        Ok(SegmentDecoder::new(&self.payload(index)?).collect::<Result<Vec<_>, _>>()?)
     }
 }
