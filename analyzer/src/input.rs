@@ -6,8 +6,8 @@ use std::sync::mpsc::sync_channel;
 
 use rayon::prelude::*;
 use vtrace_storage::metadata::TraceMetadata;
-use vtrace_storage::reader::SegmentState;
 use vtrace_storage::reader::SegmentError;
+use vtrace_storage::reader::SegmentState;
 use vtrace_storage::{DecodeError, RecordRef, SegmentDecoder, TraceReader};
 
 use crate::error::Result;

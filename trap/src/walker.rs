@@ -268,13 +268,13 @@ pub(crate) mod tests {
             true
         }
         fn read_msr(&mut self, index: u32) -> Option<u64> {
-            (index == 0xc000_0084).then_some(self.fmask)
+            (index == vtrace_vmm::x86::msr::FMASK).then_some(self.fmask)
         }
         fn write_msr(&mut self, index: u32, value: u64) -> bool {
-            if index == 0xc000_0084 {
+            if index == vtrace_vmm::x86::msr::FMASK {
                 self.fmask = value;
             }
-            index == 0xc000_0084
+            index == vtrace_vmm::x86::msr::FMASK
         }
     }
 

@@ -103,6 +103,12 @@ pub mod pf_error {
     pub const I: u32 = 1 << 4;
 }
 
+/// Model-specific registers, by index.
+pub mod msr {
+    /// IA32_FMASK: RFLAGS bits SYSCALL clears.
+    pub const FMASK: u32 = 0xc000_0084;
+}
+
 /// Offsets in the 64-bit TSS.
 pub mod tss64 {
     /// RSP0: the stack for entries into ring 0.

@@ -1,0 +1,356 @@
+//! Interrupts and exceptions seen from the step stream: faults foreseen
+//! and delivered by the VMM, injections, handlers whose first instruction
+//! ran before an exit, IRETQ and STI-shadow reconstruction, exceptions
+//! inferred from where execution went.
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use vtrace_storage::{CpuMode, Event, InterruptSource};
+use vtrace_vmm::x86::rflags::IF as RFLAGS_IF;
+use vtrace_vmm::{CpuView, Exception};
+
+use crate::context::{cpu_mode, linear_pc};
+use crate::fault;
+use crate::flow::{Decoded, Flow, Shadow};
+use crate::idt::{error_code, gate, has_error_code, Gate};
+
+use super::{Engine, Pending, RecordSink};
+
+impl Engine {
+    /// The exception the instruction about to run will raise, once.
+    pub fn take_foreseen(&mut self) -> Option<Exception> {
+        self.foreseen.take()
+    }
+
+    /// The VMM delivered the foreseen fault: the pending instruction did
+    /// not run; the handler is stepped from its first instruction.
+    pub(super) fn fault_delivered(
+        &mut self,
+        vector: u8,
+        error_code: Option<u32>,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        self.pending = None;
+        self.stats.exceptions += 1;
+        self.last_exception = Some(vector);
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code,
+            source: InterruptSource::DeliveredByVmm,
+        });
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        self.last = regs;
+        self.last_cr2 = sregs.cr2;
+        self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
+        self.foreseen = None;
+    }
+
+    /// Works out [`Engine::foreseen`] for the pending instruction.
+    pub(super) fn foresee_fault(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, regs: &kvm_regs) {
+        self.foreseen = None;
+        let Some(p) = self.pending else {
+            return;
+        };
+        let insn = p.decoded.map(|d| d.insn);
+        self.foreseen = fault::foresee(
+            &mut self.walker,
+            cpu,
+            sregs,
+            regs,
+            p.pc,
+            insn.as_ref(),
+            p.fetched,
+        );
+    }
+
+    /// Where the handler of `vector` starts, from the guest's IDT.
+    pub fn handler_of(&mut self, vector: u8, cpu: &mut dyn CpuView) -> Option<u64> {
+        let sregs = cpu.sregs();
+        gate(cpu, &mut self.walker, &sregs, vector).map(|g| g.handler)
+    }
+
+    /// On hosts that step with TF: execution reached the entry of the
+    /// handler for exception `vector` (a breakpoint there fired before its
+    /// first instruction). The CPU delivered the exception, so the pending
+    /// instruction did not complete; the handler is stepped from here.
+    pub fn exception_entry(
+        &mut self,
+        vector: u8,
+        handler: u64,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        if !self.started {
+            return;
+        }
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        // At the handler's entry the error code is on top of the stack.
+        let error_code = has_error_code(vector)
+            .then(|| {
+                let mut b = [0u8; 4];
+                (self.walker.read(cpu, &sregs, regs.rsp, &mut b) == 4)
+                    .then(|| u32::from_le_bytes(b))
+            })
+            .flatten();
+        self.foreseen = None;
+        self.stats.exceptions += 1;
+        self.last_exception = Some(vector);
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code,
+            source: InterruptSource::ReportedByKvm,
+        });
+        self.injected = None;
+        self.deferred.clear();
+        self.completing = false;
+        self.last = regs;
+        self.pending = Some(self.fetch(cpu, &sregs, handler));
+    }
+
+    /// Records `event` right after the step of the instruction now
+    /// completing (a hypercall's LOG text, say).
+    pub fn defer_event(&mut self, event: Event) {
+        if self.started {
+            self.deferred.push(event);
+        }
+    }
+
+    /// The VMM queued `vector` with KVM; it is delivered before the pending
+    /// instruction runs.
+    pub fn note_injection(&mut self, vector: u8) {
+        self.foreseen = None;
+        self.injected = Some(vector);
+        self.stats.injected += 1;
+    }
+
+    /// The VMM delivered `vector` through the IDT itself: the pending
+    /// instruction did not run, and the vCPU stands at `handler`, whose first
+    /// instruction is stepped like any other.
+    pub fn note_delivery(
+        &mut self,
+        vector: u8,
+        handler: u64,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        if !self.started {
+            return;
+        }
+        self.foreseen = None;
+        self.stats.injected += 1;
+        let regs = cpu.regs();
+        self.ran_before_interrupt(&regs, sink);
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code: None,
+            source: InterruptSource::Injected,
+        });
+        let sregs = cpu.sregs();
+        self.last = regs;
+        self.pending = Some(self.fetch(cpu, &sregs, handler));
+    }
+
+    /// The VMM delivered `vector` on the entry where tracing starts
+    /// ([`Engine::begin`] found the vCPU at its handler already).
+    pub fn note_first_delivery(&mut self, vector: u8, sink: &mut dyn RecordSink) {
+        self.stats.injected += 1;
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code: None,
+            source: InterruptSource::Injected,
+        });
+    }
+
+    /// An interrupt arrives. If interrupts were disabled before the pending
+    /// instruction and it is one that enables them (IRETQ, STI, POPF), it
+    /// must have run first, though its own exit was not seen: the
+    /// interrupt could come only after it. Its step is recorded with the
+    /// registers seen now (its own are not observable). Otherwise the
+    /// pending instruction has not run and runs after the handler.
+    pub(super) fn ran_before_interrupt(&mut self, regs: &kvm_regs, sink: &mut dyn RecordSink) {
+        if let Some(p) = self.pending.take() {
+            if self.last.rflags & RFLAGS_IF == 0 && p.decoded.is_some_and(|d| d.enables_interrupts)
+            {
+                self.emit_step(&p, regs, sink);
+                self.stats.folded_before_interrupt += 1;
+            }
+        }
+    }
+
+    /// Records the handler's first instruction, which ran before this exit.
+    pub(super) fn handler_first_step(
+        &mut self,
+        gate: Option<Gate>,
+        cpu: &dyn CpuView,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+        next: u64,
+        sink: &mut dyn RecordSink,
+    ) {
+        let Some(gate) = gate else {
+            self.gap(next, next, sink);
+            return;
+        };
+        let first = self.fetch(cpu, sregs, gate.handler);
+        self.emit_step(&first, regs, sink);
+        match first.decoded {
+            Some(d) if d.explains(first.pc, next) => {}
+            Some(d) => self.gap(d.expected(first.pc), next, sink),
+            None => self.gap(first.pc, next, sink),
+        }
+    }
+
+    /// The registers IRETQ left. When the exit came later than its target
+    /// (see [`Engine::after_iretq`]), they are those before it with RSP
+    /// and RFLAGS from the frame it popped, the only general registers it
+    /// changes.
+    pub(super) fn iretq_regs(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        next: u64,
+    ) -> kvm_regs {
+        let mut frame = [0u8; 40];
+        if cpu_mode(sregs) != CpuMode::Long64
+            || self.walker.read(cpu, sregs, self.last.rsp, &mut frame) != 40
+        {
+            return *regs;
+        }
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&frame[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        if word(0) == next {
+            return *regs;
+        }
+        kvm_regs {
+            rip: word(0),
+            rflags: word(2),
+            rsp: word(3),
+            ..self.last
+        }
+    }
+
+    /// IRETQ lands on the RIP it popped. When the next exit reports a pc
+    /// one instruction further, that instruction ran without its own debug
+    /// exit: on KVM's emulator an STI (or MOV SS) at the target holds the
+    /// single-step trap back for one instruction, as its interrupt shadow
+    /// does on hardware. The folded step is rebuilt from guest memory (its
+    /// registers are those after both); anything else is a gap.
+    pub(super) fn after_iretq(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        next: u64,
+        sink: &mut dyn RecordSink,
+    ) {
+        let mut popped = [0u8; 8];
+        if cpu_mode(sregs) != CpuMode::Long64
+            || self.walker.read(cpu, sregs, self.last.rsp, &mut popped) != 8
+        {
+            return;
+        }
+        let target = u64::from_le_bytes(popped);
+        if target == next {
+            return;
+        }
+        let folded = self.fetch(cpu, sregs, target);
+        let explained = match folded.decoded {
+            Some(d) if d.flow != Flow::Any => d.explains(target, next),
+            // Under host load KVM now and then runs the instruction at the
+            // target without a debug exit even with no STI there; when it
+            // is a `ret` or an indirect `jmp`, where it went is checked
+            // against guest memory and registers before it is believed.
+            Some(_) => self.indirect_target(cpu, sregs, regs, &folded) == Some(next),
+            None => false,
+        };
+        if explained {
+            self.emit_step(&folded, regs, sink);
+            self.stats.folded_after_iret += 1;
+        } else if let Some((vector, g)) = self.infer_exception(cpu, sregs, next) {
+            // The instruction at the target faulted (and went unrecorded,
+            // as a faulting instruction does: it runs again after the
+            // handler), and the handler's first instruction ran as well.
+            // Its frame is on the stack the iretq restored.
+            let mut b = [0u8; 8];
+            let restored = self.last.rsp.wrapping_add(24);
+            let old_rsp = (self.walker.read(cpu, sregs, restored, &mut b) == 8)
+                .then(|| u64::from_le_bytes(b));
+            self.stats.exceptions += 1;
+            self.last_exception = Some(vector);
+            let error_code = old_rsp
+                .filter(|_| has_error_code(vector))
+                .and_then(|rsp| error_code(cpu, &mut self.walker, sregs, g, rsp));
+            sink.event(&Event::Interrupt {
+                vector,
+                error_code,
+                source: InterruptSource::InferredFromIdt,
+            });
+            self.handler_first_step(Some(g), cpu, regs, sregs, next, sink);
+        } else {
+            self.gap(target, next, sink);
+        }
+    }
+
+    /// STI, MOV SS and POP SS hold the single-step trap back for one
+    /// instruction on AMD-V (as their interrupt shadow does), so the exit
+    /// comes after the instruction that follows. Both steps are rebuilt
+    /// exactly: the shadow instruction's registers follow from the ones
+    /// before it, the next one's are those at the exit. Returns the
+    /// instruction after it, or None, recording nothing, when that does
+    /// not explain `next`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn after_shadow(
+        &mut self,
+        p: &Pending,
+        d: Decoded,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        regs: &kvm_regs,
+        next: u64,
+        sink: &mut dyn RecordSink,
+    ) -> Option<Decoded> {
+        let shadow = d.shadow?;
+        let fall = p.pc.wrapping_add(d.len as u64);
+        let folded = self.fetch(cpu, sregs, fall);
+        let f = folded.decoded?;
+        let explained = if f.flow != Flow::Any {
+            f.explains(fall, next)
+        } else {
+            self.indirect_target(cpu, sregs, regs, &folded) == Some(next)
+        };
+        if !explained {
+            return None;
+        }
+        let mut own = self.last;
+        match shadow {
+            Shadow::Sti => own.rflags |= RFLAGS_IF,
+            Shadow::MovSs => {}
+            Shadow::PopSs(bytes) => own.rsp = own.rsp.wrapping_add(u64::from(bytes)),
+        }
+        self.emit_step(p, &own, sink);
+        self.emit_step(&folded, regs, sink);
+        self.stats.folded_after_shadow += 1;
+        Some(f)
+    }
+
+    /// An exception whose handler's first instruction explains `next`.
+    pub(super) fn infer_exception(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &kvm_sregs,
+        next: u64,
+    ) -> Option<(u8, Gate)> {
+        (0u8..32).find_map(|vector| {
+            let g = gate(cpu, &mut self.walker, sregs, vector)?;
+            let first = self.fetch(cpu, sregs, g.handler);
+            let d = first.decoded?;
+            (d.explains(g.handler, next) && next != g.handler).then_some((vector, g))
+        })
+    }
+}
