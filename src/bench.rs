@@ -29,7 +29,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     if !args.json {
         eprintln!("vtrace bench: stepping the demo OS bare, then tracing it...");
     }
-    let result = vtrace_trap::bench::run(&boot, &dir);
+    let result = crate::step_bench::run(&boot, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     let r = result?;
     if args.json {
@@ -141,7 +141,7 @@ fn analyzer_bench(
                     args.steps
                 );
             }
-            vtrace_trap::bench::run(boot, dir)?;
+            crate::step_bench::run(boot, dir)?;
             let big = args
                 .keep
                 .clone()

@@ -9,6 +9,7 @@ mod doctor;
 mod exit_status;
 mod info;
 mod run;
+mod step_bench;
 mod units;
 
 use clap::Parser;

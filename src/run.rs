@@ -171,7 +171,9 @@ fn tracer(
         exit_after_trace: args.exit_after_trace,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
     };
-    Ok(Some(Tracer::new(Recorder::start(disk), options)))
+    Ok(Some(
+        Tracer::new(Recorder::start(disk), options).on_announce(user_message),
+    ))
 }
 
 /// The address of routine `name` (plus `offset`) for a trigger option.

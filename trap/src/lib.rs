@@ -2,7 +2,6 @@
 //! VMM's [`vtrace_vmm::Monitor`] hooks, turns every exit into trace records
 //! ([`engine`]) and decides when tracing starts and stops ([`tracer`]).
 
-pub mod bench;
 pub mod context;
 pub mod engine;
 pub mod fault;

@@ -127,6 +127,9 @@ pub struct Tracer {
     marks: u64,
     /// The run is ending (`on_finish`): no guest runs on after a stop.
     ending: bool,
+    /// Tells the user of starts and stops they did not ask for at that
+    /// moment (see [`Tracer::on_announce`]).
+    announce: Box<dyn FnMut(&str) + Send>,
     /// Armed hardware breakpoints: the start address until it fires, and
     /// on TF hosts the watched exception handlers while tracing.
     breakpoints: Vec<u64>,
@@ -164,6 +167,7 @@ impl Tracer {
             region_stop: None,
             marks: 0,
             ending: false,
+            announce: Box::new(|line| eprintln!("{line}")),
             breakpoints: Vec::new(),
             handlers: Vec::new(),
         };
@@ -181,6 +185,14 @@ impl Tracer {
         tracer
     }
 
+    /// Where to tell the user that tracing started or stopped by a
+    /// trigger, a limit or the guest (stderr by default; a console in raw
+    /// mode wants its own line endings).
+    pub fn on_announce(mut self, announce: impl FnMut(&str) + Send + 'static) -> Tracer {
+        self.announce = Box::new(announce);
+        self
+    }
+
     /// Whether tracing is on.
     pub fn active(&self) -> bool {
         self.active
@@ -191,7 +203,7 @@ impl Tracer {
             return false;
         }
         if announced(&reason) {
-            vtrace_vmm::console::user_message(&format!("vtrace: tracing started by {reason}"));
+            (self.announce)(&format!("vtrace: tracing started by {reason}"));
         }
         self.recorder.event(&Event::TraceStart(reason));
         self.active = true;
@@ -210,7 +222,7 @@ impl Tracer {
         // what was traced.
         self.recorder.flush_and_wait();
         if announced(&reason) {
-            vtrace_vmm::console::user_message(&format!(
+            (self.announce)(&format!(
                 "vtrace: tracing stopped by {reason} after {} steps; they are on the \
                  trace disk, and {}",
                 self.recorder.steps(),

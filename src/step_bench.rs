@@ -1,6 +1,7 @@
-//! `vtrace bench`: the bare single-step loop and full tracing on the same
-//! guest, in one process, so the tracer's cost is measured against the
-//! ceiling the host sets.
+//! `vtrace bench`'s step benchmark: the bare single-step loop and full
+//! tracing on the same guest, in one process, so the tracer's cost is
+//! measured against the ceiling the host sets. It drives a VM and a tracer
+//! both, so it lives here, above the two crates.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +12,8 @@ use vtrace_vmm::boot::BootSource;
 use vtrace_vmm::clock::ClockMode;
 use vtrace_vmm::{ConsoleMode, CpuProfile, CpuView, Directive, ExitView, Monitor, Vm, VmConfig};
 
-use crate::tracer::{TraceOptions, Tracer};
+use anyhow::Result;
+use vtrace_trap::{TraceOptions, Tracer};
 
 /// Single-steps, recording nothing. Where stepping rides on TF, KVM drops
 /// it after instructions it handles itself, so the bare loop re-arms after
@@ -73,15 +75,6 @@ impl BenchReport {
     }
 }
 
-/// Errors of a benchmark run.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error(transparent)]
-    Vmm(#[from] vtrace_vmm::Error),
-    #[error(transparent)]
-    Disk(#[from] vtrace_storage::disk::DiskError),
-}
-
 fn config(boot: &BootSource) -> VmConfig {
     VmConfig {
         boot: boot.clone(),
@@ -95,14 +88,8 @@ fn config(boot: &BootSource) -> VmConfig {
     }
 }
 
-fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-}
-
 /// Runs `boot` twice: stepping bare, then traced to a disk in `dir`.
-pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
+pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     let trap_flag_host = vtrace_vmm::host::steps_with_trap_flag();
     let bare = Vm::new(config(boot))?.run(&mut BareStepper {
         rearm: trap_flag_host,
@@ -133,6 +120,6 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport, BenchError> {
         traced_steps: report.engine.steps,
         traced_time: traced.host_time,
         trace_bytes: report.writer.stored_bytes,
-        peak_rss_bytes: peak_rss(),
+        peak_rss_bytes: crate::run::peak_rss_bytes(),
     })
 }
