@@ -607,3 +607,234 @@ fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
     drop(stdin);
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
 }
+
+#[test]
+fn files_that_are_not_traces_or_sockets_are_never_overwritten() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "precious").unwrap();
+    // As the trace disk: refused, then replaced only with --force.
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--max-steps",
+        "1000",
+        "--disk",
+        notes.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(73), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "precious");
+    // As the control socket: refused.
+    let disk = dir.path().join("t.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--max-steps",
+        "1000",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--control",
+        notes.to_str().unwrap(),
+    ]);
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "precious");
+    // --force means it.
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--max-steps",
+        "1000",
+        "--force",
+        "--disk",
+        notes.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(info_json(&notes)["steps"], 1000);
+}
+
+#[test]
+fn ctl_finds_the_live_run_past_stale_sockets_and_says_what_a_mark_records() {
+    if !kvm_available() {
+        return;
+    }
+    let runtime = tempfile::tempdir().unwrap();
+    // A socket left by a killed run: bound, then nobody listens.
+    let stale = runtime.path().join("vtrace-1.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let disk = runtime.path().join("t.vtd");
+    let child = vtrace()
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .args(["run", "--no-input", "--clock", "prescale:1000", "--disk"])
+        .arg(&disk)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ctl = |args: &[&str]| {
+        let out = vtrace()
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .arg("ctl")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.code(), stdout(&out).trim().to_string())
+    };
+    let started = Instant::now();
+    while ctl(&["status"]).0 != Some(0) {
+        assert!(started.elapsed() < Duration::from_secs(30), "no run found");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ctl(&["start"]), (Some(0), "tracing started".into()));
+    assert_eq!(
+        ctl(&["mark", "7"]),
+        (Some(0), "mark 7 recorded (value 1)".into())
+    );
+    assert_eq!(ctl(&["mark"]), (Some(0), "host mark 2 recorded".into()));
+    assert_eq!(ctl(&["mark", "seven"]).0, Some(2), "a usage error");
+
+    // A client that connects and says nothing is let go; others are served.
+    let sock = std::fs::read_dir(runtime.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p != &stale && p.extension().is_some_and(|x| x == "sock"))
+        .unwrap();
+    let mut idle = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    assert_eq!(ctl(&["status"]).0, Some(0), "served beside an idle client");
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = String::new();
+    use std::io::Read;
+    idle.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("error: no request"), "{answer}");
+
+    kill(&child, "TERM");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    let recs = records(&disk);
+    assert!(recs.contains(&Record::Event(Event::Mark { id: 7, value: 1 })));
+    assert!(recs.contains(&Record::Event(Event::Mark {
+        id: vtrace_storage::HOST_MARK,
+        value: 2
+    })));
+}
+
+#[test]
+fn a_header_claiming_steps_near_the_top_of_u64_is_reported_not_wrapped() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = small_trace(dir.path(), "big.vtd");
+    let reader = TraceReader::open(&disk).unwrap();
+    let second = reader.segments()[1].found.offset;
+    drop(reader);
+    // Segment 1 claims to start at step 2^64 - 10 (its CRC fixed up).
+    let mut h = std::fs::read(&disk).unwrap()[second as usize..second as usize + 64].to_vec();
+    h[16..24].copy_from_slice(&(u64::MAX - 10).to_le_bytes());
+    let crc = crc32c(&h[..60]);
+    h[60..64].copy_from_slice(&crc.to_le_bytes());
+    patch(&disk, second, &h);
+    let ((status, text), (_, problems)) = info_both(&disk);
+    assert_eq!(status, Some(1), "{text}");
+    assert!(
+        problems.iter().any(|p| p.contains("not contiguous")),
+        "{problems:?}"
+    );
+    for what in ["nest", "stats", "listing"] {
+        let out = run(&[
+            "analyze",
+            what,
+            "--no-kernel-symbols",
+            disk.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.code().is_some_and(|c| c <= 1),
+            "{what}: {:?} {}",
+            out.status,
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn ctl_never_talks_to_another_users_socket() {
+    let runtime = tempfile::tempdir().unwrap();
+    let fake = runtime.path().join("vtrace-4242.sock");
+    // Where a run would listen, a socket that another user owns (made here
+    // and given to "nobody", which needs root, as tests/run_errors.rs
+    // does), answering like a run.
+    let listener = std::os::unix::net::UnixListener::bind(&fake).unwrap();
+    std::os::unix::fs::chown(&fake, Some(65534), Some(65534)).expect("chown as root");
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut client in listener.incoming().flatten() {
+            let mut buf = [0u8; 256];
+            let _ = client.read(&mut buf);
+            let _ = client.write_all(b"tracing stopped after 0 steps\n");
+        }
+    });
+    let out = vtrace()
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .args(["ctl", "stop"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        !stdout(&out).contains("tracing stopped"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("no vtrace run of yours"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_guest_that_dies_while_traced_is_not_said_to_run_on() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "tf.elf", vtrace_demo::test_guests::TRIPLE_FAULT);
+    let disk = dir.path().join("tf.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--autostop",
+        "none",
+        "--kernel",
+        image.to_str().unwrap(),
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(80), "{err}");
+    assert!(err.contains("the run ends"), "{err}");
+    assert!(!err.contains("runs on"), "{err}");
+    let json = info_json(&disk);
+    assert_eq!(json["clean_end"], true, "{json}");
+    assert!(
+        json["stop_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("other:the guest shut down")),
+        "{json}"
+    );
+}
