@@ -17,20 +17,37 @@ fn sealed_steps(disk: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Starts tracing the demo OS onto `disk`, its control socket at `control`.
-fn spawn_traced_demo(disk: &Path, control: &Path, extra: &[&str]) -> Child {
+/// Starts `vtrace run --no-input ARGS --disk DISK --control CONTROL`, its
+/// output piped.
+fn spawn_run(disk: &Path, control: &Path, args: &[&str]) -> Child {
     vtrace()
-        .args(["run", "--no-input", "-q", "--trace", "--disk-size", "64M"])
+        .args(["run", "--no-input"])
+        .args(args)
         .arg("--disk")
         .arg(disk)
         .arg("--control")
         .arg(control)
-        .args(extra)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start vtrace")
+}
+
+/// Starts tracing the demo OS onto `disk`, its control socket at `control`.
+fn spawn_traced_demo(disk: &Path, control: &Path, extra: &[&str]) -> Child {
+    let mut args = vec!["-q", "--trace", "--disk-size", "64M"];
+    args.extend_from_slice(extra);
+    spawn_run(disk, control, &args)
+}
+
+/// Waits until the run has made `path`.
+fn wait_for(path: &Path) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no {path:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn kill(child: &Child, signal: &str) {
@@ -153,21 +170,12 @@ fn stopping_anywhere_never_hands_the_guest_a_debug_trap() {
     // A slower timer keeps the guest busy for the whole exercise untraced.
     // Each stop seals a small segment; 8 MiB holds them all (each once
     // took a whole 1 MiB of the disk, and 8 MiB was full after 7).
-    let mut child = vtrace()
-        .args(["run", "--no-input", "--trace", "--disk-size", "8M"])
-        .arg("--disk")
-        .arg(&disk)
-        .arg("--control")
-        .arg(&control)
-        .args(["--clock", "prescale:20"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    while !control.exists() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = spawn_run(
+        &disk,
+        &control,
+        &["--trace", "--disk-size", "8M", "--clock", "prescale:20"],
+    );
+    wait_for(&control);
     let ctl = |command: &str| {
         vtrace()
             .args(["ctl", "--control", control.to_str().unwrap(), command])
@@ -355,19 +363,10 @@ fn a_run_killed_before_its_first_segment_is_not_a_clean_empty_trace() {
     let disk = dir.path().join("early.vtd");
     let control = dir.path().join("c.sock");
     // Tracing waits for a trigger that never comes; killed meanwhile.
-    let mut child = vtrace()
-        .args(["run", "--no-input", "-q", "--clock", "prescale:1000"])
-        .arg("--disk")
-        .arg(&disk)
-        .arg("--control")
-        .arg(&control)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&disk, &control, &["-q", "--clock", "prescale:1000"]);
     // The disk is made after the socket; the guest runs after both.
-    while !control.exists() || std::fs::metadata(&disk).map_or(0, |m| m.len()) == 0 {
+    wait_for(&control);
+    while std::fs::metadata(&disk).map_or(0, |m| m.len()) == 0 {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -586,9 +585,7 @@ fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    while !control.exists() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(&control);
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..3 {
         let asked = Instant::now();
