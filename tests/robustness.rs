@@ -835,3 +835,18 @@ fn a_guest_that_dies_while_traced_is_not_said_to_run_on() {
         "{json}"
     );
 }
+
+#[test]
+fn a_guest_halted_for_good_is_told_as_such_not_blamed_on_kvm() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // cli; hlt
+    let image = write_guest(dir.path(), "stuck.bin", &[0xfa, 0xf4]);
+    let out = run(&["run", "--no-input", "--real-mode", image.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(82), "{err}");
+    assert!(err.contains("halted with interrupts disabled"), "{err}");
+    assert!(!err.contains("KVM stopped the guest"), "{err}");
+}
