@@ -850,3 +850,39 @@ fn a_guest_halted_for_good_is_told_as_such_not_blamed_on_kvm() {
     assert!(err.contains("halted with interrupts disabled"), "{err}");
     assert!(!err.contains("KVM stopped the guest"), "{err}");
 }
+
+/// The step clock gives one timer tick per PIT period, idle HLTs included
+/// (they jump to the next tick, never over one). QEMU's TCG with
+/// `-icount shift=0,sleep=off` spaces the demo's ticks the same way
+/// (244, 413, 244, 413, 244 instructions apart).
+#[test]
+fn the_step_clock_gives_one_tick_per_timer_period() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("ticks.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let ticks = number_before(&log, "timer interrupts").expect("IRQ0 count");
+    let seconds = virtual_seconds(&log).expect("virtual time");
+    // PIT channel 0 at divisor 4773: a period of 4773 / 1193182 s.
+    let periods = seconds * 1_193_182.0 / 4773.0;
+    assert!(ticks >= 2, "{log}");
+    assert!(
+        (ticks as f64 - periods).abs() <= 1.0,
+        "{ticks} ticks in {periods:.2} periods: {log}"
+    );
+    let interrupts = records(&disk)
+        .iter()
+        .filter(|r| matches!(r, Record::Event(Event::Interrupt { vector: 32, .. })))
+        .count() as u64;
+    assert_eq!(interrupts, ticks, "every tick is in the trace once");
+}
