@@ -50,6 +50,16 @@ fn wait_for(path: &Path) {
     }
 }
 
+/// Traces the demo OS onto `disk` (`vtrace run --no-input -q --trace
+/// EXTRA --disk DISK`); the run must end with status 0.
+fn trace_demo_to(disk: &Path, extra: &[&str]) {
+    let mut args = vec!["run", "--no-input", "-q", "--trace"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--disk", disk.to_str().unwrap()]);
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 fn kill(child: &Child, signal: &str) {
     let status = std::process::Command::new("kill")
         .args([format!("-{signal}"), child.id().to_string()])
@@ -79,17 +89,7 @@ fn stop_signals_keep_every_step_and_remove_the_socket() {
     }
     let dir = tempfile::tempdir().unwrap();
     let full = dir.path().join("full.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "-q",
-        "--trace",
-        "--disk-size",
-        "64M",
-        "--disk",
-        full.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    trace_demo_to(&full, &["--disk-size", "64M"]);
     let full = records(&full);
 
     for (signal, status, number) in [("INT", 130, 2u8), ("TERM", 143, 15), ("HUP", 129, 1)] {
@@ -213,21 +213,17 @@ fn stopping_anywhere_never_hands_the_guest_a_debug_trap() {
 /// A fresh trace of the demo's first 50,000 steps in several segments.
 fn small_trace(dir: &Path, name: &str) -> std::path::PathBuf {
     let disk = dir.join(name);
-    let out = run(&[
-        "run",
-        "--no-input",
-        "-q",
-        "--trace",
-        "--max-steps",
-        "50000",
-        "--segment-size",
-        "64K",
-        "--disk-size",
-        "8M",
-        "--disk",
-        disk.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    trace_demo_to(
+        &disk,
+        &[
+            "--max-steps",
+            "50000",
+            "--segment-size",
+            "64K",
+            "--disk-size",
+            "8M",
+        ],
+    );
     disk
 }
 
@@ -390,15 +386,7 @@ fn a_finished_trace_takes_its_size_and_small_segments_do_not_fill_the_disk() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("demo.vtd");
     // The default 1 GiB is reserved while tracing.
-    let out = run(&[
-        "run",
-        "--no-input",
-        "-q",
-        "--trace",
-        "--disk",
-        disk.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    trace_demo_to(&disk, &[]);
     let json = info_json(&disk);
     let used = json["disk_used"].as_u64().unwrap();
     let meta = std::fs::metadata(&disk).unwrap();
@@ -524,20 +512,10 @@ fn a_listing_of_a_wrapped_trace_starts_where_the_trace_does() {
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("wrap.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "-q",
-        "--trace",
-        "--wrap",
-        "--disk-size",
-        "1M",
-        "--segment-size",
-        "64K",
-        "--disk",
-        disk.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    trace_demo_to(
+        &disk,
+        &["--wrap", "--disk-size", "1M", "--segment-size", "64K"],
+    );
     let first = TraceReader::open(&disk)
         .unwrap()
         .segments()
