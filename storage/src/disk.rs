@@ -347,11 +347,6 @@ impl DiskWriter {
         &self.superblock
     }
 
-    /// Blocks a sealed segment of `len` bytes needs.
-    pub fn blocks_for(&self, len: usize) -> u64 {
-        blocks_for(len as u64)
-    }
-
     /// Blocks left before the disk is full (wrap mode never is).
     pub fn blocks_free(&self) -> u64 {
         self.superblock.block_count - self.next_block
@@ -364,7 +359,7 @@ impl DiskWriter {
 
     /// Writes a sealed segment (see [`crate::segment::seal`]).
     pub fn append(&mut self, sealed: &[u8]) -> Result<Appended, DiskError> {
-        let blocks = self.blocks_for(sealed.len());
+        let blocks = blocks_for(sealed.len() as u64);
         let count = self.superblock.block_count;
         if blocks > count {
             return Ok(Appended::Full);

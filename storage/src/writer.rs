@@ -64,6 +64,8 @@ pub struct Recorder {
     writer: Option<JoinHandle<Result<(), DiskError>>>,
     shared: Arc<Shared>,
     wrap: bool,
+    /// Blocks a sealed chunk can take at most (for `nearly_full`).
+    blocks_per_chunk: u64,
     seq: u64,
     next_step: u64,
     chunk_first_step: u64,
@@ -74,6 +76,10 @@ impl Recorder {
     pub fn start(disk: DiskWriter) -> Recorder {
         let sb = disk.superblock().clone();
         let chunk_target = sb.segment_size as usize - HEADER_LEN - 256;
+        // A chunk is cut once it reaches the target; the record that
+        // crossed it adds at most a few KiB (a LOG), and zstd grows
+        // incompressible data by less than 1 %.
+        let worst = (chunk_target as u64 + 8192) * 101 / 100 + HEADER_LEN as u64;
         let shared = Arc::new(Shared::default());
         shared.blocks_free.store(sb.block_count, Ordering::Relaxed);
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
@@ -89,6 +95,7 @@ impl Recorder {
             writer,
             shared,
             wrap: sb.wrap,
+            blocks_per_chunk: worst.div_ceil(BLOCK),
             seq: 0,
             next_step: 0,
             chunk_first_step: 0,
@@ -129,14 +136,9 @@ impl Recorder {
         if self.wrap {
             return false;
         }
-        // A chunk is cut once it reaches the target; the record that
-        // crossed it adds at most a few KiB (a LOG), and zstd grows
-        // incompressible data by less than 1 %.
-        let worst = (self.chunk_target as u64 + 8192) * 101 / 100 + HEADER_LEN as u64;
-        let per_chunk = worst.div_ceil(BLOCK);
         let s = &self.shared;
         let in_flight = s.sent.load(Ordering::Acquire) - s.done.load(Ordering::Acquire);
-        s.blocks_free.load(Ordering::Acquire) < per_chunk * (in_flight + 2)
+        s.blocks_free.load(Ordering::Acquire) < self.blocks_per_chunk * (in_flight + 2)
     }
 
     /// Sends the current chunk to the writer (blocks if the queue is full).

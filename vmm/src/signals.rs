@@ -14,7 +14,7 @@
 //! Signal dispositions belong to the process, so this state is global.
 
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Mutex, Once};
+use std::sync::{Mutex, OnceLock};
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -26,8 +26,8 @@ pub const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
 /// The first stop signal caught; 0 while none has been.
 static CAUGHT: AtomicI32 = AtomicI32::new(0);
-static INSTALLED: Once = Once::new();
-static INSTALL_ERROR: Mutex<Option<String>> = Mutex::new(None);
+/// Whether installing the handlers worked (once per process).
+static INSTALLED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 
 type Waker = Box<dyn Fn() + Send>;
 /// Gets the run loop going when a signal is caught (set by the run loop).
@@ -37,19 +37,10 @@ static WAKER: Mutex<Option<Waker>> = Mutex::new(None);
 /// Idempotent; [`Vm::run`](crate::Vm::run) calls it, and a program that
 /// must not die of a signal before the run starts calls it earlier.
 pub fn catch_stop_signals() -> Result<()> {
-    INSTALLED.call_once(|| {
-        if let Err(e) = install() {
-            if let Ok(mut slot) = INSTALL_ERROR.lock() {
-                *slot = Some(e.to_string());
-            }
-        }
-    });
-    match INSTALL_ERROR.lock().ok().and_then(|e| e.clone()) {
-        Some(why) => Err(Error::Host(format!(
-            "cannot catch SIGINT/SIGTERM/SIGHUP: {why}"
-        ))),
-        None => Ok(()),
-    }
+    INSTALLED
+        .get_or_init(|| install().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|why| Error::Host(format!("cannot catch SIGINT/SIGTERM/SIGHUP: {why}")))
 }
 
 fn install() -> std::io::Result<()> {

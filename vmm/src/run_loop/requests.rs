@@ -3,7 +3,6 @@
 
 use crate::console::{self, ConsoleInput};
 use crate::monitor::Monitor;
-use crate::signals;
 use crate::vm::Vm;
 
 use super::{GuestExit, Next, Wake};
@@ -17,10 +16,9 @@ impl Vm {
                 self.serve_control(monitor);
                 Next::Continue
             }
-            Wake::Signal => match signals::caught() {
-                Some(signal) => Next::Stop(GuestExit::Signal(signal)),
-                None => Next::Continue,
-            },
+            // The loop checks `signals::caught` once it has drained its
+            // wakes (service) or before it waits again (halt).
+            Wake::Signal => Next::Continue,
         }
     }
 
