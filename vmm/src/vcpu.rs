@@ -80,10 +80,20 @@ impl Vcpu {
         Ok(())
     }
 
-    /// Writes the system registers.
+    /// Writes the system registers, never an interrupt: only
+    /// [`Vcpu::interrupt`] queues one.
     pub fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<()> {
+        // KVM_SET_SREGS queues the vector `interrupt_bitmap` names, and the
+        // copy in the sync registers keeps a bit KVM once set there after
+        // the interrupt is gone (measured: set while KVM_GET_VCPU_EVENTS
+        // reports nothing queued). Written back, such a bit delivered a
+        // timer interrupt a second time, by the CPU, with the tracer's TF in
+        // the frame it pushed, for the guest to find as a #DB after tracing
+        // stopped.
+        let mut sregs = *sregs;
+        sregs.interrupt_bitmap = [0; 4];
         self.fd
-            .set_sregs(sregs)
+            .set_sregs(&sregs)
             .map_err(Error::kvm("KVM_SET_SREGS"))?;
         self.written();
         Ok(())
@@ -305,5 +315,40 @@ impl GuestVirtualMemory for TranslatedMemory<'_> {
             done += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vcpu_on_kvm() -> Option<(VmFd, Vcpu)> {
+        let kvm = kvm_ioctls::Kvm::new().ok()?;
+        let vm = kvm.create_vm().ok()?;
+        let vcpu = Vcpu::new(&vm).ok()?;
+        Some((vm, vcpu))
+    }
+
+    fn queued(vcpu: &Vcpu) -> Option<u8> {
+        let events = vcpu.fd.get_vcpu_events().unwrap();
+        (events.interrupt.injected != 0).then_some(events.interrupt.nr)
+    }
+
+    /// KVM queues the vector a written `interrupt_bitmap` names (the raw
+    /// ioctl shows it); registers written through `Vcpu` never do.
+    #[test]
+    fn writing_system_registers_queues_no_interrupt() {
+        let Some((_vm, mut vcpu)) = vcpu_on_kvm() else {
+            return;
+        };
+        let mut sregs = vcpu.sregs();
+        sregs.interrupt_bitmap[0] = 1 << 32;
+        vcpu.fd.set_sregs(&sregs).unwrap();
+        assert_eq!(queued(&vcpu), Some(32), "KVM_SET_SREGS itself queues");
+        assert_eq!(vcpu.take_queued_interrupt().unwrap(), Some(32));
+        assert_eq!(queued(&vcpu), None);
+
+        vcpu.set_sregs(&sregs).unwrap();
+        assert_eq!(queued(&vcpu), None, "Vcpu::set_sregs queued a vector");
     }
 }
