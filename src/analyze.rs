@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
 use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
-use vtrace_analyzer::{levels, listing, nest, report, spaces, stats, timeline};
+use vtrace_analyzer::{levels, listing, nest, processes, report, spaces, stats, timeline};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
 use crate::cli::{AnalyzeArgs, AnalyzeCommand, SyntaxArg, TraceArgs};
@@ -210,6 +210,13 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "spaces");
             let table = spaces::collect(&trace, &symbols, &|d, _| bar.update(d))?;
+            bar.finish();
+            print(a.json, &table, || table.to_text())?;
+        }
+        AnalyzeCommand::Processes(a) => {
+            let (trace, _) = open(&a.trace)?;
+            let bar = Progress::new(&trace, &a.trace, "processes");
+            let table = processes::collect(&trace, &|d, _| bar.update(d))?;
             bar.finish();
             print(a.json, &table, || table.to_text())?;
         }

@@ -318,6 +318,10 @@ pub enum AnalyzeCommand {
     /// The address spaces (CR3) seen: steps, switches, code ranges, and
     /// the routines that ran in each.
     Spaces(SpacesArgs),
+    /// The tasks of a Linux trace: per thread its process id, name, user
+    /// and kernel steps, system calls, interrupts, switches in and
+    /// address spaces.
+    Processes(SpacesArgs),
     /// Instruction mix, steps per routine (self and total), addressing
     /// modes, memory locality, interrupts and interrupt-disabled stretches.
     Stats(StatsArgs),

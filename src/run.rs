@@ -15,6 +15,7 @@ use vtrace_storage::Recorder;
 use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::clock::ClockMode;
 
+use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
 use vtrace_analyzer::symbols::{discover, Discovery, Symbolizer};
 
 use crate::cli::{CpuArg, RunArgs};
@@ -90,6 +91,27 @@ fn summary(outcome: &RunOutcome) -> String {
     )
 }
 
+/// Where a Linux guest keeps its running task, so the trace names tasks;
+/// for a bzImage kernel only, and said once where it cannot be found.
+fn linux_tasks(boot: &BootSource, quiet: bool) -> Option<TaskLayout> {
+    let BootSource::Kernel { kernel, .. } = boot else {
+        return None;
+    };
+    let vmlinux = vtrace_vmm::boot::vmlinux_inside(&kernel.bytes)?;
+    match task_layout(&vmlinux) {
+        Ok(layout) => Some(layout),
+        Err(why) => {
+            if !quiet {
+                user_message(&format!(
+                    "vtrace: Linux tasks are not followed: {why}; the trace names address \
+                     spaces only"
+                ));
+            }
+            None
+        }
+    }
+}
+
 /// Which kernel image ran, recorded so `vtrace analyze` finds its symbols.
 fn kernel_identity(boot: &BootSource) -> (Option<String>, Option<String>) {
     let image = match boot {
@@ -111,6 +133,7 @@ fn tracer(
     args: &RunArgs,
     description: &str,
     kernel: (Option<String>, Option<String>),
+    linux_tasks: Option<TaskLayout>,
 ) -> Result<Option<Tracer>> {
     if !args.trace && args.disk.is_none() && args.start_at.is_none() {
         if args.exit_after_trace {
@@ -170,6 +193,7 @@ fn tracer(
         stop_at,
         exit_after_trace: args.exit_after_trace,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
+        linux_tasks,
     };
     Ok(Some(
         Tracer::new(Recorder::start(disk), options).on_announce(user_message),
@@ -223,6 +247,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
     signals::catch_stop_signals()?;
     let boot = boot_source(&args)?;
     let kernel = kernel_identity(&boot);
+    let traced = args.trace || args.disk.is_some() || args.start_at.is_some();
+    let tasks = traced.then(|| linux_tasks(&boot, args.quiet)).flatten();
     let config = VmConfig {
         boot,
         memory: args.memory,
@@ -237,7 +263,6 @@ pub fn run(args: RunArgs) -> Result<i32> {
         clock: clock_mode(&args),
         control: None,
     };
-    let traced = args.trace || args.disk.is_some() || args.start_at.is_some();
     let control = if traced {
         let path = args
             .control
@@ -255,7 +280,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     });
     let config = VmConfig { control, ..config };
     let mut vm = Vm::new(config)?;
-    let mut tracer = tracer(&args, vm.boot_description(), kernel)?;
+    let mut tracer = tracer(&args, vm.boot_description(), kernel, tasks)?;
     if !args.quiet {
         user_message(&format!("vtrace: booting {}", vm.boot_description()));
         if let Some(line) = &control_line {

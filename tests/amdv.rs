@@ -229,6 +229,34 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
         "{syscalls} syscalls, {sysrets} sysrets in {} steps",
         steps.len()
     );
+
+    // The only user process is the shell the kernel ran as /init: pid 1,
+    // named "init" by its exec. Tracing started in its user mode, where
+    // the running task is found through the kernel's saved GS base; every
+    // user step and every SYSCALL of the window is its.
+    let o = run(&["analyze", "processes", "--json", trace.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = table["processes"].as_array().unwrap();
+    let init = rows
+        .iter()
+        .find(|r| r["tid"] == 1)
+        .unwrap_or_else(|| panic!("no task 1: {table}"));
+    assert_eq!(
+        (&init["pid"], &init["comm"]),
+        (&1.into(), &"init".into()),
+        "{table}"
+    );
+    assert_eq!(init["user_steps"], user, "{table}");
+    let user_syscalls = steps
+        .iter()
+        .filter(|f| f[4] == "syscall" && !kernel(f))
+        .count();
+    assert_eq!(init["syscalls"], user_syscalls, "{table}");
+    assert!(
+        rows.iter().all(|r| !r["tid"].is_null()),
+        "unnamed steps: {table}"
+    );
 }
 
 /// Tracing started and stopped from the host again and again while Linux

@@ -271,3 +271,88 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The trace of a booting Linux names its tasks, read from the kernel's
+/// own data (kallsyms and BTF; the guest is not changed). Traced from the
+/// kernel's first task switch (`__switch_to`, reached about two minutes in
+/// here, where kernel code is emulated), the window holds the start of
+/// `rest_init` and `kernel_init` (init/main.c, kernel/kthread.c): the boot
+/// CPU's idle task (pid 0, "swapper/0"), the init task it forked (pid 1,
+/// still called "swapper/0" until it execs /init), kthreadd (pid 2, which
+/// names itself) and the first kernel threads kthreadd creates for init,
+/// named by their creator.
+#[test]
+fn a_linux_trace_names_its_tasks() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("tasks.vtd");
+    let out = vtrace()
+        .args(["run", "--no-input", "--memory", "128M"])
+        .args(["--start-at", "__switch_to", "--max-steps", "300000"])
+        .args(["--exit-after-trace", "--disk-size", "64M", "--disk"])
+        .arg(&disk)
+        .arg("--kernel")
+        .arg(&kernel)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run vtrace");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("tasks are not followed"),
+        "{}",
+        stderr(&out)
+    );
+
+    let o = run(&["analyze", "processes", "--json", disk.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = table["processes"].as_array().unwrap();
+    let task = |tid: u64| {
+        rows.iter()
+            .find(|r| r["tid"] == tid)
+            .unwrap_or_else(|| panic!("no task {tid}: {table}"))
+    };
+    assert_eq!(task(0)["comm"], "swapper/0", "{table}");
+    assert_eq!(task(1)["comm"], "swapper/0", "{table}");
+    assert_eq!(task(2)["comm"], "kthreadd", "{table}");
+    // Kernel threads lead their own thread group; this host cannot step
+    // user mode, and there is none yet.
+    for r in rows {
+        assert_eq!(r["pid"], r["tid"], "{r}");
+        assert_eq!(r["user_steps"], 0, "{r}");
+    }
+    assert!(
+        task(1)["switches_in"].as_u64() > Some(0) && task(2)["switches_in"].as_u64() > Some(0),
+        "{table}"
+    );
+    // Tracing starts in the kernel, where the task is read at once: every
+    // step belongs to a named task.
+    let steps: u64 = rows
+        .iter()
+        .map(|r| r["kernel_steps"].as_u64().unwrap())
+        .sum();
+    assert_eq!(steps, 300_000, "{table}");
+    assert!(rows.iter().all(|r| !r["tid"].is_null()), "{table}");
+    // kthreadd's children are named by it or by whoever asked for them.
+    let named: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["tid"].as_u64() > Some(2))
+        .map(|r| r["comm"].as_str().unwrap())
+        .collect();
+    assert!(
+        !named.is_empty() && named.iter().all(|c| !c.is_empty()),
+        "{table}"
+    );
+
+    // The listing says where the kernel switched.
+    let listing = run(&["analyze", "listing", "--no-lines", disk.to_str().unwrap()]);
+    let text = stdout(&listing);
+    assert!(
+        text.contains("-- task \"kthreadd\" pid 2"),
+        "{}",
+        stderr(&listing)
+    );
+}

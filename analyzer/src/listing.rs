@@ -104,6 +104,9 @@ pub fn describe_event(e: &Event) -> String {
         Event::Halt => "halt (waiting for an interrupt)".into(),
         Event::TraceStart(r) => format!("trace started by {r}"),
         Event::TraceStop(r) => format!("trace stopped by {r}"),
+        Event::Task { tid, pid, comm } if tid == pid => format!("task {comm:?} pid {pid}"),
+        Event::Task { tid, pid, comm } => format!("task {comm:?} pid {pid} tid {tid}"),
+        Event::TaskName { tid, comm } => format!("task {tid} is now named {comm:?}"),
     }
 }
 

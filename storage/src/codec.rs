@@ -42,6 +42,10 @@ const EV_GAP: u8 = 0x88;
 const EV_HALT: u8 = 0x89;
 const EV_START: u8 = 0x8a;
 const EV_STOP: u8 = 0x8b;
+/// tid, pid (varints), comm (length, bytes).
+const EV_TASK: u8 = 0x8c;
+/// tid (varint), comm (length, bytes).
+const EV_TASK_NAME: u8 = 0x8d;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -252,6 +256,17 @@ impl SegmentEncoder {
                 o.push(EV_STOP);
                 put_reason(o, r);
             }
+            Event::Task { tid, pid, comm } => {
+                o.push(EV_TASK);
+                varint::put(o, u64::from(*tid));
+                varint::put(o, u64::from(*pid));
+                put_bytes(o, comm.as_bytes());
+            }
+            Event::TaskName { tid, comm } => {
+                o.push(EV_TASK_NAME);
+                varint::put(o, u64::from(*tid));
+                put_bytes(o, comm.as_bytes());
+            }
         }
         self.events += 1;
     }
@@ -374,6 +389,10 @@ impl<'a> SegmentDecoder<'a> {
 
     fn var(&mut self) -> Result<u64, DecodeError> {
         varint::get(self.input, &mut self.pos).ok_or_else(|| self.err("bad varint"))
+    }
+
+    fn var_u32(&mut self) -> Result<u32, DecodeError> {
+        u32::try_from(self.var()?).map_err(|_| self.err("number too large"))
     }
 
     fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
@@ -524,6 +543,15 @@ impl<'a> SegmentDecoder<'a> {
             EV_HALT => Event::Halt,
             EV_START => Event::TraceStart(self.reason()?),
             EV_STOP => Event::TraceStop(self.reason()?),
+            EV_TASK => Event::Task {
+                tid: self.var_u32()?,
+                pid: self.var_u32()?,
+                comm: self.text()?,
+            },
+            EV_TASK_NAME => Event::TaskName {
+                tid: self.var_u32()?,
+                comm: self.text()?,
+            },
             _ => return Err(self.err("unknown record tag")),
         })
     }
@@ -600,6 +628,15 @@ mod tests {
                 to: 0x20,
             },
             Event::Halt,
+            Event::Task {
+                tid: 7,
+                pid: 5,
+                comm: "kworker/0:1".into(),
+            },
+            Event::TaskName {
+                tid: 7,
+                comm: "sh".into(),
+            },
             Event::TraceStart(TraceReason::Hypercall { pass: 3 }),
             Event::TraceStop(TraceReason::Other("disk".into())),
             Event::TraceStop(TraceReason::Exception(13)),

@@ -14,6 +14,7 @@ pub mod reader;
 pub mod record;
 pub mod segment;
 pub mod summary;
+mod task_layout;
 mod varint;
 pub mod writer;
 
@@ -24,4 +25,5 @@ pub use record::{
     HOST_MARK,
 };
 pub use summary::{summarize, TraceSummary};
+pub use task_layout::TaskLayout;
 pub use writer::Recorder;

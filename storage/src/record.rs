@@ -254,6 +254,20 @@ pub enum Event {
     Halt,
     TraceStart(TraceReason),
     TraceStop(TraceReason),
+    /// The CPU runs Linux task `tid` (a thread; `pid` is its process, the
+    /// thread group) named `comm` from the next step on: recorded where
+    /// tracing starts and where the kernel switches tasks.
+    Task {
+        tid: u32,
+        pid: u32,
+        comm: String,
+    },
+    /// Linux task `tid` took the name `comm` (an exec, a prctl, a kernel
+    /// thread named by its creator).
+    TaskName {
+        tid: u32,
+        comm: String,
+    },
 }
 
 /// A step or an event.

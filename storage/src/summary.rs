@@ -61,6 +61,8 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::Halt => "halt",
         Event::TraceStart(_) => "trace_start",
         Event::TraceStop(_) => "trace_stop",
+        Event::Task { .. } => "task",
+        Event::TaskName { .. } => "task_name",
     }
 }
 

@@ -8,8 +8,10 @@ pub mod fault;
 pub mod flow;
 pub mod idt;
 pub mod rep;
+pub mod tasks;
 pub mod tracer;
 pub mod walker;
 
 pub use engine::{Engine, EngineStats, RecordSink};
+pub use tasks::TaskWatch;
 pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};

@@ -3,11 +3,12 @@
 
 use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
-use vtrace_storage::{Event, Recorder, TraceReason, HOST_MARK};
+use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::engine::{Engine, EngineStats};
+use crate::tasks::TaskWatch;
 
 /// When and how long to trace.
 #[derive(Clone, Debug)]
@@ -30,6 +31,9 @@ pub struct TraceOptions {
     /// End the run the first time tracing stops, rather than let the guest
     /// run on.
     pub exit_after_trace: bool,
+    /// Where a Linux guest keeps its running task: record task events
+    /// (see [`crate::tasks`]).
+    pub linux_tasks: Option<TaskLayout>,
 }
 
 /// Exceptions whose handlers a TF host watches, most frequent first (four
@@ -98,6 +102,7 @@ impl Default for TraceOptions {
             stop_at: None,
             trap_flag_host: false,
             exit_after_trace: false,
+            linux_tasks: None,
         }
     }
 }
@@ -135,6 +140,7 @@ pub struct Tracer {
     breakpoints: Vec<u64>,
     /// Watched exception handlers: (entry, vector).
     handlers: Vec<(u64, u8)>,
+    tasks: Option<TaskWatch>,
 }
 
 /// Starts and stops the user did not ask for at that moment (a trigger,
@@ -154,6 +160,7 @@ fn announced(reason: &TraceReason) -> bool {
 
 impl Tracer {
     pub fn new(recorder: Recorder, options: TraceOptions) -> Tracer {
+        let tasks = options.linux_tasks.map(TaskWatch::new);
         let mut tracer = Tracer {
             engine: Engine::new(),
             recorder,
@@ -170,6 +177,7 @@ impl Tracer {
             announce: Box::new(|line| eprintln!("{line}")),
             breakpoints: Vec::new(),
             handlers: Vec::new(),
+            tasks,
         };
         tracer.engine.set_step_limit(tracer.options.max_steps);
         // Needed where stepping rides on TF (the CPU would run handlers
@@ -257,6 +265,13 @@ impl Tracer {
     /// Starts following the vCPU where it stands.
     fn begin(&mut self, cpu: &mut dyn CpuView) {
         self.engine.begin(cpu);
+        if let Some(tasks) = &mut self.tasks {
+            tasks.begin(&mut self.engine, cpu, &mut self.recorder);
+            // Tracing may start on a task switch (`--start-at __switch_to`).
+            if let Some(pc) = self.engine.next_pc() {
+                tasks.before(pc, &mut self.engine, cpu, &mut self.recorder);
+            }
+        }
         if self.options.trap_flag_host {
             self.watch_handlers(cpu);
         }
@@ -358,6 +373,9 @@ impl Monitor for Tracer {
             }
         }
         let directive = self.engine.exit(exit, cpu, &mut self.recorder);
+        if let (Some(tasks), Some(pc)) = (&mut self.tasks, self.engine.next_pc()) {
+            tasks.before(pc, &mut self.engine, cpu, &mut self.recorder);
+        }
         self.check_limits();
         if let (Some(at), true) = (self.options.stop_at, self.active) {
             if self.engine.next_pc() == Some(at) {

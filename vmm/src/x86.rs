@@ -107,6 +107,8 @@ pub mod pf_error {
 pub mod msr {
     /// IA32_FMASK: RFLAGS bits SYSCALL clears.
     pub const FMASK: u32 = 0xc000_0084;
+    /// IA32_KERNEL_GS_BASE: the GS base SWAPGS exchanges with GS's own.
+    pub const KERNEL_GS_BASE: u32 = 0xc000_0102;
 }
 
 /// Offsets in the 64-bit TSS.

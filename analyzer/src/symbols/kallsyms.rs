@@ -290,9 +290,10 @@ fn addresses(image: &[u8], tokens: &Tokens, names: &Names, kinds: &[char]) -> Op
     None
 }
 
-/// Recovers the code symbols of the kernel image `image` (a vmlinux ELF,
-/// stripped or not, or any dump holding its `.rodata`).
-pub fn recover(image: &[u8], origin: &str) -> Result<SymbolTable, SymbolError> {
+/// Every symbol of the kernel image `image` as (`nm` type, name, address):
+/// data and per-CPU symbols too (per-CPU ones are offsets from the CPU's
+/// per-CPU base where the kernel links them that way).
+pub fn all_symbols(image: &[u8], origin: &str) -> Result<Vec<(char, String, u64)>, SymbolError> {
     let none = || SymbolError::NoSymbols(origin.to_string());
     let tokens = find_tokens(image).ok_or_else(none)?;
     let names = find_names(image, &tokens).ok_or_else(none)?;
@@ -302,13 +303,22 @@ pub fn recover(image: &[u8], origin: &str) -> Result<SymbolTable, SymbolError> {
         .ok_or_else(none)?;
     let kinds: Vec<char> = expanded.iter().map(|(k, _)| *k).collect();
     let addresses = addresses(image, &tokens, &names, &kinds).ok_or_else(none)?;
-    let kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
+    Ok(expanded
+        .into_iter()
+        .zip(addresses)
+        .map(|((kind, name), addr)| (kind, name, addr))
+        .collect())
+}
+
+/// Recovers the code symbols of the kernel image `image` (a vmlinux ELF,
+/// stripped or not, or any dump holding its `.rodata`).
+pub fn recover(image: &[u8], origin: &str) -> Result<SymbolTable, SymbolError> {
+    let all = all_symbols(image, origin)?;
+    let kinds: Vec<String> = all.iter().map(|(k, _, _)| k.to_string()).collect();
     code_table(
-        expanded
-            .into_iter()
-            .zip(addresses)
+        all.into_iter()
             .zip(&kinds)
-            .map(|(((_, name), addr), kind)| (addr, kind.as_str(), name)),
+            .map(|((_, name, addr), kind)| (addr, kind.as_str(), name)),
         origin,
     )
 }

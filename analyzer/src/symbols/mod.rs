@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 pub use discover::{discover, Discovery, KernelImages};
 pub use elf::parse_elf;
+pub use kallsyms::all_symbols as all_kallsyms;
 pub use lines::LineTable;
 pub use map::parse_map;
 pub use table::{Symbol, SymbolTable};

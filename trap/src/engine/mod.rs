@@ -231,6 +231,13 @@ impl Engine {
         self.completing = false;
     }
 
+    /// Reads guest memory at linear address `linear` through the guest's
+    /// paging as it stands; false unless every byte was read.
+    pub fn read_linear(&mut self, cpu: &mut dyn CpuView, linear: u64, buf: &mut [u8]) -> bool {
+        let sregs = cpu.sregs();
+        self.walker.read(&*cpu, &sregs, linear, buf) == buf.len()
+    }
+
     /// Linear address of the instruction about to run.
     pub fn next_pc(&self) -> Option<u64> {
         self.pending.map(|p| p.pc)
