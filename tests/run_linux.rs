@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -35,6 +35,27 @@ fn test_kernel() -> PathBuf {
              linux-image-cloud-amd64), or set VTRACE_TEST_KERNEL"
         )
     })
+}
+
+/// `vtrace run` of `kernel` in 128 MiB with `options` (a trigger and a
+/// limit), ending when tracing stops, the trace on `disk`.
+fn linux_window(kernel: &Path, disk: &Path, options: &[&str]) -> std::process::Output {
+    vtrace()
+        .args([
+            "run",
+            "--no-input",
+            "--memory",
+            "128M",
+            "--exit-after-trace",
+        ])
+        .args(options)
+        .arg("--disk")
+        .arg(disk)
+        .arg("--kernel")
+        .arg(kernel)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run vtrace")
 }
 
 /// Reads `output` line by line until one contains `needle`; returns that
@@ -237,29 +258,18 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
     let disk = dir.join("at.vtd");
     // The name resolves through the kernel's own kallsyms, as the
     // analyzer finds it; the run ends with the trace.
-    let out = vtrace()
-        .args([
-            "run",
-            "--no-input",
-            "--memory",
-            "128M",
+    let out = linux_window(
+        &kernel,
+        &disk,
+        &[
             "--start-at",
             "start_kernel",
-        ])
-        .args([
             "--max-steps",
             "2000",
-            "--exit-after-trace",
             "--disk-size",
             "16M",
-        ])
-        .arg("--disk")
-        .arg(&disk)
-        .arg("--kernel")
-        .arg(&kernel)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run vtrace");
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let listing = run(&["analyze", "listing", "--count", "1", disk.to_str().unwrap()]);
     let text = stdout(&listing);
@@ -289,16 +299,18 @@ fn a_linux_trace_names_its_tasks() {
     let kernel = test_kernel();
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("tasks.vtd");
-    let out = vtrace()
-        .args(["run", "--no-input", "--memory", "128M"])
-        .args(["--start-at", "__switch_to", "--max-steps", "300000"])
-        .args(["--exit-after-trace", "--disk-size", "64M", "--disk"])
-        .arg(&disk)
-        .arg("--kernel")
-        .arg(&kernel)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run vtrace");
+    let out = linux_window(
+        &kernel,
+        &disk,
+        &[
+            "--start-at",
+            "__switch_to",
+            "--max-steps",
+            "300000",
+            "--disk-size",
+            "64M",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         !stderr(&out).contains("tasks are not followed"),
