@@ -135,7 +135,7 @@ fn tracer(
     kernel: (Option<String>, Option<String>),
     linux_tasks: Option<TaskLayout>,
 ) -> Result<Option<Tracer>> {
-    if !args.trace && args.disk.is_none() && args.start_at.is_none() {
+    if !tracing_asked(args) {
         if args.exit_after_trace {
             return Err(BadArgument(
                 "--exit-after-trace needs tracing: add --trace, --disk or --start-at".into(),
@@ -231,14 +231,18 @@ fn resolve(
     Err(BadArgument(problem).into())
 }
 
+/// Whether the run traces at all: from the start, on a trigger, or on a
+/// disk that `vtrace ctl` or the guest may start.
+fn tracing_asked(args: &RunArgs) -> bool {
+    args.trace || args.disk.is_some() || args.start_at.is_some()
+}
+
 fn clock_mode(args: &RunArgs) -> ClockMode {
-    args.clock.unwrap_or(
-        if args.trace || args.disk.is_some() || args.start_at.is_some() {
-            ClockMode::Steps(1)
-        } else {
-            ClockMode::Wall
-        },
-    )
+    args.clock.unwrap_or(if tracing_asked(args) {
+        ClockMode::Steps(1)
+    } else {
+        ClockMode::Wall
+    })
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
@@ -247,7 +251,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     signals::catch_stop_signals()?;
     let boot = boot_source(&args)?;
     let kernel = kernel_identity(&boot);
-    let traced = args.trace || args.disk.is_some() || args.start_at.is_some();
+    let traced = tracing_asked(&args);
     let tasks = traced.then(|| linux_tasks(&boot, args.quiet)).flatten();
     let config = VmConfig {
         boot,

@@ -41,9 +41,22 @@ impl TaskWatch {
 
     /// Tracing starts: records the running task, found through the
     /// per-CPU base (GS base in the kernel, the kernel's GS base saved by
-    /// SWAPGS in user mode).
+    /// SWAPGS in user mode), and what the first instruction does to it
+    /// (tracing may start on a switch: `--start-at __switch_to`).
     pub fn begin(&mut self, engine: &mut Engine, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
         self.current = None;
+        self.name_running(engine, cpu, sink);
+        if let Some(pc) = engine.next_pc() {
+            self.before(pc, engine, cpu, sink);
+        }
+    }
+
+    fn name_running(
+        &mut self,
+        engine: &mut Engine,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
         let gs = cpu.sregs().gs.base;
         let base = if gs >= KERNEL_HALF {
             Some(gs)
@@ -75,7 +88,7 @@ impl TaskWatch {
         } else if Some(pc) == self.layout.set_comm {
             // __set_task_comm(task, name, exec).
             let regs = cpu.regs();
-            let Some(tid) = self.read_id(engine, cpu, regs.rdi, self.layout.pid) else {
+            let Some(tid) = read_id(engine, cpu, regs.rdi, self.layout.pid) else {
                 return;
             };
             let Some(comm) = read_comm(engine, cpu, regs.rsi) else {
@@ -105,25 +118,20 @@ impl TaskWatch {
         if at < KERNEL_HALF {
             return None;
         }
-        let tid = self.read_id(engine, cpu, at, self.layout.pid)?;
-        let pid = self.read_id(engine, cpu, at, self.layout.tgid)?;
+        let tid = read_id(engine, cpu, at, self.layout.pid)?;
+        let pid = read_id(engine, cpu, at, self.layout.tgid)?;
         let comm = read_comm(engine, cpu, at.checked_add(self.layout.comm)?)?;
         Some(Task { tid, pid, comm })
     }
+}
 
-    fn read_id(
-        &self,
-        engine: &mut Engine,
-        cpu: &mut dyn CpuView,
-        task: u64,
-        offset: u64,
-    ) -> Option<u32> {
-        let mut b = [0u8; 4];
-        engine
-            .read_linear(cpu, task.checked_add(offset)?, &mut b)
-            .then(|| u32::from_le_bytes(b))
-            .filter(|id| *id <= PID_MAX)
-    }
+/// A pid-sized id at `offset` in the task at `task`.
+fn read_id(engine: &mut Engine, cpu: &mut dyn CpuView, task: u64, offset: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    engine
+        .read_linear(cpu, task.checked_add(offset)?, &mut b)
+        .then(|| u32::from_le_bytes(b))
+        .filter(|id| *id <= PID_MAX)
 }
 
 fn read_u64(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64) -> Option<u64> {
@@ -136,25 +144,15 @@ fn read_u64(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64) -> Option<u64> 
 /// A task name: up to 15 bytes before a NUL, as the kernel keeps it.
 fn read_comm(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64) -> Option<String> {
     let mut b = [0u8; COMM_LEN];
-    // A name near the end of a page may have its NUL before the page ends
-    // and nothing mapped after: read what is there byte by byte then.
-    if !engine.read_linear(cpu, at, &mut b) {
-        let mut n = 0;
-        while n < COMM_LEN && engine.read_linear(cpu, at.checked_add(n as u64)?, &mut b[n..=n]) {
-            if b[n] == 0 {
-                break;
-            }
-            n += 1;
-        }
-        b[n.min(COMM_LEN - 1)..].fill(0);
-        if n == 0 {
-            return None;
-        }
-    }
-    let end = b
-        .iter()
-        .take(COMM_LEN - 1)
-        .position(|&c| c == 0)
-        .unwrap_or(COMM_LEN - 1);
+    // A name near the end of a page may have nothing mapped after it.
+    let in_page = COMM_LEN.min(4096 - (at & 0xfff) as usize);
+    let read = if engine.read_linear(cpu, at, &mut b) {
+        COMM_LEN - 1
+    } else if engine.read_linear(cpu, at, &mut b[..in_page]) {
+        in_page.min(COMM_LEN - 1)
+    } else {
+        return None;
+    };
+    let end = b[..read].iter().position(|&c| c == 0).unwrap_or(read);
     Some(String::from_utf8_lossy(&b[..end]).into_owned())
 }

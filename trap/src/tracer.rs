@@ -267,10 +267,6 @@ impl Tracer {
         self.engine.begin(cpu);
         if let Some(tasks) = &mut self.tasks {
             tasks.begin(&mut self.engine, cpu, &mut self.recorder);
-            // Tracing may start on a task switch (`--start-at __switch_to`).
-            if let Some(pc) = self.engine.next_pc() {
-                tasks.before(pc, &mut self.engine, cpu, &mut self.recorder);
-            }
         }
         if self.options.trap_flag_host {
             self.watch_handlers(cpu);
