@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
 use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
+use vtrace_analyzer::user_programs::{add_user_symbols, recorded_maps};
 use vtrace_analyzer::{levels, listing, nest, processes, report, spaces, stats, timeline};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
@@ -96,6 +97,26 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
                 symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?
             }
             None => symbols.add_bytes(&bytes, file, scope)?,
+        }
+    }
+    if let Some(sysroot) = &args.sysroot {
+        if !sysroot.is_dir() {
+            anyhow::bail!(
+                "--sysroot {}: not a directory (give the guest's root file system)",
+                sysroot.display()
+            );
+        }
+        let progress = Progress::new(&trace, args, "finding user programs");
+        let maps = recorded_maps(&trace, &|done, _| progress.update(done))?;
+        progress.finish();
+        if maps.is_empty() {
+            eprintln!(
+                "vtrace: warning: --sysroot: the trace records no process's memory map \
+                 (not a Linux trace, or its kernel's maps could not be read)"
+            );
+        }
+        for w in add_user_symbols(&mut symbols, &maps, sysroot) {
+            eprintln!("vtrace: warning: --sysroot: {w}");
         }
     }
     if !args.no_kernel_symbols {

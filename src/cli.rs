@@ -301,6 +301,11 @@ pub struct TraceArgs {
     /// Do not look for the traced kernel's symbols.
     #[arg(long)]
     pub no_kernel_symbols: bool,
+    /// The guest's root file system (or the tree its initramfs was built
+    /// from): the programs and libraries a Linux trace's processes mapped
+    /// are looked up there, and their routines named where they ran.
+    #[arg(long, value_name = "DIR")]
+    pub sysroot: Option<PathBuf>,
     /// No progress bar, even on a terminal.
     #[arg(long, short = 'q')]
     pub quiet: bool,

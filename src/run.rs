@@ -99,7 +99,16 @@ fn linux_tasks(boot: &BootSource, quiet: bool) -> Option<TaskLayout> {
     };
     let vmlinux = vtrace_vmm::boot::vmlinux_inside(&kernel.bytes)?;
     match task_layout(&vmlinux) {
-        Ok(layout) => Some(layout),
+        Ok(layout) => {
+            if layout.maps.is_none() && !quiet {
+                user_message(
+                    "vtrace: memory maps of Linux processes are not recorded: the kernel \
+                     keeps them in a form vtrace does not read (before 6.1) or its BTF lacks \
+                     a field; user code is named by address only",
+                );
+            }
+            Some(layout)
+        }
         Err(why) => {
             if !quiet {
                 user_message(&format!(

@@ -107,15 +107,29 @@ fn test_kernel() -> std::path::PathBuf {
 /// A busybox initramfs whose /init mounts /proc, says it is up and runs
 /// `body` (shell).
 fn busybox_initramfs(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
+    busybox_initramfs_with(dir, body, &[])
+}
+
+/// The same, with `extra` files (host path, path in the initramfs) in it.
+/// Its tree stays at `dir/l2`: the sysroot of its traces.
+fn busybox_initramfs_with(
+    dir: &std::path::Path,
+    body: &str,
+    extra: &[(&std::path::Path, &str)],
+) -> std::path::PathBuf {
     let root = dir.join("l2");
     std::fs::create_dir_all(root.join("bin")).unwrap();
     std::fs::create_dir_all(root.join("proc")).unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
     let busybox = std::process::Command::new("sh")
         .args(["-c", "command -v busybox"])
         .output()
         .unwrap();
     let busybox = String::from_utf8_lossy(&busybox.stdout).trim().to_string();
     std::fs::copy(&busybox, root.join("bin/busybox")).expect("busybox (static)");
+    for (host, name) in extra {
+        std::fs::copy(host, root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
     let init = format!(
         "#!/bin/busybox sh\n/bin/busybox --install -s /bin\nmount -t proc proc /proc\n\
          echo 'l2: userspace up'\n{body}\n"
@@ -139,6 +153,23 @@ fn busybox_initramfs(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
         String::from_utf8_lossy(&o.stderr)
     );
     cpio
+}
+
+/// Builds tests/programs/NAME.c into a static program in `dir`, with
+/// symbols and lines.
+fn static_program(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
+    let out = dir.join(name);
+    let o = std::process::Command::new("gcc")
+        .args(["-static", "-O1", "-g", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(o.status.success(), "gcc {name}: {}", stderr(&o));
+    out
 }
 
 /// Shell that starts `vtrace run` on the machine's Linux with the busybox
@@ -366,4 +397,199 @@ fn doctor_on_amdv_finds_trap_flag_stepping_and_no_breakpoints() {
     assert_eq!(d["cpuid_leaks"], serde_json::json!([]), "{d}");
     assert!(d["step_rate"].as_f64() > Some(1000.0), "{d}");
     assert!(m.output.contains("do not fire"), "{}", m.output);
+}
+
+/// The old tracer's showcase, as its users did it: at the shell prompt of a
+/// Linux guest, type a command, press the hotkey to start tracing, press
+/// Enter, and press it again when the prompt is back. The console is a
+/// pseudo-terminal typed into by `ptydrive` (tests/programs), so vtrace
+/// meets it as a person's terminal, raw mode and all. The trace must hold,
+/// with no gap: the serial interrupt bringing the Enter key, the shell's
+/// fork and the child's exec of the test program, the program's routines
+/// by name (from its ELF under the sysroot), its `write`, its exit and the
+/// prompt written again; `processes` names the shell and the program.
+#[test]
+fn linux_from_a_key_press_to_the_prompt_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    let vtprog = static_program(dir.path(), "vtprog");
+    let ptydrive = static_program(dir.path(), "ptydrive");
+    let initrd = busybox_initramfs_with(
+        dir.path(),
+        "mount -t devtmpfs dev /dev\nexport PS1='l2$ '\nexec setsid cttyhack sh",
+        &[(&vtprog, "bin/vtprog")],
+    );
+    let drive = dir.path().join("drive.txt");
+    std::fs::write(
+        &drive,
+        "wait l2$ \nsend vtprog 300\nsleep 500\nsend \\at\nwait tracing started\n\
+         send \\r\nwait 62 primes below 300 done\nwait l2$ \nsleep 1000\nsend \\at\n\
+         wait tracing stopped\nsend \\ax\n",
+    )
+    .unwrap();
+    let m = amdv(
+        &[
+            (&kernel, "vmlinuz"),
+            (&initrd, "l2.cpio"),
+            (&ptydrive, "ptydrive"),
+            (&drive, "drive.txt"),
+        ],
+        "mkdir -p /dev/pts && mount -t devpts devpts /dev/pts && \
+         ./ptydrive drive.txt vtrace run --kernel vmlinuz --initrd l2.cpio --memory 256M \
+           --clock steps --disk /out/k.vtd --disk-size 256M",
+    );
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    let trace = m.file("k.vtd");
+    let t = trace.to_str().unwrap();
+    let info = info_json(&trace);
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert_eq!(info["start_reasons"][0], "hotkey", "{info}");
+
+    // Processes: the shell (pid 1, the init's exec) and the program it
+    // started, in a process of its own.
+    let o = run(&["analyze", "processes", "--json", t]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = table["processes"].as_array().unwrap();
+    let by_comm = |comm: &str| {
+        rows.iter()
+            .find(|r| r["comm"] == comm)
+            .unwrap_or_else(|| panic!("no {comm}: {table}"))
+    };
+    let (sh, prog) = (by_comm("sh"), by_comm("vtprog"));
+    assert_eq!(sh["pid"], 1, "{table}");
+    assert!(prog["pid"].as_u64() > Some(1), "{table}");
+    assert!(sh["user_steps"].as_u64() > Some(0), "{table}");
+    assert!(prog["user_steps"].as_u64() > Some(1000), "{table}");
+    for call in ["execve", "write", "exit_group"] {
+        assert!(
+            prog["system_calls"][call].as_u64() > Some(0),
+            "{call}: {table}"
+        );
+    }
+    assert_eq!(prog["mappings"][0]["path"], "/bin/vtprog", "{table}");
+
+    // In trace order: the Enter key read from the serial port in its
+    // interrupt, the program's exit, then the prompt written again.
+    let lines = listing(&trace);
+    let at = |from: usize, what: &dyn Fn(&str) -> bool| {
+        lines[from..].iter().position(|l| what(l)).map(|i| i + from)
+    };
+    let enter = at(0, &|l| l.contains("-- io in port 0x3f8 size 1 value 0xd"))
+        .unwrap_or_else(|| panic!("no Enter key read from the serial port"));
+    let last_interrupt = lines[..enter]
+        .iter()
+        .rev()
+        .find(|l| l.contains("-- interrupt "));
+    assert!(
+        last_interrupt.is_some_and(|l| l.contains("-- interrupt 52 ")),
+        "the Enter key was not read in the serial interrupt (IRQ 4, vector 52): {last_interrupt:?}"
+    );
+    let exit = at(enter, &|l| l.contains("-- system call exit_group"))
+        .unwrap_or_else(|| panic!("the program's exit is not in the trace"));
+    // What the guest wrote to the serial port's data register after it.
+    let written: Vec<u8> = lines[exit..]
+        .iter()
+        .filter_map(|l| l.split_once("-- io out port 0x3f8 size 1 value 0x"))
+        .filter_map(|(_, v)| u8::from_str_radix(v.trim(), 16).ok())
+        .collect();
+    let written = String::from_utf8_lossy(&written);
+    assert!(
+        written.contains("l2$ "),
+        "the prompt is not written again after the program's exit: {written:?}"
+    );
+
+    // The nest diagram runs from the program's routines through the
+    // kernel's system call and back.
+    let kernel_arg = kernel.to_str().unwrap();
+    let sysroot = dir.path().join("l2");
+    let o = run(&[
+        "analyze",
+        "nest",
+        "--symbols",
+        kernel_arg,
+        "--sysroot",
+        sysroot.to_str().unwrap(),
+        t,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let nest = stdout(&o);
+    for routine in [
+        "main() {",
+        "count_primes() {",
+        "is_prime();",
+        "say_count() {",
+    ] {
+        assert!(nest.contains(routine), "no {routine} in the nest diagram");
+    }
+    let call = nest
+        .find("==> system call write (1) in write")
+        .unwrap_or_else(|| panic!("the program's write is not named"));
+    assert!(
+        nest[call..].contains("ksys_write"),
+        "the write's kernel routines are not under it"
+    );
+}
+
+/// The test program runs for ever in a Linux guest; `vtrace ctl start`
+/// from another process catches it in mid-flight. The trace names its
+/// process (pid and comm), its map, its routines and its system calls.
+#[test]
+fn a_running_linux_program_traced_by_name_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    let vtprog = static_program(dir.path(), "vtprog");
+    let initrd = busybox_initramfs_with(
+        dir.path(),
+        "vtprog loop > /dev/null",
+        &[(&vtprog, "bin/vtprog")],
+    );
+    let script = linux_up("--clock steps --disk /out/p.vtd --disk-size 128M --exit-after-trace")
+        + "sleep 2; vtrace ctl start; sleep 6; vtrace ctl stop; \
+           wait $pid; s=$?; cat /tmp/log; exit $s";
+    let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    let trace = m.file("p.vtd");
+    let t = trace.to_str().unwrap();
+    assert_eq!(info_json(&trace)["gaps"], 0);
+
+    let o = run(&["analyze", "processes", "--json", t]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let prog = table["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["comm"] == "vtprog")
+        .unwrap_or_else(|| panic!("no vtprog: {table}"));
+    // The init shell ran it in the foreground, as a child: pid 2 and up.
+    assert!(prog["pid"].as_u64() > Some(1), "{table}");
+    assert!(prog["system_calls"]["write"].as_u64() > Some(0), "{table}");
+    assert_eq!(prog["mappings"][0]["path"], "/bin/vtprog", "{table}");
+
+    let sysroot = dir.path().join("l2");
+    let o = run(&[
+        "analyze",
+        "stats",
+        "--json",
+        "--sysroot",
+        sysroot.to_str().unwrap(),
+        t,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stats = stdout(&o);
+    for routine in ["\"count_primes\"", "\"is_prime\"", "\"say_count\""] {
+        assert!(stats.contains(routine), "no {routine} in the statistics");
+    }
+    let lines = listing(&trace);
+    assert!(
+        lines.iter().any(|l| l.contains("-- system call write (1)")),
+        "no named write in the listing"
+    );
 }

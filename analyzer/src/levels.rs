@@ -46,6 +46,9 @@ pub enum Item {
     Interrupt {
         vector: u8,
     },
+    /// The next step is a system call of this number (see
+    /// [`crate::syscalls`]).
+    SystemCallNumber(u64),
     /// A guest mark (hypercall or `vtrace ctl mark`).
     Mark {
         id: u64,
@@ -237,6 +240,9 @@ impl<'a> ItemBuilder<'a> {
                 }
                 let func = self.funcs.func(s.pc, s.cr3);
                 let flow = insn.flow;
+                if let Some(number) = crate::syscalls::number_of(s) {
+                    self.out.push(Item::SystemCallNumber(number));
+                }
                 let len = s.bytes.len() as u8;
                 let step = self.step;
                 self.step = self.step.saturating_add(1);
@@ -404,7 +410,11 @@ pub enum BigLevelCause {
     Interrupt {
         vector: u8,
     },
-    SystemCall,
+    /// A system call: its number where the trace shows it (x86-64
+    /// `syscall` from user mode).
+    SystemCall {
+        number: Option<u64>,
+    },
     /// Back from an interrupt or system call into what it interrupted.
     Resume,
     Switch {
@@ -489,6 +499,8 @@ pub struct LevelEngine {
     prev: Option<Prev>,
     prev_step: Option<u64>,
     pending_interrupt: Option<u8>,
+    /// The number of the system call the next step makes.
+    syscall_number: Option<u64>,
     after_break: bool,
     nodes: Vec<(u32, FuncId)>,
     node_index: FxHashMap<(u32, FuncId), u32>,
@@ -513,6 +525,7 @@ impl LevelEngine {
             prev: None,
             prev_step: None,
             pending_interrupt: None,
+            syscall_number: None,
             after_break: false,
             nodes: vec![(u32::MAX, UNKNOWN_FUNC)],
             node_index: FxHashMap::default(),
@@ -558,7 +571,7 @@ impl LevelEngine {
     fn big_level(&self, sink: &mut impl LevelSink, step: u64, cause: BigLevelCause) {
         let entering = matches!(
             cause,
-            BigLevelCause::Interrupt { .. } | BigLevelCause::SystemCall
+            BigLevelCause::Interrupt { .. } | BigLevelCause::SystemCall { .. }
         );
         sink.big_level(&BigLevel {
             step,
@@ -721,7 +734,8 @@ impl LevelEngine {
                 self.push_frame(sink, func, pc, step, EntryKind::Call, Some(next_pc), None);
             }
             Flow::SystemCall if pc != next_pc => {
-                self.big_level(sink, step, BigLevelCause::SystemCall);
+                let number = self.syscall_number.take();
+                self.big_level(sink, step, BigLevelCause::SystemCall { number });
                 let resume = Prev {
                     flow: Flow::Next,
                     ..prev
@@ -787,6 +801,7 @@ impl LevelEngine {
             Item::Interrupt { vector } => {
                 self.pending_interrupt = Some(vector);
             }
+            Item::SystemCallNumber(number) => self.syscall_number = Some(number),
             Item::Mark { id, value } => {
                 let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
                 sink.mark(next, self.cr3.unwrap_or(0), id, value);

@@ -20,4 +20,6 @@ pub mod report;
 pub mod spaces;
 pub mod stats;
 pub mod symbols;
+pub mod syscalls;
 pub mod timeline;
+pub mod user_programs;

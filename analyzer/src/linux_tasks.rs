@@ -9,11 +9,13 @@
 //!   have one) gives the offsets of `pid`, `tgid` and `comm` in
 //!   `task_struct`, whatever the kernel's configuration or layout
 //!   randomization made of it.
+//! - The same BTF locates each process's memory map (its maple tree of
+//!   VMAs and their files), for kernels 6.1 and later.
 
 use btf_rs::{Btf, BtfType, Type};
 use object::{Object, ObjectSection};
 
-pub use vtrace_storage::TaskLayout;
+pub use vtrace_storage::{MapLayout, TaskLayout};
 
 use crate::symbols::all_kallsyms;
 
@@ -72,6 +74,7 @@ pub fn task_layout(vmlinux: &[u8]) -> Result<TaskLayout, TaskLayoutError> {
                 .ok_or(TaskLayoutError::NotPerCpu("pcpu_hot", hot))?
         }
     };
+    let maps = map_layout(&btf, &task, &find);
     Ok(TaskLayout {
         current_task,
         switch_to,
@@ -79,6 +82,46 @@ pub fn task_layout(vmlinux: &[u8]) -> Result<TaskLayout, TaskLayoutError> {
         pid,
         tgid,
         comm,
+        maps,
+    })
+}
+
+/// Where processes keep their memory maps: `None` where the kernel does
+/// not keep them in a maple tree (before 6.1) or lacks a symbol or field.
+fn map_layout(
+    btf: &Btf,
+    task: &btf_rs::Struct,
+    find: &dyn Fn(&str) -> Option<u64>,
+) -> Option<MapLayout> {
+    let offset = |s: &'static str, f: &str| field_offset(btf, &named_struct(btf, s).ok()?, f, 0);
+    let sum = |a: Option<u64>, b: Option<u64>| a?.checked_add(b?);
+    // The walk in the tracer reads maple nodes as 6.1 lays them out: a
+    // parent pointer, then pivots, then slots (range nodes: 15 pivots;
+    // allocation-range nodes: 9 pivots, 10 slots, 10 gaps).
+    let nodes = [
+        offset("maple_range_64", "pivot") == Some(8),
+        offset("maple_range_64", "slot") == Some(128),
+        offset("maple_arange_64", "slot") == Some(80),
+        offset("maple_arange_64", "gap") == Some(160),
+    ];
+    if nodes.contains(&false) {
+        return None;
+    }
+    Some(MapLayout {
+        mm: field_offset(btf, task, "mm", 0)?,
+        tree_root: sum(
+            offset("mm_struct", "mm_mt"),
+            offset("maple_tree", "ma_root"),
+        )?,
+        vm_start: offset("vm_area_struct", "vm_start")?,
+        vm_end: offset("vm_area_struct", "vm_end")?,
+        vm_pgoff: offset("vm_area_struct", "vm_pgoff")?,
+        vm_file: offset("vm_area_struct", "vm_file")?,
+        file_dentry: sum(offset("file", "f_path"), offset("path", "dentry"))?,
+        d_parent: offset("dentry", "d_parent")?,
+        d_name: sum(offset("dentry", "d_name"), offset("qstr", "name"))?,
+        syscall_entry: find("entry_SYSCALL_64")?,
+        syscall_exit: find("syscall_exit_to_user_mode")?,
     })
 }
 

@@ -16,6 +16,7 @@ use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::insn::InsnCache;
 use crate::symbols::{cr3_root, Symbolizer};
+use crate::syscalls;
 
 /// Steps per file with `--out` (as the old analyzer cut its listings).
 pub const STEPS_PER_FILE: u64 = 500_000;
@@ -107,6 +108,13 @@ pub fn describe_event(e: &Event) -> String {
         Event::Task { tid, pid, comm } if tid == pid => format!("task {comm:?} pid {pid}"),
         Event::Task { tid, pid, comm } => format!("task {comm:?} pid {pid} tid {tid}"),
         Event::TaskName { tid, comm } => format!("task {tid} is now named {comm:?}"),
+        Event::Mappings { pid, maps } => {
+            let files: Vec<String> = maps
+                .iter()
+                .map(|m| format!("{} {:#x}-{:#x}", m.path, m.start, m.end))
+                .collect();
+            format!("pid {pid} maps {}", files.join(", "))
+        }
     }
 }
 
@@ -251,6 +259,14 @@ fn format_segment(
                     }
                 }
                 pending_events.clear();
+                if let Some(n) = syscalls::number_of(s) {
+                    let _ = writeln!(
+                        pending_events,
+                        "{:>10} -- system call {} ({n})",
+                        "",
+                        syscalls::name(n)
+                    );
+                }
                 prev = Some(s.regs);
                 number = number.saturating_add(1);
             }

@@ -16,6 +16,7 @@ use crate::levels::{
     BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink,
 };
 use crate::symbols::{Symbolizer, UNKNOWN_FUNC};
+use crate::syscalls;
 
 /// Lines a block holds before it is written out in parts.
 pub const BLOCK_LINES: usize = 65_536;
@@ -192,7 +193,10 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             BigLevelCause::Interrupt { vector } => {
                 format!("interrupt: {}{during}", vector_name(vector))
             }
-            BigLevelCause::SystemCall => format!("system call{during}"),
+            BigLevelCause::SystemCall { number: Some(n) } => {
+                format!("system call {} ({n}){during}", syscalls::name(n))
+            }
+            BigLevelCause::SystemCall { number: None } => format!("system call{during}"),
             BigLevelCause::Resume => "return from interrupt".into(),
             BigLevelCause::Switch { from } => {
                 format!("address space switch from {from:#x}")

@@ -7,16 +7,16 @@
 
 use std::fmt::Write as _;
 
+use std::collections::BTreeMap;
+
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use vtrace_storage::{Event, RecordRef};
+use vtrace_storage::{Event, Mapping, RecordRef};
 
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::symbols::cr3_root;
-
-/// `syscall`: counted where user mode runs it.
-const SYSCALL: [u8; 2] = [0x0f, 0x05];
+use crate::syscalls;
 
 /// One task (a thread) of the trace.
 #[derive(Clone, Debug, Serialize)]
@@ -37,6 +37,41 @@ pub struct Process {
     pub switches_in: u64,
     /// Page-table roots (CR3) it ran in.
     pub address_spaces: Vec<u64>,
+    /// Its system calls by name (see [`crate::syscalls`]), with counts.
+    pub system_calls: BTreeMap<String, u64>,
+    /// The files its process mapped when the trace last read its map, one
+    /// range per file (the process's load modules).
+    pub mappings: Vec<Module>,
+}
+
+/// A file a process mapped, over all its mappings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Module {
+    pub path: String,
+    /// Lowest address of its mappings.
+    pub start: u64,
+    /// The address after its highest mapping.
+    pub end: u64,
+}
+
+/// A process's map, one entry per file, in address order.
+fn modules(maps: &[Mapping]) -> Vec<Module> {
+    let mut out: Vec<Module> = Vec::new();
+    for m in maps {
+        match out.iter_mut().find(|x| x.path == m.path) {
+            Some(x) => {
+                x.start = x.start.min(m.start);
+                x.end = x.end.max(m.end);
+            }
+            None => out.push(Module {
+                path: m.path.clone(),
+                start: m.start,
+                end: m.end,
+            }),
+        }
+    }
+    out.sort_by_key(|m| m.start);
+    out
 }
 
 /// The table, tasks in order of their ids.
@@ -56,6 +91,7 @@ struct Acc {
     interrupts: u64,
     switches_in: u64,
     spaces: FxHashSet<u64>,
+    calls: FxHashMap<u64, u64>,
 }
 
 impl Acc {
@@ -66,6 +102,9 @@ impl Acc {
         self.interrupts += other.interrupts;
         self.switches_in += other.switches_in;
         self.spaces.extend(other.spaces);
+        for (n, c) in other.calls {
+            *self.calls.entry(n).or_default() += c;
+        }
     }
 }
 
@@ -79,6 +118,8 @@ struct Part {
     inherited: Acc,
     tasks: FxHashMap<u32, Acc>,
     names: Vec<Naming>,
+    /// Maps recorded, in order: (pid, map).
+    maps: Vec<(u32, Vec<Mapping>)>,
     last: Option<u32>,
 }
 
@@ -98,8 +139,9 @@ fn count_segment(records: &mut Records<'_>) -> Part {
                     acc.kernel += 1;
                 } else {
                     acc.user += 1;
-                    if s.bytes.as_slice() == SYSCALL {
+                    if let Some(n) = syscalls::number_of(s) {
                         acc.syscalls += 1;
+                        *acc.calls.entry(n).or_default() += 1;
                     }
                 }
                 acc.spaces.insert(cr3_root(s.cr3));
@@ -118,6 +160,9 @@ fn count_segment(records: &mut Records<'_>) -> Part {
             RecordRef::Event(Event::TaskName { tid, comm }) => {
                 part.names.push((*tid, None, comm.clone()));
             }
+            RecordRef::Event(Event::Mappings { pid, maps }) => {
+                part.maps.push((*pid, maps.clone()));
+            }
             RecordRef::Event(_) => {}
         }
     }
@@ -131,6 +176,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
     let mut tasks: FxHashMap<u32, Acc> = FxHashMap::default();
     let mut names: FxHashMap<u32, (Option<u32>, String)> = FxHashMap::default();
     let mut current: Option<u32> = None;
+    let mut maps: FxHashMap<u32, Vec<Mapping>> = FxHashMap::default();
     trace.for_each_ordered(
         &trace.segments,
         |_: &SegmentInfo, records| count_segment(records),
@@ -150,15 +196,25 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
                 entry.0 = pid.or(entry.0);
                 entry.1 = comm;
             }
+            maps.extend(part.maps);
             current = part.last.or(current);
             Ok(())
         },
         progress,
     )?;
     let tasks_named = !names.is_empty();
-    let row = |pid, tid, comm: String, a: Acc| {
+    let row = |pid: Option<u32>, tid, comm: String, a: Acc| {
         let mut spaces: Vec<u64> = a.spaces.into_iter().collect();
         spaces.sort_unstable();
+        let system_calls = a
+            .calls
+            .into_iter()
+            .map(|(n, c)| (syscalls::name(n), c))
+            .collect();
+        let mappings = pid
+            .and_then(|p| maps.get(&p))
+            .map(|m| modules(m))
+            .unwrap_or_default();
         Process {
             pid,
             tid,
@@ -169,6 +225,8 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
             interrupts: a.interrupts,
             switches_in: a.switches_in,
             address_spaces: spaces,
+            system_calls,
+            mappings,
         }
     };
     let mut processes: Vec<Process> = tasks
@@ -231,6 +289,17 @@ impl ProcessTable {
                 p.switches_in,
                 spaces.join(" ")
             );
+            if !p.system_calls.is_empty() {
+                let calls: Vec<String> = p
+                    .system_calls
+                    .iter()
+                    .map(|(name, count)| format!("{name} {count}"))
+                    .collect();
+                let _ = writeln!(out, "{:17}system calls: {}", "", calls.join(", "));
+            }
+            for m in &p.mappings {
+                let _ = writeln!(out, "{:17}maps {} {:#x}-{:#x}", "", m.path, m.start, m.end);
+            }
         }
         out
     }

@@ -86,7 +86,10 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
     fn big_level(&mut self, level: &BigLevel) {
         let name = match level.cause {
             BigLevelCause::Interrupt { vector } => vector_name(vector),
-            BigLevelCause::SystemCall => "system call".into(),
+            BigLevelCause::SystemCall { number: Some(n) } => {
+                format!("system call {}", crate::syscalls::name(n))
+            }
+            BigLevelCause::SystemCall { number: None } => "system call".into(),
             BigLevelCause::Break => "steps missing".into(),
             _ => return,
         };

@@ -19,8 +19,8 @@
 //! the instruction bytes again, never a wrong decode.
 
 use crate::record::{
-    CpuMode, Event, InsnBytes, InterruptSource, Record, RecordRef, Regs, Step, TraceReason,
-    REG_COUNT,
+    CpuMode, Event, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs, Step,
+    TraceReason, REG_COUNT,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -46,6 +46,9 @@ const EV_STOP: u8 = 0x8b;
 const EV_TASK: u8 = 0x8c;
 /// tid (varint), comm (length, bytes).
 const EV_TASK_NAME: u8 = 0x8d;
+/// pid, count (varints), then per mapping: start, length, file offset
+/// (varints), path (length, bytes).
+const EV_MAPPINGS: u8 = 0x8e;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -267,6 +270,17 @@ impl SegmentEncoder {
                 varint::put(o, u64::from(*tid));
                 put_bytes(o, comm.as_bytes());
             }
+            Event::Mappings { pid, maps } => {
+                o.push(EV_MAPPINGS);
+                varint::put(o, u64::from(*pid));
+                varint::put(o, maps.len() as u64);
+                for m in maps {
+                    varint::put(o, m.start);
+                    varint::put(o, m.end.wrapping_sub(m.start));
+                    varint::put(o, m.offset);
+                    put_bytes(o, m.path.as_bytes());
+                }
+            }
         }
         self.events += 1;
     }
@@ -406,6 +420,33 @@ impl<'a> SegmentDecoder<'a> {
 
     fn text(&mut self) -> Result<String, DecodeError> {
         String::from_utf8(self.bytes()?).map_err(|_| self.err("text is not UTF-8"))
+    }
+
+    fn mappings(&mut self) -> Result<Event, DecodeError> {
+        let pid = self.var_u32()?;
+        let count = self.var()?;
+        // Each mapping takes at least 4 bytes: a crafted count cannot
+        // reserve more than the payload could hold.
+        let left = (self.input.len() - self.pos) as u64 / 4;
+        if count > left {
+            return Err(self.err("more mappings than bytes"));
+        }
+        let mut maps = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let start = self.var()?;
+            let end = start
+                .checked_add(self.var()?)
+                .ok_or_else(|| self.err("mapping past the address space"))?;
+            let offset = self.var()?;
+            let path = self.text()?;
+            maps.push(Mapping {
+                start,
+                end,
+                offset,
+                path,
+            });
+        }
+        Ok(Event::Mappings { pid, maps })
     }
 
     /// Decodes a step into `self.step`, in place.
@@ -552,6 +593,7 @@ impl<'a> SegmentDecoder<'a> {
                 tid: self.var_u32()?,
                 comm: self.text()?,
             },
+            EV_MAPPINGS => self.mappings()?,
             _ => return Err(self.err("unknown record tag")),
         })
     }
@@ -636,6 +678,27 @@ mod tests {
             Event::TaskName {
                 tid: 7,
                 comm: "sh".into(),
+            },
+            Event::Mappings {
+                pid: 5,
+                maps: vec![
+                    Mapping {
+                        start: 0x40_0000,
+                        end: 0x40_1000,
+                        offset: 0,
+                        path: "/bin/busybox".into(),
+                    },
+                    Mapping {
+                        start: 0x7fff_f000_0000,
+                        end: 0x7fff_f002_3000,
+                        offset: 0x1000,
+                        path: "/lib/x86_64-linux-gnu/libc.so.6".into(),
+                    },
+                ],
+            },
+            Event::Mappings {
+                pid: 6,
+                maps: Vec::new(),
             },
             Event::TraceStart(TraceReason::Hypercall { pass: 3 }),
             Event::TraceStop(TraceReason::Other("disk".into())),

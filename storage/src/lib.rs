@@ -21,9 +21,9 @@ pub mod writer;
 pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
 pub use reader::TraceReader;
 pub use record::{
-    CpuMode, Event, InsnBytes, InterruptSource, Record, RecordRef, Regs, Step, TraceReason,
-    HOST_MARK,
+    CpuMode, Event, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs, Step,
+    TraceReason, HOST_MARK,
 };
 pub use summary::{summarize, TraceSummary};
-pub use task_layout::TaskLayout;
+pub use task_layout::{MapLayout, TaskLayout};
 pub use writer::Recorder;

@@ -268,6 +268,27 @@ pub enum Event {
         tid: u32,
         comm: String,
     },
+    /// The file-backed memory map of Linux process `pid`, whole, as the
+    /// kernel held it (its VMAs, as `/proc/PID/maps` lists them): recorded
+    /// when the trace first meets the process and after an exec or an
+    /// `mmap`, `munmap` or `mremap`, where it changed.
+    Mappings {
+        pid: u32,
+        maps: Vec<Mapping>,
+    },
+}
+
+/// One file mapped into a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// First address of the mapping.
+    pub start: u64,
+    /// The address after its last byte.
+    pub end: u64,
+    /// Where `start` is in the file, in bytes.
+    pub offset: u64,
+    /// The file's path, from the root of its file system.
+    pub path: String,
 }
 
 /// A step or an event.

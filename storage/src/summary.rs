@@ -63,6 +63,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::TraceStop(_) => "trace_stop",
         Event::Task { .. } => "task",
         Event::TaskName { .. } => "task_name",
+        Event::Mappings { .. } => "mappings",
     }
 }
 

@@ -19,4 +19,46 @@ pub struct TaskLayout {
     pub tgid: u64,
     /// Offset of `comm` (16 bytes, NUL-terminated).
     pub comm: u64,
+    /// Where processes keep their memory maps, where the kernel's are
+    /// readable (see [`MapLayout`]).
+    pub maps: Option<MapLayout>,
+}
+
+/// Where a Linux kernel keeps a process's memory map, and where a tracer
+/// learns that it changed: the numbers a tracer needs to record the files
+/// a process maps, without knowing anything of Linux.
+///
+/// The map is read from the process's maple tree of VMAs (kernels 6.1 and
+/// later), whose node format is fixed by the kernel, not by its
+/// configuration; only the offsets below vary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapLayout {
+    /// Offset of `mm` (the process's `mm_struct`, 0 in kernel threads) in
+    /// `task_struct`.
+    pub mm: u64,
+    /// Offset of the maple tree's root pointer (`mm_mt.ma_root`) in
+    /// `mm_struct`.
+    pub tree_root: u64,
+    /// Offsets of `vm_start`, `vm_end`, `vm_pgoff` and `vm_file` in
+    /// `vm_area_struct`.
+    pub vm_start: u64,
+    /// See [`MapLayout::vm_start`].
+    pub vm_end: u64,
+    /// See [`MapLayout::vm_start`].
+    pub vm_pgoff: u64,
+    /// See [`MapLayout::vm_start`].
+    pub vm_file: u64,
+    /// Offset of the file's dentry (`f_path.dentry`) in `struct file`.
+    pub file_dentry: u64,
+    /// Offset of `d_parent` in `struct dentry`.
+    pub d_parent: u64,
+    /// Offset of the name's pointer (`d_name.name`) in `struct dentry`.
+    pub d_name: u64,
+    /// Entry of the 64-bit system call (`entry_SYSCALL_64`): RAX holds the
+    /// call's number there.
+    pub syscall_entry: u64,
+    /// Entry of `syscall_exit_to_user_mode`: a call's work is done, the
+    /// process's map is whole again and the kernel's page tables are
+    /// still loaded.
+    pub syscall_exit: u64,
 }

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod fault;
 pub mod flow;
 pub mod idt;
+mod maple;
 pub mod rep;
 pub mod tasks;
 pub mod tracer;

@@ -1,13 +1,18 @@
 //! Which Linux task the CPU runs, read from the kernel's own data where
 //! tracing starts and where the kernel switches or renames tasks (see
-//! [`TaskLayout`] for what locates them). Between those places nothing is
-//! read: the per-step cost is two comparisons of the next pc.
+//! [`TaskLayout`] for what locates them), and which files each process
+//! maps, read where the trace first meets a process and where a system
+//! call that changes its map returns. Between those places nothing is
+//! read: the per-step cost is a few comparisons of the next pc.
 
-use vtrace_storage::{Event, TaskLayout};
+use std::collections::HashMap;
+
+use vtrace_storage::{Event, MapLayout, Mapping, TaskLayout};
 use vtrace_vmm::x86::msr::KERNEL_GS_BASE;
 use vtrace_vmm::CpuView;
 
 use crate::engine::{Engine, RecordSink};
+use crate::maple;
 
 /// The lowest address of the kernel half of a 4-level address space.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
@@ -15,6 +20,17 @@ const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 const COMM_LEN: usize = 16;
 /// `PID_MAX_LIMIT` on 64-bit kernels: anything above is not a pid.
 const PID_MAX: u32 = 4 << 20;
+/// VMAs read at most per process (the kernel's default `max_map_count`).
+const MAX_VMAS: usize = 65_530;
+/// File mappings recorded at most per process.
+const MAX_MAPPINGS: usize = 1024;
+/// Directories a file's path is followed up through at most.
+const MAX_PATH_DEPTH: usize = 64;
+/// `NAME_MAX`.
+const NAME_MAX: usize = 255;
+/// System calls that change which files a process maps: `mmap`, `munmap`,
+/// `mremap` (an exec is caught where it renames the task).
+const MAP_SYSCALLS: [u64; 3] = [9, 11, 25];
 
 /// A task as the trace names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,13 +45,32 @@ pub struct TaskWatch {
     layout: TaskLayout,
     /// The task the last event named.
     current: Option<Task>,
+    /// Where its `task_struct` is.
+    current_at: u64,
+    maps: Option<MapWatch>,
+}
+
+/// Follows the memory maps of a Linux guest's processes.
+struct MapWatch {
+    layout: MapLayout,
+    /// The running process's map is to be read where its system call
+    /// returns.
+    pending: bool,
+    /// The map last recorded per process, in this tracing window.
+    recorded: HashMap<u32, Vec<Mapping>>,
 }
 
 impl TaskWatch {
     pub fn new(layout: TaskLayout) -> TaskWatch {
         TaskWatch {
+            maps: layout.maps.map(|layout| MapWatch {
+                layout,
+                pending: false,
+                recorded: HashMap::new(),
+            }),
             layout,
             current: None,
+            current_at: 0,
         }
     }
 
@@ -45,6 +80,14 @@ impl TaskWatch {
     /// (tracing may start on a switch: `--start-at __switch_to`).
     pub fn begin(&mut self, engine: &mut Engine, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
         self.current = None;
+        if let Some(maps) = &mut self.maps {
+            // A window of its own: it names every process's map again.
+            maps.recorded.clear();
+            // In user mode the kernel's half may not be mapped (page-table
+            // isolation): where the map cannot be read now, it is read
+            // where the next system call returns.
+            maps.pending = true;
+        }
         self.name_running(engine, cpu, sink);
         if let Some(pc) = engine.next_pc() {
             self.before(pc, engine, cpu, sink);
@@ -66,8 +109,12 @@ impl TaskWatch {
         let Some(slot) = base.and_then(|b| b.checked_add(self.layout.current_task)) else {
             return;
         };
-        if let Some(task) = read_u64(engine, cpu, slot).and_then(|t| self.task(engine, cpu, t)) {
-            self.switch(task, sink);
+        let Some(at) = read_u64(engine, cpu, slot) else {
+            return;
+        };
+        if let Some(task) = self.task(engine, cpu, at) {
+            self.switch(task, at, sink);
+            self.map_new_process(engine, cpu, sink);
         }
     }
 
@@ -80,10 +127,12 @@ impl TaskWatch {
         sink: &mut dyn RecordSink,
     ) {
         if pc == self.layout.switch_to {
-            // __switch_to(prev, next): the kernel runs `next` from here.
+            // __switch_to(prev, next): the kernel runs `next` from here,
+            // in its address space already.
             let next = cpu.regs().rsi;
             if let Some(task) = self.task(engine, cpu, next) {
-                self.switch(task, sink);
+                self.switch(task, next, sink);
+                self.map_new_process(engine, cpu, sink);
             }
         } else if Some(pc) == self.layout.set_comm {
             // __set_task_comm(task, name, exec).
@@ -91,17 +140,73 @@ impl TaskWatch {
             let Some(tid) = read_id(engine, cpu, regs.rdi, self.layout.pid) else {
                 return;
             };
-            let Some(comm) = read_comm(engine, cpu, regs.rsi) else {
+            let Some(comm) = read_text(engine, cpu, regs.rsi, COMM_LEN - 1) else {
                 return;
             };
             if let Some(current) = self.current.as_mut().filter(|c| c.tid == tid) {
                 current.comm.clone_from(&comm);
             }
             sink.event(&Event::TaskName { tid, comm });
+            if let (Some(maps), true) = (&mut self.maps, regs.rdx & 0xff != 0) {
+                // An exec: the new program is mapped by the time it returns.
+                maps.pending = true;
+            }
+        } else if let Some(maps) = &mut self.maps {
+            if pc == maps.layout.syscall_entry {
+                if MAP_SYSCALLS.contains(&cpu.regs().rax) {
+                    maps.pending = true;
+                }
+            } else if maps.pending && pc == maps.layout.syscall_exit {
+                maps.pending = false;
+                self.map_current(engine, cpu, sink);
+            }
         }
     }
 
-    fn switch(&mut self, task: Task, sink: &mut dyn RecordSink) {
+    /// Records the running process's map where this window has not yet.
+    fn map_new_process(
+        &mut self,
+        engine: &mut Engine,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        let (Some(maps), Some(task)) = (&self.maps, &self.current) else {
+            return;
+        };
+        if !maps.recorded.contains_key(&task.pid) {
+            self.map_current(engine, cpu, sink);
+        }
+    }
+
+    /// Reads the running process's map and records it where it changed.
+    fn map_current(
+        &mut self,
+        engine: &mut Engine,
+        cpu: &mut dyn CpuView,
+        sink: &mut dyn RecordSink,
+    ) {
+        let (Some(maps), Some(task)) = (&mut self.maps, &self.current) else {
+            return;
+        };
+        let Some(now) = read_maps(&maps.layout, engine, cpu, self.current_at) else {
+            return;
+        };
+        let pid = task.pid;
+        if maps.recorded.get(&pid) == Some(&now) {
+            return;
+        }
+        // A kernel thread maps nothing: remembered, not recorded.
+        if !now.is_empty() || maps.recorded.contains_key(&pid) {
+            sink.event(&Event::Mappings {
+                pid,
+                maps: now.clone(),
+            });
+        }
+        maps.recorded.insert(pid, now);
+    }
+
+    fn switch(&mut self, task: Task, at: u64, sink: &mut dyn RecordSink) {
+        self.current_at = at;
         if self.current.as_ref() == Some(&task) {
             return;
         }
@@ -120,9 +225,88 @@ impl TaskWatch {
         }
         let tid = read_id(engine, cpu, at, self.layout.pid)?;
         let pid = read_id(engine, cpu, at, self.layout.tgid)?;
-        let comm = read_comm(engine, cpu, at.checked_add(self.layout.comm)?)?;
+        let comm = read_text(engine, cpu, at.checked_add(self.layout.comm)?, COMM_LEN - 1)?;
         Some(Task { tid, pid, comm })
     }
+}
+
+/// The files mapped by the process of the task at `task`, in address
+/// order; empty for a kernel thread. `None` where the map cannot be read.
+fn read_maps(
+    layout: &MapLayout,
+    engine: &mut Engine,
+    cpu: &mut dyn CpuView,
+    task: u64,
+) -> Option<Vec<Mapping>> {
+    let mm = read_u64(engine, cpu, task.checked_add(layout.mm)?)?;
+    if mm == 0 {
+        return Some(Vec::new());
+    }
+    if mm < KERNEL_HALF {
+        return None;
+    }
+    let root = read_u64(engine, cpu, mm.checked_add(layout.tree_root)?)?;
+    let vmas = {
+        let mut read = |at: u64, buf: &mut [u8]| engine.read_linear(cpu, at, buf);
+        maple::entries(root, &mut read, MAX_VMAS)?
+    };
+    let mut maps = Vec::new();
+    for vma in vmas {
+        if vma < KERNEL_HALF || vma & 7 != 0 {
+            continue;
+        }
+        let field = |engine: &mut Engine, cpu: &mut dyn CpuView, offset: u64| {
+            read_u64(engine, cpu, vma.checked_add(offset)?)
+        };
+        let Some(file) = field(engine, cpu, layout.vm_file).filter(|f| *f >= KERNEL_HALF) else {
+            continue;
+        };
+        let (Some(start), Some(end), Some(pgoff)) = (
+            field(engine, cpu, layout.vm_start),
+            field(engine, cpu, layout.vm_end),
+            field(engine, cpu, layout.vm_pgoff),
+        ) else {
+            continue;
+        };
+        if start >= end || end > KERNEL_HALF {
+            continue;
+        }
+        let Some(path) = file_path(layout, engine, cpu, file) else {
+            continue;
+        };
+        maps.push(Mapping {
+            start,
+            end,
+            offset: pgoff.saturating_mul(4096),
+            path,
+        });
+        if maps.len() >= MAX_MAPPINGS {
+            break;
+        }
+    }
+    Some(maps)
+}
+
+/// The path of the file at `file`, from the root of its file system.
+fn file_path(
+    layout: &MapLayout,
+    engine: &mut Engine,
+    cpu: &mut dyn CpuView,
+    file: u64,
+) -> Option<String> {
+    let mut dentry = read_u64(engine, cpu, file.checked_add(layout.file_dentry)?)?;
+    let mut names = Vec::new();
+    for _ in 0..MAX_PATH_DEPTH {
+        let parent = read_u64(engine, cpu, dentry.checked_add(layout.d_parent)?)?;
+        if parent == dentry {
+            break;
+        }
+        let name = read_u64(engine, cpu, dentry.checked_add(layout.d_name)?)?;
+        names.push(read_text(engine, cpu, name, NAME_MAX)?);
+        dentry = parent;
+    }
+    names.reverse();
+    Some(format!("/{}", names.join("/")))
 }
 
 /// A pid-sized id at `offset` in the task at `task`.
@@ -141,18 +325,27 @@ fn read_u64(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64) -> Option<u64> 
         .then(|| u64::from_le_bytes(b))
 }
 
-/// A task name: up to 15 bytes before a NUL, as the kernel keeps it.
-fn read_comm(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64) -> Option<String> {
-    let mut b = [0u8; COMM_LEN];
-    // A name near the end of a page may have nothing mapped after it.
-    let in_page = COMM_LEN.min(4096 - (at & 0xfff) as usize);
-    let read = if engine.read_linear(cpu, at, &mut b) {
-        COMM_LEN - 1
-    } else if engine.read_linear(cpu, at, &mut b[..in_page]) {
-        in_page.min(COMM_LEN - 1)
-    } else {
-        return None;
-    };
-    let end = b[..read].iter().position(|&c| c == 0).unwrap_or(read);
-    Some(String::from_utf8_lossy(&b[..end]).into_owned())
+/// Text the kernel keeps NUL-terminated: up to `max` bytes before a NUL,
+/// read a page at a time (nothing need be mapped after the NUL).
+fn read_text(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64, max: usize) -> Option<String> {
+    let mut text = Vec::new();
+    let mut addr = at;
+    while text.len() < max {
+        let in_page = (4096 - (addr & 0xfff) as usize).min(max - text.len());
+        let mut b = [0u8; NAME_MAX];
+        let chunk = &mut b[..in_page.min(NAME_MAX)];
+        if !engine.read_linear(cpu, addr, chunk) {
+            if text.is_empty() && addr == at {
+                return None;
+            }
+            break;
+        }
+        if let Some(end) = chunk.iter().position(|&c| c == 0) {
+            text.extend_from_slice(&chunk[..end]);
+            break;
+        }
+        text.extend_from_slice(chunk);
+        addr = addr.checked_add(chunk.len() as u64)?;
+    }
+    Some(String::from_utf8_lossy(&text).into_owned())
 }

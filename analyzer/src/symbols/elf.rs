@@ -65,6 +65,22 @@ pub fn parse_elf(bytes: &[u8], origin: &str) -> Result<SymbolTable, SymbolError>
             },
         ));
     }
+    // Procedure linkage tables have no symbols: their stubs would count
+    // as the routine before them (`_init`). They are named after their
+    // section, as objdump does, and are trampolines (see `thunks`).
+    for section in file.sections() {
+        let Ok(name) = section.name() else { continue };
+        if code_sections.contains(&section.index()) && is_plt(name) {
+            ranked.push((
+                9,
+                Symbol {
+                    start: section.address(),
+                    size: section.size(),
+                    name: name.to_string(),
+                },
+            ));
+        }
+    }
     // Linker-script markers (`__kernel_start`, `_stext`) share addresses
     // with routines; the routine's name is the one to show, whatever the
     // source, so names starting with '_' come last here as in map files.
@@ -74,6 +90,12 @@ pub fn parse_elf(bytes: &[u8], origin: &str) -> Result<SymbolTable, SymbolError>
         return Err(SymbolError::NoSymbols(origin.to_string()));
     }
     Ok(SymbolTable::new(list, end))
+}
+
+/// A procedure linkage table's section: `.plt`, `.plt.sec`, `.plt.got`,
+/// `.iplt`.
+pub(crate) fn is_plt(name: &str) -> bool {
+    name.starts_with(".plt") || name == ".iplt"
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! [rsp], rax`, `ret`). Followed literally, every return would look like
 //! a tail call and every indirect call like a `ret` to nowhere, so the
 //! level engine treats their steps as part of the routines on either
-//! side: see [`crate::levels::ItemBuilder`].
+//! side: see [`crate::levels::ItemBuilder`]. User programs' PLT stubs are
+//! indirect jumps of the same kind.
 
 /// What a trampoline stands in for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +29,9 @@ pub fn thunk_kind(name: &str) -> Option<Thunk> {
         "__x86_indirect_alt_call",
         "__x86_indirect_alt_jmp",
     ];
-    if INDIRECT.iter().any(|p| name.starts_with(p)) {
+    // A PLT stub is `jmp [GOT slot]`: the routine it reaches is the one
+    // called (sections named in `elf`).
+    if INDIRECT.iter().any(|p| name.starts_with(p)) || super::elf::is_plt(name) {
         return Some(Thunk::IndirectBranch);
     }
     // __x86_return_thunk, retbleed_return_thunk, srso_return_thunk,
@@ -56,6 +59,8 @@ mod tests {
             thunk_kind("__x86_indirect_thunk_r11"),
             Some(Thunk::IndirectBranch)
         );
+        assert_eq!(thunk_kind(".plt"), Some(Thunk::IndirectBranch));
+        assert_eq!(thunk_kind(".plt.sec"), Some(Thunk::IndirectBranch));
         assert_eq!(thunk_kind("schedule"), None);
         assert_eq!(thunk_kind("entry_untrain_ret"), None);
     }
