@@ -88,6 +88,13 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert_eq!(ih["steps"], ia["steps"]);
 }
 
+/// `vtrace analyze processes --json` of a trace.
+fn processes(trace: &std::path::Path) -> serde_json::Value {
+    let o = run(&["analyze", "processes", "--json", trace.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// The newest kernel in /boot (or VTRACE_TEST_KERNEL).
 fn test_kernel() -> std::path::PathBuf {
     if let Some(k) = std::env::var_os("VTRACE_TEST_KERNEL") {
@@ -265,9 +272,7 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     // named "init" by its exec. Tracing started in its user mode, where
     // the running task is found through the kernel's saved GS base; every
     // user step and every SYSCALL of the window is its.
-    let o = run(&["analyze", "processes", "--json", trace.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let table = processes(&trace);
     let rows = table["processes"].as_array().unwrap();
     let init = rows
         .iter()
@@ -450,9 +455,7 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
 
     // Processes: the shell (pid 1, the init's exec) and the program it
     // started, in a process of its own.
-    let o = run(&["analyze", "processes", "--json", t]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let table = processes(&trace);
     let rows = table["processes"].as_array().unwrap();
     let by_comm = |comm: &str| {
         rows.iter()
@@ -559,9 +562,7 @@ fn a_running_linux_program_traced_by_name_on_amdv() {
     let t = trace.to_str().unwrap();
     assert_eq!(info_json(&trace)["gaps"], 0);
 
-    let o = run(&["analyze", "processes", "--json", t]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let table: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let table = processes(&trace);
     let prog = table["processes"]
         .as_array()
         .unwrap()
