@@ -108,11 +108,10 @@ pub fn add_user_symbols(
             if !added.insert((map.space, m.path.clone(), bias)) {
                 continue;
             }
-            let table = file.table.clone();
             let table = if bias == 0 {
-                table
+                file.table.clone()
             } else {
-                shifted(&table, bias)
+                shifted(&file.table, bias)
             };
             symbols.add(
                 &format!("{} (pid {})", m.path, map.pid),
