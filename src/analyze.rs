@@ -8,11 +8,13 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
 use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
-use vtrace_analyzer::user_programs::{add_user_symbols, recorded_maps};
+use vtrace_analyzer::user_programs::{add_user_symbols, mapped_paths, recorded_maps, UserFiles};
 use vtrace_analyzer::{levels, listing, nest, processes, report, spaces, stats, timeline};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
-use crate::cli::{AnalyzeArgs, AnalyzeCommand, SyntaxArg, TraceArgs};
+use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
+
+use crate::cli::{AnalyzeArgs, AnalyzeCommand, SyntaxArg, TaskArgs, TraceArgs};
 
 /// Work that ends sooner shows no bar at all.
 const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);
@@ -115,9 +117,13 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
                  (not a Linux trace, or its kernel's maps could not be read)"
             );
         }
-        for w in add_user_symbols(&mut symbols, &maps, sysroot) {
+        for w in add_user_symbols(&mut symbols, &maps, &UserFiles::Sysroot(sysroot.clone())) {
             eprintln!("vtrace: warning: --sysroot: {w}");
         }
+    } else if let Some(initrd) = &args.initramfs {
+        initramfs_symbols(&trace, args, initrd, &mut symbols)?;
+    } else if let (true, Some(initrd)) = (trace.metadata.names_tasks(), &trace.metadata.initrd) {
+        initramfs_symbols(&trace, args, Path::new(initrd), &mut symbols)?;
     }
     if !args.no_kernel_symbols {
         let found = discover(&trace.metadata, &kernel_images(), &mut symbols);
@@ -126,6 +132,87 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
         }
     }
     Ok((trace, symbols))
+}
+
+/// The `--pid`/`--comm` filter, where the trace can answer it.
+fn task_filter(trace: &Trace, args: &TaskArgs) -> Result<TaskFilter> {
+    let filter = args.filter();
+    if !filter.is_everything() && !trace.metadata.names_tasks() {
+        anyhow::bail!(
+            "--pid and --comm need a trace that names Linux tasks, and {} names none \
+             (its guest is not Linux, vtrace could not read the kernel's task layout, or \
+             an older vtrace wrote it); `vtrace info` shows how it was made",
+            trace.path().display()
+        );
+    }
+    Ok(filter)
+}
+
+/// Says so when a filter left nothing to show.
+fn warn_if_nothing(filter: &TaskFilter, steps: u64) {
+    if steps == 0 && !filter.is_everything() {
+        eprintln!(
+            "vtrace: warning: no step of {} in the trace (`vtrace analyze processes` lists \
+             its tasks)",
+            filter.describe()
+        );
+    }
+}
+
+/// Names the trace's user programs from the initramfs the run booted,
+/// where it is still there; says what it could not use.
+fn initramfs_symbols(
+    trace: &Trace,
+    args: &TraceArgs,
+    initrd: &Path,
+    symbols: &mut Symbolizer,
+) -> Result<()> {
+    let progress = Progress::new(trace, args, "finding user programs");
+    let maps = recorded_maps(trace, &|done, _| progress.update(done))?;
+    progress.finish();
+    if maps.is_empty() {
+        if args.initramfs.is_some() {
+            eprintln!(
+                "vtrace: warning: --initramfs: the trace records no process's memory map \
+                 (not a Linux trace, or its kernel's maps could not be read)"
+            );
+        }
+        return Ok(());
+    }
+    let bytes = match std::fs::read(initrd) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!(
+                "vtrace: warning: user programs are not named: the initramfs the guest \
+                 booted, {}, cannot be read ({e}); give --sysroot DIR",
+                initrd.display()
+            );
+            return Ok(());
+        }
+    };
+    let origin = initrd.display().to_string();
+    match vtrace_analyzer::initramfs::files_in(
+        &bytes,
+        &mapped_paths(&maps),
+        &vtrace_vmm::boot::decompressed,
+    ) {
+        Ok(files) => {
+            let from = UserFiles::Archive { origin, files };
+            // Files an initramfs lacks (a root file system mounted later
+            // holds them) are the usual case, not worth a line each.
+            let missing = add_user_symbols(symbols, &maps, &from)
+                .into_iter()
+                .filter(|w| !w.contains(": not a file in "))
+                .collect::<Vec<_>>();
+            for w in missing {
+                eprintln!("vtrace: warning: {w}");
+            }
+        }
+        Err(why) => eprintln!(
+            "vtrace: warning: user programs are not named: {origin}: {why}; give --sysroot DIR"
+        ),
+    }
+    Ok(())
 }
 
 fn create(path: &Path) -> Result<BufWriter<std::fs::File>> {
@@ -180,25 +267,31 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 count: a.count,
                 att: a.syntax == SyntaxArg::Att,
                 lines: !a.no_lines,
+                tasks: task_filter(&trace, &a.tasks)?,
+                task_columns: trace.metadata.names_tasks(),
             };
             let bar = Progress::new(&trace, &a.trace, "listing");
             let progress = |done, _| bar.update(done);
             match &a.out {
                 Some(dir) => {
-                    let files = listing::write_files(&trace, &symbols, &options, dir, &progress)?;
+                    let (files, shown) =
+                        listing::write_files(&trace, &symbols, &options, dir, &progress)?;
                     bar.finish();
+                    warn_if_nothing(&options.tasks, shown);
                     eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
                 }
                 None => {
                     let mut out = stdout();
-                    listing::write(&trace, &symbols, &options, &mut out, &progress)?;
+                    let shown = listing::write(&trace, &symbols, &options, &mut out, &progress)?;
                     out.flush()?;
                     bar.finish();
+                    warn_if_nothing(&options.tasks, shown);
                 }
             }
         }
         AnalyzeCommand::Nest(a) => {
             let (trace, symbols) = open(&a.trace)?;
+            let filter = task_filter(&trace, &a.tasks)?;
             let bar = Progress::new(&trace, &a.trace, "nest");
             let progress = |done, _| bar.update(done);
             let out: Box<dyn Write> = match &a.output {
@@ -206,18 +299,26 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 None => Box::new(stdout()),
             };
             let mut writer = nest::NestWriter::new(out, &symbols);
+            let only = if filter.is_everything() {
+                String::new()
+            } else {
+                format!(", only {}", filter.describe())
+            };
             writer.header(&format!(
-                "vtrace nest diagram of {} ({} steps)",
+                "vtrace nest diagram of {} ({} steps{only})",
                 a.trace.trace.display(),
                 trace.steps()
             ));
-            let engine = levels::run(&trace, &symbols, &mut writer, &progress)?;
+            let mut sink = SelectedTasks::new(writer, &filter);
+            let engine = levels::run(&trace, &symbols, &mut sink, &progress)?;
+            let writer = sink.inner;
             let divided = writer.divided;
+            warn_if_nothing(&filter, writer.lines);
             writer.finish()?;
             bar.finish();
             if a.output.is_some() {
                 eprintln!(
-                    "vtrace: {} steps, {} calls, {} interrupts, {} address-space switches, \
+                    "vtrace: {} steps, {} calls, {} interrupts, {} switches, \
                      {divided} divided levels, deepest stack {}",
                     engine.counts.steps,
                     engine.counts.calls,
@@ -244,15 +345,19 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         AnalyzeCommand::Stats(a) => {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "stats");
-            let s = stats::collect(&trace, &symbols, &|d, _| bar.update(d))?;
+            let filter = task_filter(&trace, &a.tasks)?;
+            let s = stats::collect(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
             bar.finish();
+            warn_if_nothing(&filter, s.steps);
             print(a.json, &s, || s.to_text(a.top))?;
         }
         AnalyzeCommand::Flame(a) => {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "flame");
-            let folded = stats::folded(&trace, &symbols, &|d, _| bar.update(d))?;
+            let filter = task_filter(&trace, &a.tasks)?;
+            let folded = stats::folded(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
             bar.finish();
+            warn_if_nothing(&filter, folded.iter().map(|f| f.1).sum());
             let mut out = create(&a.output)?;
             vtrace_analyzer::flame::write_svg(
                 &folded,
@@ -266,9 +371,17 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "timeline");
             let mut out = create(&a.output)?;
-            let events = timeline::write(&trace, &symbols, a.min_steps, &mut out, &|d, _| {
-                bar.update(d)
-            })?;
+            let filter = task_filter(&trace, &a.tasks)?;
+            let events = timeline::write(
+                &trace,
+                &symbols,
+                &timeline::TimelineOptions {
+                    min_steps: a.min_steps,
+                    tasks: filter,
+                },
+                &mut out,
+                &|d, _| bar.update(d),
+            )?;
             out.flush()?;
             bar.finish();
             eprintln!(

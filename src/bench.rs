@@ -97,6 +97,7 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
         kernel_id: Some(image_id(vtrace_demo::DEMO_OS_ELF)),
         clock: None,
         vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        ..Default::default()
     };
     let disk = DiskWriter::create(
         target,
@@ -168,7 +169,12 @@ fn analyzer_bench(
     let nest_time = started.elapsed().as_secs_f64();
 
     let started = Instant::now();
-    let stats = vtrace_analyzer::stats::collect(&trace, &symbols, &no_progress)?;
+    let stats = vtrace_analyzer::stats::collect(
+        &trace,
+        &symbols,
+        &vtrace_analyzer::tasks::TaskFilter::default(),
+        &no_progress,
+    )?;
     let stats_time = started.elapsed().as_secs_f64();
     anyhow::ensure!(
         stats.steps == total,

@@ -306,9 +306,36 @@ pub struct TraceArgs {
     /// are looked up there, and their routines named where they ran.
     #[arg(long, value_name = "DIR")]
     pub sysroot: Option<PathBuf>,
+    /// The initramfs to look the programs up in (plain, gzip or zstd cpio
+    /// archives). By default, without --sysroot, the one the traced run
+    /// booted, where it is still at the path the trace records.
+    #[arg(long, value_name = "FILE", conflicts_with = "sysroot")]
+    pub initramfs: Option<PathBuf>,
     /// No progress bar, even on a terminal.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+/// Which tasks of a Linux trace an analysis looks at.
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    /// Only the steps of this process (its threads too; `vtrace analyze
+    /// processes` lists the pids). Repeatable.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only the steps of tasks of this name (as the kernel keeps it: up to
+    /// 15 bytes, renamed by exec). Repeatable.
+    #[arg(long = "comm", value_name = "NAME")]
+    pub comms: Vec<String>,
+}
+
+impl TaskArgs {
+    pub fn filter(&self) -> vtrace_analyzer::tasks::TaskFilter {
+        vtrace_analyzer::tasks::TaskFilter {
+            pids: self.pids.clone(),
+            comms: self.comms.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -330,10 +357,13 @@ pub enum AnalyzeCommand {
     /// Instruction mix, steps per routine (self and total), addressing
     /// modes, memory locality, interrupts and interrupt-disabled stretches.
     Stats(StatsArgs),
-    /// A flame graph (SVG) of steps by call stack.
-    Flame(OutArgs),
-    /// A Chrome/Perfetto trace-event JSON timeline: a track per address
-    /// space, an event per routine call, instants for interrupts.
+    /// A flame graph (SVG) of steps by call stack, rooted at the task's
+    /// name where the trace names Linux tasks.
+    Flame(FlameArgs),
+    /// A Chrome/Perfetto trace-event JSON timeline: a process per guest
+    /// process and a track per thread (per address space where the trace
+    /// names no tasks), an event per routine call, instants for interrupts
+    /// and system calls, and a counter of runnable tasks.
     Timeline(TimelineArgs),
     /// One self-contained HTML page: summary, statistics, flame graph and a
     /// collapsible nest diagram.
@@ -344,6 +374,8 @@ pub enum AnalyzeCommand {
 pub struct ListingArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub tasks: TaskArgs,
     /// First step to print.
     #[arg(long, value_name = "N")]
     pub from: Option<u64>,
@@ -371,6 +403,8 @@ pub enum SyntaxArg {
 pub struct NestArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub tasks: TaskArgs,
     /// Write to FILE instead of standard output.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -389,6 +423,8 @@ pub struct SpacesArgs {
 pub struct StatsArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub tasks: TaskArgs,
     /// Print JSON (every table in full).
     #[arg(long)]
     pub json: bool,
@@ -398,9 +434,11 @@ pub struct StatsArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct OutArgs {
+pub struct FlameArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub tasks: TaskArgs,
     /// The file to write.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
@@ -410,6 +448,8 @@ pub struct OutArgs {
 pub struct TimelineArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub tasks: TaskArgs,
     /// The file to write.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,

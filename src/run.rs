@@ -10,7 +10,7 @@ use vtrace_vmm::{
 use std::path::PathBuf;
 
 use vtrace_storage::disk::DiskWriter;
-use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
+use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS};
 use vtrace_storage::Recorder;
 use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::clock::ClockMode;
@@ -157,12 +157,20 @@ fn tracer(
         .disk
         .clone()
         .unwrap_or_else(|| PathBuf::from("vtrace.vtd"));
+    let initrd = args.initrd.as_ref().map(|p| {
+        std::fs::canonicalize(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string()
+    });
     let metadata = TraceMetadata {
         guest: description.to_string(),
         kernel: kernel.0,
         kernel_id: kernel.1,
         clock: Some(clock_mode(args).to_string()),
         vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        tasks: linux_tasks.is_some().then(|| LINUX_TASKS.to_string()),
+        initrd,
     };
     // Resolved before the disk is made: a misspelt routine must not leave
     // a gigabyte file behind.

@@ -236,18 +236,19 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     let info = info_json(&trace);
     assert_eq!(info["gaps"], 0, "{info}");
 
-    // Listing columns: step, address space, pc, bytes, mnemonic.
+    // Listing columns of a Linux trace: step, pid, comm, address space,
+    // pc, bytes, mnemonic.
     let lines = listing(&trace);
     let steps: Vec<Vec<&str>> = lines
         .iter()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() > 4 && f[0].parse::<u64>().is_ok())
+        .filter(|f| f.len() > 6 && f[0].parse::<u64>().is_ok())
         .collect();
-    let kernel = |f: &[&str]| f[2].starts_with("0xffff");
+    let kernel = |f: &[&str]| f[4].starts_with("0xffff");
     let (mut syscalls, mut sysrets) = (0, 0);
     for w in steps.windows(2) {
         let (this, next) = (&w[0], &w[1]);
-        match this[4] {
+        match this[6] {
             "syscall" if !kernel(this) => {
                 syscalls += 1;
                 assert!(
@@ -286,7 +287,7 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     assert_eq!(init["user_steps"], user, "{table}");
     let user_syscalls = steps
         .iter()
-        .filter(|f| f[4] == "syscall" && !kernel(f))
+        .filter(|f| f[6] == "syscall" && !kernel(f))
         .count();
     assert_eq!(init["syscalls"], user_syscalls, "{table}");
     assert!(
@@ -535,6 +536,96 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
         nest[call..].contains("ksys_write"),
         "the write's kernel routines are not under it"
     );
+
+    // Filtered to the program's process, each analysis sees its steps
+    // (before and after its exec) and no others.
+    let pid = prog["pid"].as_u64().unwrap();
+    let own: u64 = rows
+        .iter()
+        .filter(|r| r["pid"] == pid)
+        .map(|r| r["user_steps"].as_u64().unwrap() + r["kernel_steps"].as_u64().unwrap())
+        .sum();
+    let pid_arg = pid.to_string();
+    let symbols = [
+        "--symbols",
+        kernel_arg,
+        "--sysroot",
+        sysroot.to_str().unwrap(),
+    ];
+    let analyze = |what: &[&str]| {
+        let args: Vec<&str> = ["analyze"]
+            .iter()
+            .chain(what)
+            .chain(&symbols)
+            .chain(&[t])
+            .copied()
+            .collect();
+        let o = run(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let stats: serde_json::Value =
+        serde_json::from_str(&analyze(&["stats", "--json", "--pid", &pid_arg])).unwrap();
+    assert_eq!(stats["steps"], own, "{}", stats["tasks"]);
+    let routines: Vec<&str> = stats["routines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(routines.contains(&"count_primes") && routines.contains(&"ksys_write"));
+    let nest = analyze(&["nest", "--comm", "vtprog"]);
+    assert!(nest.contains("count_primes() {") && nest.contains("==> system call write (1)"));
+    assert!(
+        !nest.contains("==> switch to sh-1 "),
+        "the shell's levels are left out"
+    );
+    let listing = analyze(&[
+        "listing",
+        "--no-lines",
+        "--count",
+        "300000",
+        "--pid",
+        &pid_arg,
+    ]);
+    let columns: Vec<Vec<&str>> = listing
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .map(|l| l.split_whitespace().take(3).collect())
+        .collect();
+    assert!(
+        !columns.is_empty(),
+        "no step of pid {pid} in the first 300,000"
+    );
+    for c in &columns {
+        assert_eq!(c[1], pid_arg, "{c:?}");
+        assert!(["sh", "vtprog"].contains(&c[2]), "{c:?}");
+    }
+
+    // The timeline: the program is a Perfetto process whose thread runs
+    // its routines; the run queue's length is a counter.
+    let json = dir.path().join("timeline.json");
+    analyze(&["timeline", "-o", json.to_str().unwrap()]);
+    let timeline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let events = timeline["traceEvents"].as_array().unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "process_name" && e["pid"] == pid && e["args"]["name"] == "vtprog"));
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "X" && e["name"] == "count_primes" && e["tid"] == pid));
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "C" && e["args"]["runnable"].as_u64() > Some(0)));
+    let svg = dir.path().join("flame.svg");
+    analyze(&["flame", "-o", svg.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("<title>vtprog (") && svg.contains("<title>sh ("));
 }
 
 /// The test program runs for ever in a Linux guest; `vtrace ctl start`
@@ -574,13 +665,13 @@ fn a_running_linux_program_traced_by_name_on_amdv() {
     assert!(prog["system_calls"]["write"].as_u64() > Some(0), "{table}");
     assert_eq!(prog["mappings"][0]["path"], "/bin/vtprog", "{table}");
 
-    let sysroot = dir.path().join("l2");
+    // The programs are found in the initramfs the guest booted.
     let o = run(&[
         "analyze",
         "stats",
         "--json",
-        "--sysroot",
-        sysroot.to_str().unwrap(),
+        "--initramfs",
+        initrd.to_str().unwrap(),
         t,
     ]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -379,4 +379,12 @@ fn bad_input_gets_clear_errors() {
         "{}",
         stderr(&out)
     );
+    // The demo OS has no Linux tasks to filter by.
+    let out = run(&["analyze", "stats", trace_arg(), "--pid", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("need a trace that names Linux tasks"),
+        "{}",
+        stderr(&out)
+    );
 }

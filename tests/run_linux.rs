@@ -360,11 +360,103 @@ fn a_linux_trace_names_its_tasks() {
     );
 
     // The listing says where the kernel switched.
-    let listing = run(&["analyze", "listing", "--no-lines", disk.to_str().unwrap()]);
+    let trace = disk.to_str().unwrap();
+    let listing = run(&["analyze", "listing", "--no-lines", trace]);
     let text = stdout(&listing);
     assert!(
         text.contains("-- task \"kthreadd\" pid 2"),
         "{}",
         stderr(&listing)
     );
+
+    // Filtered to kthreadd, each analysis sees its steps and no others:
+    // the listing's pid and comm columns, stats' step count, the nest
+    // diagram's switches, the timeline's tracks.
+    let kthreadd = task(2)["kernel_steps"].as_u64().unwrap();
+    assert!(kthreadd > 0, "{table}");
+    let listing = run(&["analyze", "listing", "--no-lines", "--pid", "2", trace]);
+    assert!(listing.status.success(), "{}", stderr(&listing));
+    let text = stdout(&listing);
+    let steps: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .collect();
+    assert_eq!(steps.len() as u64, kthreadd);
+    // Forked from the idle task, pid 2 is "swapper/0" until it names
+    // itself: the columns give the name each step ran under.
+    let mut renamed = false;
+    for line in &steps {
+        let columns: Vec<&str> = line.split_whitespace().take(3).collect();
+        assert_eq!(columns[1], "2", "{line}");
+        match columns[2] {
+            "kthreadd" => renamed = true,
+            "swapper/0" => assert!(!renamed, "named swapper/0 again: {line}"),
+            other => panic!("pid 2 named {other}: {line}"),
+        }
+    }
+    assert!(renamed);
+    let by_pid = run(&["analyze", "stats", "--json", "--pid", "2", trace]);
+    let stats: serde_json::Value = serde_json::from_slice(&by_pid.stdout).unwrap();
+    assert_eq!(stats["steps"], kthreadd, "{}", stderr(&by_pid));
+    assert_eq!(stats["tasks"], "pid 2");
+    let by_name = run(&["analyze", "stats", "--json", "--comm", "kthreadd", trace]);
+    let stats: serde_json::Value = serde_json::from_slice(&by_name.stdout).unwrap();
+    // Its steps since it named itself, and those of the threads it forks,
+    // which run as "kthreadd" until they are named.
+    assert!(stats["steps"].as_u64() > Some(0), "{stats}");
+    let nest = run(&["analyze", "nest", "--pid", "2", trace]);
+    let text = stdout(&nest);
+    assert!(text.contains("==> switch to kthreadd-2"), "{text}");
+    assert!(!text.contains("==> switch to swapper"), "{text}");
+    let none = run(&["analyze", "stats", "--pid", "4000000", trace]);
+    assert!(none.status.success());
+    assert!(
+        stderr(&none).contains("no step of pid 4000000"),
+        "{}",
+        stderr(&none)
+    );
+
+    // The timeline: a Perfetto process per guest process, named, and the
+    // run queue's length as a counter.
+    let json = dir.path().join("timeline.json");
+    let o = run(&["analyze", "timeline", trace, "-o", json.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let timeline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let events = timeline["traceEvents"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["ph"] == "M"
+            && e["name"] == "process_name"
+            && e["pid"] == 2
+            && e["args"]["name"] == "kthreadd"),
+        "no kthreadd process"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "X" && e["pid"] == 2 && e["tid"] == 2),
+        "no routine on kthreadd's track"
+    );
+    let counts: Vec<u64> = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "runnable tasks")
+        .map(|e| e["args"]["runnable"].as_u64().unwrap())
+        .collect();
+    // Booting, the boot CPU's queue holds init and the kernel threads it
+    // starts: at least the task switched to.
+    assert!(
+        !counts.is_empty() && counts.iter().all(|c| (1..1000).contains(c)),
+        "{counts:?}"
+    );
+
+    // The flame graph's stacks start at the task's name.
+    let svg = dir.path().join("flame.svg");
+    let o = run(&["analyze", "flame", trace, "-o", svg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("<title>kthreadd ("), "no kthreadd frame");
 }

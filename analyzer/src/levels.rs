@@ -1,13 +1,15 @@
 //! The level engine: follows calls, returns, jumps between routines,
-//! interrupts and address-space switches through a trace with a call stack
-//! per address space, and tells a [`LevelSink`] about routine entries and
-//! exits, big-level boundaries and irregular control flow.
+//! interrupts and switches through a trace with a call stack per task
+//! where the trace names Linux tasks (each has its own kernel stack, and
+//! kernel threads borrow address spaces), else per address space, and
+//! tells a [`LevelSink`] about routine entries and exits, big-level
+//! boundaries and irregular control flow.
 //!
 //! A *big level* is a stretch of the trace from its start, an interrupt or
-//! exception entry, a system-call entry, a return from one of those, or an
-//! address-space switch, to the next such boundary. *Small levels* are the
-//! call depths within it. Memory is the deepest stack times the number of
-//! address spaces, plus one trie node per distinct call path.
+//! exception entry, a system-call entry, a return from one of those, or a
+//! task or address-space switch, to the next such boundary. *Small levels*
+//! are the call depths within it. Memory is the deepest stack times the
+//! number of stacks, plus one trie node per distinct call path.
 
 use rustc_hash::FxHashMap;
 use vtrace_storage::{Event, RecordRef, Step};
@@ -15,6 +17,7 @@ use vtrace_storage::{Event, RecordRef, Step};
 use crate::input::SegmentInfo;
 use crate::insn::{Flow, InsnCache, InsnInfo};
 use crate::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
+use crate::tasks::{TaskId, TaskTracker};
 
 /// One step or boundary, as the engine needs it. Built in parallel per
 /// segment by an [`ItemBuilder`], consumed in order by
@@ -49,6 +52,9 @@ pub enum Item {
     /// The next step is a system call of this number (see
     /// [`crate::syscalls`]).
     SystemCallNumber(u64),
+    /// From the next step on, this task runs (or the running one took
+    /// this name).
+    Task(TaskId),
     /// A guest mark (hypercall or `vtrace ctl mark`).
     Mark {
         id: u64,
@@ -139,6 +145,7 @@ pub struct ItemBuilder<'a> {
     /// interrupt or break.
     behind: Option<FuncId>,
     transit: Vec<InTransit>,
+    tasks: TaskTracker,
 }
 
 impl<'a> ItemBuilder<'a> {
@@ -153,6 +160,7 @@ impl<'a> ItemBuilder<'a> {
             last_thunk: None,
             behind: None,
             transit: Vec::new(),
+            tasks: TaskTracker::default(),
         }
     }
 
@@ -276,6 +284,18 @@ impl<'a> ItemBuilder<'a> {
             }),
             SegmentRecord::Event(Event::Gap { .. }) => self.boundary(Item::Break),
             SegmentRecord::Event(Event::TraceStop(_)) => self.stopped = true,
+            SegmentRecord::Event(
+                e @ (Event::Task { .. } | Event::Running { .. } | Event::TaskName { .. }),
+            ) => {
+                if self.tasks.follow(e) {
+                    if let Some(task) = self.tasks.current().copied() {
+                        // Steps held in a trampoline were the task's before.
+                        self.flush_transit(None);
+                        self.out.push(Item::Task(task));
+                        self.open = None;
+                    }
+                }
+            }
             SegmentRecord::Event(_) => {}
         }
     }
@@ -354,10 +374,12 @@ pub struct FrameView {
     pub func: FuncId,
     pub entry_pc: u64,
     pub entry_step: u64,
-    /// Position on its address space's call stack (0 = bottom).
+    /// Position on its call stack (0 = bottom).
     pub depth: usize,
     pub kind: EntryKind,
     pub cr3: u64,
+    /// The task whose stack it is on, where the trace names tasks.
+    pub task: Option<TaskId>,
     /// Node in the call-path trie ([`LevelEngine::path`]).
     pub node: u32,
     pub self_steps: u64,
@@ -417,8 +439,13 @@ pub enum BigLevelCause {
     },
     /// Back from an interrupt or system call into what it interrupted.
     Resume,
+    /// Another address space, in a trace that names no tasks.
     Switch {
         from: u64,
+    },
+    /// Another task runs ([`BigLevel::task`]).
+    TaskSwitch {
+        from: Option<TaskId>,
     },
     /// After steps the trace does not have.
     Break,
@@ -430,6 +457,8 @@ pub struct BigLevel {
     pub step: u64,
     pub cause: BigLevelCause,
     pub cr3: u64,
+    /// The running task, where the trace names tasks.
+    pub task: Option<TaskId>,
     /// Interrupt and system-call frames on the stack: how deeply this level
     /// is nested in what it interrupted.
     pub nesting: usize,
@@ -447,6 +476,18 @@ pub trait LevelSink {
     fn irregular(&mut self, _step: u64, _depth: usize, _what: Irregular) {}
     /// A mark between steps; `step` is the number of the next step.
     fn mark(&mut self, _step: u64, _cr3: u64, _id: u64, _value: u64) {}
+    /// From the next step on, `task` runs (or the running task was
+    /// renamed).
+    fn task(&mut self, _task: &TaskId) {}
+}
+
+/// Whose call stack frames go on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum StackKey {
+    /// An address space's (its page-table root), where no task is named.
+    Space(u64),
+    /// A task's, by thread id.
+    Task(u32),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -494,13 +535,20 @@ pub struct LevelCounts {
 /// [`finish`]: LevelEngine::finish
 pub struct LevelEngine {
     stack: Vec<Frame>,
+    /// Whose stack `stack` is.
+    key: Option<StackKey>,
     cr3: Option<u64>,
-    saved: FxHashMap<u64, Vec<Frame>>,
+    /// The running task, where the trace names tasks.
+    task: Option<TaskId>,
+    saved: FxHashMap<StackKey, Vec<Frame>>,
     prev: Option<Prev>,
     prev_step: Option<u64>,
     pending_interrupt: Option<u8>,
     /// The number of the system call the next step makes.
     syscall_number: Option<u64>,
+    /// The task that ran before the last [`Item::Task`] switch, until the
+    /// stacks change at the next step.
+    switched_from: Option<TaskId>,
     after_break: bool,
     nodes: Vec<(u32, FuncId)>,
     node_index: FxHashMap<(u32, FuncId), u32>,
@@ -520,12 +568,15 @@ impl LevelEngine {
     pub fn new() -> Self {
         LevelEngine {
             stack: Vec::new(),
+            key: None,
             cr3: None,
+            task: None,
             saved: FxHashMap::default(),
             prev: None,
             prev_step: None,
             pending_interrupt: None,
             syscall_number: None,
+            switched_from: None,
             after_break: false,
             nodes: vec![(u32::MAX, UNKNOWN_FUNC)],
             node_index: FxHashMap::default(),
@@ -577,6 +628,7 @@ impl LevelEngine {
             step,
             cause,
             cr3: self.cr3.unwrap_or(0),
+            task: self.task,
             nesting: self.nesting() + usize::from(entering),
             interrupted: self
                 .stack
@@ -606,6 +658,7 @@ impl LevelEngine {
             depth: self.stack.len(),
             kind,
             cr3: self.cr3.unwrap_or(0),
+            task: self.task,
             node,
             self_steps: 0,
             total_steps: 0,
@@ -640,34 +693,60 @@ impl LevelEngine {
         self.pop_frame(sink, ExitKind::Return)
     }
 
-    fn switch(&mut self, sink: &mut impl LevelSink, to: u64, step: u64) {
-        let from = self.cr3.replace(to);
+    /// Goes on with the stack of `to`, saving the current one.
+    fn switch(&mut self, sink: &mut impl LevelSink, to: StackKey, root: u64, step: u64) {
+        let from = self.key.replace(to);
+        let from_space = self.cr3.replace(root);
         let Some(from) = from else {
             return;
         };
         self.counts.switches += 1;
-        let next = self.saved.remove(&to).unwrap_or_else(|| {
-            // A new address space: it goes on with the kernel path that
-            // switched to it, from the innermost interrupt entry up; the
-            // copied entry frame's return is not known.
-            let Some(entry) = self.innermost_entry() else {
-                return Vec::new();
-            };
-            let mut seed: Vec<Frame> = self.stack[entry..].to_vec();
-            seed[0].ret = None;
-            seed[0].saved_prev = None;
-            for (i, f) in seed.iter_mut().enumerate() {
-                f.view.depth = i;
-                f.view.self_steps = 0;
-                f.view.total_steps = 0;
-                f.view.cr3 = to;
-                f.view.entry_step = step;
+        let next = match self.saved.remove(&to) {
+            Some(stack) => stack,
+            // Where the trace first names a task, the steps before were
+            // that task's: it keeps their stack.
+            None if matches!((from, to), (StackKey::Space(_), StackKey::Task(_))) => {
+                for f in &mut self.stack {
+                    f.view.task = self.task;
+                }
+                return;
             }
-            seed
-        });
+            None => self.seed(root, step),
+        };
         let old = std::mem::replace(&mut self.stack, next);
         self.saved.insert(from, old);
-        self.big_level(sink, step, BigLevelCause::Switch { from });
+        let cause = match from {
+            StackKey::Task(_) => BigLevelCause::TaskSwitch {
+                from: self.switched_from.take(),
+            },
+            StackKey::Space(space) => BigLevelCause::Switch {
+                from: from_space.unwrap_or(space),
+            },
+        };
+        self.big_level(sink, step, cause);
+    }
+
+    /// The stack of a task or address space the engine has not seen: it
+    /// goes on with the kernel path that switched to it, from the
+    /// innermost interrupt entry up (every task is switched out and in
+    /// through the same kernel routines); the copied entry frame's return
+    /// is not known.
+    fn seed(&self, root: u64, step: u64) -> Vec<Frame> {
+        let Some(entry) = self.innermost_entry() else {
+            return Vec::new();
+        };
+        let mut seed: Vec<Frame> = self.stack[entry..].to_vec();
+        seed[0].ret = None;
+        seed[0].saved_prev = None;
+        for (i, f) in seed.iter_mut().enumerate() {
+            f.view.depth = i;
+            f.view.self_steps = 0;
+            f.view.total_steps = 0;
+            f.view.cr3 = root;
+            f.view.task = self.task;
+            f.view.entry_step = step;
+        }
+        seed
     }
 
     /// Handles control reaching `func` at `pc` other than by call or
@@ -802,6 +881,16 @@ impl LevelEngine {
                 self.pending_interrupt = Some(vector);
             }
             Item::SystemCallNumber(number) => self.syscall_number = Some(number),
+            Item::Task(task) => {
+                if self.task == Some(task) {
+                    return;
+                }
+                let before = self.task.replace(task);
+                if before.map(|t| t.tid) != Some(task.tid) && self.switched_from.is_none() {
+                    self.switched_from = before;
+                }
+                sink.task(&task);
+            }
             Item::Mark { id, value } => {
                 let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
                 sink.mark(next, self.cr3.unwrap_or(0), id, value);
@@ -835,12 +924,22 @@ impl LevelEngine {
                 len,
             } => {
                 let root = cr3_root(cr3);
-                if self.cr3.is_none() {
+                let key = match self.task {
+                    Some(t) => StackKey::Task(t.tid),
+                    None => StackKey::Space(root),
+                };
+                if self.key.is_none() {
+                    self.key = Some(key);
                     self.cr3 = Some(root);
                     self.big_level(sink, step, BigLevelCause::TraceStart);
-                } else if self.cr3 != Some(root) {
-                    self.switch(sink, root, step);
+                } else if self.key != Some(key) {
+                    self.switch(sink, key, root, step);
+                } else {
+                    // A task changes address space on its own stack
+                    // (switching to the next task's, an exec).
+                    self.cr3 = Some(root);
                 }
+                self.switched_from = None;
                 if std::mem::take(&mut self.after_break) {
                     self.big_level(sink, step, BigLevelCause::Break);
                 }
@@ -896,16 +995,17 @@ impl LevelEngine {
         }
     }
 
-    /// Closes every open frame, of the current address space first, then
-    /// of the others in CR3 order.
+    /// Closes every open frame, of the current stack first, then of the
+    /// others in order of address space or task id.
     pub fn finish(&mut self, sink: &mut impl LevelSink) {
         while self.pop_frame(sink, ExitKind::TraceEnd).is_some() {}
-        let mut others: Vec<u64> = self.saved.keys().copied().collect();
+        let mut others: Vec<StackKey> = self.saved.keys().copied().collect();
         others.sort_unstable();
-        for cr3 in others {
-            if let Some(stack) = self.saved.remove(&cr3) {
+        for key in others {
+            if let Some(stack) = self.saved.remove(&key) {
+                self.cr3 = stack.first().map(|f| f.view.cr3).or(self.cr3);
                 self.stack = stack;
-                self.cr3 = Some(cr3);
+                self.key = Some(key);
                 while self.pop_frame(sink, ExitKind::TraceEnd).is_some() {}
             }
         }
@@ -1079,6 +1179,59 @@ mod tests {
         (log.0, engine.counts)
     }
 
+    /// The items of `records` as one segment from step 0.
+    fn items(symbols: &Symbolizer, records: &[Record]) -> Vec<Item> {
+        let info = SegmentInfo {
+            index: 0,
+            first_step: 0,
+            steps: 0,
+        };
+        let mut cache = InsnCache::default();
+        let mut builder = ItemBuilder::new(&info, symbols);
+        for r in records {
+            builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
+        }
+        builder.finish()
+    }
+
+    /// Entries and exits by name (with the task's id where named and the
+    /// self steps), irregularities and task switches, as text.
+    struct Calls<'a>(&'a Symbolizer, Vec<String>);
+
+    impl LevelSink for Calls<'_> {
+        fn big_level(&mut self, level: &BigLevel) {
+            if let BigLevelCause::TaskSwitch { from } = level.cause {
+                let to = level.task.map(|t| t.to_string());
+                let from = from.map(|t| t.to_string());
+                self.1.push(format!("switch to {to:?} from {from:?}"));
+            }
+        }
+        fn enter(&mut self, f: &FrameView) {
+            let tid = f.task.map(|t| format!(" {}", t.tid)).unwrap_or_default();
+            self.1.push(format!("enter {}{tid}", self.0.name(f.func)));
+        }
+        fn exit(&mut self, f: &FrameView, how: ExitKind) {
+            let tid = f.task.map(|t| format!(" {}", t.tid)).unwrap_or_default();
+            let name = self.0.name(f.func);
+            self.1
+                .push(format!("exit {name}{tid} {} {how:?}", f.self_steps));
+        }
+        fn irregular(&mut self, _: u64, _: usize, what: Irregular) {
+            self.1.push(format!("{what:?}"));
+        }
+    }
+
+    /// Runs the engine over `items`; what [`Calls`] saw, and the counts.
+    fn calls(symbols: &Symbolizer, items: Vec<Item>) -> (Vec<String>, LevelCounts) {
+        let mut engine = LevelEngine::new();
+        let mut calls = Calls(symbols, Vec::new());
+        for item in items {
+            engine.push(item, &mut calls);
+        }
+        engine.finish(&mut calls);
+        (calls.1, engine.counts)
+    }
+
     #[test]
     fn calls_through_retpolines_and_return_thunks_nest_like_direct_ones() {
         let symbols = routines(&[
@@ -1098,38 +1251,9 @@ mod tests {
             step(0x4000, &[0xc3]),                   // ret: back to a
             step(0x1005, NOP),
         ];
-        let info = SegmentInfo {
-            index: 0,
-            first_step: 0,
-            steps: 0,
-        };
-        let mut cache = InsnCache::default();
-        let mut builder = ItemBuilder::new(&info, &symbols);
-        for r in &records {
-            builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
-        }
-        /// Entries and exits by name, with self steps.
-        struct Calls<'a>(&'a Symbolizer, Vec<String>);
-        impl LevelSink for Calls<'_> {
-            fn enter(&mut self, f: &FrameView) {
-                self.1.push(format!("enter {}", self.0.name(f.func)));
-            }
-            fn exit(&mut self, f: &FrameView, how: ExitKind) {
-                let name = self.0.name(f.func);
-                self.1.push(format!("exit {name} {} {how:?}", f.self_steps));
-            }
-            fn irregular(&mut self, _: u64, _: usize, what: Irregular) {
-                self.1.push(format!("{what:?}"));
-            }
-        }
-        let mut engine = LevelEngine::new();
-        let mut calls = Calls(&symbols, Vec::new());
-        for item in builder.finish() {
-            engine.push(item, &mut calls);
-        }
-        engine.finish(&mut calls);
+        let (calls, counts) = calls(&symbols, items(&symbols, &records));
         assert_eq!(
-            calls.1,
+            calls,
             [
                 "enter a",
                 "enter b",
@@ -1139,7 +1263,7 @@ mod tests {
                 "exit a 2 TraceEnd",
             ]
         );
-        assert_eq!(engine.counts.irregular, 0);
+        assert_eq!(counts.irregular, 0);
     }
 
     #[test]
@@ -1202,5 +1326,65 @@ mod tests {
         assert_eq!(plain_counts.calls, 1);
         assert_eq!(plain_counts.interrupts, 1);
         assert_eq!(plain_counts.breaks, 1);
+    }
+
+    #[test]
+    fn each_task_has_its_own_stack_and_a_switch_back_returns_into_it() {
+        let symbols = routines(&[
+            (0x1000, "schedule"),
+            (0x2000, "__switch_to_asm"),
+            (0x3000, "__switch_to"),
+        ]);
+        let task = |tid: u32, comm: &str| {
+            Record::Event(Event::Task {
+                tid,
+                pid: tid,
+                comm: comm.into(),
+            })
+        };
+        // Two tasks in one address space (kernel threads borrow one) switch
+        // as Linux does: `__switch_to_asm` changes stacks and jumps to
+        // `__switch_to`, where the trace names the next task, which then
+        // returns into its own `schedule`.
+        let records = [
+            task(1, "a"),
+            step(0x1000, &[0xe8, 0xfb, 0x0f, 0, 0]), // call __switch_to_asm
+            step(0x2000, NOP),
+            step(0x2001, &[0xe9, 0xfa, 0x0f, 0, 0]), // jmp __switch_to
+            task(2, "b"),
+            step(0x3000, NOP),
+            step(0x3001, &[0xc3]), // b's first return: not on b's stack
+            step(0x1005, NOP),
+            step(0x1006, &[0xe8, 0xf5, 0x0f, 0, 0]), // call __switch_to_asm
+            step(0x2000, NOP),
+            step(0x2001, &[0xe9, 0xfa, 0x0f, 0, 0]), // jmp __switch_to
+            task(1, "a"),
+            step(0x3000, NOP),
+            step(0x3001, &[0xc3]), // back into a's schedule
+            step(0x1005, NOP),
+        ];
+        let (calls, counts) = calls(&symbols, items(&symbols, &records));
+        assert_eq!(
+            calls,
+            [
+                "enter schedule 1",
+                "enter __switch_to_asm 1",
+                "switch to Some(\"b-2\") from Some(\"a-1\")",
+                "enter __switch_to 2",
+                "ReturnNotOnStack { to: 4101 }",
+                "exit __switch_to 2 2 JumpedAway",
+                "enter schedule 2",
+                "enter __switch_to_asm 2",
+                "switch to Some(\"a-1\") from Some(\"b-2\")",
+                "exit __switch_to_asm 1 2 JumpedAway",
+                "enter __switch_to 1",
+                "exit __switch_to 1 2 Return",
+                "exit schedule 1 2 TraceEnd",
+                "exit __switch_to_asm 2 2 TraceEnd",
+                "exit schedule 2 2 TraceEnd",
+            ]
+        );
+        assert_eq!(counts.switches, 2);
+        assert_eq!(counts.irregular, 1, "only b's first return");
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod flame;
+pub mod initramfs;
 pub mod input;
 pub mod insn;
 pub mod levels;
@@ -21,5 +22,6 @@ pub mod spaces;
 pub mod stats;
 pub mod symbols;
 pub mod syscalls;
+pub mod tasks;
 pub mod timeline;
 pub mod user_programs;

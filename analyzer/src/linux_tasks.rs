@@ -75,6 +75,10 @@ pub fn task_layout(vmlinux: &[u8]) -> Result<TaskLayout, TaskLayoutError> {
         }
     };
     let maps = map_layout(&btf, &task, &find);
+    let nr_running = find("runqueues")
+        .and_then(|rq| per_cpu("runqueues", rq).ok())
+        .zip(named_struct(&btf, "rq").ok())
+        .and_then(|(rq, layout)| rq.checked_add(field_offset(&btf, &layout, "nr_running", 0)?));
     Ok(TaskLayout {
         current_task,
         switch_to,
@@ -83,6 +87,7 @@ pub fn task_layout(vmlinux: &[u8]) -> Result<TaskLayout, TaskLayoutError> {
         tgid,
         comm,
         maps,
+        nr_running,
     })
 }
 

@@ -17,6 +17,7 @@ use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::insn::InsnCache;
 use crate::symbols::{cr3_root, Symbolizer};
 use crate::syscalls;
+use crate::tasks::{TaskFilter, TaskTracker};
 
 /// Steps per file with `--out` (as the old analyzer cut its listings).
 pub const STEPS_PER_FILE: u64 = 500_000;
@@ -29,6 +30,10 @@ pub struct ListingOptions {
     pub att: bool,
     /// Add `file:line` where DWARF knows it.
     pub lines: bool,
+    /// Only the steps of these tasks (and the events between them).
+    pub tasks: TaskFilter,
+    /// Pid and comm columns (for traces that name tasks).
+    pub task_columns: bool,
 }
 
 const REG_NAMES: [&str; 17] = [
@@ -108,6 +113,10 @@ pub fn describe_event(e: &Event) -> String {
         Event::Task { tid, pid, comm } if tid == pid => format!("task {comm:?} pid {pid}"),
         Event::Task { tid, pid, comm } => format!("task {comm:?} pid {pid} tid {tid}"),
         Event::TaskName { tid, comm } => format!("task {tid} is now named {comm:?}"),
+        Event::Running { tid, pid, comm } => {
+            format!("segment begins in task {comm:?} pid {pid} tid {tid}")
+        }
+        Event::Runnable { count } => format!("{count} tasks runnable"),
         Event::Mappings { pid, maps } => {
             let files: Vec<String> = maps
                 .iter()
@@ -205,6 +214,16 @@ struct SegmentText {
     rest: String,
     index: Vec<(u64, usize)>,
     last_regs: Option<Regs>,
+    /// Steps it shows.
+    shown: u64,
+}
+
+/// The pid and comm columns of the running task.
+fn task_columns(tasks: &TaskTracker) -> String {
+    match tasks.current() {
+        Some(t) => format!("{:>7} {:<15} ", t.pid, t.comm.as_str()),
+        None => format!("{:>7} {:<15} ", "-", "-"),
+    }
 }
 
 fn in_window(options: &ListingOptions, step: u64) -> bool {
@@ -224,23 +243,47 @@ fn format_segment(
         rest: String::new(),
         index: Vec::new(),
         last_regs: None,
+        shown: 0,
     };
     let mut prev: Option<Regs> = None;
     let mut number = info.first_step;
     let mut pending_events = String::new();
+    let mut tasks = TaskTracker::default();
+    let mut showing = options.tasks.admits(None);
+    let mut columns = if options.task_columns {
+        task_columns(&tasks)
+    } else {
+        String::new()
+    };
     while let Some(r) = records.next_record() {
         match r {
             RecordRef::Event(e) => {
-                let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
+                if tasks.follow(e) {
+                    showing = options.tasks.admits(tasks.current());
+                    if options.task_columns {
+                        columns = task_columns(&tasks);
+                    }
+                }
+                // Where the recorder cut segments, not what ran.
+                if showing && !matches!(e, Event::Running { .. }) {
+                    let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
+                }
                 if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
                     prev = None;
                 }
             }
+            RecordRef::Step(_) if !showing => {
+                // Another task's: the next shown step lists every register.
+                prev = None;
+                pending_events.clear();
+                number = number.saturating_add(1);
+            }
             RecordRef::Step(s) => {
                 if in_window(options, number) {
+                    out.shown += 1;
                     let text = f.describe(s);
                     if number == info.first_step {
-                        out.first = Some((format!("{number:>10} {text}"), s.regs));
+                        out.first = Some((format!("{number:>10} {columns}{text}"), s.regs));
                         if !pending_events.is_empty() {
                             out.index.push((u64::MAX, 0));
                             out.rest.push_str(&pending_events);
@@ -253,7 +296,7 @@ fn format_segment(
                         out.index.push((number, out.rest.len()));
                         let _ = writeln!(
                             out.rest,
-                            "{number:>10} {text} {}",
+                            "{number:>10} {columns}{text} {}",
                             changed(prev.as_ref(), &s.regs)
                         );
                     }
@@ -311,8 +354,9 @@ fn run(
     options: &ListingOptions,
     progress: Progress<'_>,
     mut emit: impl FnMut(Option<u64>, &str) -> Result<()>,
-) -> Result<()> {
+) -> Result<u64> {
     let (segments, from) = window_segments(trace, options)?;
+    let mut shown = 0u64;
     let options = &ListingOptions {
         from: Some(from),
         ..options.clone()
@@ -364,20 +408,23 @@ fn run(
                 )?;
             }
             carried = text.last_regs;
+            shown += text.shown;
             Ok(())
         },
         progress,
-    )
+    )?;
+    Ok(shown)
 }
 
-/// Writes the listing (or its window) to `out`.
+/// Writes the listing (or its window) to `out`; returns how many steps it
+/// shows.
 pub fn write(
     trace: &Trace,
     symbols: &Symbolizer,
     options: &ListingOptions,
     out: &mut impl Write,
     progress: Progress<'_>,
-) -> Result<()> {
+) -> Result<u64> {
     run(trace, symbols, options, progress, |_, text| {
         out.write_all(text.as_bytes())?;
         Ok(())
@@ -385,21 +432,22 @@ pub fn write(
 }
 
 /// Writes the listing into `dir` as files of [`STEPS_PER_FILE`] steps,
-/// named by their first step. Returns how many files it wrote.
+/// named by their first step. Returns how many files it wrote and how
+/// many steps they show.
 pub fn write_files(
     trace: &Trace,
     symbols: &Symbolizer,
     options: &ListingOptions,
     dir: &Path,
     progress: Progress<'_>,
-) -> Result<usize> {
+) -> Result<(usize, u64)> {
     std::fs::create_dir_all(dir).map_err(|source| AnalyzeError::Write {
         path: dir.to_path_buf(),
         source,
     })?;
     let mut file: Option<(std::io::BufWriter<std::fs::File>, u64)> = None;
     let mut files = 0;
-    run(trace, symbols, options, progress, |step, text| {
+    let shown = run(trace, symbols, options, progress, |step, text| {
         let number = step.unwrap_or(0);
         let full = file
             .as_ref()
@@ -425,5 +473,5 @@ pub fn write_files(
     if let Some((mut f, _)) = file {
         f.flush()?;
     }
-    Ok(files)
+    Ok((files, shown))
 }

@@ -69,14 +69,25 @@ pub fn vector_name(vector: u8) -> String {
     }
 }
 
+type FrameKey = (u64, Option<u32>, usize, u64);
+
+fn frame_key(frame: &FrameView) -> FrameKey {
+    (
+        frame.cr3,
+        frame.task.map(|t| t.tid),
+        frame.depth,
+        frame.entry_step,
+    )
+}
+
 /// Writes a nest diagram as the level engine runs.
 pub struct NestWriter<'a, W: Write> {
     out: W,
     symbols: &'a Symbolizer,
     block: Vec<Line>,
-    /// Entry line of open frames in the current block, by (cr3, depth,
-    /// entry step).
-    open: FxHashMap<(u64, usize, u64), usize>,
+    /// Entry line of open frames in the current block, by (cr3, task,
+    /// depth, entry step).
+    open: FxHashMap<FrameKey, usize>,
     nesting: usize,
     error: Option<std::io::Error>,
     pub lines: u64,
@@ -201,6 +212,15 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             BigLevelCause::Switch { from } => {
                 format!("address space switch from {from:#x}")
             }
+            BigLevelCause::TaskSwitch { from } => {
+                let to = level
+                    .task
+                    .map_or_else(|| "?".to_string(), |t| t.to_string());
+                match from {
+                    Some(from) => format!("switch to {to} from {from}"),
+                    None => format!("switch to {to}"),
+                }
+            }
             BigLevelCause::Break => "steps missing before here (gap or tracing paused)".into(),
         };
         let text = format!(
@@ -223,8 +243,7 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             EntryKind::SystemCall => "  [system call]".into(),
         };
         let name = routine_name(self.symbols, frame);
-        self.open
-            .insert((frame.cr3, frame.depth, frame.entry_step), self.block.len());
+        self.open.insert(frame_key(frame), self.block.len());
         self.push(Line {
             step: frame.entry_step,
             depth: frame.depth,
@@ -239,8 +258,7 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
 
     fn exit(&mut self, frame: &FrameView, how: ExitKind) {
         let counts = Some((frame.total_steps, frame.self_steps));
-        let key = (frame.cr3, frame.depth, frame.entry_step);
-        if let Some(i) = self.open.remove(&key) {
+        if let Some(i) = self.open.remove(&frame_key(frame)) {
             let last = i + 1 == self.block.len();
             if let Some(line) = self.block.get_mut(i) {
                 line.counts = counts;

@@ -157,6 +157,12 @@ fn count_segment(records: &mut Records<'_>) -> Part {
                 part.names.push((*tid, Some(*pid), comm.clone()));
                 current = Some(*tid);
             }
+            RecordRef::Event(Event::Running { tid, pid, comm }) => {
+                // The segment begins in this task: named, not switched to.
+                part.tasks.entry(*tid).or_default();
+                part.names.push((*tid, Some(*pid), comm.clone()));
+                current = Some(*tid);
+            }
             RecordRef::Event(Event::TaskName { tid, comm }) => {
                 part.names.push((*tid, None, comm.clone()));
             }
@@ -364,5 +370,19 @@ mod tests {
         assert_eq!(kthreadd.switches_in, 1);
         assert_eq!(part.last, Some(1));
         assert_eq!(part.names.last(), Some(&(1, None, "sh".to_string())));
+
+        // A segment that opens with the running task: its steps are that
+        // task's, and it was not switched to.
+        let mut enc = SegmentEncoder::new();
+        enc.push_event(&Event::Running {
+            tid: 2,
+            pid: 2,
+            comm: "kthreadd".into(),
+        });
+        step(&mut enc, &[0x90], 0);
+        let payload = enc.take();
+        let part = count_segment(&mut Records::new(&payload));
+        assert_eq!(part.inherited.kernel, 0);
+        assert_eq!((part.tasks[&2].kernel, part.tasks[&2].switches_in), (1, 0));
     }
 }

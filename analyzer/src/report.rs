@@ -196,7 +196,12 @@ pub fn write(
     out: &mut impl Write,
     progress: Progress<'_>,
 ) -> Result<()> {
-    let stats = collect(trace, symbols, progress)?;
+    let stats = collect(
+        trace,
+        symbols,
+        &crate::tasks::TaskFilter::default(),
+        progress,
+    )?;
     let mut svg = Vec::new();
     crate::flame::write_svg(&stats.folded, "steps by call stack", &mut svg)?;
     let svg = String::from_utf8_lossy(&svg);
@@ -217,7 +222,7 @@ pub fn write(
     let mut summary = format!(
         "<section id=\"summary\"><h2>Summary</h2><table><tr><th>trace</th><td>{}</td></tr>\
          <tr><th>guest</th><td>{}</td></tr><tr><th>steps</th><td>{}</td></tr>\
-         <tr><th>calls</th><td>{}</td></tr><tr><th>address-space switches</th><td>{}</td></tr>\
+         <tr><th>calls</th><td>{}</td></tr><tr><th>switches (task or address space)</th><td>{}</td></tr>\
          <tr><th>divided levels</th><td>{}</td></tr><tr><th>deepest stack</th><td>{}</td></tr>",
         esc(&trace.path().display().to_string()),
         esc(&trace.metadata.guest),

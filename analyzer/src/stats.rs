@@ -13,9 +13,10 @@ use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::{memory_addresses, AddressingMode, Class};
 use crate::levels::{
-    run_with, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
+    run_with, EntryKind, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
 };
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
+use crate::tasks::{Comm, SelectedTasks, TaskFilter, TaskTracker};
 
 const IF: u64 = 1 << 9;
 
@@ -70,6 +71,8 @@ pub struct VectorCount {
 /// Everything `vtrace analyze stats` reports.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {
+    /// The tasks counted (`--pid`, `--comm`), in words; `None` for all.
+    pub tasks: Option<String>,
     pub steps: u64,
     pub mnemonics: Vec<Count>,
     pub classes: Vec<Count>,
@@ -78,8 +81,12 @@ pub struct Stats {
     pub locality: Locality,
     pub interrupts: Vec<VectorCount>,
     pub interrupts_disabled: DisabledStretches,
+    /// Calls made (with a task filter: routines entered by a call).
     pub calls: u64,
+    /// Returns run (with a task filter: routines left by a return).
     pub returns: u64,
+    /// Switches between call stacks: tasks where the trace names them,
+    /// else address spaces (of the whole trace, filter or not).
     pub address_space_switches: u64,
     pub divided_levels: u64,
     pub deepest_stack: usize,
@@ -142,7 +149,11 @@ struct Part {
 }
 
 /// Counts one segment, a record at a time.
-struct SegmentCounter {
+struct SegmentCounter<'a> {
+    filter: &'a TaskFilter,
+    tasks: TaskTracker,
+    /// Whether the running task's steps are counted.
+    counting: bool,
     p: Part,
     before: Option<Regs>,
     number: u64,
@@ -152,9 +163,12 @@ struct SegmentCounter {
     run_from_start: bool,
 }
 
-impl SegmentCounter {
-    fn new(info: &SegmentInfo) -> Self {
+impl<'a> SegmentCounter<'a> {
+    fn new(info: &SegmentInfo, filter: &'a TaskFilter) -> Self {
         SegmentCounter {
+            filter,
+            tasks: TaskTracker::default(),
+            counting: filter.admits(None),
             p: Part {
                 all_disabled: true,
                 first_step: info.first_step,
@@ -168,14 +182,30 @@ impl SegmentCounter {
     }
 }
 
-impl SegmentPass for SegmentCounter {
+impl SegmentPass for SegmentCounter<'_> {
     type Output = Part;
 
     fn record(&mut self, record: SegmentRecord<'_>) {
         let (s, info) = match record {
+            SegmentRecord::Step(_, _) if !self.counting => {
+                // Another task's step: what follows is not compared with
+                // the last counted one.
+                self.before = None;
+                self.number = self.number.saturating_add(1);
+                return;
+            }
             SegmentRecord::Step(s, info) => (s, info),
             SegmentRecord::Event(Event::Interrupt { vector, .. }) => {
-                *self.p.counts.vectors.entry(*vector).or_default() += 1;
+                if self.counting {
+                    *self.p.counts.vectors.entry(*vector).or_default() += 1;
+                }
+                return;
+            }
+            SegmentRecord::Event(
+                e @ (Event::Task { .. } | Event::Running { .. } | Event::TaskName { .. }),
+            ) => {
+                self.tasks.follow(e);
+                self.counting = self.filter.admits(self.tasks.current());
                 return;
             }
             SegmentRecord::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
@@ -296,13 +326,20 @@ struct Profile {
     self_steps: FxHashMap<FuncId, u64>,
     total_steps: FxHashMap<FuncId, u64>,
     calls: FxHashMap<FuncId, u64>,
-    by_node: FxHashMap<u32, u64>,
+    /// Self steps by the name of the task they ran in (where the trace
+    /// names tasks) and call path.
+    by_node: FxHashMap<(Option<Comm>, u32), u64>,
     unknown_names: FxHashMap<u32, u64>,
     divided: u64,
+    entered_by_call: u64,
+    left_by_return: u64,
 }
 
 impl LevelSink for Profile {
     fn enter(&mut self, frame: &FrameView) {
+        if frame.kind == EntryKind::Call {
+            self.entered_by_call += 1;
+        }
         *self.calls.entry(frame.func).or_default() += 1;
         if frame.func == UNKNOWN_FUNC {
             self.unknown_names
@@ -311,12 +348,18 @@ impl LevelSink for Profile {
         }
     }
 
-    fn exit(&mut self, frame: &FrameView, _how: ExitKind) {
+    fn exit(&mut self, frame: &FrameView, how: ExitKind) {
         *self.self_steps.entry(frame.func).or_default() += frame.self_steps;
         if !frame.recursive {
             *self.total_steps.entry(frame.func).or_default() += frame.total_steps;
         }
-        *self.by_node.entry(frame.node).or_default() += frame.self_steps;
+        *self
+            .by_node
+            .entry((frame.task.map(|t| t.comm), frame.node))
+            .or_default() += frame.self_steps;
+        if how == ExitKind::Return {
+            self.left_by_return += 1;
+        }
     }
 
     fn irregular(&mut self, _: u64, _: usize, _: crate::levels::Irregular) {
@@ -347,7 +390,9 @@ pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
     }
 }
 
-/// Self steps by call path (outermost routine first), sorted.
+/// Self steps by call path (outermost routine first), sorted; where the
+/// trace names tasks, a path starts with the task's name, as perf's flame
+/// graphs start with the command.
 fn folded_paths(
     engine: &LevelEngine,
     profile: &Profile,
@@ -357,17 +402,26 @@ fn folded_paths(
         .by_node
         .iter()
         .filter(|(_, c)| **c > 0)
-        .map(|(node, c)| {
+        .map(|((comm, node), c)| {
             let path = engine.path(*node);
             (
-                path.into_iter()
-                    .map(|f| routine_label(symbols, f))
+                comm.iter()
+                    .map(|c| c.to_string())
+                    .chain(path.into_iter().map(|f| routine_label(symbols, f)))
                     .collect(),
                 *c,
             )
         })
         .collect();
     folded.sort();
+    // The same path under one name from two tasks' stacks adds up.
+    folded.dedup_by(|b, a| {
+        let same = a.0 == b.0;
+        if same {
+            a.1 += b.1;
+        }
+        same
+    });
     folded
 }
 
@@ -376,25 +430,33 @@ fn folded_paths(
 pub fn folded(
     trace: &Trace,
     symbols: &Symbolizer,
+    filter: &TaskFilter,
     progress: Progress<'_>,
 ) -> Result<Vec<(Vec<String>, u64)>> {
-    let mut profile = Profile::default();
-    let engine = crate::levels::run(trace, symbols, &mut profile, progress)?;
-    Ok(folded_paths(&engine, &profile, symbols))
+    let mut sink = SelectedTasks::new(Profile::default(), filter);
+    let engine = crate::levels::run(trace, symbols, &mut sink, progress)?;
+    Ok(folded_paths(&engine, &sink.inner, symbols))
 }
 
-/// Reads the whole trace and computes its statistics.
-pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> Result<Stats> {
+/// Reads the trace and computes the statistics of the steps of the tasks
+/// `filter` selects (all, when it is empty).
+pub fn collect(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    filter: &TaskFilter,
+    progress: Progress<'_>,
+) -> Result<Stats> {
     let mut totals = Totals::default();
-    let mut profile = Profile::default();
+    let mut sink = SelectedTasks::new(Profile::default(), filter);
     let engine = run_with(
         trace,
         symbols,
-        &mut profile,
-        SegmentCounter::new,
+        &mut sink,
+        |info| SegmentCounter::new(info, filter),
         |part| totals.merge(part),
         progress,
     )?;
+    let profile = sink.inner;
     if let Some(run) = totals.open.take() {
         totals.close(run);
     }
@@ -430,7 +492,9 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
     let totals = totals_counts;
     let references = totals.references;
     let distinct_lines = totals.lines.len() as u64;
+    let whole = filter.is_everything();
     Ok(Stats {
+        tasks: (!whole).then(|| filter.describe()),
         steps: totals.steps,
         mnemonics: sorted(
             totals
@@ -464,8 +528,16 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
         },
         interrupts,
         interrupts_disabled: disabled,
-        calls: engine.counts.calls,
-        returns: engine.counts.returns,
+        calls: if whole {
+            engine.counts.calls
+        } else {
+            profile.entered_by_call
+        },
+        returns: if whole {
+            engine.counts.returns
+        } else {
+            profile.left_by_return
+        },
         address_space_switches: engine.counts.switches,
         divided_levels: profile.divided,
         deepest_stack: engine.counts.max_depth,
@@ -497,8 +569,13 @@ fn table(out: &mut String, title: &str, total: u64, rows: &[Count], top: usize) 
 impl Stats {
     /// The text report, `top` rows a table.
     pub fn to_text(&self, top: usize) -> String {
-        let mut out = format!(
-            "steps: {}\ncalls: {}, returns: {}, address-space switches: {}, deepest stack: {}, \
+        let mut out = String::new();
+        if let Some(tasks) = &self.tasks {
+            let _ = writeln!(out, "tasks: {tasks}");
+        }
+        let _ = write!(
+            out,
+            "steps: {}\ncalls: {}, returns: {}, switches (task or address space): {}, deepest stack: {}, \
              divided levels: {}, breaks: {}\n",
             self.steps,
             self.calls,

@@ -1,6 +1,8 @@
-//! A Chrome/Perfetto trace-event JSON timeline: one track (thread) per
-//! address space, a complete event per routine call, instant events for
-//! interrupts and marks. Timestamps are virtual time: steps times the
+//! A Chrome/Perfetto trace-event JSON timeline: where the trace names
+//! Linux tasks, a Perfetto process per guest process and a thread per
+//! guest thread, and a counter of runnable tasks; else one track (thread)
+//! per address space. A complete event per routine call, instant events
+//! for interrupts, system calls and marks. Timestamps are virtual time: steps times the
 //! nanoseconds the trace's clock gave each step (1 ns when the clock was
 //! not per-step, and the file says so).
 
@@ -10,16 +12,47 @@ use rustc_hash::FxHashMap;
 
 use crate::error::Result;
 use crate::input::{Progress, Trace};
-use crate::levels::{run, BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink};
+use vtrace_storage::Event;
+
+use crate::levels::{
+    run_with, BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink, SegmentPass, SegmentRecord,
+};
 use crate::nest::{routine_name, vector_name};
 use crate::symbols::Symbolizer;
+use crate::tasks::{Comm, SelectedTasks, TaskFilter, TaskId};
+
+/// What the timeline shows.
+#[derive(Clone, Debug, Default)]
+pub struct TimelineOptions {
+    /// Routine calls shorter than this many steps are left out.
+    pub min_steps: u64,
+    /// Only these tasks' routines and levels.
+    pub tasks: TaskFilter,
+}
+
+/// The Perfetto process of steps no task is named for, in a trace that
+/// names tasks (above any Linux pid, `PID_MAX_LIMIT` being 4,194,304).
+const NO_TASK_PID: u32 = 5_000_000;
+/// The Perfetto process holding the runnable-tasks counter.
+const RUN_QUEUE_PID: u32 = 5_000_001;
+
+/// A Perfetto (process, thread) pair.
+type Track = (u32, u32);
 
 struct TimelineSink<'a, W: Write> {
     out: W,
     symbols: &'a Symbolizer,
     ns_per_step: u64,
     min_steps: u64,
-    tracks: FxHashMap<u64, u32>,
+    /// Whether the trace names tasks: tracks are then tasks.
+    named: bool,
+    /// Address-space tracks: page-table root to thread number.
+    spaces: FxHashMap<u64, u32>,
+    /// Names given to task tracks, to name them again when they change.
+    names: FxHashMap<u32, Comm>,
+    process_names: FxHashMap<u32, Comm>,
+    /// The running task, for marks.
+    running: Option<TaskId>,
     events: u64,
     error: Option<std::io::Error>,
 }
@@ -29,18 +62,55 @@ impl<W: Write> TimelineSink<'_, W> {
         (step * self.ns_per_step) as f64 / 1000.0
     }
 
-    fn track(&mut self, cr3: u64) -> u32 {
-        if let Some(t) = self.tracks.get(&cr3) {
+    /// The track of a task, or of an address space where none is named.
+    fn track(&mut self, task: Option<&TaskId>, cr3: u64) -> Track {
+        match task {
+            Some(t) => {
+                self.name_task(t);
+                (t.pid, t.tid)
+            }
+            None => {
+                let pid = if self.named { NO_TASK_PID } else { 1 };
+                (pid, self.space_track(pid, cr3))
+            }
+        }
+    }
+
+    fn space_track(&mut self, pid: u32, cr3: u64) -> u32 {
+        if let Some(t) = self.spaces.get(&cr3) {
             return *t;
         }
-        let t = self.tracks.len() as u32 + 1;
-        self.tracks.insert(cr3, t);
+        let t = self.spaces.len() as u32 + 1;
+        self.spaces.insert(cr3, t);
         let meta = serde_json::json!({
-            "ph": "M", "name": "thread_name", "pid": 1, "tid": t,
+            "ph": "M", "name": "thread_name", "pid": pid, "tid": t,
             "args": { "name": format!("address space {cr3:#x}") }
         });
         self.emit(&meta);
         t
+    }
+
+    /// Names a task's thread, and its process after its first thread,
+    /// where they were not yet so named.
+    fn name_task(&mut self, t: &TaskId) {
+        if self.names.get(&t.tid) != Some(&t.comm) {
+            self.names.insert(t.tid, t.comm);
+            let meta = serde_json::json!({
+                "ph": "M", "name": "thread_name", "pid": t.pid, "tid": t.tid,
+                "args": { "name": t.comm.as_str() }
+            });
+            self.emit(&meta);
+        }
+        let leader = t.tid == t.pid;
+        let unnamed = !self.process_names.contains_key(&t.pid);
+        if unnamed || (leader && self.process_names.get(&t.pid) != Some(&t.comm)) {
+            self.process_names.insert(t.pid, t.comm);
+            let meta = serde_json::json!({
+                "ph": "M", "name": "process_name", "pid": t.pid,
+                "args": { "name": t.comm.as_str() }
+            });
+            self.emit(&meta);
+        }
     }
 
     fn emit(&mut self, event: &serde_json::Value) {
@@ -64,14 +134,14 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
         if steps < self.min_steps {
             return;
         }
-        let tid = self.track(frame.cr3);
+        let (pid, tid) = self.track(frame.task.as_ref(), frame.cr3);
         let event = serde_json::json!({
             "name": routine_name(self.symbols, frame),
             "cat": "routine",
             "ph": "X",
             "ts": self.us(frame.entry_step),
             "dur": (steps * self.ns_per_step) as f64 / 1000.0,
-            "pid": 1,
+            "pid": pid,
             "tid": tid,
             "args": {
                 "first step": frame.entry_step,
@@ -93,23 +163,52 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
             BigLevelCause::Break => "steps missing".into(),
             _ => return,
         };
-        let tid = self.track(level.cr3);
+        let (pid, tid) = self.track(level.task.as_ref(), level.cr3);
         let event = serde_json::json!({
             "name": name, "cat": "interrupt", "ph": "i", "s": "t",
-            "ts": self.us(level.step), "pid": 1, "tid": tid,
+            "ts": self.us(level.step), "pid": pid, "tid": tid,
             "args": { "step": level.step }
         });
         self.emit(&event);
     }
 
     fn mark(&mut self, step: u64, cr3: u64, id: u64, value: u64) {
-        let tid = self.track(cr3);
+        let running = self.running;
+        let (pid, tid) = self.track(running.as_ref(), cr3);
         let event = serde_json::json!({
             "name": format!("mark {id}"), "cat": "mark", "ph": "i", "s": "g",
-            "ts": self.us(step), "pid": 1, "tid": tid,
+            "ts": self.us(step), "pid": pid, "tid": tid,
             "args": { "step": step, "value": value }
         });
         self.emit(&event);
+    }
+
+    fn task(&mut self, task: &TaskId) {
+        self.running = Some(*task);
+    }
+}
+
+/// Collects a segment's runnable-task counts with the step they hold from.
+struct RunQueue {
+    step: u64,
+    counts: Vec<(u64, u32)>,
+}
+
+impl SegmentPass for RunQueue {
+    type Output = Vec<(u64, u32)>;
+
+    fn record(&mut self, record: SegmentRecord<'_>) {
+        match record {
+            SegmentRecord::Step(..) => self.step = self.step.saturating_add(1),
+            SegmentRecord::Event(Event::Runnable { count }) => {
+                self.counts.push((self.step, *count))
+            }
+            SegmentRecord::Event(_) => {}
+        }
+    }
+
+    fn finish(self) -> Self::Output {
+        self.counts
     }
 }
 
@@ -117,7 +216,7 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
 pub fn write(
     trace: &Trace,
     symbols: &Symbolizer,
-    min_steps: u64,
+    options: &TimelineOptions,
     out: &mut impl Write,
     progress: Progress<'_>,
 ) -> Result<u64> {
@@ -132,19 +231,55 @@ pub fn write(
         out,
         "{{\"displayTimeUnit\":\"ns\",\"otherData\":{other},\"traceEvents\":["
     )?;
-    let mut sink = TimelineSink {
+    let named = trace.metadata.names_tasks();
+    let sink = TimelineSink {
         out: &mut *out,
         symbols,
         ns_per_step: per_step.unwrap_or(1),
-        min_steps: min_steps.max(1),
-        tracks: FxHashMap::default(),
+        min_steps: options.min_steps.max(1),
+        named,
+        spaces: FxHashMap::default(),
+        names: FxHashMap::default(),
+        process_names: FxHashMap::default(),
+        running: None,
         events: 0,
         error: None,
     };
-    sink.emit(&serde_json::json!({
-        "ph": "M", "name": "process_name", "pid": 1, "args": { "name": "guest" }
+    let mut sink = SelectedTasks::new(sink, &options.tasks);
+    let no_task = if named {
+        (NO_TASK_PID, "no task named (address spaces)")
+    } else {
+        (1, "guest")
+    };
+    sink.inner.emit(&serde_json::json!({
+        "ph": "M", "name": "process_name", "pid": no_task.0, "args": { "name": no_task.1 }
     }));
-    run(trace, symbols, &mut sink, progress)?;
+    let mut runnable: Vec<(u64, u32)> = Vec::new();
+    run_with(
+        trace,
+        symbols,
+        &mut sink,
+        |info| RunQueue {
+            step: info.first_step,
+            counts: Vec::new(),
+        },
+        |counts| runnable.extend(counts),
+        progress,
+    )?;
+    let mut sink = sink.inner;
+    if !runnable.is_empty() {
+        sink.emit(&serde_json::json!({
+            "ph": "M", "name": "process_name", "pid": RUN_QUEUE_PID,
+            "args": { "name": "run queue" }
+        }));
+    }
+    for (step, count) in runnable {
+        let event = serde_json::json!({
+            "name": "runnable tasks", "ph": "C", "ts": sink.us(step), "pid": RUN_QUEUE_PID,
+            "args": { "runnable": count }
+        });
+        sink.emit(&event);
+    }
     if let Some(e) = sink.error.take() {
         return Err(e.into());
     }

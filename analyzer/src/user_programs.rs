@@ -81,13 +81,56 @@ fn maps_in(records: &mut Records<'_>) -> Vec<RecordedMap> {
     found
 }
 
-/// Adds the symbols of every mapped file found under `sysroot`, each at
-/// the addresses its process mapped it at. Returns what could not be
-/// used, once per file, for the user.
+/// Where the files the trace's processes mapped are looked for.
+#[derive(Clone, Debug)]
+pub enum UserFiles {
+    /// A directory: the guest's root file system, or the tree its
+    /// initramfs was built from.
+    Sysroot(PathBuf),
+    /// Files taken out of an initramfs (see [`crate::initramfs`]), by
+    /// absolute path; `origin` names the archive.
+    Archive {
+        origin: String,
+        files: HashMap<String, Vec<u8>>,
+    },
+}
+
+impl UserFiles {
+    /// The bytes of the guest's file `path`, and a name for it.
+    fn read(&self, path: &str) -> std::result::Result<(Vec<u8>, String), String> {
+        match self {
+            UserFiles::Sysroot(root) => {
+                let local = inside(root, path)
+                    .ok_or_else(|| format!("{path}: not a plain absolute path; not looked for"))?;
+                if !local.is_file() {
+                    return Err(format!("{path}: not found under {}", root.display()));
+                }
+                let bytes = read_symbol_file(&local).map_err(|e| e.to_string())?;
+                Ok((bytes, local.display().to_string()))
+            }
+            UserFiles::Archive { origin, files } => match files.get(path) {
+                Some(bytes) => Ok((bytes.clone(), format!("{path} in {origin}"))),
+                None => Err(format!("{path}: not a file in {origin}")),
+            },
+        }
+    }
+}
+
+/// The files the recorded maps name, for [`crate::initramfs::files_in`].
+pub fn mapped_paths(recorded: &[RecordedMap]) -> BTreeSet<String> {
+    recorded
+        .iter()
+        .flat_map(|r| r.maps.iter().map(|m| m.path.clone()))
+        .collect()
+}
+
+/// Adds the symbols of every mapped file found in `files`, each at the
+/// addresses its process mapped it at. Returns what could not be used,
+/// once per file, for the user.
 pub fn add_user_symbols(
     symbols: &mut Symbolizer,
     recorded: &[RecordedMap],
-    sysroot: &Path,
+    files_from: &UserFiles,
 ) -> Vec<String> {
     let mut files: HashMap<String, Option<LoadedFile>> = HashMap::new();
     let mut warnings = Vec::new();
@@ -95,7 +138,7 @@ pub fn add_user_symbols(
     for map in recorded {
         for m in &map.maps {
             let file = files.entry(m.path.clone()).or_insert_with(|| {
-                match LoadedFile::read(sysroot, &m.path) {
+                match LoadedFile::read(files_from, &m.path) {
                     Ok(f) => Some(f),
                     Err(why) => {
                         warnings.push(why);
@@ -136,15 +179,10 @@ struct LoadedFile {
 }
 
 impl LoadedFile {
-    fn read(sysroot: &Path, path: &str) -> std::result::Result<LoadedFile, String> {
-        let local = inside(sysroot, path)
-            .ok_or_else(|| format!("{path}: not a plain absolute path; not looked for"))?;
-        if !local.is_file() {
-            return Err(format!("{path}: not found under {}", sysroot.display()));
-        }
-        let bytes = read_symbol_file(&local).map_err(|e| e.to_string())?;
-        let elf = object::File::parse(&*bytes)
-            .map_err(|e| format!("{}: not an ELF file ({e})", local.display()))?;
+    fn read(files: &UserFiles, path: &str) -> std::result::Result<LoadedFile, String> {
+        let (bytes, origin) = files.read(path)?;
+        let elf =
+            object::File::parse(&*bytes).map_err(|e| format!("{origin}: not an ELF file ({e})"))?;
         let loads = elf
             .segments()
             .map(|s| {
@@ -152,7 +190,6 @@ impl LoadedFile {
                 (offset, size, s.address())
             })
             .collect();
-        let origin = local.display().to_string();
         let table = parse_elf(&bytes, &origin).map_err(|e| e.to_string())?;
         Ok(LoadedFile {
             table,

@@ -49,6 +49,10 @@ const EV_TASK_NAME: u8 = 0x8d;
 /// pid, count (varints), then per mapping: start, length, file offset
 /// (varints), path (length, bytes).
 const EV_MAPPINGS: u8 = 0x8e;
+/// tid, pid (varints), comm (length, bytes).
+const EV_RUNNING: u8 = 0x8f;
+/// count (varint).
+const EV_RUNNABLE: u8 = 0x90;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -264,6 +268,16 @@ impl SegmentEncoder {
                 varint::put(o, u64::from(*tid));
                 varint::put(o, u64::from(*pid));
                 put_bytes(o, comm.as_bytes());
+            }
+            Event::Running { tid, pid, comm } => {
+                o.push(EV_RUNNING);
+                varint::put(o, u64::from(*tid));
+                varint::put(o, u64::from(*pid));
+                put_bytes(o, comm.as_bytes());
+            }
+            Event::Runnable { count } => {
+                o.push(EV_RUNNABLE);
+                varint::put(o, u64::from(*count));
             }
             Event::TaskName { tid, comm } => {
                 o.push(EV_TASK_NAME);
@@ -589,6 +603,14 @@ impl<'a> SegmentDecoder<'a> {
                 pid: self.var_u32()?,
                 comm: self.text()?,
             },
+            EV_RUNNING => Event::Running {
+                tid: self.var_u32()?,
+                pid: self.var_u32()?,
+                comm: self.text()?,
+            },
+            EV_RUNNABLE => Event::Runnable {
+                count: self.var_u32()?,
+            },
             EV_TASK_NAME => Event::TaskName {
                 tid: self.var_u32()?,
                 comm: self.text()?,
@@ -679,6 +701,12 @@ mod tests {
                 tid: 7,
                 comm: "sh".into(),
             },
+            Event::Running {
+                tid: 7,
+                pid: 5,
+                comm: "sh".into(),
+            },
+            Event::Runnable { count: 3 },
             Event::Mappings {
                 pid: 5,
                 maps: vec![

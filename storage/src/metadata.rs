@@ -15,7 +15,16 @@ pub struct TraceMetadata {
     /// The virtual clock, as `vtrace run --clock` spells it.
     pub clock: Option<String>,
     pub vtrace_version: Option<String>,
+    /// How the tracer named tasks: [`LINUX_TASKS`] where it followed a
+    /// Linux kernel's tasks (the trace has task events from its start).
+    pub tasks: Option<String>,
+    /// The initramfs the guest booted: a host path, so the analyzer can
+    /// find user programs in it.
+    pub initrd: Option<String>,
 }
+
+/// The `tasks` value of traces that follow a Linux kernel's tasks.
+pub const LINUX_TASKS: &str = "linux";
 
 /// The `kernel` value of traces of the embedded demo OS.
 pub const BUILTIN_DEMO: &str = "builtin:demo";
@@ -35,6 +44,8 @@ impl TraceMetadata {
             ("kernel-id", &self.kernel_id),
             ("clock", &self.clock),
             ("vtrace", &self.vtrace_version),
+            ("tasks", &self.tasks),
+            ("initrd", &self.initrd),
         ] {
             if let Some(v) = value {
                 out.push_str(&format!("\n{key}: {v}"));
@@ -57,10 +68,17 @@ impl TraceMetadata {
                 "kernel-id" => m.kernel_id = Some(value),
                 "clock" => m.clock = Some(value),
                 "vtrace" => m.vtrace_version = Some(value),
+                "tasks" => m.tasks = Some(value),
+                "initrd" => m.initrd = Some(value),
                 _ => {}
             }
         }
         m
+    }
+
+    /// Whether the trace names Linux tasks.
+    pub fn names_tasks(&self) -> bool {
+        self.tasks.as_deref() == Some(LINUX_TASKS)
     }
 
     /// Virtual nanoseconds per traced step, when the clock advanced by a
@@ -86,10 +104,13 @@ mod tests {
             kernel_id: Some(image_id(b"abc")),
             clock: Some("steps:250".into()),
             vtrace_version: Some("0.1.0".into()),
+            tasks: Some(LINUX_TASKS.into()),
+            initrd: Some("/srv/guest/initrd.cpio".into()),
         };
         let text = format!("{}\nfuture-key: x", m.to_text());
         assert_eq!(TraceMetadata::parse(&text), m);
         assert_eq!(m.ns_per_step(), Some(250));
+        assert!(m.names_tasks());
     }
 
     #[test]

@@ -276,6 +276,21 @@ pub enum Event {
         pid: u32,
         maps: Vec<Mapping>,
     },
+    /// The task running where a segment begins: the last [`Event::Task`]
+    /// with any rename since, repeated by the recorder at the start of
+    /// every segment after the first task event, so a segment names its
+    /// steps on its own (parallel analysis, a wrapped trace's oldest
+    /// segment). Not a switch.
+    Running {
+        tid: u32,
+        pid: u32,
+        comm: String,
+    },
+    /// Tasks runnable on the CPU's run queue (the running one included),
+    /// read where the kernel switches tasks, recorded when it changed.
+    Runnable {
+        count: u32,
+    },
 }
 
 /// One file mapped into a process.

@@ -63,6 +63,8 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::TraceStop(_) => "trace_stop",
         Event::Task { .. } => "task",
         Event::TaskName { .. } => "task_name",
+        Event::Running { .. } => "running",
+        Event::Runnable { .. } => "runnable",
         Event::Mappings { .. } => "mappings",
     }
 }
@@ -119,6 +121,11 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
                     ));
                 }
                 for r in &records {
+                    // Where the recorder cut segments, not what the guest
+                    // did: left out of the digest and the counts.
+                    if matches!(r, Record::Event(Event::Running { .. })) {
+                        continue;
+                    }
                     digest.update(r);
                     last_record_was_stop = matches!(r, Record::Event(Event::TraceStop(_)));
                     match r {

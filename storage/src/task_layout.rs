@@ -22,6 +22,9 @@ pub struct TaskLayout {
     /// Where processes keep their memory maps, where the kernel's are
     /// readable (see [`MapLayout`]).
     pub maps: Option<MapLayout>,
+    /// Offset from the per-CPU base of the CPU's run-queue length
+    /// (`runqueues.nr_running`, 32 bits), where the kernel's BTF has it.
+    pub nr_running: Option<u64>,
 }
 
 /// Where a Linux kernel keeps a process's memory map, and where a tracer

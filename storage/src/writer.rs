@@ -69,6 +69,9 @@ pub struct Recorder {
     seq: u64,
     next_step: u64,
     chunk_first_step: u64,
+    /// The running task as the events so far name it, to open every chunk
+    /// with ([`Event::Running`]).
+    running: Option<Event>,
 }
 
 impl Recorder {
@@ -99,10 +102,14 @@ impl Recorder {
             seq: 0,
             next_step: 0,
             chunk_first_step: 0,
+            running: None,
         }
     }
 
     pub fn step(&mut self, step: &Step) {
+        if self.encoder.is_empty() {
+            self.open_chunk();
+        }
         self.encoder.push_step(step);
         self.next_step += 1;
         if self.encoder.len() >= self.chunk_target {
@@ -111,6 +118,10 @@ impl Recorder {
     }
 
     pub fn event(&mut self, event: &Event) {
+        if self.encoder.is_empty() {
+            self.open_chunk();
+        }
+        self.follow_task(event);
         self.encoder.push_event(event);
         if self.encoder.len() >= self.chunk_target {
             self.flush();
@@ -121,6 +132,39 @@ impl Recorder {
         match record {
             Record::Step(s) => self.step(s),
             Record::Event(e) => self.event(e),
+        }
+    }
+
+    /// Starts a chunk with the running task, where one is known.
+    fn open_chunk(&mut self) {
+        if let Some(running) = &self.running {
+            self.encoder.push_event(running);
+        }
+    }
+
+    /// Keeps [`Recorder::running`] up to date.
+    fn follow_task(&mut self, event: &Event) {
+        match event {
+            Event::Task { tid, pid, comm } => {
+                self.running = Some(Event::Running {
+                    tid: *tid,
+                    pid: *pid,
+                    comm: comm.clone(),
+                });
+            }
+            Event::TaskName { tid, comm } => {
+                if let Some(Event::Running {
+                    tid: running,
+                    comm: name,
+                    ..
+                }) = &mut self.running
+                {
+                    if running == tid {
+                        name.clone_from(comm);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 

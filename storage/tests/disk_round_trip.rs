@@ -104,6 +104,87 @@ fn digest_ignores_segmentation() {
     assert_ne!(digest(&a), digest(&c));
 }
 
+/// `records(n)` with a task switch every 7,000 steps and a rename.
+fn records_with_tasks(n: u64) -> Vec<Record> {
+    let mut out = Vec::new();
+    let mut steps = 0u64;
+    for r in records(n) {
+        if matches!(r, Record::Step(_)) {
+            if steps % 7000 == 100 {
+                let tid = 1 + (steps / 7000) as u32 % 3;
+                out.push(Record::Event(Event::Task {
+                    tid,
+                    pid: tid,
+                    comm: format!("task{tid}"),
+                }));
+            }
+            if steps == 3000 {
+                out.push(Record::Event(Event::TaskName {
+                    tid: 1,
+                    comm: "renamed".into(),
+                }));
+            }
+            steps += 1;
+        }
+        out.push(r);
+    }
+    out
+}
+
+#[test]
+fn every_segment_names_the_task_it_begins_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = records_with_tasks(60_000);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    write(&a, 16 << 20, 16 << 10, false, &recs);
+    write(&b, 16 << 20, 64 << 10, false, &recs);
+
+    let reader = TraceReader::open(&a).unwrap();
+    assert!(reader.segments().len() > 4);
+    let mut running: Option<(u32, String)> = None;
+    let mut without = Vec::new();
+    for i in 0..reader.segments().len() {
+        let segment = reader.decode(i).unwrap();
+        match (&segment[0], &running) {
+            (Record::Event(Event::Running { tid, pid, comm }), Some((t, c))) => {
+                assert_eq!((tid, pid, comm), (t, t, c), "segment {i}");
+            }
+            (first, None) => assert!(
+                !matches!(first, Record::Event(Event::Running { .. })),
+                "segment {i} names a task before any was named"
+            ),
+            (first, Some(_)) => panic!("segment {i} begins with {first:?}"),
+        }
+        for r in segment {
+            match &r {
+                Record::Event(Event::Running { .. }) => continue,
+                Record::Event(Event::Task { tid, comm, .. }) => {
+                    running = Some((*tid, comm.clone()))
+                }
+                Record::Event(Event::TaskName { tid, comm }) => {
+                    if let Some((_, c)) = running.as_mut().filter(|(t, _)| t == tid) {
+                        c.clone_from(comm);
+                    }
+                }
+                _ => {}
+            }
+            without.push(r);
+        }
+    }
+    assert_eq!(
+        without, recs,
+        "besides the Running events, the records as given"
+    );
+    let summary = |p: &Path| summarize(&TraceReader::open(p).unwrap(), |_, _| {});
+    let (sa, sb) = (summary(&a), summary(&b));
+    assert_eq!(
+        sa.digest, sb.digest,
+        "the digest ignores where segments begin"
+    );
+    assert_eq!(sa.events, sb.events);
+    assert!(!sa.events.contains_key("running"));
+}
+
 #[test]
 fn wrap_keeps_the_newest_records() {
     let dir = tempfile::tempdir().unwrap();

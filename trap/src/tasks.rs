@@ -48,6 +48,8 @@ pub struct TaskWatch {
     /// Where its `task_struct` is.
     current_at: u64,
     maps: Option<MapWatch>,
+    /// The run-queue length last recorded.
+    runnable: Option<u32>,
 }
 
 /// Follows the memory maps of a Linux guest's processes.
@@ -71,6 +73,7 @@ impl TaskWatch {
             layout,
             current: None,
             current_at: 0,
+            runnable: None,
         }
     }
 
@@ -80,6 +83,7 @@ impl TaskWatch {
     /// (tracing may start on a switch: `--start-at __switch_to`).
     pub fn begin(&mut self, engine: &mut Engine, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
         self.current = None;
+        self.runnable = None;
         if let Some(maps) = &mut self.maps {
             // A window of its own: it names every process's map again.
             maps.recorded.clear();
@@ -106,7 +110,11 @@ impl TaskWatch {
         } else {
             cpu.read_msr(KERNEL_GS_BASE).filter(|b| *b >= KERNEL_HALF)
         };
-        let Some(slot) = base.and_then(|b| b.checked_add(self.layout.current_task)) else {
+        let Some(base) = base else {
+            return;
+        };
+        self.count_runnable(engine, cpu, base, sink);
+        let Some(slot) = base.checked_add(self.layout.current_task) else {
             return;
         };
         let Some(at) = read_u64(engine, cpu, slot) else {
@@ -130,6 +138,10 @@ impl TaskWatch {
             // __switch_to(prev, next): the kernel runs `next` from here,
             // in its address space already.
             let next = cpu.regs().rsi;
+            let base = cpu.sregs().gs.base;
+            if base >= KERNEL_HALF {
+                self.count_runnable(engine, cpu, base, sink);
+            }
             if let Some(task) = self.task(engine, cpu, next) {
                 self.switch(task, next, sink);
                 self.map_new_process(engine, cpu, sink);
@@ -161,6 +173,31 @@ impl TaskWatch {
                 self.map_current(engine, cpu, sink);
             }
         }
+    }
+
+    /// Records the length of the run queue of the CPU whose per-CPU area
+    /// is at `base`, where it changed.
+    fn count_runnable(
+        &mut self,
+        engine: &mut Engine,
+        cpu: &mut dyn CpuView,
+        base: u64,
+        sink: &mut dyn RecordSink,
+    ) {
+        let Some(at) = self.layout.nr_running.and_then(|o| base.checked_add(o)) else {
+            return;
+        };
+        let mut bytes = [0u8; 4];
+        if !engine.read_linear(cpu, at, &mut bytes) {
+            return;
+        }
+        let count = u32::from_le_bytes(bytes);
+        // More runnable tasks than there can be pids is not a count.
+        if count > PID_MAX || self.runnable == Some(count) {
+            return;
+        }
+        self.runnable = Some(count);
+        sink.event(&Event::Runnable { count });
     }
 
     /// Records the running process's map where this window has not yet.

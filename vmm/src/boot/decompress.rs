@@ -78,6 +78,12 @@ pub fn decompress(payload: &[u8], kind: Compression) -> Option<Result<Vec<u8>, S
     Some(result.map(|()| out))
 }
 
+/// `payload` decompressed as its magic bytes say (a compressed initramfs,
+/// say); `None` where it is not compressed in a form the host reads.
+pub fn decompressed(payload: &[u8]) -> Option<Result<Vec<u8>, String>> {
+    decompress(payload, Compression::detect(payload))
+}
+
 /// No kernel is bigger than this decompressed; a crafted payload (a
 /// "zip bomb") must not take the host's memory.
 pub const MAX_DECOMPRESSED: u64 = 1 << 30;

@@ -7,6 +7,7 @@ mod acpi;
 mod bzimage;
 pub use bzimage::vmlinux_inside;
 mod decompress;
+pub use decompress::decompressed;
 mod elf;
 mod linux;
 mod pvh;

@@ -1,0 +1,185 @@
+//! The files of an initramfs: one or more `newc` cpio archives one after
+//! the other, each plain or compressed, as the kernel unpacks them
+//! (init/initramfs.c; Debian's put the CPU microcode in a plain archive
+//! before the compressed main one).
+
+use std::collections::{BTreeSet, HashMap};
+
+/// Decompresses what follows a plain archive: `None` where the bytes are
+/// not compressed in a form it reads (given by the caller, which knows the
+/// kernel's compressions).
+pub type Decompress<'a> = &'a dyn Fn(&[u8]) -> Option<Result<Vec<u8>, String>>;
+
+/// The newc header: magic and 13 fields of 8 hex digits.
+const HEADER: usize = 110;
+/// Archives read at most (every decompression is bounded by the caller).
+const MAX_ARCHIVES: usize = 16;
+
+const fn align4(n: usize) -> usize {
+    n.div_ceil(4) * 4
+}
+
+/// The regular files among `wanted` (absolute paths, as a Linux process's
+/// map names them) in the initramfs `bytes`, with their contents. Entries
+/// not wanted are skipped, so a large initramfs costs no memory beyond
+/// its decompressed bytes.
+pub fn files_in(
+    bytes: &[u8],
+    wanted: &BTreeSet<String>,
+    decompress: Decompress<'_>,
+) -> Result<HashMap<String, Vec<u8>>, String> {
+    let mut found = HashMap::new();
+    let mut owned: Vec<u8>;
+    let mut rest = bytes;
+    for _ in 0..MAX_ARCHIVES {
+        // Archives are padded with zeros (to four bytes, or more).
+        let start = rest.iter().position(|b| *b != 0).unwrap_or(rest.len());
+        rest = &rest[start..];
+        if rest.is_empty() {
+            return Ok(found);
+        }
+        if !rest.starts_with(b"07070") {
+            owned = match decompress(rest) {
+                Some(Ok(plain)) => plain,
+                Some(Err(why)) => return Err(why),
+                None if found.is_empty() => {
+                    return Err("neither a cpio archive nor compressed in a known form".into())
+                }
+                // Trailing bytes the kernel would ignore too.
+                None => return Ok(found),
+            };
+            rest = &owned;
+            let read = read_archive(rest, wanted, &mut found);
+            rest = &rest[read..];
+            continue;
+        }
+        let read = read_archive(rest, wanted, &mut found);
+        if read == 0 {
+            return Err("a cpio header does not parse".into());
+        }
+        rest = &rest[read..];
+    }
+    Ok(found)
+}
+
+/// Reads one archive from the start of `bytes`, keeping the files wanted;
+/// returns how many bytes it took (up to its trailer), 0 if none parsed.
+fn read_archive(
+    bytes: &[u8],
+    wanted: &BTreeSet<String>,
+    found: &mut HashMap<String, Vec<u8>>,
+) -> usize {
+    let mut used = 0;
+    for entry in cpio_reader::iter_files(bytes) {
+        used += align4(HEADER + entry.name().len() + 1) + align4(entry.file().len());
+        let path = format!(
+            "/{}",
+            entry
+                .name()
+                .trim_start_matches("./")
+                .trim_start_matches('/')
+        );
+        // The file type is a field, not a set of bits (a symbolic link's
+        // includes a regular file's).
+        let regular = entry.mode().bits() & 0o170_000 == 0o100_000;
+        if regular && wanted.contains(&path) {
+            found.insert(path, entry.file().to_vec());
+        }
+    }
+    if used == 0 {
+        return 0;
+    }
+    // The trailer entry ("TRAILER!!!"), which the iterator does not yield.
+    (used + align4(HEADER + "TRAILER!!!".len() + 1)).min(bytes.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A newc archive of (name, mode, contents), with its trailer.
+    fn archive(entries: &[(&str, u32, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let trailer: (&str, u32, &[u8]) = ("TRAILER!!!", 0, b"");
+        for (i, (name, mode, data)) in entries.iter().chain([&trailer]).enumerate() {
+            out.extend(
+                format!(
+                    "070701{:08x}{mode:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
+                    i + 1,
+                    0,
+                    0,
+                    1,
+                    0,
+                    data.len(),
+                    0,
+                    0,
+                    0,
+                    0,
+                    name.len() + 1,
+                    0
+                )
+                .as_bytes(),
+            );
+            out.extend(name.as_bytes());
+            out.push(0);
+            out.resize(align4(out.len()), 0);
+            out.extend(*data);
+            out.resize(align4(out.len()), 0);
+        }
+        out
+    }
+
+    const FILE: u32 = 0o100755;
+    const DIR: u32 = 0o040755;
+
+    fn wanted(paths: &[&str]) -> BTreeSet<String> {
+        paths.iter().map(|p| p.to_string()).collect()
+    }
+
+    fn none(_: &[u8]) -> Option<Result<Vec<u8>, String>> {
+        None
+    }
+
+    #[test]
+    fn finds_the_wanted_files_in_archives_one_after_the_other() {
+        let mut bytes = archive(&[("kernel", DIR, b""), ("kernel/microcode.bin", FILE, b"mc")]);
+        bytes.extend([0u8; 512]);
+        bytes.extend(archive(&[
+            ("bin", DIR, b""),
+            ("bin/vtprog", FILE, b"\x7fELF prog"),
+            ("./lib/libc.so", FILE, b"libc"),
+            ("etc/motd", FILE, b"hello"),
+            ("bin/sh", 0o120777, b"vtprog"),
+        ]));
+        let files = files_in(
+            &bytes,
+            &wanted(&["/bin/vtprog", "/lib/libc.so", "/bin", "/bin/sh"]),
+            &none,
+        )
+        .unwrap();
+        assert_eq!(files.len(), 2, "{:?}", files.keys());
+        assert_eq!(files["/bin/vtprog"], b"\x7fELF prog");
+        assert_eq!(files["/lib/libc.so"], b"libc");
+    }
+
+    #[test]
+    fn a_compressed_archive_after_a_plain_one_is_decompressed() {
+        let mut bytes = archive(&[("early", FILE, b"x")]);
+        bytes.extend(b"ZZ");
+        let main = archive(&[("bin/sh", FILE, b"shell")]);
+        let unzip = move |b: &[u8]| (b == b"ZZ").then(|| Ok(main.clone()));
+        let files = files_in(&bytes, &wanted(&["/bin/sh"]), &unzip).unwrap();
+        assert_eq!(files["/bin/sh"], b"shell");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(files_in(b"not an archive", &wanted(&["/x"]), &none).is_err());
+        let mut cut = archive(&[("bin/vtprog", FILE, &[7u8; 300])]);
+        cut.truncate(200);
+        let _ = files_in(&cut, &wanted(&["/bin/vtprog"]), &none);
+        let mut bad = archive(&[("a", FILE, b"1")]);
+        bad[10] = b'z';
+        assert!(files_in(&bad, &wanted(&["/a"]), &none).is_err());
+    }
+}

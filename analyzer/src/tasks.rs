@@ -1,0 +1,300 @@
+//! Which Linux task ran each step, followed through the trace's task
+//! events, and which tasks an analysis looks at (`--pid`, `--comm`: the
+//! old tracer's pid filter).
+//!
+//! Every segment of a trace that names tasks opens with the task running
+//! there ([`Event::Running`]), so per-segment work knows whose steps it
+//! reads without the segments before it.
+
+use std::fmt;
+
+use vtrace_storage::Event;
+
+use crate::levels::{BigLevel, ExitKind, FrameView, Irregular, LevelSink};
+
+/// `TASK_COMM_LEN`: the kernel keeps 15 bytes of a task's name and a NUL.
+const COMM_LEN: usize = 16;
+
+/// A task's name, inline so a task's identity is `Copy` and travels in the
+/// level engine's items. Longer names (only a crafted trace has them) are
+/// cut at a character boundary.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Comm {
+    len: u8,
+    bytes: [u8; COMM_LEN],
+}
+
+impl Comm {
+    pub fn new(name: &str) -> Comm {
+        let mut end = name.len().min(COMM_LEN);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut bytes = [0; COMM_LEN];
+        bytes[..end].copy_from_slice(&name.as_bytes()[..end]);
+        Comm {
+            len: end as u8,
+            bytes,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Made from a `&str` cut at a character boundary.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task as the trace names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TaskId {
+    /// The thread id (the kernel's `pid`).
+    pub tid: u32,
+    /// The process (thread group) id.
+    pub pid: u32,
+    pub comm: Comm,
+}
+
+/// As ftrace names tasks, `comm-pid`, with the thread where it is not the
+/// process's first: `comm-pid/tid`.
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.comm, self.pid)?;
+        if self.tid != self.pid {
+            write!(f, "/{}", self.tid)?;
+        }
+        Ok(())
+    }
+}
+
+/// The running task, as the events read so far name it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TaskTracker {
+    current: Option<TaskId>,
+}
+
+impl TaskTracker {
+    /// The running task; `None` before the records name one.
+    pub fn current(&self) -> Option<&TaskId> {
+        self.current.as_ref()
+    }
+
+    /// Follows one event; true when it changed the running task or its
+    /// name.
+    pub fn follow(&mut self, event: &Event) -> bool {
+        let next = match event {
+            Event::Task { tid, pid, comm } | Event::Running { tid, pid, comm } => TaskId {
+                tid: *tid,
+                pid: *pid,
+                comm: Comm::new(comm),
+            },
+            Event::TaskName { tid, comm } => match self.current {
+                Some(t) if t.tid == *tid => TaskId {
+                    comm: Comm::new(comm),
+                    ..t
+                },
+                _ => return false,
+            },
+            _ => return false,
+        };
+        let changed = self.current != Some(next);
+        self.current = Some(next);
+        changed
+    }
+}
+
+/// Which tasks an analysis looks at: all of them when empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Processes (thread groups) by id; any when empty.
+    pub pids: Vec<u32>,
+    /// Tasks by name; any when empty.
+    pub comms: Vec<String>,
+}
+
+impl TaskFilter {
+    /// True when it lets every step through.
+    pub fn is_everything(&self) -> bool {
+        self.pids.is_empty() && self.comms.is_empty()
+    }
+
+    /// Whether steps of `task` are looked at. Steps the trace names no
+    /// task for are, only when the filter is empty.
+    pub fn admits(&self, task: Option<&TaskId>) -> bool {
+        if self.is_everything() {
+            return true;
+        }
+        let Some(task) = task else {
+            return false;
+        };
+        (self.pids.is_empty() || self.pids.contains(&task.pid))
+            && (self.comms.is_empty() || self.comms.iter().any(|c| comm_matches(&task.comm, c)))
+    }
+
+    /// The filter in words (`pid 80, comm "sh"`), for headers and messages.
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = self.pids.iter().map(|p| format!("pid {p}")).collect();
+        parts.extend(self.comms.iter().map(|c| format!("comm {c:?}")));
+        parts.join(", ")
+    }
+}
+
+/// A level sink that sees only what the filter's tasks did: routines on
+/// their stacks, big levels while they run. The level engine itself sees
+/// everything, so a task's calls still nest right across the stretches
+/// left out.
+pub struct SelectedTasks<'a, S> {
+    pub inner: S,
+    filter: &'a TaskFilter,
+    /// Whether the running task is selected.
+    on: bool,
+}
+
+impl<'a, S> SelectedTasks<'a, S> {
+    pub fn new(inner: S, filter: &'a TaskFilter) -> Self {
+        SelectedTasks {
+            inner,
+            on: filter.admits(None),
+            filter,
+        }
+    }
+}
+
+impl<S: LevelSink> LevelSink for SelectedTasks<'_, S> {
+    fn big_level(&mut self, level: &BigLevel) {
+        if self.filter.admits(level.task.as_ref()) {
+            self.inner.big_level(level);
+        }
+    }
+    fn enter(&mut self, frame: &FrameView) {
+        if self.filter.admits(frame.task.as_ref()) {
+            self.inner.enter(frame);
+        }
+    }
+    fn exit(&mut self, frame: &FrameView, how: ExitKind) {
+        if self.filter.admits(frame.task.as_ref()) {
+            self.inner.exit(frame, how);
+        }
+    }
+    fn irregular(&mut self, step: u64, depth: usize, what: Irregular) {
+        if self.on {
+            self.inner.irregular(step, depth, what);
+        }
+    }
+    fn mark(&mut self, step: u64, cr3: u64, id: u64, value: u64) {
+        if self.on {
+            self.inner.mark(step, cr3, id, value);
+        }
+    }
+    fn task(&mut self, task: &TaskId) {
+        self.on = self.filter.admits(Some(task));
+        self.inner.task(task);
+    }
+}
+
+/// A name the user typed matches the kernel's, which keeps only the first
+/// 15 bytes of a longer one.
+fn comm_matches(comm: &Comm, typed: &str) -> bool {
+    let comm = comm.as_str();
+    comm == typed || (comm.len() == COMM_LEN - 1 && typed.starts_with(comm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(tid: u32, pid: u32, comm: &str) -> Event {
+        Event::Task {
+            tid,
+            pid,
+            comm: comm.into(),
+        }
+    }
+
+    #[test]
+    fn names_are_cut_to_the_kernels_length_at_a_character() {
+        assert_eq!(Comm::new("sh").as_str(), "sh");
+        assert_eq!(
+            Comm::new("a-very-long-name-indeed").as_str(),
+            "a-very-long-name"
+        );
+        // 15 ASCII bytes then a two-byte character: cut before it.
+        assert_eq!(Comm::new("aaaaaaaaaaaaaaaé").as_str(), "aaaaaaaaaaaaaaa");
+    }
+
+    #[test]
+    fn the_tracker_follows_switches_and_renames_of_the_running_task() {
+        let mut t = TaskTracker::default();
+        assert!(t.current().is_none());
+        assert!(t.follow(&task(5, 5, "sh")));
+        assert!(!t.follow(&Event::Running {
+            tid: 5,
+            pid: 5,
+            comm: "sh".into()
+        }));
+        // Another task renamed: not the running one.
+        assert!(!t.follow(&Event::TaskName {
+            tid: 6,
+            comm: "x".into()
+        }));
+        assert!(t.follow(&Event::TaskName {
+            tid: 5,
+            comm: "vtprog".into()
+        }));
+        assert_eq!(
+            t.current().map(|c| (c.pid, c.comm.as_str())),
+            Some((5, "vtprog"))
+        );
+        assert!(!t.follow(&Event::Halt));
+    }
+
+    #[test]
+    fn the_filter_selects_by_process_and_name() {
+        let sh = TaskId {
+            tid: 7,
+            pid: 5,
+            comm: Comm::new("sh"),
+        };
+        let long = TaskId {
+            tid: 9,
+            pid: 9,
+            // As the kernel keeps "systemd-journald".
+            comm: Comm::new("systemd-journal"),
+        };
+        let all = TaskFilter::default();
+        assert!(all.admits(None) && all.admits(Some(&sh)));
+        let by_pid = TaskFilter {
+            pids: vec![5],
+            ..Default::default()
+        };
+        assert!(by_pid.admits(Some(&sh)) && !by_pid.admits(Some(&long)));
+        assert!(!by_pid.admits(None), "unnamed steps are nobody's");
+        let by_name = TaskFilter {
+            comms: vec!["systemd-journald".into()],
+            ..Default::default()
+        };
+        assert!(by_name.admits(Some(&long)) && !by_name.admits(Some(&sh)));
+        let prefix = TaskFilter {
+            comms: vec!["systemd".into()],
+            ..Default::default()
+        };
+        assert!(!prefix.admits(Some(&long)), "a name matches whole");
+        let both = TaskFilter {
+            pids: vec![5],
+            comms: vec!["bash".into()],
+        };
+        assert!(!both.admits(Some(&sh)));
+        assert_eq!(both.describe(), "pid 5, comm \"bash\"");
+    }
+}
