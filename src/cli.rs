@@ -345,7 +345,7 @@ pub enum AnalyzeCommand {
     Listing(ListingArgs),
     /// The nest diagram: routine entries and exits indented by call depth,
     /// with step counts (total and self), one block per big level
-    /// (interrupt, system call, address-space switch).
+    /// (interrupt, system call, task or address-space switch).
     Nest(NestArgs),
     /// The address spaces (CR3) seen: steps, switches, code ranges, and
     /// the routines that ran in each.
