@@ -1,14 +1,16 @@
 //! `vtrace analyze`: wiring from the command line to the analyzer crate.
 
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
 use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
-use vtrace_analyzer::user_programs::{add_user_symbols, mapped_paths, recorded_maps, UserFiles};
+use vtrace_analyzer::user_programs::{
+    add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles,
+};
 use vtrace_analyzer::{levels, listing, nest, processes, report, spaces, stats, timeline};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
@@ -101,30 +103,7 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
             None => symbols.add_bytes(&bytes, file, scope)?,
         }
     }
-    if let Some(sysroot) = &args.sysroot {
-        if !sysroot.is_dir() {
-            anyhow::bail!(
-                "--sysroot {}: not a directory (give the guest's root file system)",
-                sysroot.display()
-            );
-        }
-        let progress = Progress::new(&trace, args, "finding user programs");
-        let maps = recorded_maps(&trace, &|done, _| progress.update(done))?;
-        progress.finish();
-        if maps.is_empty() {
-            eprintln!(
-                "vtrace: warning: --sysroot: the trace records no process's memory map \
-                 (not a Linux trace, or its kernel's maps could not be read)"
-            );
-        }
-        for w in add_user_symbols(&mut symbols, &maps, &UserFiles::Sysroot(sysroot.clone())) {
-            eprintln!("vtrace: warning: --sysroot: {w}");
-        }
-    } else if let Some(initrd) = &args.initramfs {
-        initramfs_symbols(&trace, args, initrd, &mut symbols)?;
-    } else if let (true, Some(initrd)) = (trace.metadata.names_tasks(), &trace.metadata.initrd) {
-        initramfs_symbols(&trace, args, Path::new(initrd), &mut symbols)?;
-    }
+    user_programs(&trace, args, &mut symbols)?;
     if !args.no_kernel_symbols {
         let found = discover(&trace.metadata, &kernel_images(), &mut symbols);
         for w in &found.warnings {
@@ -159,60 +138,77 @@ fn warn_if_nothing(filter: &TaskFilter, steps: u64) {
     }
 }
 
-/// Names the trace's user programs from the initramfs the run booted,
-/// where it is still there; says what it could not use.
-fn initramfs_symbols(
-    trace: &Trace,
-    args: &TraceArgs,
-    initrd: &Path,
-    symbols: &mut Symbolizer,
-) -> Result<()> {
+/// Names the user code of a Linux trace: the programs its processes
+/// mapped, from `--sysroot`, `--initramfs` or the initramfs the run booted
+/// (where it is still there). Says what it could not use.
+fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> Result<()> {
+    /// Where to look: the sysroot, or an initramfs read once maps are known.
+    enum Look {
+        Ready(UserFiles),
+        Initramfs(PathBuf),
+    }
+    // Where to look, and the option that said so (none for the default).
+    let (look, option) = match (&args.sysroot, &args.initramfs) {
+        (Some(dir), _) => {
+            if !dir.is_dir() {
+                anyhow::bail!(
+                    "--sysroot {}: not a directory (give the guest's root file system)",
+                    dir.display()
+                );
+            }
+            (
+                Look::Ready(UserFiles::Sysroot(dir.clone())),
+                Some("--sysroot"),
+            )
+        }
+        (None, Some(file)) => (Look::Initramfs(file.clone()), Some("--initramfs")),
+        (None, None) => match (trace.metadata.names_tasks(), &trace.metadata.initrd) {
+            (true, Some(file)) => (Look::Initramfs(PathBuf::from(file)), None),
+            _ => return Ok(()),
+        },
+    };
+    let label = option.map(|o| format!("{o}: ")).unwrap_or_default();
     let progress = Progress::new(trace, args, "finding user programs");
     let maps = recorded_maps(trace, &|done, _| progress.update(done))?;
     progress.finish();
     if maps.is_empty() {
-        if args.initramfs.is_some() {
+        if option.is_some() {
             eprintln!(
-                "vtrace: warning: --initramfs: the trace records no process's memory map \
+                "vtrace: warning: {label}the trace records no process's memory map \
                  (not a Linux trace, or its kernel's maps could not be read)"
             );
         }
         return Ok(());
     }
-    let bytes = match std::fs::read(initrd) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!(
-                "vtrace: warning: user programs are not named: the initramfs the guest \
-                 booted, {}, cannot be read ({e}); give --sysroot DIR",
-                initrd.display()
-            );
-            return Ok(());
-        }
-    };
-    let origin = initrd.display().to_string();
-    match vtrace_analyzer::initramfs::files_in(
-        &bytes,
-        &mapped_paths(&maps),
-        &vtrace_vmm::boot::decompressed,
-    ) {
-        Ok(files) => {
-            let from = UserFiles::Archive { origin, files };
-            // Files an initramfs lacks (a root file system mounted later
-            // holds them) are the usual case, not worth a line each.
-            let missing = add_user_symbols(symbols, &maps, &from)
-                .into_iter()
-                .filter(|w| !w.contains(": not a file in "))
-                .collect::<Vec<_>>();
-            for w in missing {
-                eprintln!("vtrace: warning: {w}");
+    let files = match look {
+        Look::Ready(files) => files,
+        Look::Initramfs(file) => match initramfs_files(&file, &maps) {
+            Ok(files) => files,
+            Err(why) => {
+                eprintln!(
+                    "vtrace: warning: user programs are not named: {why}; give --sysroot DIR"
+                );
+                return Ok(());
             }
-        }
-        Err(why) => eprintln!(
-            "vtrace: warning: user programs are not named: {origin}: {why}; give --sysroot DIR"
-        ),
+        },
+    };
+    for w in add_user_symbols(symbols, &maps, &files) {
+        eprintln!("vtrace: warning: {label}{w}");
     }
     Ok(())
+}
+
+/// The files of the initramfs `file` that `maps` name.
+fn initramfs_files(file: &Path, maps: &[RecordedMap]) -> Result<UserFiles, String> {
+    let origin = file.display().to_string();
+    let bytes = std::fs::read(file).map_err(|e| format!("{origin} cannot be read ({e})"))?;
+    let files = vtrace_analyzer::initramfs::files_in(
+        &bytes,
+        &mapped_paths(maps),
+        &vtrace_vmm::boot::decompressed,
+    )
+    .map_err(|why| format!("{origin}: {why}"))?;
+    Ok(UserFiles::Archive { origin, files })
 }
 
 fn create(path: &Path) -> Result<BufWriter<std::fs::File>> {

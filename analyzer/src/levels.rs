@@ -490,6 +490,17 @@ enum StackKey {
     Task(u32),
 }
 
+impl StackKey {
+    /// The stack of `task`'s steps, or of address space `root` where no
+    /// task is named.
+    fn of(task: Option<TaskId>, root: u64) -> StackKey {
+        match task {
+            Some(t) => StackKey::Task(t.tid),
+            None => StackKey::Space(root),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Prev {
     pc: u64,
@@ -535,20 +546,18 @@ pub struct LevelCounts {
 /// [`finish`]: LevelEngine::finish
 pub struct LevelEngine {
     stack: Vec<Frame>,
-    /// Whose stack `stack` is.
-    key: Option<StackKey>,
     cr3: Option<u64>,
     /// The running task, where the trace names tasks.
     task: Option<TaskId>,
+    /// The task that ran the last step: `stack` is its (with `cr3`, the
+    /// address space's where no task is named).
+    stepped: Option<TaskId>,
     saved: FxHashMap<StackKey, Vec<Frame>>,
     prev: Option<Prev>,
     prev_step: Option<u64>,
     pending_interrupt: Option<u8>,
     /// The number of the system call the next step makes.
     syscall_number: Option<u64>,
-    /// The task that ran before the last [`Item::Task`] switch, until the
-    /// stacks change at the next step.
-    switched_from: Option<TaskId>,
     after_break: bool,
     nodes: Vec<(u32, FuncId)>,
     node_index: FxHashMap<(u32, FuncId), u32>,
@@ -568,15 +577,14 @@ impl LevelEngine {
     pub fn new() -> Self {
         LevelEngine {
             stack: Vec::new(),
-            key: None,
             cr3: None,
             task: None,
+            stepped: None,
             saved: FxHashMap::default(),
             prev: None,
             prev_step: None,
             pending_interrupt: None,
             syscall_number: None,
-            switched_from: None,
             after_break: false,
             nodes: vec![(u32::MAX, UNKNOWN_FUNC)],
             node_index: FxHashMap::default(),
@@ -693,13 +701,16 @@ impl LevelEngine {
         self.pop_frame(sink, ExitKind::Return)
     }
 
-    /// Goes on with the stack of `to`, saving the current one.
-    fn switch(&mut self, sink: &mut impl LevelSink, to: StackKey, root: u64, step: u64) {
-        let from = self.key.replace(to);
-        let from_space = self.cr3.replace(root);
-        let Some(from) = from else {
-            return;
-        };
+    /// Goes on with the stack of `to`, saving the current one, `from`'s.
+    fn switch(
+        &mut self,
+        sink: &mut impl LevelSink,
+        from: StackKey,
+        to: StackKey,
+        root: u64,
+        step: u64,
+    ) {
+        self.cr3 = Some(root);
         self.counts.switches += 1;
         let next = match self.saved.remove(&to) {
             Some(stack) => stack,
@@ -716,12 +727,8 @@ impl LevelEngine {
         let old = std::mem::replace(&mut self.stack, next);
         self.saved.insert(from, old);
         let cause = match from {
-            StackKey::Task(_) => BigLevelCause::TaskSwitch {
-                from: self.switched_from.take(),
-            },
-            StackKey::Space(space) => BigLevelCause::Switch {
-                from: from_space.unwrap_or(space),
-            },
+            StackKey::Task(_) => BigLevelCause::TaskSwitch { from: self.stepped },
+            StackKey::Space(space) => BigLevelCause::Switch { from: space },
         };
         self.big_level(sink, step, cause);
     }
@@ -882,14 +889,9 @@ impl LevelEngine {
             }
             Item::SystemCallNumber(number) => self.syscall_number = Some(number),
             Item::Task(task) => {
-                if self.task == Some(task) {
-                    return;
+                if self.task.replace(task) != Some(task) {
+                    sink.task(&task);
                 }
-                let before = self.task.replace(task);
-                if before.map(|t| t.tid) != Some(task.tid) && self.switched_from.is_none() {
-                    self.switched_from = before;
-                }
-                sink.task(&task);
             }
             Item::Mark { id, value } => {
                 let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
@@ -924,22 +926,18 @@ impl LevelEngine {
                 len,
             } => {
                 let root = cr3_root(cr3);
-                let key = match self.task {
-                    Some(t) => StackKey::Task(t.tid),
-                    None => StackKey::Space(root),
-                };
-                if self.key.is_none() {
-                    self.key = Some(key);
-                    self.cr3 = Some(root);
-                    self.big_level(sink, step, BigLevelCause::TraceStart);
-                } else if self.key != Some(key) {
-                    self.switch(sink, key, root, step);
-                } else {
+                let key = StackKey::of(self.task, root);
+                match self.cr3.map(|c| StackKey::of(self.stepped, c)) {
+                    None => {
+                        self.cr3 = Some(root);
+                        self.big_level(sink, step, BigLevelCause::TraceStart);
+                    }
+                    Some(current) if current != key => self.switch(sink, current, key, root, step),
                     // A task changes address space on its own stack
                     // (switching to the next task's, an exec).
-                    self.cr3 = Some(root);
+                    Some(_) => self.cr3 = Some(root),
                 }
-                self.switched_from = None;
+                self.stepped = self.task;
                 if std::mem::take(&mut self.after_break) {
                     self.big_level(sink, step, BigLevelCause::Break);
                 }
@@ -1005,7 +1003,6 @@ impl LevelEngine {
             if let Some(stack) = self.saved.remove(&key) {
                 self.cr3 = stack.first().map(|f| f.view.cr3).or(self.cr3);
                 self.stack = stack;
-                self.key = Some(key);
                 while self.pop_frame(sink, ExitKind::TraceEnd).is_some() {}
             }
         }

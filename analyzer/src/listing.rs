@@ -17,7 +17,7 @@ use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::insn::InsnCache;
 use crate::symbols::{cr3_root, Symbolizer};
 use crate::syscalls;
-use crate::tasks::{TaskFilter, TaskTracker};
+use crate::tasks::{Selection, TaskFilter, TaskId};
 
 /// Steps per file with `--out` (as the old analyzer cut its listings).
 pub const STEPS_PER_FILE: u64 = 500_000;
@@ -219,8 +219,8 @@ struct SegmentText {
 }
 
 /// The pid and comm columns of the running task.
-fn task_columns(tasks: &TaskTracker) -> String {
-    match tasks.current() {
+fn task_columns(task: Option<&TaskId>) -> String {
+    match task {
         Some(t) => format!("{:>7} {:<15} ", t.pid, t.comm.as_str()),
         None => format!("{:>7} {:<15} ", "-", "-"),
     }
@@ -248,31 +248,27 @@ fn format_segment(
     let mut prev: Option<Regs> = None;
     let mut number = info.first_step;
     let mut pending_events = String::new();
-    let mut tasks = TaskTracker::default();
-    let mut showing = options.tasks.admits(None);
+    let mut tasks = Selection::new(&options.tasks);
     let mut columns = if options.task_columns {
-        task_columns(&tasks)
+        task_columns(None)
     } else {
         String::new()
     };
     while let Some(r) = records.next_record() {
         match r {
             RecordRef::Event(e) => {
-                if tasks.follow(e) {
-                    showing = options.tasks.admits(tasks.current());
-                    if options.task_columns {
-                        columns = task_columns(&tasks);
-                    }
+                if tasks.follow(e) && options.task_columns {
+                    columns = task_columns(tasks.current());
                 }
                 // Where the recorder cut segments, not what ran.
-                if showing && !matches!(e, Event::Running { .. }) {
+                if tasks.selected() && !matches!(e, Event::Running { .. }) {
                     let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
                 }
                 if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
                     prev = None;
                 }
             }
-            RecordRef::Step(_) if !showing => {
+            RecordRef::Step(_) if !tasks.selected() => {
                 // Another task's: the next shown step lists every register.
                 prev = None;
                 pending_events.clear();

@@ -16,7 +16,7 @@ use crate::levels::{
     run_with, EntryKind, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
 };
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
-use crate::tasks::{Comm, SelectedTasks, TaskFilter, TaskTracker};
+use crate::tasks::{Comm, SelectedTasks, Selection, TaskFilter};
 
 const IF: u64 = 1 << 9;
 
@@ -150,10 +150,8 @@ struct Part {
 
 /// Counts one segment, a record at a time.
 struct SegmentCounter<'a> {
-    filter: &'a TaskFilter,
-    tasks: TaskTracker,
-    /// Whether the running task's steps are counted.
-    counting: bool,
+    /// The running task, whose steps are counted where selected.
+    tasks: Selection<'a>,
     p: Part,
     before: Option<Regs>,
     number: u64,
@@ -166,9 +164,7 @@ struct SegmentCounter<'a> {
 impl<'a> SegmentCounter<'a> {
     fn new(info: &SegmentInfo, filter: &'a TaskFilter) -> Self {
         SegmentCounter {
-            filter,
-            tasks: TaskTracker::default(),
-            counting: filter.admits(None),
+            tasks: Selection::new(filter),
             p: Part {
                 all_disabled: true,
                 first_step: info.first_step,
@@ -187,7 +183,7 @@ impl SegmentPass for SegmentCounter<'_> {
 
     fn record(&mut self, record: SegmentRecord<'_>) {
         let (s, info) = match record {
-            SegmentRecord::Step(_, _) if !self.counting => {
+            SegmentRecord::Step(_, _) if !self.tasks.selected() => {
                 // Another task's step: what follows is not compared with
                 // the last counted one.
                 self.before = None;
@@ -196,23 +192,19 @@ impl SegmentPass for SegmentCounter<'_> {
             }
             SegmentRecord::Step(s, info) => (s, info),
             SegmentRecord::Event(Event::Interrupt { vector, .. }) => {
-                if self.counting {
+                if self.tasks.selected() {
                     *self.p.counts.vectors.entry(*vector).or_default() += 1;
                 }
-                return;
-            }
-            SegmentRecord::Event(
-                e @ (Event::Task { .. } | Event::Running { .. } | Event::TaskName { .. }),
-            ) => {
-                self.tasks.follow(e);
-                self.counting = self.filter.admits(self.tasks.current());
                 return;
             }
             SegmentRecord::Event(Event::Gap { .. } | Event::TraceStop(_)) => {
                 self.before = None;
                 return;
             }
-            SegmentRecord::Event(_) => return,
+            SegmentRecord::Event(e) => {
+                self.tasks.follow(e);
+                return;
+            }
         };
         let p = &mut self.p;
         let c = &mut p.counts;
@@ -414,7 +406,8 @@ fn folded_paths(
         })
         .collect();
     folded.sort();
-    // The same path under one name from two tasks' stacks adds up.
+    // Paths whose routines share names (a program's symbols, added once
+    // per address space it ran in) add up.
     folded.dedup_by(|b, a| {
         let same = a.0 == b.0;
         if same {

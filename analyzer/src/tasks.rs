@@ -150,6 +150,46 @@ impl TaskFilter {
     }
 }
 
+/// The running task followed through a segment's records, and whether a
+/// filter selects it: what per-segment work needs to skip other tasks'
+/// steps.
+#[derive(Clone, Copy, Debug)]
+pub struct Selection<'a> {
+    filter: &'a TaskFilter,
+    tracker: TaskTracker,
+    selected: bool,
+}
+
+impl<'a> Selection<'a> {
+    pub fn new(filter: &'a TaskFilter) -> Self {
+        Selection {
+            filter,
+            tracker: TaskTracker::default(),
+            selected: filter.admits(None),
+        }
+    }
+
+    /// Follows one event; true when it changed the running task or its
+    /// name.
+    pub fn follow(&mut self, event: &Event) -> bool {
+        let changed = self.tracker.follow(event);
+        if changed {
+            self.selected = self.filter.admits(self.tracker.current());
+        }
+        changed
+    }
+
+    /// Whether the running task's steps are looked at.
+    pub fn selected(&self) -> bool {
+        self.selected
+    }
+
+    /// The running task; `None` before the records name one.
+    pub fn current(&self) -> Option<&TaskId> {
+        self.tracker.current()
+    }
+}
+
 /// A level sink that sees only what the filter's tasks did: routines on
 /// their stacks, big levels while they run. The level engine itself sees
 /// everything, so a task's calls still nest right across the stretches

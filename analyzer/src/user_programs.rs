@@ -96,8 +96,10 @@ pub enum UserFiles {
 }
 
 impl UserFiles {
-    /// The bytes of the guest's file `path`, and a name for it.
-    fn read(&self, path: &str) -> std::result::Result<(Vec<u8>, String), String> {
+    /// The bytes of the guest's file `path`, and a name for it; `None`
+    /// for a file an initramfs lacks, which is no news (the root file
+    /// system mounted later holds it).
+    fn read(&self, path: &str) -> std::result::Result<Option<(Vec<u8>, String)>, String> {
         match self {
             UserFiles::Sysroot(root) => {
                 let local = inside(root, path)
@@ -106,12 +108,11 @@ impl UserFiles {
                     return Err(format!("{path}: not found under {}", root.display()));
                 }
                 let bytes = read_symbol_file(&local).map_err(|e| e.to_string())?;
-                Ok((bytes, local.display().to_string()))
+                Ok(Some((bytes, local.display().to_string())))
             }
-            UserFiles::Archive { origin, files } => match files.get(path) {
-                Some(bytes) => Ok((bytes.clone(), format!("{path} in {origin}"))),
-                None => Err(format!("{path}: not a file in {origin}")),
-            },
+            UserFiles::Archive { origin, files } => Ok(files
+                .get(path)
+                .map(|bytes| (bytes.clone(), format!("{path} in {origin}")))),
         }
     }
 }
@@ -139,7 +140,7 @@ pub fn add_user_symbols(
         for m in &map.maps {
             let file = files.entry(m.path.clone()).or_insert_with(|| {
                 match LoadedFile::read(files_from, &m.path) {
-                    Ok(f) => Some(f),
+                    Ok(f) => f,
                     Err(why) => {
                         warnings.push(why);
                         None
@@ -179,8 +180,10 @@ struct LoadedFile {
 }
 
 impl LoadedFile {
-    fn read(files: &UserFiles, path: &str) -> std::result::Result<LoadedFile, String> {
-        let (bytes, origin) = files.read(path)?;
+    fn read(files: &UserFiles, path: &str) -> std::result::Result<Option<LoadedFile>, String> {
+        let Some((bytes, origin)) = files.read(path)? else {
+            return Ok(None);
+        };
         let elf =
             object::File::parse(&*bytes).map_err(|e| format!("{origin}: not an ELF file ({e})"))?;
         let loads = elf
@@ -191,12 +194,12 @@ impl LoadedFile {
             })
             .collect();
         let table = parse_elf(&bytes, &origin).map_err(|e| e.to_string())?;
-        Ok(LoadedFile {
+        Ok(Some(LoadedFile {
             table,
             origin,
             bytes,
             loads,
-        })
+        }))
     }
 
     fn lines(&self) -> Option<LineTable> {
