@@ -56,11 +56,13 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
 fi
 
 # The code's own bar: formatted, and no clippy warning anywhere.
-echo "scripts/test.sh: cargo fmt --check and cargo clippy"
+echo "scripts/test.sh: cargo fmt --check, cargo clippy and cargo doc"
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy --manifest-path fuzz/Cargo.toml --quiet -- -D warnings
+# Documentation links that lead nowhere are bugs in the docs.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 cargo test --workspace "$@"
 

@@ -250,9 +250,13 @@ pub struct RunArgs {
     pub max_steps: Option<u64>,
 
     /// Start tracing when execution reaches this place (a hardware
-    /// breakpoint): a linear address (0x100000) or a routine of the
+    /// breakpoint): a linear address (0x100000), a routine of the
     /// kernel's symbols, found as `vtrace analyze` finds them
-    /// (start_kernel, schedule+0x10).
+    /// (start_kernel, schedule+0x10), or PROGRAM:ROUTINE, a routine of a
+    /// user program linked at a fixed address (vtprog:main), found by name
+    /// or path in the --initrd, else as a file on this host; it fires
+    /// only in tasks running that program, where the kernel's tasks can be
+    /// read.
     #[arg(long, value_name = "WHERE", value_parser = parse_location)]
     pub start_at: Option<Location>,
 

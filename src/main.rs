@@ -8,6 +8,7 @@ mod ctl;
 mod doctor;
 mod exit_status;
 mod info;
+mod places;
 mod run;
 mod step_bench;
 mod units;

@@ -16,11 +16,10 @@ use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::clock::ClockMode;
 
 use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
-use vtrace_analyzer::symbols::{discover, Discovery, Symbolizer};
 
 use crate::cli::{CpuArg, RunArgs};
 use crate::exit_status::BadArgument;
-use crate::units::Location;
+use crate::places::Places;
 
 fn cpu_profile(args: &RunArgs) -> CpuProfile {
     match args.cpu {
@@ -172,25 +171,18 @@ fn tracer(
         tasks: linux_tasks.is_some().then(|| LINUX_TASKS.to_string()),
         initrd,
     };
-    // Resolved before the disk is made: a misspelt routine must not leave
-    // a gigabyte file behind.
-    let mut symbols = None;
-    let mut place = |location: &Option<Location>, option: &str| -> Result<Option<u64>> {
-        match location {
-            None => Ok(None),
-            Some(Location::Address(a)) => Ok(Some(*a)),
-            Some(Location::Symbol { name, offset }) => {
-                let (symbols, found) = symbols.get_or_insert_with(|| {
-                    let mut s = Symbolizer::new();
-                    let found = discover(&metadata, &crate::analyze::kernel_images(), &mut s);
-                    (s, found)
-                });
-                resolve(symbols, found, option, name, *offset).map(Some)
-            }
+    let mut places = Places::new(&metadata, args.initrd.as_deref(), linux_tasks.is_some());
+    let start_at = places.find(&args.start_at, "--start-at")?;
+    let stop_at = places.find(&args.stop_at, "--stop-at")?;
+    if !args.quiet {
+        for note in [&start_at, &stop_at]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.note.as_deref())
+        {
+            user_message(note);
         }
-    };
-    let start_at = place(&args.start_at, "--start-at")?;
-    let stop_at = place(&args.stop_at, "--stop-at")?;
+    }
     if args.force && path.is_file() {
         std::fs::remove_file(&path)
             .with_context(|| format!("cannot remove {} (--force)", path.display()))?;
@@ -206,8 +198,10 @@ fn tracer(
         from_start: args.trace,
         max_steps: args.max_steps,
         autostop: args.autostop.0.clone(),
-        start_at,
-        stop_at,
+        start_at: start_at.as_ref().map(|p| p.address),
+        stop_at: stop_at.as_ref().map(|p| p.address),
+        start_in: start_at.and_then(|p| p.task),
+        stop_in: stop_at.and_then(|p| p.task),
         exit_after_trace: args.exit_after_trace,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
         linux_tasks,
@@ -215,37 +209,6 @@ fn tracer(
     Ok(Some(
         Tracer::new(Recorder::start(disk), options).on_announce(user_message),
     ))
-}
-
-/// The address of routine `name` (plus `offset`) for a trigger option.
-fn resolve(
-    symbols: &Symbolizer,
-    found: &Discovery,
-    option: &str,
-    name: &str,
-    offset: u64,
-) -> Result<u64> {
-    let addresses = symbols.addresses_of(name);
-    let problem = match addresses.as_slice() {
-        [one] => return Ok(one + offset),
-        [] if found.loaded.is_empty() => format!(
-            "{option} {name}: the kernel's symbols were not found ({}); give an address",
-            found.warnings.join("; ")
-        ),
-        [] => format!(
-            "{option} {name}: no routine of that name in {}",
-            found.loaded.join(", ")
-        ),
-        many => format!(
-            "{option} {name}: {} routines have that name (at {}); give one by address",
-            many.len(),
-            many.iter()
-                .map(|a| format!("{a:#x}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    Err(BadArgument(problem).into())
 }
 
 /// Whether the run traces at all: from the start, on a trigger, or on a

@@ -25,31 +25,44 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is too large"))
 }
 
-/// Where a trigger fires: an address, or a routine of the kernel's symbols
-/// (resolved once the kernel is loaded) plus an offset.
+/// Where a trigger fires: an address, or a routine (resolved once the
+/// kernel is loaded) plus an offset: of the kernel's symbols, or of a user
+/// program's (`program:routine`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
     Address(u64),
-    Symbol { name: String, offset: u64 },
+    Symbol {
+        /// The user program the routine is in; `None`: the kernel.
+        program: Option<String>,
+        name: String,
+        offset: u64,
+    },
 }
 
-/// "0x1000d0", "1048784", "start_kernel" or "schedule+0x10" → location.
+/// "0x1000d0", "1048784", "start_kernel", "schedule+0x10" or
+/// "vtprog:main" → location.
 pub fn parse_location(text: &str) -> Result<Location, String> {
     let t = text.trim();
     if t.starts_with(|c: char| c.is_ascii_digit()) {
         return parse_address(t).map(Location::Address);
     }
-    let (name, offset) = match t.split_once('+') {
-        Some((name, off)) => (name, parse_address(off)?),
-        None => (t, 0),
+    let (program, routine) = match t.split_once(':') {
+        Some((program, routine)) => (Some(program), routine),
+        None => (None, t),
     };
-    if name.is_empty() || name.contains(char::is_whitespace) {
+    let (name, offset) = match routine.split_once('+') {
+        Some((name, off)) => (name, parse_address(off)?),
+        None => (routine, 0),
+    };
+    let bad = |s: &str| s.is_empty() || s.contains(char::is_whitespace);
+    if bad(name) || program.is_some_and(bad) {
         return Err(format!(
             "'{text}' is neither an address nor a routine name (examples: 0x100000, \
-             start_kernel, schedule+0x10)"
+             start_kernel, schedule+0x10, a user program's vtprog:main)"
         ));
     }
     Ok(Location::Symbol {
+        program: program.map(str::to_string),
         name: name.to_string(),
         offset,
     })
@@ -75,6 +88,7 @@ mod tests {
         assert_eq!(
             parse_location("schedule+0x10"),
             Ok(Location::Symbol {
+                program: None,
                 name: "schedule".into(),
                 offset: 0x10
             })
@@ -82,10 +96,21 @@ mod tests {
         assert_eq!(
             parse_location("start_kernel"),
             Ok(Location::Symbol {
+                program: None,
                 name: "start_kernel".into(),
                 offset: 0
             })
         );
+        assert_eq!(
+            parse_location("/bin/vtprog:main+4"),
+            Ok(Location::Symbol {
+                program: Some("/bin/vtprog".into()),
+                name: "main".into(),
+                offset: 4
+            })
+        );
+        assert!(parse_location(":main").is_err());
+        assert!(parse_location("vtprog:").is_err());
         assert!(parse_location("f+x").is_err());
         assert!(parse_location("0xzz").is_err());
     }

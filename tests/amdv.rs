@@ -162,23 +162,6 @@ fn busybox_initramfs_with(
     cpio
 }
 
-/// Builds tests/programs/NAME.c into a static program in `dir`, with
-/// symbols and lines.
-fn static_program(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/programs")
-        .join(format!("{name}.c"));
-    let out = dir.join(name);
-    let o = std::process::Command::new("gcc")
-        .args(["-static", "-O1", "-g", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("gcc");
-    assert!(o.status.success(), "gcc {name}: {}", stderr(&o));
-    out
-}
-
 /// Shell that starts `vtrace run` on the machine's Linux with the busybox
 /// initramfs (`extra` options added, output to /tmp/log, its pid in $pid)
 /// and waits until userspace says it is up.
@@ -475,6 +458,9 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
         );
     }
     assert_eq!(prog["mappings"][0]["path"], "/bin/vtprog", "{table}");
+    // It returned 0 from main (tests/programs/vtprog.c): exit_group(0).
+    assert_eq!(prog["exit"]["status"], 0, "{table}");
+    assert_eq!(prog["exit"]["code"], 0, "{table}");
 
     // In trace order: the Enter key read from the serial port in its
     // interrupt, the program's exit, then the prompt written again.
@@ -494,6 +480,11 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     );
     let exit = at(enter, &|l| l.contains("-- system call exit_group"))
         .unwrap_or_else(|| panic!("the program's exit is not in the trace"));
+    let exited = format!("-- task {} exited with status 0", prog["tid"]);
+    assert!(
+        at(exit, &|l| l.contains(&exited)).is_some(),
+        "no '{exited}' after the exit_group"
+    );
     // What the guest wrote to the serial port's data register after it.
     let written: Vec<u8> = lines[exit..]
         .iter()

@@ -28,6 +28,16 @@ pub fn files_in(
     wanted: &BTreeSet<String>,
     decompress: Decompress<'_>,
 ) -> Result<HashMap<String, Vec<u8>>, String> {
+    files_where(bytes, &|path| wanted.contains(path), decompress)
+}
+
+/// The regular files whose absolute path `wanted` accepts, as
+/// [`files_in`] reads them.
+pub fn files_where(
+    bytes: &[u8],
+    wanted: &dyn Fn(&str) -> bool,
+    decompress: Decompress<'_>,
+) -> Result<HashMap<String, Vec<u8>>, String> {
     let mut found = HashMap::new();
     let mut owned: Vec<u8>;
     let mut rest = bytes;
@@ -66,7 +76,7 @@ pub fn files_in(
 /// returns how many bytes it took (up to its trailer), 0 if none parsed.
 fn read_archive(
     bytes: &[u8],
-    wanted: &BTreeSet<String>,
+    wanted: &dyn Fn(&str) -> bool,
     found: &mut HashMap<String, Vec<u8>>,
 ) -> usize {
     let mut used = 0;
@@ -82,7 +92,7 @@ fn read_archive(
         // The file type is a field, not a set of bits (a symbolic link's
         // includes a regular file's).
         let regular = entry.mode().bits() & 0o170_000 == 0o100_000;
-        if regular && wanted.contains(&path) {
+        if regular && wanted(&path) {
             found.insert(path, entry.file().to_vec());
         }
     }

@@ -87,7 +87,7 @@ pub enum AddressingMode {
     BaseIndex,
     BaseIndexDisplacement,
     IndexDisplacement,
-    /// String instructions: [rsi] and [rdi].
+    /// String instructions: `[rsi]` and `[rdi]`.
     String,
     /// Push, pop, call, ret: the stack, implied.
     ImplicitStack,

@@ -56,6 +56,7 @@ pub fn task_layout(vmlinux: &[u8]) -> Result<TaskLayout, TaskLayoutError> {
     let routine = |name: &'static str| find(name).ok_or(TaskLayoutError::MissingSymbol(name));
     let switch_to = routine("__switch_to")?;
     let set_comm = find("__set_task_comm");
+    let exit = find("do_exit");
     let btf = read_btf(vmlinux)?;
     let task = named_struct(&btf, "task_struct")?;
     let field = |name: &'static str| {
@@ -83,6 +84,7 @@ pub fn task_layout(vmlinux: &[u8]) -> Result<TaskLayout, TaskLayoutError> {
         current_task,
         switch_to,
         set_comm,
+        exit,
         pid,
         tgid,
         comm,

@@ -67,7 +67,7 @@ pub fn describe_event(e: &Event) -> String {
             source,
         } => format!(
             "interrupt {vector} ({}){} [{source:?}]",
-            crate::nest::vector_name(*vector),
+            crate::naming::vector_name(*vector),
             error_code
                 .map(|c| format!(" error code {c:#x}"))
                 .unwrap_or_default()
@@ -117,6 +117,9 @@ pub fn describe_event(e: &Event) -> String {
             format!("segment begins in task {comm:?} pid {pid} tid {tid}")
         }
         Event::Runnable { count } => format!("{count} tasks runnable"),
+        Event::TaskExit { tid, code } => {
+            format!("task {tid} {}", crate::processes::Exit::from_code(*code))
+        }
         Event::Mappings { pid, maps } => {
             let files: Vec<String> = maps
                 .iter()

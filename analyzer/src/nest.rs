@@ -15,6 +15,7 @@ use rustc_hash::FxHashMap;
 use crate::levels::{
     BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink,
 };
+use crate::naming::{routine_name, vector_name};
 use crate::symbols::{Symbolizer, UNKNOWN_FUNC};
 use crate::syscalls;
 
@@ -44,29 +45,6 @@ struct Line {
     depth: usize,
     counts: Option<(u64, u64)>,
     text: Text,
-}
-
-/// Name of a routine for people: its symbol, or its entry address.
-pub fn routine_name(symbols: &Symbolizer, frame: &FrameView) -> String {
-    if frame.func == UNKNOWN_FUNC {
-        format!("{:#x}", frame.entry_pc)
-    } else {
-        symbols.name(frame.func).to_string()
-    }
-}
-
-/// Short name of an interrupt vector.
-pub fn vector_name(vector: u8) -> String {
-    const EXC: [&str; 22] = [
-        "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#MF", "#TS", "#NP", "#SS",
-        "#GP", "#PF", "#15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP",
-    ];
-    match vector {
-        v if usize::from(v) < EXC.len() => EXC[usize::from(v)].to_string(),
-        32 => "irq 0 (timer)".into(),
-        v if (33..48).contains(&v) => format!("irq {}", v - 32),
-        v => format!("vector {v}"),
-    }
 }
 
 type FrameKey = (u64, Option<u32>, usize, u64);

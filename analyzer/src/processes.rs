@@ -42,6 +42,50 @@ pub struct Process {
     /// The files its process mapped when the trace last read its map, one
     /// range per file (the process's load modules).
     pub mappings: Vec<Module>,
+    /// How it ended, where the trace saw it exit.
+    pub exit: Option<Exit>,
+}
+
+/// How a task ended: the kernel's exit code, as `wait` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Exit {
+    /// The code `do_exit` was given: `(status << 8) | signal`.
+    pub code: u32,
+    /// The exit status, where it ended by exiting.
+    pub status: Option<u8>,
+    /// The signal that ended it, where one did.
+    pub signal: Option<u8>,
+    /// Whether it dumped core.
+    pub core_dumped: bool,
+}
+
+impl Exit {
+    /// The exit code taken apart as `WIFEXITED`/`WTERMSIG` do.
+    pub fn from_code(code: u32) -> Exit {
+        let signal = (code & 0x7f) as u8;
+        Exit {
+            code,
+            status: (signal == 0).then_some((code >> 8) as u8),
+            signal: (signal != 0).then_some(signal),
+            core_dumped: signal != 0 && code & 0x80 != 0,
+        }
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.status, self.signal) {
+            (Some(status), _) => write!(f, "exited with status {status}"),
+            (None, Some(signal)) => {
+                write!(f, "killed by signal {signal}")?;
+                if self.core_dumped {
+                    f.write_str(" (core dumped)")?;
+                }
+                Ok(())
+            }
+            (None, None) => write!(f, "exited with code {:#x}", self.code),
+        }
+    }
 }
 
 /// A file a process mapped, over all its mappings.
@@ -120,6 +164,8 @@ struct Part {
     names: Vec<Naming>,
     /// Maps recorded, in order: (pid, map).
     maps: Vec<(u32, Vec<Mapping>)>,
+    /// Exits, in order: (tid, code).
+    exits: Vec<(u32, u32)>,
     last: Option<u32>,
 }
 
@@ -169,6 +215,7 @@ fn count_segment(records: &mut Records<'_>) -> Part {
             RecordRef::Event(Event::Mappings { pid, maps }) => {
                 part.maps.push((*pid, maps.clone()));
             }
+            RecordRef::Event(Event::TaskExit { tid, code }) => part.exits.push((*tid, *code)),
             RecordRef::Event(_) => {}
         }
     }
@@ -183,6 +230,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
     let mut names: FxHashMap<u32, (Option<u32>, String)> = FxHashMap::default();
     let mut current: Option<u32> = None;
     let mut maps: FxHashMap<u32, Vec<Mapping>> = FxHashMap::default();
+    let mut exits: FxHashMap<u32, u32> = FxHashMap::default();
     trace.for_each_ordered(
         &trace.segments,
         |_: &SegmentInfo, records| count_segment(records),
@@ -203,6 +251,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
                 entry.1 = comm;
             }
             maps.extend(part.maps);
+            exits.extend(part.exits);
             current = part.last.or(current);
             Ok(())
         },
@@ -233,6 +282,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
             address_spaces: spaces,
             system_calls,
             mappings,
+            exit: tid.and_then(|t| exits.get(&t)).map(|&c| Exit::from_code(c)),
         }
     };
     let mut processes: Vec<Process> = tasks
@@ -306,6 +356,9 @@ impl ProcessTable {
             for m in &p.mappings {
                 let _ = writeln!(out, "{:17}maps {} {:#x}-{:#x}", "", m.path, m.start, m.end);
             }
+            if let Some(exit) = &p.exit {
+                let _ = writeln!(out, "{:17}{exit}", "");
+            }
         }
         out
     }
@@ -333,6 +386,21 @@ mod tests {
             pid: tid,
             comm: comm.into(),
         }
+    }
+
+    #[test]
+    fn exit_codes_read_as_wait_reads_them() {
+        // wait(2): WIFEXITED when the low 7 bits are 0, WEXITSTATUS the
+        // next byte; else WTERMSIG the low 7 bits, WCOREDUMP bit 7.
+        let exited = Exit::from_code(3 << 8);
+        assert_eq!((exited.status, exited.signal), (Some(3), None));
+        assert_eq!(exited.to_string(), "exited with status 3");
+        let killed = Exit::from_code(9);
+        assert_eq!((killed.status, killed.signal), (None, Some(9)));
+        assert_eq!(killed.to_string(), "killed by signal 9");
+        let dumped = Exit::from_code(0x80 | 11);
+        assert!(dumped.core_dumped);
+        assert_eq!(dumped.to_string(), "killed by signal 11 (core dumped)");
     }
 
     #[test]
@@ -380,9 +448,11 @@ mod tests {
             comm: "kthreadd".into(),
         });
         step(&mut enc, &[0x90], 0);
+        enc.push_event(&Event::TaskExit { tid: 2, code: 0 });
         let payload = enc.take();
         let part = count_segment(&mut Records::new(&payload));
         assert_eq!(part.inherited.kernel, 0);
         assert_eq!((part.tasks[&2].kernel, part.tasks[&2].switches_in), (1, 0));
+        assert_eq!(part.exits, vec![(2, 0)]);
     }
 }

@@ -8,8 +8,9 @@ use std::io::Write;
 use crate::error::Result;
 use crate::input::{Progress, Trace};
 use crate::levels::run;
+use crate::naming::percent;
 use crate::nest::NestWriter;
-use crate::stats::{collect, percent, Count, Stats};
+use crate::stats::{collect, Count, Stats};
 use crate::symbols::Symbolizer;
 
 fn esc(text: &str) -> String {

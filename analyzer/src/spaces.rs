@@ -11,7 +11,7 @@ use vtrace_storage::RecordRef;
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::levels::FuncResolver;
-use crate::stats::{percent, routine_label};
+use crate::naming::{percent, routine_label};
 use crate::symbols::{cr3_root, Symbolizer};
 
 /// Routines listed per address space.

@@ -15,6 +15,7 @@ use crate::insn::{memory_addresses, AddressingMode, Class};
 use crate::levels::{
     run_with, EntryKind, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
 };
+use crate::naming::{percent, routine_label, vector_name};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 use crate::tasks::{Comm, SelectedTasks, Selection, TaskFilter};
 
@@ -368,20 +369,6 @@ fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
     v
 }
 
-/// `part` as a percentage of `total` (0 when there is no total).
-pub fn percent(part: u64, total: u64) -> f64 {
-    100.0 * part as f64 / total.max(1) as f64
-}
-
-/// A routine's name for tables: its symbol, or `[unknown code]`.
-pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
-    if f == UNKNOWN_FUNC {
-        "[unknown code]".to_string()
-    } else {
-        symbols.name(f).to_string()
-    }
-}
-
 /// Self steps by call path (outermost routine first), sorted; where the
 /// trace names tasks, a path starts with the task's name, as perf's flame
 /// graphs start with the command.
@@ -471,7 +458,7 @@ pub fn collect(
         .iter()
         .map(|(v, c)| VectorCount {
             vector: *v,
-            name: crate::nest::vector_name(*v),
+            name: vector_name(*v),
             count: *c,
         })
         .collect();

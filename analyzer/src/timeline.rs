@@ -17,7 +17,7 @@ use vtrace_storage::Event;
 use crate::levels::{
     run_with, BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink, SegmentPass, SegmentRecord,
 };
-use crate::nest::{routine_name, vector_name};
+use crate::naming::{routine_name, vector_name};
 use crate::symbols::Symbolizer;
 use crate::tasks::{Comm, SelectedTasks, TaskFilter, TaskId};
 

@@ -53,6 +53,8 @@ const EV_MAPPINGS: u8 = 0x8e;
 const EV_RUNNING: u8 = 0x8f;
 /// count (varint).
 const EV_RUNNABLE: u8 = 0x90;
+/// tid, code (varints).
+const EV_TASK_EXIT: u8 = 0x91;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -278,6 +280,11 @@ impl SegmentEncoder {
             Event::Runnable { count } => {
                 o.push(EV_RUNNABLE);
                 varint::put(o, u64::from(*count));
+            }
+            Event::TaskExit { tid, code } => {
+                o.push(EV_TASK_EXIT);
+                varint::put(o, u64::from(*tid));
+                varint::put(o, u64::from(*code));
             }
             Event::TaskName { tid, comm } => {
                 o.push(EV_TASK_NAME);
@@ -611,6 +618,10 @@ impl<'a> SegmentDecoder<'a> {
             EV_RUNNABLE => Event::Runnable {
                 count: self.var_u32()?,
             },
+            EV_TASK_EXIT => Event::TaskExit {
+                tid: self.var_u32()?,
+                code: self.var_u32()?,
+            },
             EV_TASK_NAME => Event::TaskName {
                 tid: self.var_u32()?,
                 comm: self.text()?,
@@ -707,6 +718,10 @@ mod tests {
                 comm: "sh".into(),
             },
             Event::Runnable { count: 3 },
+            Event::TaskExit {
+                tid: 7,
+                code: 0x100,
+            },
             Event::Mappings {
                 pid: 5,
                 maps: vec![

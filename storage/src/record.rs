@@ -291,6 +291,13 @@ pub enum Event {
     Runnable {
         count: u32,
     },
+    /// Linux task `tid` exits (it entered `do_exit`) with the kernel's
+    /// exit code: a wait status, `(status << 8) | signal`, the signal
+    /// with 0x80 where it dumped core.
+    TaskExit {
+        tid: u32,
+        code: u32,
+    },
 }
 
 /// One file mapped into a process.

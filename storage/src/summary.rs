@@ -65,6 +65,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::TaskName { .. } => "task_name",
         Event::Running { .. } => "running",
         Event::Runnable { .. } => "runnable",
+        Event::TaskExit { .. } => "task_exit",
         Event::Mappings { .. } => "mappings",
     }
 }

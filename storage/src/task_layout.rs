@@ -13,6 +13,9 @@ pub struct TaskLayout {
     pub switch_to: u64,
     /// Entry of `__set_task_comm(task, name, exec)`, where it exists.
     pub set_comm: Option<u64>,
+    /// Entry of `do_exit(code)`, where it exists: the running task exits
+    /// with the wait status in RDI.
+    pub exit: Option<u64>,
     /// Offset of `pid` (the thread id) in `task_struct`.
     pub pid: u64,
     /// Offset of `tgid` (the process id).

@@ -92,3 +92,27 @@ pub fn virtual_seconds(text: &str) -> Option<f64> {
 }
 
 pub mod amdv;
+
+/// Builds tests/programs/NAME.c into a static program in `dir`, with
+/// symbols and lines.
+pub fn static_program(dir: &Path, name: &str) -> PathBuf {
+    build_program(dir, name, name, &["-static"])
+}
+
+/// Builds tests/programs/NAME.c with gcc, linked as `link` says, with
+/// symbols and lines, into `dir/out`.
+pub fn build_program(dir: &Path, name: &str, out: &str, link: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
+    let out = dir.join(out);
+    let o = Command::new("gcc")
+        .args(link)
+        .args(["-O1", "-g", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(o.status.success(), "gcc {name}: {}", stderr(&o));
+    out
+}

@@ -104,26 +104,23 @@ impl TaskWatch {
         cpu: &mut dyn CpuView,
         sink: &mut dyn RecordSink,
     ) {
-        let gs = cpu.sregs().gs.base;
-        let base = if gs >= KERNEL_HALF {
-            Some(gs)
-        } else {
-            cpu.read_msr(KERNEL_GS_BASE).filter(|b| *b >= KERNEL_HALF)
-        };
-        let Some(base) = base else {
+        let Some(base) = per_cpu_base(cpu) else {
             return;
         };
         self.count_runnable(engine, cpu, base, sink);
-        let Some(slot) = base.checked_add(self.layout.current_task) else {
-            return;
-        };
-        let Some(at) = read_u64(engine, cpu, slot) else {
+        let Some(at) = self.running_at(engine, cpu, base) else {
             return;
         };
         if let Some(task) = self.task(engine, cpu, at) {
             self.switch(task, at, sink);
             self.map_new_process(engine, cpu, sink);
         }
+    }
+
+    /// Where the running task's `task_struct` is, read from the per-CPU
+    /// area at `base`.
+    fn running_at(&self, engine: &mut Engine, cpu: &mut dyn CpuView, base: u64) -> Option<u64> {
+        read_u64(engine, cpu, base.checked_add(self.layout.current_task)?)
     }
 
     /// The instruction at `pc` is about to run.
@@ -163,6 +160,8 @@ impl TaskWatch {
                 // An exec: the new program is mapped by the time it returns.
                 maps.pending = true;
             }
+        } else if Some(pc) == self.layout.exit {
+            self.exit(engine, cpu, sink);
         } else if let Some(maps) = &mut self.maps {
             if pc == maps.layout.syscall_entry {
                 if MAP_SYSCALLS.contains(&cpu.regs().rax) {
@@ -172,6 +171,29 @@ impl TaskWatch {
                 maps.pending = false;
                 self.map_current(engine, cpu, sink);
             }
+        }
+    }
+
+    /// The name of the task running now, read afresh from the kernel's
+    /// data (tracing may be off: nothing followed the switches).
+    pub fn running_comm(&self, engine: &mut Engine, cpu: &mut dyn CpuView) -> Option<String> {
+        // Untraced, the guest may have changed its page tables unseen.
+        engine.forget_translations();
+        let base = per_cpu_base(cpu)?;
+        let at = self.running_at(engine, cpu, base)?;
+        read_text(engine, cpu, at.checked_add(self.layout.comm)?, COMM_LEN - 1)
+    }
+
+    /// `do_exit(code)`: the running task exits. Its thread id is read
+    /// again rather than taken from the last switch, which tracing may
+    /// have started after.
+    fn exit(&mut self, engine: &mut Engine, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
+        let code = cpu.regs().rdi as u32;
+        let tid = per_cpu_base(cpu)
+            .and_then(|base| self.running_at(engine, cpu, base))
+            .and_then(|at| read_id(engine, cpu, at, self.layout.pid));
+        if let Some(tid) = tid {
+            sink.event(&Event::TaskExit { tid, code });
         }
     }
 
@@ -264,6 +286,17 @@ impl TaskWatch {
         let pid = read_id(engine, cpu, at, self.layout.tgid)?;
         let comm = read_text(engine, cpu, at.checked_add(self.layout.comm)?, COMM_LEN - 1)?;
         Some(Task { tid, pid, comm })
+    }
+}
+
+/// The CPU's per-CPU base: GS base in the kernel, the kernel's GS base
+/// saved by SWAPGS in user mode.
+fn per_cpu_base(cpu: &mut dyn CpuView) -> Option<u64> {
+    let gs = cpu.sregs().gs.base;
+    if gs >= KERNEL_HALF {
+        Some(gs)
+    } else {
+        cpu.read_msr(KERNEL_GS_BASE).filter(|b| *b >= KERNEL_HALF)
     }
 }
 
@@ -385,4 +418,89 @@ fn read_text(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64, max: usize) ->
         addr = addr.checked_add(chunk.len() as u64)?;
     }
     Some(String::from_utf8_lossy(&text).into_owned())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::walker::tests::{machine, FlatCpu};
+    use vtrace_storage::Record;
+
+    /// The kernel half's first address, mapped (below) to physical 0.
+    const KERNEL: u64 = KERNEL_HALF;
+    const PER_CPU: u64 = 0x5_0000;
+    const TASK: u64 = 0x6_0000;
+    pub const DO_EXIT: u64 = 0x7000;
+
+    /// A task layout of made-up offsets.
+    pub fn layout() -> TaskLayout {
+        TaskLayout {
+            current_task: 0x100,
+            switch_to: 0x7100,
+            set_comm: None,
+            exit: Some(DO_EXIT),
+            pid: 0x10,
+            tgid: 0x14,
+            comm: 0x20,
+            maps: None,
+            nr_running: None,
+        }
+    }
+
+    /// `machine(code)` with the kernel half mapped and task `tid` (of
+    /// process `tid`) named `comm` running, as `layout()` places it.
+    pub fn running(code: &[u8], tid: u32, comm: &str) -> FlatCpu {
+        let mut cpu = machine(code);
+        cpu.put_u64(0x1000 + 256 * 8, 0x2000 | 3);
+        cpu.sregs.gs.base = KERNEL + PER_CPU;
+        cpu.put_u64(PER_CPU + 0x100, KERNEL + TASK);
+        name_task(&cpu, tid, comm);
+        cpu
+    }
+
+    /// Renames the running task.
+    pub fn name_task(cpu: &FlatCpu, tid: u32, comm: &str) {
+        cpu.put(TASK + 0x10, &tid.to_le_bytes());
+        cpu.put(TASK + 0x14, &tid.to_le_bytes());
+        let mut name = [0u8; COMM_LEN];
+        name[..comm.len()].copy_from_slice(comm.as_bytes());
+        cpu.put(TASK + 0x20, &name);
+    }
+
+    #[test]
+    fn the_running_task_is_read_afresh() {
+        let mut cpu = running(&[0x90], 42, "sh");
+        let mut engine = Engine::new();
+        let watch = TaskWatch::new(layout());
+        assert_eq!(
+            watch.running_comm(&mut engine, &mut cpu).as_deref(),
+            Some("sh")
+        );
+        name_task(&cpu, 42, "vtprog");
+        assert_eq!(
+            watch.running_comm(&mut engine, &mut cpu).as_deref(),
+            Some("vtprog")
+        );
+        // In user mode the per-CPU base is the one SWAPGS saved; this
+        // machine has none.
+        cpu.sregs.gs.base = 0x7000_0000;
+        assert_eq!(watch.running_comm(&mut engine, &mut cpu), None);
+    }
+
+    #[test]
+    fn do_exit_records_the_running_tasks_exit_code() {
+        let mut cpu = running(&[0x90], 42, "vtprog");
+        let mut engine = Engine::new();
+        let mut watch = TaskWatch::new(layout());
+        let mut out: Vec<Record> = Vec::new();
+        cpu.regs.rdi = 3 << 8;
+        watch.before(DO_EXIT, &mut engine, &mut cpu, &mut out);
+        assert_eq!(
+            out,
+            vec![Record::Event(Event::TaskExit {
+                tid: 42,
+                code: 3 << 8
+            })]
+        );
+    }
 }

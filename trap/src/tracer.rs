@@ -24,6 +24,12 @@ pub struct TraceOptions {
     pub start_at: Option<u64>,
     /// Stop when execution reaches this linear address (before it runs).
     pub stop_at: Option<u64>,
+    /// Start at [`TraceOptions::start_at`] only in a task of this name
+    /// (a comm, up to 15 bytes): the address is a user program's, and
+    /// every process may have code there.
+    pub start_in: Option<String>,
+    /// Stop at [`TraceOptions::stop_at`] only in a task of this name.
+    pub stop_in: Option<String>,
     /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
     /// exception handlers with breakpoints too, for exceptions the engine
     /// does not foresee (see [`crate::fault`]).
@@ -100,6 +106,8 @@ impl Default for TraceOptions {
             autostop: DEFAULT_AUTOSTOP.to_vec(),
             start_at: None,
             stop_at: None,
+            start_in: None,
+            stop_in: None,
             trap_flag_host: false,
             exit_after_trace: false,
             linux_tasks: None,
@@ -141,6 +149,8 @@ pub struct Tracer {
     /// Watched exception handlers: (entry, vector).
     handlers: Vec<(u64, u8)>,
     tasks: Option<TaskWatch>,
+    /// A trigger fired where its task could not be told (said once).
+    unsure_trigger: bool,
 }
 
 /// Starts and stops the user did not ask for at that moment (a trigger,
@@ -178,6 +188,7 @@ impl Tracer {
             breakpoints: Vec::new(),
             handlers: Vec::new(),
             tasks,
+            unsure_trigger: false,
         };
         tracer.engine.set_step_limit(tracer.options.max_steps);
         // Needed where stepping rides on TF (the CPU would run handlers
@@ -306,6 +317,32 @@ impl Tracer {
         }
     }
 
+    /// Whether the running task is named `comm` (a trigger's condition;
+    /// `None` holds everywhere). Where the task cannot be read (no task
+    /// layout, the kernel's half unmapped in user mode) the trigger fires,
+    /// and says so once: better a trace from the wrong process than none.
+    fn runs_in(&mut self, comm: Option<&str>, cpu: &mut dyn CpuView) -> bool {
+        let Some(wanted) = comm else {
+            return true;
+        };
+        let running = self
+            .tasks
+            .as_mut()
+            .and_then(|t| t.running_comm(&mut self.engine, cpu));
+        match running {
+            Some(name) => name == wanted,
+            None => {
+                if !self.unsure_trigger {
+                    self.unsure_trigger = true;
+                    (self.announce)(&format!(
+                        "vtrace: cannot tell which task reached the trigger in {wanted}; it fires"
+                    ));
+                }
+                true
+            }
+        }
+    }
+
     fn check_limits(&mut self) {
         if let Some(vector) = self.engine.take_exception() {
             if self.options.autostop.contains(&vector) {
@@ -349,7 +386,10 @@ impl Monitor for Tracer {
     fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
         self.engine.restore_fmask(cpu);
         if let (ExitView::Debug { breakpoint: true }, Some(at)) = (exit, self.options.start_at) {
-            if !self.active && self.breakpoints.contains(&at) {
+            if !self.active
+                && self.breakpoints.contains(&at)
+                && self.runs_in(self.options.start_in.clone().as_deref(), cpu)
+            {
                 // Once: stepping on from here must not hit it again.
                 self.breakpoints.retain(|b| *b != at);
                 self.start(TraceReason::Address(at));
@@ -374,7 +414,9 @@ impl Monitor for Tracer {
         }
         self.check_limits();
         if let (Some(at), true) = (self.options.stop_at, self.active) {
-            if self.engine.next_pc() == Some(at) {
+            if self.engine.next_pc() == Some(at)
+                && self.runs_in(self.options.stop_in.clone().as_deref(), cpu)
+            {
                 self.stop(TraceReason::Address(at));
             }
         }
@@ -589,6 +631,33 @@ mod tests {
         let mut t = tracer(dir.path(), options);
         t.before_entry(&mut cpu);
         assert!(t.breakpoints().is_empty());
+    }
+
+    #[test]
+    fn a_start_place_bound_to_a_task_fires_only_in_that_task() {
+        use crate::tasks::tests::{layout, name_task, running};
+        use crate::walker::tests::CODE;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cpu = running(&[0x90, 0x90], 7, "sh");
+        let options = TraceOptions {
+            start_at: Some(CODE),
+            start_in: Some("vtprog".into()),
+            linux_tasks: Some(layout()),
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        t.before_entry(&mut cpu);
+        assert_eq!(t.breakpoints(), &[CODE]);
+        // Another program has code at that address: it runs on, the
+        // breakpoint stays.
+        t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
+        assert!(!t.active());
+        assert_eq!(t.breakpoints(), &[CODE]);
+        // The program itself gets there.
+        name_task(&cpu, 8, "vtprog");
+        t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
+        assert!(t.active());
+        assert!(t.breakpoints().is_empty(), "once");
     }
 
     #[test]

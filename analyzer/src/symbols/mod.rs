@@ -248,7 +248,7 @@ impl Symbolizer {
 
     /// Adds, for the last source added, its routines in `elf`'s loadable
     /// segments once more at their physical load addresses (see
-    /// [`elf::physical_loads`]). Nothing if no segment loads elsewhere.
+    /// `elf::physical_loads`). Nothing if no segment loads elsewhere.
     pub fn add_physical_alias(&mut self, elf: &[u8]) {
         let Some(last) = self.sources.last() else {
             return;

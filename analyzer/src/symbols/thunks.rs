@@ -36,8 +36,14 @@ pub fn thunk_kind(name: &str) -> Option<Thunk> {
     }
     // __x86_return_thunk, retbleed_return_thunk, srso_return_thunk,
     // srso_alias_return_thunk, its_return_thunk; __ret with call depth
-    // tracking.
-    if name.ends_with("_return_thunk") || name == "__ret" {
+    // tracking. SRSO's thunks are `call srso_safe_ret`, and that is
+    // `lea 8(%rsp), %rsp; ret` (arch/x86/lib/retpoline.S): the stub is
+    // part of the return too.
+    if name.ends_with("_return_thunk")
+        || name == "__ret"
+        || name == "srso_safe_ret"
+        || name == "srso_alias_safe_ret"
+    {
         return Some(Thunk::Return);
     }
     None
@@ -51,6 +57,7 @@ mod tests {
     fn names_of_linux_trampolines() {
         assert_eq!(thunk_kind("__x86_return_thunk"), Some(Thunk::Return));
         assert_eq!(thunk_kind("srso_alias_return_thunk"), Some(Thunk::Return));
+        assert_eq!(thunk_kind("srso_safe_ret"), Some(Thunk::Return));
         assert_eq!(
             thunk_kind("__x86_indirect_thunk_array"),
             Some(Thunk::IndirectBranch)

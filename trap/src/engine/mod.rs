@@ -218,6 +218,8 @@ impl Engine {
         self.mid_rep = false;
         self.foreseen = None;
         self.started = true;
+        // What was cached before an untraced stretch may be stale.
+        self.walker.flush();
     }
 
     /// Stops following the vCPU (tracing was switched off).
@@ -229,6 +231,12 @@ impl Engine {
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
+    }
+
+    /// Drops the cached translations of guest linear addresses: the guest
+    /// ran untraced and may have changed its page tables unseen.
+    pub fn forget_translations(&mut self) {
+        self.walker.flush();
     }
 
     /// Reads guest memory at linear address `linear` through the guest's

@@ -61,7 +61,7 @@ fn payload<'a>(bytes: &'a [u8], header: &setup_header) -> Option<&'a [u8]> {
 
 /// The vmlinux ELF inside a bzImage, decompressed on the host; `None` if
 /// `bytes` is not a bzImage, its payload is not an ELF, or its compression
-/// is one vtrace does not decompress (see [`decompress`]). The analyzer
+/// is one vtrace does not decompress (see `decompress`). The analyzer
 /// reads the kernel's own symbol table (kallsyms) from it.
 pub fn vmlinux_inside(bytes: &[u8]) -> Option<Vec<u8>> {
     if !is_bzimage(bytes) {

@@ -68,7 +68,7 @@ impl HypercallPort {
 
     /// Serves one call. `log` receives lines to print for the user: LOG
     /// text and the reason for rejected calls, escaped and rate-limited
-    /// (see [`crate::guest_text`]).
+    /// (see `guest_text`).
     pub fn handle(
         &mut self,
         call: Hypercall,

@@ -55,7 +55,7 @@ const GDT: [u64; 5] = [
 /// How a probe run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ending {
-    /// The code reached its end (an OUT to [`DONE_PORT`]).
+    /// The code reached its end (an OUT to `DONE_PORT`).
     Done,
     /// The guest took an exception or interrupt: its IDT stub reported
     /// this vector.

@@ -1,0 +1,302 @@
+//! Per-segment work: turns a segment's records into [`Item`]s, the
+//! engine's input, with each step's routine resolved and runs of steps
+//! within one routine folded.
+
+use vtrace_storage::Event;
+
+use super::pass::SegmentRecord;
+use crate::input::SegmentInfo;
+use crate::insn::Flow;
+use crate::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
+use crate::tasks::{TaskId, TaskTracker};
+
+/// One step or boundary, as the engine needs it. Built in parallel per
+/// segment by an [`ItemBuilder`], consumed in order by
+/// [`LevelEngine::push`](super::LevelEngine::push).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    Step {
+        step: u64,
+        pc: u64,
+        cr3: u64,
+        func: FuncId,
+        flow: Flow,
+        len: u8,
+    },
+    /// `steps` more steps in the routine and address space of the step
+    /// (or run) just before, each reached from the one before it by
+    /// falling through or by a jump within the routine, with no other item
+    /// between. They cannot change the call stack, so the engine only
+    /// counts them; `step`, `pc`, `len` and `flow` are the last one's.
+    /// Most of a trace is such runs, and folding them keeps the in-order
+    /// part of the analysis, the one that cannot run in parallel, short.
+    Run {
+        step: u64,
+        steps: u32,
+        pc: u64,
+        len: u8,
+        flow: Flow,
+    },
+    Interrupt {
+        vector: u8,
+    },
+    /// The next step is a system call of this number (see
+    /// [`crate::syscalls`]).
+    SystemCallNumber(u64),
+    /// From the next step on, this task runs (or the running one took
+    /// this name).
+    Task(TaskId),
+    /// A guest mark (hypercall or `vtrace ctl mark`).
+    Mark {
+        id: u64,
+        value: u64,
+    },
+    /// Steps the trace does not have: a gap, or tracing stopped and started
+    /// again, or a damaged segment skipped.
+    Break,
+}
+
+/// Routines a [`FuncResolver`] remembers.
+const RECENT_ROUTINES: usize = 4;
+
+/// Resolves routines with a cache of the last few: consecutive steps are
+/// almost always in the same routine, and a kernel's calls mostly go back
+/// and forth between a caller, its callee and a helper every function
+/// calls (`__fentry__`), while a table lookup per step would dominate.
+pub struct FuncResolver<'a> {
+    symbols: &'a Symbolizer,
+    /// (start, end, address-space root, routine), most recent first.
+    recent: [(u64, u64, u64, FuncId); RECENT_ROUTINES],
+}
+
+impl<'a> FuncResolver<'a> {
+    pub fn new(symbols: &'a Symbolizer) -> Self {
+        FuncResolver {
+            symbols,
+            // Empty ranges: never hit.
+            recent: [(1, 0, 0, UNKNOWN_FUNC); RECENT_ROUTINES],
+        }
+    }
+
+    pub fn func(&mut self, pc: u64, cr3: u64) -> FuncId {
+        let root = cr3_root(cr3);
+        let hit = self
+            .recent
+            .iter()
+            .position(|&(start, end, r, _)| pc >= start && pc < end && r == root);
+        if let Some(i) = hit {
+            let entry = self.recent[i];
+            self.recent.copy_within(0..i, 1);
+            self.recent[0] = entry;
+            return entry.3;
+        }
+        match self.symbols.resolve(pc, cr3) {
+            Some(r) => {
+                self.recent.copy_within(0..RECENT_ROUTINES - 1, 1);
+                self.recent[0] = (r.start, r.end, root, r.func);
+                r.func
+            }
+            None => UNKNOWN_FUNC,
+        }
+    }
+}
+
+/// A step inside an indirect-branch trampoline, held until the routine it
+/// leads to is known.
+#[derive(Clone, Copy, Debug)]
+struct InTransit {
+    step: u64,
+    pc: u64,
+    cr3: u64,
+    func: FuncId,
+    len: u8,
+}
+
+/// Builds one segment's level items, a record at a time.
+///
+/// Trampolines ([`Thunk`]) are folded into the routines around them: the
+/// steps of a return thunk count as the routine that jumped to it (its
+/// `ret` then returns from that routine), and the steps of an
+/// indirect-branch thunk (with any return thunk it goes through) count as
+/// the routine it reaches, with their own calls and returns ignored, so an
+/// indirect call through a retpoline enters its target like a direct call.
+pub struct ItemBuilder<'a> {
+    symbols: &'a Symbolizer,
+    funcs: FuncResolver<'a>,
+    out: Vec<Item>,
+    step: u64,
+    stopped: bool,
+    /// Address space and routine a next step in them may join the last
+    /// item as part of a run: set only after a step that neither calls nor
+    /// returns.
+    open: Option<(u64, FuncId)>,
+    /// The last routine looked up and whether it is a trampoline.
+    last_thunk: Option<(FuncId, Option<Thunk>)>,
+    /// Routine of the last step outside trampolines, since the last
+    /// interrupt or break.
+    behind: Option<FuncId>,
+    transit: Vec<InTransit>,
+    tasks: TaskTracker,
+}
+
+impl<'a> ItemBuilder<'a> {
+    pub fn new(info: &SegmentInfo, symbols: &'a Symbolizer) -> Self {
+        ItemBuilder {
+            symbols,
+            funcs: FuncResolver::new(symbols),
+            out: Vec::new(),
+            step: info.first_step,
+            stopped: false,
+            open: None,
+            last_thunk: None,
+            behind: None,
+            transit: Vec::new(),
+            tasks: TaskTracker::default(),
+        }
+    }
+
+    fn boundary(&mut self, item: Item) {
+        self.flush_transit(None);
+        self.out.push(item);
+        self.open = None;
+        self.behind = None;
+    }
+
+    fn thunk(&mut self, func: FuncId) -> Option<Thunk> {
+        match self.last_thunk {
+            Some((f, kind)) if f == func => kind,
+            _ => {
+                let kind = self.symbols.thunk(func);
+                self.last_thunk = Some((func, kind));
+                kind
+            }
+        }
+    }
+
+    /// Emits the held trampoline steps as part of `target`, or of their
+    /// own routine when what they lead to is not known (an interrupt or
+    /// the segment's end came first). Their calls and returns are
+    /// internal, so they go as plain jumps either way.
+    fn flush_transit(&mut self, target: Option<FuncId>) {
+        for t in std::mem::take(&mut self.transit) {
+            self.push_step(
+                t.step,
+                t.pc,
+                t.cr3,
+                target.unwrap_or(t.func),
+                Flow::Jump,
+                t.len,
+            );
+        }
+    }
+
+    fn push_step(&mut self, step: u64, pc: u64, cr3: u64, func: FuncId, flow: Flow, len: u8) {
+        let joins = self.open == Some((cr3, func));
+        let extended = joins
+            && match self.out.last_mut() {
+                Some(Item::Run {
+                    step: last,
+                    steps,
+                    pc: p,
+                    len: l,
+                    flow: f,
+                }) if *steps < u32::MAX => {
+                    (*last, *p, *l, *f) = (step, pc, len, flow);
+                    *steps += 1;
+                    true
+                }
+                _ => false,
+            };
+        if !extended {
+            self.out.push(if joins {
+                Item::Run {
+                    step,
+                    steps: 1,
+                    pc,
+                    len,
+                    flow,
+                }
+            } else {
+                Item::Step {
+                    step,
+                    pc,
+                    cr3,
+                    func,
+                    flow,
+                    len,
+                }
+            });
+        }
+        self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((cr3, func));
+    }
+
+    /// Adds one record.
+    pub fn record(&mut self, record: SegmentRecord<'_>) {
+        match record {
+            SegmentRecord::Step(s, insn) => {
+                if std::mem::take(&mut self.stopped) {
+                    self.boundary(Item::Break);
+                }
+                let func = self.funcs.func(s.pc, s.cr3);
+                let flow = insn.flow;
+                if let Some(number) = crate::syscalls::number_of(s) {
+                    self.out.push(Item::SystemCallNumber(number));
+                }
+                let len = s.bytes.len() as u8;
+                let step = self.step;
+                self.step = self.step.saturating_add(1);
+                let held = InTransit {
+                    step,
+                    pc: s.pc,
+                    cr3: s.cr3,
+                    func,
+                    len,
+                };
+                match self.thunk(func) {
+                    Some(Thunk::IndirectBranch) => self.transit.push(held),
+                    Some(Thunk::Return) if !self.transit.is_empty() => self.transit.push(held),
+                    Some(Thunk::Return) => {
+                        let owner = self.behind.unwrap_or(func);
+                        // SRSO's thunk calls a stub that drops the return
+                        // address again: only its `ret` returns, from the
+                        // owner.
+                        let flow = if flow == Flow::Call { Flow::Jump } else { flow };
+                        self.push_step(step, s.pc, s.cr3, owner, flow, len);
+                    }
+                    None => {
+                        self.flush_transit(Some(func));
+                        self.behind = Some(func);
+                        self.push_step(step, s.pc, s.cr3, func, flow, len);
+                    }
+                }
+            }
+            SegmentRecord::Event(Event::Interrupt { vector, .. }) => {
+                self.boundary(Item::Interrupt { vector: *vector })
+            }
+            SegmentRecord::Event(Event::Mark { id, value }) => self.boundary(Item::Mark {
+                id: *id,
+                value: *value,
+            }),
+            SegmentRecord::Event(Event::Gap { .. }) => self.boundary(Item::Break),
+            SegmentRecord::Event(Event::TraceStop(_)) => self.stopped = true,
+            SegmentRecord::Event(
+                e @ (Event::Task { .. } | Event::Running { .. } | Event::TaskName { .. }),
+            ) => {
+                if self.tasks.follow(e) {
+                    if let Some(task) = self.tasks.current().copied() {
+                        // Steps held in a trampoline were the task's before.
+                        self.flush_transit(None);
+                        self.out.push(Item::Task(task));
+                        self.open = None;
+                    }
+                }
+            }
+            SegmentRecord::Event(_) => {}
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<Item> {
+        self.flush_transit(None);
+        self.out
+    }
+}

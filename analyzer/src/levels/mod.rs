@@ -1,0 +1,25 @@
+//! The level engine: follows calls, returns, jumps between routines,
+//! interrupts and switches through a trace with a call stack per task
+//! where the trace names Linux tasks (each has its own kernel stack, and
+//! kernel threads borrow address spaces), else per address space, and
+//! tells a [`LevelSink`] about routine entries and exits, big-level
+//! boundaries and irregular control flow.
+//!
+//! A *big level* is a stretch of the trace from its start, an interrupt or
+//! exception entry, a system-call entry, a return from one of those, or a
+//! task or address-space switch, to the next such boundary. *Small levels*
+//! are the call depths within it. Memory is the deepest stack times the
+//! number of stacks, plus one trie node per distinct call path.
+
+mod engine;
+mod items;
+mod pass;
+mod sink;
+
+pub use engine::{LevelCounts, LevelEngine, ROOT_NODE};
+pub use items::{FuncResolver, Item, ItemBuilder};
+pub use pass::{run, run_with, SegmentPass, SegmentRecord};
+pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
+
+#[cfg(test)]
+mod tests;

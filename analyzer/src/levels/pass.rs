@@ -1,0 +1,106 @@
+//! The pass over a trace: items built in parallel per segment, with any
+//! other per-segment work in the same reading, fed in order to the
+//! engine.
+
+use vtrace_storage::{Event, RecordRef, Step};
+
+use super::engine::LevelEngine;
+use super::items::{Item, ItemBuilder};
+use super::sink::LevelSink;
+use crate::input::SegmentInfo;
+use crate::insn::{InsnCache, InsnInfo};
+use crate::symbols::Symbolizer;
+
+/// A record as per-segment work sees it: a step comes with its decoded
+/// instruction, looked up once for all the work on it.
+#[derive(Clone, Copy, Debug)]
+pub enum SegmentRecord<'a> {
+    Step(&'a Step, &'a InsnInfo),
+    Event(&'a Event),
+}
+
+impl<'a> SegmentRecord<'a> {
+    /// `record`, with a step's instruction from the segment's `cache`.
+    pub fn new(record: RecordRef<'a>, cache: &'a mut InsnCache) -> Self {
+        match record {
+            RecordRef::Step(s) => SegmentRecord::Step(s, cache.get(s)),
+            RecordRef::Event(e) => SegmentRecord::Event(e),
+        }
+    }
+}
+
+/// Work done on each segment in the same pass over its records as the
+/// level items (see [`run_with`]).
+pub trait SegmentPass {
+    type Output: Send;
+    /// Sees each record in order.
+    fn record(&mut self, record: SegmentRecord<'_>);
+    fn finish(self) -> Self::Output;
+}
+
+/// No extra work.
+impl SegmentPass for () {
+    type Output = ();
+    fn record(&mut self, _: SegmentRecord<'_>) {}
+    fn finish(self) {}
+}
+
+/// Runs the level engine over a whole trace: items are built in parallel
+/// across segments and fed to `sink` in order. Missing steps between
+/// segments become breaks.
+pub fn run(
+    trace: &crate::input::Trace,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    run_with(trace, symbols, sink, |_| (), |_| {}, progress)
+}
+
+/// [`run`], plus per-segment work done in parallel in the same pass as the
+/// items: `pass` makes it for a segment, and `merge` gets its output in
+/// trace order.
+pub fn run_with<P: SegmentPass>(
+    trace: &crate::input::Trace,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
+    mut merge: impl FnMut(P::Output),
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    let mut engine = LevelEngine::new();
+    let mut expected: Option<u64> = None;
+    trace.for_each_ordered(
+        &trace.segments,
+        |info, records| {
+            let mut cache = InsnCache::default();
+            let mut items = ItemBuilder::new(info, symbols);
+            let mut extra = pass(info);
+            while let Some(r) = records.next_record() {
+                let r = SegmentRecord::new(r, &mut cache);
+                items.record(r);
+                extra.record(r);
+            }
+            (items.finish(), extra.finish())
+        },
+        |chunk| {
+            if expected.is_some_and(|e| e != chunk.info.first_step) {
+                engine.push(Item::Break, sink);
+            }
+            expected = Some(chunk.info.first_step.saturating_add(chunk.info.steps));
+            match chunk.result {
+                Ok((items, part)) => {
+                    for item in items {
+                        engine.push(item, sink);
+                    }
+                    merge(part);
+                }
+                Err(_) => engine.push(Item::Break, sink),
+            }
+            Ok::<(), crate::error::AnalyzeError>(())
+        },
+        progress,
+    )?;
+    engine.finish(sink);
+    Ok(engine)
+}

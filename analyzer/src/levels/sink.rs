@@ -1,0 +1,147 @@
+//! What the engine tells: routine entries and exits, big levels,
+//! irregular control flow, marks and task changes, through a
+//! [`LevelSink`].
+
+use crate::symbols::FuncId;
+use crate::tasks::TaskId;
+
+/// How a routine was entered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// First routine of the trace, of an address space, or after a break.
+    Root,
+    Call,
+    /// Reached by a jump from the routine it replaces at the same depth
+    /// (a tail call, or an interrupt stub jumping to common code).
+    Jump {
+        from: FuncId,
+    },
+    Interrupt {
+        vector: u8,
+    },
+    SystemCall,
+}
+
+/// How a routine was left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    Return,
+    /// A return or jump went to a frame further down: this one was skipped.
+    Unwound,
+    /// Replaced by a routine it jumped to.
+    JumpedAway,
+    TraceEnd,
+}
+
+/// A routine activation as sinks see it.
+#[derive(Clone, Copy, Debug)]
+pub struct FrameView {
+    pub func: FuncId,
+    pub entry_pc: u64,
+    pub entry_step: u64,
+    /// Position on its call stack (0 = bottom).
+    pub depth: usize,
+    pub kind: EntryKind,
+    pub cr3: u64,
+    /// The task whose stack it is on, where the trace names tasks.
+    pub task: Option<TaskId>,
+    /// Node in the call-path trie ([`LevelEngine::path`](super::LevelEngine::path)).
+    pub node: u32,
+    pub self_steps: u64,
+    /// Steps in it and everything it called or was interrupted by.
+    pub total_steps: u64,
+    /// Whether the same routine is further down the stack (its total is
+    /// already counted there).
+    pub recursive: bool,
+    /// Last step executed in it (valid at exit).
+    pub last_step: u64,
+}
+
+/// Irregular control flow, marked `## divided level ##` in nest diagrams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Irregular {
+    /// A `ret` went somewhere no frame on the stack returns to (a `ret`
+    /// used as a jump or call, or a stack switched under the tracer).
+    ReturnNotOnStack { to: u64 },
+    /// A `ret` returned to a frame below the top, skipping `skipped` frames.
+    ReturnPastFrames { skipped: usize },
+    /// A jump into a routine already on the stack, below the top.
+    JumpIntoStack { skipped: usize },
+    /// An interrupt return to a place no interrupt frame returns to.
+    InterruptReturnUnmatched { to: u64 },
+}
+
+impl Irregular {
+    pub fn describe(&self) -> String {
+        match self {
+            Irregular::ReturnNotOnStack { to } => {
+                format!("ret to {to:#x}, which no frame on the stack returns to")
+            }
+            Irregular::ReturnPastFrames { skipped } => {
+                format!("ret past {skipped} frame(s) to one further down the stack")
+            }
+            Irregular::JumpIntoStack { skipped } => {
+                format!("jump back into a routine on the stack, leaving {skipped} frame(s)")
+            }
+            Irregular::InterruptReturnUnmatched { to } => {
+                format!("interrupt return to {to:#x}, which no interrupt frame returns to")
+            }
+        }
+    }
+}
+
+/// Why a big level began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BigLevelCause {
+    TraceStart,
+    Interrupt {
+        vector: u8,
+    },
+    /// A system call: its number where the trace shows it (x86-64
+    /// `syscall` from user mode).
+    SystemCall {
+        number: Option<u64>,
+    },
+    /// Back from an interrupt or system call into what it interrupted.
+    Resume,
+    /// Another address space, in a trace that names no tasks.
+    Switch {
+        from: u64,
+    },
+    /// Another task runs ([`BigLevel::task`]).
+    TaskSwitch {
+        from: Option<TaskId>,
+    },
+    /// After steps the trace does not have.
+    Break,
+}
+
+/// The start of a big level.
+#[derive(Clone, Copy, Debug)]
+pub struct BigLevel {
+    pub step: u64,
+    pub cause: BigLevelCause,
+    pub cr3: u64,
+    /// The running task, where the trace names tasks.
+    pub task: Option<TaskId>,
+    /// Interrupt and system-call frames on the stack: how deeply this level
+    /// is nested in what it interrupted.
+    pub nesting: usize,
+    /// The routine that was running when the level began (what an
+    /// interrupt interrupted), if any.
+    pub interrupted: Option<(FuncId, u64)>,
+}
+
+/// What consumes the engine's findings. Every method has a default that
+/// ignores it.
+pub trait LevelSink {
+    fn big_level(&mut self, _level: &BigLevel) {}
+    fn enter(&mut self, _frame: &FrameView) {}
+    fn exit(&mut self, _frame: &FrameView, _how: ExitKind) {}
+    fn irregular(&mut self, _step: u64, _depth: usize, _what: Irregular) {}
+    /// A mark between steps; `step` is the number of the next step.
+    fn mark(&mut self, _step: u64, _cr3: u64, _id: u64, _value: u64) {}
+    /// From the next step on, `task` runs (or the running task was
+    /// renamed).
+    fn task(&mut self, _task: &TaskId) {}
+}

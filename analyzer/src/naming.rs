@@ -1,0 +1,42 @@
+//! How analyses name things for people: routines, interrupt vectors,
+//! shares.
+
+use crate::levels::FrameView;
+use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
+
+/// Name of a routine for people: its symbol, or its entry address.
+pub fn routine_name(symbols: &Symbolizer, frame: &FrameView) -> String {
+    if frame.func == UNKNOWN_FUNC {
+        format!("{:#x}", frame.entry_pc)
+    } else {
+        symbols.name(frame.func).to_string()
+    }
+}
+
+/// Short name of an interrupt vector.
+pub fn vector_name(vector: u8) -> String {
+    const EXC: [&str; 22] = [
+        "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#MF", "#TS", "#NP", "#SS",
+        "#GP", "#PF", "#15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP",
+    ];
+    match vector {
+        v if usize::from(v) < EXC.len() => EXC[usize::from(v)].to_string(),
+        32 => "irq 0 (timer)".into(),
+        v if (33..48).contains(&v) => format!("irq {}", v - 32),
+        v => format!("vector {v}"),
+    }
+}
+
+/// `part` as a percentage of `total` (0 when there is no total).
+pub fn percent(part: u64, total: u64) -> f64 {
+    100.0 * part as f64 / total.max(1) as f64
+}
+
+/// A routine's name for tables: its symbol, or `[unknown code]`.
+pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
+    if f == UNKNOWN_FUNC {
+        "[unknown code]".to_string()
+    } else {
+        symbols.name(f).to_string()
+    }
+}

@@ -1,0 +1,168 @@
+//! Where `--start-at` and `--stop-at` fire: the address of a location,
+//! found before the trace disk is made (a misspelt routine must not
+//! leave a gigabyte file behind).
+
+use std::path::Path;
+
+use anyhow::Result;
+use vtrace_analyzer::symbols::{discover, Discovery, Symbolizer};
+use vtrace_analyzer::user_routine::{
+    fixed_routine_address, program_from_file, program_in_initramfs, Program, UserRoutineError,
+};
+use vtrace_storage::metadata::TraceMetadata;
+
+use crate::exit_status::BadArgument;
+use crate::units::Location;
+
+/// A trigger's place.
+#[derive(Clone, Debug)]
+pub struct Place {
+    /// The linear address it fires at.
+    pub address: u64,
+    /// Fires only in tasks of this name (a user program's routine).
+    pub task: Option<String>,
+    /// What the user should be told of it.
+    pub note: Option<String>,
+}
+
+/// Finds places, reading the kernel's symbols once, when a place names
+/// one of its routines.
+pub struct Places<'a> {
+    metadata: &'a TraceMetadata,
+    initrd: Option<&'a Path>,
+    /// Whether the tracer can tell tasks apart (a Linux kernel whose
+    /// layout it read).
+    tasks_known: bool,
+    kernel: Option<(Symbolizer, Discovery)>,
+}
+
+impl<'a> Places<'a> {
+    /// Places of a run that boots with `metadata` and `initrd`.
+    pub fn new(metadata: &'a TraceMetadata, initrd: Option<&'a Path>, tasks_known: bool) -> Self {
+        Places {
+            metadata,
+            initrd,
+            tasks_known,
+            kernel: None,
+        }
+    }
+
+    /// The place of `location`, given as `option`.
+    pub fn find(&mut self, location: &Option<Location>, option: &str) -> Result<Option<Place>> {
+        let place = match location {
+            None => return Ok(None),
+            Some(Location::Address(a)) => Place {
+                address: *a,
+                task: None,
+                note: None,
+            },
+            Some(Location::Symbol {
+                program: None,
+                name,
+                offset,
+            }) => Place {
+                address: self.kernel_routine(option, name, *offset)?,
+                task: None,
+                note: None,
+            },
+            Some(Location::Symbol {
+                program: Some(program),
+                name,
+                offset,
+            }) => self.user_routine(option, program, name, *offset)?,
+        };
+        Ok(Some(place))
+    }
+
+    /// The address of kernel routine `name` (plus `offset`).
+    fn kernel_routine(&mut self, option: &str, name: &str, offset: u64) -> Result<u64> {
+        let metadata = self.metadata;
+        let (symbols, found) = self.kernel.get_or_insert_with(|| {
+            let mut s = Symbolizer::new();
+            let found = discover(metadata, &crate::analyze::kernel_images(), &mut s);
+            (s, found)
+        });
+        let addresses = symbols.addresses_of(name);
+        let problem = match addresses.as_slice() {
+            [one] => return Ok(one.wrapping_add(offset)),
+            [] if found.loaded.is_empty() => format!(
+                "{option} {name}: the kernel's symbols were not found ({}); give an address",
+                found.warnings.join("; ")
+            ),
+            [] => format!(
+                "{option} {name}: no routine of that name in {}",
+                found.loaded.join(", ")
+            ),
+            many => format!(
+                "{option} {name}: {} routines have that name (at {}); give one by address",
+                many.len(),
+                many.iter()
+                    .map(|a| format!("{a:#x}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        Err(BadArgument(problem).into())
+    }
+
+    /// The place of routine `name` (plus `offset`) of user program
+    /// `program`, which fires only in tasks running that program where
+    /// the tracer can tell tasks apart.
+    fn user_routine(&self, option: &str, program: &str, name: &str, offset: u64) -> Result<Place> {
+        let bad = |e: UserRoutineError| BadArgument(format!("{option} {program}:{name}: {e}"));
+        let found = self.program(program).map_err(bad)?;
+        let address = fixed_routine_address(&found, name)
+            .map_err(bad)?
+            .wrapping_add(offset);
+        let whom = if self.tasks_known {
+            format!("it fires in tasks named {}", found.comm)
+        } else {
+            "the kernel's tasks cannot be read, so it fires in any process that runs that \
+             address"
+                .to_string()
+        };
+        Ok(Place {
+            address,
+            task: self.tasks_known.then(|| found.comm.clone()),
+            note: Some(format!(
+                "vtrace: {option} {program}:{name}{} is {address:#x} in {}; {whom}",
+                if offset == 0 {
+                    String::new()
+                } else {
+                    format!("+{offset:#x}")
+                },
+                found.origin
+            )),
+        })
+    }
+
+    /// The program's file: in the initramfs the run boots, by file name
+    /// or path, else a file of the host.
+    fn program(&self, program: &str) -> std::result::Result<Program, UserRoutineError> {
+        if let Some(initrd) = self.initrd {
+            let origin = initrd.display().to_string();
+            let bytes = std::fs::read(initrd).map_err(|e| UserRoutineError::BadArchive {
+                origin: origin.clone(),
+                why: e.to_string(),
+            })?;
+            let found =
+                program_in_initramfs(&bytes, &origin, program, &vtrace_vmm::boot::decompressed)?;
+            if let Some(found) = found {
+                return Ok(found);
+            }
+        }
+        let path = Path::new(program);
+        if path.is_file() {
+            let bytes =
+                std::fs::read(path).map_err(|_| UserRoutineError::NotElf(program.into()))?;
+            return Ok(program_from_file(bytes, program));
+        }
+        Err(UserRoutineError::NoProgram {
+            program: program.to_string(),
+            looked: match self.initrd {
+                Some(initrd) => format!("in {} or on this host", initrd.display()),
+                None => "on this host (the run boots no --initrd)".to_string(),
+            },
+        })
+    }
+}
