@@ -483,16 +483,7 @@ fn a_user_routine_is_found_through_the_programs_elf() {
     let pie = build_program(dir.path(), "vtprog", "piprog", &["-pie", "-fPIE"]);
     std::fs::copy(&pie, root.join("bin/piprog")).unwrap();
     let cpio = dir.path().join("root.cpio");
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "cd {} && find . | cpio -o -H newc --quiet > {}",
-            root.display(),
-            cpio.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "cpio: {}", stderr(&o));
+    newc_archive(&root, &cpio);
     let nm = std::process::Command::new("nm")
         .arg(&vtprog)
         .output()

@@ -186,7 +186,8 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
                 format!("system call {} ({n}){during}", syscalls::name(n))
             }
             BigLevelCause::SystemCall { number: None } => format!("system call{during}"),
-            BigLevelCause::Resume => "return from interrupt".into(),
+            BigLevelCause::Resume { system_call: false } => "return from interrupt".into(),
+            BigLevelCause::Resume { system_call: true } => "return from system call".into(),
             BigLevelCause::Switch { from } => {
                 format!("address space switch from {from:#x}")
             }

@@ -116,3 +116,18 @@ pub fn build_program(dir: &Path, name: &str, out: &str, link: &[&str]) -> PathBu
     assert!(o.status.success(), "gcc {name}: {}", stderr(&o));
     out
 }
+
+/// Packs the tree at `root` into the newc cpio archive `out` (an
+/// initramfs), with the system's `cpio`.
+pub fn newc_archive(root: &Path, out: &Path) {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd {} && find . | cpio -o -H newc --quiet > {}",
+            root.display(),
+            out.display()
+        ))
+        .output()
+        .expect("sh");
+    assert!(o.status.success(), "cpio: {}", stderr(&o));
+}

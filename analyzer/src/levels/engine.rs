@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::items::Item;
+use super::items::{Item, PREVIOUS_FUNC};
 use super::sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 use crate::insn::Flow;
 use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
@@ -393,7 +393,10 @@ impl LevelEngine {
                 match found {
                     Some(i) => {
                         let frame = self.unwind_to(sink, i);
-                        self.big_level(sink, step, BigLevelCause::Resume);
+                        let system_call = frame
+                            .as_ref()
+                            .is_some_and(|f| f.view.kind == EntryKind::SystemCall);
+                        self.big_level(sink, step, BigLevelCause::Resume { system_call });
                         let resumed = frame.and_then(|f| f.saved_prev);
                         self.transition(sink, resumed, func, pc, step);
                     }
@@ -401,7 +404,7 @@ impl LevelEngine {
                         self.counts.irregular += 1;
                         let depth = self.stack.len().saturating_sub(1);
                         sink.irregular(step, depth, Irregular::InterruptReturnUnmatched { to: pc });
-                        self.big_level(sink, step, BigLevelCause::Resume);
+                        self.big_level(sink, step, BigLevelCause::Resume { system_call: false });
                         self.arrive(sink, func, pc, step);
                     }
                 }
@@ -454,6 +457,11 @@ impl LevelEngine {
                 flow,
                 len,
             } => {
+                let func = if func == PREVIOUS_FUNC {
+                    self.stack.last().map_or(UNKNOWN_FUNC, |f| f.view.func)
+                } else {
+                    func
+                };
                 let root = cr3_root(cr3);
                 let key = StackKey::of(self.task, root);
                 match self.cr3.map(|c| StackKey::of(self.stepped, c)) {

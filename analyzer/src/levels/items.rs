@@ -56,6 +56,11 @@ pub enum Item {
     Break,
 }
 
+/// A step's routine is the one the step before ran in: a return thunk's
+/// steps at the start of a segment, whose owner only the in-order engine
+/// knows. Never a symbol's id (ids count symbols).
+pub(super) const PREVIOUS_FUNC: FuncId = u32::MAX - 1;
+
 /// Routines a [`FuncResolver`] remembers.
 const RECENT_ROUTINES: usize = 4;
 
@@ -256,7 +261,10 @@ impl<'a> ItemBuilder<'a> {
                     Some(Thunk::IndirectBranch) => self.transit.push(held),
                     Some(Thunk::Return) if !self.transit.is_empty() => self.transit.push(held),
                     Some(Thunk::Return) => {
-                        let owner = self.behind.unwrap_or(func);
+                        // Where this segment has not shown the routine that
+                        // jumped here (the segment starts in the thunk),
+                        // the engine knows it.
+                        let owner = self.behind.unwrap_or(PREVIOUS_FUNC);
                         // SRSO's thunk calls a stub that drops the return
                         // address again: only its `ret` returns, from the
                         // owner.

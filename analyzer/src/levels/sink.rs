@@ -103,7 +103,11 @@ pub enum BigLevelCause {
         number: Option<u64>,
     },
     /// Back from an interrupt or system call into what it interrupted.
-    Resume,
+    Resume {
+        /// From a system call (`sysret` or `iret` after `syscall`), not
+        /// an interrupt or exception.
+        system_call: bool,
+    },
     /// Another address space, in a trace that names no tasks.
     Switch {
         from: u64,

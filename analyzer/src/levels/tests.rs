@@ -214,12 +214,32 @@ fn an_srso_return_thunk_is_one_return() {
         step(0x6005, &[0xc3]),                   // ret: back to a
         step(0x1005, NOP),
     ];
-    let (calls, counts) = calls(&symbols, items(&symbols, &records));
+    let (whole, counts) = calls(&symbols, items(&symbols, &records));
     assert_eq!(
-        calls,
+        whole,
         ["enter a", "enter b", "exit b 5 Return", "exit a 2 TraceEnd"]
     );
     assert_eq!(counts.irregular, 0);
+
+    // A segment that starts inside the thunk cannot see who jumped there;
+    // the engine, in order, can.
+    for cut in 3..6 {
+        let mut both = items(&symbols, &records[..cut]);
+        let info = SegmentInfo {
+            index: 1,
+            first_step: cut as u64,
+            steps: 0,
+        };
+        let mut cache = InsnCache::default();
+        let mut builder = ItemBuilder::new(&info, &symbols);
+        for r in &records[cut..] {
+            builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
+        }
+        both.extend(builder.finish());
+        let (split, counts) = calls(&symbols, both);
+        assert_eq!(split, whole, "cut before step {cut}");
+        assert_eq!(counts.irregular, 0);
+    }
 }
 
 #[test]
@@ -342,4 +362,41 @@ fn each_task_has_its_own_stack_and_a_switch_back_returns_into_it() {
     );
     assert_eq!(counts.switches, 2);
     assert_eq!(counts.irregular, 1, "only b's first return");
+}
+
+/// A `sysret` returns from the system call the `syscall` before it
+/// entered, an `iretq` from the interrupt: the big levels say which.
+#[test]
+fn returns_from_system_calls_and_interrupts_are_told_apart() {
+    struct Resumes(Vec<bool>);
+    impl LevelSink for Resumes {
+        fn big_level(&mut self, level: &BigLevel) {
+            if let BigLevelCause::Resume { system_call } = level.cause {
+                self.0.push(system_call);
+            }
+        }
+    }
+    let symbols = symbols();
+    let records = [
+        step(0x1000, NOP),
+        step(0x1001, &[0x0f, 0x05]), // syscall
+        step(0x2000, NOP),
+        step(0x2001, &[0x48, 0x0f, 0x07]), // sysretq to 0x1003
+        step(0x1003, NOP),
+        Record::Event(Event::Interrupt {
+            vector: 32,
+            error_code: None,
+            source: vtrace_storage::InterruptSource::Injected,
+        }),
+        step(0x3000, NOP),
+        step(0x3001, &[0x48, 0xcf]), // iretq to 0x1004
+        step(0x1004, NOP),
+    ];
+    let mut engine = LevelEngine::new();
+    let mut sink = Resumes(Vec::new());
+    for item in items(&symbols, &records) {
+        engine.push(item, &mut sink);
+    }
+    engine.finish(&mut sink);
+    assert_eq!(sink.0, [true, false]);
 }
