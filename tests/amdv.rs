@@ -524,6 +524,15 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     );
     let divided = nest.matches("## divided level ## ret past").count();
     assert!(divided < 100, "{divided} returns past their frames");
+    // Every system call the listing shows is a big level of the nest
+    // diagram, the shell's too, in a stripped busybox whose only "symbol"
+    // is its PLT section.
+    let listed = lines
+        .iter()
+        .filter(|l| l.contains("-- system call "))
+        .count();
+    assert!(listed > 0);
+    assert_eq!(nest.matches("==> system call ").count(), listed);
 
     // Filtered to the program's process, each analysis sees its steps
     // (before and after its exec) and no others.

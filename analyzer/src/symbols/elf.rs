@@ -79,12 +79,23 @@ pub fn parse_elf(bytes: &[u8], origin: &str) -> Result<SymbolTable, SymbolError>
                     name: name.to_string(),
                 },
             ));
+            // Where no symbol follows (a stripped program), the code after
+            // the table is not a stub of it.
+            ranked.push((
+                10,
+                Symbol {
+                    start: section.address().saturating_add(section.size()),
+                    size: 0,
+                    name: String::new(),
+                },
+            ));
         }
     }
     // Linker-script markers (`__kernel_start`, `_stext`) share addresses
     // with routines; the routine's name is the one to show, whatever the
-    // source, so names starting with '_' come last here as in map files.
-    ranked.sort_by_key(|(rank, s)| (s.start, s.name.starts_with('_'), *rank));
+    // source, so names starting with '_' come last here as in map files,
+    // and a hole's marker after every name.
+    ranked.sort_by_key(|(rank, s)| (s.start, s.name.is_empty(), s.name.starts_with('_'), *rank));
     let list: Vec<Symbol> = ranked.into_iter().map(|(_, s)| s).collect();
     if list.is_empty() {
         return Err(SymbolError::NoSymbols(origin.to_string()));

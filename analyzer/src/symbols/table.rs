@@ -1,6 +1,8 @@
 //! A sorted table of code symbols and the lookup of an address in it.
 
-/// One routine (or code label) and where it starts.
+/// One routine (or code label) and where it starts. A symbol with an
+/// empty name marks a hole: code from there to the next symbol is named
+/// by none (the code after a stripped program's PLT).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Symbol {
     pub start: u64,
@@ -71,6 +73,7 @@ impl SymbolTable {
         }
         let i = self.symbols.partition_point(|s| s.start <= addr);
         i.checked_sub(1)
+            .filter(|&i| !self.symbols[i].name.is_empty())
     }
 }
 
@@ -84,6 +87,22 @@ mod tests {
             size,
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn a_hole_is_named_by_no_symbol() {
+        let t = SymbolTable::new(
+            vec![
+                sym(0x1000, 0x100, ".plt"),
+                sym(0x1100, 0, ""),
+                sym(0x2000, 0x10, "b"),
+            ],
+            Some(0x3000),
+        );
+        assert_eq!(t.lookup(0x10ff), Some(0));
+        assert_eq!(t.lookup(0x1100), None);
+        assert_eq!(t.lookup(0x1fff), None);
+        assert_eq!(t.lookup(0x2000), Some(2));
     }
 
     #[test]
