@@ -11,7 +11,9 @@ use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
 use vtrace_analyzer::user_programs::{
     add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles,
 };
-use vtrace_analyzer::{levels, listing, nest, processes, report, spaces, stats, timeline};
+use vtrace_analyzer::{
+    captures, levels, listing, nest, processes, report, spaces, stats, timeline,
+};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
 use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
@@ -79,10 +81,7 @@ pub fn kernel_images() -> KernelImages<'static> {
 /// Opens the trace and gathers its symbols, telling the user what was
 /// found and what was not.
 fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
-    let trace = Trace::open(&args.trace)?;
-    for p in &trace.problems {
-        eprintln!("vtrace: warning: {p}");
-    }
+    let trace = open_trace(&args.trace)?;
     if trace.steps() == 0 {
         anyhow::bail!(
             "{} has no readable steps (was tracing ever started? `vtrace info` tells)",
@@ -111,6 +110,15 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
         }
     }
     Ok((trace, symbols))
+}
+
+/// Opens the trace, warning of what cannot be read.
+fn open_trace(path: &Path) -> Result<Trace> {
+    let trace = Trace::open(path)?;
+    for p in &trace.problems {
+        eprintln!("vtrace: warning: {p}");
+    }
+    Ok(trace)
 }
 
 /// The `--pid`/`--comm` filter, where the trace can answer it.
@@ -384,6 +392,19 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 "vtrace: wrote {} ({events} events; open it in ui.perfetto.dev or chrome://tracing)",
                 a.output.display()
             );
+        }
+        AnalyzeCommand::Captures(a) => {
+            // Captures taken with tracing off make a trace without steps.
+            let trace = open_trace(&a.trace)?;
+            let found = captures::captures(&trace, &vtrace_analyzer::input::no_progress)?;
+            if found.is_empty() && !a.json {
+                eprintln!(
+                    "vtrace: {} holds no captures (`vtrace run --capture` takes them)",
+                    a.trace.display()
+                );
+                return Ok(());
+            }
+            print(a.json, &found, || captures::format_table(&found))?;
         }
         AnalyzeCommand::Report(a) => {
             let (trace, symbols) = open(&a.trace)?;

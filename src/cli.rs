@@ -7,7 +7,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use vtrace_vmm::clock::ClockMode;
 
 use crate::exit_status::STATUS_TABLE;
-use crate::units::{parse_address, parse_location, parse_size, Location};
+use crate::units::{
+    parse_address, parse_capture, parse_location, parse_size, CaptureArg, Location,
+};
 
 /// Full-system instruction tracer for x86-64 guests on KVM.
 #[derive(Debug, Parser)]
@@ -270,6 +272,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "WHERE", value_parser = parse_location)]
     pub stop_at: Option<Location>,
 
+    /// Copy guest memory into the trace each time execution reaches a
+    /// place: `WHERE:REGISTER:LENGTH[:NAME]` takes LENGTH bytes (up to 4096)
+    /// at the address REGISTER (rax ... r15) holds, before the instruction
+    /// at WHERE runs (a place as --start-at takes it), e.g. kprintf:rdi:64.
+    /// Bytes on pages that are not present are skipped, and the trace says
+    /// so. Repeatable, up to 30. Taken at every step while tracing; while
+    /// not, through the CPU's breakpoints, as many places as they have room
+    /// for, where the host lets breakpoints reach vtrace. Needs a trace
+    /// disk (--disk, default vtrace.vtd); `vtrace analyze captures` lists
+    /// them.
+    #[arg(long = "capture", value_name = "CAPTURE", value_parser = parse_capture)]
+    pub captures: Vec<CaptureArg>,
+
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
     #[arg(long, value_name = "PATH")]
@@ -372,6 +387,21 @@ pub enum AnalyzeCommand {
     /// One self-contained HTML page: summary, statistics, flame graph and a
     /// collapsible nest diagram.
     Report(ReportArgs),
+    /// The memory `vtrace run --capture` copied: per capture the step it
+    /// came before, its name, the address, the bytes as hex (with --json)
+    /// and as text (up to the first NUL).
+    Captures(CapturesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CapturesArgs {
+    /// The trace disk.
+    pub trace: PathBuf,
+    /// Print JSON: a list of objects with keys step, traced, name,
+    /// address (hex text), length (bytes asked for), hex (the bytes read)
+    /// and text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

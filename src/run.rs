@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use vtrace_storage::disk::DiskWriter;
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS};
 use vtrace_storage::Recorder;
-use vtrace_trap::{TraceOptions, Tracer};
+use vtrace_trap::{CaptureCount, CaptureSite, TraceOptions, Tracer, MAX_CAPTURES};
 use vtrace_vmm::clock::ClockMode;
 
 use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
@@ -174,6 +174,7 @@ fn tracer(
     let mut places = Places::new(&metadata, args.initrd.as_deref(), linux_tasks.is_some());
     let start_at = places.find(&args.start_at, "--start-at")?;
     let stop_at = places.find(&args.stop_at, "--stop-at")?;
+    let captures = capture_sites(args, &mut places)?;
     if !args.quiet {
         for note in [&start_at, &stop_at]
             .into_iter()
@@ -181,6 +182,9 @@ fn tracer(
             .filter_map(|p| p.note.as_deref())
         {
             user_message(note);
+        }
+        if let Some(note) = capture_note(&captures, start_at.is_some()) {
+            user_message(&note);
         }
     }
     if args.force && path.is_file() {
@@ -205,16 +209,62 @@ fn tracer(
         exit_after_trace: args.exit_after_trace,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
         linux_tasks,
+        captures,
     };
     Ok(Some(
         Tracer::new(Recorder::start(disk), options).on_announce(user_message),
     ))
 }
 
+/// The `--capture` places, found as triggers' are.
+fn capture_sites(args: &RunArgs, places: &mut Places<'_>) -> Result<Vec<CaptureSite>> {
+    if args.captures.len() > MAX_CAPTURES {
+        return Err(BadArgument(format!(
+            "{} captures given; a run takes at most {MAX_CAPTURES}",
+            args.captures.len()
+        ))
+        .into());
+    }
+    let mut sites = Vec::with_capacity(args.captures.len());
+    for capture in &args.captures {
+        let option = format!("--capture {}", capture.name);
+        let Some(place) = places.find(&Some(capture.place.clone()), &option)? else {
+            continue;
+        };
+        if let (false, Some(note)) = (args.quiet, &place.note) {
+            user_message(note);
+        }
+        sites.push(CaptureSite {
+            name: capture.name.clone(),
+            at: place.address,
+            register: capture.register,
+            length: capture.length,
+            task: place.task,
+        });
+    }
+    Ok(sites)
+}
+
+/// What the user should know of captures while tracing is off: only as
+/// many places as there are free debug registers are watched.
+fn capture_note(sites: &[CaptureSite], start_at: bool) -> Option<String> {
+    let mut places: Vec<u64> = sites.iter().map(|s| s.at).collect();
+    places.sort_unstable();
+    places.dedup();
+    let room = 4 - usize::from(start_at);
+    (places.len() > room).then(|| {
+        format!(
+            "vtrace: --capture: {} places, and the CPU's breakpoints watch {room} of them \
+             while tracing is off (all are taken while tracing)",
+            places.len()
+        )
+    })
+}
+
 /// Whether the run traces at all: from the start, on a trigger, or on a
-/// disk that `vtrace ctl` or the guest may start.
+/// disk that `vtrace ctl` or the guest may start; captures need a disk.
 fn tracing_asked(args: &RunArgs) -> bool {
-    args.trace || args.disk.is_some() || args.start_at.is_some()
+    args.trace || args.disk.is_some() || args.start_at.is_some() || !args.captures.is_empty()
 }
 
 fn clock_mode(args: &RunArgs) -> ClockMode {
@@ -223,6 +273,21 @@ fn clock_mode(args: &RunArgs) -> ClockMode {
     } else {
         ClockMode::Wall
     })
+}
+
+/// "vtrace: captures: kprintf 41, fault 3 (3 with bytes not present)".
+fn capture_summary(counts: &[CaptureCount]) -> String {
+    let each: Vec<String> = counts
+        .iter()
+        .map(|c| match c.short {
+            0 => format!("{} {}", c.name, c.taken),
+            n => format!("{} {} ({n} with bytes not present)", c.name, c.taken),
+        })
+        .collect();
+    format!(
+        "vtrace: captures: {} (`vtrace analyze captures` lists them)",
+        each.join(", ")
+    )
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
@@ -300,6 +365,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 r.writer.segments,
                 r.writer.stored_bytes
             ));
+            if !r.captures.is_empty() {
+                user_message(&capture_summary(&r.captures));
+            }
         }
     }
     Ok(match outcome.exit {

@@ -1,5 +1,8 @@
 //! Parsing sizes and addresses given on the command line.
 
+use vtrace_storage::Regs;
+use vtrace_trap::MAX_CAPTURE_LENGTH;
+
 /// "256M", "4G", "4GiB", "512k", "1048576" → bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -68,6 +71,54 @@ pub fn parse_location(text: &str) -> Result<Location, String> {
     })
 }
 
+/// One `--capture`: where, from which register's address, how many bytes,
+/// under what name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureArg {
+    pub place: Location,
+    /// Index of the general register (see [`Regs::gpr_index`]).
+    pub register: usize,
+    pub length: u32,
+    /// The name given, else the place as typed.
+    pub name: String,
+}
+
+/// "kprintf:rdi:64", "vtprog:main:rsi:16:argv" or "0x1000d0:rax:8:buf"
+/// → capture. The place may itself hold a colon (PROGRAM:ROUTINE), so the
+/// register is found as the first name of one followed by a number.
+pub fn parse_capture(text: &str) -> Result<CaptureArg, String> {
+    let parts: Vec<&str> = text.trim().split(':').collect();
+    let usage = || {
+        format!(
+            "'{text}' is not a capture: give WHERE:REGISTER:LENGTH[:NAME], e.g. \
+             kprintf:rdi:64 or vtprog:main:rsi:16:argv (REGISTER: rax ... r15; LENGTH: 1 to \
+             {MAX_CAPTURE_LENGTH} bytes)"
+        )
+    };
+    let at = (1..parts.len().saturating_sub(1))
+        .find(|&i| Regs::gpr_index(parts[i]).is_some() && parse_address(parts[i + 1]).is_ok())
+        .ok_or_else(usage)?;
+    let place = parse_location(&parts[..at].join(":"))?;
+    let register = Regs::gpr_index(parts[at]).ok_or_else(usage)?;
+    let length = parse_address(parts[at + 1])?;
+    let length = u32::try_from(length)
+        .ok()
+        .filter(|l| (1..=MAX_CAPTURE_LENGTH).contains(l))
+        .ok_or_else(|| {
+            format!("'{text}': a capture copies 1 to {MAX_CAPTURE_LENGTH} bytes, not {length}")
+        })?;
+    let name = match parts[at + 2..].join(":") {
+        n if n.is_empty() => parts[..at].join(":"),
+        n => n,
+    };
+    Ok(CaptureArg {
+        place,
+        register,
+        length,
+        name,
+    })
+}
+
 /// "0x7c00" or "31744" → address.
 pub fn parse_address(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -113,6 +164,51 @@ mod tests {
         assert!(parse_location("vtprog:").is_err());
         assert!(parse_location("f+x").is_err());
         assert!(parse_location("0xzz").is_err());
+    }
+
+    #[test]
+    fn captures() {
+        let c = parse_capture("kprintf:rdi:64").unwrap();
+        assert_eq!(
+            c,
+            CaptureArg {
+                place: Location::Symbol {
+                    program: None,
+                    name: "kprintf".into(),
+                    offset: 0
+                },
+                register: 7,
+                length: 64,
+                name: "kprintf".into(),
+            }
+        );
+        let c = parse_capture("vtprog:main+4:RSI:0x10:argv").unwrap();
+        assert_eq!(c.register, 6);
+        assert_eq!(c.length, 16);
+        assert_eq!(c.name, "argv");
+        assert_eq!(
+            c.place,
+            Location::Symbol {
+                program: Some("vtprog".into()),
+                name: "main".into(),
+                offset: 4
+            }
+        );
+        assert_eq!(
+            parse_capture("0x1000:r8:1").unwrap().place,
+            Location::Address(0x1000)
+        );
+        for bad in [
+            "kprintf",
+            "kprintf:rdi",
+            "kprintf:rip:64",
+            "kprintf:rdi:0",
+            "kprintf:rdi:4097",
+            ":rdi:8",
+            "rdi:8",
+        ] {
+            assert!(parse_capture(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! them ([`input`]); analyses that follow the call stack see the steps in
 //! order through the level engine ([`levels`]).
 
+pub mod captures;
 pub mod error;
 pub mod flame;
 pub mod initramfs;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter, IntelFormatter};
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, RecordRef, Regs, Step, HOST_MARK};
+use vtrace_storage::{Event, RecordRef, Regs, Step, HOST_MARK, REG_NAMES};
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
@@ -35,11 +35,6 @@ pub struct ListingOptions {
     /// Pid and comm columns (for traces that name tasks).
     pub task_columns: bool,
 }
-
-const REG_NAMES: [&str; 17] = [
-    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
-    "r14", "r15", "rflags",
-];
 
 /// `rax=0x1 rsp=0x7ff0` for the registers that differ; everything after a
 /// break in the trace, when there is nothing to compare with.
@@ -101,7 +96,12 @@ pub fn describe_event(e: &Event) -> String {
         } => format!("host mark {value}"),
         Event::Mark { id, value } => format!("mark {id} value {value:#x}"),
         Event::Log(text) => format!("log {text:?}"),
-        Event::Capture { addr, bytes } => format!("capture {} bytes at {addr:#x}", bytes.len()),
+        Event::Capture {
+            name,
+            addr,
+            length,
+            bytes,
+        } => crate::captures::describe(name, *addr, *length, bytes),
         Event::ControlRegister { reg: 0xef, value } => format!("efer = {value:#x}"),
         Event::ControlRegister { reg, value } => format!("cr{reg} = {value:#x}"),
         Event::Gap { from, to } => {

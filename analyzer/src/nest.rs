@@ -37,6 +37,8 @@ enum Text {
         how: ExitKind,
     },
     Mark(String),
+    /// A comment line, as ftrace's function_graph prints trace_printk.
+    Note(String),
 }
 
 #[derive(Debug)]
@@ -132,6 +134,14 @@ impl<'a, W: Write> NestWriter<'a, W> {
                     ExitKind::JumpedAway => format!("}} /* {name}, jumped away */"),
                     ExitKind::TraceEnd => format!("}} /* {name}, open at trace end */"),
                 },
+                Text::Note(n) => {
+                    text.push_str(&format!(
+                        "  {:>10} {:>10} {:>8}  {:indent$}/* {n} */\n",
+                        line.step, "", "", ""
+                    ));
+                    self.lines += 1;
+                    continue;
+                }
                 Text::Mark(m) => {
                     text.push_str(&format!(
                         "  {:>10} {:>10} {:>8}  {:indent$}{DIVIDED} {m}\n",
@@ -267,6 +277,15 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             depth: frame.depth,
             counts,
             text: Text::Close { name, how },
+        });
+    }
+
+    fn note(&mut self, step: u64, depth: usize, text: &str) {
+        self.push(Line {
+            step,
+            depth,
+            counts: None,
+            text: Text::Note(text.to_string()),
         });
     }
 

@@ -237,6 +237,11 @@ impl<S: LevelSink> LevelSink for SelectedTasks<'_, S> {
             self.inner.mark(step, cr3, id, value);
         }
     }
+    fn note(&mut self, step: u64, depth: usize, text: &str) {
+        if self.on {
+            self.inner.note(step, depth, text);
+        }
+    }
     fn task(&mut self, task: &TaskId) {
         self.on = self.filter.admits(Some(task));
         self.inner.task(task);

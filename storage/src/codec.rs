@@ -36,6 +36,8 @@ const EV_MMIO: u8 = 0x82;
 const EV_HYPERCALL: u8 = 0x83;
 const EV_MARK: u8 = 0x84;
 const EV_LOG: u8 = 0x85;
+/// name (length, bytes), address, length asked for (varints), the bytes
+/// read (length, bytes).
 const EV_CAPTURE: u8 = 0x86;
 const EV_CONTROL: u8 = 0x87;
 const EV_GAP: u8 = 0x88;
@@ -242,9 +244,16 @@ impl SegmentEncoder {
                 o.push(EV_LOG);
                 put_bytes(o, text.as_bytes());
             }
-            Event::Capture { addr, bytes } => {
+            Event::Capture {
+                name,
+                addr,
+                length,
+                bytes,
+            } => {
                 o.push(EV_CAPTURE);
+                put_bytes(o, name.as_bytes());
                 varint::put(o, *addr);
+                varint::put(o, u64::from(*length));
                 put_bytes(o, bytes);
             }
             Event::ControlRegister { reg, value } => {
@@ -591,7 +600,9 @@ impl<'a> SegmentDecoder<'a> {
             },
             EV_LOG => Event::Log(self.text()?),
             EV_CAPTURE => Event::Capture {
+                name: self.text()?,
                 addr: self.var()?,
+                length: self.var_u32()?,
                 bytes: self.bytes()?,
             },
             EV_CONTROL => Event::ControlRegister {
@@ -691,7 +702,9 @@ mod tests {
             Event::Mark { id: 1, value: 99 },
             Event::Log("hello".into()),
             Event::Capture {
+                name: "kprintf".into(),
                 addr: 0x2000,
+                length: 64,
                 bytes: vec![1, 2, 3],
             },
             Event::ControlRegister {

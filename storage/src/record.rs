@@ -12,6 +12,12 @@ pub struct Regs {
 /// Number of registers a step can change ([`Regs::gpr`] and RFLAGS).
 pub const REG_COUNT: usize = 17;
 
+/// The registers' names, in [`Regs`] order.
+pub const REG_NAMES: [&str; REG_COUNT] = [
+    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15", "rflags",
+];
+
 impl Regs {
     pub fn get(&self, i: usize) -> u64 {
         if i < 16 {
@@ -27,6 +33,14 @@ impl Regs {
         } else {
             self.rflags = v
         }
+    }
+
+    /// The index of the general register called `name` (`rdi`, `R8`), for
+    /// [`Regs::get`].
+    pub fn gpr_index(name: &str) -> Option<usize> {
+        REG_NAMES[..16]
+            .iter()
+            .position(|r| r.eq_ignore_ascii_case(name))
     }
 }
 
@@ -235,9 +249,17 @@ pub enum Event {
         value: u64,
     },
     Log(String),
-    /// Bytes read from guest memory at a linear address.
+    /// Bytes read from guest memory at a linear address by a capture
+    /// (`vtrace run --capture`), before the step that follows it.
     Capture {
+        /// The capture's name.
+        name: String,
+        /// The linear address the bytes were read from.
         addr: u64,
+        /// How many bytes were asked for.
+        length: u32,
+        /// What was read: all `length` bytes, or fewer where a page was
+        /// not present (none at all when the first one was not).
         bytes: Vec<u8>,
     },
     /// A control register changed (0, 3, 4) or EFER (reg 0xEF).

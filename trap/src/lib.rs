@@ -2,6 +2,7 @@
 //! VMM's [`vtrace_vmm::Monitor`] hooks, turns every exit into trace records
 //! ([`engine`]) and decides when tracing starts and stops ([`tracer`]).
 
+pub mod capture;
 pub mod context;
 pub mod engine;
 pub mod fault;
@@ -13,6 +14,7 @@ pub mod tasks;
 pub mod tracer;
 pub mod walker;
 
+pub use capture::{CaptureCount, CaptureSite, MAX_CAPTURES, MAX_CAPTURE_LENGTH};
 pub use engine::{Engine, EngineStats, RecordSink};
 pub use tasks::TaskWatch;
 pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};

@@ -7,6 +7,7 @@ use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
+use crate::capture::{CaptureCount, CaptureSite, Captures};
 use crate::engine::{Engine, EngineStats};
 use crate::tasks::TaskWatch;
 
@@ -40,7 +41,12 @@ pub struct TraceOptions {
     /// Where a Linux guest keeps its running task: record task events
     /// (see [`crate::tasks`]).
     pub linux_tasks: Option<TaskLayout>,
+    /// Memory to copy into the trace at places (see [`crate::capture`]).
+    pub captures: Vec<CaptureSite>,
 }
+
+/// Hardware breakpoints a CPU has (DR0-DR3).
+const DEBUG_REGISTERS: usize = 4;
 
 /// Exceptions whose handlers a TF host watches, most frequent first (four
 /// debug registers, one of which `--start-at` may need).
@@ -111,6 +117,7 @@ impl Default for TraceOptions {
             trap_flag_host: false,
             exit_after_trace: false,
             linux_tasks: None,
+            captures: Vec::new(),
         }
     }
 }
@@ -121,6 +128,8 @@ pub struct TraceReport {
     pub engine: EngineStats,
     pub writer: WriterReport,
     pub stop_reason: Option<TraceReason>,
+    /// How often each capture was taken.
+    pub captures: Vec<CaptureCount>,
 }
 
 /// Tracing state and the recorder it writes to.
@@ -143,9 +152,14 @@ pub struct Tracer {
     /// Tells the user of starts and stops they did not ask for at that
     /// moment (see [`Tracer::on_announce`]).
     announce: Box<dyn FnMut(&str) + Send>,
-    /// Armed hardware breakpoints: the start address until it fires, and
-    /// on TF hosts the watched exception handlers while tracing.
+    /// Armed hardware breakpoints (see [`Tracer::arm`]).
     breakpoints: Vec<u64>,
+    /// The start address waits for its breakpoint.
+    start_armed: bool,
+    /// Untraced, the vCPU steps over the instruction at this capture place
+    /// before its breakpoint is armed again.
+    stepping_over: Option<u64>,
+    captures: Captures,
     /// Watched exception handlers: (entry, vector).
     handlers: Vec<(u64, u8)>,
     tasks: Option<TaskWatch>,
@@ -171,6 +185,8 @@ fn announced(reason: &TraceReason) -> bool {
 impl Tracer {
     pub fn new(recorder: Recorder, options: TraceOptions) -> Tracer {
         let tasks = options.linux_tasks.map(TaskWatch::new);
+        let captures = Captures::new(options.captures.clone());
+        let start_armed = options.start_at.is_some();
         let mut tracer = Tracer {
             engine: Engine::new(),
             recorder,
@@ -186,6 +202,9 @@ impl Tracer {
             ending: false,
             announce: Box::new(|line| eprintln!("{line}")),
             breakpoints: Vec::new(),
+            start_armed,
+            stepping_over: None,
+            captures,
             handlers: Vec::new(),
             tasks,
             unsure_trigger: false,
@@ -195,9 +214,7 @@ impl Tracer {
         // unstepped); done on every host so that the same guest gives the
         // same records everywhere. Its cost here is within noise.
         tracer.engine.set_foresee_faults(true);
-        if let Some(at) = tracer.options.start_at {
-            tracer.breakpoints.push(at);
-        }
+        tracer.arm();
         if tracer.options.from_start {
             tracer.start(TraceReason::CommandLine);
         }
@@ -226,7 +243,9 @@ impl Tracer {
         }
         self.recorder.event(&Event::TraceStart(reason));
         self.active = true;
+        self.stepping_over = None;
         self.stop_calls = 0;
+        self.arm();
         true
     }
 
@@ -257,7 +276,8 @@ impl Tracer {
         self.stop_reason = Some(reason);
         self.active = false;
         self.engine.end();
-        self.unwatch_handlers();
+        self.handlers.clear();
+        self.arm();
         true
     }
 
@@ -265,11 +285,13 @@ impl Tracer {
     pub fn finish(self) -> Result<TraceReport, vtrace_storage::disk::DiskError> {
         let engine = self.engine.stats();
         let stop_reason = self.stop_reason.clone();
+        let captures = self.captures.counts();
         let writer = self.recorder.finish()?;
         Ok(TraceReport {
             engine,
             writer,
             stop_reason,
+            captures,
         })
     }
 
@@ -282,24 +304,93 @@ impl Tracer {
         if self.options.trap_flag_host {
             self.watch_handlers(cpu);
         }
+        // Tracing may start right at a capture's place (its breakpoint
+        // started it, or the user did).
+        if let Some(pc) = self.engine.next_pc() {
+            if self.captures.at(pc) {
+                self.take_captures(pc, cpu);
+            }
+        }
     }
 
-    /// Sets the breakpoints a TF host needs (start address, handlers).
+    /// Finds the handlers a TF host watches while tracing.
     fn watch_handlers(&mut self, cpu: &mut dyn CpuView) {
-        let room = 4 - self.breakpoints.len().min(4);
+        let room = DEBUG_REGISTERS - usize::from(self.start_armed);
         self.handlers = WATCHED_EXCEPTIONS
             .iter()
             .filter_map(|&v| self.engine.handler_of(v, cpu).map(|h| (h, v)))
             .take(room)
             .collect();
-        self.breakpoints
-            .extend(self.handlers.iter().map(|(h, _)| *h));
+        self.arm();
     }
 
-    fn unwatch_handlers(&mut self) {
-        let handlers = std::mem::take(&mut self.handlers);
-        self.breakpoints
-            .retain(|b| !handlers.iter().any(|(h, _)| h == b));
+    /// Sets the breakpoints: the start address until it fires; while
+    /// tracing, the watched exception handlers (TF hosts); while not, the
+    /// captures' places, as many as the debug registers have room for
+    /// (while tracing, every step's pc is compared with them instead).
+    fn arm(&mut self) {
+        self.breakpoints.clear();
+        if let (true, Some(at)) = (self.start_armed, self.options.start_at) {
+            self.breakpoints.push(at);
+        }
+        if self.active {
+            self.breakpoints
+                .extend(self.handlers.iter().map(|(h, _)| *h));
+        } else {
+            let over = self.stepping_over;
+            self.breakpoints.extend(
+                self.captures
+                    .places()
+                    .into_iter()
+                    .filter(|p| Some(*p) != over),
+            );
+        }
+        self.breakpoints.truncate(DEBUG_REGISTERS);
+    }
+
+    /// Takes the captures at `pc`, where the vCPU stands (those of a user
+    /// program only in its tasks).
+    fn take_captures(&mut self, pc: u64, cpu: &mut dyn CpuView) {
+        for i in self.captures.sites_at(pc) {
+            let task = self.captures.site(i).task.clone();
+            if self.runs_in(task.as_deref(), cpu) {
+                let event = self.captures.take(i, &mut self.engine, cpu);
+                self.recorder.event(&event);
+            }
+        }
+    }
+
+    /// A breakpoint while not tracing: the start address, or a capture's
+    /// place.
+    fn untraced_breakpoint(&mut self, cpu: &mut dyn CpuView) {
+        let pc = cpu.regs().rip;
+        if self.start_armed
+            && self.options.start_at == Some(pc)
+            && self.runs_in(self.options.start_in.clone().as_deref(), cpu)
+        {
+            // Once: stepping on from here must not hit it again. The
+            // captures here are taken where stepping begins.
+            self.start_armed = false;
+            self.start(TraceReason::Address(pc));
+            return;
+        }
+        if self.captures.at(pc) {
+            // The guest ran untraced and may have changed its page tables.
+            self.engine.forget_translations();
+            self.take_captures(pc, cpu);
+            // RF would let the instruction run without firing again, but
+            // a KVM that emulates kernel code fires again regardless (48
+            // million times in a row, measured): step over it instead, and
+            // arm the place again after.
+            self.stepping_over = Some(pc);
+            self.arm();
+        }
+    }
+
+    /// The exit after stepping over a capture's place: arm it again.
+    fn stepped_over(&mut self) {
+        self.stepping_over = None;
+        self.arm();
     }
 
     /// Records a mark made from the host: with `id` as a guest MARK
@@ -364,7 +455,7 @@ impl Tracer {
 
 impl Monitor for Tracer {
     fn stepping(&self) -> bool {
-        self.active
+        self.active || self.stepping_over.is_some()
     }
 
     fn done(&self) -> bool {
@@ -385,18 +476,15 @@ impl Monitor for Tracer {
 
     fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
         self.engine.restore_fmask(cpu);
-        if let (ExitView::Debug { breakpoint: true }, Some(at)) = (exit, self.options.start_at) {
-            if !self.active
-                && self.breakpoints.contains(&at)
-                && self.runs_in(self.options.start_in.clone().as_deref(), cpu)
-            {
-                // Once: stepping on from here must not hit it again.
-                self.breakpoints.retain(|b| *b != at);
-                self.start(TraceReason::Address(at));
-            }
-            return Directive::Continue;
-        }
         if !self.active {
+            // Whatever ended the step (the step itself, an I/O exit, an
+            // interrupt), the instruction has run or will run unwatched.
+            if self.stepping_over.is_some() && !matches!(exit, ExitView::Interrupted) {
+                self.stepped_over();
+            }
+            if let ExitView::Debug { breakpoint: true } = exit {
+                self.untraced_breakpoint(cpu);
+            }
             return Directive::Continue;
         }
         if let ExitView::Debug { breakpoint: true } = exit {
@@ -405,19 +493,26 @@ impl Monitor for Tracer {
                 self.engine
                     .exception_entry(vector, handler, cpu, &mut self.recorder);
                 self.check_limits();
+                if self.active && self.captures.at(handler) {
+                    self.take_captures(handler, cpu);
+                }
                 return Directive::ReArm;
             }
         }
         let directive = self.engine.exit(exit, cpu, &mut self.recorder);
-        if let (Some(tasks), Some(pc)) = (&mut self.tasks, self.engine.next_pc()) {
+        let next = self.engine.next_pc();
+        if let (Some(tasks), Some(pc)) = (&mut self.tasks, next) {
             tasks.before(pc, &mut self.engine, cpu, &mut self.recorder);
         }
         self.check_limits();
-        if let (Some(at), true) = (self.options.stop_at, self.active) {
-            if self.engine.next_pc() == Some(at)
+        if let (Some(pc), true) = (next, self.active) {
+            if self.captures.at(pc) {
+                self.take_captures(pc, cpu);
+            }
+            if self.options.stop_at == Some(pc)
                 && self.runs_in(self.options.stop_in.clone().as_deref(), cpu)
             {
-                self.stop(TraceReason::Address(at));
+                self.stop(TraceReason::Address(pc));
             }
         }
         directive
@@ -658,6 +753,96 @@ mod tests {
         t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
         assert!(t.active());
         assert!(t.breakpoints().is_empty(), "once");
+    }
+
+    /// The events of the trace at `dir`, in order.
+    fn events(dir: &std::path::Path) -> Vec<Event> {
+        let reader = vtrace_storage::TraceReader::open(&dir.join("t.vtd")).unwrap();
+        (0..reader.segments().len())
+            .flat_map(|i| reader.decode(i).unwrap())
+            .filter_map(|r| match r {
+                vtrace_storage::Record::Event(e) => Some(e),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn capture_at(at: u64) -> CaptureSite {
+        CaptureSite {
+            name: "here".into(),
+            at,
+            register: vtrace_storage::Regs::gpr_index("rsi").unwrap(),
+            length: 2,
+            task: None,
+        }
+    }
+
+    #[test]
+    fn a_capture_is_taken_where_a_step_arrives_while_tracing() {
+        use crate::walker::tests::CODE;
+        let dir = tempfile::tempdir().unwrap();
+        // nop; nop: the capture is at the second.
+        let mut cpu = machine(&[0x90, 0x90]);
+        cpu.regs.rip = CODE;
+        cpu.regs.rsi = CODE;
+        let options = TraceOptions {
+            from_start: true,
+            captures: vec![capture_at(CODE + 1)],
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        t.before_entry(&mut cpu);
+        assert!(t.breakpoints().is_empty(), "no breakpoint while tracing");
+        cpu.regs.rip = CODE + 1;
+        t.on_exit(&ExitView::Debug { breakpoint: false }, &mut cpu);
+        t.stop(TraceReason::Control);
+        assert_eq!(t.breakpoints(), &[CODE + 1], "a breakpoint while not");
+        let report = t.finish().unwrap();
+        assert_eq!((report.captures[0].taken, report.captures[0].short), (1, 0));
+        let captures: Vec<Event> = events(dir.path())
+            .into_iter()
+            .filter(|e| matches!(e, Event::Capture { .. }))
+            .collect();
+        assert_eq!(
+            captures,
+            [Event::Capture {
+                name: "here".into(),
+                addr: CODE,
+                length: 2,
+                bytes: vec![0x90, 0x90],
+            }]
+        );
+    }
+
+    #[test]
+    fn a_capture_is_taken_at_its_breakpoint_while_not_tracing() {
+        use crate::walker::tests::CODE;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cpu = machine(&[0x90]);
+        let options = TraceOptions {
+            captures: vec![capture_at(CODE)],
+            start_at: Some(CODE + 0x100),
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        assert_eq!(t.breakpoints(), &[CODE + 0x100, CODE]);
+        cpu.regs.rip = CODE;
+        // Not present: nothing copied, and the trace says how much was asked.
+        cpu.regs.rsi = 0x7fff_0000_0000;
+        let d = t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
+        assert_eq!(d, Directive::Continue);
+        assert!(!t.active());
+        let report = t.finish().unwrap();
+        assert_eq!((report.captures[0].taken, report.captures[0].short), (1, 1));
+        assert_eq!(
+            events(dir.path()),
+            [Event::Capture {
+                name: "here".into(),
+                addr: 0x7fff_0000_0000,
+                length: 2,
+                bytes: vec![],
+            }]
+        );
     }
 
     #[test]

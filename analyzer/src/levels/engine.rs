@@ -413,6 +413,13 @@ impl LevelEngine {
         }
     }
 
+    /// Feeds a note (an [`Item::Note`]'s text): it goes inside the
+    /// running routine, before the next step.
+    pub fn note(&mut self, text: &str, sink: &mut impl LevelSink) {
+        let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
+        sink.note(next, self.stack.len(), text);
+    }
+
     /// Feeds one item.
     pub fn push(&mut self, item: Item, sink: &mut impl LevelSink) {
         match item {
@@ -425,6 +432,8 @@ impl LevelEngine {
                     sink.task(&task);
                 }
             }
+            // Their text is with the segment's items: see `note`.
+            Item::Note { .. } => {}
             Item::Mark { id, value } => {
                 let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
                 sink.mark(next, self.cr3.unwrap_or(0), id, value);

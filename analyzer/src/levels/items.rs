@@ -54,6 +54,12 @@ pub enum Item {
     /// Steps the trace does not have: a gap, or tracing stopped and started
     /// again, or a damaged segment skipped.
     Break,
+    /// A note between steps (a capture): the text is the segment's
+    /// `index`-th (see [`ItemBuilder::finish_with_notes`]), which keeps
+    /// items small and `Copy`.
+    Note {
+        index: u32,
+    },
 }
 
 /// A step's routine is the one the step before ran in: a return thunk's
@@ -142,6 +148,7 @@ pub struct ItemBuilder<'a> {
     behind: Option<FuncId>,
     transit: Vec<InTransit>,
     tasks: TaskTracker,
+    notes: Vec<String>,
 }
 
 impl<'a> ItemBuilder<'a> {
@@ -157,6 +164,7 @@ impl<'a> ItemBuilder<'a> {
             behind: None,
             transit: Vec::new(),
             tasks: TaskTracker::default(),
+            notes: Vec::new(),
         }
     }
 
@@ -299,12 +307,29 @@ impl<'a> ItemBuilder<'a> {
                     }
                 }
             }
+            SegmentRecord::Event(Event::Capture {
+                name,
+                addr,
+                length,
+                bytes,
+            }) => {
+                if let Ok(index) = u32::try_from(self.notes.len()) {
+                    self.notes
+                        .push(crate::captures::describe(name, *addr, *length, bytes));
+                    self.boundary(Item::Note { index });
+                }
+            }
             SegmentRecord::Event(_) => {}
         }
     }
 
-    pub fn finish(mut self) -> Vec<Item> {
+    pub fn finish(self) -> Vec<Item> {
+        self.finish_with_notes().0
+    }
+
+    /// The items, and the texts of their [`Item::Note`]s.
+    pub fn finish_with_notes(mut self) -> (Vec<Item>, Vec<String>) {
         self.flush_transit(None);
-        self.out
+        (self.out, self.notes)
     }
 }

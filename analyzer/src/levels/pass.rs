@@ -81,7 +81,7 @@ pub fn run_with<P: SegmentPass>(
                 items.record(r);
                 extra.record(r);
             }
-            (items.finish(), extra.finish())
+            (items.finish_with_notes(), extra.finish())
         },
         |chunk| {
             if expected.is_some_and(|e| e != chunk.info.first_step) {
@@ -89,9 +89,16 @@ pub fn run_with<P: SegmentPass>(
             }
             expected = Some(chunk.info.first_step.saturating_add(chunk.info.steps));
             match chunk.result {
-                Ok((items, part)) => {
+                Ok(((items, notes), part)) => {
                     for item in items {
-                        engine.push(item, sink);
+                        match item {
+                            Item::Note { index } => {
+                                if let Some(text) = notes.get(index as usize) {
+                                    engine.note(text, sink);
+                                }
+                            }
+                            item => engine.push(item, sink),
+                        }
                     }
                     merge(part);
                 }

@@ -145,6 +145,9 @@ pub trait LevelSink {
     fn irregular(&mut self, _step: u64, _depth: usize, _what: Irregular) {}
     /// A mark between steps; `step` is the number of the next step.
     fn mark(&mut self, _step: u64, _cr3: u64, _id: u64, _value: u64) {}
+    /// A note between steps (a capture), at call depth `depth`; `step` is
+    /// the number of the next step.
+    fn note(&mut self, _step: u64, _depth: usize, _text: &str) {}
     /// From the next step on, `task` runs (or the running task was
     /// renamed).
     fn task(&mut self, _task: &TaskId) {}

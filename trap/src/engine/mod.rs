@@ -155,7 +155,7 @@ impl ReadLinear for WalkedMemory<'_> {
     }
 }
 
-fn to_regs(r: &kvm_regs) -> Regs {
+pub(crate) fn to_regs(r: &kvm_regs) -> Regs {
     Regs {
         gpr: [
             r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11,
@@ -244,6 +244,18 @@ impl Engine {
     pub fn read_linear(&mut self, cpu: &mut dyn CpuView, linear: u64, buf: &mut [u8]) -> bool {
         let sregs = cpu.sregs();
         self.walker.read(&*cpu, &sregs, linear, buf) == buf.len()
+    }
+
+    /// Reads guest memory at linear address `linear` up to the first page
+    /// that is not present; returns how many bytes were read.
+    pub fn read_linear_prefix(
+        &mut self,
+        cpu: &mut dyn CpuView,
+        linear: u64,
+        buf: &mut [u8],
+    ) -> usize {
+        let sregs = cpu.sregs();
+        self.walker.read(&*cpu, &sregs, linear, buf)
     }
 
     /// Linear address of the instruction about to run.

@@ -1,0 +1,188 @@
+//! The captures of a trace (`vtrace run --capture`): guest memory copied
+//! when execution reached a place, each with the step it came before and
+//! its bytes as hex and as text.
+
+use serde::Serialize;
+use vtrace_storage::{Event, RecordRef};
+
+use crate::error::Result;
+use crate::input::{Progress, Trace};
+
+/// One capture.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Capture {
+    /// The step it was taken before: the number of steps recorded before
+    /// it (while tracing was off, the next traced step's).
+    pub step: u64,
+    /// Taken while tracing (else at a breakpoint, untraced).
+    pub traced: bool,
+    pub name: String,
+    /// The linear address read, in hex (`0x...`): JSON readers that hold
+    /// numbers as doubles would round a kernel address.
+    pub address: String,
+    /// Bytes asked for.
+    pub length: u32,
+    /// The bytes read, in hex; fewer than `length` where a page was not
+    /// present.
+    pub hex: String,
+    /// The bytes as a C string: up to the first NUL, others escaped
+    /// (`\n`, `\x90`).
+    pub text: String,
+}
+
+/// The bytes as text: up to the first NUL (captures are mostly strings),
+/// with C's escapes for the rest (`\n`, `\"`, `\\`, `\x90`), so a
+/// format string reads as in its source.
+pub fn text_of(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let mut out = String::with_capacity(end);
+    for &b in &bytes[..end] {
+        match b {
+            b'\n' => out.push_str("\\n"),
+            b'\t' => out.push_str("\\t"),
+            b'\r' => out.push_str("\\r"),
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b' '..=b'~' => out.push(char::from(b)),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// What the bytes are in a line: the text, and how many were missing.
+pub fn describe(name: &str, addr: u64, length: u32, bytes: &[u8]) -> String {
+    let what = match bytes.len() {
+        0 => "not present, skipped".to_string(),
+        n if n < length as usize => {
+            format!(
+                "\"{}\" ({n} of {length} bytes; the rest not present)",
+                text_of(bytes)
+            )
+        }
+        _ => format!("\"{}\"", text_of(bytes)),
+    };
+    format!("capture {name} at {addr:#x}: {what}")
+}
+
+/// A capture, or tracing starting or stopping, in trace order.
+enum Found {
+    Capture(Box<Capture>),
+    Traced(bool),
+}
+
+/// Every capture of the trace, in order.
+pub fn captures(trace: &Trace, progress: Progress<'_>) -> Result<Vec<Capture>> {
+    let mut out = Vec::new();
+    let mut traced = false;
+    trace.for_each_ordered(
+        &trace.segments,
+        |info, records| {
+            let mut step = info.first_step;
+            let mut found = Vec::new();
+            while let Some(r) = records.next_record() {
+                match r {
+                    RecordRef::Step(_) => step = step.saturating_add(1),
+                    RecordRef::Event(Event::TraceStart(_)) => found.push(Found::Traced(true)),
+                    RecordRef::Event(Event::TraceStop(_)) => found.push(Found::Traced(false)),
+                    RecordRef::Event(Event::Capture {
+                        name,
+                        addr,
+                        length,
+                        bytes,
+                    }) => found.push(Found::Capture(Box::new(Capture {
+                        step,
+                        traced: false,
+                        name: name.clone(),
+                        address: format!("{addr:#x}"),
+                        length: *length,
+                        hex: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+                        text: text_of(bytes),
+                    }))),
+                    RecordRef::Event(_) => {}
+                }
+            }
+            found
+        },
+        |chunk| {
+            // A damaged segment's captures are lost with it; the trace's
+            // problems say which.
+            for f in chunk.result.into_iter().flatten() {
+                match f {
+                    Found::Traced(on) => traced = on,
+                    Found::Capture(mut c) => {
+                        c.traced = traced;
+                        out.push(*c);
+                    }
+                }
+            }
+            Ok::<(), crate::error::AnalyzeError>(())
+        },
+        progress,
+    )?;
+    Ok(out)
+}
+
+/// The captures as a table.
+pub fn format_table(captures: &[Capture]) -> String {
+    use std::fmt::Write as _;
+    let width = captures
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = format!(
+        "{:>12}  {:width$}  {:>18}  {:>9}  text\n",
+        "step", "name", "address", "bytes"
+    );
+    for c in captures {
+        let got = c.hex.len() / 2;
+        let bytes = if got == c.length as usize {
+            got.to_string()
+        } else {
+            format!("{got}/{}", c.length)
+        };
+        let text = match got {
+            0 => "(not present, skipped)".to_string(),
+            _ => format!("\"{}\"", c.text),
+        };
+        let _ = writeln!(
+            out,
+            "{:>12}{} {:width$}  {:>18}  {bytes:>9}  {text}",
+            c.step,
+            if c.traced { " " } else { "*" },
+            c.name,
+            c.address
+        );
+    }
+    if captures.iter().any(|c| !c.traced) {
+        out.push_str("* taken while tracing was off (at a breakpoint)\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_a_c_string_with_escapes() {
+        assert_eq!(text_of(b"ticks: %lu\n\0junk"), "ticks: %lu\\n");
+        assert_eq!(text_of(&[0x90, b'a', b'\'', b'"']), "\\x90a'\\\"");
+        assert_eq!(text_of(b""), "");
+    }
+
+    #[test]
+    fn a_line_says_what_was_missing() {
+        assert_eq!(
+            describe("f", 0x10, 8, b"ab"),
+            "capture f at 0x10: \"ab\" (2 of 8 bytes; the rest not present)"
+        );
+        assert_eq!(
+            describe("f", 0x10, 8, b""),
+            "capture f at 0x10: not present, skipped"
+        );
+        assert_eq!(describe("f", 0x10, 2, b"ab"), "capture f at 0x10: \"ab\"");
+    }
+}
