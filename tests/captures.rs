@@ -7,16 +7,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSection};
 use vtrace_storage::{Event, Record};
-
-fn demo_symbol(name: &str) -> u64 {
-    let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
-    elf.symbols()
-        .find(|s| s.name() == Ok(name))
-        .unwrap_or_else(|| panic!("demo OS has no symbol {name}"))
-        .address()
-}
 
 /// `length` bytes of the demo's image at `addr` (the OS loads at its link
 /// addresses), or fewer where the section ends.
@@ -73,6 +65,21 @@ fn captures_in(records: &[Record]) -> Vec<(usize, String, u64, u32, Vec<u8>)> {
         .collect()
 }
 
+/// Runs the demo OS with `captures` onto `disk`, traced from its start or
+/// not; it must succeed.
+fn run_demo(disk: &Path, traced: bool, captures: &[&str]) -> std::process::Output {
+    let mut args = vec!["run", "--no-input", "--disk", disk.to_str().unwrap()];
+    if traced {
+        args.push("--trace");
+    }
+    for c in captures {
+        args.extend(["--capture", c]);
+    }
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    out
+}
+
 fn analyze_captures(disk: &Path) -> Vec<serde_json::Value> {
     let out = run(&["analyze", "captures", "--json", disk.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -91,18 +98,7 @@ fn captures_while_tracing_copy_what_the_register_points_at() {
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("c.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--trace",
-        "--disk",
-        disk.to_str().unwrap(),
-        "--capture",
-        "kprintf:rdi:64",
-        "--capture",
-        "page_fault:rdi:16:fault",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run_demo(&disk, true, &["kprintf:rdi:64", "page_fault:rdi:16:fault"]);
     let console = stdout(&out);
     let page_faults = number_after(&console, "page faults:").expect("page-fault count");
     let records = records(&disk);
@@ -217,15 +213,7 @@ fn captures_without_tracing_are_taken_at_breakpoints() {
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("c.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--disk",
-        disk.to_str().unwrap(),
-        "--capture",
-        "kprintf:rdi:64",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    run_demo(&disk, false, &["kprintf:rdi:64"]);
     let json = analyze_captures(&disk);
     let texts: Vec<&str> = json.iter().map(|c| c["text"].as_str().unwrap()).collect();
     assert!(
@@ -247,16 +235,7 @@ fn captures_without_tracing_are_taken_at_breakpoints() {
     }
     // As many as when every step is looked at.
     let traced = dir.path().join("t.vtd");
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--trace",
-        "--disk",
-        traced.to_str().unwrap(),
-        "--capture",
-        "kprintf:rdi:64",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    run_demo(&traced, true, &["kprintf:rdi:64"]);
     assert_eq!(analyze_captures(&traced).len(), json.len());
 }
 

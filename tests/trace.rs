@@ -25,14 +25,6 @@ fn assert_bracketed(recs: &[Record], start: TraceReason, stop: TraceReason) {
     assert_eq!(recs.last(), Some(&Record::Event(Event::TraceStop(stop))));
 }
 
-fn demo_symbol(name: &str) -> u64 {
-    let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
-    elf.symbols()
-        .find(|s| s.name() == Ok(name))
-        .unwrap_or_else(|| panic!("demo OS has no symbol {name}"))
-        .address()
-}
-
 fn trace_demo(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, std::process::Output) {
     let disk = dir.join(name);
     let mut args = vec![

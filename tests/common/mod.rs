@@ -30,6 +30,16 @@ pub fn kvm_available() -> bool {
     }
 }
 
+/// The address of the demo OS's symbol `name`, from its ELF.
+pub fn demo_symbol(name: &str) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let elf = object::File::parse(vtrace_demo::DEMO_OS_ELF).unwrap();
+    elf.symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("demo OS has no symbol {name}"))
+        .address()
+}
+
 /// Writes `bytes` to a fresh file in `dir` and returns its path.
 pub fn write_guest(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let path = dir.join(name);
