@@ -251,7 +251,7 @@ fn capture_note(sites: &[CaptureSite], start_at: bool) -> Option<String> {
     let mut places: Vec<u64> = sites.iter().map(|s| s.at).collect();
     places.sort_unstable();
     places.dedup();
-    let room = 4 - usize::from(start_at);
+    let room = vtrace_vmm::x86::dr::BREAKPOINTS - usize::from(start_at);
     (places.len() > room).then(|| {
         format!(
             "vtrace: --capture: {} places, and the CPU's breakpoints watch {room} of them \

@@ -5,6 +5,7 @@ use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
 use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
+use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::capture::{CaptureCount, CaptureSite, Captures};
@@ -44,9 +45,6 @@ pub struct TraceOptions {
     /// Memory to copy into the trace at places (see [`crate::capture`]).
     pub captures: Vec<CaptureSite>,
 }
-
-/// Hardware breakpoints a CPU has (DR0-DR3).
-const DEBUG_REGISTERS: usize = 4;
 
 /// Exceptions whose handlers a TF host watches, most frequent first (four
 /// debug registers, one of which `--start-at` may need).

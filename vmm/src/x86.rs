@@ -31,6 +31,12 @@ pub mod rflags {
     pub const AC: u64 = 1 << 18;
 }
 
+/// Debug registers.
+pub mod dr {
+    /// Address breakpoints a CPU has (DR0-DR3).
+    pub const BREAKPOINTS: usize = 4;
+}
+
 /// CR0 bits.
 pub mod cr0 {
     /// Protected mode.

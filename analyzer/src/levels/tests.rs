@@ -109,9 +109,14 @@ fn feed(items: &[Item]) -> (Vec<String>, LevelCounts) {
 
 /// The items of `records` as one segment from step 0.
 fn items(symbols: &Symbolizer, records: &[Record]) -> Vec<Item> {
+    segment_items(symbols, 0, records)
+}
+
+/// The items of `records` as one segment whose first step is `first_step`.
+fn segment_items(symbols: &Symbolizer, first_step: u64, records: &[Record]) -> Vec<Item> {
     let info = SegmentInfo {
         index: 0,
-        first_step: 0,
+        first_step,
         steps: 0,
     };
     let mut cache = InsnCache::default();
@@ -225,17 +230,7 @@ fn an_srso_return_thunk_is_one_return() {
     // the engine, in order, can.
     for cut in 3..6 {
         let mut both = items(&symbols, &records[..cut]);
-        let info = SegmentInfo {
-            index: 1,
-            first_step: cut as u64,
-            steps: 0,
-        };
-        let mut cache = InsnCache::default();
-        let mut builder = ItemBuilder::new(&info, &symbols);
-        for r in &records[cut..] {
-            builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
-        }
-        both.extend(builder.finish());
+        both.extend(segment_items(&symbols, cut as u64, &records[cut..]));
         let (split, counts) = calls(&symbols, both);
         assert_eq!(split, whole, "cut before step {cut}");
         assert_eq!(counts.irregular, 0);
@@ -245,21 +240,12 @@ fn an_srso_return_thunk_is_one_return() {
 #[test]
 fn folded_runs_change_nothing_the_sinks_see() {
     let symbols = symbols();
-    let info = SegmentInfo {
-        index: 0,
-        first_step: 100,
-        steps: 0,
-    };
-    let mut cache = InsnCache::default();
-    let mut builder = ItemBuilder::new(&info, &symbols);
-    for r in records() {
-        builder.record(SegmentRecord::new(r.borrowed(), &mut cache));
-    }
-    let folded = builder.finish();
+    let folded = segment_items(&symbols, 100, &records());
 
     // The same records, one item per step, built independently.
     let mut plain = Vec::new();
-    let mut number = info.first_step;
+    let mut cache = InsnCache::default();
+    let mut number = 100;
     let mut stopped = false;
     for r in records() {
         match r {

@@ -231,7 +231,7 @@ impl Vm {
     /// Arms or disarms single-stepping and hardware breakpoints (only when
     /// they change: it is an ioctl).
     pub(super) fn set_debug(&mut self, stepping: bool, breakpoints: &[u64]) -> Result<()> {
-        let breakpoints = &breakpoints[..breakpoints.len().min(4)];
+        let breakpoints = &breakpoints[..breakpoints.len().min(crate::x86::dr::BREAKPOINTS)];
         if stepping == self.stepping && breakpoints == self.breakpoints.as_slice() {
             return Ok(());
         }
