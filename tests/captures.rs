@@ -68,7 +68,9 @@ fn captures_in(records: &[Record]) -> Vec<(usize, String, u64, u32, Vec<u8>)> {
 /// Runs the demo OS with `captures` onto `disk`, traced from its start or
 /// not; it must succeed.
 fn run_demo(disk: &Path, traced: bool, captures: &[&str]) -> std::process::Output {
-    let mut args = vec!["run", "--no-input", "--disk", disk.to_str().unwrap()];
+    let size = if traced { "64M" } else { "8M" };
+    let mut args = vec!["run", "--no-input", "--disk-size", size];
+    args.extend(["--disk", disk.to_str().unwrap()]);
     if traced {
         args.push("--trace");
     }

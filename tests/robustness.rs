@@ -359,7 +359,11 @@ fn a_run_killed_before_its_first_segment_is_not_a_clean_empty_trace() {
     let disk = dir.path().join("early.vtd");
     let control = dir.path().join("c.sock");
     // Tracing waits for a trigger that never comes; killed meanwhile.
-    let mut child = spawn_run(&disk, &control, &["-q", "--clock", "prescale:1000"]);
+    let mut child = spawn_run(
+        &disk,
+        &control,
+        &["-q", "--clock", "prescale:1000", "--disk-size", "8M"],
+    );
     // The disk is made after the socket; the guest runs after both.
     wait_for(&control);
     while std::fs::metadata(&disk).map_or(0, |m| m.len()) == 0 {
@@ -552,7 +556,7 @@ fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
     // Console input stays open (a pipe nobody writes): the guest waits
     // for it, and nothing else can wake it.
     let mut child = vtrace()
-        .args(["run", "--real-mode"])
+        .args(["run", "--disk-size", "8M", "--real-mode"])
         .arg(&image)
         .arg("--disk")
         .arg(&disk)
@@ -599,6 +603,8 @@ fn files_that_are_not_traces_or_sockets_are_never_overwritten() {
         "--trace",
         "--max-steps",
         "1000",
+        "--disk-size",
+        "8M",
         "--disk",
         notes.to_str().unwrap(),
     ]);
@@ -614,6 +620,8 @@ fn files_that_are_not_traces_or_sockets_are_never_overwritten() {
         "--trace",
         "--max-steps",
         "1000",
+        "--disk-size",
+        "8M",
         "--disk",
         disk.to_str().unwrap(),
         "--control",
@@ -631,6 +639,8 @@ fn files_that_are_not_traces_or_sockets_are_never_overwritten() {
         "--max-steps",
         "1000",
         "--force",
+        "--disk-size",
+        "8M",
         "--disk",
         notes.to_str().unwrap(),
     ]);
@@ -651,7 +661,8 @@ fn ctl_finds_the_live_run_past_stale_sockets_and_says_what_a_mark_records() {
     let disk = runtime.path().join("t.vtd");
     let child = vtrace()
         .env("XDG_RUNTIME_DIR", runtime.path())
-        .args(["run", "--no-input", "--clock", "prescale:1000", "--disk"])
+        .args(["run", "--no-input", "--clock", "prescale:1000"])
+        .args(["--disk-size", "8M", "--disk"])
         .arg(&disk)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -797,6 +808,8 @@ fn a_guest_that_dies_while_traced_is_not_said_to_run_on() {
         "none",
         "--kernel",
         image.to_str().unwrap(),
+        "--disk-size",
+        "8M",
         "--disk",
         disk.to_str().unwrap(),
     ]);
@@ -844,6 +857,8 @@ fn the_step_clock_gives_one_tick_per_timer_period() {
         "run",
         "--no-input",
         "--trace",
+        "--disk-size",
+        "64M",
         "--disk",
         disk.to_str().unwrap(),
     ]);
