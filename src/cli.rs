@@ -285,6 +285,24 @@ pub struct RunArgs {
     #[arg(long = "capture", value_name = "CAPTURE", value_parser = parse_capture)]
     pub captures: Vec<CaptureArg>,
 
+    /// Trace each call of a routine, from its first instruction until it
+    /// returns to its caller, its callees and the interrupts taken
+    /// meanwhile included, and run untraced elsewhere (a place as
+    /// --start-at takes it, e.g. page_fault). Where the CPU leaves the
+    /// routine's task inside a call (the scheduler runs another), the
+    /// vCPU is still stepped, to see the return, but nothing is recorded
+    /// until the task runs again; a routine that never returns (a task's
+    /// entry) keeps its window open to the end. Repeatable, as many as the
+    /// CPU's 4 breakpoints hold (one fewer with --start-at); the summary
+    /// says what each routine's windows came to.
+    #[arg(
+        long = "trace-function",
+        value_name = "ROUTINE",
+        value_parser = parse_location,
+        conflicts_with = "trace"
+    )]
+    pub trace_functions: Vec<Location>,
+
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
     #[arg(long, value_name = "PATH")]

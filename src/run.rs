@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use vtrace_storage::disk::DiskWriter;
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS};
 use vtrace_storage::Recorder;
-use vtrace_trap::{CaptureCount, CaptureSite, TraceOptions, Tracer, MAX_CAPTURES};
+use vtrace_trap::{
+    CaptureCount, CaptureSite, FunctionSite, TraceOptions, Tracer, WindowCount, MAX_CAPTURES,
+};
 use vtrace_vmm::clock::ClockMode;
 
 use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
@@ -175,6 +177,7 @@ fn tracer(
     let start_at = places.find(&args.start_at, "--start-at")?;
     let stop_at = places.find(&args.stop_at, "--stop-at")?;
     let captures = capture_sites(args, &mut places)?;
+    let functions = function_sites(args, &mut places, start_at.is_some())?;
     if !args.quiet {
         for note in [&start_at, &stop_at]
             .into_iter()
@@ -210,6 +213,7 @@ fn tracer(
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
         linux_tasks,
         captures,
+        functions,
     };
     Ok(Some(
         Tracer::new(Recorder::start(disk), options).on_announce(user_message),
@@ -245,6 +249,41 @@ fn capture_sites(args: &RunArgs, places: &mut Places<'_>) -> Result<Vec<CaptureS
     Ok(sites)
 }
 
+/// The `--trace-function` routines, found as triggers' are; each takes a
+/// breakpoint.
+fn function_sites(
+    args: &RunArgs,
+    places: &mut Places<'_>,
+    start_at: bool,
+) -> Result<Vec<FunctionSite>> {
+    let room = vtrace_vmm::x86::dr::BREAKPOINTS - usize::from(start_at);
+    if args.trace_functions.len() > room {
+        return Err(BadArgument(format!(
+            "{} --trace-function routines given; the CPU's breakpoints watch at most {room}{}",
+            args.trace_functions.len(),
+            if start_at { " beside --start-at" } else { "" }
+        ))
+        .into());
+    }
+    let mut sites = Vec::with_capacity(args.trace_functions.len());
+    for location in &args.trace_functions {
+        let name = location.to_string();
+        let option = format!("--trace-function {name}");
+        let Some(place) = places.find(&Some(location.clone()), &option)? else {
+            continue;
+        };
+        if let (false, Some(note)) = (args.quiet, &place.note) {
+            user_message(note);
+        }
+        sites.push(FunctionSite {
+            name,
+            entry: place.address,
+            task: place.task,
+        });
+    }
+    Ok(sites)
+}
+
 /// What the user should know of captures while tracing is off: only as
 /// many places as there are free debug registers are watched.
 fn capture_note(sites: &[CaptureSite], start_at: bool) -> Option<String> {
@@ -264,7 +303,11 @@ fn capture_note(sites: &[CaptureSite], start_at: bool) -> Option<String> {
 /// Whether the run traces at all: from the start, on a trigger, or on a
 /// disk that `vtrace ctl` or the guest may start; captures need a disk.
 fn tracing_asked(args: &RunArgs) -> bool {
-    args.trace || args.disk.is_some() || args.start_at.is_some() || !args.captures.is_empty()
+    args.trace
+        || args.disk.is_some()
+        || args.start_at.is_some()
+        || !args.captures.is_empty()
+        || !args.trace_functions.is_empty()
 }
 
 fn clock_mode(args: &RunArgs) -> ClockMode {
@@ -288,6 +331,33 @@ fn capture_summary(counts: &[CaptureCount]) -> String {
         "vtrace: captures: {} (`vtrace analyze captures` lists them)",
         each.join(", ")
     )
+}
+
+/// "vtrace: --trace-function page_fault: 9 calls, 9 returned" and what
+/// else the windows came to.
+fn window_summary(c: &WindowCount) -> String {
+    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let mut parts = vec![
+        plural(c.calls, "call", "calls"),
+        format!("{} returned", c.returned),
+    ];
+    if c.unfinished > 0 {
+        parts.push(format!(
+            "{} still running when tracing stopped (a routine that never returns, such as a \
+             task's entry, or the run ended)",
+            c.unfinished
+        ));
+    }
+    if c.recursive > 0 {
+        parts.push(plural(c.recursive, "recursive call", "recursive calls"));
+    }
+    if c.switched_out > 0 {
+        parts.push(format!(
+            "its task switched out {} (not recorded meanwhile)",
+            plural(c.switched_out, "time", "times")
+        ));
+    }
+    format!("vtrace: --trace-function {}: {}", c.name, parts.join(", "))
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
@@ -360,13 +430,16 @@ pub fn run(args: RunArgs) -> Result<i32> {
             user_message(&format!(
                 "vtrace: trace {}: {} steps, {} gaps, {} segments, {} bytes (stopped by {stop})",
                 path.display(),
-                r.engine.steps,
+                r.recorded_steps,
                 r.engine.gaps,
                 r.writer.segments,
                 r.writer.stored_bytes
             ));
             if !r.captures.is_empty() {
                 user_message(&capture_summary(&r.captures));
+            }
+            for window in &r.windows {
+                user_message(&window_summary(window));
             }
         }
     }

@@ -42,6 +42,29 @@ pub enum Location {
     },
 }
 
+impl std::fmt::Display for Location {
+    /// As the user would write it again.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Address(a) => write!(f, "{a:#x}"),
+            Location::Symbol {
+                program,
+                name,
+                offset,
+            } => {
+                if let Some(p) = program {
+                    write!(f, "{p}:")?;
+                }
+                write!(f, "{name}")?;
+                if *offset != 0 {
+                    write!(f, "+{offset:#x}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// "0x1000d0", "1048784", "start_kernel", "schedule+0x10" or
 /// "vtprog:main" → location.
 pub fn parse_location(text: &str) -> Result<Location, String> {

@@ -19,8 +19,8 @@
 //! the instruction bytes again, never a wrong decode.
 
 use crate::record::{
-    CpuMode, Event, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs, Step,
-    TraceReason, REG_COUNT,
+    CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
+    Step, TraceReason, REG_COUNT,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -42,7 +42,12 @@ const EV_CAPTURE: u8 = 0x86;
 const EV_CONTROL: u8 = 0x87;
 const EV_GAP: u8 = 0x88;
 const EV_HALT: u8 = 0x89;
+/// A reason: its code byte (0 command line, 1 hotkey, 2 control, 3
+/// hypercall + pass, 4 address + address, 5 max steps, 6 exception +
+/// vector byte, 7 guest exit, 8 disk full, 9 other + text, 10 user quit,
+/// 11 signal + number byte, 12 function + edge byte + name).
 const EV_START: u8 = 0x8a;
+/// A reason, as [`EV_START`].
 const EV_STOP: u8 = 0x8b;
 /// tid, pid (varints), comm (length, bytes).
 const EV_TASK: u8 = 0x8c;
@@ -352,6 +357,10 @@ fn put_reason(o: &mut Vec<u8>, r: &TraceReason) {
         }
         TraceReason::UserQuit => o.push(10),
         TraceReason::Signal(n) => o.extend_from_slice(&[11, *n]),
+        TraceReason::Function { name, edge } => {
+            o.extend_from_slice(&[12, *edge as u8]);
+            put_bytes(o, name.as_bytes());
+        }
     }
 }
 
@@ -552,6 +561,14 @@ impl<'a> SegmentDecoder<'a> {
             9 => TraceReason::Other(self.text()?),
             10 => TraceReason::UserQuit,
             11 => TraceReason::Signal(self.byte()?),
+            12 => {
+                let edge = FunctionEdge::from_u8(self.byte()?)
+                    .ok_or_else(|| self.err("unknown function window edge"))?;
+                TraceReason::Function {
+                    name: self.text()?,
+                    edge,
+                }
+            }
             _ => return Err(self.err("unknown trace reason")),
         })
     }
@@ -761,6 +778,14 @@ mod tests {
             Event::TraceStop(TraceReason::Exception(13)),
             Event::TraceStop(TraceReason::UserQuit),
             Event::TraceStop(TraceReason::Signal(2)),
+            Event::TraceStart(TraceReason::Function {
+                name: "task_sieve".into(),
+                edge: FunctionEdge::Entry,
+            }),
+            Event::TraceStop(TraceReason::Function {
+                name: "kprintf".into(),
+                edge: FunctionEdge::SwitchedOut,
+            }),
         ]
     }
 

@@ -21,8 +21,8 @@ pub mod writer;
 pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
 pub use reader::TraceReader;
 pub use record::{
-    CpuMode, Event, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs, Step,
-    TraceReason, HOST_MARK, REG_NAMES,
+    CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
+    Step, TraceReason, HOST_MARK, REG_NAMES,
 };
 pub use summary::{summarize, TraceSummary};
 pub use task_layout::{MapLayout, TaskLayout};

@@ -159,6 +159,49 @@ pub enum TraceReason {
     UserQuit,
     /// A signal (SIGINT, SIGTERM, SIGHUP: its number) ended the run.
     Signal(u8),
+    /// A window of `--trace-function`: the routine `name` was entered,
+    /// returned, or its task was switched out or in.
+    Function {
+        name: String,
+        edge: FunctionEdge,
+    },
+}
+
+/// Where a `--trace-function` window starts or stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FunctionEdge {
+    /// Execution reached the routine's first instruction.
+    Entry = 0,
+    /// The routine returned to its caller.
+    Return = 1,
+    /// The CPU left the routine's task (or address space) inside the
+    /// window: what it runs meanwhile is not recorded.
+    SwitchedOut = 2,
+    /// The routine's task runs again inside the window.
+    SwitchedIn = 3,
+}
+
+impl FunctionEdge {
+    pub fn from_u8(v: u8) -> Option<FunctionEdge> {
+        Some(match v {
+            0 => FunctionEdge::Entry,
+            1 => FunctionEdge::Return,
+            2 => FunctionEdge::SwitchedOut,
+            3 => FunctionEdge::SwitchedIn,
+            _ => return None,
+        })
+    }
+
+    /// As [`TraceReason::token`] writes it.
+    pub fn token(self) -> &'static str {
+        match self {
+            FunctionEdge::Entry => "entry",
+            FunctionEdge::Return => "return",
+            FunctionEdge::SwitchedOut => "switched_out",
+            FunctionEdge::SwitchedIn => "switched_in",
+        }
+    }
 }
 
 /// The conventional name of a stop signal's number.
@@ -175,7 +218,8 @@ impl TraceReason {
     /// A stable machine-readable form: `guest_exit`, `max_steps`,
     /// `disk_full`, `command_line`, `hotkey`, `control`, `hypercall:N`,
     /// `address:0x...`, `exception:N`, `other:TEXT`, `user_quit`,
-    /// `signal:SIGINT`.
+    /// `signal:SIGINT`, `function:EDGE:NAME` (EDGE one of `entry`,
+    /// `return`, `switched_out`, `switched_in`).
     pub fn token(&self) -> String {
         match self {
             TraceReason::CommandLine => "command_line".into(),
@@ -190,6 +234,7 @@ impl TraceReason {
             TraceReason::Other(t) => format!("other:{t}"),
             TraceReason::UserQuit => "user_quit".into(),
             TraceReason::Signal(n) => format!("signal:{}", signal_name(*n)),
+            TraceReason::Function { name, edge } => format!("function:{}:{name}", edge.token()),
         }
     }
 }
@@ -209,6 +254,12 @@ impl std::fmt::Display for TraceReason {
             TraceReason::Other(t) => write!(f, "{t}"),
             TraceReason::UserQuit => write!(f, "Ctrl-A x"),
             TraceReason::Signal(n) => write!(f, "{}", signal_name(*n)),
+            TraceReason::Function { name, edge } => match edge {
+                FunctionEdge::Entry => write!(f, "a call of {name} (--trace-function)"),
+                FunctionEdge::Return => write!(f, "{name} returning"),
+                FunctionEdge::SwitchedOut => write!(f, "{name}'s task being switched out"),
+                FunctionEdge::SwitchedIn => write!(f, "{name}'s task running again"),
+            },
         }
     }
 }

@@ -13,8 +13,10 @@ pub mod rep;
 pub mod tasks;
 pub mod tracer;
 pub mod walker;
+pub mod window;
 
 pub use capture::{CaptureCount, CaptureSite, MAX_CAPTURES, MAX_CAPTURE_LENGTH};
 pub use engine::{Engine, EngineStats, RecordSink};
 pub use tasks::TaskWatch;
 pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};
+pub use window::{FunctionSite, WindowCount};

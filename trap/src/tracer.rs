@@ -3,14 +3,15 @@
 
 use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
-use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
+use vtrace_storage::{Event, FunctionEdge, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
 use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::capture::{CaptureCount, CaptureSite, Captures};
-use crate::engine::{Engine, EngineStats};
+use crate::engine::{Engine, EngineStats, RecordSink};
 use crate::tasks::TaskWatch;
+use crate::window::{FunctionSite, WindowCount, Windows};
 
 /// When and how long to trace.
 #[derive(Clone, Debug)]
@@ -44,6 +45,8 @@ pub struct TraceOptions {
     pub linux_tasks: Option<TaskLayout>,
     /// Memory to copy into the trace at places (see [`crate::capture`]).
     pub captures: Vec<CaptureSite>,
+    /// Routines traced from entry to return (see [`crate::window`]).
+    pub functions: Vec<FunctionSite>,
 }
 
 /// Exceptions whose handlers a TF host watches, most frequent first (four
@@ -116,6 +119,7 @@ impl Default for TraceOptions {
             exit_after_trace: false,
             linux_tasks: None,
             captures: Vec::new(),
+            functions: Vec::new(),
         }
     }
 }
@@ -124,10 +128,15 @@ impl Default for TraceOptions {
 #[derive(Clone, Debug)]
 pub struct TraceReport {
     pub engine: EngineStats,
+    /// Steps on the trace disk (fewer than the engine stepped where
+    /// `--trace-function` kept other tasks off).
+    pub recorded_steps: u64,
     pub writer: WriterReport,
     pub stop_reason: Option<TraceReason>,
     /// How often each capture was taken.
     pub captures: Vec<CaptureCount>,
+    /// What each `--trace-function` routine's windows came to.
+    pub windows: Vec<WindowCount>,
 }
 
 /// Tracing state and the recorder it writes to.
@@ -158,6 +167,7 @@ pub struct Tracer {
     /// before its breakpoint is armed again.
     stepping_over: Option<u64>,
     captures: Captures,
+    windows: Windows,
     /// Watched exception handlers: (entry, vector).
     handlers: Vec<(u64, u8)>,
     tasks: Option<TaskWatch>,
@@ -177,6 +187,8 @@ fn announced(reason: &TraceReason) -> bool {
             | TraceReason::GuestExit
             | TraceReason::UserQuit
             | TraceReason::Signal(_)
+            // Said in the run's summary: a routine may be called often.
+            | TraceReason::Function { .. }
     )
 }
 
@@ -184,6 +196,7 @@ impl Tracer {
     pub fn new(recorder: Recorder, options: TraceOptions) -> Tracer {
         let tasks = options.linux_tasks.map(TaskWatch::new);
         let captures = Captures::new(options.captures.clone());
+        let windows = Windows::new(options.functions.clone(), options.linux_tasks.is_some());
         let start_armed = options.start_at.is_some();
         let mut tracer = Tracer {
             engine: Engine::new(),
@@ -203,6 +216,7 @@ impl Tracer {
             start_armed,
             stepping_over: None,
             captures,
+            windows,
             handlers: Vec::new(),
             tasks,
             unsure_trigger: false,
@@ -251,7 +265,18 @@ impl Tracer {
         if !self.active {
             return false;
         }
-        self.recorder.event(&Event::TraceStop(reason.clone()));
+        // A window that did not end by returning is counted unfinished; one
+        // whose task was switched out is already stopped in the trace.
+        let shown = match reason {
+            TraceReason::Function {
+                edge: FunctionEdge::Return,
+                ..
+            } => false,
+            _ => self.windows.abandon(),
+        };
+        if !shown {
+            self.recorder.event(&Event::TraceStop(reason.clone()));
+        }
         // Sealed now, not when the chunk fills: the guest may run on for
         // long after (a Linux boot, for minutes where kernel code is
         // emulated), and a user who ends the run with a kill must not lose
@@ -284,12 +309,16 @@ impl Tracer {
         let engine = self.engine.stats();
         let stop_reason = self.stop_reason.clone();
         let captures = self.captures.counts();
+        let windows = self.windows.counts();
+        let recorded_steps = self.recorder.steps();
         let writer = self.recorder.finish()?;
         Ok(TraceReport {
             engine,
+            recorded_steps,
             writer,
             stop_reason,
             captures,
+            windows,
         })
     }
 
@@ -297,7 +326,8 @@ impl Tracer {
     fn begin(&mut self, cpu: &mut dyn CpuView) {
         self.engine.begin(cpu);
         if let Some(tasks) = &mut self.tasks {
-            tasks.begin(&mut self.engine, cpu, &mut self.recorder);
+            let mut sink = self.windows.route(&mut self.recorder);
+            tasks.begin(&mut self.engine, cpu, &mut sink);
         }
         if self.options.trap_flag_host {
             self.watch_handlers(cpu);
@@ -336,12 +366,12 @@ impl Tracer {
                 .extend(self.handlers.iter().map(|(h, _)| *h));
         } else {
             let over = self.stepping_over;
-            self.breakpoints.extend(
-                self.captures
-                    .places()
-                    .into_iter()
-                    .filter(|p| Some(*p) != over),
-            );
+            let places = self.windows.entries().chain(self.captures.places());
+            for place in places.filter(|p| Some(*p) != over) {
+                if !self.breakpoints.contains(&place) {
+                    self.breakpoints.push(place);
+                }
+            }
         }
         self.breakpoints.truncate(DEBUG_REGISTERS);
     }
@@ -353,13 +383,13 @@ impl Tracer {
             let task = self.captures.site(i).task.clone();
             if self.runs_in(task.as_deref(), cpu) {
                 let event = self.captures.take(i, &mut self.engine, cpu);
-                self.recorder.event(&event);
+                self.windows.route(&mut self.recorder).event(&event);
             }
         }
     }
 
-    /// A breakpoint while not tracing: the start address, or a capture's
-    /// place.
+    /// A breakpoint while not tracing: the start address, a
+    /// `--trace-function` routine's entry, or a capture's place.
     fn untraced_breakpoint(&mut self, cpu: &mut dyn CpuView) {
         let pc = cpu.regs().rip;
         if self.start_armed
@@ -371,6 +401,21 @@ impl Tracer {
             self.start_armed = false;
             self.start(TraceReason::Address(pc));
             return;
+        }
+        if let Some((i, site)) = self.windows.site_at(pc) {
+            let task = site.task.clone();
+            if self.runs_in(task.as_deref(), cpu) {
+                self.engine.forget_translations();
+                let sp = cpu.regs().rsp;
+                let mut ret = [0u8; 8];
+                let ret = self
+                    .engine
+                    .read_linear(cpu, sp, &mut ret)
+                    .then(|| u64::from_le_bytes(ret));
+                let reason = self.windows.open(i, ret, sp);
+                self.start(reason);
+                return;
+            }
         }
         if self.captures.at(pc) {
             // The guest ran untraced and may have changed its page tables.
@@ -488,8 +533,8 @@ impl Monitor for Tracer {
         if let ExitView::Debug { breakpoint: true } = exit {
             let pc = cpu.regs().rip;
             if let Some(&(handler, vector)) = self.handlers.iter().find(|(h, _)| *h == pc) {
-                self.engine
-                    .exception_entry(vector, handler, cpu, &mut self.recorder);
+                let mut sink = self.windows.route(&mut self.recorder);
+                self.engine.exception_entry(vector, handler, cpu, &mut sink);
                 self.check_limits();
                 if self.active && self.captures.at(handler) {
                     self.take_captures(handler, cpu);
@@ -497,10 +542,16 @@ impl Monitor for Tracer {
                 return Directive::ReArm;
             }
         }
-        let directive = self.engine.exit(exit, cpu, &mut self.recorder);
+        let mut sink = self.windows.route(&mut self.recorder);
+        let directive = self.engine.exit(exit, cpu, &mut sink);
         let next = self.engine.next_pc();
         if let (Some(tasks), Some(pc)) = (&mut self.tasks, next) {
-            tasks.before(pc, &mut self.engine, cpu, &mut self.recorder);
+            tasks.before(pc, &mut self.engine, cpu, &mut sink);
+        }
+        if let Some(pc) = next {
+            if let Some(returned) = self.windows.before(pc, self.engine.next_sp()) {
+                self.stop(returned);
+            }
         }
         self.check_limits();
         if let (Some(pc), true) = (next, self.active) {
@@ -556,11 +607,12 @@ impl Monitor for Tracer {
                 // Tracing starts with this interrupt: its handler is the
                 // first thing stepped.
                 self.begin(cpu);
-                self.engine.note_first_delivery(vector, &mut self.recorder);
+                let mut sink = self.windows.route(&mut self.recorder);
+                self.engine.note_first_delivery(vector, &mut sink);
             }
             Injection::Delivered { handler } => {
-                self.engine
-                    .note_delivery(vector, handler, cpu, &mut self.recorder)
+                let mut sink = self.windows.route(&mut self.recorder);
+                self.engine.note_delivery(vector, handler, cpu, &mut sink)
             }
         }
     }
@@ -580,10 +632,18 @@ impl Monitor for Tracer {
         // Pass counts as the old tracer's system call had them: 0 and 1
         // mean "this call"; n means "the n-th call".
         let due = |count: u64, pass: u64| count >= pass.max(1);
+        // A trace the user started on the command line covers the whole
+        // run, and --trace-function windows cover their routines: the
+        // guest's requests are counted, not obeyed.
+        let obeyed = !self.options.from_start && self.options.functions.is_empty();
         match call.command {
             cmd::TRACE_START => {
                 self.start_calls += 1;
-                if !self.active && !self.start_fired && due(self.start_calls, call.args[0]) {
+                if obeyed
+                    && !self.active
+                    && !self.start_fired
+                    && due(self.start_calls, call.args[0])
+                {
                     self.start_fired = true;
                     self.start(TraceReason::Hypercall {
                         pass: self.start_calls,
@@ -595,18 +655,16 @@ impl Monitor for Tracer {
                 self.region_calls += 1;
                 let n = self.region_calls;
                 let (start, passes) = (call.args[0].max(1), call.args[1]);
-                if self.region_stop == Some(n) && !self.options.from_start {
+                if obeyed && self.region_stop == Some(n) {
                     self.region_stop = None;
                     self.stop(TraceReason::Hypercall { pass: n });
-                } else if n == start && !self.active {
+                } else if obeyed && n == start && !self.active {
                     self.start(TraceReason::Hypercall { pass: n });
                     self.region_stop = (passes > 0).then(|| start.saturating_add(passes));
                 }
                 Some(status::OK)
             }
-            // A trace the user started on the command line covers the whole
-            // run: the guest's STOPs are recorded, not obeyed.
-            cmd::TRACE_STOP if self.options.from_start => Some(status::OK),
+            cmd::TRACE_STOP if !obeyed => Some(status::OK),
             cmd::TRACE_STOP => {
                 if self.active {
                     self.stop_calls += 1;

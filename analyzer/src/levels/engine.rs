@@ -458,6 +458,18 @@ impl LevelEngine {
                 self.after_break = true;
                 self.prev = None;
             }
+            // Nothing to end before the trace's first step.
+            Item::Restart if self.cr3.is_none() => {}
+            Item::Restart => {
+                self.counts.breaks += 1;
+                if self.prev.is_some_and(|p| p.flow == Flow::Return) {
+                    self.pop_frame(sink, ExitKind::Return);
+                }
+                self.finish(sink);
+                self.cr3 = None;
+                self.prev = None;
+                self.after_break = false;
+            }
             Item::Step {
                 step,
                 pc,

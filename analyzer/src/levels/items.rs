@@ -2,7 +2,7 @@
 //! engine's input, with each step's routine resolved and runs of steps
 //! within one routine folded.
 
-use vtrace_storage::Event;
+use vtrace_storage::{Event, FunctionEdge, TraceReason};
 
 use super::pass::SegmentRecord;
 use crate::input::SegmentInfo;
@@ -51,9 +51,14 @@ pub enum Item {
         id: u64,
         value: u64,
     },
-    /// Steps the trace does not have: a gap, or tracing stopped and started
-    /// again, or a damaged segment skipped.
+    /// Steps the trace does not have: a gap, a `--trace-function`
+    /// routine's task switched out and in again, or a damaged segment
+    /// skipped. The call stack holds across it.
     Break,
+    /// Tracing started again after the guest ran untraced: what was on
+    /// the call stack is over (a `--trace-function` routine returned with
+    /// the step before).
+    Restart,
     /// A note between steps (a capture): the text is the segment's
     /// `index`-th (see [`ItemBuilder::finish_with_notes`]), which keeps
     /// items small and `Copy`.
@@ -136,7 +141,8 @@ pub struct ItemBuilder<'a> {
     funcs: FuncResolver<'a>,
     out: Vec<Item>,
     step: u64,
-    stopped: bool,
+    /// What the next step follows after a start of tracing.
+    restarted: Option<Item>,
     /// Address space and routine a next step in them may join the last
     /// item as part of a run: set only after a step that neither calls nor
     /// returns.
@@ -158,7 +164,7 @@ impl<'a> ItemBuilder<'a> {
             funcs: FuncResolver::new(symbols),
             out: Vec::new(),
             step: info.first_step,
-            stopped: false,
+            restarted: None,
             open: None,
             last_thunk: None,
             behind: None,
@@ -247,8 +253,8 @@ impl<'a> ItemBuilder<'a> {
     pub fn record(&mut self, record: SegmentRecord<'_>) {
         match record {
             SegmentRecord::Step(s, insn) => {
-                if std::mem::take(&mut self.stopped) {
-                    self.boundary(Item::Break);
+                if let Some(item) = self.restarted.take() {
+                    self.boundary(item);
                 }
                 let func = self.funcs.func(s.pc, s.cr3);
                 let flow = insn.flow;
@@ -294,7 +300,17 @@ impl<'a> ItemBuilder<'a> {
                 value: *value,
             }),
             SegmentRecord::Event(Event::Gap { .. }) => self.boundary(Item::Break),
-            SegmentRecord::Event(Event::TraceStop(_)) => self.stopped = true,
+            // A stop seals its segment: the start that follows is where
+            // the next segment tells that steps are missing.
+            SegmentRecord::Event(Event::TraceStart(reason)) => {
+                self.restarted = Some(match reason {
+                    TraceReason::Function {
+                        edge: FunctionEdge::SwitchedIn,
+                        ..
+                    } => Item::Break,
+                    _ => Item::Restart,
+                })
+            }
             SegmentRecord::Event(
                 e @ (Event::Task { .. } | Event::Running { .. } | Event::TaskName { .. }),
             ) => {

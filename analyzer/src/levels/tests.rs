@@ -246,12 +246,12 @@ fn folded_runs_change_nothing_the_sinks_see() {
     let mut plain = Vec::new();
     let mut cache = InsnCache::default();
     let mut number = 100;
-    let mut stopped = false;
+    let mut restarted = false;
     for r in records() {
         match r {
             Record::Step(s) => {
-                if std::mem::take(&mut stopped) {
-                    plain.push(Item::Break);
+                if std::mem::take(&mut restarted) {
+                    plain.push(Item::Restart);
                 }
                 plain.push(Item::Step {
                     step: number,
@@ -269,7 +269,7 @@ fn folded_runs_change_nothing_the_sinks_see() {
                 plain.push(Item::Interrupt { vector })
             }
             Record::Event(Event::Mark { id, value }) => plain.push(Item::Mark { id, value }),
-            Record::Event(Event::TraceStop(_)) => stopped = true,
+            Record::Event(Event::TraceStart(_)) => restarted = true,
             Record::Event(_) => {}
         }
     }

@@ -263,6 +263,12 @@ impl Engine {
         self.pending.map(|p| p.pc)
     }
 
+    /// The stack pointer as the instruction at [`Engine::next_pc`] finds
+    /// it.
+    pub fn next_sp(&self) -> u64 {
+        self.last.rsp
+    }
+
     /// The exception the guest took at the last exit, if any (once).
     pub fn take_exception(&mut self) -> Option<u8> {
         self.last_exception.take()
