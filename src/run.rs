@@ -21,7 +21,8 @@ use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
 
 use crate::cli::{CpuArg, RunArgs};
 use crate::exit_status::BadArgument;
-use crate::places::Places;
+use crate::places::{Place, Places};
+use crate::units::Location;
 
 fn cpu_profile(args: &RunArgs) -> CpuProfile {
     match args.cpu {
@@ -174,21 +175,15 @@ fn tracer(
         initrd,
     };
     let mut places = Places::new(&metadata, args.initrd.as_deref(), linux_tasks.is_some());
-    let start_at = places.find(&args.start_at, "--start-at")?;
-    let stop_at = places.find(&args.stop_at, "--stop-at")?;
+    let start_at = find_place(&mut places, &args.start_at, "--start-at", args.quiet)?;
+    let stop_at = find_place(&mut places, &args.stop_at, "--stop-at", args.quiet)?;
     let captures = capture_sites(args, &mut places)?;
     let functions = function_sites(args, &mut places, start_at.is_some())?;
-    if !args.quiet {
-        for note in [&start_at, &stop_at]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.note.as_deref())
-        {
-            user_message(note);
-        }
-        if let Some(note) = capture_note(&captures, start_at.is_some()) {
-            user_message(&note);
-        }
+    // Breakpoints while tracing is off go to the start place first, then
+    // the routines' entries, then the captures.
+    let taken = usize::from(start_at.is_some()) + functions.len();
+    if let (false, Some(note)) = (args.quiet, capture_note(&captures, taken)) {
+        user_message(&note);
     }
     if args.force && path.is_file() {
         std::fs::remove_file(&path)
@@ -220,6 +215,21 @@ fn tracer(
     ))
 }
 
+/// Finds the place `option` names, if given, and tells the user what
+/// they should know of it (unless `quiet`).
+fn find_place(
+    places: &mut Places<'_>,
+    location: &Option<Location>,
+    option: &str,
+    quiet: bool,
+) -> Result<Option<Place>> {
+    let place = places.find(location, option)?;
+    if let (false, Some(note)) = (quiet, place.as_ref().and_then(|p| p.note.as_deref())) {
+        user_message(note);
+    }
+    Ok(place)
+}
+
 /// The `--capture` places, found as triggers' are.
 fn capture_sites(args: &RunArgs, places: &mut Places<'_>) -> Result<Vec<CaptureSite>> {
     if args.captures.len() > MAX_CAPTURES {
@@ -232,12 +242,10 @@ fn capture_sites(args: &RunArgs, places: &mut Places<'_>) -> Result<Vec<CaptureS
     let mut sites = Vec::with_capacity(args.captures.len());
     for capture in &args.captures {
         let option = format!("--capture {}", capture.name);
-        let Some(place) = places.find(&Some(capture.place.clone()), &option)? else {
+        let location = Some(capture.place.clone());
+        let Some(place) = find_place(places, &location, &option, args.quiet)? else {
             continue;
         };
-        if let (false, Some(note)) = (args.quiet, &place.note) {
-            user_message(note);
-        }
         sites.push(CaptureSite {
             name: capture.name.clone(),
             at: place.address,
@@ -269,12 +277,10 @@ fn function_sites(
     for location in &args.trace_functions {
         let name = location.to_string();
         let option = format!("--trace-function {name}");
-        let Some(place) = places.find(&Some(location.clone()), &option)? else {
+        let location = Some(location.clone());
+        let Some(place) = find_place(places, &location, &option, args.quiet)? else {
             continue;
         };
-        if let (false, Some(note)) = (args.quiet, &place.note) {
-            user_message(note);
-        }
         sites.push(FunctionSite {
             name,
             entry: place.address,
@@ -285,12 +291,13 @@ fn function_sites(
 }
 
 /// What the user should know of captures while tracing is off: only as
-/// many places as there are free debug registers are watched.
-fn capture_note(sites: &[CaptureSite], start_at: bool) -> Option<String> {
+/// many places as there are debug registers left (`taken` are not) are
+/// watched.
+fn capture_note(sites: &[CaptureSite], taken: usize) -> Option<String> {
     let mut places: Vec<u64> = sites.iter().map(|s| s.at).collect();
     places.sort_unstable();
     places.dedup();
-    let room = vtrace_vmm::x86::dr::BREAKPOINTS - usize::from(start_at);
+    let room = vtrace_vmm::x86::dr::BREAKPOINTS.saturating_sub(taken);
     (places.len() > room).then(|| {
         format!(
             "vtrace: --capture: {} places, and the CPU's breakpoints watch {room} of them \

@@ -3,7 +3,7 @@
 
 use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
-use vtrace_storage::{Event, FunctionEdge, Recorder, TaskLayout, TraceReason, HOST_MARK};
+use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
 use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
@@ -265,16 +265,9 @@ impl Tracer {
         if !self.active {
             return false;
         }
-        // A window that did not end by returning is counted unfinished; one
-        // whose task was switched out is already stopped in the trace.
-        let shown = match reason {
-            TraceReason::Function {
-                edge: FunctionEdge::Return,
-                ..
-            } => false,
-            _ => self.windows.abandon(),
-        };
-        if !shown {
+        // A window still open (its routine did not return) is unfinished;
+        // one whose task was switched out is already stopped in the trace.
+        if !self.windows.abandon() {
             self.recorder.event(&Event::TraceStop(reason.clone()));
         }
         // Sealed now, not when the chunk fills: the guest may run on for
@@ -391,6 +384,8 @@ impl Tracer {
     /// A breakpoint while not tracing: the start address, a
     /// `--trace-function` routine's entry, or a capture's place.
     fn untraced_breakpoint(&mut self, cpu: &mut dyn CpuView) {
+        // The guest ran untraced and may have changed its page tables.
+        self.engine.forget_translations();
         let pc = cpu.regs().rip;
         if self.start_armed
             && self.options.start_at == Some(pc)
@@ -405,7 +400,6 @@ impl Tracer {
         if let Some((i, site)) = self.windows.site_at(pc) {
             let task = site.task.clone();
             if self.runs_in(task.as_deref(), cpu) {
-                self.engine.forget_translations();
                 let sp = cpu.regs().rsp;
                 let mut ret = [0u8; 8];
                 let ret = self
@@ -418,8 +412,6 @@ impl Tracer {
             }
         }
         if self.captures.at(pc) {
-            // The guest ran untraced and may have changed its page tables.
-            self.engine.forget_translations();
             self.take_captures(pc, cpu);
             // RF would let the instruction run without firing again, but
             // a KVM that emulates kernel code fires again regardless (48

@@ -52,10 +52,12 @@ pub struct WindowCount {
 /// The task a window belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Owner {
-    /// Not known before the window's first step (or task event).
-    Unknown,
+    /// The address space of the window's first step, still to come.
+    FirstSpace,
     /// The address space its steps run in.
     Space(u64),
+    /// The Linux task of the window's first task event, still to come.
+    FirstTask,
     /// The Linux task (tid) running at its entry.
     Task(u32),
 }
@@ -70,13 +72,10 @@ pub(crate) struct Window {
     /// The stack pointer at entry, the return address on top.
     sp: u64,
     owner: Owner,
-    /// Owners are Linux tasks (the trace names tasks).
-    by_task: bool,
     /// The Linux task running now, from the task events.
     running: Option<u32>,
     /// The CPU is in another task: nothing is recorded.
     away: bool,
-    switched_out: u64,
 }
 
 /// The run's `--trace-function` routines and the window open, if any.
@@ -125,11 +124,13 @@ impl Windows {
             site,
             ret,
             sp,
-            owner: Owner::Unknown,
-            by_task: self.by_task,
+            owner: if self.by_task {
+                Owner::FirstTask
+            } else {
+                Owner::FirstSpace
+            },
             running: None,
             away: false,
-            switched_out: 0,
         });
         self.reason(site, FunctionEdge::Entry)
     }
@@ -146,7 +147,7 @@ impl Windows {
         let site = w.site;
         if w.ret == Some(pc) && sp > w.sp {
             self.counts[site].returned += 1;
-            self.close();
+            self.open = None;
             return Some(self.reason(site, FunctionEdge::Return));
         }
         if pc == self.sites[site].entry {
@@ -155,23 +156,15 @@ impl Windows {
         None
     }
 
-    /// Closes the open window. Returns whether the trace already shows it
-    /// stopped (the CPU was in another task).
-    pub(crate) fn close(&mut self) -> bool {
+    /// Closes the open window, if any, for a reason other than its
+    /// return. Returns whether the trace already shows it stopped (the CPU
+    /// was in another task).
+    pub(crate) fn abandon(&mut self) -> bool {
         let Some(w) = self.open.take() else {
             return false;
         };
-        self.counts[w.site].switched_out += w.switched_out;
+        self.counts[w.site].unfinished += 1;
         w.away
-    }
-
-    /// Closes the open window for a reason other than its return.
-    /// Returns whether the trace already shows it stopped.
-    pub(crate) fn abandon(&mut self) -> bool {
-        if let Some(w) = &self.open {
-            self.counts[w.site].unfinished += 1;
-        }
-        self.close()
     }
 
     pub(crate) fn counts(&self) -> Vec<WindowCount> {
@@ -191,7 +184,7 @@ impl Windows {
         match self.open.as_mut() {
             Some(window) => Route::Window(WindowSink {
                 recorder,
-                name: &self.sites[window.site].name,
+                count: &mut self.counts[window.site],
                 window,
             }),
             None => Route::Plain(recorder),
@@ -226,13 +219,27 @@ impl Window {
     /// which the first one names.
     fn owns_step(&mut self, cr3: u64) -> bool {
         match self.owner {
-            Owner::Unknown if !self.by_task => {
+            Owner::FirstSpace => {
                 self.owner = Owner::Space(cr3);
                 true
             }
             Owner::Space(space) => space == cr3,
             Owner::Task(tid) => self.running == Some(tid),
-            Owner::Unknown => true,
+            Owner::FirstTask => true,
+        }
+    }
+
+    /// Whether task `tid`, which runs from now on, is the window's (the
+    /// first one named is).
+    fn owns_task(&mut self, tid: u32) -> Option<bool> {
+        self.running = Some(tid);
+        match self.owner {
+            Owner::FirstTask => {
+                self.owner = Owner::Task(tid);
+                Some(true)
+            }
+            Owner::Task(owner) => Some(owner == tid),
+            Owner::FirstSpace | Owner::Space(_) => None,
         }
     }
 }
@@ -243,8 +250,8 @@ impl Window {
 pub(crate) struct WindowSink<'a> {
     recorder: &'a mut Recorder,
     window: &'a mut Window,
-    /// The routine's name, for the reasons.
-    name: &'a str,
+    /// The routine's counts (and name, for the reasons).
+    count: &'a mut WindowCount,
 }
 
 impl WindowSink<'_> {
@@ -257,18 +264,20 @@ impl WindowSink<'_> {
             return;
         }
         w.away = !owned;
-        let reason = |edge| TraceReason::Function {
-            name: self.name.to_string(),
-            edge,
-        };
-        if owned {
-            self.recorder
-                .event(&Event::TraceStart(reason(FunctionEdge::SwitchedIn)));
+        let name = self.count.name.clone();
+        let event = if owned {
+            Event::TraceStart(TraceReason::Function {
+                name,
+                edge: FunctionEdge::SwitchedIn,
+            })
         } else {
-            w.switched_out += 1;
-            self.recorder
-                .event(&Event::TraceStop(reason(FunctionEdge::SwitchedOut)));
-        }
+            self.count.switched_out += 1;
+            Event::TraceStop(TraceReason::Function {
+                name,
+                edge: FunctionEdge::SwitchedOut,
+            })
+        };
+        self.recorder.event(&event);
     }
 }
 
@@ -282,14 +291,10 @@ impl RecordSink for WindowSink<'_> {
     }
 
     fn event(&mut self, event: &Event) {
-        if let (true, Event::Task { tid, .. }) = (self.window.by_task, event) {
-            let w = &mut *self.window;
-            w.running = Some(*tid);
-            if w.owner == Owner::Unknown {
-                w.owner = Owner::Task(*tid);
+        if let Event::Task { tid, .. } = event {
+            if let Some(owned) = self.window.owns_task(*tid) {
+                self.arrive(owned);
             }
-            let owned = w.owner == Owner::Task(*tid);
-            self.arrive(owned);
         }
         if !self.window.away {
             self.recorder.event(event);
@@ -309,6 +314,14 @@ mod tests {
             entry,
             task: None,
         }
+    }
+
+    /// Every record of the trace at `path`.
+    fn recorded(path: &std::path::Path) -> Vec<Record> {
+        let reader = TraceReader::open(path).unwrap();
+        (0..reader.segments().len())
+            .flat_map(|i| reader.decode(i).unwrap())
+            .collect()
     }
 
     fn step(pc: u64, cr3: u64) -> Step {
@@ -370,9 +383,8 @@ mod tests {
         assert_eq!(windows.counts()[0].switched_out, 1);
         assert_eq!(windows.counts()[0].unfinished, 1);
         recorder.finish().unwrap();
-        let reader = TraceReader::open(&path).unwrap();
-        let records: Vec<String> = (0..reader.segments().len())
-            .flat_map(|i| reader.decode(i).unwrap())
+        let records: Vec<String> = recorded(&path)
+            .into_iter()
             .map(|r| match r {
                 Record::Step(s) => format!("{:#x}", s.pc),
                 Record::Event(Event::TraceStart(r)) => format!("start {}", r.token()),
@@ -420,9 +432,8 @@ mod tests {
             Some("function:return:do_sys_open")
         );
         recorder.finish().unwrap();
-        let reader = TraceReader::open(&path).unwrap();
-        let steps: Vec<u64> = (0..reader.segments().len())
-            .flat_map(|i| reader.decode(i).unwrap())
+        let steps: Vec<u64> = recorded(&path)
+            .into_iter()
             .filter_map(|r| match r {
                 Record::Step(s) => Some(s.pc),
                 _ => None,
