@@ -12,7 +12,7 @@ use vtrace_analyzer::user_programs::{
     add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles,
 };
 use vtrace_analyzer::{
-    captures, levels, listing, nest, processes, report, spaces, stats, timeline,
+    captures, levels, listing, nest, probes, processes, report, spaces, stats, timeline,
 };
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
@@ -230,7 +230,11 @@ fn stdout() -> BufWriter<std::io::StdoutLock<'static>> {
 }
 
 /// Prints `value` as JSON, or its text.
-fn print(json: bool, value: &impl serde::Serialize, text: impl FnOnce() -> String) -> Result<()> {
+pub(crate) fn print(
+    json: bool,
+    value: &impl serde::Serialize,
+    text: impl FnOnce() -> String,
+) -> Result<()> {
     let mut out = stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, value)?;
@@ -405,6 +409,20 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 return Ok(());
             }
             print(a.json, &found, || captures::format_table(&found))?;
+        }
+        AnalyzeCommand::Probes(a) => {
+            // Probes recorded with tracing off make a trace without steps.
+            let trace = open_trace(&a.trace)?;
+            let quantize = a.quantize.map(usize::from);
+            let found = probes::probes(&trace, quantize, &vtrace_analyzer::input::no_progress)?;
+            if found.is_empty() && !a.json {
+                eprintln!(
+                    "vtrace: {} holds no probe fires (`vtrace run --probe` records them)",
+                    a.trace.display()
+                );
+                return Ok(());
+            }
+            print(a.json, &found, || probes::format_table(&found))?;
         }
         AnalyzeCommand::Report(a) => {
             let (trace, symbols) = open(&a.trace)?;

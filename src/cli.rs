@@ -43,12 +43,37 @@ pub enum Command {
     Bench(BenchArgs),
     /// Control a running `vtrace run` from another terminal.
     Ctl(CtlArgs),
+    /// The static probes compiled into a guest kernel (its `stapsdt` ELF
+    /// notes, as `readelf -n` shows them; guest-kit/include/vtrace-sdt.h
+    /// makes them).
+    Probes(ProbesArgs),
     /// Find out, by running tiny guests, what this host's KVM lets a
     /// tracer see: whether kernel code is emulated, single-stepping at CPL 0
     /// and CPL 3, hardware breakpoints, instructions KVM's emulator lacks,
     /// CPUID bits that leak past the baseline, and the bare step rate; and
     /// what that means for a trace taken here.
     Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProbesArgs {
+    #[command(subcommand)]
+    pub what: ProbesCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProbesCommand {
+    /// List each probe (provider:name), how many arguments it passes and
+    /// the addresses of its sites.
+    List {
+        /// The kernel: an ELF or a bzImage (default: the built-in demo OS).
+        #[arg(long, value_name = "FILE")]
+        kernel: Option<PathBuf>,
+        /// Print JSON: a list of objects with keys probe, arguments and
+        /// sites (addresses as hex text).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -82,8 +107,25 @@ pub enum CtlCommand {
         #[arg(value_parser = clap::value_parser!(u64).range(..u64::MAX))]
         id: Option<u64>,
     },
-    /// Whether tracing is on, steps recorded, virtual time and exits.
+    /// Whether tracing is on, steps recorded, probes and their counts,
+    /// virtual time and exits.
     Status,
+    /// Enable or disable probes while the guest runs: static probes by
+    /// pattern (sched:*, timer:tick), whose semaphores are set before the
+    /// guest runs again; fn: probes given to the run with --probe.
+    Probe {
+        #[arg(value_enum)]
+        action: ProbeAction,
+        /// A probe name or glob (* and ?).
+        pattern: String,
+    },
+}
+
+/// What `vtrace ctl probe` does.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ProbeAction {
+    Enable,
+    Disable,
 }
 
 impl CtlCommand {
@@ -95,6 +137,13 @@ impl CtlCommand {
             CtlCommand::Mark { id: Some(id) } => format!("mark {id}"),
             CtlCommand::Mark { id: None } => "mark".into(),
             CtlCommand::Status => "status".into(),
+            CtlCommand::Probe { action, pattern } => format!(
+                "probe {} {pattern}",
+                match action {
+                    ProbeAction::Enable => "enable",
+                    ProbeAction::Disable => "disable",
+                }
+            ),
         }
     }
 }
@@ -303,6 +352,19 @@ pub struct RunArgs {
     )]
     pub trace_functions: Vec<Location>,
 
+    /// Enable probes: static probes compiled into the kernel by pattern
+    /// (sched:switch, 'sched:*'; `vtrace probes list` lists them), whose
+    /// semaphores are set at boot; or fn:ROUTINE, which fires on entry to
+    /// a routine of the kernel's symbols with its six argument registers
+    /// (a place as --start-at takes it; while tracing is off through the
+    /// CPU's breakpoints, which hold 4 with --trace-function and
+    /// --start-at). Fires are counted (`vtrace ctl status`, the run's
+    /// summary) and recorded in the trace disk (--disk, default
+    /// vtrace.vtd) with their arguments, traced or not; `vtrace analyze
+    /// probes` counts them. Repeatable.
+    #[arg(long = "probe", value_name = "PATTERN")]
+    pub probes: Vec<String>,
+
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
     #[arg(long, value_name = "PATH")]
@@ -409,6 +471,24 @@ pub enum AnalyzeCommand {
     /// came before, its name, the address, the bytes as hex (with --json)
     /// and as text (up to the first NUL).
     Captures(CapturesArgs),
+    /// How often each probe of `vtrace run --probe` fired, and with
+    /// --quantize a power-of-two histogram of an argument per probe, as
+    /// DTrace's quantize() prints it.
+    Probes(ProbesTraceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProbesTraceArgs {
+    /// The trace disk.
+    pub trace: PathBuf,
+    /// Histogram of this argument of each probe (0 is the first, DTrace's
+    /// arg0), as a signed number.
+    #[arg(long, value_name = "ARG", value_parser = clap::value_parser!(u8).range(0..6))]
+    pub quantize: Option<u8>,
+    /// Print JSON: a list of objects with keys probe and count (and
+    /// quantize: arg, buckets of value and count, without).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ mod doctor;
 mod exit_status;
 mod info;
 mod places;
+mod probes;
 mod run;
 mod step_bench;
 mod units;
@@ -53,6 +54,7 @@ fn main() {
         cli::Command::Analyze(args) => analyze::analyze(args),
         cli::Command::Bench(args) => bench::bench(args),
         cli::Command::Ctl(args) => ctl::ctl(args),
+        cli::Command::Probes(args) => probes::probes(args),
         cli::Command::Doctor(args) => doctor::doctor(args),
     };
     match status {

@@ -13,7 +13,8 @@ use vtrace_storage::disk::DiskWriter;
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS};
 use vtrace_storage::Recorder;
 use vtrace_trap::{
-    CaptureCount, CaptureSite, FunctionSite, TraceOptions, Tracer, WindowCount, MAX_CAPTURES,
+    CaptureCount, CaptureSite, FunctionProbe, FunctionSite, ProbeCount, StaticSite, TraceOptions,
+    Tracer, WindowCount, MAX_CAPTURES,
 };
 use vtrace_vmm::clock::ClockMode;
 
@@ -145,6 +146,7 @@ fn tracer(
     description: &str,
     kernel: (Option<String>, Option<String>),
     linux_tasks: Option<TaskLayout>,
+    probe_sites: Vec<StaticSite>,
 ) -> Result<Option<Tracer>> {
     if !tracing_asked(args) {
         if args.exit_after_trace {
@@ -179,9 +181,11 @@ fn tracer(
     let stop_at = find_place(&mut places, &args.stop_at, "--stop-at", args.quiet)?;
     let captures = capture_sites(args, &mut places)?;
     let functions = function_sites(args, &mut places, start_at.is_some())?;
-    // Breakpoints while tracing is off go to the start place first, then
-    // the routines' entries, then the captures.
     let taken = usize::from(start_at.is_some()) + functions.len();
+    let function_probes = function_probes(args, &mut places, taken)?;
+    // Breakpoints while tracing is off go to the start place first, then
+    // the routines' entries, the fn: probes, then the captures.
+    let taken = taken + function_probes.len();
     if let (false, Some(note)) = (args.quiet, capture_note(&captures, taken)) {
         user_message(&note);
     }
@@ -209,6 +213,9 @@ fn tracer(
         linux_tasks,
         captures,
         functions,
+        probe_sites,
+        function_probes,
+        probes_enabled: args.probes.clone(),
     };
     Ok(Some(
         Tracer::new(Recorder::start(disk), options).on_announce(user_message),
@@ -290,6 +297,118 @@ fn function_sites(
     Ok(sites)
 }
 
+/// The static probe sites of the kernel, each by its probe's name (none
+/// for a real-mode image, or a bzImage where no --probe asks for them:
+/// unpacking it costs time). Every --probe pattern that is not a fn:
+/// probe must name one.
+fn static_probe_sites(args: &RunArgs, boot: &BootSource) -> Result<Vec<StaticSite>> {
+    let patterns: Vec<&String> = args
+        .probes
+        .iter()
+        .filter(|p| !p.starts_with("fn:"))
+        .collect();
+    let kernel = match boot {
+        BootSource::Kernel { kernel, .. } => kernel,
+        BootSource::RealMode { .. } => {
+            if let Some(p) = patterns.first() {
+                return Err(BadArgument(format!(
+                    "--probe {p}: a real-mode image has no probes (fn:ROUTINE needs symbols)"
+                ))
+                .into());
+            }
+            return Ok(Vec::new());
+        }
+    };
+    let elf = kernel.bytes.starts_with(b"\x7fELF");
+    if !elf && patterns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sites = match crate::probes::kernel_probes(&kernel.bytes, &kernel.name) {
+        Ok(sites) => sites,
+        Err(e) if patterns.is_empty() => {
+            if !args.quiet {
+                user_message(&format!("vtrace: static probes are off: {e:#}"));
+            }
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
+    for pattern in patterns {
+        if !sites
+            .iter()
+            .any(|s| vtrace_trap::probes::matches(pattern, &s.probe()))
+        {
+            let mut names: Vec<String> = sites.iter().map(|s| s.probe()).collect();
+            names.sort();
+            names.dedup();
+            let known = match names.is_empty() {
+                true => {
+                    "it has none (vtrace-sdt.h makes them); fn:ROUTINE probes need none".to_string()
+                }
+                false => format!("its probes: {}", names.join(", ")),
+            };
+            return Err(BadArgument(format!(
+                "--probe {pattern} matches no static probe of {}: {known}",
+                kernel.name
+            ))
+            .into());
+        }
+    }
+    Ok(sites
+        .into_iter()
+        .map(|s| StaticSite {
+            probe: s.probe(),
+            pc: s.pc,
+            semaphore: s.semaphore_physical,
+            args: s.arguments.len(),
+        })
+        .collect())
+}
+
+/// The `--probe fn:ROUTINE` probes, found as triggers' places are; each
+/// takes a breakpoint while tracing is off, after the `taken` ones.
+fn function_probes(
+    args: &RunArgs,
+    places: &mut Places<'_>,
+    taken: usize,
+) -> Result<Vec<FunctionProbe>> {
+    let wanted: Vec<&str> = args
+        .probes
+        .iter()
+        .filter_map(|p| p.strip_prefix("fn:"))
+        .collect();
+    let room = vtrace_vmm::x86::dr::BREAKPOINTS.saturating_sub(taken);
+    if wanted.len() > room {
+        return Err(BadArgument(format!(
+            "{} fn: probes given; the CPU's breakpoints watch {room} more beside --start-at \
+             and --trace-function",
+            wanted.len()
+        ))
+        .into());
+    }
+    let mut probes = Vec::with_capacity(wanted.len());
+    for routine in wanted {
+        if routine.contains(['*', '?']) {
+            return Err(BadArgument(format!(
+                "--probe fn:{routine}: a fn: probe names one routine (each takes a breakpoint)"
+            ))
+            .into());
+        }
+        let option = format!("--probe fn:{routine}");
+        let location = crate::units::parse_location(routine)
+            .map_err(|e| BadArgument(format!("{option}: {e}")))?;
+        let Some(place) = find_place(places, &Some(location), &option, args.quiet)? else {
+            continue;
+        };
+        probes.push(FunctionProbe {
+            probe: format!("fn:{routine}"),
+            entry: place.address,
+            task: place.task,
+        });
+    }
+    Ok(probes)
+}
+
 /// What the user should know of captures while tracing is off: only as
 /// many places as there are debug registers left (`taken` are not) are
 /// watched.
@@ -315,6 +434,7 @@ fn tracing_asked(args: &RunArgs) -> bool {
         || args.start_at.is_some()
         || !args.captures.is_empty()
         || !args.trace_functions.is_empty()
+        || !args.probes.is_empty()
 }
 
 fn clock_mode(args: &RunArgs) -> ClockMode {
@@ -338,6 +458,26 @@ fn capture_summary(counts: &[CaptureCount]) -> String {
         "vtrace: captures: {} (`vtrace analyze captures` lists them)",
         each.join(", ")
     )
+}
+
+/// "vtrace: probes: sched:switch 42, fn:schedule 90": those enabled at the
+/// end or that fired.
+fn probe_summary(counts: &[ProbeCount], unknown: u64) -> Option<String> {
+    let each: Vec<String> = counts
+        .iter()
+        .filter(|c| c.enabled || c.count > 0)
+        .map(|c| format!("{} {}", c.probe, c.count))
+        .collect();
+    let unknown = match unknown {
+        0 => String::new(),
+        n => format!("; {n} probe hypercalls came from sites no note of the kernel describes"),
+    };
+    (!each.is_empty() || !unknown.is_empty()).then(|| {
+        format!(
+            "vtrace: probes: {}{unknown} (`vtrace analyze probes` counts them in the trace)",
+            each.join(", ")
+        )
+    })
 }
 
 /// "vtrace: --trace-function page_fault: 9 calls, 9 returned" and what
@@ -375,6 +515,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let kernel = kernel_identity(&boot);
     let traced = tracing_asked(&args);
     let tasks = traced.then(|| linux_tasks(&boot, args.quiet)).flatten();
+    let probe_sites = match traced {
+        true => static_probe_sites(&args, &boot)?,
+        false => Vec::new(),
+    };
     let config = VmConfig {
         boot,
         memory: args.memory,
@@ -406,7 +550,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     });
     let config = VmConfig { control, ..config };
     let mut vm = Vm::new(config)?;
-    let mut tracer = tracer(&args, vm.boot_description(), kernel, tasks)?;
+    let mut tracer = tracer(&args, vm.boot_description(), kernel, tasks, probe_sites)?;
     if !args.quiet {
         user_message(&format!("vtrace: booting {}", vm.boot_description()));
         if let Some(line) = &control_line {
@@ -447,6 +591,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
             }
             for window in &r.windows {
                 user_message(&window_summary(window));
+            }
+            if let Some(line) = probe_summary(&r.probes, r.unknown_probe_sites) {
+                user_message(&line);
             }
         }
     }

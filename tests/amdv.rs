@@ -15,6 +15,9 @@ fn listing(trace: &std::path::Path) -> Vec<String> {
     stdout(&o).lines().map(str::to_owned).collect()
 }
 
+/// Untraced, with static probes enabled: each fires its hypercall on
+/// KVM's fast path for port I/O, which names the site as this host's
+/// emulator does, as often as the demo counts.
 #[test]
 fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
     if !amdv_available() {
@@ -23,7 +26,8 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
     let m = amdv(
         &[],
         "grep -qw svm /proc/cpuinfo && echo svm; lsmod | grep -q '^kvm_amd' && echo kvm_amd; \
-         vtrace run --no-input -q",
+         vtrace run --no-input -q --probe 'sched:*' --probe timer:tick --probe fault:page \
+         --disk /out/probes.vtd --disk-size 8M",
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(
@@ -32,6 +36,28 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
         m.output
     );
     assert!(m.output.contains("demo OS done"), "{}", m.output);
+    let o = run(&[
+        "analyze",
+        "probes",
+        "--json",
+        m.file("probes.vtd").to_str().unwrap(),
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let count = |probe: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["probe"] == probe)
+            .and_then(|p| p["count"].as_u64())
+    };
+    let printed = |label: &str| number_after(&m.output, label);
+    assert_eq!(
+        count("sched:switch"),
+        printed("context switches:"),
+        "{json}"
+    );
+    assert_eq!(count("timer:tick"), printed("timer ticks:"), "{json}");
+    assert_eq!(count("fault:page"), printed("page faults:"), "{json}");
 }
 
 /// The demo OS traced from its first instruction on the AMD-V machine and
@@ -63,13 +89,15 @@ fn demo_os_traced_on_amdv_matches_this_host() {
         "kprintf:rdi:64",
         "--capture",
         "page_fault:rdi:16:fault",
+        "--probe",
+        "sched:switch",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
 
     let m = amdv(
         &[],
         "vtrace run --no-input -q --trace --disk /out/amdv.vtd --disk-size 64M \
-         --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault",
+         --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch",
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     let there = m.file("amdv.vtd");
@@ -81,9 +109,13 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     // each of the mechanisms the hosts differ in.
     assert!(ih["events"]["interrupt"].as_u64() > Some(0), "{ih}");
     assert!(ih["events"]["halt"].as_u64() > Some(0), "{ih}");
-    // 7 kprintf calls and 9 page faults (tests/captures.rs checks what
+    // 8 kprintf calls and 9 page faults (tests/captures.rs checks what
     // they hold); the digests compare their bytes.
-    assert_eq!(ih["events"]["capture"], 16, "{ih}");
+    assert_eq!(ih["events"]["capture"], 17, "{ih}");
+    // The static probe fired its hypercall at every switch on both.
+    let switches = ih["events"]["probe"].as_u64();
+    assert!(switches > Some(10), "{ih}");
+    assert_eq!(switches, ia["events"]["probe"].as_u64(), "{ia}");
     if ih["digest"] != ia["digest"] {
         let (a, b) = (listing(&here), listing(&there));
         let at = a.iter().zip(&b).position(|(x, y)| x != y);

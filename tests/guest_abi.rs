@@ -38,6 +38,7 @@ fn c_header_matches_the_rust_abi() {
         ("VTRACE_CMD_TRACE_START", i64::from(cmd::TRACE_START)),
         ("VTRACE_CMD_TRACE_STOP", i64::from(cmd::TRACE_STOP)),
         ("VTRACE_CMD_TRACE_REGION", i64::from(cmd::TRACE_REGION)),
+        ("VTRACE_CMD_PROBE", i64::from(cmd::PROBE)),
         ("VTRACE_OK", i64::from(status::OK)),
         ("VTRACE_UNKNOWN_COMMAND", i64::from(status::UNKNOWN_COMMAND)),
         ("VTRACE_BAD_ADDRESS", i64::from(status::BAD_ADDRESS)),

@@ -102,6 +102,7 @@ pub fn describe_event(e: &Event) -> String {
             length,
             bytes,
         } => crate::captures::describe(name, *addr, *length, bytes),
+        Event::Probe { name, pc, args } => crate::probes::describe(name, *pc, args),
         Event::ControlRegister { reg: 0xef, value } => format!("efer = {value:#x}"),
         Event::ControlRegister { reg, value } => format!("cr{reg} = {value:#x}"),
         Event::Gap { from, to } => {

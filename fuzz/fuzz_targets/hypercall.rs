@@ -41,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
                 word(chunk, 24),
                 word(chunk, 32),
             ],
+            ..Hypercall::default()
         };
         let _ = port.handle(call, &Memory(data), &mut NoMonitor, &mut |_| {});
         let _ = port.take_log();

@@ -5,7 +5,8 @@
  * the single source of truth; a host test fails if the two disagree.
  *
  * A hypercall is one 32-bit IN from VTRACE_PORT: EAX holds the command on
- * entry and the result on return, RBX/RCX/RSI/RDI hold arguments 0..3.
+ * entry and the result on return, RBX/RCX/RSI/RDI hold arguments 0..3
+ * (R8/R9 arguments 4 and 5 of VTRACE_CMD_PROBE, see vtrace-sdt.h).
  * Pointers are guest-virtual. Must run at CPL 0 (port I/O).
  */
 #ifndef VTRACE_H
@@ -23,6 +24,7 @@
 #define VTRACE_CMD_TRACE_START 0x10
 #define VTRACE_CMD_TRACE_STOP  0x11
 #define VTRACE_CMD_TRACE_REGION 0x12
+#define VTRACE_CMD_PROBE       0x20
 
 #define VTRACE_OK              0
 #define VTRACE_UNKNOWN_COMMAND (-1)

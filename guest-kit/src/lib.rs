@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `EAX` | command ([`cmd`]) on entry, result ([`status`]) on return |
 //! | `RBX`, `RCX`, `RSI`, `RDI` | arguments 0 to 3 |
+//! | `R8`, `R9` | arguments 4 and 5 ([`cmd::PROBE`] only) |
 //! | `DX` | [`PORT`] |
 //!
 //! A single `IN` (rather than `OUT` then `IN`) keeps a hypercall to one exit
@@ -51,6 +52,12 @@ pub mod cmd {
     /// the arg0-th call and stops on the (arg0 + arg1)-th, so it covers
     /// arg1 passes of the loop.
     pub const TRACE_REGION: u32 = 0x12;
+    /// A static probe fires (`include/vtrace-sdt.h`): the host knows the
+    /// probe by the address of this `IN`, which the site's `stapsdt` ELF
+    /// note gives; `RBX`, `RCX`, `RSI`, `RDI`, `R8`, `R9` hold its
+    /// arguments 0 to 5. Sites fire only while the host has set their
+    /// semaphores.
+    pub const PROBE: u32 = 0x20;
 }
 
 /// Results, returned in `EAX`. Errors are small negative numbers.

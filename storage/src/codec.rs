@@ -20,7 +20,7 @@
 
 use crate::record::{
     CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
-    Step, TraceReason, REG_COUNT,
+    Step, TraceReason, MAX_PROBE_ARGS, REG_COUNT,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -62,6 +62,9 @@ const EV_RUNNING: u8 = 0x8f;
 const EV_RUNNABLE: u8 = 0x90;
 /// tid, code (varints).
 const EV_TASK_EXIT: u8 = 0x91;
+/// name (length, bytes), pc (varint), argument count (byte, at most
+/// [`MAX_PROBE_ARGS`]), the arguments (varints).
+const EV_PROBE: u8 = 0x92;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -260,6 +263,18 @@ impl SegmentEncoder {
                 varint::put(o, *addr);
                 varint::put(o, u64::from(*length));
                 put_bytes(o, bytes);
+            }
+            Event::Probe { name, pc, args } => {
+                o.push(EV_PROBE);
+                put_bytes(o, name.as_bytes());
+                varint::put(o, *pc);
+                // The recorder never gets more: a longer list is cut here
+                // rather than written undecodable.
+                let args = &args[..args.len().min(MAX_PROBE_ARGS)];
+                o.push(args.len() as u8);
+                for a in args {
+                    varint::put(o, *a);
+                }
             }
             Event::ControlRegister { reg, value } => {
                 o.extend_from_slice(&[EV_CONTROL, *reg]);
@@ -622,6 +637,16 @@ impl<'a> SegmentDecoder<'a> {
                 length: self.var_u32()?,
                 bytes: self.bytes()?,
             },
+            EV_PROBE => {
+                let name = self.text()?;
+                let pc = self.var()?;
+                let count = usize::from(self.byte()?);
+                if count > MAX_PROBE_ARGS {
+                    return Err(self.err("probe with more than 6 arguments"));
+                }
+                let args = (0..count).map(|_| self.var()).collect::<Result<_, _>>()?;
+                Event::Probe { name, pc, args }
+            }
             EV_CONTROL => Event::ControlRegister {
                 reg: self.byte()?,
                 value: self.var()?,
@@ -723,6 +748,16 @@ mod tests {
                 addr: 0x2000,
                 length: 64,
                 bytes: vec![1, 2, 3],
+            },
+            Event::Probe {
+                name: "sched:switch".into(),
+                pc: 0x10_0123,
+                args: vec![1, u64::MAX, 0, 3, 4, 5],
+            },
+            Event::Probe {
+                name: "fn:schedule".into(),
+                pc: 0x10_0200,
+                args: Vec::new(),
             },
             Event::ControlRegister {
                 reg: 3,

@@ -268,6 +268,10 @@ impl std::fmt::Display for TraceReason {
 /// without an id); its value counts the run's host marks.
 pub const HOST_MARK: u64 = u64::MAX;
 
+/// Most arguments a probe carries (a static probe's hypercall passes six
+/// registers; a `fn:` probe the six argument registers of the x86-64 ABI).
+pub const MAX_PROBE_ARGS: usize = 6;
+
 /// Something that happened between two steps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Event {
@@ -312,6 +316,16 @@ pub enum Event {
         /// What was read: all `length` bytes, or fewer where a page was
         /// not present (none at all when the first one was not).
         bytes: Vec<u8>,
+    },
+    /// A probe fired (`vtrace run --probe`): a static probe's site ran
+    /// its hypercall, or execution reached a `fn:` probe's routine.
+    Probe {
+        /// `provider:name` (`sched:switch`, `fn:schedule`).
+        name: String,
+        /// The site: the static probe's hypercall, or the routine's entry.
+        pc: u64,
+        /// The probe's arguments, at most [`MAX_PROBE_ARGS`].
+        args: Vec<u64>,
     },
     /// A control register changed (0, 3, 4) or EFER (reg 0xEF).
     ControlRegister {

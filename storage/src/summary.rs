@@ -56,6 +56,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::Mark { .. } => "mark",
         Event::Log(_) => "log",
         Event::Capture { .. } => "capture",
+        Event::Probe { .. } => "probe",
         Event::ControlRegister { .. } => "control_register",
         Event::Gap { .. } => "gap",
         Event::Halt => "halt",

@@ -9,6 +9,7 @@ pub mod fault;
 pub mod flow;
 pub mod idt;
 mod maple;
+pub mod probes;
 pub mod rep;
 pub mod tasks;
 pub mod tracer;
@@ -17,6 +18,7 @@ pub mod window;
 
 pub use capture::{CaptureCount, CaptureSite, MAX_CAPTURES, MAX_CAPTURE_LENGTH};
 pub use engine::{Engine, EngineStats, RecordSink};
+pub use probes::{FunctionProbe, ProbeCount, StaticSite};
 pub use tasks::TaskWatch;
 pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};
 pub use window::{FunctionSite, WindowCount};

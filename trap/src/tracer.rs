@@ -10,6 +10,7 @@ use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::capture::{CaptureCount, CaptureSite, Captures};
 use crate::engine::{Engine, EngineStats, RecordSink};
+use crate::probes::{FunctionProbe, ProbeCount, Probes, StaticSite};
 use crate::tasks::TaskWatch;
 use crate::window::{FunctionSite, WindowCount, Windows};
 
@@ -47,6 +48,13 @@ pub struct TraceOptions {
     pub captures: Vec<CaptureSite>,
     /// Routines traced from entry to return (see [`crate::window`]).
     pub functions: Vec<FunctionSite>,
+    /// Every static probe site of the guest's kernel, enabled or not
+    /// (see [`crate::probes`]).
+    pub probe_sites: Vec<StaticSite>,
+    /// The `fn:` probes asked for.
+    pub function_probes: Vec<FunctionProbe>,
+    /// Probe patterns enabled from the start (`--probe`).
+    pub probes_enabled: Vec<String>,
 }
 
 /// Exceptions whose handlers a TF host watches, most frequent first (four
@@ -120,6 +128,9 @@ impl Default for TraceOptions {
             linux_tasks: None,
             captures: Vec::new(),
             functions: Vec::new(),
+            probe_sites: Vec::new(),
+            function_probes: Vec::new(),
+            probes_enabled: Vec::new(),
         }
     }
 }
@@ -137,6 +148,11 @@ pub struct TraceReport {
     pub captures: Vec<CaptureCount>,
     /// What each `--trace-function` routine's windows came to.
     pub windows: Vec<WindowCount>,
+    /// How often each probe fired (those the guest's kernel has, and
+    /// the `fn:` probes).
+    pub probes: Vec<ProbeCount>,
+    /// PROBE hypercalls from sites no note described.
+    pub unknown_probe_sites: u64,
 }
 
 /// Tracing state and the recorder it writes to.
@@ -168,6 +184,7 @@ pub struct Tracer {
     stepping_over: Option<u64>,
     captures: Captures,
     windows: Windows,
+    probes: Probes,
     /// Watched exception handlers: (entry, vector).
     handlers: Vec<(u64, u8)>,
     tasks: Option<TaskWatch>,
@@ -198,6 +215,10 @@ impl Tracer {
         let captures = Captures::new(options.captures.clone());
         let windows = Windows::new(options.functions.clone(), options.linux_tasks.is_some());
         let start_armed = options.start_at.is_some();
+        let mut probes = Probes::new(options.probe_sites.clone(), options.function_probes.clone());
+        for pattern in &options.probes_enabled {
+            probes.set(pattern, true);
+        }
         let mut tracer = Tracer {
             engine: Engine::new(),
             recorder,
@@ -217,6 +238,7 @@ impl Tracer {
             stepping_over: None,
             captures,
             windows,
+            probes,
             handlers: Vec::new(),
             tasks,
             unsure_trigger: false,
@@ -303,6 +325,8 @@ impl Tracer {
         let stop_reason = self.stop_reason.clone();
         let captures = self.captures.counts();
         let windows = self.windows.counts();
+        let probes = self.probes.counts();
+        let unknown_probe_sites = self.probes.troubles().0;
         let recorded_steps = self.recorder.steps();
         let writer = self.recorder.finish()?;
         Ok(TraceReport {
@@ -312,6 +336,8 @@ impl Tracer {
             stop_reason,
             captures,
             windows,
+            probes,
+            unknown_probe_sites,
         })
     }
 
@@ -325,12 +351,10 @@ impl Tracer {
         if self.options.trap_flag_host {
             self.watch_handlers(cpu);
         }
-        // Tracing may start right at a capture's place (its breakpoint
-        // started it, or the user did).
+        // Tracing may start right at a capture's or probe's place (its
+        // breakpoint started it, or the user did).
         if let Some(pc) = self.engine.next_pc() {
-            if self.captures.at(pc) {
-                self.take_captures(pc, cpu);
-            }
+            self.at_place(pc, cpu);
         }
     }
 
@@ -359,7 +383,11 @@ impl Tracer {
                 .extend(self.handlers.iter().map(|(h, _)| *h));
         } else {
             let over = self.stepping_over;
-            let places = self.windows.entries().chain(self.captures.places());
+            let places = self
+                .windows
+                .entries()
+                .chain(self.probes.entries())
+                .chain(self.captures.places());
             for place in places.filter(|p| Some(*p) != over) {
                 if !self.breakpoints.contains(&place) {
                     self.breakpoints.push(place);
@@ -369,20 +397,34 @@ impl Tracer {
         self.breakpoints.truncate(DEBUG_REGISTERS);
     }
 
-    /// Takes the captures at `pc`, where the vCPU stands (those of a user
-    /// program only in its tasks).
-    fn take_captures(&mut self, pc: u64, cpu: &mut dyn CpuView) {
-        for i in self.captures.sites_at(pc) {
-            let task = self.captures.site(i).task.clone();
-            if self.runs_in(task.as_deref(), cpu) {
-                let event = self.captures.take(i, &mut self.engine, cpu);
-                self.windows.route(&mut self.recorder).event(&event);
+    /// Takes the captures and fires the `fn:` probes at `pc`, where the
+    /// vCPU stands (those of a user program only in its tasks); returns
+    /// whether there were any.
+    fn at_place(&mut self, pc: u64, cpu: &mut dyn CpuView) -> bool {
+        let (captured, probed) = (self.captures.at(pc), self.probes.function_at(pc));
+        if captured {
+            for i in self.captures.sites_at(pc) {
+                let task = self.captures.site(i).task.clone();
+                if self.runs_in(task.as_deref(), cpu) {
+                    let event = self.captures.take(i, &mut self.engine, cpu);
+                    self.windows.route(&mut self.recorder).event(&event);
+                }
             }
         }
+        if probed {
+            for (i, task) in self.probes.functions_at(pc) {
+                if self.runs_in(task.as_deref(), cpu) {
+                    let event = self.probes.fire_function(i, cpu);
+                    self.windows.route(&mut self.recorder).event(&event);
+                }
+            }
+        }
+        captured || probed
     }
 
     /// A breakpoint while not tracing: the start address, a
-    /// `--trace-function` routine's entry, or a capture's place.
+    /// `--trace-function` routine's entry, a `fn:` probe's, or a capture's
+    /// place.
     fn untraced_breakpoint(&mut self, cpu: &mut dyn CpuView) {
         // The guest ran untraced and may have changed its page tables.
         self.engine.forget_translations();
@@ -411,8 +453,7 @@ impl Tracer {
                 return;
             }
         }
-        if self.captures.at(pc) {
-            self.take_captures(pc, cpu);
+        if self.at_place(pc, cpu) {
             // RF would let the instruction run without firing again, but
             // a KVM that emulates kernel code fires again regardless (48
             // million times in a row, measured): step over it instead, and
@@ -498,6 +539,9 @@ impl Monitor for Tracer {
     }
 
     fn before_entry(&mut self, cpu: &mut dyn CpuView) {
+        if self.probes.writes_waiting() {
+            self.probes.write_semaphores(cpu);
+        }
         if !self.active {
             self.engine.release(cpu);
         } else if !self.engine.started() {
@@ -528,8 +572,8 @@ impl Monitor for Tracer {
                 let mut sink = self.windows.route(&mut self.recorder);
                 self.engine.exception_entry(vector, handler, cpu, &mut sink);
                 self.check_limits();
-                if self.active && self.captures.at(handler) {
-                    self.take_captures(handler, cpu);
+                if self.active {
+                    self.at_place(handler, cpu);
                 }
                 return Directive::ReArm;
             }
@@ -547,8 +591,8 @@ impl Monitor for Tracer {
         }
         self.check_limits();
         if let (Some(pc), true) = (next, self.active) {
-            if self.captures.at(pc) {
-                self.take_captures(pc, cpu);
+            if self.captures.at(pc) || self.probes.function_at(pc) {
+                self.at_place(pc, cpu);
             }
             if self.options.stop_at == Some(pc)
                 && self.runs_in(self.options.stop_in.clone().as_deref(), cpu)
@@ -656,6 +700,18 @@ impl Monitor for Tracer {
                 }
                 Some(status::OK)
             }
+            cmd::PROBE => {
+                if let Some(event) = self.probes.fire(call) {
+                    if self.active && self.engine.started() {
+                        // After the step of the IN, as the hypercall's own
+                        // event.
+                        self.engine.defer_event(event);
+                    } else {
+                        self.windows.route(&mut self.recorder).event(&event);
+                    }
+                }
+                Some(status::OK)
+            }
             cmd::TRACE_STOP if !obeyed => Some(status::OK),
             cmd::TRACE_STOP => {
                 if self.active {
@@ -711,11 +767,35 @@ impl Monitor for Tracer {
                     ))
                 }
             },
-            ("status", None) => format!(
-                "tracing {}, {} steps recorded",
-                if self.active { "on" } else { "off" },
-                self.recorder.steps()
-            ),
+            ("status", None) => {
+                let probes = self
+                    .probes
+                    .status()
+                    .map(|p| format!("; {p}"))
+                    .unwrap_or_default();
+                format!(
+                    "tracing {}, {} steps recorded{probes}",
+                    if self.active { "on" } else { "off" },
+                    self.recorder.steps()
+                )
+            }
+            ("probe", Some(action @ ("enable" | "disable"))) => {
+                let (Some(pattern), None) = (words.next(), words.next()) else {
+                    return Some(format!(
+                        "error: probe {action} takes one pattern (sched:*, timer:tick, fn:*)"
+                    ));
+                };
+                let matched = self.probes.set(pattern, action == "enable");
+                // Written before the guest runs again; the breakpoints
+                // of fn: probes follow.
+                self.arm();
+                match matched.len() {
+                    0 => format!(
+                        "error: no probe matches '{pattern}' (`vtrace probes list` lists the                          kernel's; fn: probes are given to vtrace run with --probe)"
+                    ),
+                    _ => format!("{action}d {}", matched.join(", ")),
+                }
+            }
             _ => return None,
         })
     }

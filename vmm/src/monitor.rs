@@ -106,7 +106,8 @@ pub trait CpuView {
     /// Reads guest-physical memory; false if any byte is not RAM.
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
     /// Writes guest-physical memory; false if any byte is not RAM. Only
-    /// for undoing what stepping itself left in guest memory.
+    /// for undoing what stepping itself left in guest memory, and for
+    /// the semaphores of the guest's static probes.
     fn write_physical(&mut self, _gpa: u64, _data: &[u8]) -> bool {
         false
     }

@@ -335,6 +335,12 @@ impl<'a> ItemBuilder<'a> {
                     self.boundary(Item::Note { index });
                 }
             }
+            SegmentRecord::Event(Event::Probe { name, pc, args }) => {
+                if let Ok(index) = u32::try_from(self.notes.len()) {
+                    self.notes.push(crate::probes::describe(name, *pc, args));
+                    self.boundary(Item::Note { index });
+                }
+            }
             SegmentRecord::Event(_) => {}
         }
     }

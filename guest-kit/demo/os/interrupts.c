@@ -1,5 +1,6 @@
 /* GDT/TSS, IDT, the 8259 PIC pair, the 8254 PIT, and trap dispatch. */
 #include "kernel.h"
+#include "vtrace-sdt.h"
 
 struct tss {
     u32 reserved0;
@@ -33,6 +34,7 @@ static struct tss tss;
 static struct idt_entry idt[256];
 static u8 df_stack[8192] __attribute__((aligned(16)));
 volatile u64 ticks;
+u64 yield_traps;
 
 void gdt_init(void)
 {
@@ -100,11 +102,14 @@ struct frame *trap(struct frame *f)
 {
     if (f->vector == VEC_TIMER) {
         ticks++;
+        VTRACE_PROBE(timer, tick, ticks);
         irq_eoi(0);
         return schedule(f);
     }
-    if (f->vector == VEC_YIELD)
+    if (f->vector == VEC_YIELD) {
+        yield_traps++;
         return syscall_switch(f);
+    }
     if (f->vector == 14 && page_fault(read_cr2(), f->error))
         return f;
     if (f->vector >= 33 && f->vector < 48) {

@@ -53,6 +53,8 @@ void pic_init(void);
 void pit_init(void);
 void irq_eoi(int irq);
 extern volatile u64 ticks;
+/* Each timer tick and each yield trap calls schedule() once. */
+extern u64 yield_traps;
 
 /* mm.c */
 #define USER_BASE 0x0000008000000000UL  /* PML4 slot 1: per-task memory */

@@ -50,6 +50,7 @@ void kmain(const struct hvm_start_info *si)
     sched_print_outputs();
     kprintf("page faults: %lu, system calls: %lu\n", page_faults, syscalls);
     kprintf("timer ticks: %lu, context switches: %lu\n", ticks, context_switches);
+    kprintf("yield traps: %lu\n", yield_traps);
     static const char bye[] = "demo OS done";
     vtrace_log(bye, sizeof bye - 1);
     kprintf("exiting\n");

@@ -4,6 +4,7 @@
  * (USER_BASE) is private to each task and filled on demand by page faults.
  */
 #include "kernel.h"
+#include "vtrace-sdt.h"
 
 #define PTE_P 0x1UL
 #define PTE_W 0x2UL
@@ -56,5 +57,6 @@ int page_fault(u64 addr, u64 error)
     u64 *pt = next_level(pd, (addr >> 21) & 511);
     pt[(addr >> 12) & 511] = frame_alloc() | PTE_P | PTE_W;
     page_faults++;
+    VTRACE_PROBE(fault, page, addr);
     return 1;
 }

@@ -4,6 +4,7 @@
  * address space. The timer and yield_trap both enter schedule().
  */
 #include "kernel.h"
+#include "vtrace-sdt.h"
 
 #define MAX_TASKS 8
 #define STACK_SIZE 16384
@@ -76,8 +77,10 @@ static int pick_next(void)
 
 static struct frame *switch_to(int next)
 {
-    if (next != current)
+    if (next != current) {
         context_switches++;
+        VTRACE_PROBE(sched, switch, current, next);
+    }
     current = next;
     if (next < 0) {
         write_cr3((u64)boot_pml4);

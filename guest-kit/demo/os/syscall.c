@@ -4,6 +4,7 @@
  * tasks go through yield_trap with the request left in `pending`.
  */
 #include "kernel.h"
+#include "vtrace-sdt.h"
 
 u64 syscalls;
 int sched_current(void);
@@ -67,10 +68,13 @@ static const syscall_fn syscall_table[SYS_COUNT] = {
 
 i64 syscall(i64 nr, i64 a, i64 b, i64 c)
 {
+    VTRACE_PROBE(syscall, entry, nr);
     if (nr < 0 || nr >= SYS_COUNT)
         return -1;
     syscalls++;
-    return syscall_table[nr](a, b, c);
+    i64 ret = syscall_table[nr](a, b, c);
+    VTRACE_PROBE(syscall, exit, nr, ret);
+    return ret;
 }
 
 /* Called by schedule's caller (trap) for a yield that carries a request. */

@@ -1110,7 +1110,7 @@ mod tests {
         e.begin(&mut cpu);
         let call = Hypercall {
             command: 2,
-            args: [0; 4],
+            ..Hypercall::default()
         };
         e.exit(&ExitView::Hypercall { call, result: 0 }, &mut cpu, &mut out);
         e.note_injection(32);

@@ -12,10 +12,16 @@ use crate::guest_text::GuestLines;
 use crate::monitor::Monitor;
 
 /// A hypercall as the guest issued it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hypercall {
+    /// `EAX`: the command.
     pub command: u32,
+    /// `RBX`, `RCX`, `RSI`, `RDI`: arguments 0 to 3.
     pub args: [u64; 4],
+    /// `R8`, `R9`: arguments 4 and 5, which only [`cmd::PROBE`] takes.
+    pub more_args: [u64; 2],
+    /// The linear address of the `IN` (a static probe's site).
+    pub rip: u64,
 }
 
 /// Reads guest memory by guest-virtual address, through the guest's current
@@ -111,7 +117,7 @@ impl HypercallPort {
                 Some(code) => code,
                 None if matches!(
                     other,
-                    cmd::TRACE_START | cmd::TRACE_STOP | cmd::TRACE_REGION
+                    cmd::TRACE_START | cmd::TRACE_STOP | cmd::TRACE_REGION | cmd::PROBE
                 ) =>
                 {
                     status::UNAVAILABLE
@@ -211,6 +217,7 @@ mod tests {
             Hypercall {
                 command,
                 args: [a0, a1, 0, 0],
+                ..Hypercall::default()
             },
             &OnePage(page),
             &mut NoMonitor,

@@ -303,6 +303,8 @@ impl Vm {
                 width(regs.rsi),
                 width(regs.rdi),
             ],
+            more_args: [width(regs.r8), width(regs.r9)],
+            rip: regs.rip,
         };
         let memory = self.vcpu.memory(&self.ram);
         let outcome = self

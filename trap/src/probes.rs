@@ -1,0 +1,350 @@
+//! Probes (`vtrace run --probe`), counted live and recorded as
+//! [`Event::Probe`]:
+//!
+//! - static probes compiled into the guest (`guest-kit/include/
+//!   vtrace-sdt.h`): a site fires the PROBE hypercall while its 16-bit
+//!   semaphore is set, and the hypercall's address names the site. The
+//!   tracer sets and clears semaphores in guest memory, before the next
+//!   entry after it is asked;
+//! - `fn:` probes: execution reaches a routine's entry. While tracing,
+//!   every step's pc is compared with the entries; while not, they take
+//!   debug registers (see [`crate::Tracer`]).
+
+use vtrace_storage::{Event, MAX_PROBE_ARGS};
+use vtrace_vmm::devices::hypercall::Hypercall;
+use vtrace_vmm::CpuView;
+
+/// One site of a static probe, as its `stapsdt` note gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticSite {
+    /// `provider:name`.
+    pub probe: String,
+    /// The linear address of the site's hypercall.
+    pub pc: u64,
+    /// The guest-physical address of its 16-bit semaphore (none: it
+    /// cannot be switched, and fires only if compiled to fire always).
+    pub semaphore: Option<u64>,
+    /// How many arguments it passes (at most [`MAX_PROBE_ARGS`]).
+    pub args: usize,
+}
+
+/// A `fn:` probe: a routine's entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionProbe {
+    /// `fn:ROUTINE`.
+    pub probe: String,
+    /// The linear address of its first instruction.
+    pub entry: u64,
+    /// Fires only in tasks of this name (a user program's routine).
+    pub task: Option<String>,
+}
+
+/// How often one probe fired.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbeCount {
+    /// `provider:name`.
+    pub probe: String,
+    /// Fires recorded.
+    pub count: u64,
+    /// Whether it was enabled when the run ended.
+    pub enabled: bool,
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters and `?` for one. Written here rather than taken from a glob
+/// crate: those match paths (separators, classes), and a probe name is a
+/// plain word pair.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // Iterative wildcard matching with one backtrack point: linear in
+    // practice, and no recursion a long pattern could exhaust.
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        match p.get(i) {
+            Some('*') => {
+                star = Some((i, j));
+                i += 1;
+            }
+            Some(&c) if c == '?' || c == n[j] => {
+                i += 1;
+                j += 1;
+            }
+            _ => match star {
+                Some((si, sj)) => {
+                    i = si + 1;
+                    j = sj + 1;
+                    star = Some((si, sj + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+/// The run's probes.
+pub(crate) struct Probes {
+    counts: Vec<ProbeCount>,
+    sites: Vec<StaticSite>,
+    /// For each site, its probe's index in `counts`.
+    site_probe: Vec<usize>,
+    /// The sites' pcs, sorted, with the site's index.
+    by_pc: Vec<(u64, usize)>,
+    functions: Vec<FunctionProbe>,
+    /// For each function probe, its index in `counts`.
+    function_probe: Vec<usize>,
+    /// The entries of the enabled function probes, sorted (the per-step
+    /// search: one emptiness test when there are none).
+    entries: Vec<u64>,
+    /// Semaphore writes not yet made: (guest-physical address, value).
+    writes: Vec<(u64, u16)>,
+    /// Semaphores that could not be written (not in guest RAM).
+    unwritable: u64,
+    /// PROBE hypercalls from no known site.
+    unknown: u64,
+}
+
+impl Probes {
+    pub(crate) fn new(sites: Vec<StaticSite>, functions: Vec<FunctionProbe>) -> Probes {
+        let mut counts: Vec<ProbeCount> = Vec::new();
+        let mut index = |name: &str| match counts.iter().position(|c| c.probe == name) {
+            Some(i) => i,
+            None => {
+                counts.push(ProbeCount {
+                    probe: name.to_string(),
+                    ..ProbeCount::default()
+                });
+                counts.len() - 1
+            }
+        };
+        let site_probe: Vec<usize> = sites.iter().map(|s| index(&s.probe)).collect();
+        let function_probe: Vec<usize> = functions.iter().map(|f| index(&f.probe)).collect();
+        let mut by_pc: Vec<(u64, usize)> =
+            sites.iter().enumerate().map(|(i, s)| (s.pc, i)).collect();
+        by_pc.sort_unstable();
+        Probes {
+            counts,
+            sites,
+            site_probe,
+            by_pc,
+            functions,
+            function_probe,
+            entries: Vec::new(),
+            writes: Vec::new(),
+            unwritable: 0,
+            unknown: 0,
+        }
+    }
+
+    /// Enables or disables every probe whose name matches `pattern`;
+    /// returns the names it matched. Static probes' semaphores are
+    /// written before the next entry ([`Probes::write_semaphores`]).
+    pub(crate) fn set(&mut self, pattern: &str, on: bool) -> Vec<String> {
+        let mut matched = Vec::new();
+        for (i, count) in self.counts.iter_mut().enumerate() {
+            if !matches(pattern, &count.probe) {
+                continue;
+            }
+            count.enabled = on;
+            matched.push(count.probe.clone());
+            for (site, _) in self
+                .sites
+                .iter()
+                .zip(&self.site_probe)
+                .filter(|(_, &p)| p == i)
+            {
+                if let Some(gpa) = site.semaphore {
+                    self.writes.push((gpa, u16::from(on)));
+                }
+            }
+        }
+        self.entries = self
+            .functions
+            .iter()
+            .zip(&self.function_probe)
+            .filter(|(_, &p)| self.counts[p].enabled)
+            .map(|(f, _)| f.entry)
+            .collect();
+        self.entries.sort_unstable();
+        self.entries.dedup();
+        matched
+    }
+
+    /// Whether semaphores wait to be written (asked before every entry).
+    #[inline]
+    pub(crate) fn writes_waiting(&self) -> bool {
+        !self.writes.is_empty()
+    }
+
+    /// Writes the semaphores asked for since the last entry.
+    pub(crate) fn write_semaphores(&mut self, cpu: &mut dyn CpuView) {
+        for (gpa, value) in self.writes.drain(..) {
+            if !cpu.write_physical(gpa, &value.to_le_bytes()) {
+                self.unwritable += 1;
+            }
+        }
+    }
+
+    /// The static probe whose site made `call`, counted, as its event;
+    /// `None` for a site no note described.
+    pub(crate) fn fire(&mut self, call: &Hypercall) -> Option<Event> {
+        let Ok(at) = self.by_pc.binary_search_by_key(&call.rip, |&(pc, _)| pc) else {
+            self.unknown += 1;
+            return None;
+        };
+        let site = self.by_pc[at].1;
+        let probe = self.site_probe[site];
+        self.counts[probe].count += 1;
+        let all = [
+            call.args[0],
+            call.args[1],
+            call.args[2],
+            call.args[3],
+            call.more_args[0],
+            call.more_args[1],
+        ];
+        let n = self.sites[site].args.min(MAX_PROBE_ARGS);
+        Some(Event::Probe {
+            name: self.counts[probe].probe.clone(),
+            pc: call.rip,
+            args: all[..n].to_vec(),
+        })
+    }
+
+    /// Whether an enabled `fn:` probe is at `pc` (on the per-step path).
+    #[inline]
+    pub(crate) fn function_at(&self, pc: u64) -> bool {
+        !self.entries.is_empty() && self.entries.binary_search(&pc).is_ok()
+    }
+
+    /// The distinct entries of enabled `fn:` probes, for breakpoints.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries.iter().copied()
+    }
+
+    /// The enabled `fn:` probes at `pc`: (index, the task it is bound to).
+    pub(crate) fn functions_at(&self, pc: u64) -> Vec<(usize, Option<String>)> {
+        self.functions
+            .iter()
+            .enumerate()
+            .filter(|(i, f)| f.entry == pc && self.counts[self.function_probe[*i]].enabled)
+            .map(|(i, f)| (i, f.task.clone()))
+            .collect()
+    }
+
+    /// Fires `fn:` probe `i` with the vCPU at its entry: its arguments are
+    /// the six argument registers of the x86-64 System V ABI.
+    pub(crate) fn fire_function(&mut self, i: usize, cpu: &mut dyn CpuView) -> Event {
+        let r = cpu.regs();
+        let probe = self.function_probe[i];
+        self.counts[probe].count += 1;
+        Event::Probe {
+            name: self.counts[probe].probe.clone(),
+            pc: self.functions[i].entry,
+            args: vec![r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9],
+        }
+    }
+
+    /// Every probe's count, in the order first named.
+    pub(crate) fn counts(&self) -> Vec<ProbeCount> {
+        self.counts.clone()
+    }
+
+    /// What `vtrace ctl status` adds: the enabled probes and their counts.
+    pub(crate) fn status(&self) -> Option<String> {
+        let on: Vec<String> = self
+            .counts
+            .iter()
+            .filter(|c| c.enabled || c.count > 0)
+            .map(|c| format!("{} {}", c.probe, c.count))
+            .collect();
+        (!on.is_empty()).then(|| format!("probes: {}", on.join(", ")))
+    }
+
+    /// PROBE hypercalls from sites no note described, and semaphores that
+    /// were not in guest RAM.
+    pub(crate) fn troubles(&self) -> (u64, u64) {
+        (self.unknown, self.unwritable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_as_globs() {
+        assert!(matches("sched:*", "sched:switch"));
+        assert!(matches("*", "timer:tick"));
+        assert!(matches("sys*:e*t", "syscall:exit"));
+        assert!(matches("timer:t?ck", "timer:tick"));
+        assert!(matches("fn:schedule", "fn:schedule"));
+        assert!(!matches("sched:*", "syscall:entry"));
+        assert!(!matches("fn:schedule", "fn:schedule_tail"));
+        assert!(!matches("*:tick?", "timer:tick"));
+        assert!(matches("**a*", "banana"));
+    }
+
+    fn site(probe: &str, pc: u64, semaphore: u64, args: usize) -> StaticSite {
+        StaticSite {
+            probe: probe.into(),
+            pc,
+            semaphore: Some(semaphore),
+            args,
+        }
+    }
+
+    #[test]
+    fn enabling_writes_every_site_semaphore_and_a_fire_names_its_site() {
+        let mut p = Probes::new(
+            vec![
+                site("sched:switch", 0x200, 0x900, 2),
+                site("timer:tick", 0x100, 0x902, 1),
+                site("sched:switch", 0x300, 0x904, 2),
+            ],
+            Vec::new(),
+        );
+        assert_eq!(p.set("sched:*", true), ["sched:switch"]);
+        assert_eq!(p.writes, [(0x900, 1), (0x904, 1)]);
+        let call = Hypercall {
+            command: vtrace_guest::cmd::PROBE,
+            args: [7, 8, 9, 10],
+            more_args: [11, 12],
+            rip: 0x300,
+        };
+        assert_eq!(
+            p.fire(&call),
+            Some(Event::Probe {
+                name: "sched:switch".into(),
+                pc: 0x300,
+                args: vec![7, 8],
+            })
+        );
+        assert_eq!(p.fire(&Hypercall { rip: 0x301, ..call }), None);
+        assert_eq!(p.troubles(), (1, 0));
+        assert_eq!(p.status().as_deref(), Some("probes: sched:switch 1"));
+        p.writes.clear();
+        assert_eq!(p.set("sched:switch", false), ["sched:switch"]);
+        assert_eq!(p.writes, [(0x900, 0), (0x904, 0)]);
+        assert!(p.set("nothing:*", true).is_empty());
+    }
+
+    #[test]
+    fn function_probes_are_watched_while_enabled() {
+        let f = FunctionProbe {
+            probe: "fn:schedule".into(),
+            entry: 0x500,
+            task: None,
+        };
+        let mut p = Probes::new(Vec::new(), vec![f]);
+        assert!(!p.function_at(0x500), "not before it is enabled");
+        p.set("fn:*", true);
+        assert!(p.function_at(0x500));
+        assert_eq!(p.entries().collect::<Vec<_>>(), [0x500]);
+        assert_eq!(p.functions_at(0x500), [(0, None)]);
+        p.set("fn:schedule", false);
+        assert!(!p.function_at(0x500));
+        assert!(p.functions_at(0x500).is_empty());
+    }
+}
