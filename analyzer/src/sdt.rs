@@ -14,7 +14,7 @@
 //! | NUL-terminated | name |
 //! | NUL-terminated | arguments, systemtap's notation (`-8@%rbx -8@%rcx`) |
 
-use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
+use object::read::elf::{ElfFile64, FileHeader, SectionHeader};
 use object::Endianness;
 use serde::Serialize;
 
@@ -67,19 +67,7 @@ pub fn probe_sites(elf: &[u8]) -> Result<Vec<ProbeSite>, SdtError> {
     let sections = header
         .sections(endian, elf)
         .map_err(|e| SdtError::NotElf(e.to_string()))?;
-    let loads: Vec<(u64, u64, u64)> = file
-        .elf_program_headers()
-        .iter()
-        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
-        .map(|p| {
-            let vaddr = p.p_vaddr(endian);
-            (
-                vaddr,
-                vaddr.saturating_add(p.p_memsz(endian)),
-                p.p_paddr(endian),
-            )
-        })
-        .collect();
+    let loads = crate::symbols::load_segments(elf);
     let mut sites = Vec::new();
     for section in sections.iter() {
         let Some(mut notes) = section

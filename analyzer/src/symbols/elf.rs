@@ -181,6 +181,15 @@ mod agreement {
 /// one. Linux's `startup_64` runs at physical addresses until it switches
 /// to the kernel's mapping; these ranges name those first steps.
 pub fn physical_loads(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
+    load_segments(bytes)
+        .into_iter()
+        .filter(|(vaddr, _, paddr)| vaddr != paddr)
+        .collect()
+}
+
+/// Every loadable segment of a 64-bit ELF image: (virtual start, virtual
+/// end, physical start); none where it is not one.
+pub fn load_segments(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
     use object::read::elf::{ElfFile64, ProgramHeader};
     let Ok(file) = ElfFile64::<object::Endianness>::parse(bytes) else {
         return Vec::new();
@@ -197,6 +206,5 @@ pub fn physical_loads(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
                 p.p_paddr(endian),
             )
         })
-        .filter(|(vaddr, _, paddr)| vaddr != paddr)
         .collect()
 }

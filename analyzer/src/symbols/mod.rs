@@ -16,7 +16,7 @@ mod thunks;
 use std::path::{Path, PathBuf};
 
 pub use discover::{discover, Discovery, KernelImages};
-pub use elf::parse_elf;
+pub use elf::{load_segments, parse_elf};
 pub use kallsyms::all_symbols as all_kallsyms;
 pub use lines::LineTable;
 pub use map::parse_map;
