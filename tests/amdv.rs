@@ -665,6 +665,24 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     analyze(&["flame", "-o", svg.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.contains("<title>vtprog (") && svg.contains("<title>sh ("));
+
+    // What a reader sees (with --nocapture): the processes, and the
+    // program's say_count from its user code through write's system call
+    // into the kernel and back.
+    eprintln!("{}", analyze(&["processes"]));
+    let nest = analyze(&["nest"]);
+    let lines: Vec<&str> = nest.lines().collect();
+    if let Some(at) = lines.iter().position(|l| l.contains("say_count() {")) {
+        let end = lines[at..]
+            .iter()
+            .position(|l| l.contains("} /* main */"))
+            .map_or(lines.len(), |n| at + n + 1);
+        for line in &lines[at..end] {
+            if !line.contains("srso") {
+                eprintln!("{line}");
+            }
+        }
+    }
 }
 
 /// The test program runs for ever in a Linux guest; `vtrace ctl start`
