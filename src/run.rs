@@ -13,8 +13,8 @@ use vtrace_storage::disk::DiskWriter;
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS};
 use vtrace_storage::Recorder;
 use vtrace_trap::{
-    CaptureCount, CaptureSite, FunctionProbe, FunctionSite, ProbeCount, StaticSite, TraceOptions,
-    Tracer, WindowCount, MAX_CAPTURES,
+    CaptureCount, CaptureSite, FunctionProbe, FunctionSite, ProbeCount, ProbeTroubles, StaticSite,
+    TraceOptions, Tracer, WindowCount, MAX_CAPTURES,
 };
 use vtrace_vmm::clock::ClockMode;
 
@@ -462,19 +462,28 @@ fn capture_summary(counts: &[CaptureCount]) -> String {
 
 /// "vtrace: probes: sched:switch 42, fn:schedule 90": those enabled at the
 /// end or that fired.
-fn probe_summary(counts: &[ProbeCount], unknown: u64) -> Option<String> {
+fn probe_summary(counts: &[ProbeCount], troubles: ProbeTroubles) -> Option<String> {
     let each: Vec<String> = counts
         .iter()
-        .filter(|c| c.enabled || c.count > 0)
+        .filter(|c| c.shown())
         .map(|c| format!("{} {}", c.probe, c.count))
         .collect();
-    let unknown = match unknown {
-        0 => String::new(),
-        n => format!("; {n} probe hypercalls came from sites no note of the kernel describes"),
-    };
-    (!each.is_empty() || !unknown.is_empty()).then(|| {
+    let mut trouble = String::new();
+    if troubles.unknown_sites > 0 {
+        trouble += &format!(
+            "; {} probe hypercalls came from sites no note of the kernel describes",
+            troubles.unknown_sites
+        );
+    }
+    if troubles.unwritable_semaphores > 0 {
+        trouble += &format!(
+            "; {} semaphore writes found no guest RAM (those sites did not switch)",
+            troubles.unwritable_semaphores
+        );
+    }
+    (!each.is_empty() || !trouble.is_empty()).then(|| {
         format!(
-            "vtrace: probes: {}{unknown} (`vtrace analyze probes` counts them in the trace)",
+            "vtrace: probes: {}{trouble} (`vtrace analyze probes` counts them in the trace)",
             each.join(", ")
         )
     })
@@ -592,7 +601,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             for window in &r.windows {
                 user_message(&window_summary(window));
             }
-            if let Some(line) = probe_summary(&r.probes, r.unknown_probe_sites) {
+            if let Some(line) = probe_summary(&r.probes, r.probe_troubles) {
                 user_message(&line);
             }
         }

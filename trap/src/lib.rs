@@ -18,7 +18,7 @@ pub mod window;
 
 pub use capture::{CaptureCount, CaptureSite, MAX_CAPTURES, MAX_CAPTURE_LENGTH};
 pub use engine::{Engine, EngineStats, RecordSink};
-pub use probes::{FunctionProbe, ProbeCount, StaticSite};
+pub use probes::{FunctionProbe, ProbeCount, ProbeTroubles, StaticSite};
 pub use tasks::TaskWatch;
 pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};
 pub use window::{FunctionSite, WindowCount};

@@ -50,6 +50,23 @@ pub struct ProbeCount {
     pub enabled: bool,
 }
 
+impl ProbeCount {
+    /// Whether it is worth a word to the user: enabled, or it fired.
+    pub fn shown(&self) -> bool {
+        self.enabled || self.count > 0
+    }
+}
+
+/// What kept probes from working as asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeTroubles {
+    /// PROBE hypercalls from sites no note described.
+    pub unknown_sites: u64,
+    /// Semaphore writes that found no guest RAM (their sites never
+    /// fire, or never stop).
+    pub unwritable_semaphores: u64,
+}
+
 /// Whether `name` matches `pattern`, where `*` stands for any run of
 /// characters and `?` for one. Written here rather than taken from a glob
 /// crate: those match paths (separators, classes), and a probe name is a
@@ -99,10 +116,7 @@ pub(crate) struct Probes {
     entries: Vec<u64>,
     /// Semaphore writes not yet made: (guest-physical address, value).
     writes: Vec<(u64, u16)>,
-    /// Semaphores that could not be written (not in guest RAM).
-    unwritable: u64,
-    /// PROBE hypercalls from no known site.
-    unknown: u64,
+    troubles: ProbeTroubles,
 }
 
 impl Probes {
@@ -132,8 +146,7 @@ impl Probes {
             function_probe,
             entries: Vec::new(),
             writes: Vec::new(),
-            unwritable: 0,
-            unknown: 0,
+            troubles: ProbeTroubles::default(),
         }
     }
 
@@ -181,7 +194,7 @@ impl Probes {
     pub(crate) fn write_semaphores(&mut self, cpu: &mut dyn CpuView) {
         for (gpa, value) in self.writes.drain(..) {
             if !cpu.write_physical(gpa, &value.to_le_bytes()) {
-                self.unwritable += 1;
+                self.troubles.unwritable_semaphores += 1;
             }
         }
     }
@@ -190,7 +203,7 @@ impl Probes {
     /// `None` for a site no note described.
     pub(crate) fn fire(&mut self, call: &Hypercall) -> Option<Event> {
         let Ok(at) = self.by_pc.binary_search_by_key(&call.rip, |&(pc, _)| pc) else {
-            self.unknown += 1;
+            self.troubles.unknown_sites += 1;
             return None;
         };
         let site = self.by_pc[at].1;
@@ -256,16 +269,15 @@ impl Probes {
         let on: Vec<String> = self
             .counts
             .iter()
-            .filter(|c| c.enabled || c.count > 0)
+            .filter(|c| c.shown())
             .map(|c| format!("{} {}", c.probe, c.count))
             .collect();
         (!on.is_empty()).then(|| format!("probes: {}", on.join(", ")))
     }
 
-    /// PROBE hypercalls from sites no note described, and semaphores that
-    /// were not in guest RAM.
-    pub(crate) fn troubles(&self) -> (u64, u64) {
-        (self.unknown, self.unwritable)
+    /// What kept probes from working as asked.
+    pub(crate) fn troubles(&self) -> ProbeTroubles {
+        self.troubles
     }
 }
 
@@ -322,7 +334,13 @@ mod tests {
             })
         );
         assert_eq!(p.fire(&Hypercall { rip: 0x301, ..call }), None);
-        assert_eq!(p.troubles(), (1, 0));
+        assert_eq!(
+            p.troubles(),
+            ProbeTroubles {
+                unknown_sites: 1,
+                unwritable_semaphores: 0
+            }
+        );
         assert_eq!(p.status().as_deref(), Some("probes: sched:switch 1"));
         p.writes.clear();
         assert_eq!(p.set("sched:switch", false), ["sched:switch"]);

@@ -10,7 +10,7 @@ use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::capture::{CaptureCount, CaptureSite, Captures};
 use crate::engine::{Engine, EngineStats, RecordSink};
-use crate::probes::{FunctionProbe, ProbeCount, Probes, StaticSite};
+use crate::probes::{FunctionProbe, ProbeCount, ProbeTroubles, Probes, StaticSite};
 use crate::tasks::TaskWatch;
 use crate::window::{FunctionSite, WindowCount, Windows};
 
@@ -151,8 +151,8 @@ pub struct TraceReport {
     /// How often each probe fired (those the guest's kernel has, and
     /// the `fn:` probes).
     pub probes: Vec<ProbeCount>,
-    /// PROBE hypercalls from sites no note described.
-    pub unknown_probe_sites: u64,
+    /// What kept probes from working as asked.
+    pub probe_troubles: ProbeTroubles,
 }
 
 /// Tracing state and the recorder it writes to.
@@ -326,7 +326,7 @@ impl Tracer {
         let captures = self.captures.counts();
         let windows = self.windows.counts();
         let probes = self.probes.counts();
-        let unknown_probe_sites = self.probes.troubles().0;
+        let probe_troubles = self.probes.troubles();
         let recorded_steps = self.recorder.steps();
         let writer = self.recorder.finish()?;
         Ok(TraceReport {
@@ -337,7 +337,7 @@ impl Tracer {
             captures,
             windows,
             probes,
-            unknown_probe_sites,
+            probe_troubles,
         })
     }
 
