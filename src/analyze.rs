@@ -12,7 +12,7 @@ use vtrace_analyzer::user_programs::{
     add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles,
 };
 use vtrace_analyzer::{
-    captures, levels, listing, nest, probes, processes, report, spaces, stats, timeline,
+    captures, levels, listing, nest, probes, processes, report, samples, spaces, stats, timeline,
 };
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
@@ -82,12 +82,23 @@ pub fn kernel_images() -> KernelImages<'static> {
 /// found and what was not.
 fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
     let trace = open_trace(&args.trace)?;
+    require_steps(&trace)?;
+    let symbols = symbols(&trace, args)?;
+    Ok((trace, symbols))
+}
+
+fn require_steps(trace: &Trace) -> Result<()> {
     if trace.steps() == 0 {
         anyhow::bail!(
             "{} has no readable steps (was tracing ever started? `vtrace info` tells)",
-            args.trace.display()
+            trace.path().display()
         );
     }
+    Ok(())
+}
+
+/// The symbols `args` asks for, and the traced kernel's.
+fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
     let mut symbols = Symbolizer::new();
     for spec in &args.symbols {
         let (file, scope) = match spec.rsplit_once('@') {
@@ -102,14 +113,14 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
             None => symbols.add_bytes(&bytes, file, scope)?,
         }
     }
-    user_programs(&trace, args, &mut symbols)?;
+    user_programs(trace, args, &mut symbols)?;
     if !args.no_kernel_symbols {
         let found = discover(&trace.metadata, &kernel_images(), &mut symbols);
         for w in &found.warnings {
             eprintln!("vtrace: warning: {w}");
         }
     }
-    Ok((trace, symbols))
+    Ok(symbols)
 }
 
 /// Opens the trace, warning of what cannot be read.
@@ -376,7 +387,12 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             eprintln!("vtrace: wrote {}", a.output.display());
         }
         AnalyzeCommand::Timeline(a) => {
-            let (trace, symbols) = open(&a.trace)?;
+            let trace = open_trace(&a.trace.trace)?;
+            // A trace of samples only is a timeline of counters.
+            if trace.metadata.peep.is_none() {
+                require_steps(&trace)?;
+            }
+            let symbols = symbols(&trace, &a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "timeline");
             let mut out = create(&a.output)?;
             let filter = task_filter(&trace, &a.tasks)?;
@@ -423,6 +439,50 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 return Ok(());
             }
             print(a.json, &found, || probes::format_table(&found))?;
+        }
+        AnalyzeCommand::Samples(a) => {
+            // Peeping needs no tracing: a trace of samples has no steps.
+            let trace = open_trace(&a.trace.trace)?;
+            let found = samples::samples(&trace, &vtrace_analyzer::input::no_progress)?;
+            if found.samples.is_empty() {
+                anyhow::bail!(
+                    "{} holds no samples (`vtrace run --peep INTERVAL --sample SYMBOL` takes                      them)",
+                    a.trace.trace.display()
+                );
+            }
+            let has_pc = found.samples.iter().any(|s| s.pc.is_some());
+            // Routine names only matter for pc samples.
+            let symbols = match has_pc {
+                true => symbols(&trace, &a.trace)?,
+                false => Symbolizer::new(),
+            };
+            if let Some(path) = &a.flame {
+                if !has_pc {
+                    anyhow::bail!(
+                        "--flame: the samples of {} have no pc (`vtrace run --sample-pc`                          takes it)",
+                        a.trace.trace.display()
+                    );
+                }
+                let mut out = create(path)?;
+                vtrace_analyzer::flame::write_svg_of(
+                    &found.folded(&symbols),
+                    &format!("{} (pc samples)", a.trace.trace.display()),
+                    "samples",
+                    &mut out,
+                )?;
+                out.flush()?;
+                eprintln!("vtrace: wrote {}", path.display());
+            }
+            let mut out = stdout();
+            if a.json {
+                serde_json::to_writer_pretty(&mut out, &found.to_json(&symbols))?;
+                writeln!(out)?;
+            } else if a.csv {
+                out.write_all(found.format_csv(&symbols).as_bytes())?;
+            } else {
+                out.write_all(found.format_table(&symbols).as_bytes())?;
+            }
+            out.flush()?;
         }
         AnalyzeCommand::Report(a) => {
             let (trace, symbols) = open(&a.trace)?;

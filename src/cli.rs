@@ -317,6 +317,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub exit_after_trace: bool,
 
+    /// Count the guest's own requests to start and stop tracing (its
+    /// TRACE_START, TRACE_STOP and TRACE_REGION hypercalls) instead of
+    /// obeying them: for probes or peeping without the stretches a guest
+    /// asks to trace (the demo OS traces part of one task itself).
+    #[arg(long)]
+    pub ignore_guest_tracing: bool,
+
     /// Stop tracing when execution reaches this place (as --start-at).
     #[arg(long, value_name = "WHERE", value_parser = parse_location)]
     pub stop_at: Option<Location>,
@@ -364,6 +371,30 @@ pub struct RunArgs {
     /// probes` counts them. Repeatable.
     #[arg(long = "probe", value_name = "PATTERN")]
     pub probes: Vec<String>,
+
+    /// Peep: sample the --sample variables every INTERVAL of host time
+    /// (10us up; units ns, us, ms, s) from a host thread that reads guest
+    /// RAM while the guest runs on, with no VM exit. Each sample carries
+    /// the guest's virtual time and the host's, and goes into the trace
+    /// disk (--disk, default vtrace.vtd) whether tracing is on or not;
+    /// `vtrace analyze samples` prints the series. A last sample is taken
+    /// when the guest stops.
+    #[arg(long, value_name = "INTERVAL", value_parser = crate::units::parse_interval)]
+    pub peep: Option<std::time::Duration>,
+
+    /// A variable to sample with --peep: a symbol of the kernel (its
+    /// symbol table, or kallsyms for a Linux bzImage) or a hexadecimal
+    /// address (a link address of the kernel image, else guest-physical),
+    /// then :TYPE, one of u8, u16, u32, u64 (the default) or i64. Up to 16;
+    /// repeatable.
+    #[arg(long = "sample", value_name = "SYMBOL[:TYPE]", requires = "peep")]
+    pub samples: Vec<String>,
+
+    /// With --peep: every sample also takes the running pc, for a profile
+    /// by routine (`vtrace analyze samples`). This one is not free: the
+    /// vCPU is stopped for it, one VM exit per sample.
+    #[arg(long, requires = "peep")]
+    pub sample_pc: bool,
 
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
@@ -475,6 +506,30 @@ pub enum AnalyzeCommand {
     /// --quantize a power-of-two histogram of an argument per probe, as
     /// DTrace's quantize() prints it.
     Probes(ProbesTraceArgs),
+    /// The samples of `vtrace run --peep`: a row per sample with the
+    /// guest's virtual time, the host's time and each variable; with
+    /// --sample-pc also the routine running, a profile by routine, and
+    /// with --flame a flame graph of it.
+    Samples(SamplesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SamplesArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Comma-separated values: virtual_ns, host_ns, a column per variable
+    /// (and pc, cr3, routine with pc samples).
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// JSON: interval, variables (name, type, address), samples
+    /// (virtual_ns, host_ns, values by name; pc, cr3, routine), and with
+    /// pc samples a profile (routine, samples).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a flame graph of the pc samples (an address space, then
+    /// the routine: a pc sample has no call stack) as SVG to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub flame: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

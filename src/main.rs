@@ -8,6 +8,7 @@ mod ctl;
 mod doctor;
 mod exit_status;
 mod info;
+mod peep;
 mod places;
 mod probes;
 mod run;

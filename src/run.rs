@@ -10,7 +10,9 @@ use vtrace_vmm::{
 use std::path::PathBuf;
 
 use vtrace_storage::disk::DiskWriter;
-use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS};
+use vtrace_storage::metadata::{
+    image_id, SampleVariable, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS,
+};
 use vtrace_storage::Recorder;
 use vtrace_trap::{
     CaptureCount, CaptureSite, FunctionProbe, FunctionSite, ProbeCount, ProbeTroubles, StaticSite,
@@ -22,6 +24,7 @@ use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
 
 use crate::cli::{CpuArg, RunArgs};
 use crate::exit_status::BadArgument;
+use crate::peep::PeepSetup;
 use crate::places::{Place, Places};
 use crate::units::Location;
 
@@ -147,6 +150,7 @@ fn tracer(
     kernel: (Option<String>, Option<String>),
     linux_tasks: Option<TaskLayout>,
     probe_sites: Vec<StaticSite>,
+    peep: Option<&PeepSetup>,
 ) -> Result<Option<Tracer>> {
     if !tracing_asked(args) {
         if args.exit_after_trace {
@@ -175,6 +179,11 @@ fn tracer(
         vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
         tasks: linux_tasks.is_some().then(|| LINUX_TASKS.to_string()),
         initrd,
+        peep: peep.map(|p| p.interval.clone()),
+        samples: peep
+            .filter(|p| !p.variables.is_empty())
+            .map(|p| SampleVariable::list_text(&p.variables)),
+        sample_pc: peep.is_some_and(|p| p.plan.pc),
     };
     let mut places = Places::new(&metadata, args.initrd.as_deref(), linux_tasks.is_some());
     let start_at = find_place(&mut places, &args.start_at, "--start-at", args.quiet)?;
@@ -209,6 +218,7 @@ fn tracer(
         start_in: start_at.and_then(|p| p.task),
         stop_in: stop_at.and_then(|p| p.task),
         exit_after_trace: args.exit_after_trace,
+        obey_guest: !args.ignore_guest_tracing,
         trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
         linux_tasks,
         captures,
@@ -435,6 +445,7 @@ fn tracing_asked(args: &RunArgs) -> bool {
         || !args.captures.is_empty()
         || !args.trace_functions.is_empty()
         || !args.probes.is_empty()
+        || args.peep.is_some()
 }
 
 fn clock_mode(args: &RunArgs) -> ClockMode {
@@ -528,6 +539,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         true => static_probe_sites(&args, &boot)?,
         false => Vec::new(),
     };
+    let peep = crate::peep::setup(&args, &boot)?;
     let config = VmConfig {
         boot,
         memory: args.memory,
@@ -559,7 +571,19 @@ pub fn run(args: RunArgs) -> Result<i32> {
     });
     let config = VmConfig { control, ..config };
     let mut vm = Vm::new(config)?;
-    let mut tracer = tracer(&args, vm.boot_description(), kernel, tasks, probe_sites)?;
+    if let Some(p) = &peep {
+        // Before the disk is made: a bad address leaves no file behind.
+        vm.peep(p.plan.clone())
+            .map_err(|e| BadArgument(format!("--sample: {e}")))?;
+    }
+    let mut tracer = tracer(
+        &args,
+        vm.boot_description(),
+        kernel,
+        tasks,
+        probe_sites,
+        peep.as_ref(),
+    )?;
     if !args.quiet {
         user_message(&format!("vtrace: booting {}", vm.boot_description()));
         if let Some(line) = &control_line {
@@ -603,6 +627,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
             }
             if let Some(line) = probe_summary(&r.probes, r.probe_troubles) {
                 user_message(&line);
+            }
+            if let Some(p) = &peep {
+                user_message(&crate::peep::summary(p, outcome.peeped, r.samples));
             }
         }
     }

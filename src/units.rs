@@ -28,6 +28,27 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is too large"))
 }
 
+/// "100us", "1ms", "2s", "500000ns" → a duration. By hand rather than
+/// with a crate: four units, and the message says which.
+pub fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits_end);
+    let bad = || format!("'{text}' is not an interval (examples: 100us, 1ms, 2s)");
+    let value: u64 = number.parse().map_err(|_| bad())?;
+    let ns_per = match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    value
+        .checked_mul(ns_per)
+        .map(std::time::Duration::from_nanos)
+        .ok_or_else(|| format!("'{text}' is too long"))
+}
+
 /// Where a trigger fires: an address, or a routine (resolved once the
 /// kernel is loaded) plus an offset: of the kernel's symbols, or of a user
 /// program's (`program:routine`).
@@ -155,6 +176,19 @@ pub fn parse_address(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn intervals_in_the_four_units() {
+        use std::time::Duration;
+        assert_eq!(parse_interval("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_interval("100µs"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_interval("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_interval("500ns"), Ok(Duration::from_nanos(500)));
+        assert!(parse_interval("100").is_err(), "a unit is needed");
+        assert!(parse_interval("1.5ms").is_err());
+        assert!(parse_interval("99999999999999s").is_err());
+    }
 
     #[test]
     fn locations() {

@@ -17,7 +17,8 @@ fn listing(trace: &std::path::Path) -> Vec<String> {
 
 /// Untraced, with static probes enabled: each fires its hypercall on
 /// KVM's fast path for port I/O, which names the site as this host's
-/// emulator does, as often as the demo counts.
+/// emulator does, as often as the demo counts. Peeping at the tick
+/// counter meanwhile gives a series that ends at the demo's count.
 #[test]
 fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
     if !amdv_available() {
@@ -27,7 +28,7 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
         &[],
         "grep -qw svm /proc/cpuinfo && echo svm; lsmod | grep -q '^kvm_amd' && echo kvm_amd; \
          vtrace run --no-input -q --probe 'sched:*' --probe timer:tick --probe fault:page \
-         --disk /out/probes.vtd --disk-size 8M",
+         --ignore-guest-tracing --peep 1ms --sample ticks --disk /out/probes.vtd --disk-size 8M",
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(
@@ -58,6 +59,22 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
     );
     assert_eq!(count("timer:tick"), printed("timer ticks:"), "{json}");
     assert_eq!(count("fault:page"), printed("page faults:"), "{json}");
+    let o = run(&[
+        "analyze",
+        "samples",
+        "--json",
+        m.file("probes.vtd").to_str().unwrap(),
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ticks: Vec<u64> = json["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["values"]["ticks"].as_u64().unwrap())
+        .collect();
+    assert!(ticks.len() > 10, "{json}");
+    assert!(ticks.windows(2).all(|w| w[0] <= w[1]), "{ticks:?}");
+    assert_eq!(ticks.last().copied(), printed("timer ticks:"));
 }
 
 /// The demo OS traced from its first instruction on the AMD-V machine and

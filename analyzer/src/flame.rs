@@ -18,10 +18,20 @@ pub fn folded_lines(folded: &[(Vec<String>, u64)]) -> Vec<String> {
 
 /// Writes an SVG flame graph, widths in steps.
 pub fn write_svg(folded: &[(Vec<String>, u64)], title: &str, out: &mut impl Write) -> Result<()> {
+    write_svg_of(folded, title, "steps", out)
+}
+
+/// Writes an SVG flame graph, widths in `unit` (steps, samples).
+pub fn write_svg_of(
+    folded: &[(Vec<String>, u64)],
+    title: &str,
+    unit: &str,
+    out: &mut impl Write,
+) -> Result<()> {
     let lines = folded_lines(folded);
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_string();
-    options.count_name = "steps".to_string();
+    options.count_name = unit.to_string();
     options.hash = true;
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(|s| s.as_str()), out)
         .map_err(|e| AnalyzeError::Flame(e.to_string()))

@@ -21,6 +21,7 @@ pub mod nest;
 pub mod probes;
 pub mod processes;
 pub mod report;
+pub mod samples;
 pub mod sdt;
 pub mod spaces;
 pub mod stats;

@@ -103,6 +103,16 @@ pub fn describe_event(e: &Event) -> String {
             bytes,
         } => crate::captures::describe(name, *addr, *length, bytes),
         Event::Probe { name, pc, args } => crate::probes::describe(name, *pc, args),
+        Event::Sample {
+            virtual_ns,
+            values,
+            pc,
+            ..
+        } => format!(
+            "sample taken at {:.9} s virtual: {values:?}{}",
+            *virtual_ns as f64 / 1e9,
+            pc.map(|(pc, _)| format!(" pc {pc:#x}")).unwrap_or_default()
+        ),
         Event::ControlRegister { reg: 0xef, value } => format!("efer = {value:#x}"),
         Event::ControlRegister { reg, value } => format!("cr{reg} = {value:#x}"),
         Event::Gap { from, to } => {

@@ -4,7 +4,10 @@
 //! per address space. A complete event per routine call, instant events
 //! for interrupts, system calls and marks. Timestamps are virtual time: steps times the
 //! nanoseconds the trace's clock gave each step (1 ns when the clock was
-//! not per-step, and the file says so).
+//! not per-step, and the file says so). The peeper's samples are counter
+//! tracks at the virtual time they were taken, since the guest booted:
+//! the two agree where the trace covers the run from its start with a
+//! per-step clock, until the guest first idles (idle time is skipped).
 
 use std::io::Write;
 
@@ -35,6 +38,8 @@ pub struct TimelineOptions {
 const NO_TASK_PID: u32 = 5_000_000;
 /// The Perfetto process holding the runnable-tasks counter.
 const RUN_QUEUE_PID: u32 = 5_000_001;
+/// The Perfetto process holding the peeper's counters.
+const SAMPLES_PID: u32 = 5_000_002;
 
 /// A Perfetto (process, thread) pair.
 type Track = (u32, u32);
@@ -279,6 +284,26 @@ pub fn write(
             "args": { "runnable": count }
         });
         sink.emit(&event);
+    }
+    let samples = crate::samples::samples(trace, &crate::input::no_progress)?;
+    if !samples.samples.is_empty() {
+        sink.emit(&serde_json::json!({
+            "ph": "M", "name": "process_name", "pid": SAMPLES_PID,
+            "args": { "name": "samples (guest virtual time since boot)" }
+        }));
+    }
+    for (i, variable) in samples.variables.iter().enumerate() {
+        for s in &samples.samples {
+            let Some(&raw) = s.values.get(i) else {
+                continue;
+            };
+            // Counter values are doubles in the trace-event format.
+            let value = variable.kind.number(raw) as f64;
+            sink.emit(&serde_json::json!({
+                "name": variable.name, "ph": "C", "ts": s.virtual_ns as f64 / 1000.0,
+                "pid": SAMPLES_PID, "args": { variable.name.as_str(): value }
+            }));
+        }
     }
     if let Some(e) = sink.error.take() {
         return Err(e.into());

@@ -20,7 +20,7 @@
 
 use crate::record::{
     CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
-    Step, TraceReason, MAX_PROBE_ARGS, REG_COUNT,
+    Step, TraceReason, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_COUNT,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -65,6 +65,10 @@ const EV_TASK_EXIT: u8 = 0x91;
 /// name (length, bytes), pc (varint), argument count (byte, at most
 /// [`MAX_PROBE_ARGS`]), the arguments (varints).
 const EV_PROBE: u8 = 0x92;
+/// virtual ns, host ns (varints), a flags byte (bit 0: pc and CR3
+/// follow, as varints), value count (byte, at most
+/// [`MAX_SAMPLE_VALUES`]), the values (varints).
+const EV_SAMPLE: u8 = 0x93;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -274,6 +278,27 @@ impl SegmentEncoder {
                 o.push(args.len() as u8);
                 for a in args {
                     varint::put(o, *a);
+                }
+            }
+            Event::Sample {
+                virtual_ns,
+                host_ns,
+                values,
+                pc,
+            } => {
+                o.push(EV_SAMPLE);
+                varint::put(o, *virtual_ns);
+                varint::put(o, *host_ns);
+                o.push(u8::from(pc.is_some()));
+                if let Some((pc, cr3)) = pc {
+                    varint::put(o, *pc);
+                    varint::put(o, *cr3);
+                }
+                // As for probes: cut rather than written undecodable.
+                let values = &values[..values.len().min(MAX_SAMPLE_VALUES)];
+                o.push(values.len() as u8);
+                for v in values {
+                    varint::put(o, *v);
                 }
             }
             Event::ControlRegister { reg, value } => {
@@ -647,6 +672,26 @@ impl<'a> SegmentDecoder<'a> {
                 let args = (0..count).map(|_| self.var()).collect::<Result<_, _>>()?;
                 Event::Probe { name, pc, args }
             }
+            EV_SAMPLE => {
+                let virtual_ns = self.var()?;
+                let host_ns = self.var()?;
+                let pc = match self.byte()? {
+                    0 => None,
+                    1 => Some((self.var()?, self.var()?)),
+                    _ => return Err(self.err("sample with unknown flags")),
+                };
+                let count = usize::from(self.byte()?);
+                if count > MAX_SAMPLE_VALUES {
+                    return Err(self.err("sample with more than 16 values"));
+                }
+                let values = (0..count).map(|_| self.var()).collect::<Result<_, _>>()?;
+                Event::Sample {
+                    virtual_ns,
+                    host_ns,
+                    values,
+                    pc,
+                }
+            }
             EV_CONTROL => Event::ControlRegister {
                 reg: self.byte()?,
                 value: self.var()?,
@@ -758,6 +803,18 @@ mod tests {
                 name: "fn:schedule".into(),
                 pc: 0x10_0200,
                 args: Vec::new(),
+            },
+            Event::Sample {
+                virtual_ns: 1_000_000,
+                host_ns: 2_000_000_000,
+                values: vec![7, u64::MAX, 0],
+                pc: None,
+            },
+            Event::Sample {
+                virtual_ns: 3,
+                host_ns: 4,
+                values: Vec::new(),
+                pc: Some((0xffff_ffff_8100_0000, 0x1000)),
             },
             Event::ControlRegister {
                 reg: 3,

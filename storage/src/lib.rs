@@ -22,7 +22,7 @@ pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
 pub use reader::TraceReader;
 pub use record::{
     CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
-    Step, TraceReason, HOST_MARK, MAX_PROBE_ARGS, REG_NAMES,
+    Step, TraceReason, HOST_MARK, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_NAMES,
 };
 pub use summary::{summarize, TraceSummary};
 pub use task_layout::{MapLayout, TaskLayout};

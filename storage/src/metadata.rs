@@ -21,6 +21,106 @@ pub struct TraceMetadata {
     /// The initramfs the guest booted: a host path, so the analyzer can
     /// find user programs in it.
     pub initrd: Option<String>,
+    /// The peeping interval (`vtrace run --peep`), as given.
+    pub peep: Option<String>,
+    /// The sampled variables, in the order of every
+    /// [`Event::Sample`](crate::Event::Sample)'s values, as
+    /// [`SampleVariable::list_text`] writes them.
+    pub samples: Option<String>,
+    /// Whether samples carry the running pc (`--sample-pc`).
+    pub sample_pc: bool,
+}
+
+/// How a sampled variable's bytes are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleType {
+    U8,
+    U16,
+    U32,
+    U64,
+    I64,
+}
+
+impl SampleType {
+    /// Every type, as `--sample NAME:TYPE` spells them.
+    pub const ALL: [SampleType; 5] = [
+        SampleType::U8,
+        SampleType::U16,
+        SampleType::U32,
+        SampleType::U64,
+        SampleType::I64,
+    ];
+
+    /// `u8`, `u16`, `u32`, `u64` or `i64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SampleType::U8 => "u8",
+            SampleType::U16 => "u16",
+            SampleType::U32 => "u32",
+            SampleType::U64 => "u64",
+            SampleType::I64 => "i64",
+        }
+    }
+
+    /// The type [`SampleType::name`] spells `text`.
+    pub fn parse(text: &str) -> Option<SampleType> {
+        SampleType::ALL.into_iter().find(|t| t.name() == text)
+    }
+
+    /// Bytes read.
+    pub fn size(self) -> u8 {
+        match self {
+            SampleType::U8 => 1,
+            SampleType::U16 => 2,
+            SampleType::U32 => 4,
+            SampleType::U64 | SampleType::I64 => 8,
+        }
+    }
+
+    /// A sampled value (the bytes read, zero-extended) as a number.
+    pub fn number(self, raw: u64) -> i128 {
+        match self {
+            SampleType::I64 => i128::from(raw as i64),
+            _ => i128::from(raw),
+        }
+    }
+}
+
+/// A variable the peeper sampled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleVariable {
+    /// As the user named it: a symbol, or an address.
+    pub name: String,
+    pub kind: SampleType,
+    /// Where it was read, guest-physical.
+    pub address: u64,
+}
+
+impl SampleVariable {
+    /// `NAME:TYPE@0xADDRESS, ...`.
+    pub fn list_text(variables: &[SampleVariable]) -> String {
+        let each: Vec<String> = variables
+            .iter()
+            .map(|v| format!("{}:{}@{:#x}", v.name, v.kind.name(), v.address))
+            .collect();
+        each.join(", ")
+    }
+
+    /// Reads [`SampleVariable::list_text`]'s text; `None` if it is not.
+    pub fn parse_list(text: &str) -> Option<Vec<SampleVariable>> {
+        text.split(", ")
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                let (name, rest) = t.rsplit_once(':')?;
+                let (kind, address) = rest.split_once('@')?;
+                Some(SampleVariable {
+                    name: name.to_string(),
+                    kind: SampleType::parse(kind)?,
+                    address: u64::from_str_radix(address.strip_prefix("0x")?, 16).ok()?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The `tasks` value of traces that follow a Linux kernel's tasks.
@@ -46,10 +146,15 @@ impl TraceMetadata {
             ("vtrace", &self.vtrace_version),
             ("tasks", &self.tasks),
             ("initrd", &self.initrd),
+            ("peep", &self.peep),
+            ("samples", &self.samples),
         ] {
             if let Some(v) = value {
                 out.push_str(&format!("\n{key}: {v}"));
             }
+        }
+        if self.sample_pc {
+            out.push_str("\nsample-pc: yes");
         }
         out
     }
@@ -70,6 +175,9 @@ impl TraceMetadata {
                 "vtrace" => m.vtrace_version = Some(value),
                 "tasks" => m.tasks = Some(value),
                 "initrd" => m.initrd = Some(value),
+                "peep" => m.peep = Some(value),
+                "samples" => m.samples = Some(value),
+                "sample-pc" => m.sample_pc = value == "yes",
                 _ => {}
             }
         }
@@ -79,6 +187,15 @@ impl TraceMetadata {
     /// Whether the trace names Linux tasks.
     pub fn names_tasks(&self) -> bool {
         self.tasks.as_deref() == Some(LINUX_TASKS)
+    }
+
+    /// The sampled variables, in the order of the samples' values (none
+    /// where the trace has no samples or the text is not readable).
+    pub fn sample_variables(&self) -> Vec<SampleVariable> {
+        self.samples
+            .as_deref()
+            .and_then(SampleVariable::parse_list)
+            .unwrap_or_default()
     }
 
     /// Virtual nanoseconds per traced step, when the clock advanced by a
@@ -106,11 +223,35 @@ mod tests {
             vtrace_version: Some("0.1.0".into()),
             tasks: Some(LINUX_TASKS.into()),
             initrd: Some("/srv/guest/initrd.cpio".into()),
+            peep: Some("100us".into()),
+            samples: Some("ticks:u64@0x10a040, x:i64@0x8".into()),
+            sample_pc: true,
         };
         let text = format!("{}\nfuture-key: x", m.to_text());
         assert_eq!(TraceMetadata::parse(&text), m);
         assert_eq!(m.ns_per_step(), Some(250));
         assert!(m.names_tasks());
+        assert_eq!(
+            m.sample_variables(),
+            vec![
+                SampleVariable {
+                    name: "ticks".into(),
+                    kind: SampleType::U64,
+                    address: 0x10a040
+                },
+                SampleVariable {
+                    name: "x".into(),
+                    kind: SampleType::I64,
+                    address: 8
+                }
+            ]
+        );
+        assert_eq!(
+            SampleVariable::list_text(&m.sample_variables()),
+            m.samples.clone().unwrap()
+        );
+        assert_eq!(SampleType::I64.number(u64::MAX), -1);
+        assert_eq!(SampleType::U64.number(u64::MAX), i128::from(u64::MAX));
     }
 
     #[test]

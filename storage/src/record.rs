@@ -272,6 +272,9 @@ pub const HOST_MARK: u64 = u64::MAX;
 /// registers; a `fn:` probe the six argument registers of the x86-64 ABI).
 pub const MAX_PROBE_ARGS: usize = 6;
 
+/// Most values one [`Event::Sample`] holds.
+pub const MAX_SAMPLE_VALUES: usize = 16;
+
 /// Something that happened between two steps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Event {
@@ -326,6 +329,20 @@ pub enum Event {
         pc: u64,
         /// The probe's arguments, at most [`MAX_PROBE_ARGS`].
         args: Vec<u64>,
+    },
+    /// A sample of guest variables taken by the peeper (`vtrace run
+    /// --peep`) while the guest ran on. Its place among the steps is
+    /// where the vCPU next exited, not where it was taken: its times say
+    /// when. The variables' names and types are in the trace's metadata
+    /// (`samples`), in the order of `values`.
+    Sample {
+        virtual_ns: u64,
+        /// Host nanoseconds since the run started.
+        host_ns: u64,
+        /// At most [`MAX_SAMPLE_VALUES`].
+        values: Vec<u64>,
+        /// The running pc and CR3 (`--sample-pc`).
+        pc: Option<(u64, u64)>,
     },
     /// A control register changed (0, 3, 4) or EFER (reg 0xEF).
     ControlRegister {

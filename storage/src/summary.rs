@@ -24,7 +24,8 @@ pub struct TraceSummary {
     pub segments_overwritten: u64,
     /// Human-readable problems: corrupt or missing segments, torn tail.
     pub problems: Vec<String>,
-    /// Whether the trace ends with its stop record (a clean shutdown).
+    /// Whether every traced stretch ends with its stop record and the disk
+    /// was closed (a clean shutdown).
     pub clean_end: bool,
     pub digest: String,
     pub metadata: String,
@@ -57,6 +58,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::Log(_) => "log",
         Event::Capture { .. } => "capture",
         Event::Probe { .. } => "probe",
+        Event::Sample { .. } => "sample",
         Event::ControlRegister { .. } => "control_register",
         Event::Gap { .. } => "gap",
         Event::Halt => "halt",
@@ -83,7 +85,9 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
         ..Default::default()
     };
     let mut digest = TraceDigest::new();
-    let mut last_record_was_stop = false;
+    // Whether the last traced stretch is still open: records that come
+    // while tracing is off (probes, captures, samples) may follow its stop.
+    let mut stretch_open = false;
     let total = reader.segments().len();
     for (i, entry) in reader.segments().iter().enumerate() {
         let h = entry.found.header;
@@ -129,7 +133,13 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
                         continue;
                     }
                     digest.update(r);
-                    last_record_was_stop = matches!(r, Record::Event(Event::TraceStop(_)));
+                    match r {
+                        Record::Event(Event::TraceStart(_)) => stretch_open = true,
+                        Record::Event(Event::TraceStop(_)) => stretch_open = false,
+                        // A ring may have overwritten the stretch's start.
+                        Record::Step(_) => stretch_open = true,
+                        _ => {}
+                    }
                     match r {
                         Record::Step(step) => {
                             s.steps += 1;
@@ -156,7 +166,7 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
     }
     s.problems.extend(reader.structural_problems());
     let closed = reader.superblock().is_some_and(|sb| sb.closed);
-    s.clean_end = last_record_was_stop && (closed || reader.superblock().is_none());
+    s.clean_end = !stretch_open && (closed || reader.superblock().is_none());
     if !s.clean_end && (s.segments_good > 0 || !closed) {
         s.problems.push(
             "the VMM did not shut down cleanly (killed?): the trace has no stop record at its \

@@ -20,5 +20,10 @@ pub use capture::{CaptureCount, CaptureSite, MAX_CAPTURES, MAX_CAPTURE_LENGTH};
 pub use engine::{Engine, EngineStats, RecordSink};
 pub use probes::{FunctionProbe, ProbeCount, ProbeTroubles, StaticSite};
 pub use tasks::TaskWatch;
-pub use tracer::{parse_autostop, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP};
+pub use tracer::{
+    parse_autostop, SampleCount, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP,
+};
+
+// A sample the peeper takes must fit the trace's sample event.
+const _: () = assert!(vtrace_vmm::peep::MAX_READS <= vtrace_storage::MAX_SAMPLE_VALUES);
 pub use window::{FunctionSite, WindowCount};

@@ -5,6 +5,7 @@ use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
 use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::devices::hypercall::Hypercall;
+use vtrace_vmm::peep::PeepSample;
 use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
@@ -41,6 +42,9 @@ pub struct TraceOptions {
     /// End the run the first time tracing stops, rather than let the guest
     /// run on.
     pub exit_after_trace: bool,
+    /// Obey the guest's tracing hypercalls (where neither `from_start`
+    /// nor `functions` decide already); else they are only counted.
+    pub obey_guest: bool,
     /// Where a Linux guest keeps its running task: record task events
     /// (see [`crate::tasks`]).
     pub linux_tasks: Option<TaskLayout>,
@@ -125,6 +129,7 @@ impl Default for TraceOptions {
             stop_in: None,
             trap_flag_host: false,
             exit_after_trace: false,
+            obey_guest: true,
             linux_tasks: None,
             captures: Vec::new(),
             functions: Vec::new(),
@@ -153,6 +158,17 @@ pub struct TraceReport {
     pub probes: Vec<ProbeCount>,
     /// What kept probes from working as asked.
     pub probe_troubles: ProbeTroubles,
+    /// The peeper's samples (`vtrace run --peep`).
+    pub samples: SampleCount,
+}
+
+/// What became of the peeper's samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleCount {
+    /// Written to the trace.
+    pub recorded: u64,
+    /// Not written: the trace disk was full (and not a ring).
+    pub lost: u64,
 }
 
 /// Tracing state and the recorder it writes to.
@@ -190,6 +206,7 @@ pub struct Tracer {
     tasks: Option<TaskWatch>,
     /// A trigger fired where its task could not be told (said once).
     unsure_trigger: bool,
+    samples: SampleCount,
 }
 
 /// Starts and stops the user did not ask for at that moment (a trigger,
@@ -242,6 +259,7 @@ impl Tracer {
             handlers: Vec::new(),
             tasks,
             unsure_trigger: false,
+            samples: SampleCount::default(),
         };
         tracer.engine.set_step_limit(tracer.options.max_steps);
         // Needed where stepping rides on TF (the CPU would run handlers
@@ -328,6 +346,7 @@ impl Tracer {
         let probes = self.probes.counts();
         let probe_troubles = self.probes.troubles();
         let recorded_steps = self.recorder.steps();
+        let samples = self.samples;
         let writer = self.recorder.finish()?;
         Ok(TraceReport {
             engine,
@@ -338,6 +357,7 @@ impl Tracer {
             windows,
             probes,
             probe_troubles,
+            samples,
         })
     }
 
@@ -653,6 +673,24 @@ impl Monitor for Tracer {
         }
     }
 
+    fn peeped(&mut self, samples: &[PeepSample]) {
+        for sample in samples {
+            // Not through the windows of --trace-function: a sample
+            // belongs to no task.
+            if self.recorder.nearly_full() {
+                self.samples.lost += 1;
+                continue;
+            }
+            self.recorder.event(&Event::Sample {
+                virtual_ns: sample.virtual_ns,
+                host_ns: sample.host_ns,
+                values: sample.values.clone(),
+                pc: sample.pc,
+            });
+            self.samples.recorded += 1;
+        }
+    }
+
     fn on_finish(&mut self, _cpu: &mut dyn CpuView, how: Finish<'_>) {
         let reason = match how {
             Finish::Guest => TraceReason::GuestExit,
@@ -671,7 +709,9 @@ impl Monitor for Tracer {
         // A trace the user started on the command line covers the whole
         // run, and --trace-function windows cover their routines: the
         // guest's requests are counted, not obeyed.
-        let obeyed = !self.options.from_start && self.options.functions.is_empty();
+        let obeyed = self.options.obey_guest
+            && !self.options.from_start
+            && self.options.functions.is_empty();
         match call.command {
             cmd::TRACE_START => {
                 self.start_calls += 1;
@@ -773,8 +813,18 @@ impl Monitor for Tracer {
                     .status()
                     .map(|p| format!("; {p}"))
                     .unwrap_or_default();
+                let samples = match self.samples {
+                    SampleCount {
+                        recorded: 0,
+                        lost: 0,
+                    } => String::new(),
+                    SampleCount { recorded, lost: 0 } => format!("; {recorded} samples"),
+                    SampleCount { recorded, lost } => {
+                        format!("; {recorded} samples ({lost} lost: the disk is full)")
+                    }
+                };
                 format!(
-                    "tracing {}, {} steps recorded{probes}",
+                    "tracing {}, {} steps recorded{probes}{samples}",
                     if self.active { "on" } else { "off" },
                     self.recorder.steps()
                 )
@@ -791,7 +841,8 @@ impl Monitor for Tracer {
                 self.arm();
                 match matched.len() {
                     0 => format!(
-                        "error: no probe matches '{pattern}' (`vtrace probes list` lists the                          kernel's; fn: probes are given to vtrace run with --probe)"
+                        "error: no probe matches '{pattern}' (`vtrace probes list` lists the \
+                         kernel's; fn: probes are given to vtrace run with --probe)"
                     ),
                     _ => format!("{action}d {}", matched.join(", ")),
                 }

@@ -5,6 +5,8 @@
 //! advance per executed step (deterministic traces) instead of per host
 //! nanosecond, without touching any device.
 
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Nanoseconds of virtual time since the VM started.
@@ -72,15 +74,75 @@ pub struct VirtualClock {
     base: VirtualNanos,
     /// Host time from which wall-driven time runs; None while step-driven.
     since: Option<Instant>,
+    /// The same, for other threads ([`ClockReader`]).
+    published: Arc<Published>,
+}
+
+/// `Published::since` while time is step-driven.
+const STEP_DRIVEN: u64 = u64::MAX;
+
+/// What [`VirtualClock`] keeps, readable from other threads: a sequence
+/// lock, because a reader must not pair a base from before a change of
+/// mode with a start from after it. Between such changes (rare: tracing
+/// starts or stops) only `base` moves, which a single atomic store keeps
+/// whole; that is the one cost per step.
+#[derive(Debug)]
+struct Published {
+    epoch: Instant,
+    divisor: u64,
+    /// Odd while the writer is between its stores.
+    seq: AtomicU64,
+    base: AtomicU64,
+    /// Host nanoseconds after `epoch` from which wall time counts, or
+    /// [`STEP_DRIVEN`].
+    since: AtomicU64,
+}
+
+/// Reads a running VM's virtual clock from another thread (the peeper's
+/// samples carry its time).
+#[derive(Clone, Debug)]
+pub struct ClockReader(Arc<Published>);
+
+impl ClockReader {
+    /// Current virtual time, as the VM's devices see it.
+    pub fn now(&self) -> VirtualNanos {
+        let p = &self.0;
+        loop {
+            let before = p.seq.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let base = p.base.load(Ordering::Relaxed);
+            let since = p.since.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if p.seq.load(Ordering::Relaxed) != before {
+                continue;
+            }
+            if since == STEP_DRIVEN {
+                return base;
+            }
+            let host = p.epoch.elapsed().as_nanos() as u64;
+            return base.saturating_add(host.saturating_sub(since) / p.divisor);
+        }
+    }
 }
 
 impl VirtualClock {
     /// A clock starting at zero now.
     pub fn new(mode: ClockMode) -> Self {
+        let epoch = Instant::now();
         VirtualClock {
             mode,
             base: 0,
-            since: Some(Instant::now()),
+            since: Some(epoch),
+            published: Arc::new(Published {
+                epoch,
+                divisor: mode.divisor(),
+                seq: AtomicU64::new(0),
+                base: AtomicU64::new(0),
+                since: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -89,10 +151,38 @@ impl VirtualClock {
     /// the same guest sees the same time on a fast host and a slow one.
     pub fn stepping_from_start(mode: ClockMode) -> Self {
         let mut clock = VirtualClock::new(mode);
-        if let ClockMode::Steps(_) = mode {
-            clock.since = None;
-        }
+        clock.restart(true);
         clock
+    }
+
+    /// Starts again from zero now, keeping its readers; `stepping` as in
+    /// [`VirtualClock::stepping_from_start`].
+    pub fn restart(&mut self, stepping: bool) {
+        self.base = 0;
+        self.since = match (stepping, self.mode) {
+            (true, ClockMode::Steps(_)) => None,
+            _ => Some(Instant::now()),
+        };
+        self.publish();
+    }
+
+    /// A reader for other threads.
+    pub fn reader(&self) -> ClockReader {
+        ClockReader(self.published.clone())
+    }
+
+    /// Publishes base and start together (see [`Published`]).
+    fn publish(&self) {
+        let p = &self.published;
+        let seq = p.seq.load(Ordering::Relaxed);
+        p.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        p.base.store(self.base, Ordering::Relaxed);
+        let since = self.since.map_or(STEP_DRIVEN, |s| {
+            s.saturating_duration_since(p.epoch).as_nanos() as u64
+        });
+        p.since.store(since, Ordering::Relaxed);
+        p.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
     /// Whether time is step-driven now.
@@ -112,8 +202,9 @@ impl VirtualClock {
                 self.since = None;
             }
             (false, None) => self.since = Some(Instant::now()),
-            _ => {}
+            _ => return,
         }
+        self.publish();
     }
 
     /// One instruction was executed under single-step.
@@ -128,6 +219,7 @@ impl VirtualClock {
     pub fn steps(&mut self, n: u64) {
         if let (ClockMode::Steps(ns), None) = (self.mode, self.since) {
             self.base = self.base.saturating_add(u64::from(ns).saturating_mul(n));
+            self.published.base.store(self.base, Ordering::Relaxed);
         }
     }
 
@@ -135,6 +227,7 @@ impl VirtualClock {
     pub fn skip_to(&mut self, deadline: VirtualNanos) {
         if self.since.is_none() {
             self.base = self.base.max(deadline);
+            self.published.base.store(self.base, Ordering::Relaxed);
         }
     }
 
@@ -227,6 +320,23 @@ mod tests {
             clock.now() >= start + 1_000_000,
             "untraced: wall time again"
         );
+    }
+
+    #[test]
+    fn a_reader_on_another_thread_sees_the_same_time() {
+        let mut clock = VirtualClock::new(ClockMode::Steps(10));
+        let reader = clock.reader();
+        std::thread::sleep(Duration::from_millis(2));
+        let (wall, mine) = (reader.now(), clock.now());
+        assert!(wall >= 2_000_000 && wall <= mine, "{wall} {mine}");
+        clock.set_stepping(true);
+        let start = clock.now();
+        assert_eq!(reader.now(), start);
+        clock.steps(7);
+        let seen = std::thread::spawn(move || reader.now()).join().unwrap();
+        assert_eq!(seen, start + 70);
+        clock.restart(true);
+        assert_eq!(clock.reader().now(), 0);
     }
 
     #[test]

@@ -67,6 +67,10 @@ pub enum Error {
     /// The terminal could not be put into raw mode or restored.
     #[error("console: {0}")]
     Console(#[source] std::io::Error),
+    /// A peeping plan the guest's memory cannot serve (see
+    /// [`crate::peep::check`]).
+    #[error("peeping: {0}")]
+    Peep(String),
     /// A host thread or signal could not be set up.
     #[error("host setup: {0}")]
     Host(String),

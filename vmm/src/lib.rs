@@ -35,6 +35,7 @@ pub mod host;
 mod kick;
 pub mod memory;
 pub mod monitor;
+pub mod peep;
 pub mod probe;
 mod run_loop;
 pub mod signals;

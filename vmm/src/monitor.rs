@@ -227,6 +227,10 @@ pub trait Monitor {
     /// `u8::MAX` for one it took back from KVM where tracing starts).
     fn on_inject(&mut self, _vector: u8, _irq: u8, _how: Injection, _cpu: &mut dyn CpuView) {}
 
+    /// Samples the peeper took ([`crate::Vm::peep`]), in the order taken;
+    /// they reach the monitor at the exit after they were taken.
+    fn peeped(&mut self, _samples: &[crate::peep::PeepSample]) {}
+
     /// The guest stops running: `failure` says why when it did not end
     /// the way a guest may (triple fault, emulation failure...). Last chance
     /// to record.

@@ -68,6 +68,10 @@ pub struct Vm {
     /// The vCPU's CPUID table, for correcting CPUID results where the
     /// host leaks its own (see `cpuid::as_given`).
     pub(crate) cpuid: kvm_bindings::CpuId,
+    /// What to peep at while the guest runs, if anything.
+    pub(crate) peep: Option<crate::peep::PeepPlan>,
+    /// The peeper, while a run has one.
+    pub(crate) peeper: Option<crate::peep::Peeper>,
     boot: BootPlan,
 }
 
@@ -162,8 +166,19 @@ impl Vm {
             out_counted: false,
             breakpoints: Vec::new(),
             console_open: false,
+            peep: None,
+            peeper: None,
             boot,
         })
+    }
+
+    /// Samples guest memory as `plan` says from a host thread while the
+    /// guest runs (see [`crate::peep`]); the monitor gets the samples
+    /// through [`crate::Monitor::peeped`].
+    pub fn peep(&mut self, plan: crate::peep::PeepPlan) -> Result<()> {
+        crate::peep::check(&plan, &self.ram)?;
+        self.peep = Some(plan);
+        Ok(())
     }
 
     /// How the guest was loaded, for the user.

@@ -12,6 +12,7 @@ mod lines;
 mod map;
 mod table;
 mod thunks;
+mod variables;
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,7 @@ pub use lines::LineTable;
 pub use map::parse_map;
 pub use table::{Symbol, SymbolTable};
 pub use thunks::{thunk_kind, Thunk};
+pub use variables::{find_variable, physical_of, VariableError, VariablePlace};
 
 /// Problems loading symbols.
 #[derive(Debug, thiserror::Error)]

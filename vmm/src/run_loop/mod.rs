@@ -14,13 +14,13 @@ use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use crate::clock::VirtualClock;
 use crate::console::{self, ConsoleInput, RawTerminal};
 use crate::devices::hypercall::MarkStats;
 use crate::error::Result;
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
 use crate::monitor::{CpuView, Directive, ExitView, Monitor};
+use crate::peep::{PeepMessage, PeepReport, Peeper};
 use crate::signals;
 use crate::vcpu::Vcpu;
 use crate::vm::{ConsoleMode, Vm};
@@ -68,6 +68,8 @@ pub(super) enum Wake {
     Control,
     /// A stop signal was caught.
     Signal,
+    /// The peeper has samples, or asks for one with the pc.
+    Peep(PeepMessage),
 }
 
 /// What a finished run reports.
@@ -92,6 +94,8 @@ pub struct RunOutcome {
     /// Instructions (INT3, INT n, FWAIT, LDMXCSR...) the VMM completed because KVM's
     /// emulator could not.
     pub completed_by_vmm: u64,
+    /// What the peeper did, where the run had one ([`Vm::peep`]).
+    pub peeped: Option<PeepReport>,
 }
 
 impl RunOutcome {
@@ -127,6 +131,24 @@ impl Vm {
         let immediate_exit = &mut self.vcpu.run_page().immediate_exit as *mut u8;
         let kicker = Kicker::new(immediate_exit)?;
         let (tx, rx) = mpsc::channel();
+        if let Some(plan) = self.peep.clone() {
+            let (tx, handle) = (tx.clone(), kicker.handle());
+            // Once the loop is gone (the run ended, or failed to start),
+            // sending fails and the peeper stops.
+            let send = Box::new(move |message, kick| {
+                let sent = tx.send(Wake::Peep(message)).is_ok();
+                if kick && sent {
+                    handle.kick();
+                }
+                sent
+            });
+            self.peeper = Some(Peeper::start(
+                plan,
+                self.ram.clone(),
+                self.clock.reader(),
+                send,
+            )?);
+        }
         signals::catch_stop_signals()?;
         signals::set_waker(Some(waker(&tx, &kicker, || Wake::Signal)));
         if let Some(control) = &self.control {
@@ -141,15 +163,12 @@ impl Vm {
                 sent
             })?;
         }
-        self.clock = if monitor.stepping() {
-            VirtualClock::stepping_from_start(self.clock.mode())
-        } else {
-            VirtualClock::new(self.clock.mode())
-        };
+        self.clock.restart(monitor.stepping());
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
         signals::set_waker(None);
+        let peeped = self.stop_peeping(&rx, monitor);
         let failure = result.as_ref().err().map(|e| {
             let text = e.to_string();
             text.lines().next().unwrap_or_default().to_string()
@@ -172,7 +191,26 @@ impl Vm {
             marks_uncounted: self.hypercalls.marks_uncounted(),
             guest_lines_not_shown: self.hypercalls.lines_not_shown(),
             completed_by_vmm: self.completed_by_vmm,
+            peeped,
         })
+    }
+
+    /// Stops the peeper and hands the monitor every sample still on its
+    /// way, the last one taken after the guest stopped.
+    fn stop_peeping(
+        &mut self,
+        rx: &Receiver<Wake>,
+        monitor: &mut dyn Monitor,
+    ) -> Option<PeepReport> {
+        let peeper = self.peeper.take()?;
+        let (rest, report) = peeper.stop(self.clock.now());
+        for wake in rx.try_iter() {
+            if let Wake::Peep(PeepMessage::Batch(batch)) = wake {
+                monitor.peeped(&batch.samples);
+            }
+        }
+        monitor.peeped(&rest);
+        Some(report)
     }
 
     pub(super) fn run_until_stop(

@@ -2,7 +2,8 @@
 //! requests.
 
 use crate::console::{self, ConsoleInput};
-use crate::monitor::Monitor;
+use crate::monitor::{CpuView, Monitor};
+use crate::peep::PeepMessage;
 use crate::vm::Vm;
 
 use super::{GuestExit, Next, Wake};
@@ -19,6 +20,18 @@ impl Vm {
             // The loop checks `signals::caught` once it has drained its
             // wakes (service) or before it waits again (halt).
             Wake::Signal => Next::Continue,
+            Wake::Peep(PeepMessage::Batch(batch)) => {
+                monitor.peeped(&batch.samples);
+                Next::Continue
+            }
+            Wake::Peep(PeepMessage::TakeWithPc) => {
+                let mut view = self.cpu_view();
+                let (pc, cr3) = (view.regs().rip, view.sregs().cr3);
+                if let Some(peeper) = &self.peeper {
+                    monitor.peeped(&[peeper.take_with_pc(self.clock.now(), pc, cr3)]);
+                }
+                Next::Continue
+            }
         }
     }
 
