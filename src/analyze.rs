@@ -125,6 +125,7 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
 
 /// Opens the trace, warning of what cannot be read.
 fn open_trace(path: &Path) -> Result<Trace> {
+    crate::cli::check_default_trace(path)?;
     let trace = Trace::open(path)?;
     for p in &trace.problems {
         eprintln!("vtrace: warning: {p}");
@@ -230,10 +231,28 @@ fn initramfs_files(file: &Path, maps: &[RecordedMap]) -> Result<UserFiles, Strin
     Ok(UserFiles::Archive { origin, files })
 }
 
-fn create(path: &Path) -> Result<BufWriter<std::fs::File>> {
-    let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    Ok(BufWriter::with_capacity(1 << 20, file))
+/// The output file `path`; `-` is standard output.
+fn create(path: &Path) -> Result<BufWriter<Box<dyn Write>>> {
+    let out: Box<dyn Write> = if is_stdout(path) {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )
+    };
+    Ok(BufWriter::with_capacity(1 << 20, out))
+}
+
+fn is_stdout(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
+/// Tells where an output went, unless it was standard output.
+fn wrote(path: &Path, what: &str) {
+    if !is_stdout(path) {
+        eprintln!("vtrace: wrote {}{what}", path.display());
+    }
 }
 
 fn stdout() -> BufWriter<std::io::StdoutLock<'static>> {
@@ -384,7 +403,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 &mut out,
             )?;
             out.flush()?;
-            eprintln!("vtrace: wrote {}", a.output.display());
+            wrote(&a.output, "");
         }
         AnalyzeCommand::Timeline(a) => {
             let trace = open_trace(&a.trace.trace)?;
@@ -408,9 +427,9 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             )?;
             out.flush()?;
             bar.finish();
-            eprintln!(
-                "vtrace: wrote {} ({events} events; open it in ui.perfetto.dev or chrome://tracing)",
-                a.output.display()
+            wrote(
+                &a.output,
+                &format!(" ({events} events; open it in ui.perfetto.dev or chrome://tracing)"),
             );
         }
         AnalyzeCommand::Captures(a) => {
@@ -471,7 +490,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                     &mut out,
                 )?;
                 out.flush()?;
-                eprintln!("vtrace: wrote {}", path.display());
+                wrote(path, "");
             }
             let mut out = stdout();
             if a.json {
@@ -493,7 +512,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             })?;
             out.flush()?;
             bar.finish();
-            eprintln!("vtrace: wrote {}", a.output.display());
+            wrote(&a.output, "");
         }
     }
     Ok(())

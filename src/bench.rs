@@ -96,7 +96,7 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
         kernel: Some(BUILTIN_DEMO.to_string()),
         kernel_id: Some(image_id(vtrace_demo::DEMO_OS_ELF)),
         clock: None,
-        vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        vtrace_version: Some(env!("VTRACE_LONG_VERSION").to_string()),
         ..Default::default()
     };
     let disk = DiskWriter::create(

@@ -11,9 +11,26 @@ use crate::units::{
     parse_address, parse_capture, parse_location, parse_size, CaptureArg, Location,
 };
 
+/// The trace disk `vtrace run` writes and `info` and `analyze` read when
+/// none is named, in the directory they run in (perf's `perf.data`).
+pub const DEFAULT_TRACE: &str = "vtrace.vtd";
+
+/// Refuses `trace` when it is the default and there is none, saying so
+/// (rather than "cannot open vtrace.vtd").
+pub fn check_default_trace(trace: &std::path::Path) -> anyhow::Result<()> {
+    if trace == std::path::Path::new(DEFAULT_TRACE) && !trace.exists() {
+        return Err(crate::exit_status::BadArgument(format!(
+            "no trace named, and there is no {DEFAULT_TRACE} here (`vtrace run` writes one in \
+             the directory it runs in); name the trace disk to read"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// Full-system instruction tracer for x86-64 guests on KVM.
 #[derive(Debug, Parser)]
-#[command(name = "vtrace", version, about, long_about = None)]
+#[command(name = "vtrace", version = env!("VTRACE_LONG_VERSION"), about, long_about = None)]
 pub struct Cli {
     /// More log output on stderr (-v info, -vv debug, -vvv trace). The
     /// VTRACE_LOG environment variable takes a full filter instead.
@@ -53,6 +70,20 @@ pub enum Command {
     /// CPUID bits that leak past the baseline, and the bare step rate; and
     /// what that means for a trace taken here.
     Doctor(DoctorArgs),
+    /// Print a shell completion script: `vtrace completions bash >
+    /// /etc/bash_completion.d/vtrace`, or source it from your shell's
+    /// start-up file (zsh: into a directory on $fpath as _vtrace).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or with --dir write one page per
+    /// command there (vtrace.1, vtrace-run.1, ...): `vtrace man | man -l -`.
+    Man {
+        /// Write every page into DIR instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +211,7 @@ pub struct BenchArgs {
 #[derive(Debug, Args)]
 pub struct InfoArgs {
     /// The trace disk.
+    #[arg(default_value = DEFAULT_TRACE)]
     pub trace: PathBuf,
     /// Print JSON (keys: steps, gaps, events, bytes_per_step, digest,
     /// stop_reason, ...).
@@ -220,84 +252,95 @@ fn parse_autostop(text: &str) -> Result<Autostop, String> {
 pub struct RunArgs {
     /// Kernel to boot: a Linux bzImage, a 64-bit vmlinux ELF, or a PVH ELF.
     /// Without it (and without --real-mode) the built-in demo OS boots.
-    #[arg(long, value_name = "FILE", conflicts_with = "real_mode")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "real_mode",
+        help_heading = "Guest"
+    )]
     pub kernel: Option<PathBuf>,
 
     /// Initial ramdisk for the kernel.
-    #[arg(long, value_name = "FILE", requires = "kernel")]
+    #[arg(long, value_name = "FILE", requires = "kernel", help_heading = "Guest")]
     pub initrd: Option<PathBuf>,
 
     /// Kernel command line. For Linux the default is "console=ttyS0
     /// earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off nolapic noapic",
     /// plus, with --cpu baseline, switches that keep Linux off the features
     /// baseline hides (noxsave, clearcpuid=...).
-    #[arg(long, value_name = "STRING", conflicts_with = "real_mode")]
+    #[arg(
+        long,
+        value_name = "STRING",
+        conflicts_with = "real_mode",
+        help_heading = "Guest"
+    )]
     pub append: Option<String>,
 
     /// Boot a raw 16-bit image in real mode instead of a kernel.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Guest")]
     pub real_mode: Option<PathBuf>,
 
     /// Where to load the --real-mode image (hex with 0x, or decimal).
-    #[arg(long, value_name = "ADDR", default_value = "0x7c00", value_parser = parse_address, requires = "real_mode")]
+    #[arg(long, value_name = "ADDR", default_value = "0x7c00", value_parser = parse_address, requires = "real_mode", help_heading = "Guest")]
     pub load_addr: u64,
 
     /// Guest RAM, e.g. 256M, 4G (reserved lazily: only touched pages cost).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size, help_heading = "Guest")]
     pub memory: u64,
 
     /// CPUID profile.
-    #[arg(long, value_enum, default_value_t = CpuArg::Baseline)]
+    #[arg(long, value_enum, default_value_t = CpuArg::Baseline, help_heading = "Guest")]
     pub cpu: CpuArg,
 
     /// Do not read stdin or change the terminal; the guest's output is
     /// still shown. For scripts.
-    #[arg(long)]
+    #[arg(long, help_heading = "Console")]
     pub no_input: bool,
 
     /// Print nothing of vtrace's own (boot line, summary); only the guest.
-    #[arg(short, long)]
+    #[arg(short, long, help_heading = "Console")]
     pub quiet: bool,
 
     /// How the guest's clock (PIT, RTC) follows host time: `wall`,
     /// `prescale:N` (host time divided by N), or `steps[:NS]` (while tracing,
     /// each instruction advances time NS nanoseconds, default 1: traces are
     /// deterministic). Default: `steps:1` with --trace, else `wall`.
-    #[arg(long, value_name = "MODE", value_parser = ClockMode::parse)]
+    #[arg(long, value_name = "MODE", value_parser = ClockMode::parse, help_heading = "Clock")]
     pub clock: Option<ClockMode>,
 
     /// Trace from the first instruction (also: Ctrl-A t, hypercalls).
-    #[arg(long)]
+    #[arg(long, help_heading = "Tracing")]
     pub trace: bool,
 
-    /// Trace disk to write (a file, or a block device). Given alone,
+    /// Trace disk to write (a file, or a block device; default vtrace.vtd
+    /// wherever a run traces, captures, probes or peeps). Given alone,
     /// tracing waits for Ctrl-A t or a hypercall. An earlier trace there
     /// is replaced; any other file is not, without --force.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = "Trace disk")]
     pub disk: Option<PathBuf>,
 
     /// Replace the file at --disk even if it is not a trace.
-    #[arg(long)]
+    #[arg(long, help_heading = "Trace disk")]
     pub force: bool,
 
     /// Room reserved for the trace disk while tracing (a block device
     /// keeps its own size). A trace that ends cleanly is cut back to what
     /// it holds.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size, help_heading = "Trace disk")]
     pub disk_size: u64,
 
     /// Size at which the trace is cut into segments, each compressed and
     /// checked on its own (64K to 64M, a multiple of 4K).
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_segment_size)]
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_segment_size, help_heading = "Trace disk")]
     pub segment_size: u64,
 
     /// When the disk is full, overwrite the oldest segments (keep the end)
     /// instead of stopping (keep the beginning).
-    #[arg(long)]
+    #[arg(long, help_heading = "Trace disk")]
     pub wrap: bool,
 
     /// Stop tracing after this many steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Tracing")]
     pub max_steps: Option<u64>,
 
     /// Start tracing when execution reaches this place (a hardware
@@ -308,24 +351,24 @@ pub struct RunArgs {
     /// or path in the --initrd, else as a file on this host; it fires
     /// only in tasks running that program, where the kernel's tasks can be
     /// read.
-    #[arg(long, value_name = "WHERE", value_parser = parse_location)]
+    #[arg(long, value_name = "WHERE", value_parser = parse_location, help_heading = "Triggers")]
     pub start_at: Option<Location>,
 
     /// End the run when tracing stops (by --max-steps, --stop-at, the
     /// guest, the hotkey or vtrace ctl) instead of letting the guest run
     /// on; exit status 0.
-    #[arg(long)]
+    #[arg(long, help_heading = "Tracing")]
     pub exit_after_trace: bool,
 
     /// Count the guest's own requests to start and stop tracing (its
     /// TRACE_START, TRACE_STOP and TRACE_REGION hypercalls) instead of
     /// obeying them: for probes or peeping without the stretches a guest
     /// asks to trace (the demo OS traces part of one task itself).
-    #[arg(long)]
+    #[arg(long, help_heading = "Tracing")]
     pub ignore_guest_tracing: bool,
 
     /// Stop tracing when execution reaches this place (as --start-at).
-    #[arg(long, value_name = "WHERE", value_parser = parse_location)]
+    #[arg(long, value_name = "WHERE", value_parser = parse_location, help_heading = "Triggers")]
     pub stop_at: Option<Location>,
 
     /// Copy guest memory into the trace each time execution reaches a
@@ -338,7 +381,7 @@ pub struct RunArgs {
     /// for, where the host lets breakpoints reach vtrace. Needs a trace
     /// disk (--disk, default vtrace.vtd); `vtrace analyze captures` lists
     /// them.
-    #[arg(long = "capture", value_name = "CAPTURE", value_parser = parse_capture)]
+    #[arg(long = "capture", value_name = "CAPTURE", value_parser = parse_capture, help_heading = "Probes, captures and peeping")]
     pub captures: Vec<CaptureArg>,
 
     /// Trace each call of a routine, from its first instruction until it
@@ -355,8 +398,7 @@ pub struct RunArgs {
         long = "trace-function",
         value_name = "ROUTINE",
         value_parser = parse_location,
-        conflicts_with = "trace"
-    )]
+        conflicts_with = "trace", help_heading = "Triggers")]
     pub trace_functions: Vec<Location>,
 
     /// Enable probes: static probes compiled into the kernel by pattern
@@ -369,7 +411,11 @@ pub struct RunArgs {
     /// summary) and recorded in the trace disk (--disk, default
     /// vtrace.vtd) with their arguments, traced or not; `vtrace analyze
     /// probes` counts them. Repeatable.
-    #[arg(long = "probe", value_name = "PATTERN")]
+    #[arg(
+        long = "probe",
+        value_name = "PATTERN",
+        help_heading = "Probes, captures and peeping"
+    )]
     pub probes: Vec<String>,
 
     /// Peep: sample the --sample variables every INTERVAL of host time
@@ -379,7 +425,7 @@ pub struct RunArgs {
     /// disk (--disk, default vtrace.vtd) whether tracing is on or not;
     /// `vtrace analyze samples` prints the series. A last sample is taken
     /// when the guest stops.
-    #[arg(long, value_name = "INTERVAL", value_parser = crate::units::parse_interval)]
+    #[arg(long, value_name = "INTERVAL", value_parser = crate::units::parse_interval, help_heading = "Probes, captures and peeping")]
     pub peep: Option<std::time::Duration>,
 
     /// A variable to sample with --peep: a symbol of the kernel (its
@@ -387,28 +433,33 @@ pub struct RunArgs {
     /// address (a link address of the kernel image, else guest-physical),
     /// then :TYPE, one of u8, u16, u32, u64 (the default) or i64. Up to 16;
     /// repeatable.
-    #[arg(long = "sample", value_name = "SYMBOL[:TYPE]", requires = "peep")]
+    #[arg(
+        long = "sample",
+        value_name = "SYMBOL[:TYPE]",
+        requires = "peep",
+        help_heading = "Probes, captures and peeping"
+    )]
     pub samples: Vec<String>,
 
     /// With --peep: every sample also takes the running pc, for a profile
     /// by routine (`vtrace analyze samples`). This one is not free: the
     /// vCPU is stopped for it, one VM exit per sample.
-    #[arg(long, requires = "peep")]
+    #[arg(long, requires = "peep", help_heading = "Probes, captures and peeping")]
     pub sample_pc: bool,
 
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = "Control")]
     pub control: Option<PathBuf>,
 
     /// Stop tracing when the guest takes one of these exceptions: a comma
     /// list of names (de, nmi, bp, of, br, ud, df, ts, np, ss, gp, pf, ...)
     /// or vectors; `none`; or `default` (de,nmi,bp,of,br,ud,df,ts,np,ss,gp).
-    #[arg(long, value_name = "LIST", default_value = "default", value_parser = parse_autostop)]
+    #[arg(long, value_name = "LIST", default_value = "default", value_parser = parse_autostop, help_heading = "Tracing")]
     pub autostop: Autostop,
 
     /// KVM device to use.
-    #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE)]
+    #[arg(long, value_name = "PATH", default_value = vtrace_vmm::KVM_DEVICE, help_heading = "Guest")]
     pub kvm_device: PathBuf,
 }
 
@@ -421,7 +472,8 @@ pub struct AnalyzeArgs {
 /// What every analysis takes: the trace and where symbols come from.
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// The trace disk (written by `vtrace run --trace`).
+    /// The trace disk (written by `vtrace run`).
+    #[arg(default_value = DEFAULT_TRACE)]
     pub trace: PathBuf,
     /// More symbols: an ELF image, System.map, `nm` output or a kallsyms
     /// dump, for every address space or, with @CR3 (hex), for one.
@@ -535,6 +587,7 @@ pub struct SamplesArgs {
 #[derive(Debug, Args)]
 pub struct ProbesTraceArgs {
     /// The trace disk.
+    #[arg(default_value = DEFAULT_TRACE)]
     pub trace: PathBuf,
     /// Histogram of this argument of each probe (0 is the first, DTrace's
     /// arg0), as a signed number.
@@ -549,6 +602,7 @@ pub struct ProbesTraceArgs {
 #[derive(Debug, Args)]
 pub struct CapturesArgs {
     /// The trace disk.
+    #[arg(default_value = DEFAULT_TRACE)]
     pub trace: PathBuf,
     /// Print JSON: a list of objects with keys step, traced, name,
     /// address (hex text), length (bytes asked for), hex (the bytes read)
@@ -592,7 +646,7 @@ pub struct NestArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub tasks: TaskArgs,
-    /// Write to FILE instead of standard output.
+    /// Write to FILE instead of standard output (`-` is standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 }
@@ -626,7 +680,7 @@ pub struct FlameArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub tasks: TaskArgs,
-    /// The file to write.
+    /// The file to write (`-`: standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
 }
@@ -637,7 +691,7 @@ pub struct TimelineArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub tasks: TaskArgs,
-    /// The file to write.
+    /// The file to write (`-`: standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
     /// Leave out routine calls shorter than this many steps (keeps the
@@ -650,7 +704,7 @@ pub struct TimelineArgs {
 pub struct ReportArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
-    /// The file to write.
+    /// The file to write (`-`: standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
     /// Most nest-diagram lines the page holds (the rest is cut, with a

@@ -32,6 +32,7 @@ fn json(s: &TraceSummary) -> serde_json::Value {
 }
 
 pub fn info(args: InfoArgs) -> Result<i32> {
+    crate::cli::check_default_trace(&args.trace)?;
     let reader = TraceReader::open(&args.trace)?;
     let s = summarize(&reader, |_, _| {});
     // Problems fail the command in both forms, so scripts notice damage.

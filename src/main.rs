@@ -8,6 +8,7 @@ mod ctl;
 mod doctor;
 mod exit_status;
 mod info;
+mod manual;
 mod peep;
 mod places;
 mod probes;
@@ -57,6 +58,8 @@ fn main() {
         cli::Command::Ctl(args) => ctl::ctl(args),
         cli::Command::Probes(args) => probes::probes(args),
         cli::Command::Doctor(args) => doctor::doctor(args),
+        cli::Command::Completions { shell } => manual::completions(shell),
+        cli::Command::Man { dir } => manual::man(dir.as_deref()),
     };
     match status {
         Ok(code) => std::process::exit(code),

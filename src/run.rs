@@ -164,7 +164,7 @@ fn tracer(
     let path = args
         .disk
         .clone()
-        .unwrap_or_else(|| PathBuf::from("vtrace.vtd"));
+        .unwrap_or_else(|| PathBuf::from(crate::cli::DEFAULT_TRACE));
     let initrd = args.initrd.as_ref().map(|p| {
         std::fs::canonicalize(p)
             .unwrap_or_else(|_| p.clone())
@@ -176,7 +176,7 @@ fn tracer(
         kernel: kernel.0,
         kernel_id: kernel.1,
         clock: Some(clock_mode(args).to_string()),
-        vtrace_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        vtrace_version: Some(env!("VTRACE_LONG_VERSION").to_string()),
         tasks: linux_tasks.is_some().then(|| LINUX_TASKS.to_string()),
         initrd,
         peep: peep.map(|p| p.interval.clone()),
@@ -604,7 +604,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
         user_message(&summary(&outcome));
         if let (Some(r), Some(path)) = (
             &report,
-            args.disk.clone().or(Some(PathBuf::from("vtrace.vtd"))),
+            args.disk
+                .clone()
+                .or(Some(PathBuf::from(crate::cli::DEFAULT_TRACE))),
         ) {
             let stop = r
                 .stop_reason

@@ -1,0 +1,124 @@
+//! The command line people expect: a version that names the commit,
+//! completion scripts and manual pages made from the real definition,
+//! `run --help` in sections, and `info`/`analyze` reading ./vtrace.vtd
+//! when no trace is named.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let git = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    let out = run(&["--version"]);
+    assert!(out.status.success());
+    let version = stdout(&out);
+    assert!(version.starts_with(&format!("vtrace {}", env!("CARGO_PKG_VERSION"))));
+    match git {
+        Ok(g) if g.status.success() => {
+            let commit = String::from_utf8_lossy(&g.stdout).trim().to_string();
+            assert!(version.contains(&format!("commit {commit}")), "{version}");
+        }
+        _ => assert!(version.contains("outside a git checkout"), "{version}"),
+    }
+}
+
+#[test]
+fn completions_and_manual_pages_come_from_the_command_line_itself() {
+    for (shell, marker) in [
+        ("bash", "_vtrace()"),
+        ("zsh", "#compdef vtrace"),
+        ("fish", "complete -c vtrace"),
+    ] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let script = stdout(&out);
+        assert!(script.contains(marker), "{shell}");
+        // Options of nested commands are in it, as defined.
+        assert!(
+            script.contains("sample-pc") && script.contains("quantize"),
+            "{shell}"
+        );
+    }
+    // bash can load what it was given.
+    let out = run(&["completions", "bash"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vtrace.bash");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(check.success(), "bash -n rejects the script");
+
+    let out = run(&["man"]);
+    let page = stdout(&out);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH vtrace"),
+        "{page}"
+    );
+    let pages = dir.path().join("man");
+    let out = run(&["man", "--dir", pages.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run_page = std::fs::read_to_string(pages.join("vtrace-run.1")).unwrap();
+    assert!(run_page.contains("peep"), "vtrace-run.1 documents --peep");
+    assert!(pages.join("vtrace-analyze-samples.1").exists());
+}
+
+#[test]
+fn run_help_is_in_sections_and_says_its_defaults() {
+    let out = run(&["run", "--help"]);
+    let help = stdout(&out);
+    for heading in [
+        "Guest:",
+        "Console:",
+        "Clock:",
+        "Tracing:",
+        "Trace disk:",
+        "Triggers:",
+        "Probes, captures and peeping:",
+        "Control:",
+    ] {
+        assert!(help.contains(heading), "{heading} in\n{help}");
+    }
+    assert!(help.contains("default vtrace.vtd"), "{help}");
+    assert!(help.contains("[default: 1G]"), "{help}");
+}
+
+#[test]
+fn info_and_analyze_read_vtrace_vtd_when_no_trace_is_named() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let here = |args: &[&str]| {
+        vtrace()
+            .args(args)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = here(&["info"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("vtrace.vtd"), "{}", stderr(&out));
+    let out = here(&["run", "--no-input", "-q", "--trace", "--max-steps", "500"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = here(&["info", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["steps"], 500);
+    let out = here(&["analyze", "stats", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["steps"], 500, "{stats}");
+    // `-o -` is standard output.
+    let out = here(&["analyze", "flame", "-o", "-"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("<svg"), "an SVG on standard output");
+    assert!(!dir.path().join("-").exists());
+}
