@@ -301,6 +301,12 @@ pub struct RunArgs {
     #[arg(short, long, help_heading = "Console")]
     pub quiet: bool,
 
+    /// With --no-input (and without --quiet): while tracing, a status line
+    /// on stderr every INTERVAL (the steps recorded, the disk's fill,
+    /// virtual time, exits per second; what Ctrl-A s shows); 0s for none.
+    #[arg(long, value_name = "INTERVAL", default_value = "10s", value_parser = crate::units::parse_interval, help_heading = "Console")]
+    pub progress: std::time::Duration,
+
     /// How the guest's clock (PIT, RTC) follows host time: `wall`,
     /// `prescale:N` (host time divided by N), or `steps[:NS]` (while tracing,
     /// each instruction advances time NS nanoseconds, default 1: traces are

@@ -571,6 +571,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
     });
     let config = VmConfig { control, ..config };
     let mut vm = Vm::new(config)?;
+    if args.no_input && !args.quiet && !args.progress.is_zero() {
+        vm.report_progress(args.progress);
+    }
     if let Some(p) = &peep {
         // Before the disk is made: a bad address leaves no file behind.
         vm.peep(p.plan.clone())

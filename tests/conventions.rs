@@ -122,3 +122,45 @@ fn info_and_analyze_read_vtrace_vtd_when_no_trace_is_named() {
     assert!(stdout(&out).contains("<svg"), "an SVG on standard output");
     assert!(!dir.path().join("-").exists());
 }
+
+#[test]
+fn a_run_without_a_terminal_reports_progress_while_tracing() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("p.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--progress",
+        "1s",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    let steps: Vec<u64> = log
+        .lines()
+        .filter(|l| l.starts_with("vtrace: tracing on, "))
+        .map(|l| number_after(l, "tracing on,").expect("steps recorded"))
+        .collect();
+    // The traced demo takes seconds here; a line comes each second.
+    assert!(steps.len() >= 2, "{log}");
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
+    let recorded = info_json(&disk)["steps"].as_u64().unwrap();
+    assert!(*steps.last().unwrap() <= recorded);
+    // With --quiet there is none.
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--progress",
+        "1s",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert!(!stderr(&out).contains("tracing on,"), "{}", stderr(&out));
+}

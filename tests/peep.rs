@@ -241,13 +241,7 @@ fn linux_jiffies_grow_while_it_boots() {
     if !kvm_available() {
         return;
     }
-    let Some(kernel) = std::fs::read_dir("/boot").ok().and_then(|d| {
-        d.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
-            p.to_string_lossy().contains("vmlinuz-") && p.to_string_lossy().contains("cloud")
-        })
-    }) else {
-        panic!("no Debian cloud kernel in /boot: run scripts/test.sh");
-    };
+    let kernel = test_kernel();
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("linux.vtd");
     let mut child = vtrace()

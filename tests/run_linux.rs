@@ -15,28 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn test_kernel() -> PathBuf {
-    if let Some(path) = std::env::var_os("VTRACE_TEST_KERNEL") {
-        return PathBuf::from(path);
-    }
-    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    kernels.retain(|p| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("vmlinuz-"))
-    });
-    // Debian's cloud kernel first: it is the one the test script installs.
-    kernels.sort_by_key(|p| !p.to_string_lossy().contains("cloud"));
-    kernels.into_iter().next().unwrap_or_else(|| {
-        panic!(
-            "no Linux kernel in /boot: run scripts/test.sh (it installs \
-             linux-image-cloud-amd64), or set VTRACE_TEST_KERNEL"
-        )
-    })
-}
-
 /// `vtrace run` of `kernel` in 128 MiB with `options` (a trigger and a
 /// limit), ending when tracing stops, the trace on `disk`.
 fn linux_window(kernel: &Path, disk: &Path, options: &[&str]) -> std::process::Output {
@@ -118,6 +96,81 @@ fn unmodified_linux_prints_its_banner() {
         log.contains("decompressed on the host"),
         "the LZ4/gzip/zstd fast path: {log}"
     );
+}
+
+/// The test kernel with its payload compressed again with `kind`, as the
+/// kernel's build does for CONFIG_KERNEL_XZ, _LZMA and _BZIP2: the new
+/// payload (with the uncompressed size after it) is put at the end of the
+/// file and the setup header's payload fields point at it.
+fn recompressed_kernel(dir: &Path, kind: &str) -> PathBuf {
+    use std::io::Write;
+    let original = std::fs::read(test_kernel()).unwrap();
+    let vmlinux = vtrace_vmm::boot::vmlinux_inside(&original).expect("the test kernel unpacks");
+    let mut payload = match kind {
+        "xz" => {
+            let mut filters = xz2::stream::Filters::new();
+            filters.x86();
+            filters.lzma2(&xz2::stream::LzmaOptions::new_preset(0).unwrap());
+            let stream =
+                xz2::stream::Stream::new_stream_encoder(&filters, xz2::stream::Check::Crc32)
+                    .unwrap();
+            let mut e = xz2::write::XzEncoder::new_stream(Vec::new(), stream);
+            e.write_all(&vmlinux).unwrap();
+            e.finish().unwrap()
+        }
+        "bzip2" => {
+            let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::fast());
+            e.write_all(&vmlinux).unwrap();
+            e.finish().unwrap()
+        }
+        other => panic!("{other}"),
+    };
+    payload.extend_from_slice(&(vmlinux.len() as u32).to_le_bytes());
+    let setup_sects = match original[0x1f1] {
+        0 => 4,
+        n => usize::from(n),
+    };
+    let offset = (original.len() - (setup_sects + 1) * 512) as u32;
+    let mut image = original;
+    image[0x248..0x24c].copy_from_slice(&offset.to_le_bytes());
+    image[0x24c..0x250].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    image.extend_from_slice(&payload);
+    let path = dir.join(format!("bzImage-{kind}"));
+    std::fs::write(&path, image).unwrap();
+    path
+}
+
+#[test]
+fn xz_and_bzip2_kernels_are_decompressed_on_the_host() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, name) in [("xz", "XZ"), ("bzip2", "bzip2")] {
+        let kernel = recompressed_kernel(dir.path(), kind);
+        let mut child = vtrace()
+            .args(["run", "--no-input", "--memory", "128M", "--kernel"])
+            .arg(&kernel)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vtrace");
+        let (banner, seen) = wait_for_line(child.stdout.take().unwrap(), "Linux version");
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let log = stderr(&out);
+        assert!(
+            banner.is_some(),
+            "{kind}: {}
+{log}",
+            seen.join("\n")
+        );
+        assert!(
+            log.contains(&format!("{name} payload decompressed on the host")),
+            "{kind}: {log}"
+        );
+    }
 }
 
 /// The routines called directly by the first `name() {` block of a nest

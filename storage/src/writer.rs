@@ -66,6 +66,8 @@ pub struct Recorder {
     wrap: bool,
     /// Blocks a sealed chunk can take at most (for `nearly_full`).
     blocks_per_chunk: u64,
+    /// Blocks of the disk, for [`Recorder::disk_fill`].
+    blocks_total: u64,
     seq: u64,
     next_step: u64,
     chunk_first_step: u64,
@@ -99,6 +101,7 @@ impl Recorder {
             shared,
             wrap: sb.wrap,
             blocks_per_chunk: worst.div_ceil(BLOCK),
+            blocks_total: sb.block_count,
             seq: 0,
             next_step: 0,
             chunk_first_step: 0,
@@ -166,6 +169,21 @@ impl Recorder {
             }
             _ => {}
         }
+    }
+
+    /// Bytes of the disk that hold segments written so far, and its size
+    /// (a ring stays full once it wrapped).
+    pub fn disk_fill(&self) -> (u64, u64) {
+        let used = self.shared.blocks_used.load(Ordering::Relaxed);
+        (
+            used.saturating_mul(BLOCK),
+            self.blocks_total.saturating_mul(BLOCK),
+        )
+    }
+
+    /// Whether the disk is a ring (`--wrap`).
+    pub fn wraps(&self) -> bool {
+        self.wrap
     }
 
     /// Steps recorded so far.

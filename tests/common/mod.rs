@@ -103,6 +103,30 @@ pub fn virtual_seconds(text: &str) -> Option<f64> {
 
 pub mod amdv;
 
+/// The Linux kernel the tests boot: VTRACE_TEST_KERNEL, else Debian's
+/// cloud kernel in /boot (`scripts/test.sh` installs it), else another.
+pub fn test_kernel() -> PathBuf {
+    if let Some(path) = std::env::var_os("VTRACE_TEST_KERNEL") {
+        return PathBuf::from(path);
+    }
+    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    kernels.retain(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("vmlinuz-"))
+    });
+    // Debian's cloud kernel first: it is the one the test script installs.
+    kernels.sort_by_key(|p| !p.to_string_lossy().contains("cloud"));
+    kernels.into_iter().next().unwrap_or_else(|| {
+        panic!(
+            "no Linux kernel in /boot: run scripts/test.sh (it installs \
+             linux-image-cloud-amd64), or set VTRACE_TEST_KERNEL"
+        )
+    })
+}
+
 /// Builds tests/programs/NAME.c into a static program in `dir`, with
 /// symbols and lines.
 pub fn static_program(dir: &Path, name: &str) -> PathBuf {

@@ -823,10 +823,18 @@ impl Monitor for Tracer {
                         format!("; {recorded} samples ({lost} lost: the disk is full)")
                     }
                 };
+                let (used, size) = self.recorder.disk_fill();
                 format!(
-                    "tracing {}, {} steps recorded{probes}{samples}",
+                    "tracing {}, {} steps recorded, disk {:.1} of {:.1} MiB{}{probes}{samples}",
                     if self.active { "on" } else { "off" },
-                    self.recorder.steps()
+                    self.recorder.steps(),
+                    used as f64 / f64::from(1 << 20),
+                    size as f64 / f64::from(1 << 20),
+                    if self.recorder.wraps() {
+                        " (a ring)"
+                    } else {
+                        ""
+                    }
                 )
             }
             ("probe", Some(action @ ("enable" | "disable"))) => {

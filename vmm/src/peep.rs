@@ -155,6 +155,22 @@ fn read(ram: &GuestRam, r: PeepRead) -> u64 {
     value.unwrap_or(0)
 }
 
+/// Reads `plan`'s variables now.
+fn sample(
+    ram: &GuestRam,
+    plan: &PeepPlan,
+    started: Instant,
+    virtual_ns: VirtualNanos,
+    pc: Option<(u64, u64)>,
+) -> PeepSample {
+    PeepSample {
+        virtual_ns,
+        host_ns: started.elapsed().as_nanos() as u64,
+        values: plan.reads.iter().map(|r| read(ram, *r)).collect(),
+        pc,
+    }
+}
+
 /// A running peeper thread.
 pub struct Peeper {
     plan: PeepPlan,
@@ -202,17 +218,13 @@ impl Peeper {
     pub fn take_with_pc(&self, virtual_ns: VirtualNanos, pc: u64, cr3: u64) -> PeepSample {
         self.link.pc_wanted.store(false, Ordering::Release);
         self.link.samples.fetch_add(1, Ordering::Relaxed);
-        PeepSample {
+        sample(
+            &self.ram,
+            &self.plan,
+            self.started,
             virtual_ns,
-            host_ns: self.started.elapsed().as_nanos() as u64,
-            values: self
-                .plan
-                .reads
-                .iter()
-                .map(|r| read(&self.ram, *r))
-                .collect(),
-            pc: Some((pc, cr3)),
-        }
+            Some((pc, cr3)),
+        )
     }
 
     /// Stops the thread. What it had not sent yet comes back, with one
@@ -224,17 +236,13 @@ impl Peeper {
             .take()
             .and_then(|t| t.join().ok())
             .unwrap_or_default();
-        rest.push(PeepSample {
+        rest.push(sample(
+            &self.ram,
+            &self.plan,
+            self.started,
             virtual_ns,
-            host_ns: self.started.elapsed().as_nanos() as u64,
-            values: self
-                .plan
-                .reads
-                .iter()
-                .map(|r| read(&self.ram, *r))
-                .collect(),
-            pc: None,
-        });
+            None,
+        ));
         let report = PeepReport {
             samples: self.link.samples.load(Ordering::Relaxed) + 1,
             missed: self.link.missed.load(Ordering::Relaxed),

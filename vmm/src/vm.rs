@@ -72,6 +72,8 @@ pub struct Vm {
     pub(crate) peep: Option<crate::peep::PeepPlan>,
     /// The peeper, while a run has one.
     pub(crate) peeper: Option<crate::peep::Peeper>,
+    /// The periodic status line, where asked for.
+    pub(crate) progress: Option<crate::run_loop::ProgressLine>,
     boot: BootPlan,
 }
 
@@ -168,6 +170,7 @@ impl Vm {
             console_open: false,
             peep: None,
             peeper: None,
+            progress: None,
             boot,
         })
     }
@@ -179,6 +182,17 @@ impl Vm {
         crate::peep::check(&plan, &self.ram)?;
         self.peep = Some(plan);
         Ok(())
+    }
+
+    /// Prints a status line (what `Ctrl-A s` shows) on the console every
+    /// `every` of host time while the guest is single-stepped: progress
+    /// for runs without a terminal to press keys on.
+    pub fn report_progress(&mut self, every: std::time::Duration) {
+        self.progress = Some(crate::run_loop::ProgressLine {
+            every,
+            last: std::time::Instant::now(),
+            exits: 0,
+        });
     }
 
     /// How the guest was loaded, for the user.

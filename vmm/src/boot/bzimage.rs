@@ -1,6 +1,7 @@
 //! Linux bzImages. The compressed payload is decompressed on the host when
-//! its format allows (gzip, zstd, LZ4) and the vmlinux inside is entered
-//! directly; otherwise the bzImage is loaded whole and decompresses itself.
+//! its format allows (gzip, zstd, LZ4, XZ, LZMA, bzip2) and the vmlinux
+//! inside is entered directly; otherwise (LZO) the bzImage is loaded whole
+//! and decompresses itself.
 
 use std::borrow::Cow;
 use std::io::Cursor;

@@ -53,14 +53,25 @@ pub fn decompress(payload: &[u8], kind: Compression) -> Option<Result<Vec<u8>, S
     let mut out = Vec::new();
     // One byte past the limit tells a payload that would exceed it.
     let limit = MAX_DECOMPRESSED + 1;
-    let result = match kind {
-        Compression::Gzip => flate2::read::GzDecoder::new(payload)
+    // Each decoder reads one stream: the kernel appends the uncompressed
+    // size after it.
+    let read_all = |reader: &mut dyn Read, out: &mut Vec<u8>| {
+        reader
             .take(limit)
-            .read_to_end(&mut out)
+            .read_to_end(out)
             .map(|_| ())
-            .map_err(|e| e.to_string()),
-        // The kernel appends the uncompressed size after the frame, so only
-        // one frame is read.
+            .map_err(|e| e.to_string())
+    };
+    let result = match kind {
+        Compression::Gzip => read_all(&mut flate2::read::GzDecoder::new(payload), &mut out),
+        Compression::Xz => xz2::stream::Stream::new_stream_decoder(u64::MAX, 0)
+            .map_err(|e| e.to_string())
+            .and_then(|stream| liblzma(payload, stream, &mut out)),
+        // The kernel's LZMA is the "alone" format `lzma -9` writes.
+        Compression::Lzma => xz2::stream::Stream::new_lzma_decoder(u64::MAX)
+            .map_err(|e| e.to_string())
+            .and_then(|stream| liblzma(payload, stream, &mut out)),
+        Compression::Bzip2 => read_all(&mut bzip2::read::BzDecoder::new(payload), &mut out),
         Compression::Zstd => zstd::stream::read::Decoder::new(payload)
             .map(|d| d.single_frame().take(limit))
             .and_then(|mut d| d.read_to_end(&mut out))
@@ -87,6 +98,36 @@ pub fn decompressed(payload: &[u8]) -> Option<Result<Vec<u8>, String>> {
 /// No kernel is bigger than this decompressed; a crafted payload (a
 /// "zip bomb") must not take the host's memory.
 pub const MAX_DECOMPRESSED: u64 = 1 << 30;
+
+/// Runs a liblzma decoder over `payload` up to its stream's end. xz2's
+/// reader is not used: it takes the size the kernel appends after the
+/// stream for a corrupt second stream.
+fn liblzma(
+    mut payload: &[u8],
+    mut stream: xz2::stream::Stream,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    loop {
+        if out.len() as u64 > MAX_DECOMPRESSED {
+            return Ok(());
+        }
+        if out.capacity() - out.len() < 1 << 16 {
+            out.reserve(4 << 20);
+        }
+        let (read, written) = (stream.total_in(), out.len());
+        let status = stream
+            .process_vec(payload, out, xz2::stream::Action::Run)
+            .map_err(|e| e.to_string())?;
+        let used = usize::try_from(stream.total_in() - read).unwrap_or(usize::MAX);
+        payload = payload.get(used..).unwrap_or_default();
+        if status == xz2::stream::Status::StreamEnd {
+            return Ok(());
+        }
+        if used == 0 && out.len() == written {
+            return Err("the compressed stream ends early".into());
+        }
+    }
+}
 
 /// The LZ4 "legacy" container the kernel build uses (`lz4 -l`): a magic,
 /// then blocks of at most 8 MiB, each prefixed by its compressed length.
@@ -171,7 +212,43 @@ mod tests {
     }
 
     #[test]
-    fn xz_is_left_to_the_guest() {
-        assert!(decompress(b"\xfd7zXZ\x00", Compression::Xz).is_none());
+    fn xz_lzma_and_bzip2_round_trip_with_trailing_size() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let size = (data.len() as u32).to_le_bytes();
+        let with_size = |mut v: Vec<u8>| {
+            v.extend_from_slice(&size);
+            v
+        };
+        // As the kernel's build compresses: xz with CRC32 and the x86 BCJ
+        // filter, LZMA alone, bzip2 -9.
+        let mut filters = xz2::stream::Filters::new();
+        filters.x86();
+        filters.lzma2(&xz2::stream::LzmaOptions::new_preset(6).unwrap());
+        let stream =
+            xz2::stream::Stream::new_stream_encoder(&filters, xz2::stream::Check::Crc32).unwrap();
+        let mut xz = xz2::write::XzEncoder::new_stream(Vec::new(), stream);
+        xz.write_all(&data).unwrap();
+        let xz = with_size(xz.finish().unwrap());
+        assert_eq!(Compression::detect(&xz), Compression::Xz);
+        assert_eq!(decompress(&xz, Compression::Xz).unwrap().unwrap(), data);
+
+        let options = xz2::stream::LzmaOptions::new_preset(9).unwrap();
+        let stream = xz2::stream::Stream::new_lzma_encoder(&options).unwrap();
+        let mut lzma = xz2::write::XzEncoder::new_stream(Vec::new(), stream);
+        lzma.write_all(&data).unwrap();
+        let lzma = with_size(lzma.finish().unwrap());
+        assert_eq!(Compression::detect(&lzma), Compression::Lzma);
+        assert_eq!(decompress(&lzma, Compression::Lzma).unwrap().unwrap(), data);
+
+        let mut bz = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::best());
+        bz.write_all(&data).unwrap();
+        let bz = with_size(bz.finish().unwrap());
+        assert_eq!(Compression::detect(&bz), Compression::Bzip2);
+        assert_eq!(decompress(&bz, Compression::Bzip2).unwrap().unwrap(), data);
+    }
+
+    #[test]
+    fn lzo_is_left_to_the_guest() {
+        assert!(decompress(b"\x89LZO\x00", Compression::Lzo).is_none());
     }
 }

@@ -115,6 +115,14 @@ fn waker(tx: &mpsc::Sender<Wake>, kicker: &Kicker, what: fn() -> Wake) -> Box<dy
     })
 }
 
+/// The periodic progress line's schedule.
+pub(crate) struct ProgressLine {
+    pub(crate) every: Duration,
+    pub(crate) last: Instant,
+    /// Exits at `last`.
+    pub(crate) exits: u64,
+}
+
 /// What serving an exit decided.
 pub(super) enum Next {
     Continue,
@@ -313,6 +321,9 @@ impl Vm {
             return Ok(Next::Stop(GuestExit::Signal(signal)));
         }
         self.serve_control(monitor);
+        if self.progress.is_some() {
+            self.progress(monitor);
+        }
         let now = self.clock.now();
         self.devices.update_interrupts(now);
         if let Some(end) = self.devices.machine_end() {

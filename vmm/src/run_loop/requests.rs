@@ -39,23 +39,59 @@ impl Vm {
     pub(super) fn serve_control(&mut self, monitor: &mut dyn Monitor) {
         while let Some(request) = self.control.as_ref().and_then(|c| c.try_next()) {
             let answer = match request.command.as_str() {
-                "status" => {
-                    let own = format!(
-                        "virtual time {:.6} s, {} exits",
-                        self.clock.now() as f64 / 1e9,
-                        self.history.total()
-                    );
-                    match monitor.control("status") {
-                        Some(more) => format!("{more}; {own}"),
-                        None => own,
-                    }
-                }
+                "status" => self.status_line(monitor),
                 command => monitor.control(command).unwrap_or_else(|| {
                     format!("error: unknown command '{command}' (start, stop, mark [ID], status)")
                 }),
             };
             request.reply(answer);
         }
+    }
+
+    /// What `Ctrl-A s`, `vtrace ctl status` and the periodic progress
+    /// line say: the monitor's status (tracing, steps, disk), then the
+    /// VM's own.
+    pub(super) fn status_line(&mut self, monitor: &mut dyn Monitor) -> String {
+        let mut own = format!(
+            "virtual time {:.6} s, {} exits, {} timer interrupts",
+            self.clock.now() as f64 / 1e9,
+            self.history.total(),
+            self.devices.timer_edges,
+        );
+        if self.completed_by_vmm > 0 {
+            own.push_str(&format!(
+                ", {} instructions completed by vtrace",
+                self.completed_by_vmm
+            ));
+        }
+        match monitor.control("status") {
+            Some(more) => format!("{more}; {own}"),
+            None => own,
+        }
+    }
+
+    /// Prints the progress line when it is due (see
+    /// [`Vm::report_progress`]): while stepping, looked at every 4096
+    /// exits, so the clock is not read per step.
+    pub(super) fn progress(&mut self, monitor: &mut dyn Monitor) {
+        let exits = self.history.total();
+        let Some(p) = &self.progress else {
+            return;
+        };
+        if !self.stepping || exits % 4096 != 0 || p.last.elapsed() < p.every {
+            return;
+        }
+        let (every, rate) = (
+            p.every,
+            exits.saturating_sub(p.exits) as f64 / p.last.elapsed().as_secs_f64(),
+        );
+        let line = self.status_line(monitor);
+        console::user_message(&format!("vtrace: {line} ({rate:.0} exits/s)"));
+        self.progress = Some(super::ProgressLine {
+            every,
+            last: std::time::Instant::now(),
+            exits,
+        });
     }
 
     pub(super) fn console_input(&mut self, input: ConsoleInput, monitor: &mut dyn Monitor) -> Next {
@@ -84,14 +120,7 @@ impl Vm {
                 console::user_message(&format!("vtrace: guest state\n{report}"));
             }
             ConsoleInput::Hotkey(b's') => {
-                console::user_message(&format!(
-                    "vtrace: virtual time {:.3} s, {} exits, timer interrupts {}, \
-                     instructions completed by vtrace {}",
-                    self.clock.now() as f64 / 1e9,
-                    self.history.total(),
-                    self.devices.timer_edges,
-                    self.completed_by_vmm
-                ));
+                console::user_message(&format!("vtrace: {}", self.status_line(monitor)));
             }
             ConsoleInput::Hotkey(key) => match monitor.hotkey(key) {
                 Some(message) => console::user_message(&message),
