@@ -63,15 +63,13 @@ fn wait_for_line(
     }
 }
 
-#[test]
-fn unmodified_linux_prints_its_banner() {
-    if !kvm_available() {
-        return;
-    }
-    let kernel = test_kernel();
+/// Boots `kernel` untraced until it prints its banner (or two minutes
+/// pass); returns the banner line, the console lines before it and what
+/// vtrace said.
+fn boot_to_banner(kernel: &Path) -> (Option<String>, Vec<String>, std::process::Output) {
     let mut child = vtrace()
         .args(["run", "--no-input", "--memory", "128M", "--kernel"])
-        .arg(&kernel)
+        .arg(kernel)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -81,7 +79,16 @@ fn unmodified_linux_prints_its_banner() {
     // instructions into the kernel: seconds here.
     let (banner, seen) = wait_for_line(child.stdout.take().unwrap(), "Linux version");
     let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
+    (banner, seen, child.wait_with_output().unwrap())
+}
+
+#[test]
+fn unmodified_linux_prints_its_banner() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let (banner, seen, out) = boot_to_banner(&kernel);
     let banner = banner.unwrap_or_else(|| {
         panic!(
             "no 'Linux version' banner from {}\nconsole:\n{}\nvtrace:\n{}",
@@ -148,17 +155,7 @@ fn xz_and_bzip2_kernels_are_decompressed_on_the_host() {
     let dir = tempfile::tempdir().unwrap();
     for (kind, name) in [("xz", "XZ"), ("bzip2", "bzip2")] {
         let kernel = recompressed_kernel(dir.path(), kind);
-        let mut child = vtrace()
-            .args(["run", "--no-input", "--memory", "128M", "--kernel"])
-            .arg(&kernel)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start vtrace");
-        let (banner, seen) = wait_for_line(child.stdout.take().unwrap(), "Linux version");
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
+        let (banner, seen, out) = boot_to_banner(&kernel);
         let log = stderr(&out);
         assert!(
             banner.is_some(),

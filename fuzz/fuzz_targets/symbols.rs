@@ -1,6 +1,7 @@
 //! Symbol sources as `--symbols` and the trace's kernel give them: ELF
 //! (symbols and DWARF lines), System.map, nm output, kallsyms, and a
-//! bzImage's vmlinux.
+//! bzImage's vmlinux; and what `run --probe` and `run --sample` read of a
+//! kernel: its stapsdt notes and its variables' places.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -12,6 +13,9 @@ fuzz_target!(|data: &[u8]| {
         symbols.add_physical_alias(data);
     }
     let _ = symbols.addresses_of("start_kernel");
+    let _ = vtrace_analyzer::sdt::probe_sites(data);
+    let _ = vtrace_analyzer::symbols::find_variable(data, "jiffies");
+    let _ = vtrace_analyzer::symbols::physical_of(data, 0xffff_ffff_8100_0000);
     if let Some(vmlinux) = vtrace_vmm::boot::vmlinux_inside(data) {
         let _ = Symbolizer::new().add_bytes(&vmlinux, "fuzz vmlinux", Scope::Any);
     }
