@@ -18,7 +18,7 @@ use vtrace_storage::metadata::BUILTIN_DEMO;
 
 use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
 
-use crate::cli::{AnalyzeArgs, AnalyzeCommand, SyntaxArg, TaskArgs, TraceArgs};
+use crate::cli::{AnalyzeArgs, AnalyzeCommand, OutputArgs, SyntaxArg, TaskArgs, TraceArgs};
 
 /// Work that ends sooner shows no bar at all.
 const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);
@@ -265,7 +265,25 @@ pub(crate) fn print(
     value: &impl serde::Serialize,
     text: impl FnOnce() -> String,
 ) -> Result<()> {
-    let mut out = stdout();
+    print_to(None, json, value, text)
+}
+
+/// The output `-o` names, standard output without one.
+fn output(to: &OutputArgs) -> Result<BufWriter<Box<dyn Write>>> {
+    create(to.output.as_deref().unwrap_or(Path::new("-")))
+}
+
+/// Writes `value` as JSON, or its text, where `-o` says.
+fn print_to(
+    to: Option<&OutputArgs>,
+    json: bool,
+    value: &impl serde::Serialize,
+    text: impl FnOnce() -> String,
+) -> Result<()> {
+    let mut out = match to {
+        Some(to) => output(to)?,
+        None => create(Path::new("-"))?,
+    };
     if json {
         serde_json::to_writer_pretty(&mut out, value)?;
         writeln!(out)?;
@@ -319,7 +337,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                     eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
                 }
                 None => {
-                    let mut out = stdout();
+                    let mut out = output(&a.to)?;
                     let shown = listing::write(&trace, &symbols, &options, &mut out, &progress)?;
                     out.flush()?;
                     bar.finish();
@@ -371,14 +389,14 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let bar = Progress::new(&trace, &a.trace, "spaces");
             let table = spaces::collect(&trace, &symbols, &|d, _| bar.update(d))?;
             bar.finish();
-            print(a.json, &table, || table.to_text())?;
+            print_to(Some(&a.to), a.json, &table, || table.to_text())?;
         }
         AnalyzeCommand::Processes(a) => {
             let (trace, _) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "processes");
             let table = processes::collect(&trace, &|d, _| bar.update(d))?;
             bar.finish();
-            print(a.json, &table, || table.to_text())?;
+            print_to(Some(&a.to), a.json, &table, || table.to_text())?;
         }
         AnalyzeCommand::Stats(a) => {
             let (trace, symbols) = open(&a.trace)?;
@@ -387,7 +405,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let s = stats::collect(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
             bar.finish();
             warn_if_nothing(&filter, s.steps);
-            print(a.json, &s, || s.to_text(a.top))?;
+            print_to(Some(&a.to), a.json, &s, || s.to_text(a.top))?;
         }
         AnalyzeCommand::Flame(a) => {
             let (trace, symbols) = open(&a.trace)?;
@@ -443,7 +461,9 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 );
                 return Ok(());
             }
-            print(a.json, &found, || captures::format_table(&found))?;
+            print_to(Some(&a.to), a.json, &found, || {
+                captures::format_table(&found)
+            })?;
         }
         AnalyzeCommand::Probes(a) => {
             // Probes recorded with tracing off make a trace without steps.
@@ -457,7 +477,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 );
                 return Ok(());
             }
-            print(a.json, &found, || probes::format_table(&found))?;
+            print_to(Some(&a.to), a.json, &found, || probes::format_table(&found))?;
         }
         AnalyzeCommand::Samples(a) => {
             // Peeping needs no tracing: a trace of samples has no steps.
@@ -492,7 +512,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 out.flush()?;
                 wrote(path, "");
             }
-            let mut out = stdout();
+            let mut out = output(&a.to)?;
             if a.json {
                 serde_json::to_writer_pretty(&mut out, &found.to_json(&symbols))?;
                 writeln!(out)?;

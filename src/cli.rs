@@ -504,6 +504,14 @@ pub struct TraceArgs {
     pub quiet: bool,
 }
 
+/// Where a text or JSON output goes.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Write to FILE instead of standard output (`-` is standard output).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
 /// Which tasks of a Linux trace an analysis looks at.
 #[derive(Debug, Args)]
 pub struct TaskArgs {
@@ -588,6 +596,8 @@ pub struct SamplesArgs {
     /// the routine: a pc sample has no call stack) as SVG to FILE.
     #[arg(long, value_name = "FILE")]
     pub flame: Option<PathBuf>,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -603,6 +613,8 @@ pub struct ProbesTraceArgs {
     /// quantize: arg, buckets of value and count, without).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -615,6 +627,8 @@ pub struct CapturesArgs {
     /// and text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -630,7 +644,7 @@ pub struct ListingArgs {
     #[arg(long, value_name = "M")]
     pub count: Option<u64>,
     /// Write files of 500,000 steps each into DIR instead of printing.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "output")]
     pub out: Option<PathBuf>,
     /// Disassembly syntax.
     #[arg(long, value_enum, default_value = "intel")]
@@ -638,6 +652,8 @@ pub struct ListingArgs {
     /// Leave out file:line (faster on big traces).
     #[arg(long)]
     pub no_lines: bool,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -664,6 +680,8 @@ pub struct SpacesArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -678,6 +696,8 @@ pub struct StatsArgs {
     /// Rows in each table of the text output.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 #[derive(Debug, Args)]

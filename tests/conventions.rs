@@ -116,6 +116,20 @@ fn info_and_analyze_read_vtrace_vtd_when_no_trace_is_named() {
     assert!(out.status.success(), "{}", stderr(&out));
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(stats["steps"], 500, "{stats}");
+    // Every text output takes -o.
+    for what in ["stats", "spaces", "listing", "probes", "captures"] {
+        let file = format!("{what}.out");
+        let out = here(&["analyze", what, "-o", &file]);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{what} wrote to standard output");
+        let written = std::fs::read_to_string(dir.path().join(&file)).unwrap_or_default();
+        assert!(
+            !written.is_empty() || what == "probes" || what == "captures",
+            "{what}"
+        );
+    }
+    let listing = std::fs::read_to_string(dir.path().join("listing.out")).unwrap();
+    assert!(listing.lines().count() >= 500, "a line per step");
     // `-o -` is standard output.
     let out = here(&["analyze", "flame", "-o", "-"]);
     assert!(out.status.success(), "{}", stderr(&out));
