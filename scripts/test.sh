@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs vtrace's test suite on a fresh machine: installs what the tests need
 # (a stock Linux kernel image to boot, headless Chromium for the HTML
-# report), then runs every test.
+# report, DuckDB to read exports), then runs every test.
 # Idempotent: what is already installed is not installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +46,19 @@ if ! command -v chromium >/dev/null 2>&1; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
         chromium >/dev/null
+fi
+
+# DuckDB (the Python package) reads `vtrace analyze export`'s Parquet and
+# JSON lines back in tests/export.rs, as a user's own tools would.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3 python3-pip >/dev/null
+fi
+if ! python3 -c "import duckdb" >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing duckdb for Python (reads the exports in the tests)"
+    # A distribution's Python refuses pip outside a virtualenv (PEP 668).
+    python3 -m pip install --quiet --disable-pip-version-check duckdb 2>/dev/null ||
+        python3 -m pip install --quiet --disable-pip-version-check --break-system-packages duckdb
 fi
 
 # cargo fuzz (fuzz/): its targets build with the stable toolchain and no

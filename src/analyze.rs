@@ -18,7 +18,11 @@ use vtrace_storage::metadata::BUILTIN_DEMO;
 
 use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
 
-use crate::cli::{AnalyzeArgs, AnalyzeCommand, OutputArgs, SyntaxArg, TaskArgs, TraceArgs};
+use crate::cli::{
+    AnalyzeArgs, AnalyzeCommand, ExportArgs, ExportFormatArg, OutputArgs, SyntaxArg, TaskArgs,
+    TraceArgs,
+};
+use vtrace_analyzer::export::{Destination, ExportFormat};
 
 /// Work that ends sooner shows no bar at all.
 const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);
@@ -450,6 +454,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 &format!(" ({events} events; open it in ui.perfetto.dev or chrome://tracing)"),
             );
         }
+        AnalyzeCommand::Export(a) => export(a)?,
         AnalyzeCommand::Captures(a) => {
             // Captures taken with tracing off make a trace without steps.
             let trace = open_trace(&a.trace)?;
@@ -535,5 +540,91 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             wrote(&a.output, "");
         }
     }
+    Ok(())
+}
+
+/// Where `vtrace analyze export` writes, and in what format.
+fn export_destination(a: &ExportArgs) -> Result<(ExportFormat, Destination)> {
+    let extension = a.output.extension().and_then(|e| e.to_str());
+    let from_extension = match extension {
+        Some("parquet") => Some(ExportFormat::Parquet),
+        Some("jsonl") => Some(ExportFormat::Jsonl),
+        _ => None,
+    };
+    let format = match (a.format, from_extension) {
+        (Some(ExportFormatArg::Parquet), _) => ExportFormat::Parquet,
+        (Some(ExportFormatArg::Jsonl), _) => ExportFormat::Jsonl,
+        (None, Some(f)) => f,
+        (None, None) if is_stdout(&a.output) => ExportFormat::Jsonl,
+        (None, None) => ExportFormat::Parquet,
+    };
+    if from_extension.is_some_and(|f| f != format) {
+        anyhow::bail!(
+            "{} names a .{} file but --format is {}: drop --format or rename the file",
+            a.output.display(),
+            extension.unwrap_or_default(),
+            format.extension()
+        );
+    }
+    let destination = if is_stdout(&a.output) {
+        if format == ExportFormat::Parquet {
+            anyhow::bail!(
+                "Parquet cannot go to standard output (its index is at the end of the file): \
+                 name a file (-o steps.parquet) or use --format jsonl"
+            );
+        }
+        Destination::Stdout
+    } else if from_extension.is_some() && !a.output.is_dir() {
+        Destination::File(a.output.clone())
+    } else {
+        if a.output.exists() && !a.output.is_dir() {
+            anyhow::bail!(
+                "{} is a file: name it .{} for one file, or name a directory",
+                a.output.display(),
+                format.extension()
+            );
+        }
+        Destination::Directory {
+            dir: a.output.clone(),
+            steps_per_file: a.steps_per_file,
+        }
+    };
+    Ok((format, destination))
+}
+
+fn export(a: ExportArgs) -> Result<()> {
+    let (format, destination) = export_destination(&a)?;
+    let (trace, symbols) = open(&a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "export");
+    let started = Instant::now();
+    let report =
+        vtrace_analyzer::export::export(&trace, &symbols, format, &destination, &|d, _| {
+            bar.update(d)
+        })
+        .with_context(|| format!("exporting to {}", a.output.display()))?;
+    bar.finish();
+    if destination == Destination::Stdout {
+        return Ok(());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = report.bytes();
+    let place = match &destination {
+        Destination::Directory { dir, .. } => {
+            let n = report.files.len();
+            format!(
+                "{n} file{} in {}",
+                if n == 1 { "" } else { "s" },
+                dir.display()
+            )
+        }
+        _ => a.output.display().to_string(),
+    };
+    eprintln!(
+        "vtrace: wrote {} steps to {place} ({:.1} MB, {:.2} bytes per step; {:.1} M steps/s)",
+        report.steps,
+        bytes as f64 / 1e6,
+        bytes as f64 / report.steps.max(1) as f64,
+        report.steps as f64 / seconds.max(1e-9) / 1e6
+    );
     Ok(())
 }

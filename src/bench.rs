@@ -183,6 +183,30 @@ fn analyzer_bench(
     );
 
     let rss = crate::run::peak_rss_bytes();
+
+    // The per-step export, as Parquet files of 10 M steps each (the
+    // directory is removed after: it is about 8 bytes a step).
+    let exported = dir.join("bench-export");
+    let started = Instant::now();
+    let export = vtrace_analyzer::export::export(
+        &trace,
+        &symbols,
+        vtrace_analyzer::export::ExportFormat::Parquet,
+        &vtrace_analyzer::export::Destination::Directory {
+            dir: exported.clone(),
+            steps_per_file: 10_000_000,
+        },
+        &no_progress,
+    )?;
+    let export_time = started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&exported);
+    anyhow::ensure!(
+        export.steps == total,
+        "the export wrote {} of {total} steps",
+        export.steps
+    );
+    let export_bytes_per_step = export.bytes() as f64 / total.max(1) as f64;
+    let export_rss = crate::run::peak_rss_bytes();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if json {
         println!(
@@ -195,6 +219,10 @@ fn analyzer_bench(
                 "stats_seconds": stats_time,
                 "stats_steps_per_s": total as f64 / stats_time,
                 "peak_rss_bytes": rss,
+                "export_seconds": export_time,
+                "export_steps_per_s": total as f64 / export_time,
+                "export_parquet_bytes_per_step": export_bytes_per_step,
+                "export_peak_rss_bytes": export_rss,
             }))?
         );
     } else {
@@ -211,6 +239,15 @@ fn analyzer_bench(
         );
         if let Some(rss) = rss {
             println!("peak RSS:          {} MiB", rss >> 20);
+        }
+        println!(
+            "Parquet export:    {:.2} s = {:.1} M steps/s, {:.2} bytes per step",
+            export_time,
+            total as f64 / export_time / 1e6,
+            export_bytes_per_step
+        );
+        if let Some(rss) = export_rss {
+            println!("peak RSS, export:  {} MiB", rss >> 20);
         }
     }
     Ok(0)

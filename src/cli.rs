@@ -577,6 +577,46 @@ pub enum AnalyzeCommand {
     /// --sample-pc also the routine running, a profile by routine, and
     /// with --flame a flame graph of it.
     Samples(SamplesArgs),
+    /// A row per step for data tools (DuckDB, Polars, Spark, pandas):
+    /// step, virtual time, address space, privilege level, pc, routine,
+    /// task, instruction bytes, mnemonic and disassembly, the registers
+    /// it changed, the memory it read and wrote, its system call or
+    /// interrupt and the events before it, as Parquet or JSON lines.
+    #[command(after_help = EXPORT_EXAMPLES)]
+    Export(ExportArgs),
+}
+
+const EXPORT_EXAMPLES: &str = "\
+Examples:
+  vtrace analyze export -o steps.parquet
+  duckdb -c \"SELECT routine, count(*) FROM 'steps.parquet' GROUP BY routine ORDER BY 2 DESC\"
+  vtrace analyze export big.vtd -o steps/      # files of --steps-per-file steps each
+  duckdb -c \"SELECT count(*) FROM 'steps/*.parquet'\"
+  vtrace analyze export -o - --format jsonl | head";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormatArg {
+    Parquet,
+    Jsonl,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Where to write: FILE.parquet or FILE.jsonl for one file, `-` for
+    /// JSON lines on standard output, anything else a directory of files
+    /// named step_range=FIRST-END.parquet (END exclusive).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: PathBuf,
+    /// The format [default: from the extension of -o, else parquet].
+    #[arg(long, value_enum)]
+    pub format: Option<ExportFormatArg>,
+    /// Steps per file when writing a directory (whole segments: files
+    /// may hold a little more).
+    #[arg(long, value_name = "N", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps_per_file: u64,
 }
 
 #[derive(Debug, Args)]

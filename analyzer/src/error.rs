@@ -23,6 +23,8 @@ pub enum AnalyzeError {
     NoSteps(String),
     #[error("step {from} is past the trace's last step ({last})")]
     WindowOutside { from: u64, last: u64 },
+    #[error("export: {0}")]
+    Export(#[from] crate::export::ExportError),
     #[error("flame graph: {0}")]
     Flame(String),
 }

@@ -316,27 +316,31 @@ fn gpr_index(r: Register) -> Option<usize> {
 }
 
 /// Linear addresses the instruction touched, computed from the registers
-/// before it (`before`). Segment bases count as 0: the trace does not
-/// record FS/GS bases, so FS/GS-relative references are approximate.
+/// before it (`before`), one per memory operand whose address is known.
+/// Segment bases count as 0: the trace does not record FS/GS bases, so
+/// FS/GS-relative references are approximate.
 pub fn memory_addresses<'a>(
     info: &'a InsnInfo,
     before: &'a Regs,
 ) -> impl Iterator<Item = u64> + 'a {
-    info.memory.iter().filter_map(move |m| {
-        m.try_virtual_address(0, |reg, _, _| {
-            if reg.is_segment_register() || reg == Register::RIP || reg == Register::EIP {
-                return Some(0);
-            }
-            let v = before.gpr[gpr_index(reg)?];
-            Some(match reg.size() {
-                1 if reg.is_gpr8() && (Register::AH..=Register::BH).contains(&reg) => {
-                    (v >> 8) & 0xff
-                }
-                1 => v & 0xff,
-                2 => v & 0xffff,
-                4 => v & 0xffff_ffff,
-                _ => v,
-            })
+    info.memory
+        .iter()
+        .filter_map(move |m| memory_address(m, before))
+}
+
+/// The linear address of one memory operand (see [`memory_addresses`]).
+pub fn memory_address(m: &UsedMemory, before: &Regs) -> Option<u64> {
+    m.try_virtual_address(0, |reg, _, _| {
+        if reg.is_segment_register() || reg == Register::RIP || reg == Register::EIP {
+            return Some(0);
+        }
+        let v = before.gpr[gpr_index(reg)?];
+        Some(match reg.size() {
+            1 if reg.is_gpr8() && (Register::AH..=Register::BH).contains(&reg) => (v >> 8) & 0xff,
+            1 => v & 0xff,
+            2 => v & 0xffff,
+            4 => v & 0xffff_ffff,
+            _ => v,
         })
     })
 }

@@ -9,6 +9,7 @@
 
 pub mod captures;
 pub mod error;
+pub mod export;
 pub mod flame;
 pub mod initramfs;
 pub mod input;

@@ -196,6 +196,9 @@ impl SegmentPass for SegmentCounter<'_> {
                 if self.tasks.selected() {
                     *self.p.counts.vectors.entry(*vector).or_default() += 1;
                 }
+                // Its delivery moved the stack: the handler's first step
+                // does not address memory from the registers before.
+                self.before = None;
                 return;
             }
             SegmentRecord::Event(Event::Gap { .. } | Event::TraceStop(_)) => {

@@ -212,7 +212,7 @@ fn compare_flags(rflags: u64, a: u64, b: u64, size: u8) -> u64 {
     if a < b {
         f |= CF;
     }
-    if (r as u8).count_ones() % 2 == 0 {
+    if (r as u8).count_ones().is_multiple_of(2) {
         f |= PF;
     }
     if (a ^ b ^ r) & 0x10 != 0 {

@@ -97,7 +97,7 @@ pub fn create_guest_ram(size: u64) -> Result<GuestRam> {
     if size > MAX_MEMORY {
         return Err(Error::MemorySize(size, "vtrace allows at most 64 GiB"));
     }
-    if size % 4096 != 0 {
+    if !size.is_multiple_of(4096) {
         return Err(Error::MemorySize(size, "it must be a multiple of 4 KiB"));
     }
     let ranges: Vec<(GuestAddress, usize)> = ram_ranges(size)

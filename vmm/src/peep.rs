@@ -139,7 +139,7 @@ pub fn check(plan: &PeepPlan, ram: &GuestRam) -> Result<()> {
 /// the guest is writing is never torn.
 fn read(ram: &GuestRam, r: PeepRead) -> u64 {
     let at = GuestAddress(r.gpa);
-    let aligned = r.gpa % u64::from(r.size) == 0;
+    let aligned = r.gpa.is_multiple_of(u64::from(r.size));
     let value = match (aligned, r.size) {
         (true, 1) => ram.load::<u8>(at, Ordering::Relaxed).map(u64::from),
         (true, 2) => ram.load::<u16>(at, Ordering::Relaxed).map(u64::from),

@@ -133,6 +133,11 @@ impl LevelEngine {
         out
     }
 
+    /// The routine running now: on top of the current call stack.
+    pub fn top_func(&self) -> Option<FuncId> {
+        self.stack.last().map(|f| f.view.func)
+    }
+
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }

@@ -18,7 +18,7 @@ mod sink;
 
 pub use engine::{LevelCounts, LevelEngine, ROOT_NODE};
 pub use items::{FuncResolver, Item, ItemBuilder};
-pub use pass::{run, run_with, SegmentPass, SegmentRecord};
+pub use pass::{run, run_following, run_with, RoutineRun, SegmentPass, SegmentRecord};
 pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::items::{Item, ItemBuilder};
 use super::sink::LevelSink;
 use crate::input::SegmentInfo;
 use crate::insn::{InsnCache, InsnInfo};
-use crate::symbols::Symbolizer;
+use crate::symbols::{FuncId, Symbolizer};
 
 /// A record as per-segment work sees it: a step comes with its decoded
 /// instruction, looked up once for all the work on it.
@@ -68,8 +68,57 @@ pub fn run_with<P: SegmentPass>(
     mut merge: impl FnMut(P::Output),
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
+    run_inner::<P, false>(
+        trace,
+        symbols,
+        sink,
+        pass,
+        |part, _, _| {
+            merge(part);
+            Ok(())
+        },
+        progress,
+    )
+}
+
+/// Steps that ran in one routine, as the engine saw them: the routine on
+/// top of the call stack after each of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoutineRun {
+    /// Number of the first step.
+    pub first: u64,
+    pub steps: u64,
+    pub func: FuncId,
+}
+
+/// [`run_with`], where `merge` also gets, for its segment, the routine
+/// each step ran in (in order, as [`RoutineRun`]s) and the segment: what
+/// a per-step export needs, and what a return thunk's steps at a
+/// segment's start owe to the segment before.
+pub fn run_following<P: SegmentPass>(
+    trace: &crate::input::Trace,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
+    merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    run_inner::<P, true>(trace, symbols, sink, pass, merge, progress)
+}
+
+/// The pass; `FOLLOW` says whether routines are gathered per step, so the
+/// analyses that do not want them pay nothing for them.
+fn run_inner<P: SegmentPass, const FOLLOW: bool>(
+    trace: &crate::input::Trace,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
+    mut merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
     let mut engine = LevelEngine::new();
     let mut expected: Option<u64> = None;
+    let mut runs: Vec<RoutineRun> = Vec::new();
     trace.for_each_ordered(
         &trace.segments,
         |info, records| {
@@ -90,17 +139,39 @@ pub fn run_with<P: SegmentPass>(
             expected = Some(chunk.info.first_step.saturating_add(chunk.info.steps));
             match chunk.result {
                 Ok(((items, notes), part)) => {
+                    runs.clear();
                     for item in items {
-                        match item {
+                        let stepped = match item {
                             Item::Note { index } => {
                                 if let Some(text) = notes.get(index as usize) {
                                     engine.note(text, sink);
                                 }
+                                continue;
                             }
-                            item => engine.push(item, sink),
+                            Item::Step { step, .. } => Some((step, 1)),
+                            Item::Run { step, steps, .. } => Some((
+                                step.saturating_add(1).saturating_sub(u64::from(steps)),
+                                u64::from(steps),
+                            )),
+                            _ => None,
+                        };
+                        engine.push(item, sink);
+                        if FOLLOW {
+                            if let (Some((first, steps)), Some(func)) = (stepped, engine.top_func())
+                            {
+                                match runs.last_mut() {
+                                    Some(r)
+                                        if r.func == func
+                                            && r.first.saturating_add(r.steps) == first =>
+                                    {
+                                        r.steps += steps
+                                    }
+                                    _ => runs.push(RoutineRun { first, steps, func }),
+                                }
+                            }
                         }
                     }
-                    merge(part);
+                    merge(part, &chunk.info, &runs)?;
                 }
                 Err(_) => engine.push(Item::Break, sink),
             }

@@ -354,7 +354,7 @@ mod tests {
     }
 
     fn pad(b: &mut Vec<u8>) {
-        while b.len() % ALIGN != 0 {
+        while !b.len().is_multiple_of(ALIGN) {
             b.push(0);
         }
     }

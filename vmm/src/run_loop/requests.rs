@@ -78,7 +78,7 @@ impl Vm {
         let Some(p) = &self.progress else {
             return;
         };
-        if !self.stepping || exits % 4096 != 0 || p.last.elapsed() < p.every {
+        if !self.stepping || !exits.is_multiple_of(4096) || p.last.elapsed() < p.every {
             return;
         }
         let (every, rate) = (

@@ -1,0 +1,151 @@
+//! Rows as JSON lines: an object per step with the Parquet columns' names;
+//! registers the step did not change, and a task, system call or
+//! interrupt it does not have, are left out rather than null.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use vtrace_storage::record::REG_COUNT;
+use vtrace_storage::REG_NAMES;
+
+use super::rows::SegmentRows;
+use super::{Context, ExportError, PartWriter};
+use crate::naming::routine_label;
+
+/// A JSON string literal.
+fn quoted(out: &mut String, text: &str) {
+    // serde_json escapes exactly as JSON wants; writing into a String
+    // cannot fail.
+    if let Ok(q) = serde_json::to_string(text) {
+        out.push_str(&q);
+    }
+}
+
+fn addresses(out: &mut String, name: &str, known: bool, values: &[u64]) {
+    let _ = write!(out, ",\"{name}\":");
+    if !known {
+        out.push_str("null");
+        return;
+    }
+    out.push('[');
+    for (i, v) in values.iter().enumerate() {
+        let _ = write!(out, "{}{v}", if i == 0 { "" } else { "," });
+    }
+    out.push(']');
+}
+
+/// One segment's rows as JSON lines.
+pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
+    let mut out = String::with_capacity(rows.len() * 200);
+    let mut names: rustc_hash::FxHashMap<u32, String> = Default::default();
+    let mut cursor = 0usize;
+    let (mut bytes_at, mut reads_at, mut writes_at, mut events_at) =
+        (0usize, 0usize, 0usize, 0usize);
+    let mut syscalls = rows.syscalls.iter().peekable();
+    let mut interrupts = rows.interrupts.iter().peekable();
+    for row in 0..rows.len() {
+        let step = rows.first_step.saturating_add(row as u64);
+        let _ = write!(out, "{{\"step\":{step}");
+        if let Some(ns) = ctx.ns_per_step.and_then(|ns| step.checked_mul(ns)) {
+            let _ = write!(out, ",\"virtual_ns\":{ns}");
+        }
+        let _ = write!(
+            out,
+            ",\"cr3\":{},\"cpl\":{},\"bitness\":{},\"pc\":{},\"routine\":",
+            rows.cr3[row], rows.cpl[row], rows.bitness[row], rows.pc[row]
+        );
+        let func = rows.routine[row];
+        let name = names
+            .entry(func)
+            .or_insert_with(|| routine_label(ctx.symbols, func));
+        quoted(&mut out, name);
+        if let Some(task) = rows.tasks.get(rows.task[row] as usize) {
+            let _ = write!(out, ",\"pid\":{},\"tid\":{},\"comm\":", task.pid, task.tid);
+            quoted(&mut out, task.comm.as_str());
+        }
+        out.push_str(",\"bytes\":\"");
+        let end = rows.bytes_end[row] as usize;
+        for b in rows.bytes.get(bytes_at..end).unwrap_or_default() {
+            let _ = write!(out, "{b:02x}");
+        }
+        bytes_at = end;
+        out.push('"');
+        if let Some(text) = rows.texts.get(rows.insn[row] as usize) {
+            let _ = write!(out, ",\"mnemonic\":\"{}\",\"instruction\":", text.mnemonic);
+            quoted(&mut out, &text.disassembly);
+        }
+        for (reg, name) in REG_NAMES.iter().enumerate().take(REG_COUNT) {
+            if let Some(v) = rows.register(row, cursor, reg) {
+                let _ = write!(out, ",\"{name}\":{v}");
+            }
+        }
+        cursor += rows.stored(row);
+        let known = rows.known[row];
+        let (r_end, w_end) = (rows.reads_end[row] as usize, rows.writes_end[row] as usize);
+        if row == 0 {
+            addresses(&mut out, "reads", known, &rows.first_reads);
+            addresses(&mut out, "writes", known, &rows.first_writes);
+        } else {
+            addresses(
+                &mut out,
+                "reads",
+                known,
+                rows.reads.get(reads_at..r_end).unwrap_or_default(),
+            );
+            addresses(
+                &mut out,
+                "writes",
+                known,
+                rows.writes.get(writes_at..w_end).unwrap_or_default(),
+            );
+        }
+        (reads_at, writes_at) = (r_end, w_end);
+        if let Some((_, n)) = syscalls.next_if(|(r, _)| *r as usize == row) {
+            let _ = write!(out, ",\"syscall\":{n}");
+        }
+        if let Some((_, v)) = interrupts.next_if(|(r, _)| *r as usize == row) {
+            let _ = write!(out, ",\"interrupt\":{v}");
+        }
+        out.push_str(",\"events\":[");
+        let end = rows.events_end[row] as usize;
+        let first = if row == 0 {
+            &rows.first_events[..]
+        } else {
+            &[]
+        };
+        let here = rows.events.get(events_at..end).unwrap_or_default();
+        for (i, e) in first.iter().chain(here).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            quoted(&mut out, e);
+        }
+        events_at = end;
+        out.push_str("]}\n");
+    }
+    out
+}
+
+/// A JSON-lines file (or standard output) being written.
+pub(super) struct JsonlPart<'a, W: Write + Send> {
+    out: W,
+    ctx: &'a Context<'a>,
+}
+
+impl<'a, W: Write + Send> JsonlPart<'a, W> {
+    pub fn new(out: W, ctx: &'a Context<'a>) -> Self {
+        JsonlPart { out, ctx }
+    }
+}
+
+impl<W: Write + Send> PartWriter for JsonlPart<'_, W> {
+    fn write(&mut self, rows: &SegmentRows) -> Result<(), ExportError> {
+        self.out.write_all(lines(rows, self.ctx).as_bytes())?;
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<(), ExportError> {
+        self.out.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,404 @@
+//! Per-step export for data tools: a row per step, as Parquet (for DuckDB,
+//! Polars, Spark, pandas) or JSON lines.
+//!
+//! | column        | type                  | what                                           |
+//! |---------------|-----------------------|------------------------------------------------|
+//! | `step`        | u64                   | step number, as the listing numbers it         |
+//! | `virtual_ns`  | u64, null             | step × the clock's ns per step; null when the trace's clock was not per step |
+//! | `cr3`         | u64                   | page-table root of the address space (PCID bits cleared) |
+//! | `cpl`         | u8                    | privilege level (0 kernel, 3 user)             |
+//! | `bitness`     | u8                    | 16, 32 or 64                                   |
+//! | `pc`          | u64                   | linear address of the instruction              |
+//! | `routine`     | text                  | routine it ran in, as `analyze stats` names it (the level engine's, so a return thunk's steps count as their caller's) |
+//! | `pid`, `tid`, `comm` | u32, u32, text, null | the Linux task, where the trace names tasks |
+//! | `bytes`       | binary                | the instruction's bytes (JSON: hex)            |
+//! | `mnemonic`    | text                  | lower case, as `analyze stats` names it        |
+//! | `instruction` | text                  | Intel syntax, numbers as `0x…`                 |
+//! | `rax` … `r15`, `rflags` | u64, null   | the value after the step, where the step changed it (every register after a break) |
+//! | `reads`, `writes` | list of u64, null | linear addresses of memory operands, from the registers before the step (segment bases count as 0); null where those are not known |
+//! | `syscall`     | u64, null             | the system call a user-mode `syscall` makes    |
+//! | `interrupt`   | u8, null              | vector of an interrupt delivered before the step |
+//! | `events`      | list of text          | events recorded before the step, as the listing words them |
+//!
+//! Segments are decoded into rows in parallel, completed in trace order
+//! (the registers before a segment, each step's routine from the level
+//! engine), and written by a thread per output file: a Parquet file has a
+//! row group per segment; a directory holds files of about
+//! `steps_per_file` steps each, named `step_range=FIRST-END.parquet`
+//! (END exclusive), written in parallel.
+
+mod jsonl;
+mod parquet;
+mod rows;
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::{Scope, ScopedJoinHandle};
+
+use vtrace_storage::Regs;
+
+use crate::error::{AnalyzeError, Result};
+use crate::input::{Progress, Trace};
+use crate::levels::{run_following, LevelSink};
+use crate::symbols::Symbolizer;
+use rows::{RowBuilder, SegmentRows};
+
+/// What an export can fail at, beyond reading the trace.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// Writing an output file, or standard output.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Arrow refused the columns (a bug: the schema is fixed).
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    /// The Parquet encoder failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+    /// Standard output takes one stream of JSON lines only.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+/// The file format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    Parquet,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+impl ExportFormat {
+    /// The file name extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            ExportFormat::Parquet => "parquet",
+            ExportFormat::Jsonl => "jsonl",
+        }
+    }
+}
+
+/// Where the rows go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// One file, written under a temporary name beside it and renamed
+    /// when complete, so an interrupted export leaves no partial file
+    /// under the name.
+    File(PathBuf),
+    /// Standard output (JSON lines only).
+    Stdout,
+    /// Files of about `steps_per_file` steps each (whole segments), named
+    /// `step_range=FIRST-END.EXT`. Files of an earlier export there are
+    /// removed first.
+    Directory { dir: PathBuf, steps_per_file: u64 },
+}
+
+/// A file written.
+#[derive(Clone, Debug)]
+pub struct ExportedFile {
+    pub path: PathBuf,
+    pub steps: u64,
+    pub bytes: u64,
+}
+
+/// What an export wrote.
+#[derive(Clone, Debug, Default)]
+pub struct ExportReport {
+    pub steps: u64,
+    pub files: Vec<ExportedFile>,
+}
+
+impl ExportReport {
+    /// Bytes in all the files.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+}
+
+/// What converting rows needs besides them.
+struct Context<'a> {
+    symbols: &'a Symbolizer,
+    ns_per_step: Option<u64>,
+    schema: arrow_schema::SchemaRef,
+    trace_path: String,
+    /// Facts of the trace for the Parquet footer (`vtrace.KEY`).
+    about: Vec<(&'static str, String)>,
+}
+
+/// Writes one output file, a segment's rows at a time.
+trait PartWriter: Send {
+    fn write(&mut self, rows: &SegmentRows) -> Result<(), ExportError>;
+    /// Completes the file (Parquet's footer) and flushes it to disk.
+    fn finish(self: Box<Self>) -> Result<(), ExportError>;
+}
+
+/// The level engine's findings are not wanted here, only its routines.
+struct Quiet;
+impl LevelSink for Quiet {}
+
+/// A part being written by its thread.
+struct OpenPart<'scope> {
+    tx: SyncSender<SegmentRows>,
+    handle: ScopedJoinHandle<'scope, Result<ExportedFile, ExportError>>,
+    steps: u64,
+}
+
+fn join(handle: ScopedJoinHandle<'_, Result<ExportedFile, ExportError>>) -> Result<ExportedFile> {
+    match handle.join() {
+        Ok(result) => Ok(result?),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Where a part goes while written, and how its final name is made.
+#[derive(Clone)]
+enum PartTarget {
+    File(PathBuf),
+    Stdout,
+    /// The `part`-th file in `dir`.
+    InDirectory {
+        dir: PathBuf,
+        part: usize,
+    },
+}
+
+fn partial_name(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
+}
+
+/// Writes one part from the rows it is sent.
+fn write_part(
+    target: PartTarget,
+    format: ExportFormat,
+    ctx: &Context<'_>,
+    rx: std::sync::mpsc::Receiver<SegmentRows>,
+) -> Result<ExportedFile, ExportError> {
+    let temp = match &target {
+        PartTarget::File(path) => partial_name(path),
+        // Named for its steps once its last is known.
+        PartTarget::InDirectory { dir, part } => dir.join(format!(".part-{part}.partial")),
+        PartTarget::Stdout => PathBuf::new(),
+    };
+    let mut writer: Box<dyn PartWriter + '_> = match (&target, format) {
+        (PartTarget::Stdout, ExportFormat::Jsonl) => Box::new(jsonl::JsonlPart::new(
+            BufWriter::with_capacity(1 << 20, std::io::stdout()),
+            ctx,
+        )),
+        (PartTarget::Stdout, ExportFormat::Parquet) => {
+            return Err(ExportError::Unsupported(
+                "Parquet cannot go to standard output: name a file or directory",
+            ))
+        }
+        (_, ExportFormat::Parquet) => {
+            Box::new(parquet::ParquetPart::create(File::create(&temp)?, ctx)?)
+        }
+        (_, ExportFormat::Jsonl) => Box::new(jsonl::JsonlPart::new(
+            BufWriter::with_capacity(1 << 20, File::create(&temp)?),
+            ctx,
+        )),
+    };
+    let mut range: Option<(u64, u64)> = None;
+    let mut steps = 0u64;
+    let written = (|| {
+        for rows in rx {
+            let end = rows.first_step.saturating_add(rows.len() as u64);
+            range = Some((range.map_or(rows.first_step, |r| r.0), end));
+            steps = steps.saturating_add(rows.len() as u64);
+            writer.write(&rows)?;
+        }
+        writer.finish()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    let path = match target {
+        PartTarget::Stdout => {
+            return Ok(ExportedFile {
+                path: PathBuf::from("-"),
+                steps,
+                bytes: 0,
+            })
+        }
+        PartTarget::File(path) => path,
+        PartTarget::InDirectory { dir, .. } => {
+            let (first, end) = range.unwrap_or_default();
+            dir.join(format!(
+                "step_range={first:012}-{end:012}.{}",
+                format.extension()
+            ))
+        }
+    };
+    std::fs::rename(&temp, &path)?;
+    let bytes = std::fs::metadata(&path)?.len();
+    Ok(ExportedFile { path, steps, bytes })
+}
+
+/// Removes the files an earlier export left in `dir`.
+fn clear_directory(dir: &Path, format: ExportFormat) -> Result<(), ExportError> {
+    std::fs::create_dir_all(dir)?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = (name.starts_with("step_range=") && name.ends_with(format.extension()))
+            || (name.starts_with(".part-") && name.ends_with(".partial"));
+        if ours {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Exports every readable step of `trace` to `destination`.
+pub fn export(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    format: ExportFormat,
+    destination: &Destination,
+    progress: Progress<'_>,
+) -> Result<ExportReport> {
+    if trace.steps() == 0 {
+        return Err(AnalyzeError::NoSteps(String::new()));
+    }
+    let (target, steps_per_file) = match destination {
+        Destination::File(path) => (PartTarget::File(path.clone()), u64::MAX),
+        Destination::Stdout if format == ExportFormat::Parquet => {
+            return Err(ExportError::Unsupported(
+                "Parquet cannot go to standard output: name a file or directory",
+            )
+            .into())
+        }
+        Destination::Stdout => (PartTarget::Stdout, u64::MAX),
+        Destination::Directory {
+            dir,
+            steps_per_file,
+        } => {
+            clear_directory(dir, format)?;
+            (
+                PartTarget::InDirectory {
+                    dir: dir.clone(),
+                    part: 0,
+                },
+                (*steps_per_file).max(1),
+            )
+        }
+    };
+    let m = &trace.metadata;
+    let mut about = vec![("guest", m.guest.clone())];
+    about.extend(m.kernel.clone().map(|k| ("kernel", k)));
+    about.extend(m.clock.clone().map(|c| ("clock", c)));
+    about.extend(m.vtrace_version.clone().map(|v| ("recorded-by", v)));
+    let ctx = Context {
+        symbols,
+        ns_per_step: m.ns_per_step(),
+        schema: parquet::schema(),
+        trace_path: trace.path().display().to_string(),
+        about,
+    };
+    let ctx = &ctx;
+    // Parts finishing at once: one per core, and the one being filled.
+    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope: &Scope<'_, '_>| {
+        let mut report = ExportReport::default();
+        let mut open: Option<OpenPart<'_>> = None;
+        let mut closing: VecDeque<ScopedJoinHandle<'_, Result<ExportedFile, ExportError>>> =
+            VecDeque::new();
+        let mut carried: Option<Regs> = None;
+        let mut carried_events: Vec<String> = Vec::new();
+        let mut expected: Option<u64> = None;
+        let mut part = 0usize;
+        let outcome = run_following(
+            trace,
+            symbols,
+            &mut Quiet,
+            |info| RowBuilder::new(info.first_step),
+            |mut rows, info, runs| {
+                if expected != Some(info.first_step) {
+                    carried = None;
+                    carried_events.clear();
+                }
+                expected = Some(info.first_step.saturating_add(info.steps));
+                rows.finish(carried.as_ref(), std::mem::take(&mut carried_events), runs);
+                carried = rows.last_regs;
+                carried_events = std::mem::take(&mut rows.trailing_events);
+                if rows.len() == 0 {
+                    return Ok(());
+                }
+                if open.as_ref().is_some_and(|p| p.steps >= steps_per_file) {
+                    if let Some(p) = open.take() {
+                        drop(p.tx);
+                        closing.push_back(p.handle);
+                    }
+                    while closing.len() >= parallel {
+                        if let Some(h) = closing.pop_front() {
+                            report.files.push(join(h)?);
+                        }
+                    }
+                }
+                let p = match &mut open {
+                    Some(p) => p,
+                    None => {
+                        let (tx, rx) = sync_channel::<SegmentRows>(1);
+                        part += 1;
+                        let target = match &target {
+                            PartTarget::InDirectory { dir, .. } => PartTarget::InDirectory {
+                                dir: dir.clone(),
+                                part,
+                            },
+                            t => t.clone(),
+                        };
+                        let handle = scope.spawn(move || write_part(target, format, ctx, rx));
+                        open.insert(OpenPart {
+                            tx,
+                            handle,
+                            steps: 0,
+                        })
+                    }
+                };
+                p.steps = p.steps.saturating_add(rows.len() as u64);
+                report.steps = report.steps.saturating_add(rows.len() as u64);
+                if p.tx.send(rows).is_err() {
+                    // The writer stopped: its error says why.
+                    if let Some(p) = open.take() {
+                        return Err(match join(p.handle) {
+                            Err(e) => e,
+                            Ok(_) => AnalyzeError::Output(std::io::Error::other(
+                                "the export's writer stopped early",
+                            )),
+                        });
+                    }
+                }
+                Ok(())
+            },
+            progress,
+        );
+        if let Some(p) = open.take() {
+            drop(p.tx);
+            closing.push_back(p.handle);
+        }
+        // Every writer is joined, even after an error, so none is left
+        // writing; the first error wins.
+        let mut first_error = outcome.err();
+        for h in closing {
+            match join(h) {
+                Ok(f) => report.files.push(f),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => {
+                report.files.sort_by(|a, b| a.path.cmp(&b.path));
+                Ok(report)
+            }
+        }
+    })
+}

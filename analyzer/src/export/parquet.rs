@@ -1,0 +1,335 @@
+//! Rows as Arrow record batches, written as Parquet: a row group per
+//! segment, text columns dictionary-encoded, zstd-compressed.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryBuilder, ListBuilder, StringBuilder, UInt32Builder, UInt64Builder,
+};
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt64Array, UInt8Array,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnPath;
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+use vtrace_storage::record::REG_COUNT;
+use vtrace_storage::REG_NAMES;
+
+use super::rows::{SegmentRows, NO_TASK};
+use super::{Context, ExportError, PartWriter};
+use crate::naming::routine_label;
+
+fn text_dictionary() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+fn list_of(item: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(item, true)))
+}
+
+/// The columns, in order (see the module documentation of
+/// [`crate::export`]).
+pub(super) fn schema() -> SchemaRef {
+    let mut fields = vec![
+        Field::new("step", DataType::UInt64, false),
+        Field::new("virtual_ns", DataType::UInt64, true),
+        Field::new("cr3", DataType::UInt64, false),
+        Field::new("cpl", DataType::UInt8, false),
+        Field::new("bitness", DataType::UInt8, false),
+        Field::new("pc", DataType::UInt64, false),
+        Field::new("routine", text_dictionary(), false),
+        Field::new("pid", DataType::UInt32, true),
+        Field::new("tid", DataType::UInt32, true),
+        Field::new("comm", text_dictionary(), true),
+        Field::new("bytes", DataType::Binary, false),
+        Field::new("mnemonic", text_dictionary(), false),
+        Field::new("instruction", text_dictionary(), false),
+    ];
+    fields.extend(
+        REG_NAMES
+            .iter()
+            .map(|name| Field::new(*name, DataType::UInt64, true)),
+    );
+    fields.extend([
+        Field::new("reads", list_of(DataType::UInt64), true),
+        Field::new("writes", list_of(DataType::UInt64), true),
+        Field::new("syscall", DataType::UInt64, true),
+        Field::new("interrupt", DataType::UInt8, true),
+        Field::new("events", list_of(DataType::Utf8), false),
+    ]);
+    Arc::new(Schema::new(fields))
+}
+
+fn dictionary(keys: Int32Array, values: Vec<String>) -> Result<ArrayRef, ExportError> {
+    Ok(Arc::new(DictionaryArray::<Int32Type>::try_new(
+        keys,
+        Arc::new(StringArray::from(values)),
+    )?))
+}
+
+fn key(index: usize) -> i32 {
+    // Fewer distinct values than rows, and a segment's rows fit in i32.
+    i32::try_from(index).unwrap_or(i32::MAX)
+}
+
+/// One segment's rows as a record batch of [`schema`].
+pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
+    let n = rows.len();
+    let steps: Vec<u64> = (0..n as u64)
+        .map(|i| rows.first_step.saturating_add(i))
+        .collect();
+    let virtual_ns: UInt64Array = steps
+        .iter()
+        .map(|s| ctx.ns_per_step.and_then(|ns| s.checked_mul(ns)))
+        .collect();
+
+    let mut routine_keys = FxHashMap::default();
+    let mut routine_names = Vec::new();
+    // Steps come in runs of one routine: the last one's key is at hand.
+    let mut last: Option<(u32, i32)> = None;
+    let routine: Int32Array = rows
+        .routine
+        .iter()
+        .map(|f| match last {
+            Some((func, k)) if func == *f => Some(k),
+            _ => {
+                let k = *routine_keys.entry(*f).or_insert_with(|| {
+                    routine_names.push(routine_label(ctx.symbols, *f));
+                    key(routine_names.len() - 1)
+                });
+                last = Some((*f, k));
+                Some(k)
+            }
+        })
+        .collect();
+
+    let mut pid = UInt32Builder::with_capacity(n);
+    let mut tid = UInt32Builder::with_capacity(n);
+    let comm: Int32Array = rows
+        .task
+        .iter()
+        .map(|t| (*t != NO_TASK).then(|| key(*t as usize)))
+        .collect();
+    for t in &rows.task {
+        match rows.tasks.get(*t as usize) {
+            Some(task) => {
+                pid.append_value(task.pid);
+                tid.append_value(task.tid);
+            }
+            None => {
+                pid.append_null();
+                tid.append_null();
+            }
+        }
+    }
+    let comms: Vec<String> = rows.tasks.iter().map(|t| t.comm.to_string()).collect();
+
+    let mut bytes = BinaryBuilder::with_capacity(n, rows.bytes.len());
+    let mut start = 0usize;
+    for end in &rows.bytes_end {
+        let end = *end as usize;
+        bytes.append_value(rows.bytes.get(start..end).unwrap_or_default());
+        start = end;
+    }
+
+    let insn: Int32Array = rows.insn.iter().map(|i| Some(key(*i as usize))).collect();
+    let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
+    let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
+
+    let mut registers: Vec<UInt64Builder> = (0..REG_COUNT)
+        .map(|_| UInt64Builder::with_capacity(n))
+        .collect();
+    let mut cursor = 0usize;
+    for row in 0..n {
+        for (reg, column) in registers.iter_mut().enumerate() {
+            column.append_option(rows.register(row, cursor, reg));
+        }
+        cursor += rows.stored(row);
+    }
+
+    let addresses = |first: &[u64], flat: &[u64], ends: &[u32]| {
+        let mut list = ListBuilder::with_capacity(UInt64Builder::new(), n);
+        let mut start = 0usize;
+        for (row, end) in ends.iter().enumerate() {
+            let end = *end as usize;
+            if rows.known[row] {
+                let values = if row == 0 {
+                    first
+                } else {
+                    flat.get(start..end).unwrap_or_default()
+                };
+                list.values().append_slice(values);
+                list.append(true);
+            } else {
+                list.append(false);
+            }
+            start = end;
+        }
+        list.finish()
+    };
+    let reads = addresses(&rows.first_reads, &rows.reads, &rows.reads_end);
+    let writes = addresses(&rows.first_writes, &rows.writes, &rows.writes_end);
+
+    let mut syscall = vec![None; n];
+    for (row, number) in &rows.syscalls {
+        if let Some(slot) = syscall.get_mut(*row as usize) {
+            *slot = Some(*number);
+        }
+    }
+    let mut interrupt = vec![None; n];
+    for (row, vector) in &rows.interrupts {
+        if let Some(slot) = interrupt.get_mut(*row as usize) {
+            *slot = Some(*vector);
+        }
+    }
+
+    let mut events = ListBuilder::with_capacity(StringBuilder::new(), n);
+    let mut start = 0usize;
+    for (row, end) in rows.events_end.iter().enumerate() {
+        let end = *end as usize;
+        if row == 0 {
+            for e in &rows.first_events {
+                events.values().append_value(e);
+            }
+        }
+        for e in rows.events.get(start..end).unwrap_or_default() {
+            events.values().append_value(e);
+        }
+        events.append(true);
+        start = end;
+    }
+
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from(steps)),
+        Arc::new(virtual_ns),
+        Arc::new(UInt64Array::from(rows.cr3.clone())),
+        Arc::new(UInt8Array::from(rows.cpl.clone())),
+        Arc::new(UInt8Array::from(rows.bitness.clone())),
+        Arc::new(UInt64Array::from(rows.pc.clone())),
+        dictionary(routine, routine_names)?,
+        Arc::new(pid.finish()),
+        Arc::new(tid.finish()),
+        dictionary(comm, comms)?,
+        Arc::new(bytes.finish()),
+        dictionary(insn.clone(), mnemonics)?,
+        dictionary(insn, disassembly)?,
+    ];
+    columns.extend(
+        registers
+            .iter_mut()
+            .map(|b| Arc::new(b.finish()) as ArrayRef),
+    );
+    columns.extend([
+        Arc::new(reads) as ArrayRef,
+        Arc::new(writes),
+        Arc::new(UInt64Array::from(syscall)),
+        Arc::new(UInt8Array::from(interrupt)),
+        Arc::new(events.finish()),
+    ]);
+    Ok(RecordBatch::try_new(ctx.schema.clone(), columns)?)
+}
+
+/// A Parquet file being written: each segment's columns are encoded in
+/// parallel (rayon), then appended as one row group.
+pub(super) struct ParquetPart<'a> {
+    file: SerializedFileWriter<BufWriter<File>>,
+    columns: ArrowRowGroupWriterFactory,
+    row_groups: usize,
+    ctx: &'a Context<'a>,
+}
+
+impl<'a> ParquetPart<'a> {
+    pub fn create(file: File, ctx: &'a Context<'a>) -> Result<Self, ExportError> {
+        let about =
+            |key: &str, value: &str| KeyValue::new(format!("vtrace.{key}"), value.to_string());
+        let mut metadata = vec![about("trace", &ctx.trace_path)];
+        metadata.extend(ctx.about.iter().map(|(k, v)| about(k, v)));
+        let mut props =
+            WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?));
+        // Step numbers and times count up by one: delta encoding makes
+        // them almost nothing, where a dictionary (Parquet's default)
+        // would hash every row for nothing.
+        let delta = |props: WriterPropertiesBuilder, path: ColumnPath| {
+            props
+                .set_column_dictionary_enabled(path.clone(), false)
+                .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
+        };
+        for column in ["step", "virtual_ns"] {
+            props = delta(props, ColumnPath::from(column));
+        }
+        // Addresses walk arrays and the stack by small steps. Registers'
+        // values neither repeat (a dictionary grows big) nor change by
+        // small steps often enough for deltas (measured: both larger).
+        for name in &REG_NAMES[..16] {
+            props = props.set_column_dictionary_enabled(ColumnPath::from(*name), false);
+        }
+        for list in ["reads", "writes"] {
+            props = delta(
+                props,
+                ColumnPath::new(vec![list.into(), "list".into(), "item".into()]),
+            );
+        }
+        let props = props
+            .set_created_by(format!("vtrace {}", env!("CARGO_PKG_VERSION")))
+            .set_key_value_metadata(Some(metadata))
+            .build();
+        let (file, columns) = ArrowWriter::try_new(
+            BufWriter::with_capacity(1 << 20, file),
+            ctx.schema.clone(),
+            Some(props),
+        )?
+        .into_serialized_writer()?;
+        Ok(ParquetPart {
+            file,
+            columns,
+            row_groups: 0,
+            ctx,
+        })
+    }
+}
+
+impl PartWriter for ParquetPart<'_> {
+    fn write(&mut self, rows: &SegmentRows) -> Result<(), ExportError> {
+        let batch = batch(rows, self.ctx)?;
+        let mut leaves = Vec::new();
+        for (field, column) in self.ctx.schema.fields().iter().zip(batch.columns()) {
+            leaves.extend(compute_leaves(field, column)?);
+        }
+        let writers = self.columns.create_column_writers(self.row_groups)?;
+        let chunks = writers
+            .into_par_iter()
+            .zip(leaves.into_par_iter())
+            .map(|(mut writer, leaf)| {
+                writer.write(&leaf)?;
+                writer.close()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut group = self.file.next_row_group()?;
+        for chunk in chunks {
+            chunk.append_to_row_group(&mut group)?;
+        }
+        group.close()?;
+        self.row_groups += 1;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<(), ExportError> {
+        let mut inner = self.file.into_inner()?;
+        std::io::Write::flush(&mut inner)?;
+        inner
+            .into_inner()
+            .map_err(|e| ExportError::Io(e.into_error()))?
+            .sync_all()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,468 @@
+//! One segment's steps as columns, built in parallel per segment: a row
+//! per step with what it ran, the registers it changed, the memory it
+//! touched and the events before it. What only the segments before know
+//! (the registers before the first step, events left over at the end of
+//! the segment before, the routine of each step as the level engine sees
+//! it) is filled in, in trace order, by [`SegmentRows::finish`].
+
+use iced_x86::{Formatter, IntelFormatter, OpAccess};
+use rustc_hash::FxHashMap;
+use vtrace_storage::record::REG_COUNT;
+use vtrace_storage::{Event, InsnBytes, Regs};
+
+use crate::insn::{memory_address, InsnInfo};
+use crate::levels::{RoutineRun, SegmentPass, SegmentRecord};
+use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
+use crate::tasks::{TaskId, TaskTracker};
+
+/// Every register changed: what a step shows when the registers before it
+/// are not known (after a break in the trace).
+pub(super) const ALL_REGISTERS: u32 = (1 << REG_COUNT) - 1;
+
+/// No task named (an index into [`SegmentRows::tasks`]).
+pub(super) const NO_TASK: u32 = u32::MAX;
+
+/// A distinct instruction's text.
+pub(super) struct InsnText {
+    /// Lower case, as `vtrace analyze stats` names mnemonics.
+    pub mnemonic: String,
+    /// Intel syntax, numbers as `0x…`.
+    pub disassembly: String,
+}
+
+/// The columns of one segment's steps; row `i` is step `first_step + i`.
+pub(super) struct SegmentRows {
+    pub first_step: u64,
+    pub cr3: Vec<u64>,
+    pub cpl: Vec<u8>,
+    pub bitness: Vec<u8>,
+    pub pc: Vec<u64>,
+    /// Instruction bytes, one after another; `bytes_end[i]` is where row
+    /// `i`'s end.
+    pub bytes: Vec<u8>,
+    pub bytes_end: Vec<u32>,
+    /// Index into `texts`.
+    pub insn: Vec<u32>,
+    pub texts: Vec<InsnText>,
+    /// Index into `tasks`, or [`NO_TASK`].
+    pub task: Vec<u32>,
+    pub tasks: Vec<TaskId>,
+    /// Registers changed, bit `i` for `REG_NAMES[i]`.
+    pub changed: Vec<u32>,
+    /// The changed registers' values in register order, row after row;
+    /// row 0 holds all of them (its mask is known only in order).
+    pub values: Vec<u64>,
+    /// Whether the registers before the step are known, and so the
+    /// addresses it read and wrote.
+    pub known: Vec<bool>,
+    /// Addresses read and written, row after row, with where each row's
+    /// end (row 0's are in `first_reads`/`first_writes`).
+    pub reads: Vec<u64>,
+    pub reads_end: Vec<u32>,
+    pub writes: Vec<u64>,
+    pub writes_end: Vec<u32>,
+    pub first_reads: Vec<u64>,
+    pub first_writes: Vec<u64>,
+    /// Events before each step, in words, with where each row's end (row
+    /// 0's are `first_events`, then the start of `events`).
+    pub events: Vec<String>,
+    pub events_end: Vec<u32>,
+    pub first_events: Vec<String>,
+    /// (row, number) of the steps that make a system call.
+    pub syscalls: Vec<(u32, u64)>,
+    /// (row, vector) of the steps an interrupt was delivered before.
+    pub interrupts: Vec<(u32, u8)>,
+    /// Routine of each row, as the level engine saw it.
+    pub routine: Vec<FuncId>,
+    /// For [`SegmentRows::finish`]: the first step's registers after it
+    /// and memory operands, the registers after the last step (`None`
+    /// when a break followed it), and events after the last step.
+    first_regs: Option<Regs>,
+    first_memory: Option<InsnInfo>,
+    pub last_regs: Option<Regs>,
+    pub trailing_events: Vec<String>,
+}
+
+impl SegmentRows {
+    /// Rows in the segment.
+    pub fn len(&self) -> usize {
+        self.pc.len()
+    }
+
+    /// Completes the segment in trace order: `before` is the registers
+    /// after the step just before it (`None` after a break), `carried`
+    /// the events the segment before ended with, `runs` each step's
+    /// routine.
+    pub fn finish(&mut self, before: Option<&Regs>, carried: Vec<String>, runs: &[RoutineRun]) {
+        if let (Some(before), Some(after)) = (before, &self.first_regs) {
+            self.changed[0] = changed_mask(Some(before), after);
+            let interrupted = self.interrupts.first().is_some_and(|(row, _)| *row == 0);
+            self.known[0] = !interrupted;
+            if let Some(info) = self.first_memory.as_ref().filter(|_| !interrupted) {
+                push_addresses(info, before, &mut self.first_reads, &mut self.first_writes);
+            }
+        }
+        self.first_events = carried;
+        self.routine = vec![UNKNOWN_FUNC; self.len()];
+        for run in runs {
+            let Some(from) = run.first.checked_sub(self.first_step) else {
+                continue;
+            };
+            let from = usize::try_from(from).unwrap_or(usize::MAX).min(self.len());
+            let to = usize::try_from(run.steps)
+                .map_or(self.len(), |n| from.saturating_add(n))
+                .min(self.len());
+            self.routine[from..to].fill(run.func);
+        }
+    }
+
+    /// Row `row`'s value of register `reg` where the step changed it.
+    pub fn register(&self, row: usize, cursor: usize, reg: usize) -> Option<u64> {
+        let mask = self.changed[row];
+        if mask & (1 << reg) == 0 {
+            return None;
+        }
+        let slot = if row == 0 {
+            reg
+        } else {
+            (mask & ((1 << reg) - 1)).count_ones() as usize
+        };
+        self.values.get(cursor + slot).copied()
+    }
+
+    /// How many values row `row` stored (see [`SegmentRows::values`]).
+    pub fn stored(&self, row: usize) -> usize {
+        if row == 0 {
+            REG_COUNT
+        } else {
+            self.changed[row].count_ones() as usize
+        }
+    }
+}
+
+/// Bits of the registers that differ between `before` and `after`; all
+/// when `before` is not known.
+fn changed_mask(before: Option<&Regs>, after: &Regs) -> u32 {
+    let Some(before) = before else {
+        return ALL_REGISTERS;
+    };
+    (0..REG_COUNT)
+        .filter(|&i| before.get(i) != after.get(i))
+        .fold(0, |m, i| m | 1 << i)
+}
+
+fn reads(access: OpAccess) -> bool {
+    matches!(
+        access,
+        OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+fn writes(access: OpAccess) -> bool {
+    matches!(
+        access,
+        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+/// Appends the addresses `info` read and wrote with the registers
+/// `before` it.
+fn push_addresses(
+    info: &InsnInfo,
+    before: &Regs,
+    reads_to: &mut Vec<u64>,
+    writes_to: &mut Vec<u64>,
+) {
+    for m in &info.memory {
+        if let Some(addr) = memory_address(m, before) {
+            if reads(m.access()) {
+                reads_to.push(addr);
+            }
+            if writes(m.access()) {
+                writes_to.push(addr);
+            }
+        }
+    }
+}
+
+/// Builds a segment's rows, a record at a time.
+pub(super) struct RowBuilder {
+    rows: SegmentRows,
+    before: Option<Regs>,
+    tracker: TaskTracker,
+    task: u32,
+    texts: FxHashMap<(u64, InsnBytes, u8), u32>,
+    formatter: IntelFormatter,
+    pending: Vec<String>,
+    interrupt: Option<u8>,
+}
+
+impl RowBuilder {
+    pub fn new(first_step: u64) -> Self {
+        let mut formatter = IntelFormatter::new();
+        let o = formatter.options_mut();
+        o.set_hex_prefix("0x");
+        o.set_hex_suffix("");
+        o.set_uppercase_hex(false);
+        o.set_space_after_operand_separator(true);
+        RowBuilder {
+            rows: SegmentRows {
+                first_step,
+                cr3: Vec::new(),
+                cpl: Vec::new(),
+                bitness: Vec::new(),
+                pc: Vec::new(),
+                bytes: Vec::new(),
+                bytes_end: Vec::new(),
+                insn: Vec::new(),
+                texts: Vec::new(),
+                task: Vec::new(),
+                tasks: Vec::new(),
+                changed: Vec::new(),
+                values: Vec::new(),
+                known: Vec::new(),
+                reads: Vec::new(),
+                reads_end: Vec::new(),
+                writes: Vec::new(),
+                writes_end: Vec::new(),
+                first_reads: Vec::new(),
+                first_writes: Vec::new(),
+                events: Vec::new(),
+                events_end: Vec::new(),
+                first_events: Vec::new(),
+                syscalls: Vec::new(),
+                interrupts: Vec::new(),
+                routine: Vec::new(),
+                first_regs: None,
+                first_memory: None,
+                last_regs: None,
+                trailing_events: Vec::new(),
+            },
+            before: None,
+            tracker: TaskTracker::default(),
+            task: NO_TASK,
+            texts: FxHashMap::default(),
+            formatter,
+            pending: Vec::new(),
+            interrupt: None,
+        }
+    }
+
+    fn text(&mut self, pc: u64, bytes: InsnBytes, bitness: u8, info: &InsnInfo) -> u32 {
+        let rows = &mut self.rows;
+        let formatter = &mut self.formatter;
+        *self.texts.entry((pc, bytes, bitness)).or_insert_with(|| {
+            let mut disassembly = String::new();
+            formatter.format(&info.instruction, &mut disassembly);
+            rows.texts.push(InsnText {
+                mnemonic: format!("{:?}", info.mnemonic).to_lowercase(),
+                disassembly,
+            });
+            u32::try_from(rows.texts.len() - 1).unwrap_or(u32::MAX)
+        })
+    }
+
+    fn end_of(v: usize) -> u32 {
+        // A segment holds at most 2^27 bytes, so far fewer rows, bytes or
+        // addresses than this.
+        u32::try_from(v).unwrap_or(u32::MAX)
+    }
+}
+
+impl SegmentPass for RowBuilder {
+    type Output = SegmentRows;
+
+    fn record(&mut self, record: SegmentRecord<'_>) {
+        let (s, info) = match record {
+            SegmentRecord::Step(s, info) => (s, info),
+            SegmentRecord::Event(e) => {
+                if self.tracker.follow(e) {
+                    self.task = match self.tracker.current() {
+                        Some(t) => {
+                            self.rows.tasks.push(*t);
+                            Self::end_of(self.rows.tasks.len() - 1)
+                        }
+                        None => NO_TASK,
+                    };
+                }
+                match e {
+                    // Where the recorder cut segments, not what ran.
+                    Event::Running { .. } => {}
+                    _ => self.pending.push(crate::listing::describe_event(e)),
+                }
+                match e {
+                    Event::Interrupt { vector, .. } => self.interrupt = Some(*vector),
+                    Event::Gap { .. } | Event::TraceStop(_) => self.before = None,
+                    _ => {}
+                }
+                return;
+            }
+        };
+        let row = self.rows.len();
+        let row32 = Self::end_of(row);
+        let bitness = s.mode.bitness() as u8;
+        let text = self.text(s.pc, s.bytes, bitness, info);
+        let rows = &mut self.rows;
+        rows.cr3.push(cr3_root(s.cr3));
+        rows.cpl.push(s.cpl);
+        rows.bitness.push(bitness);
+        rows.pc.push(s.pc);
+        rows.bytes.extend_from_slice(s.bytes.as_slice());
+        rows.bytes_end.push(Self::end_of(rows.bytes.len()));
+        rows.insn.push(text);
+        rows.task.push(self.task);
+        if row == 0 {
+            rows.changed.push(ALL_REGISTERS);
+            rows.values.extend((0..REG_COUNT).map(|i| s.regs.get(i)));
+            rows.known.push(false);
+            rows.first_regs = Some(s.regs);
+            rows.first_memory = Some(info.clone());
+        } else {
+            let mask = changed_mask(self.before.as_ref(), &s.regs);
+            rows.changed.push(mask);
+            rows.values.extend(
+                (0..REG_COUNT)
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| s.regs.get(i)),
+            );
+            // An interrupt's delivery moved the stack between the steps:
+            // the registers before the handler's first step are not the
+            // interrupted step's.
+            let before = self.before.as_ref().filter(|_| self.interrupt.is_none());
+            rows.known.push(before.is_some());
+            if let Some(before) = before {
+                push_addresses(info, before, &mut rows.reads, &mut rows.writes);
+            }
+        }
+        rows.reads_end.push(Self::end_of(rows.reads.len()));
+        rows.writes_end.push(Self::end_of(rows.writes.len()));
+        rows.events.append(&mut self.pending);
+        rows.events_end.push(Self::end_of(rows.events.len()));
+        if let Some(n) = crate::syscalls::number_of(s) {
+            rows.syscalls.push((row32, n));
+        }
+        if let Some(v) = self.interrupt.take() {
+            rows.interrupts.push((row32, v));
+        }
+        self.before = Some(s.regs);
+    }
+
+    fn finish(self) -> SegmentRows {
+        let mut rows = self.rows;
+        rows.last_regs = self.before;
+        rows.trailing_events = self.pending;
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::insn::InsnCache;
+    use vtrace_storage::{CpuMode, InterruptSource, Step};
+
+    fn step(pc: u64, bytes: &[u8], rsp: u64, rax: u64) -> Step {
+        let mut regs = Regs::default();
+        regs.gpr[4] = rsp;
+        regs.gpr[0] = rax;
+        Step {
+            pc,
+            bytes: InsnBytes::new(bytes).expect("bytes"),
+            cr3: 0x5000,
+            mode: CpuMode::Long64,
+            cpl: 0,
+            regs,
+        }
+    }
+
+    fn build(records: &[Result<Step, Event>]) -> SegmentRows {
+        let mut cache = InsnCache::default();
+        let mut b = RowBuilder::new(100);
+        for r in records {
+            match r {
+                Ok(s) => b.record(SegmentRecord::Step(s, &cache.get(s).clone())),
+                Err(e) => b.record(SegmentRecord::Event(e)),
+            }
+        }
+        b.finish()
+    }
+
+    const PUSH_RAX: &[u8] = &[0x50];
+    const MOV_RAX_1: &[u8] = &[0x48, 0xc7, 0xc0, 1, 0, 0, 0];
+
+    #[test]
+    fn rows_hold_changes_addresses_and_events() {
+        let interrupt = Event::Interrupt {
+            vector: 32,
+            error_code: None,
+            source: InterruptSource::Injected,
+        };
+        let mut rows = build(&[
+            Ok(step(0x1000, MOV_RAX_1, 0x8000, 1)),
+            Ok(step(0x1007, PUSH_RAX, 0x7ff8, 1)),
+            Err(interrupt),
+            // The delivery pushed a frame: rsp moved between the steps.
+            Ok(step(0x2000, PUSH_RAX, 0x7fc8, 1)),
+            Ok(step(0x2001, MOV_RAX_1, 0x7fc8, 1)),
+            Err(Event::Halt),
+        ]);
+        assert_eq!(rows.len(), 4);
+        // Before `finish`, the first row lists every register.
+        assert_eq!(rows.changed[0], ALL_REGISTERS);
+        assert_eq!(rows.changed[1], 1 << 4, "push changes rsp only");
+        assert_eq!(rows.register(1, REG_COUNT, 4), Some(0x7ff8));
+        assert_eq!(rows.register(1, REG_COUNT, 0), None);
+        // push writes at the new rsp, from the registers before it.
+        assert_eq!(&rows.writes[..rows.writes_end[1] as usize], &[0x7ff8]);
+        // The handler's first step: changes known, addresses not.
+        assert!(!rows.known[2]);
+        assert_eq!(rows.changed[2], 1 << 4);
+        assert_eq!(rows.interrupts, vec![(2, 32)]);
+        assert_eq!(rows.events[..rows.events_end[2] as usize].len(), 1);
+        assert!(rows.known[3]);
+        assert_eq!(rows.changed[3], 0, "mov rax, 1 with rax already 1");
+        assert_eq!(
+            rows.trailing_events.len(),
+            1,
+            "the halt after the last step"
+        );
+
+        // Completed with the registers before the first step and routines.
+        let mut before = Regs::default();
+        before.gpr[4] = 0x8000;
+        let runs = [
+            RoutineRun {
+                first: 100,
+                steps: 2,
+                func: 7,
+            },
+            RoutineRun {
+                first: 102,
+                steps: 2,
+                func: 9,
+            },
+        ];
+        rows.finish(Some(&before), vec!["carried".into()], &runs);
+        assert_eq!(rows.changed[0], 1, "rax only");
+        assert_eq!(rows.register(0, 0, 0), Some(1));
+        assert!(rows.known[0]);
+        assert_eq!(rows.routine, vec![7, 7, 9, 9]);
+        assert_eq!(rows.first_events, vec!["carried".to_string()]);
+    }
+
+    #[test]
+    fn a_break_makes_every_register_changed_and_addresses_unknown() {
+        let rows = build(&[
+            Ok(step(0x1000, PUSH_RAX, 0x7ff8, 1)),
+            Err(Event::Gap {
+                from: 0x1001,
+                to: 0x3000,
+            }),
+            Ok(step(0x3000, PUSH_RAX, 0x6ff8, 1)),
+        ]);
+        assert_eq!(rows.changed[1], ALL_REGISTERS);
+        assert!(!rows.known[1]);
+        assert_eq!(rows.register(1, REG_COUNT, 4), Some(0x6ff8));
+        assert_eq!(rows.last_regs.map(|r| r.gpr[4]), Some(0x6ff8));
+    }
+}
