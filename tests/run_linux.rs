@@ -409,6 +409,35 @@ fn a_linux_trace_names_its_tasks() {
         "{table}"
     );
 
+    // The export's rows carry the task: as many per thread as the
+    // per-task table counts, each with its thread group and a name.
+    let export = run(&["analyze", "export", disk.to_str().unwrap(), "-o", "-"]);
+    assert!(export.status.success(), "{}", stderr(&export));
+    let mut per_tid: std::collections::BTreeMap<u64, u64> = Default::default();
+    for line in stdout(&export).lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let tid = row["tid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no task: {line}"));
+        assert_eq!(row["pid"].as_u64(), Some(tid), "{line}");
+        assert!(
+            row["comm"].as_str().is_some_and(|c| !c.is_empty()),
+            "{line}"
+        );
+        *per_tid.entry(tid).or_default() += 1;
+    }
+    let counted: std::collections::BTreeMap<u64, u64> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["tid"].as_u64().unwrap(),
+                r["kernel_steps"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(_, steps)| *steps > 0)
+        .collect();
+    assert_eq!(per_tid, counted, "{table}");
+
     // The listing says where the kernel switched.
     let trace = disk.to_str().unwrap();
     let listing = run(&["analyze", "listing", "--no-lines", trace]);
