@@ -19,8 +19,8 @@ use vtrace_storage::metadata::BUILTIN_DEMO;
 use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
 
 use crate::cli::{
-    AnalyzeArgs, AnalyzeCommand, ExportArgs, ExportFormatArg, OutputArgs, SyntaxArg, TaskArgs,
-    TraceArgs,
+    AnalyzeArgs, AnalyzeCommand, DiffArgs, ExportArgs, ExportFormatArg, OutputArgs, SyntaxArg,
+    TaskArgs, TraceArgs,
 };
 use vtrace_analyzer::export::{Destination, ExportFormat};
 
@@ -455,6 +455,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             );
         }
         AnalyzeCommand::Export(a) => export(a)?,
+        AnalyzeCommand::Diff(a) => diff(a)?,
         AnalyzeCommand::Captures(a) => {
             // Captures taken with tracing off make a trace without steps.
             let trace = open_trace(&a.trace)?;
@@ -627,4 +628,46 @@ fn export(a: ExportArgs) -> Result<()> {
         report.steps as f64 / seconds.max(1e-9) / 1e6
     );
     Ok(())
+}
+
+/// The statistics of one side of `vtrace analyze diff`.
+fn diff_side(path: &Path, a: &DiffArgs, what: &str) -> Result<vtrace_analyzer::stats::Stats> {
+    let args = TraceArgs {
+        trace: path.to_path_buf(),
+        symbols: a.symbols.clone(),
+        no_kernel_symbols: a.no_kernel_symbols,
+        sysroot: None,
+        initramfs: None,
+        quiet: a.quiet,
+    };
+    let (trace, symbols) = open(&args)?;
+    let bar = Progress::new(&trace, &args, what);
+    let s = stats::collect(
+        &trace,
+        &symbols,
+        &vtrace_analyzer::tasks::TaskFilter::default(),
+        &|d, _| bar.update(d),
+    )?;
+    bar.finish();
+    Ok(s)
+}
+
+fn diff(a: DiffArgs) -> Result<()> {
+    let sa = diff_side(&a.a, &a, "A")?;
+    let sb = diff_side(&a.b, &a, "B")?;
+    let (name_a, name_b) = (a.a.display().to_string(), a.b.display().to_string());
+    let d = vtrace_analyzer::diff::compare(&name_a, &sa, &name_b, &sb);
+    if let Some(path) = &a.flame {
+        let mut out = create(path)?;
+        vtrace_analyzer::diff::write_flame(
+            &sa.folded,
+            &sb.folded,
+            &format!("{name_b} against {name_a} (red: more steps in B)"),
+            a.normalize,
+            &mut out,
+        )?;
+        out.flush()?;
+        wrote(path, "");
+    }
+    print_to(Some(&a.to), a.json, &d, || d.to_text(a.top))
 }

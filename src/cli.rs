@@ -584,6 +584,49 @@ pub enum AnalyzeCommand {
     /// interrupt and the events before it, as Parquet or JSON lines.
     #[command(after_help = EXPORT_EXAMPLES)]
     Export(ExportArgs),
+    /// Two traces side by side (two kernels, two configurations): steps
+    /// per routine in each (self and total) by the size of the change,
+    /// routines only one of them ran, the instruction mix and interrupts,
+    /// and with --flame a differential flame graph.
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The first trace (A: the baseline, "before").
+    #[arg(value_name = "A")]
+    pub a: PathBuf,
+    /// The second trace (B: "after").
+    #[arg(value_name = "B")]
+    pub b: PathBuf,
+    /// More symbols, for both traces (as the other analyses' --symbols).
+    #[arg(long = "symbols", value_name = "FILE[@ASPACE]")]
+    pub symbols: Vec<String>,
+    /// Do not look for the traced kernels' symbols.
+    #[arg(long)]
+    pub no_kernel_symbols: bool,
+    /// Print JSON: a and b (trace, steps), routines (name, self_a, self_b,
+    /// self_delta, total_a, total_b, total_delta, calls_a, calls_b), new,
+    /// vanished, and classes, mnemonics and interrupts (name, count_a,
+    /// count_b, percent_a, percent_b, points).
+    #[arg(long)]
+    pub json: bool,
+    /// Rows in each table of the text output.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Also write a differential flame graph as SVG to FILE: B's call
+    /// stacks, red where B spent more steps than A, blue where fewer.
+    #[arg(long, value_name = "FILE")]
+    pub flame: Option<PathBuf>,
+    /// With --flame: scale A to B's step count first, to compare where
+    /// the time went rather than how much there was.
+    #[arg(long, requires = "flame")]
+    pub normalize: bool,
+    /// No progress bar, even on a terminal.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 const EXPORT_EXAMPLES: &str = "\

@@ -341,6 +341,123 @@ fn html_report_renders_in_headless_chromium() {
 }
 
 #[test]
+fn diff_of_a_trace_and_its_own_beginning() {
+    if !kvm_available() {
+        return;
+    }
+    // The demo under the step clock runs the same way every time, so a
+    // run traced for its first 300,000 steps is the full trace's
+    // beginning: B (the full trace) has at least A's steps in every
+    // routine, and the changes add up to the steps B has more.
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--max-steps",
+        "300000",
+        "--disk",
+        short.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let flame = dir.path().join("diff.svg");
+    let json = |a: &str, b: &str, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["diff", a, b, "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_slice(&analyze(&args).stdout).unwrap()
+    };
+    let d = json(
+        short.to_str().unwrap(),
+        trace_arg(),
+        &["--flame", flame.to_str().unwrap()],
+    );
+    assert_eq!(d["a"]["steps"], 300_000);
+    assert_eq!(d["b"]["steps"].as_u64(), Some(info_steps()));
+    let routines = d["routines"].as_array().unwrap();
+    let mut sum = 0i64;
+    for r in routines {
+        let delta = r["self_delta"].as_i64().unwrap();
+        assert!(delta >= 0, "{r}");
+        assert_eq!(
+            r["self_b"].as_i64().unwrap() - r["self_a"].as_i64().unwrap(),
+            delta
+        );
+        sum += delta;
+    }
+    assert_eq!(sum, info_steps() as i64 - 300_000);
+    assert_eq!(
+        d["vanished"].as_array().unwrap().len(),
+        0,
+        "{}",
+        d["vanished"]
+    );
+    // The matrix task runs after the first 300,000 steps.
+    assert!(
+        d["new"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "task_matrix"),
+        "{}",
+        d["new"]
+    );
+    // B's side is what `analyze stats` says of B.
+    let stats: serde_json::Value =
+        serde_json::from_slice(&analyze(&["stats", "--json", trace_arg()]).stdout).unwrap();
+    for r in stats["routines"].as_array().unwrap() {
+        let name = r["name"].as_str().unwrap();
+        let row = routines.iter().find(|x| x["name"] == name).unwrap();
+        assert_eq!(row["self_b"], r["self_steps"], "{name}");
+        assert_eq!(row["total_b"], r["total_steps"], "{name}");
+    }
+    // The differential flame graph: B's stacks, a routine that ran only
+    // in B red (inferno draws more in B as rgb(255,x,x)) with its change.
+    let svg = std::fs::read_to_string(&flame).unwrap();
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options).expect("well-formed SVG");
+    let matrix = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("g"))
+        .find(|g| {
+            g.children().any(|c| {
+                c.has_tag_name("title") && c.text().is_some_and(|t| t.starts_with("task_matrix "))
+            })
+        })
+        .expect("task_matrix in the graph");
+    let title = matrix
+        .children()
+        .find(|c| c.has_tag_name("title"))
+        .and_then(|t| t.text());
+    assert!(title.is_some_and(|t| t.contains("; +")), "{title:?}");
+    let fill = matrix
+        .children()
+        .find(|c| c.has_tag_name("rect"))
+        .and_then(|r| r.attribute("fill"));
+    assert!(fill.is_some_and(|f| f.starts_with("rgb(255,")), "{fill:?}");
+
+    // A trace against itself: nothing changed.
+    let same = json(trace_arg(), trace_arg(), &[]);
+    for r in same["routines"].as_array().unwrap() {
+        assert_eq!(r["self_delta"], 0, "{r}");
+        assert_eq!(r["total_delta"], 0, "{r}");
+    }
+    for table in ["classes", "mnemonics", "interrupts"] {
+        for r in same[table].as_array().unwrap() {
+            assert_eq!(r["points"], 0.0, "{table}: {r}");
+        }
+    }
+    assert!(same["new"].as_array().unwrap().is_empty());
+    let text = stdout(&analyze(&["diff", trace_arg(), trace_arg(), "--top", "3"]));
+    assert!(text.contains("B - A: 0 steps (+0.00%)"), "{text}");
+}
+
+#[test]
 fn bad_input_gets_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.vtd");

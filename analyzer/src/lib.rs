@@ -8,6 +8,7 @@
 //! order through the level engine ([`levels`]).
 
 pub mod captures;
+pub mod diff;
 pub mod error;
 pub mod export;
 pub mod flame;
