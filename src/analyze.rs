@@ -358,7 +358,23 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 Some(path) => Box::new(create(path)?),
                 None => Box::new(stdout()),
             };
-            let mut writer = nest::NestWriter::new(out, &symbols);
+            if let Some(name) = &a.function {
+                if symbols.addresses_of(name).is_empty() {
+                    eprintln!(
+                        "vtrace: warning: no routine named {name} in the trace's symbols: \
+                         the diagram will be empty"
+                    );
+                }
+            }
+            let options = nest::NestOptions {
+                ns_per_step: trace.metadata.ns_per_step(),
+                depth: a.depth.and_then(|d| usize::try_from(d).ok()),
+                function: a.function.clone(),
+                from: a.from,
+                to: a.to,
+                space: a.space,
+            };
+            let mut writer = nest::NestWriter::with_options(out, &symbols, options);
             let only = if filter.is_everything() {
                 String::new()
             } else {

@@ -751,6 +751,25 @@ pub struct NestArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub tasks: TaskArgs,
+    /// Show this many call levels of each block (1: its outermost
+    /// routines only); a routine at the last level shown prints as
+    /// `name();` with its counts.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub depth: Option<u64>,
+    /// Only the calls of this routine, with all they call and the
+    /// interrupts taken meanwhile (uftrace's -F).
+    #[arg(long, value_name = "NAME")]
+    pub function: Option<String>,
+    /// Only lines from this step on.
+    #[arg(long, value_name = "STEP")]
+    pub from: Option<u64>,
+    /// Only lines before this step.
+    #[arg(long, value_name = "STEP")]
+    pub to: Option<u64>,
+    /// Only the blocks that run in this address space (its page-table
+    /// root, hex, as the diagram's `address space 0x...` says).
+    #[arg(long, value_name = "CR3", value_parser = parse_hex)]
+    pub space: Option<u64>,
     /// Write to FILE instead of standard output (`-` is standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -820,4 +839,13 @@ pub struct ReportArgs {
     /// note); `vtrace analyze nest` has them all.
     #[arg(long, default_value_t = 20_000, value_name = "LINES")]
     pub nest_lines: usize,
+}
+
+/// A hex number, with or without `0x`.
+fn parse_hex(text: &str) -> Result<u64, String> {
+    let digits = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    u64::from_str_radix(digits, 16).map_err(|_| format!("{text:?} is not a hex number (0x103000)"))
 }

@@ -48,10 +48,111 @@ fn info_steps() -> u64 {
 }
 
 /// Indentation of a nest line's routine column (after the three counts).
+/// Indentation of a nest line's routine column (after the step, the two
+/// counts and, the demo's clock being per step, the duration).
 fn indent(line: &str) -> usize {
-    let body = &line[2 + 10 + 1 + 10 + 1 + 8 + 2..];
+    let body = &line[2 + 10 + 1 + 10 + 1 + 8 + 15 + 2..];
     body.len() - body.trim_start().len()
 }
+
+/// The step number a nest line starts with.
+fn line_step(line: &str) -> Option<u64> {
+    line.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn nest_has_durations_growing_steps_and_uftrace_filters() {
+    if !kvm_available() {
+        return;
+    }
+    let text = stdout(&analyze(&["nest", trace_arg()]));
+    assert!(text.contains("duration is total as virtual time, 1 ns a step"));
+    let mut entries = 0;
+    let mut last = 0;
+    for line in text.lines().skip(2) {
+        // The demo's clock is 1 ns a step: a routine's duration is its
+        // total steps in ns.
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if let (Some(total), Some("us")) = (
+            cols.get(1).and_then(|t| t.parse::<u64>().ok()),
+            cols.get(4).copied(),
+        ) {
+            let us: f64 = cols[3].parse().unwrap();
+            assert!((us * 1000.0 - total as f64).abs() < 0.5, "{line}");
+            entries += 1;
+        }
+        // Step numbers only grow down the page (the routines left open
+        // on other stacks at the trace's end close last, at their own).
+        if line.contains("open at trace end") {
+            break;
+        }
+        let step = line_step(line).unwrap();
+        assert!(step >= last, "{step} after {last}: {line}");
+        last = step;
+    }
+    assert!(entries > 100);
+
+    // --function: only page_fault's calls and what they call; the demo
+    // takes 9 page faults, each handled by one page_fault() call.
+    let only = stdout(&analyze(&["nest", trace_arg(), "--function", "page_fault"]));
+    let lines: Vec<&str> = only.lines().skip(2).collect();
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("page_fault() {"))
+            .count(),
+        9,
+        "{only}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("page_fault") || l.contains("memset();")),
+        "{only}"
+    );
+
+    // --depth 1: each block shows its outermost routines only.
+    let shallow = stdout(&analyze(&["nest", trace_arg(), "--depth", "1"]));
+    let mut block_indent: Option<usize> = None;
+    for line in shallow.lines().skip(2) {
+        if line.contains("==>") {
+            block_indent = None;
+            continue;
+        }
+        if line.contains(DIVIDED_MARK) {
+            continue;
+        }
+        let i = indent(line);
+        assert_eq!(*block_indent.get_or_insert(i), i, "{line}");
+    }
+
+    // --from/--to and --space.
+    let window = stdout(&analyze(&[
+        "nest",
+        trace_arg(),
+        "--from",
+        "50000",
+        "--to",
+        "60000",
+    ]));
+    let steps: Vec<u64> = window.lines().skip(2).filter_map(line_step).collect();
+    assert!(!steps.is_empty());
+    assert!(
+        steps.iter().all(|s| (50_000..60_000).contains(s)),
+        "{window}"
+    );
+    let space = stdout(&analyze(&["nest", trace_arg(), "--space", "0x404000"]));
+    let levels: Vec<&str> = space.lines().filter(|l| l.contains("==>")).collect();
+    assert!(!levels.is_empty());
+    assert!(
+        levels
+            .iter()
+            .all(|l| l.ends_with("(address space 0x404000)")),
+        "{levels:?}"
+    );
+}
+
+const DIVIDED_MARK: &str = "## divided level ##";
 
 #[test]
 fn nest_shows_the_timer_interrupt_the_scheduler_and_task_switches() {

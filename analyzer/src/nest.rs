@@ -60,10 +60,51 @@ fn frame_key(frame: &FrameView) -> FrameKey {
     )
 }
 
+/// What a nest diagram shows, beyond its defaults (uftrace's filters and
+/// ftrace's duration column).
+#[derive(Clone, Debug, Default)]
+pub struct NestOptions {
+    /// Virtual nanoseconds per step: adds a duration column (a routine's
+    /// total steps as virtual time), as ftrace's function_graph has.
+    pub ns_per_step: Option<u64>,
+    /// Call levels shown below each block's outermost routines (1: only
+    /// those); a routine at the last level shown prints as `name();`.
+    pub depth: Option<usize>,
+    /// Only the calls of routines of this name, with everything they
+    /// call and every interrupt taken meanwhile.
+    pub function: Option<String>,
+    /// Only lines of steps from `from` on, before `to`.
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    /// Only the big levels that run in this address space (its
+    /// page-table root).
+    pub space: Option<u64>,
+}
+
+impl NestOptions {
+    fn in_window(&self, step: u64) -> bool {
+        self.from.is_none_or(|f| step >= f) && self.to.is_none_or(|t| step < t)
+    }
+}
+
+/// Whose call stack a line is on: what `--function` follows.
+type StackId = (u64, Option<u32>);
+
 /// Writes a nest diagram as the level engine runs.
 pub struct NestWriter<'a, W: Write> {
     out: W,
     symbols: &'a Symbolizer,
+    options: NestOptions,
+    /// The stack of the current big level, and whether its address space
+    /// is shown (`--space`).
+    stack: StackId,
+    space_shown: bool,
+    /// Per stack, the depth of the `--function` routine it is inside.
+    inside: FxHashMap<StackId, usize>,
+    /// A big level's line (its step, text and nesting), held back while
+    /// the routines its boundary ended (at earlier steps) are closed, so
+    /// step numbers only grow down the page.
+    pending: Option<(u64, String, usize)>,
     block: Vec<Line>,
     /// Entry line of open frames in the current block, by (cr3, task,
     /// depth, entry step).
@@ -79,6 +120,11 @@ impl<'a, W: Write> NestWriter<'a, W> {
         NestWriter {
             out,
             symbols,
+            options: NestOptions::default(),
+            stack: (0, None),
+            space_shown: true,
+            inside: FxHashMap::default(),
+            pending: None,
             block: Vec::new(),
             open: FxHashMap::default(),
             nesting: 0,
@@ -88,14 +134,60 @@ impl<'a, W: Write> NestWriter<'a, W> {
         }
     }
 
+    /// A writer that shows what `options` asks for.
+    pub fn with_options(out: W, symbols: &'a Symbolizer, options: NestOptions) -> Self {
+        NestWriter {
+            options,
+            ..NestWriter::new(out, symbols)
+        }
+    }
+
     /// The column legend.
     pub fn header(&mut self, title: &str) {
+        let (duration, about) = match self.options.ns_per_step {
+            Some(ns) => (
+                format!(" {:>14}", "duration"),
+                format!("; duration is total as virtual time, {ns} ns a step"),
+            ),
+            None => (String::new(), String::new()),
+        };
         let text = format!(
-            "# {title}\n# {:>10} {:>10} {:>8}  routine (indented two spaces a call level; \
-             counts are steps, total includes callees and interrupts)\n",
+            "# {title}\n# {:>10} {:>10} {:>8}{duration}  routine (indented two spaces a call \
+             level; counts are steps, total includes callees and interrupts{about})\n",
             "step", "total", "self"
         );
         self.write(&text);
+    }
+
+    /// The count columns of a line: total, self and, with a per-step
+    /// clock, the total's virtual duration.
+    fn columns(&self, counts: Option<(u64, u64)>) -> String {
+        let (total, own) = match counts {
+            Some((t, s)) => (t.to_string(), s.to_string()),
+            None => ("-".into(), "-".into()),
+        };
+        let duration = match (self.options.ns_per_step, counts) {
+            (None, _) => String::new(),
+            (Some(ns), Some((t, _))) => format!(
+                " {:>14}",
+                format!("{:.3} us", t.saturating_mul(ns) as f64 / 1000.0)
+            ),
+            (Some(_), None) => format!(" {:>14}", "-"),
+        };
+        format!("{total:>10} {own:>8}{duration}")
+    }
+
+    /// The empty count columns of a line without counts.
+    fn blank(&self) -> String {
+        let width = 10 + 1 + 8 + self.options.ns_per_step.map_or(0, |_| 15);
+        format!("{:width$}", "")
+    }
+
+    /// Whether lines of the current stack are shown: its address space
+    /// is (`--space`) and, with `--function`, it is inside the routine.
+    fn showing(&self) -> bool {
+        self.space_shown
+            && (self.options.function.is_none() || self.inside.contains_key(&self.stack))
     }
 
     fn write(&mut self, text: &str) {
@@ -111,23 +203,34 @@ impl<'a, W: Write> NestWriter<'a, W> {
             return;
         };
         let mut text = String::new();
+        let blank = self.blank();
+        // With --depth: the depth whose close line is left out, after a
+        // routine at the last level shown printed as a leaf.
+        let mut collapsed: Option<usize> = None;
         for line in std::mem::take(&mut self.block) {
-            let indent = 2 * (line.depth - min + self.nesting);
-            let (total, own) = match line.counts {
-                Some((t, s)) => (t.to_string(), s.to_string()),
-                None => ("-".into(), "-".into()),
-            };
+            let level = line.depth - min;
+            if self.options.depth.is_some_and(|d| level >= d) {
+                continue;
+            }
+            let last_level = self.options.depth.is_some_and(|d| level + 1 == d);
+            if !self.options.in_window(line.step) {
+                continue;
+            }
+            let indent = 2 * (level + self.nesting);
             let body = match &line.text {
-                Text::Entry {
-                    name,
-                    tag,
-                    leaf: true,
-                } => format!("{name}();{tag}"),
-                Text::Entry {
-                    name,
-                    tag,
-                    leaf: false,
-                } => format!("{name}() {{{tag}"),
+                Text::Entry { name, tag, leaf }
+                    if *leaf || (last_level && line.counts.is_some()) =>
+                {
+                    if !*leaf {
+                        collapsed = Some(line.depth);
+                    }
+                    format!("{name}();{tag}")
+                }
+                Text::Entry { name, tag, .. } => format!("{name}() {{{tag}"),
+                Text::Close { .. } if collapsed == Some(line.depth) => {
+                    collapsed = None;
+                    continue;
+                }
                 Text::Close { name, how } => match how {
                     ExitKind::Return => format!("}} /* {name} */"),
                     ExitKind::Unwound => format!("}} /* {name}, unwound */"),
@@ -136,23 +239,25 @@ impl<'a, W: Write> NestWriter<'a, W> {
                 },
                 Text::Note(n) => {
                     text.push_str(&format!(
-                        "  {:>10} {:>10} {:>8}  {:indent$}/* {n} */\n",
-                        line.step, "", "", ""
+                        "  {:>10} {blank}  {:indent$}/* {n} */\n",
+                        line.step, ""
                     ));
                     self.lines += 1;
                     continue;
                 }
                 Text::Mark(m) => {
                     text.push_str(&format!(
-                        "  {:>10} {:>10} {:>8}  {:indent$}{DIVIDED} {m}\n",
-                        line.step, "", "", ""
+                        "  {:>10} {blank}  {:indent$}{DIVIDED} {m}\n",
+                        line.step, ""
                     ));
                     continue;
                 }
             };
             text.push_str(&format!(
-                "  {:>10} {total:>10} {own:>8}  {:indent$}{body}\n",
-                line.step, ""
+                "  {:>10} {}  {:indent$}{body}\n",
+                line.step,
+                self.columns(line.counts),
+                ""
             ));
             self.lines += 1;
         }
@@ -160,9 +265,40 @@ impl<'a, W: Write> NestWriter<'a, W> {
         self.write(&text);
     }
 
+    /// Writes the held-back big level line, after what came before it.
+    fn write_pending(&mut self) {
+        if let Some((_, text, nesting)) = self.pending.take() {
+            self.flush_block();
+            self.nesting = nesting;
+            self.write(&text);
+        }
+    }
+
     fn push(&mut self, line: Line) {
+        if let Some((step, _, _)) = &self.pending {
+            let earlier = matches!(line.text, Text::Close { .. }) && line.step < *step;
+            if !earlier {
+                self.write_pending();
+            }
+        }
         if self.block.len() >= BLOCK_LINES {
             self.flush_block();
+        }
+        // A return that skips frames is marked before the frames it
+        // skipped are closed; their closes (at earlier steps) go first,
+        // so step numbers only grow down the page.
+        if matches!(line.text, Text::Close { .. }) {
+            let marks = self
+                .block
+                .iter()
+                .rev()
+                .take_while(|l| matches!(l.text, Text::Mark(_)) && l.step > line.step)
+                .count();
+            if marks > 0 {
+                let at = self.block.len() - marks;
+                self.block.insert(at, line);
+                return;
+            }
         }
         self.block.push(line);
     }
@@ -170,6 +306,7 @@ impl<'a, W: Write> NestWriter<'a, W> {
     /// Writes what is buffered; returns the first write error.
     pub fn finish(mut self) -> std::io::Result<W> {
         self.flush_block();
+        self.write_pending();
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -180,8 +317,24 @@ impl<'a, W: Write> NestWriter<'a, W> {
 
 impl<W: Write> LevelSink for NestWriter<'_, W> {
     fn big_level(&mut self, level: &BigLevel) {
+        // Marks at the block's end stay with the next lines: routines the
+        // irregular flow ended close before them (see `push`).
+        let marks = self
+            .block
+            .iter()
+            .rev()
+            .take_while(|l| matches!(l.text, Text::Mark(_)))
+            .count();
+        let kept = self.block.split_off(self.block.len() - marks);
         self.flush_block();
+        self.block = kept;
+        self.write_pending();
         self.nesting = level.nesting;
+        self.stack = (level.cr3, level.task.map(|t| t.tid));
+        self.space_shown = self.options.space.is_none_or(|s| s == level.cr3);
+        if !self.showing() || !self.options.in_window(level.step) {
+            return;
+        }
         let during = match level.interrupted {
             Some((func, pc)) if func == UNKNOWN_FUNC => format!(" in {pc:#x}"),
             Some((func, _)) => format!(" in {}", self.symbols.name(func)),
@@ -213,15 +366,14 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             BigLevelCause::Break => "steps missing before here (gap or tracing paused)".into(),
         };
         let text = format!(
-            "  {:>10} {:>10} {:>8}  {:indent$}==> {what} (address space {:#x})\n",
+            "  {:>10} {}  {:indent$}==> {what} (address space {:#x})\n",
             level.step,
-            "",
-            "",
+            self.blank(),
             "",
             level.cr3,
             indent = 2 * level.nesting
         );
-        self.write(&text);
+        self.pending = Some((level.step, text, level.nesting));
     }
 
     fn enter(&mut self, frame: &FrameView) {
@@ -232,6 +384,15 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             EntryKind::SystemCall => "  [system call]".into(),
         };
         let name = routine_name(self.symbols, frame);
+        if self.options.function.as_deref() == Some(name.as_str())
+            && self.space_shown
+            && !self.inside.contains_key(&self.stack)
+        {
+            self.inside.insert(self.stack, frame.depth);
+        }
+        if !self.showing() {
+            return;
+        }
         self.open.insert(frame_key(frame), self.block.len());
         self.push(Line {
             step: frame.entry_step,
@@ -246,6 +407,46 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
     }
 
     fn exit(&mut self, frame: &FrameView, how: ExitKind) {
+        if !self.showing() {
+            return;
+        }
+        // Leaving the --function routine: lines stop after its close.
+        if self.inside.get(&self.stack) == Some(&frame.depth) {
+            self.inside.remove(&self.stack);
+        }
+        self.push_exit(frame, how);
+    }
+
+    fn note(&mut self, step: u64, depth: usize, text: &str) {
+        if !self.showing() {
+            return;
+        }
+        self.push(Line {
+            step,
+            depth,
+            counts: None,
+            text: Text::Note(text.to_string()),
+        });
+    }
+
+    fn irregular(&mut self, step: u64, depth: usize, what: Irregular) {
+        self.divided += 1;
+        if !self.showing() {
+            return;
+        }
+        self.push(Line {
+            step,
+            depth,
+            counts: None,
+            text: Text::Mark(what.describe()),
+        });
+    }
+}
+
+impl<W: Write> NestWriter<'_, W> {
+    /// A routine's exit: its counts on its entry line where that is in
+    /// the block, else a close line.
+    fn push_exit(&mut self, frame: &FrameView, how: ExitKind) {
         let counts = Some((frame.total_steps, frame.self_steps));
         if let Some(i) = self.open.remove(&frame_key(frame)) {
             let last = i + 1 == self.block.len();
@@ -277,25 +478,6 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             depth: frame.depth,
             counts,
             text: Text::Close { name, how },
-        });
-    }
-
-    fn note(&mut self, step: u64, depth: usize, text: &str) {
-        self.push(Line {
-            step,
-            depth,
-            counts: None,
-            text: Text::Note(text.to_string()),
-        });
-    }
-
-    fn irregular(&mut self, step: u64, depth: usize, what: Irregular) {
-        self.divided += 1;
-        self.push(Line {
-            step,
-            depth,
-            counts: None,
-            text: Text::Mark(what.describe()),
         });
     }
 }
