@@ -435,11 +435,17 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             bar.finish();
             warn_if_nothing(&filter, folded.iter().map(|f| f.1).sum());
             let mut out = create(&a.output)?;
-            vtrace_analyzer::flame::write_svg(
-                &folded,
-                &format!("{} ({} steps)", a.trace.trace.display(), trace.steps()),
-                &mut out,
-            )?;
+            if a.folded {
+                for line in vtrace_analyzer::flame::folded_lines(&folded) {
+                    writeln!(out, "{line}")?;
+                }
+            } else {
+                vtrace_analyzer::flame::write_svg(
+                    &folded,
+                    &format!("{} ({} steps)", a.trace.trace.display(), trace.steps()),
+                    &mut out,
+                )?;
+            }
             out.flush()?;
             wrote(&a.output, "");
         }

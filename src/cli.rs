@@ -553,8 +553,9 @@ pub enum AnalyzeCommand {
     /// Instruction mix, steps per routine (self and total), addressing
     /// modes, memory locality, interrupts and interrupt-disabled stretches.
     Stats(StatsArgs),
-    /// A flame graph (SVG) of steps by call stack, rooted at the task's
-    /// name where the trace names Linux tasks.
+    /// A flame graph (SVG, or folded stacks with --folded) of steps by
+    /// call stack, rooted at the task's name where the trace names Linux
+    /// tasks, else at the address space.
     Flame(FlameArgs),
     /// A Chrome/Perfetto trace-event JSON timeline: a process per guest
     /// process and a track per thread (per address space where the trace
@@ -811,6 +812,11 @@ pub struct FlameArgs {
     /// The file to write (`-`: standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// Write folded stacks (`root;caller;callee STEPS` a line, the root
+    /// the task's name or the address space) instead of SVG: what
+    /// speedscope, inferno and flamegraph.pl's difffolded read.
+    #[arg(long)]
+    pub folded: bool,
 }
 
 #[derive(Debug, Args)]

@@ -383,6 +383,31 @@ fn flame_graph_is_well_formed_svg_with_the_call_stacks() {
             "{name} not in the graph"
         );
     }
+
+    // Folded stacks: a root per address space, as `analyze spaces` lists
+    // them, and every step once, as self steps of some stack.
+    let folded = stdout(&analyze(&["flame", trace_arg(), "--folded", "-o", "-"]));
+    let mut total = 0u64;
+    let mut roots = HashSet::new();
+    for line in folded.lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        total += count.parse::<u64>().unwrap();
+        let root = stack.split(';').next().unwrap();
+        assert!(root.starts_with("cr3=0x"), "{line}");
+        roots.insert(root.trim_start_matches("cr3=").to_string());
+    }
+    assert_eq!(total, info_steps());
+    let spaces: serde_json::Value =
+        serde_json::from_slice(&analyze(&["spaces", "--json", trace_arg()]).stdout).unwrap();
+    let listed: HashSet<String> = spaces
+        .as_array()
+        .or_else(|| spaces["spaces"].as_array())
+        .unwrap()
+        .iter()
+        .map(|s| format!("{:#x}", s["cr3"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(roots, listed);
+    assert!(roots.len() > 3, "{roots:?}");
 }
 
 #[test]

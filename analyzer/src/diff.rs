@@ -299,7 +299,22 @@ pub fn write_flame(
     normalize: bool,
     out: &mut impl Write,
 ) -> Result<()> {
-    let text = |folded| crate::flame::folded_lines(folded).join("\n");
+    // Address spaces are page-table addresses, which differ between
+    // runs: the stacks are compared from their first routine. Tasks'
+    // names stay.
+    let unrooted = |folded: &[(Vec<String>, u64)]| -> Vec<(Vec<String>, u64)> {
+        folded
+            .iter()
+            .map(|(path, n)| {
+                let skip = path
+                    .first()
+                    .is_some_and(|r| r.starts_with(crate::naming::SPACE_ROOT));
+                (path[usize::from(skip)..].to_vec(), *n)
+            })
+            .collect()
+    };
+    let text =
+        |folded: &[(Vec<String>, u64)]| crate::flame::folded_lines(&unrooted(folded)).join("\n");
     let (before, after) = (text(a), text(b));
     let mut lines = Vec::new();
     inferno::differential::from_readers(

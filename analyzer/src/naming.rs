@@ -40,3 +40,11 @@ pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
         symbols.name(f).to_string()
     }
 }
+
+/// How flame graphs name an address space at the root of its stacks.
+pub fn space_root(cr3: u64) -> String {
+    format!("{SPACE_ROOT}{:#x}", crate::symbols::cr3_root(cr3))
+}
+
+/// The start of [`space_root`]'s names.
+pub const SPACE_ROOT: &str = "cr3=";

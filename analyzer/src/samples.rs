@@ -278,7 +278,7 @@ impl Samples {
     pub fn folded(&self, symbols: &Symbolizer) -> Vec<(Vec<String>, u64)> {
         let mut counts: std::collections::BTreeMap<Vec<String>, u64> = Default::default();
         for (pc, cr3) in self.samples.iter().filter_map(|s| s.pc) {
-            let space = format!("cr3 {:#x}", crate::symbols::cr3_root(cr3));
+            let space = crate::naming::space_root(cr3);
             *counts
                 .entry(vec![space, routine(symbols, pc, cr3)])
                 .or_default() += 1;
@@ -395,7 +395,7 @@ mod tests {
         let folded = s.folded(&Symbolizer::new());
         assert_eq!(
             folded,
-            vec![(vec!["cr3 0x5000".to_string(), "0x100000".to_string()], 1)]
+            vec![(vec!["cr3=0x5000".to_string(), "0x100000".to_string()], 1)]
         );
     }
 }

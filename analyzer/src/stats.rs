@@ -15,7 +15,7 @@ use crate::insn::{memory_addresses, AddressingMode, Class};
 use crate::levels::{
     run_with, EntryKind, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
 };
-use crate::naming::{percent, routine_label, vector_name};
+use crate::naming::{percent, routine_label, space_root, vector_name};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 use crate::tasks::{Comm, SelectedTasks, Selection, TaskFilter};
 
@@ -316,6 +316,15 @@ impl Totals {
     }
 }
 
+/// What a flame graph's stacks start from: the task's name where the
+/// trace names tasks (as perf's start from the command), else the address
+/// space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum FlameRoot {
+    Task(Comm),
+    Space(u64),
+}
+
 /// Gathers what the level engine knows per routine and per call path.
 #[derive(Default)]
 struct Profile {
@@ -324,7 +333,7 @@ struct Profile {
     calls: FxHashMap<FuncId, u64>,
     /// Self steps by the name of the task they ran in (where the trace
     /// names tasks) and call path.
-    by_node: FxHashMap<(Option<Comm>, u32), u64>,
+    by_node: FxHashMap<(FlameRoot, u32), u64>,
     unknown_names: FxHashMap<u32, u64>,
     divided: u64,
     entered_by_call: u64,
@@ -351,7 +360,12 @@ impl LevelSink for Profile {
         }
         *self
             .by_node
-            .entry((frame.task.map(|t| t.comm), frame.node))
+            .entry((
+                frame
+                    .task
+                    .map_or(FlameRoot::Space(frame.cr3), |t| FlameRoot::Task(t.comm)),
+                frame.node,
+            ))
             .or_default() += frame.self_steps;
         if how == ExitKind::Return {
             self.left_by_return += 1;
@@ -384,11 +398,14 @@ fn folded_paths(
         .by_node
         .iter()
         .filter(|(_, c)| **c > 0)
-        .map(|((comm, node), c)| {
+        .map(|((root, node), c)| {
             let path = engine.path(*node);
+            let root = match root {
+                FlameRoot::Task(comm) => comm.to_string(),
+                FlameRoot::Space(cr3) => space_root(*cr3),
+            };
             (
-                comm.iter()
-                    .map(|c| c.to_string())
+                std::iter::once(root)
                     .chain(path.into_iter().map(|f| routine_label(symbols, f)))
                     .collect(),
                 *c,
