@@ -231,6 +231,16 @@ impl VirtualClock {
         }
     }
 
+    /// The guest stopped for good: time stands still at now, for this
+    /// clock and every reader (the peeper's last samples, the run's
+    /// summary), however long the run takes to wind up. Returns it.
+    pub fn freeze(&mut self) -> VirtualNanos {
+        self.base = self.now();
+        self.since = None;
+        self.publish();
+        self.base
+    }
+
     /// The clock's mode.
     pub fn mode(&self) -> ClockMode {
         self.mode
@@ -268,6 +278,18 @@ mod tests {
         let b = clock.now();
         assert!(b >= a + 2_000_000, "{a} -> {b}");
         assert_eq!(clock.host_delay_until(0), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_frozen_clock_stands_still_for_its_readers() {
+        let mut clock = VirtualClock::new(ClockMode::Wall);
+        let reader = clock.reader();
+        std::thread::sleep(Duration::from_millis(1));
+        let stopped = clock.freeze();
+        assert!(stopped >= 1_000_000, "{stopped}");
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(clock.now(), stopped);
+        assert_eq!(reader.now(), stopped);
     }
 
     #[test]

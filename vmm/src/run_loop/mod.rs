@@ -175,8 +175,12 @@ impl Vm {
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
+        // The guest's time when it stopped: a wall-driven clock would run
+        // on while the run is wound up (the peeper joined, the trace
+        // flushed); the final sample and the summary tell the same moment.
+        let stopped_at = self.clock.freeze();
         signals::set_waker(None);
-        let peeped = self.stop_peeping(&rx, monitor);
+        let peeped = self.stop_peeping(&rx, monitor, stopped_at);
         let failure = result.as_ref().err().map(|e| {
             let text = e.to_string();
             text.lines().next().unwrap_or_default().to_string()
@@ -191,7 +195,7 @@ impl Vm {
         let exit = result?;
         Ok(RunOutcome {
             exit,
-            virtual_time: Duration::from_nanos(self.clock.now()),
+            virtual_time: Duration::from_nanos(stopped_at),
             host_time: started.elapsed(),
             irqs,
             exits: self.history.total(),
@@ -209,9 +213,10 @@ impl Vm {
         &mut self,
         rx: &Receiver<Wake>,
         monitor: &mut dyn Monitor,
+        stopped_at: u64,
     ) -> Option<PeepReport> {
         let peeper = self.peeper.take()?;
-        let (rest, report) = peeper.stop(self.clock.now());
+        let (rest, report) = peeper.stop(stopped_at);
         for wake in rx.try_iter() {
             if let Wake::Peep(PeepMessage::Batch(batch)) = wake {
                 monitor.peeped(&batch.samples);
