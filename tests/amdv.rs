@@ -266,18 +266,18 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     assert_eq!(info["gaps"], 0, "{info}");
 
     // Listing columns of a Linux trace: step, pid, comm, address space,
-    // pc, bytes, mnemonic.
+    // pc, routine+offset, bytes, mnemonic.
     let lines = listing(&trace);
     let steps: Vec<Vec<&str>> = lines
         .iter()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() > 6 && f[0].parse::<u64>().is_ok())
+        .filter(|f| f.len() > 7 && f[0].parse::<u64>().is_ok())
         .collect();
     let kernel = |f: &[&str]| f[4].starts_with("0xffff");
     let (mut syscalls, mut sysrets) = (0, 0);
     for w in steps.windows(2) {
         let (this, next) = (&w[0], &w[1]);
-        match this[6] {
+        match this[7] {
             "syscall" if !kernel(this) => {
                 syscalls += 1;
                 assert!(
@@ -514,8 +514,10 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     let at = |from: usize, what: &dyn Fn(&str) -> bool| {
         lines[from..].iter().position(|l| what(l)).map(|i| i + from)
     };
-    let enter = at(0, &|l| l.contains("-- io in port 0x3f8 size 1 value 0xd"))
-        .unwrap_or_else(|| panic!("no Enter key read from the serial port"));
+    let enter = at(0, &|l| {
+        l.contains("-- io in port 0x3f8 (COM1) size 1 value 0xd")
+    })
+    .unwrap_or_else(|| panic!("no Enter key read from the serial port"));
     let last_interrupt = lines[..enter]
         .iter()
         .rev()
@@ -534,7 +536,7 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     // What the guest wrote to the serial port's data register after it.
     let written: Vec<u8> = lines[exit..]
         .iter()
-        .filter_map(|l| l.split_once("-- io out port 0x3f8 size 1 value 0x"))
+        .filter_map(|l| l.split_once("-- io out port 0x3f8 (COM1) size 1 value 0x"))
         .filter_map(|(_, v)| u8::from_str_radix(v.trim(), 16).ok())
         .collect();
     let written = String::from_utf8_lossy(&written);

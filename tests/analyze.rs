@@ -271,8 +271,10 @@ fn self_steps_add_up_to_the_trace_and_stats_parse() {
     assert!(text.contains("routines by self steps"), "{text}");
 }
 
+/// A listing's step lines: not its header (`#`) or its events (`--`).
 fn step_lines(text: &str) -> impl Iterator<Item = &str> {
-    text.lines().filter(|l| !l.trim_start().starts_with("--"))
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("--") && !l.starts_with('#'))
 }
 
 #[test]
@@ -293,6 +295,49 @@ fn listing_windows_and_files_cover_every_step_with_demo_symbols() {
         .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
         .collect();
     assert_eq!(numbers, (1000..1050).collect::<Vec<_>>());
+    // A header row names the columns; the pc column is the routine's
+    // address plus the offset the routine column gives (the ELF's
+    // symbols); numbers are 0x... everywhere, the disassembly included.
+    assert!(window.starts_with("#     step"), "{window}");
+    let wide = stdout(&analyze(&[
+        "listing",
+        trace_arg(),
+        "--no-lines",
+        "--from",
+        "49200",
+        "--count",
+        "2000",
+    ]));
+    let mut bar = None;
+    for l in step_lines(&wide) {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        assert!(
+            cols[1].starts_with("0x") && cols[2].starts_with("0x"),
+            "{l}"
+        );
+        let pc = u64::from_str_radix(&cols[2][2..], 16).unwrap();
+        let (name, off) = cols[3].split_once("+0x").unwrap_or((cols[3], "0"));
+        let off = u64::from_str_radix(off, 16).unwrap();
+        assert_eq!(common::demo_symbol(name) + off, pc, "{l}");
+        let asm = l[..l.rfind(" |").unwrap()].trim_end();
+        assert!(
+            !asm.split([' ', ',', '[', ']', '+', '*'])
+                .any(|w| w.len() > 1
+                    && w.ends_with('h')
+                    && w[..w.len() - 1].chars().all(|c| c.is_ascii_hexdigit())),
+            "MASM hex in {l}"
+        );
+        // Fixed columns: the registers start at the same place on every line.
+        assert_eq!(
+            *bar.get_or_insert(l.find(" |").unwrap()),
+            l.find(" |").unwrap(),
+            "{l}"
+        );
+    }
+    // Ports and hypercalls by name.
+    let all = stdout(&analyze(&["listing", trace_arg(), "--no-lines"]));
+    assert!(all.contains("-- io out port 0x3f8 (COM1) size 1"));
+    assert!(all.contains("-- hypercall TRACE_START args ["));
     let last = stdout(&analyze(&[
         "listing",
         trace_arg(),
@@ -326,7 +371,8 @@ fn listing_windows_and_files_cover_every_step_with_demo_symbols() {
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
         for l in step_lines(&text) {
-            let place = l.split_whitespace().nth(2).unwrap();
+            // step, address space, pc, routine+offset
+            let place = l.split_whitespace().nth(3).unwrap();
             let routine = place.split('+').next().unwrap();
             assert!(names.contains(routine), "step not in a demo routine: {l}");
             count += 1;

@@ -73,8 +73,11 @@ pub fn describe_event(e: &Event) -> String {
             write,
             value,
         } => format!(
-            "io {} port {port:#x} size {size} value {value:#x}",
-            if *write { "out" } else { "in" }
+            "io {} port {port:#x}{} size {size} value {value:#x}",
+            if *write { "out" } else { "in" },
+            crate::naming::port_name(*port)
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
         ),
         Event::Mmio {
             addr,
@@ -89,7 +92,14 @@ pub fn describe_event(e: &Event) -> String {
             command,
             args,
             result,
-        } => format!("hypercall {command:#x} args {args:x?} result {result}"),
+        } => format!(
+            "hypercall {} args [{}] result {result}",
+            crate::naming::hypercall_name(*command),
+            args.iter()
+                .map(|a| format!("{a:#x}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Event::Mark {
             id: HOST_MARK,
             value,
@@ -186,7 +196,16 @@ impl<'a> LineFormatter<'a> {
         if self.options.att {
             GasFormatter::new().format(&info.instruction, &mut asm);
         } else {
-            IntelFormatter::new().format(&info.instruction, &mut asm);
+            // Numbers as everywhere else in vtrace (0x1005e0), not MASM's
+            // 00000000001005E0h.
+            let mut intel = IntelFormatter::new();
+            let o = intel.options_mut();
+            o.set_hex_prefix("0x");
+            o.set_hex_suffix("");
+            o.set_uppercase_hex(false);
+            o.set_leading_zeros(false);
+            o.set_branch_leading_zeros(false);
+            intel.format(&info.instruction, &mut asm);
         }
         // Direct branch targets get their symbol, as objdump shows them
         // (iced's own symbol resolver must be 'static; the symbols are not).
@@ -210,12 +229,31 @@ impl<'a> LineFormatter<'a> {
             String::new()
         };
         format!(
-            "{:>6x} {:<28} {bytes:<20} {:<36}{line} |",
-            cr3_root(s.cr3) >> 12,
-            place,
+            "{:>12} {:>18} {place:<32} {bytes:<30} {:<44}{line} |",
+            format!("{:#x}", cr3_root(s.cr3)),
+            format!("{:#x}", s.pc),
             asm.0
         )
     }
+}
+
+/// The column legend, the first line of a listing (and of each file).
+pub fn header(options: &ListingOptions) -> String {
+    let task = if options.task_columns {
+        format!("{:>7} {:<15} ", "pid", "comm")
+    } else {
+        String::new()
+    };
+    format!(
+        "# {:>8} {task}{:>12} {:>18} {:<32} {:<30} {:<44}{} | registers changed (events between steps: --)\n",
+        "step",
+        "cr3",
+        "pc",
+        "routine+offset",
+        "bytes",
+        "instruction",
+        if options.lines { " file:line" } else { "" }
+    )
 }
 
 /// A segment formatted, but for its first step's register changes.
@@ -435,6 +473,7 @@ pub fn write(
     out: &mut impl Write,
     progress: Progress<'_>,
 ) -> Result<u64> {
+    out.write_all(header(options).as_bytes())?;
     run(trace, symbols, options, progress, |_, text| {
         out.write_all(text.as_bytes())?;
         Ok(())
@@ -472,7 +511,9 @@ pub fn write_files(
             if let Some((mut old, _)) = file.take() {
                 old.flush()?;
             }
-            file = Some((std::io::BufWriter::new(f), first));
+            let mut f = std::io::BufWriter::new(f);
+            f.write_all(header(options).as_bytes())?;
+            file = Some((f, first));
             files += 1;
         }
         if let Some((f, _)) = file.as_mut() {

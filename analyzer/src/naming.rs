@@ -48,3 +48,31 @@ pub fn space_root(cr3: u64) -> String {
 
 /// The start of [`space_root`]'s names.
 pub const SPACE_ROOT: &str = "cr3=";
+
+/// The device at an I/O port, as the PC (and vtrace's machine) places
+/// them: what a listing's port access is to.
+pub fn port_name(port: u16) -> Option<&'static str> {
+    Some(match port {
+        0x20 | 0x21 => "PIC master",
+        0xa0 | 0xa1 => "PIC slave",
+        0x40..=0x43 => "PIT",
+        0x60 | 0x64 => "i8042",
+        0x61 => "PC speaker/PIT gate",
+        0x70 | 0x71 => "CMOS/RTC",
+        0x80 => "POST delay",
+        0x3f8..=0x3ff => "COM1",
+        0x2f8..=0x2ff => "COM2",
+        0x3e8..=0x3ef => "COM3",
+        0x2e8..=0x2ef => "COM4",
+        0xcf8..=0xcff => "PCI config",
+        0x600..=0x603 => "ACPI PM1a event",
+        0x604 | 0x605 => "ACPI PM1a control",
+        vtrace_guest::PORT => "vtrace hypercall",
+        _ => return None,
+    })
+}
+
+/// A hypercall command's name (`TRACE_START`), or its number in hex.
+pub fn hypercall_name(command: u32) -> String {
+    vtrace_guest::cmd::name(command).map_or_else(|| format!("{command:#x}"), str::to_string)
+}

@@ -58,6 +58,22 @@ pub mod cmd {
     /// arguments 0 to 5. Sites fire only while the host has set their
     /// semaphores.
     pub const PROBE: u32 = 0x20;
+
+    /// A command's name as the ABI spells it (`TRACE_START`), for
+    /// listings; `None` for a number the ABI does not define.
+    pub fn name(command: u32) -> Option<&'static str> {
+        Some(match command {
+            VERSION => "VERSION",
+            EXIT => "EXIT",
+            LOG => "LOG",
+            MARK => "MARK",
+            TRACE_START => "TRACE_START",
+            TRACE_STOP => "TRACE_STOP",
+            TRACE_REGION => "TRACE_REGION",
+            PROBE => "PROBE",
+            _ => return None,
+        })
+    }
 }
 
 /// Results, returned in `EAX`. Errors are small negative numbers.
