@@ -562,8 +562,11 @@ pub enum AnalyzeCommand {
     /// names no tasks), an event per routine call, instants for interrupts
     /// and system calls, and a counter of runnable tasks.
     Timeline(TimelineArgs),
-    /// One self-contained HTML page: summary, statistics, flame graph and a
-    /// collapsible nest diagram.
+    /// One self-contained HTML page (no network): a summary of what ran
+    /// and where the steps went, bar charts, the flame graph, routine,
+    /// interrupt and system-call tables, the instruction mix, a nest
+    /// diagram to search and expand, and a listing window of each
+    /// busiest routine's first call.
     Report(ReportArgs),
     /// The memory `vtrace run --capture` copied: per capture the step it
     /// came before, its name, the address, the bytes as hex (with --json)

@@ -478,6 +478,31 @@ fn timeline_is_trace_event_json_with_a_track_per_address_space() {
     assert!(last_end <= info_steps() as f64 / 1000.0 + 1.0);
 }
 
+/// Headless Chromium, as the field's pages are tested: no network, no
+/// first-run work, a profile of its own.
+fn chromium(dir: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.join("chromium").display()
+        ))
+        .args(args)
+        .output()
+        .expect("chromium is installed by scripts/test.sh; run that script")
+}
+
 #[test]
 fn html_report_renders_in_headless_chromium() {
     if !kvm_available() {
@@ -487,29 +512,129 @@ fn html_report_renders_in_headless_chromium() {
     let html = dir.path().join("report.html");
     analyze(&["report", trace_arg(), "-o", html.to_str().unwrap()]);
     let page = std::fs::read_to_string(&html).unwrap();
+    for loads in ["<script src", "<link", "src=\"http", "url(http"] {
+        assert!(!page.contains(loads), "the page loads something: {loads}");
+    }
+    let url = format!("file://{}#search=memset", html.display());
+    let shown = chromium(dir.path(), &["--dump-dom", &url]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let dom = stdout(&shown);
+    // The script ran to its end, and the search in the address found the
+    // lines that name memset, opening their levels.
     assert!(
-        !page.contains("http://") || !page.contains("<script src"),
-        "loads from the network"
+        dom.contains("data-ready=\"1\""),
+        "the page's script did not finish"
     );
-    let chromium = std::process::Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .expect("chromium is installed by scripts/test.sh; run that script");
-    assert!(chromium.status.success(), "{}", stderr(&chromium));
-    let dom = stdout(&chromium);
-    for id in ["summary", "statistics", "flame", "nest"] {
+    let matches: u64 = dom
+        .split("data-matches=\"")
+        .nth(1)
+        .and_then(|m| m[..m.find('"')?].parse().ok())
+        .expect("the search ran");
+    let nest = stdout(&analyze(&["nest", trace_arg()]));
+    let in_nest = nest.lines().filter(|l| l.contains("memset")).count() as u64;
+    assert!(matches > 0 && matches <= in_nest, "{matches} of {in_nest}");
+    // Nothing went wrong in the page's console.
+    let log = stderr(&shown);
+    let console_error = |line: &str| {
+        line.contains("Uncaught") || (line.contains(":CONSOLE(") && line.contains("rror"))
+    };
+    assert!(
+        !log.lines().any(console_error),
+        "console: {:?}",
+        log.lines().find(|l| console_error(l))
+    );
+    for id in [
+        "summary",
+        "charts",
+        "flame",
+        "routines",
+        "interrupts",
+        "syscalls",
+        "mix",
+        "nest",
+        "listings",
+    ] {
         assert!(
             dom.contains(&format!("id=\"{id}\"")),
             "section {id} missing"
         );
     }
-    assert!(dom.contains("<svg"), "no flame graph");
+    // Numbers with separators; the charts drawn, the busiest routine's bar
+    // the longest; the flame graph in its frame.
+    let steps = info_steps();
+    let grouped = steps
+        .to_string()
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect::<Vec<_>>()
+        .join(",");
     assert!(
-        dom.contains("<details class=\"level\">"),
-        "no collapsible nest"
+        dom.contains(&format!("<td>{grouped}</td>")),
+        "steps as {grouped}"
     );
-    assert!(dom.contains("task_crc"));
+    assert_eq!(dom.matches("<svg class=\"chart\"").count(), 3);
+    let first_chart = &dom[dom.find("<svg class=\"chart\"").unwrap()..];
+    let first_chart = &first_chart[..first_chart.find("</svg>").unwrap()];
+    assert!(first_chart.contains(">task_crc</text>"), "{first_chart}");
+    let widths: Vec<f64> = first_chart
+        .split("<rect ")
+        .skip(1)
+        .map(|r| {
+            let w = r.split("width=\"").nth(1).unwrap();
+            w[..w.find('"').unwrap()].parse().unwrap()
+        })
+        .collect();
+    assert!(widths.len() >= 10 && widths[0] > 100.0, "{widths:?}");
+    assert!(widths.windows(2).all(|w| w[0] >= w[1]), "{widths:?}");
+    assert!(dom.contains("<iframe title=\"flame graph\""));
+    assert!(
+        page.contains("srcdoc=\"&lt;?xml"),
+        "the flame graph's document"
+    );
+    // A routine links to a listing window of its first call: the window
+    // starts in that routine.
+    let at = page
+        .find("href=\"#listing-0\">")
+        .expect("a routine links to its listing");
+    let name = &page[at + "href=\"#listing-0\">".len()..];
+    let name = &name[..name.find('<').unwrap()];
+    let window = &page[page.find("id=\"listing-0\"").unwrap()..];
+    let first_step = window
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .unwrap();
+    assert!(
+        first_step.contains(&format!(" {name}")),
+        "{name}: {first_step}"
+    );
+
+    // What a person sees: a screenshot of the page as rendered.
+    let png = dir.path().join("report.png");
+    let shot = chromium(
+        dir.path(),
+        &[
+            &format!("--screenshot={}", png.display()),
+            "--window-size=1400,3000",
+            &format!("file://{}", html.display()),
+        ],
+    );
+    assert!(shot.status.success(), "{}", stderr(&shot));
+    let image = std::fs::read(&png).unwrap();
+    assert_eq!(&image[..8], b"\x89PNG\r\n\x1a\n");
+    let (w, h) = (
+        u32::from_be_bytes(image[16..20].try_into().unwrap()),
+        u32::from_be_bytes(image[20..24].try_into().unwrap()),
+    );
+    assert_eq!((w, h), (1400, 3000));
+    // A blank page compresses to a few kB; this one has tables, charts
+    // and a flame graph.
+    assert!(image.len() > 100_000, "{} bytes", image.len());
 }
 
 #[test]

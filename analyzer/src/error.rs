@@ -25,6 +25,8 @@ pub enum AnalyzeError {
     WindowOutside { from: u64, last: u64 },
     #[error("export: {0}")]
     Export(#[from] crate::export::ExportError),
+    #[error("HTML report: {0}")]
+    Report(String),
     #[error("flame graph: {0}")]
     Flame(String),
 }

@@ -28,8 +28,21 @@ pub fn write_svg_of(
     unit: &str,
     out: &mut impl Write,
 ) -> Result<()> {
+    write_svg_with(folded, title, unit, None, out)
+}
+
+/// [`write_svg_of`], `width` pixels wide where given (else as wide as
+/// its viewer: an SVG file opened on its own).
+pub fn write_svg_with(
+    folded: &[(Vec<String>, u64)],
+    title: &str,
+    unit: &str,
+    width: Option<usize>,
+    out: &mut impl Write,
+) -> Result<()> {
     let lines = folded_lines(folded);
     let mut options = inferno::flamegraph::Options::default();
+    options.image_width = width;
     options.title = title.to_string();
     options.count_name = unit.to_string();
     options.hash = true;
