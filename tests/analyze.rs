@@ -536,7 +536,7 @@ fn html_report_renders_in_headless_chromium() {
     // Nothing went wrong in the page's console.
     let log = stderr(&shown);
     let console_error = |line: &str| {
-        line.contains("Uncaught") || (line.contains(":CONSOLE(") && line.contains("rror"))
+        line.contains("Uncaught") || (line.contains(":CONSOLE") && line.contains("rror"))
     };
     assert!(
         !log.lines().any(console_error),
