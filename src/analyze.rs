@@ -278,7 +278,7 @@ fn output(to: &OutputArgs) -> Result<BufWriter<Box<dyn Write>>> {
 }
 
 /// Writes `value` as JSON, or its text, where `-o` says.
-fn print_to(
+pub(crate) fn print_to(
     to: Option<&OutputArgs>,
     json: bool,
     value: &impl serde::Serialize,

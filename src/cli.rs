@@ -217,6 +217,8 @@ pub struct InfoArgs {
     /// stop_reason, ...).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub to: OutputArgs,
 }
 
 /// CPUID profile presented to the guest.

@@ -1,5 +1,7 @@
 //! `vtrace info`.
 
+use std::fmt::Write as _;
+
 use anyhow::Result;
 use vtrace_storage::{summarize, TraceReader, TraceSummary};
 
@@ -38,25 +40,28 @@ pub fn info(args: InfoArgs) -> Result<i32> {
     // Problems fail the command in both forms, so scripts notice damage.
     let status = if s.problems.is_empty() { 0 } else { 1 };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&json(&s))?);
+        let value = json(&s);
+        crate::analyze::print_to(Some(&args.to), true, &value, String::new)?;
         return Ok(status);
     }
-    println!("trace:          {}", args.trace.display());
+    let mut out = String::new();
+    let _ = writeln!(out, "trace:          {}", args.trace.display());
     for line in s.metadata.lines() {
-        println!("  {line}");
+        let _ = writeln!(out, "  {line}");
     }
-    println!("steps:          {}", s.steps);
-    println!("gaps:           {}", s.gaps);
+    let _ = writeln!(out, "steps:          {}", s.steps);
+    let _ = writeln!(out, "gaps:           {}", s.gaps);
     let events: Vec<String> = s.events.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("events:         {}", events.join(", "));
+    let _ = writeln!(out, "events:         {}", events.join(", "));
     if let (Some(a), Some(b)) = (s.first_pc, s.last_pc) {
-        println!("first step:     {a:#x}");
-        println!("last step:      {b:#x}");
+        let _ = writeln!(out, "first step:     {a:#x}");
+        let _ = writeln!(out, "last step:      {b:#x}");
     }
     let starts: Vec<String> = s.start_reasons.iter().map(|r| r.to_string()).collect();
-    println!("started by:     {}", starts.join(", "));
-    println!("stopped by:     {}", reason(s.stop_reason()));
-    println!(
+    let _ = writeln!(out, "started by:     {}", starts.join(", "));
+    let _ = writeln!(out, "stopped by:     {}", reason(s.stop_reason()));
+    let _ = writeln!(
+        out,
         "disk:           {} of {} bytes used, {:.2} bytes per step, {} segments{}",
         s.disk_used,
         s.disk_size,
@@ -68,9 +73,10 @@ pub fn info(args: InfoArgs) -> Result<i32> {
             String::new()
         }
     );
-    println!("digest:         {}", s.digest);
+    let _ = writeln!(out, "digest:         {}", s.digest);
     for p in &s.problems {
-        println!("problem:        {p}");
+        let _ = writeln!(out, "problem:        {p}");
     }
+    crate::analyze::print_to(Some(&args.to), false, &(), || out)?;
     Ok(status)
 }

@@ -128,6 +128,11 @@ fn info_and_analyze_read_vtrace_vtd_when_no_trace_is_named() {
             "{what}"
         );
     }
+    let out = here(&["info", "-o", "info.out"]);
+    assert!(out.status.success(), "info: {}", stderr(&out));
+    assert!(out.stdout.is_empty(), "info wrote to standard output");
+    let info = std::fs::read_to_string(dir.path().join("info.out")).unwrap();
+    assert!(info.contains("steps:          500"), "{info}");
     let listing = std::fs::read_to_string(dir.path().join("listing.out")).unwrap();
     assert!(listing.lines().count() >= 500, "a line per step");
     // `-o -` is standard output.
