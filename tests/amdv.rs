@@ -316,7 +316,7 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     assert_eq!(init["user_steps"], user, "{table}");
     let user_syscalls = steps
         .iter()
-        .filter(|f| f[6] == "syscall" && !kernel(f))
+        .filter(|f| f[7] == "syscall" && !kernel(f))
         .count();
     assert_eq!(init["syscalls"], user_syscalls, "{table}");
     assert!(
