@@ -4,30 +4,9 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-use common::{kvm_available, run, stderr, stdout};
+use common::{demo_trace, kvm_available, run, stderr, stdout};
 use object::{Object, ObjectSymbol};
-
-/// One traced run of the demo OS, shared by the tests in this file.
-fn demo_trace() -> &'static Path {
-    static TRACE: OnceLock<PathBuf> = OnceLock::new();
-    TRACE.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir").keep();
-        let disk = dir.join("demo.vtd");
-        let out = run(&[
-            "run",
-            "--no-input",
-            "--trace",
-            "--disk",
-            disk.to_str().unwrap(),
-            "--disk-size",
-            "64M",
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        disk
-    })
-}
 
 fn analyze(args: &[&str]) -> std::process::Output {
     let mut all = vec!["analyze"];

@@ -5,32 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
-use common::{info_json, kvm_available, run, stderr, stdout};
+use common::{demo_trace, info_json, kvm_available, run, stderr, stdout};
 use serde_json::Value;
-
-/// One traced run of the demo OS, shared by the tests in this file.
-fn demo_trace() -> &'static Path {
-    static TRACE: OnceLock<PathBuf> = OnceLock::new();
-    TRACE.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir").keep();
-        let disk = dir.join("demo.vtd");
-        let out = run(&[
-            "run",
-            "--no-input",
-            "--trace",
-            "--disk",
-            disk.to_str().unwrap(),
-            "--disk-size",
-            "64M",
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        disk
-    })
-}
 
 fn trace_arg() -> &'static str {
     demo_trace().to_str().unwrap()

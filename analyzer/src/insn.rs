@@ -286,6 +286,19 @@ fn class_of(i: &Instruction, flow: Flow, memory: &[UsedMemory]) -> Class {
     }
 }
 
+/// Intel syntax with numbers as vtrace writes them everywhere (0x1005e0),
+/// not MASM's 00000000001005E0h.
+pub fn intel_formatter() -> iced_x86::IntelFormatter {
+    let mut intel = iced_x86::IntelFormatter::new();
+    let o = iced_x86::Formatter::options_mut(&mut intel);
+    o.set_hex_prefix("0x");
+    o.set_hex_suffix("");
+    o.set_uppercase_hex(false);
+    o.set_leading_zeros(false);
+    o.set_branch_leading_zeros(false);
+    intel
+}
+
 /// Decodes `bytes` at `pc` in a CPU of `bitness` (16, 32 or 64).
 pub fn decode(bytes: &[u8], pc: u64, bitness: u32) -> InsnInfo {
     let mut decoder = Decoder::with_ip(bitness, bytes, pc, DecoderOptions::NONE);

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 
-use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter, IntelFormatter};
+use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter};
 use rustc_hash::FxHashMap;
 use vtrace_storage::{Event, RecordRef, Regs, Step, HOST_MARK, REG_NAMES};
 
@@ -196,16 +196,7 @@ impl<'a> LineFormatter<'a> {
         if self.options.att {
             GasFormatter::new().format(&info.instruction, &mut asm);
         } else {
-            // Numbers as everywhere else in vtrace (0x1005e0), not MASM's
-            // 00000000001005E0h.
-            let mut intel = IntelFormatter::new();
-            let o = intel.options_mut();
-            o.set_hex_prefix("0x");
-            o.set_hex_suffix("");
-            o.set_uppercase_hex(false);
-            o.set_leading_zeros(false);
-            o.set_branch_leading_zeros(false);
-            intel.format(&info.instruction, &mut asm);
+            crate::insn::intel_formatter().format(&info.instruction, &mut asm);
         }
         // Direct branch targets get their symbol, as objdump shows them
         // (iced's own symbol resolver must be 'static; the symbols are not).

@@ -165,3 +165,24 @@ pub fn newc_archive(root: &Path, out: &Path) {
         .expect("sh");
     assert!(o.status.success(), "cpio: {}", stderr(&o));
 }
+
+/// One traced run of the demo OS (`--trace`, a 64 MiB disk), made once
+/// per test binary and shared by its tests.
+pub fn demo_trace() -> &'static Path {
+    static TRACE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    TRACE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        let disk = dir.join("demo.vtd");
+        let out = run(&[
+            "run",
+            "--no-input",
+            "--trace",
+            "--disk",
+            disk.to_str().unwrap(),
+            "--disk-size",
+            "64M",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        disk
+    })
+}

@@ -199,12 +199,6 @@ pub(super) struct RowBuilder {
 
 impl RowBuilder {
     pub fn new(first_step: u64) -> Self {
-        let mut formatter = IntelFormatter::new();
-        let o = formatter.options_mut();
-        o.set_hex_prefix("0x");
-        o.set_hex_suffix("");
-        o.set_uppercase_hex(false);
-        o.set_space_after_operand_separator(true);
         RowBuilder {
             rows: SegmentRows {
                 first_step,
@@ -242,7 +236,7 @@ impl RowBuilder {
             tracker: TaskTracker::default(),
             task: NO_TASK,
             texts: FxHashMap::default(),
-            formatter,
+            formatter: crate::insn::intel_formatter(),
             pending: Vec::new(),
             interrupt: None,
         }
