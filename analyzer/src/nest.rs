@@ -366,11 +366,16 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             BigLevelCause::Break => "steps missing before here (gap or tracing paused)".into(),
         };
         let text = format!(
-            "  {:>10} {}  {:indent$}==> {what} (address space {:#x})\n",
+            "  {:>10} {}  {:indent$}==> {what} (address space {:#x}{})\n",
             level.step,
             self.blank(),
             "",
             level.cr3,
+            if level.first_run {
+                ", its first run"
+            } else {
+                ""
+            },
             indent = 2 * level.nesting
         );
         self.pending = Some((level.step, text, level.nesting));

@@ -88,6 +88,11 @@ pub struct LevelEngine {
     /// The number of the system call the next step makes.
     syscall_number: Option<u64>,
     after_break: bool,
+    /// The running stack is a task's or address space's first: its first
+    /// returns go where no frame the engine saw returns to (a new task's
+    /// crafted stack, Linux's ret_from_fork), which is its start, not
+    /// irregular flow. Ends at the next big level.
+    first_run: bool,
     nodes: Vec<(u32, FuncId)>,
     node_index: FxHashMap<(u32, FuncId), u32>,
     pub counts: LevelCounts,
@@ -115,6 +120,7 @@ impl LevelEngine {
             pending_interrupt: None,
             syscall_number: None,
             after_break: false,
+            first_run: false,
             nodes: vec![(u32::MAX, UNKNOWN_FUNC)],
             node_index: FxHashMap::default(),
             counts: LevelCounts::default(),
@@ -161,7 +167,28 @@ impl LevelEngine {
         self.stack.iter().filter(|f| f.is_entry()).count()
     }
 
-    fn big_level(&self, sink: &mut impl LevelSink, step: u64, cause: BigLevelCause) {
+    /// Tells irregular flow, except where a first run's start explains
+    /// it (see [`LevelEngine::first_run`]).
+    fn irregular(&mut self, sink: &mut impl LevelSink, step: u64, depth: usize, what: Irregular) {
+        let expected = self.first_run
+            && matches!(
+                what,
+                Irregular::ReturnNotOnStack { .. } | Irregular::InterruptReturnUnmatched { .. }
+            );
+        if !expected {
+            self.counts.irregular += 1;
+            sink.irregular(step, depth, what);
+        }
+    }
+
+    fn big_level(&mut self, sink: &mut impl LevelSink, step: u64, cause: BigLevelCause) {
+        let switch = matches!(
+            cause,
+            BigLevelCause::Switch { .. } | BigLevelCause::TaskSwitch { .. }
+        );
+        if !switch {
+            self.first_run = false;
+        }
         let entering = matches!(
             cause,
             BigLevelCause::Interrupt { .. } | BigLevelCause::SystemCall { .. }
@@ -171,6 +198,7 @@ impl LevelEngine {
             cause,
             cr3: self.cr3.unwrap_or(0),
             task: self.task,
+            first_run: switch && self.first_run,
             nesting: self.nesting() + usize::from(entering),
             interrupted: self
                 .stack
@@ -246,6 +274,7 @@ impl LevelEngine {
     ) {
         self.cr3 = Some(root);
         self.counts.switches += 1;
+        let seen = self.saved.contains_key(&to);
         let next = match self.saved.remove(&to) {
             Some(stack) => stack,
             // Where the trace first names a task, the steps before were
@@ -258,6 +287,7 @@ impl LevelEngine {
             }
             None => self.seed(root, step),
         };
+        self.first_run = !seen;
         let old = std::mem::replace(&mut self.stack, next);
         self.saved.insert(from, old);
         let cause = match from {
@@ -312,8 +342,7 @@ impl LevelEngine {
                 .map(|i| i + level_base)
             {
                 let skipped = self.stack.len() - 1 - i;
-                self.counts.irregular += 1;
-                sink.irregular(step, i, Irregular::JumpIntoStack { skipped });
+                self.irregular(sink, step, i, Irregular::JumpIntoStack { skipped });
                 while self.stack.len() > i + 1 {
                     self.pop_frame(sink, ExitKind::Unwound);
                 }
@@ -376,16 +405,14 @@ impl LevelEngine {
                     Some(i) => {
                         let skipped = self.stack.len() - 1 - i;
                         if skipped > 0 {
-                            self.counts.irregular += 1;
-                            sink.irregular(step, i, Irregular::ReturnPastFrames { skipped });
+                            self.irregular(sink, step, i, Irregular::ReturnPastFrames { skipped });
                         }
                         self.unwind_to(sink, i);
                         self.arrive(sink, func, pc, step);
                     }
                     None => {
-                        self.counts.irregular += 1;
                         let depth = self.stack.len().saturating_sub(1);
-                        sink.irregular(step, depth, Irregular::ReturnNotOnStack { to: pc });
+                        self.irregular(sink, step, depth, Irregular::ReturnNotOnStack { to: pc });
                         self.arrive(sink, func, pc, step);
                     }
                 }
@@ -406,9 +433,13 @@ impl LevelEngine {
                         self.transition(sink, resumed, func, pc, step);
                     }
                     None => {
-                        self.counts.irregular += 1;
                         let depth = self.stack.len().saturating_sub(1);
-                        sink.irregular(step, depth, Irregular::InterruptReturnUnmatched { to: pc });
+                        self.irregular(
+                            sink,
+                            step,
+                            depth,
+                            Irregular::InterruptReturnUnmatched { to: pc },
+                        );
                         self.big_level(sink, step, BigLevelCause::Resume { system_call: false });
                         self.arrive(sink, func, pc, step);
                     }

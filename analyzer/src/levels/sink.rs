@@ -128,6 +128,10 @@ pub struct BigLevel {
     pub cr3: u64,
     /// The running task, where the trace names tasks.
     pub task: Option<TaskId>,
+    /// A switch to a task or address space that runs for the first time
+    /// in the trace: its start (returns to where nothing was called from)
+    /// is not marked as irregular flow.
+    pub first_run: bool,
     /// Interrupt and system-call frames on the stack: how deeply this level
     /// is nested in what it interrupted.
     pub nesting: usize,
