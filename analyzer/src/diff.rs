@@ -18,20 +18,26 @@ use crate::stats::{Count, Stats};
 pub struct Side {
     /// The trace file, as given.
     pub trace: String,
+    /// Steps its statistics counted.
     pub steps: u64,
 }
 
 /// A routine's steps in both traces (0 where it did not run).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct RoutineDiff {
+    /// The routine's name (routines of one name add up).
     pub name: String,
+    /// Self steps in A and in B.
     pub self_a: u64,
     pub self_b: u64,
     /// `self_b - self_a`.
     pub self_delta: i128,
+    /// Total steps (with callees and interrupts) in A and in B.
     pub total_a: u64,
     pub total_b: u64,
+    /// `total_b - total_a`.
     pub total_delta: i128,
+    /// Calls in A and in B.
     pub calls_a: u64,
     pub calls_b: u64,
 }
@@ -39,7 +45,9 @@ pub struct RoutineDiff {
 /// A share of all steps in both traces: an instruction class or mnemonic.
 #[derive(Clone, Debug, Serialize)]
 pub struct ShareDiff {
+    /// The class, mnemonic or vector.
     pub name: String,
+    /// How many steps (or interrupts) in A and in B.
     pub count_a: u64,
     pub count_b: u64,
     /// Percent of the trace's steps.
@@ -52,7 +60,9 @@ pub struct ShareDiff {
 /// Everything `vtrace analyze diff` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct Diff {
+    /// The baseline.
     pub a: Side,
+    /// The trace compared with it.
     pub b: Side,
     /// Every routine of either trace, by the size of its self-step
     /// change, largest first.

@@ -66,6 +66,7 @@ pub enum ExportError {
 /// The file format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExportFormat {
+    /// Apache Parquet: columns, zstd-compressed, a row group per segment.
     Parquet,
     /// One JSON object per line.
     Jsonl,
@@ -93,21 +94,31 @@ pub enum Destination {
     /// Files of about `steps_per_file` steps each (whole segments), named
     /// `step_range=FIRST-END.EXT`. Files of an earlier export there are
     /// removed first.
-    Directory { dir: PathBuf, steps_per_file: u64 },
+    Directory {
+        /// The directory (made if missing).
+        dir: PathBuf,
+        /// Steps a file holds at least before the next begins.
+        steps_per_file: u64,
+    },
 }
 
 /// A file written.
 #[derive(Clone, Debug)]
 pub struct ExportedFile {
+    /// Where it is (`-` for standard output).
     pub path: PathBuf,
+    /// Rows (steps) in it.
     pub steps: u64,
+    /// Its size (0 for standard output).
     pub bytes: u64,
 }
 
 /// What an export wrote.
 #[derive(Clone, Debug, Default)]
 pub struct ExportReport {
+    /// Rows (steps) written in all.
     pub steps: u64,
+    /// The files, by name.
     pub files: Vec<ExportedFile>,
 }
 
