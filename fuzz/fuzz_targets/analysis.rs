@@ -1,9 +1,12 @@
-//! The analyses over a trace disk: statistics (through the level engine)
-//! and the listing, with their arithmetic on what the headers claim.
+//! The analyses over a trace disk: statistics (through the level engine),
+//! the listing, the HTML report and the per-step export, with their
+//! arithmetic on what the headers claim.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use vtrace_analyzer::export::{self, Destination, ExportFormat};
 use vtrace_analyzer::listing::{self, ListingOptions};
+use vtrace_analyzer::report;
 use vtrace_analyzer::stats;
 use vtrace_analyzer::symbols::Symbolizer;
 use vtrace_analyzer::tasks::TaskFilter;
@@ -28,5 +31,28 @@ fuzz_target!(|data: &[u8]| {
             ..Default::default()
         };
         let _ = listing::write(&trace, &symbols, &options, &mut std::io::sink(), &|_, _| {});
+        let _ = report::write(&trace, &symbols, 1000, &mut std::io::sink(), &|_, _| {});
+        // The export writes real files: Parquet, and JSON lines in a
+        // directory of files of few steps.
+        let dir = std::env::temp_dir().join(format!("vtrace-fuzz-export-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = export::export(
+            &trace,
+            &symbols,
+            ExportFormat::Parquet,
+            &Destination::File(dir.join("steps.parquet")),
+            &|_, _| {},
+        );
+        let _ = export::export(
+            &trace,
+            &symbols,
+            ExportFormat::Jsonl,
+            &Destination::Directory {
+                dir: dir.join("parts"),
+                steps_per_file: 100,
+            },
+            &|_, _| {},
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 });
