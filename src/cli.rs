@@ -51,8 +51,9 @@ pub enum Command {
     /// stopped, disk use, and a digest (equal digests mean equal traces).
     Info(InfoArgs),
     /// Analyze a trace disk offline: listings, nest diagrams of call
-    /// levels, address spaces, statistics, flame graphs, timelines and an
-    /// HTML report. Symbols of the traced kernel are found from what the
+    /// levels, address spaces, statistics, flame graphs, timelines, an
+    /// HTML report, a per-step export (Parquet, JSON lines) and diffs of
+    /// two traces. Symbols of the traced kernel are found from what the
     /// trace records; --symbols adds more.
     Analyze(AnalyzeArgs),
     /// Measure the tracer: the bare single-step loop and full tracing of the
