@@ -78,7 +78,7 @@ impl Progress {
 pub fn kernel_images() -> KernelImages<'static> {
     KernelImages {
         builtin: &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
-        unpack: &vtrace_vmm::boot::vmlinux_inside,
+        unpack: &vtrace_vmm::vmlinux_inside,
     }
 }
 
@@ -110,7 +110,7 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
             None => (spec.as_str(), Scope::Any),
         };
         let bytes = vtrace_analyzer::symbols::read_symbol_file(Path::new(file))?;
-        match vtrace_vmm::boot::vmlinux_inside(&bytes) {
+        match vtrace_vmm::vmlinux_inside(&bytes) {
             Some(vmlinux) => {
                 symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?
             }
@@ -229,7 +229,7 @@ fn initramfs_files(file: &Path, maps: &[RecordedMap]) -> Result<UserFiles, Strin
     let files = vtrace_analyzer::initramfs::files_in(
         &bytes,
         &mapped_paths(maps),
-        &vtrace_vmm::boot::decompressed,
+        &vtrace_vmm::decompressed,
     )
     .map_err(|why| format!("{origin}: {why}"))?;
     Ok(UserFiles::Archive { origin, files })

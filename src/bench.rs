@@ -9,7 +9,7 @@ use vtrace_analyzer::symbols::{discover, Symbolizer};
 use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
 use vtrace_storage::{Recorder, SegmentDecoder, TraceReader};
-use vtrace_vmm::boot::{BootSource, Image};
+use vtrace_vmm::{BootSource, Image};
 
 use crate::cli::BenchArgs;
 
@@ -123,11 +123,7 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
     Ok(())
 }
 
-fn analyzer_bench(
-    boot: &vtrace_vmm::boot::BootSource,
-    dir: &Path,
-    args: &BenchArgs,
-) -> Result<i32> {
+fn analyzer_bench(boot: &vtrace_vmm::BootSource, dir: &Path, args: &BenchArgs) -> Result<i32> {
     let json = args.json;
     let (trace, what) = match &args.trace {
         Some(path) => {

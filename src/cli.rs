@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use vtrace_vmm::clock::ClockMode;
+use vtrace_vmm::ClockMode;
 
 use crate::exit_status::STATUS_TABLE;
 use crate::units::{

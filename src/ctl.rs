@@ -4,7 +4,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
 use anyhow::Result;
-use vtrace_vmm::control;
+use vtrace_vmm::control_socket as control;
 
 use crate::cli::CtlArgs;
 use crate::exit_status::NoRunListening;

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use serde_json::json;
-use vtrace_vmm::probe::{examine, Findings, ProbeEnding, Stepping};
+use vtrace_vmm::{examine_host as examine, Findings, ProbeEnding, Stepping};
 
 use crate::cli::DoctorArgs;
 

@@ -65,7 +65,7 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
     if error.chain().any(|e| e.is::<BadArgument>()) {
         return 2;
     }
-    if let Some(vtrace_vmm::control::ControlError::Connect { .. }) =
+    if let Some(vtrace_vmm::ControlError::Connect { .. }) =
         error.chain().find_map(|e| e.downcast_ref())
     {
         return 69;

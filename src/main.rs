@@ -64,9 +64,9 @@ fn main() {
     match status {
         Ok(code) => std::process::exit(code),
         Err(error) => {
-            vtrace_vmm::console::user_message(&format!("vtrace: error: {}", describe(&error)));
+            vtrace_vmm::user_message(&format!("vtrace: error: {}", describe(&error)));
             if let Some(advice) = exit_status::advice(&error) {
-                vtrace_vmm::console::user_message(&format!("vtrace: {advice}"));
+                vtrace_vmm::user_message(&format!("vtrace: {advice}"));
             }
             std::process::exit(exit_status::for_error(&error));
         }

@@ -8,8 +8,8 @@ use anyhow::Result;
 use vtrace_analyzer::symbols::{find_variable, physical_of};
 use vtrace_storage::metadata::{SampleType, SampleVariable};
 use vtrace_trap::SampleCount;
-use vtrace_vmm::boot::BootSource;
-use vtrace_vmm::peep::{PeepPlan, PeepRead, PeepReport, MAX_READS};
+use vtrace_vmm::BootSource;
+use vtrace_vmm::{PeepPlan, PeepRead, PeepReport, MAX_PEEP_READS as MAX_READS};
 
 use crate::cli::RunArgs;
 use crate::exit_status::BadArgument;
@@ -41,7 +41,7 @@ fn kernel_elf(boot: &BootSource) -> Option<Cow<'_, [u8]>> {
     if kernel.bytes.starts_with(b"\x7fELF") {
         return Some(Cow::Borrowed(&kernel.bytes));
     }
-    vtrace_vmm::boot::vmlinux_inside(&kernel.bytes).map(Cow::Owned)
+    vtrace_vmm::vmlinux_inside(&kernel.bytes).map(Cow::Owned)
 }
 
 /// Splits `SYMBOL[:TYPE]`.

@@ -145,8 +145,7 @@ impl<'a> Places<'a> {
                 origin: origin.clone(),
                 why: e.to_string(),
             })?;
-            let found =
-                program_in_initramfs(&bytes, &origin, program, &vtrace_vmm::boot::decompressed)?;
+            let found = program_in_initramfs(&bytes, &origin, program, &vtrace_vmm::decompressed)?;
             if let Some(found) = found {
                 return Ok(found);
             }

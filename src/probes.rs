@@ -14,7 +14,7 @@ pub fn kernel_probes(bytes: &[u8], what: &str) -> Result<Vec<ProbeSite>> {
         return sdt::probe_sites(bytes)
             .with_context(|| format!("cannot read the probes of {what}"));
     }
-    match vtrace_vmm::boot::vmlinux_inside(bytes) {
+    match vtrace_vmm::vmlinux_inside(bytes) {
         Some(vmlinux) => sdt::probe_sites(&vmlinux)
             .with_context(|| format!("cannot read the probes of the vmlinux inside {what}")),
         None => Err(BadArgument(format!(

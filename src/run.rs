@@ -1,10 +1,11 @@
 //! `vtrace run`.
 
 use anyhow::{Context, Result};
-use vtrace_vmm::boot::{default_linux_cmdline, BootSource, Image};
-use vtrace_vmm::console::user_message;
+use vtrace_vmm::user_message;
+use vtrace_vmm::{default_linux_cmdline, BootSource, Image};
 use vtrace_vmm::{
-    signals, ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm, VmConfig,
+    stop_signals as signals, ConsoleMode, CpuProfile, GuestExit, NoMonitor, RunOutcome, Vm,
+    VmConfig,
 };
 
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use vtrace_trap::{
     CaptureCount, CaptureSite, FunctionProbe, FunctionSite, ProbeCount, ProbeTroubles, StaticSite,
     TraceOptions, Tracer, WindowCount, MAX_CAPTURES,
 };
-use vtrace_vmm::clock::ClockMode;
+use vtrace_vmm::ClockMode;
 
 use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
 
@@ -103,7 +104,7 @@ fn linux_tasks(boot: &BootSource, quiet: bool) -> Option<TaskLayout> {
     let BootSource::Kernel { kernel, .. } = boot else {
         return None;
     };
-    let vmlinux = vtrace_vmm::boot::vmlinux_inside(&kernel.bytes)?;
+    let vmlinux = vtrace_vmm::vmlinux_inside(&kernel.bytes)?;
     match task_layout(&vmlinux) {
         Ok(layout) => {
             if layout.maps.is_none() && !quiet {
@@ -219,7 +220,7 @@ fn tracer(
         stop_in: stop_at.and_then(|p| p.task),
         exit_after_trace: args.exit_after_trace,
         obey_guest: !args.ignore_guest_tracing,
-        trap_flag_host: vtrace_vmm::host::steps_with_trap_flag(),
+        trap_flag_host: vtrace_vmm::steps_with_trap_flag(),
         linux_tasks,
         captures,
         functions,
@@ -530,7 +531,7 @@ fn window_summary(c: &WindowCount) -> String {
 pub fn run(args: RunArgs) -> Result<i32> {
     // From the start: a signal while the kernel loads or the disk is made
     // ends the run at its first exit, with the disk in order.
-    signals::catch_stop_signals()?;
+    signals::catch()?;
     let boot = boot_source(&args)?;
     let kernel = kernel_identity(&boot);
     let traced = tracing_asked(&args);
@@ -558,8 +559,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
         let path = args
             .control
             .clone()
-            .unwrap_or_else(|| vtrace_vmm::control::default_path(std::process::id()));
-        Some(vtrace_vmm::control::ControlServer::bind(&path)?)
+            .unwrap_or_else(|| vtrace_vmm::control_socket::default_path(std::process::id()));
+        Some(vtrace_vmm::ControlServer::bind(&path)?)
     } else {
         None
     };

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::Recorder;
-use vtrace_vmm::boot::BootSource;
-use vtrace_vmm::clock::ClockMode;
+use vtrace_vmm::BootSource;
+use vtrace_vmm::ClockMode;
 use vtrace_vmm::{ConsoleMode, CpuProfile, CpuView, Directive, ExitView, Monitor, Vm, VmConfig};
 
 use anyhow::Result;
@@ -90,7 +90,7 @@ fn config(boot: &BootSource) -> VmConfig {
 
 /// Runs `boot` twice: stepping bare, then traced to a disk in `dir`.
 pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
-    let trap_flag_host = vtrace_vmm::host::steps_with_trap_flag();
+    let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     let bare = Vm::new(config(boot))?.run(&mut BareStepper {
         rearm: trap_flag_host,
     })?;

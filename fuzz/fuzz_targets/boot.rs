@@ -7,8 +7,9 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_vmm::boot::{load, BootSource, Image};
-use vtrace_vmm::memory::{create_guest_ram, GuestRam};
+use vtrace_vmm::fuzzing::load;
+use vtrace_vmm::fuzzing::{create_guest_ram, GuestRam};
+use vtrace_vmm::{BootSource, Image};
 
 static RAM: LazyLock<GuestRam> =
     LazyLock::new(|| create_guest_ram(64 << 20).expect("64 MiB of guest memory"));

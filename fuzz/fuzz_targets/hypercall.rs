@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_vmm::devices::hypercall::{BadAddress, GuestVirtualMemory, Hypercall, HypercallPort};
+use vtrace_vmm::fuzzing::{BadAddress, GuestVirtualMemory, HypercallPort};
+use vtrace_vmm::Hypercall;
 use vtrace_vmm::NoMonitor;
 
 /// Guest memory: the input's bytes, mapped from address 0x1000.

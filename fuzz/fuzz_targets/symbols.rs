@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = vtrace_analyzer::sdt::probe_sites(data);
     let _ = vtrace_analyzer::symbols::find_variable(data, "jiffies");
     let _ = vtrace_analyzer::symbols::physical_of(data, 0xffff_ffff_8100_0000);
-    if let Some(vmlinux) = vtrace_vmm::boot::vmlinux_inside(data) {
+    if let Some(vmlinux) = vtrace_vmm::vmlinux_inside(data) {
         let _ = Symbolizer::new().add_bytes(&vmlinux, "fuzz vmlinux", Scope::Any);
     }
 });

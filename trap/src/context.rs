@@ -1,39 +1,30 @@
 //! The CPU mode and privilege a step runs in, from the system registers.
 
-use kvm_bindings::kvm_sregs;
 use vtrace_storage::CpuMode;
+use vtrace_vmm::x86::SpecialRegisters;
 
 use vtrace_vmm::x86::cr0::PE as CR0_PE;
 use vtrace_vmm::x86::efer::LMA as EFER_LMA;
 
 /// Mode of the code segment as the CPU would decode with it.
-pub fn cpu_mode(sregs: &kvm_sregs) -> CpuMode {
+pub fn cpu_mode(sregs: &SpecialRegisters) -> CpuMode {
     if sregs.cr0 & CR0_PE == 0 {
         CpuMode::Real
     } else if sregs.efer & EFER_LMA != 0 {
-        if sregs.cs.l == 1 {
+        if sregs.cs.l {
             CpuMode::Long64
         } else {
             CpuMode::Compat32
         }
-    } else if sregs.cs.db == 1 {
+    } else if sregs.cs.db {
         CpuMode::Protected32
     } else {
         CpuMode::Protected16
     }
 }
 
-/// Current privilege level.
-pub fn cpl(sregs: &kvm_sregs) -> u8 {
-    if sregs.cr0 & CR0_PE == 0 {
-        0
-    } else {
-        (sregs.cs.selector & 3) as u8
-    }
-}
-
 /// Linear address of CS:IP.
-pub fn linear_pc(sregs: &kvm_sregs, rip: u64) -> u64 {
+pub fn linear_pc(sregs: &SpecialRegisters, rip: u64) -> u64 {
     match cpu_mode(sregs) {
         CpuMode::Long64 => rip,
         CpuMode::Real => (sregs.cs.base + (rip & 0xffff)) & 0xf_ffff,

@@ -13,8 +13,7 @@
 //! fault there is noticed afterwards through CR2 and marked as a gap.
 
 use iced_x86::{Code, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
-use kvm_bindings::{kvm_regs, kvm_sregs};
-use vtrace_vmm::cpu::unemulated::reg_value;
+use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Exception, ExceptionKind};
 
 use crate::walker::{PageAccess, Walker};
@@ -38,15 +37,15 @@ use vtrace_vmm::x86::pf_error::W as PF_WRITE;
 pub fn foresee(
     walker: &mut Walker,
     cpu: &dyn CpuView,
-    sregs: &kvm_sregs,
-    regs: &kvm_regs,
+    sregs: &SpecialRegisters,
+    regs: &Registers,
     pc: u64,
     insn: Option<&Instruction>,
     fetched: usize,
 ) -> Option<Exception> {
     // 64-bit code only: segmentation, 32-bit paging and real mode are
     // not modelled here.
-    if sregs.efer & (1 << 10) == 0 || sregs.cs.l != 1 {
+    if sregs.efer & vtrace_vmm::x86::efer::LMA == 0 || !sregs.cs.l {
         return None;
     }
     let cpl = sregs.cs.dpl;
@@ -121,7 +120,7 @@ pub fn foresee(
 }
 
 /// RCX, ECX or CX, by the instruction's address size.
-fn count_register(insn: &Instruction, regs: &kvm_regs) -> u64 {
+fn count_register(insn: &Instruction, regs: &Registers) -> u64 {
     match insn.memory_base() {
         Register::ESI | Register::EDI => regs.rcx & 0xffff_ffff,
         Register::SI | Register::DI => regs.rcx & 0xffff,
@@ -136,12 +135,12 @@ enum Access {
     Fetch,
 }
 
-fn register(regs: &kvm_regs, sregs: &kvm_sregs, reg: Register) -> Option<u64> {
+fn register(regs: &Registers, sregs: &SpecialRegisters, reg: Register) -> Option<u64> {
     match reg {
         Register::FS => Some(sregs.fs.base),
         Register::GS => Some(sregs.gs.base),
         r if r.is_segment_register() => Some(0),
-        r => reg_value(regs, r),
+        r => regs.value(r),
     }
 }
 
@@ -150,8 +149,8 @@ fn register(regs: &kvm_regs, sregs: &kvm_sregs, reg: Register) -> Option<u64> {
 fn page_fault(
     walker: &mut Walker,
     cpu: &dyn CpuView,
-    sregs: &kvm_sregs,
-    regs: &kvm_regs,
+    sregs: &SpecialRegisters,
+    regs: &Registers,
     addr: u64,
     access: Access,
     cpl: u8,
@@ -204,10 +203,10 @@ fn page_fault(
 /// DIV and IDIV by zero, or with a quotient that does not fit (#DE).
 fn divides_badly(
     insn: &Instruction,
-    regs: &kvm_regs,
+    regs: &Registers,
     walker: &mut Walker,
     cpu: &dyn CpuView,
-    sregs: &kvm_sregs,
+    sregs: &SpecialRegisters,
 ) -> bool {
     let signed = match insn.mnemonic() {
         Mnemonic::Div => false,
@@ -219,7 +218,7 @@ fn divides_badly(
         _ => insn.memory_size().size() as u32 * 8,
     };
     let divisor = match insn.op0_kind() {
-        OpKind::Register => reg_value(regs, insn.op0_register()),
+        OpKind::Register => regs.value(insn.op0_register()),
         OpKind::Memory => insn
             .virtual_address(0, 0, |r, _, _| register(regs, sregs, r))
             .and_then(|addr| {

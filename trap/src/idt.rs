@@ -1,8 +1,8 @@
 //! Reading the guest's interrupt descriptor table: where a vector's handler
 //! starts and where the CPU put the exception frame.
 
-use kvm_bindings::kvm_sregs;
 use vtrace_storage::CpuMode;
+use vtrace_vmm::x86::SpecialRegisters;
 use vtrace_vmm::{x86, CpuView};
 
 use crate::context::cpu_mode;
@@ -18,7 +18,12 @@ pub struct Gate {
 }
 
 /// The gate for `vector`, if the IDT has a present one.
-pub fn gate(cpu: &dyn CpuView, walker: &mut Walker, sregs: &kvm_sregs, vector: u8) -> Option<Gate> {
+pub fn gate(
+    cpu: &dyn CpuView,
+    walker: &mut Walker,
+    sregs: &SpecialRegisters,
+    vector: u8,
+) -> Option<Gate> {
     match cpu_mode(sregs) {
         CpuMode::Real => {
             let mut b = [0u8; 4];
@@ -63,7 +68,7 @@ pub fn gate(cpu: &dyn CpuView, walker: &mut Walker, sregs: &kvm_sregs, vector: u
 pub fn error_code(
     cpu: &dyn CpuView,
     walker: &mut Walker,
-    sregs: &kvm_sregs,
+    sregs: &SpecialRegisters,
     gate: Gate,
     old_rsp: u64,
 ) -> Option<u32> {

@@ -25,5 +25,5 @@ pub use tracer::{
 };
 
 // A sample the peeper takes must fit the trace's sample event.
-const _: () = assert!(vtrace_vmm::peep::MAX_READS <= vtrace_storage::MAX_SAMPLE_VALUES);
+const _: () = assert!(vtrace_vmm::MAX_PEEP_READS <= vtrace_storage::MAX_SAMPLE_VALUES);
 pub use window::{FunctionSite, WindowCount};

@@ -11,8 +11,8 @@
 //!   debug registers (see [`crate::Tracer`]).
 
 use vtrace_storage::{Event, MAX_PROBE_ARGS};
-use vtrace_vmm::devices::hypercall::Hypercall;
 use vtrace_vmm::CpuView;
+use vtrace_vmm::Hypercall;
 
 /// One site of a static probe, as its `stapsdt` note gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 //! steps wherever it was taken.
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, Register};
-use kvm_bindings::kvm_regs;
+use vtrace_vmm::x86::Registers;
 
 /// Reads guest memory at a linear address; false if unreadable.
 pub trait ReadLinear {
@@ -96,7 +96,7 @@ impl RepString {
 
     /// Iterations run between `before` and `after` (the count register's
     /// decrease).
-    pub fn iterations(&self, before: &kvm_regs, after: &kvm_regs) -> u64 {
+    pub fn iterations(&self, before: &Registers, after: &Registers) -> u64 {
         before.rcx.wrapping_sub(after.rcx) & self.mask()
     }
 
@@ -105,12 +105,12 @@ impl RepString {
     /// `None` when memory a comparison or load needs cannot be read.
     pub fn rebuild(
         &self,
-        before: &kvm_regs,
-        after: &kvm_regs,
+        before: &Registers,
+        after: &Registers,
         n: u64,
         segments: (u64, u64),
         memory: &mut dyn ReadLinear,
-    ) -> Option<Vec<kvm_regs>> {
+    ) -> Option<Vec<Registers>> {
         let mut out = Vec::with_capacity(usize::try_from(n).ok()?);
         let mut regs = *before;
         let down = before.rflags & RFLAGS_DF != 0;
@@ -253,13 +253,13 @@ mod tests {
     #[test]
     fn rep_stosb_iterations_count_down_and_advance() {
         let rep = RepString::decode(&[0xf3, 0xaa], 64).unwrap();
-        let before = kvm_regs {
+        let before = Registers {
             rcx: 3,
             rdi: 0x1000,
             rflags: 2,
             ..Default::default()
         };
-        let after = kvm_regs {
+        let after = Registers {
             rcx: 0,
             rdi: 0x1003,
             rflags: 2,
@@ -276,14 +276,14 @@ mod tests {
     #[test]
     fn rep_movsq_backwards_moves_both_pointers_down() {
         let rep = RepString::decode(&[0xf3, 0x48, 0xa5], 64).unwrap();
-        let before = kvm_regs {
+        let before = Registers {
             rcx: 2,
             rsi: 0x2010,
             rdi: 0x3010,
             rflags: 2 | RFLAGS_DF,
             ..Default::default()
         };
-        let after = kvm_regs {
+        let after = Registers {
             rcx: 0,
             rsi: 0x2000,
             rdi: 0x3000,
@@ -307,14 +307,14 @@ mod tests {
         mem[0..2].copy_from_slice(b"ab");
         mem[8..10].copy_from_slice(b"ac");
         let rep = RepString::decode(&[0xf3, 0xa6], 64).unwrap();
-        let before = kvm_regs {
+        let before = Registers {
             rcx: 5,
             rsi: 0,
             rdi: 8,
             rflags: 2,
             ..Default::default()
         };
-        let after = kvm_regs {
+        let after = Registers {
             rcx: 3,
             rsi: 2,
             rdi: 10,

@@ -4,9 +4,9 @@
 use vtrace_guest::{cmd, status};
 use vtrace_storage::writer::WriterReport;
 use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
-use vtrace_vmm::devices::hypercall::Hypercall;
-use vtrace_vmm::peep::PeepSample;
 use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
+use vtrace_vmm::Hypercall;
+use vtrace_vmm::PeepSample;
 use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
 
 use crate::capture::{CaptureCount, CaptureSite, Captures};

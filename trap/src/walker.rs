@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use kvm_bindings::kvm_sregs;
+use vtrace_vmm::x86::SpecialRegisters;
 use vtrace_vmm::CpuView;
 
 use vtrace_vmm::x86::cr0::PG as CR0_PG;
@@ -66,7 +66,12 @@ impl Walker {
     }
 
     /// Guest-physical address of `linear`, or None if it is not mapped.
-    pub fn translate(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<u64> {
+    pub fn translate(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &SpecialRegisters,
+        linear: u64,
+    ) -> Option<u64> {
         self.lookup(cpu, sregs, linear).map(|(phys, _)| phys)
     }
 
@@ -74,7 +79,7 @@ impl Walker {
     pub fn access(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
+        sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<PageAccess> {
         self.lookup(cpu, sregs, linear).map(|(_, access)| access)
@@ -87,7 +92,7 @@ impl Walker {
     pub fn access_now(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
+        sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<PageAccess> {
         self.cache.remove(&(linear & !0xfff));
@@ -97,7 +102,7 @@ impl Walker {
     fn lookup(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
+        sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<(u64, PageAccess)> {
         let key = (sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
@@ -122,7 +127,7 @@ impl Walker {
     pub fn read(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
+        sregs: &SpecialRegisters,
         linear: u64,
         buf: &mut [u8],
     ) -> usize {
@@ -143,7 +148,7 @@ impl Walker {
 }
 
 /// One walk, no cache.
-fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<(u64, PageAccess)> {
+fn walk(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64) -> Option<(u64, PageAccess)> {
     if sregs.cr0 & CR0_PG == 0 {
         return Some((linear & 0xffff_ffff, ANY_ACCESS));
     }
@@ -207,14 +212,14 @@ fn walk(cpu: &dyn CpuView, sregs: &kvm_sregs, linear: u64) -> Option<(u64, PageA
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kvm_bindings::kvm_regs;
     use std::cell::RefCell;
+    use vtrace_vmm::x86::Registers;
 
     /// Guest memory as a flat vector, for walker and engine tests.
     pub struct FlatCpu {
         pub mem: RefCell<Vec<u8>>,
-        pub regs: kvm_regs,
-        pub sregs: kvm_sregs,
+        pub regs: Registers,
+        pub sregs: SpecialRegisters,
         /// IA32_FMASK, the one MSR the engine touches.
         pub fmask: u64,
     }
@@ -223,8 +228,8 @@ pub(crate) mod tests {
         pub fn new(size: usize) -> FlatCpu {
             FlatCpu {
                 mem: RefCell::new(vec![0; size]),
-                regs: kvm_regs::default(),
-                sregs: kvm_sregs::default(),
+                regs: Registers::default(),
+                sregs: SpecialRegisters::default(),
                 fmask: 0,
             }
         }
@@ -237,10 +242,10 @@ pub(crate) mod tests {
     }
 
     impl CpuView for FlatCpu {
-        fn regs(&mut self) -> kvm_regs {
+        fn regs(&mut self) -> Registers {
             self.regs
         }
-        fn sregs(&mut self) -> kvm_sregs {
+        fn sregs(&mut self) -> SpecialRegisters {
             self.sregs
         }
         fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
@@ -263,7 +268,7 @@ pub(crate) mod tests {
                 None => false,
             }
         }
-        fn write_regs(&mut self, regs: &kvm_regs) -> bool {
+        fn write_regs(&mut self, regs: &Registers) -> bool {
             self.regs = *regs;
             true
         }
@@ -295,7 +300,7 @@ pub(crate) mod tests {
         cpu.sregs.cr3 = 0x1000;
         cpu.sregs.cr4 = 0x20;
         cpu.sregs.efer = 0x500;
-        cpu.sregs.cs.l = 1;
+        cpu.sregs.cs.l = true;
         cpu.sregs.cs.selector = 0x08;
         cpu.sregs.idt.base = IDT;
         cpu.sregs.idt.limit = 0xfff;
@@ -318,7 +323,7 @@ pub(crate) mod tests {
     #[test]
     fn four_level_with_4k_and_2m_pages() {
         let cpu = FlatCpu::new(0x20_0000);
-        let mut s = kvm_sregs {
+        let mut s = SpecialRegisters {
             cr0: CR0_PG | 1,
             cr3: 0x1000,
             cr4: CR4_PAE,
@@ -349,9 +354,9 @@ pub(crate) mod tests {
     fn real_mode_and_32_bit_paging() {
         let cpu = FlatCpu::new(0x10_0000);
         let mut w = Walker::new();
-        let real = kvm_sregs::default();
+        let real = SpecialRegisters::default();
         assert_eq!(w.translate(&cpu, &real, 0x7c00), Some(0x7c00));
-        let s = kvm_sregs {
+        let s = SpecialRegisters {
             cr0: CR0_PG | 1,
             cr3: 0x1000,
             cr4: CR4_PSE,
@@ -370,7 +375,10 @@ pub(crate) mod tests {
         cpu.put(0x1ffe, &[1, 2, 3, 4]);
         let mut w = Walker::new();
         let mut buf = [0u8; 4];
-        assert_eq!(w.read(&cpu, &kvm_sregs::default(), 0x1ffe, &mut buf), 4);
+        assert_eq!(
+            w.read(&cpu, &SpecialRegisters::default(), 0x1ffe, &mut buf),
+            4
+        );
         assert_eq!(buf, [1, 2, 3, 4]);
     }
 }

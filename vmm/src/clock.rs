@@ -149,14 +149,16 @@ impl VirtualClock {
     /// A clock starting at zero for a guest that is single-stepped from
     /// its first instruction: in steps mode no host time counts at all, so
     /// the same guest sees the same time on a fast host and a slow one.
+    #[cfg(test)]
     pub fn stepping_from_start(mode: ClockMode) -> Self {
         let mut clock = VirtualClock::new(mode);
         clock.restart(true);
         clock
     }
 
-    /// Starts again from zero now, keeping its readers; `stepping` as in
-    /// [`VirtualClock::stepping_from_start`].
+    /// Starts again from zero now, keeping its readers; while `stepping`,
+    /// in steps mode no host time counts at all, so the same guest sees
+    /// the same time on a fast host and a slow one.
     pub fn restart(&mut self, stepping: bool) {
         self.base = 0;
         self.since = match (stepping, self.mode) {
@@ -239,11 +241,6 @@ impl VirtualClock {
         self.since = None;
         self.publish();
         self.base
-    }
-
-    /// The clock's mode.
-    pub fn mode(&self) -> ClockMode {
-        self.mode
     }
 
     /// Current virtual time.

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
+use crate::x86::{Registers, SpecialRegisters};
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
-use kvm_bindings::{kvm_regs, kvm_sregs};
 
 /// How many recent exits the report keeps.
 pub const EXIT_HISTORY: usize = 16;
@@ -51,8 +51,8 @@ impl ExitHistory {
 /// The guest's state when it stopped abnormally.
 #[derive(Clone, Debug)]
 pub struct CrashReport {
-    pub regs: kvm_regs,
-    pub sregs: kvm_sregs,
+    pub regs: Registers,
+    pub sregs: SpecialRegisters,
     /// Bytes at CS:RIP, if they could be read.
     pub code: Option<Vec<u8>>,
     pub recent_exits: Vec<ExitNote>,
@@ -63,18 +63,7 @@ pub struct CrashReport {
 impl CrashReport {
     /// Code size of the CPU mode in the segment registers: 16, 32 or 64.
     pub fn bitness(&self) -> u32 {
-        Self::bitness_of(&self.sregs)
-    }
-
-    /// Code size for these system registers: 16, 32 or 64.
-    pub fn bitness_of(sregs: &kvm_sregs) -> u32 {
-        if sregs.efer & crate::x86::efer::LMA != 0 && sregs.cs.l == 1 {
-            64
-        } else if sregs.cr0 & 1 == 1 && sregs.cs.db == 1 {
-            32
-        } else {
-            16
-        }
+        self.sregs.code_bits()
     }
 
     /// The instruction at RIP in Intel syntax, if its bytes are known.
@@ -186,18 +175,18 @@ mod tests {
     #[test]
     fn report_decodes_the_faulting_instruction() {
         let mut report = CrashReport {
-            regs: kvm_regs {
+            regs: Registers {
                 rip: 0x1000,
                 ..Default::default()
             },
-            sregs: kvm_sregs::default(),
+            sregs: SpecialRegisters::default(),
             code: Some(vec![0xf3, 0x0f, 0xb8, 0xc0]),
             recent_exits: vec![],
             hint: None,
         };
         report.sregs.cr0 = 1;
         report.sregs.efer = 0x500;
-        report.sregs.cs.l = 1;
+        report.sregs.cs.l = true;
         assert_eq!(report.bitness(), 64);
         assert_eq!(report.instruction().as_deref(), Some("popcnt eax,eax"));
         assert!(report.to_string().contains("f3 0f b8 c0"));

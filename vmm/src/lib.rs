@@ -6,7 +6,7 @@
 //! steers the run; the tracer is one.
 //!
 //! ```no_run
-//! use vtrace_vmm::{boot::{BootSource, Image}, ConsoleMode, CpuProfile, NoMonitor, Vm, VmConfig};
+//! use vtrace_vmm::{BootSource, Image, ConsoleMode, CpuProfile, NoMonitor, Vm, VmConfig};
 //! let config = VmConfig {
 //!     boot: BootSource::RealMode { image: Image::from_file("image", "boot.bin")?, load_addr: 0x7c00 },
 //!     memory: 16 << 20,
@@ -14,7 +14,7 @@
 //!     console: ConsoleMode::OutputOnly,
 //!     kvm_device: vtrace_vmm::KVM_DEVICE.into(),
 //!     serial_out: Box::new(std::io::stdout()),
-//!     clock: vtrace_vmm::clock::ClockMode::Wall,
+//!     clock: vtrace_vmm::ClockMode::Wall,
 //!     control: None,
 //! };
 //! let outcome = Vm::new(config)?.run(&mut NoMonitor)?;
@@ -22,31 +22,69 @@
 //! # Ok::<(), vtrace_vmm::Error>(())
 //! ```
 
-pub mod boot;
-pub mod clock;
-pub mod console;
-pub mod control;
-pub mod cpu;
-pub mod devices;
-pub mod diagnostics;
+mod boot;
+mod clock;
+mod console;
+mod control;
+mod cpu;
+mod devices;
+mod diagnostics;
 mod error;
 mod guest_text;
-pub mod host;
+mod host;
 mod kick;
-pub mod memory;
-pub mod monitor;
-pub mod peep;
-pub mod probe;
+mod memory;
+mod monitor;
+mod peep;
+mod probe;
 mod run_loop;
-pub mod signals;
+mod signals;
 mod vcpu;
 mod vm;
 pub mod x86;
 
+// The crate's API. The modules are private: what a user of the VMM needs is
+// named here, so a module can be split or moved without breaking callers.
+
+// Building and running a VM.
+pub use boot::{default_linux_cmdline, BootSource, Image, MAX_IMAGE};
+pub use clock::ClockMode;
 pub use cpu::cpuid::CpuProfile;
 pub use error::{Error, Result};
+pub use run_loop::{Finish, GuestExit, RunOutcome};
+pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};
+
+// The seam to a tracer.
+pub use devices::hypercall::Hypercall;
 pub use monitor::{
     CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor, NoMonitor,
 };
-pub use run_loop::{Finish, GuestExit, RunOutcome};
-pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};
+pub use peep::{PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS};
+
+// Kernel images, for whoever reads them (symbols, probes, tasks).
+pub use boot::{decompressed, vmlinux_inside};
+
+// The host and the process around a run.
+pub use console::user_message;
+pub use control::{ControlError, ControlServer};
+pub use diagnostics::CrashReport;
+pub use host::steps_with_trap_flag;
+pub use probe::{examine as examine_host, Findings, ProbeEnding, Stepping};
+
+/// The control socket's client side and where sockets live (`vtrace ctl`).
+pub mod control_socket {
+    pub use crate::control::{default_dir, default_path, send};
+}
+
+/// Stop signals (SIGINT, SIGTERM, SIGHUP) for the life of a run.
+pub mod stop_signals {
+    pub use crate::signals::{catch_stop_signals as catch, name, STOP_SIGNALS};
+}
+
+/// Internals the fuzz targets drive directly; not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::boot::load;
+    pub use crate::devices::hypercall::{BadAddress, GuestVirtualMemory, HypercallPort};
+    pub use crate::memory::{create_guest_ram, GuestRam};
+}

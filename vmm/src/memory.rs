@@ -59,6 +59,7 @@ pub struct RamRange {
 
 impl RamRange {
     /// One past the last byte.
+    #[cfg(test)]
     pub fn end(&self) -> u64 {
         self.start + self.size
     }

@@ -1,9 +1,8 @@
 //! The hook through which a tracer observes and steers the VM. The VMM calls
 //! it at the points a tracer needs and otherwise knows nothing of tracing.
 
-use kvm_bindings::{kvm_regs, kvm_sregs};
-
 use crate::devices::hypercall::Hypercall;
+use crate::x86::{Registers, SpecialRegisters};
 
 /// What the VMM saw at an exit, as the monitor needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,9 +99,9 @@ pub enum Injection {
 /// implements it over KVM; tests implement it over plain data.
 pub trait CpuView {
     /// General registers as of this exit.
-    fn regs(&mut self) -> kvm_regs;
+    fn regs(&mut self) -> Registers;
     /// System registers as of this exit.
-    fn sregs(&mut self) -> kvm_sregs;
+    fn sregs(&mut self) -> SpecialRegisters;
     /// Reads guest-physical memory; false if any byte is not RAM.
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
     /// Writes guest-physical memory; false if any byte is not RAM. Only
@@ -114,7 +113,7 @@ pub trait CpuView {
     /// Writes the general registers; false if it cannot. Only for what
     /// stepping with the trap flag needs (carrying TF across a return to
     /// user mode, hiding it from SYSCALL's R11).
-    fn write_regs(&mut self, _regs: &kvm_regs) -> bool {
+    fn write_regs(&mut self, _regs: &Registers) -> bool {
         false
     }
     /// What a CPUID of `function`/`index` that returned `seen` (EAX, EBX,

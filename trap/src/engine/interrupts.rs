@@ -3,9 +3,9 @@
 //! ran before an exit, IRETQ and STI-shadow reconstruction, exceptions
 //! inferred from where execution went.
 
-use kvm_bindings::{kvm_regs, kvm_sregs};
 use vtrace_storage::{CpuMode, Event, InterruptSource};
 use vtrace_vmm::x86::rflags::IF as RFLAGS_IF;
+use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Exception};
 
 use crate::context::{cpu_mode, linear_pc};
@@ -47,7 +47,12 @@ impl Engine {
     }
 
     /// Works out [`Engine::foreseen`] for the pending instruction.
-    pub(super) fn foresee_fault(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, regs: &kvm_regs) {
+    pub(super) fn foresee_fault(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
+    ) {
         self.foreseen = None;
         let Some(p) = self.pending else {
             return;
@@ -169,7 +174,7 @@ impl Engine {
     /// interrupt could come only after it. Its step is recorded with the
     /// registers seen now (its own are not observable). Otherwise the
     /// pending instruction has not run and runs after the handler.
-    pub(super) fn ran_before_interrupt(&mut self, regs: &kvm_regs, sink: &mut dyn RecordSink) {
+    pub(super) fn ran_before_interrupt(&mut self, regs: &Registers, sink: &mut dyn RecordSink) {
         if let Some(p) = self.pending.take() {
             if self.last.rflags & RFLAGS_IF == 0 && p.decoded.is_some_and(|d| d.enables_interrupts)
             {
@@ -184,8 +189,8 @@ impl Engine {
         &mut self,
         gate: Option<Gate>,
         cpu: &dyn CpuView,
-        regs: &kvm_regs,
-        sregs: &kvm_sregs,
+        regs: &Registers,
+        sregs: &SpecialRegisters,
         next: u64,
         sink: &mut dyn RecordSink,
     ) {
@@ -209,10 +214,10 @@ impl Engine {
     pub(super) fn iretq_regs(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         next: u64,
-    ) -> kvm_regs {
+    ) -> Registers {
         let mut frame = [0u8; 40];
         if cpu_mode(sregs) != CpuMode::Long64
             || self.walker.read(cpu, sregs, self.last.rsp, &mut frame) != 40
@@ -227,7 +232,7 @@ impl Engine {
         if word(0) == next {
             return *regs;
         }
-        kvm_regs {
+        Registers {
             rip: word(0),
             rflags: word(2),
             rsp: word(3),
@@ -244,8 +249,8 @@ impl Engine {
     pub(super) fn after_iretq(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         next: u64,
         sink: &mut dyn RecordSink,
     ) {
@@ -310,8 +315,8 @@ impl Engine {
         p: &Pending,
         d: Decoded,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         next: u64,
         sink: &mut dyn RecordSink,
     ) -> Option<Decoded> {
@@ -343,7 +348,7 @@ impl Engine {
     pub(super) fn infer_exception(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
+        sregs: &SpecialRegisters,
         next: u64,
     ) -> Option<(u8, Gate)> {
         (0u8..32).find_map(|vector| {

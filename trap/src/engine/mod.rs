@@ -18,12 +18,11 @@
 //! Anything else that moves the pc unexplained is a gap event with both
 //! addresses; nothing is dropped silently.
 
-use kvm_bindings::{kvm_regs, kvm_sregs};
 use vtrace_storage::{CpuMode, Event, InsnBytes, InterruptSource, Record, Recorder, Regs, Step};
-use vtrace_vmm::cpu::unemulated::reg_value;
+use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Directive, Exception, ExitView};
 
-use crate::context::{cpl, cpu_mode, linear_pc};
+use crate::context::{cpu_mode, linear_pc};
 use crate::flow::{decode, Decoded, Flow};
 use crate::idt::{error_code, gate, has_error_code};
 use crate::rep::{ReadLinear, RepString};
@@ -101,7 +100,7 @@ pub struct Engine {
     completing: bool,
     /// Registers before the pending instruction (exception frames, steps
     /// rebuilt from what an instruction does).
-    last: kvm_regs,
+    last: Registers,
     control: [u64; 4],
     stats: EngineStats,
     /// Vector of an exception seen at the last exit, for autostop.
@@ -146,7 +145,7 @@ struct Carried {
 struct WalkedMemory<'a> {
     walker: &'a mut Walker,
     cpu: &'a dyn CpuView,
-    sregs: &'a kvm_sregs,
+    sregs: &'a SpecialRegisters,
 }
 
 impl ReadLinear for WalkedMemory<'_> {
@@ -155,7 +154,7 @@ impl ReadLinear for WalkedMemory<'_> {
     }
 }
 
-pub(crate) fn to_regs(r: &kvm_regs) -> Regs {
+pub(crate) fn to_regs(r: &Registers) -> Regs {
     Regs {
         gpr: [
             r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11,
@@ -171,7 +170,7 @@ pub(crate) fn to_regs(r: &kvm_regs) -> Regs {
 use vtrace_vmm::x86::rflags::RF as RFLAGS_RF;
 use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
 
-fn control(s: &kvm_sregs) -> [u64; 4] {
+fn control(s: &SpecialRegisters) -> [u64; 4] {
     [s.cr0, s.cr3, s.cr4, s.efer]
 }
 
@@ -274,7 +273,7 @@ impl Engine {
         self.last_exception.take()
     }
 
-    fn fetch(&mut self, cpu: &dyn CpuView, sregs: &kvm_sregs, pc: u64) -> Pending {
+    fn fetch(&mut self, cpu: &dyn CpuView, sregs: &SpecialRegisters, pc: u64) -> Pending {
         let mode = cpu_mode(sregs);
         let mut buf = [0u8; 15];
         let got = self.walker.read(cpu, sregs, pc, &mut buf);
@@ -289,11 +288,11 @@ impl Engine {
             fetched: got,
             cr3: sregs.cr3,
             mode,
-            cpl: cpl(sregs),
+            cpl: sregs.cpl(),
         }
     }
 
-    fn emit_step(&mut self, p: &Pending, regs: &kvm_regs, sink: &mut dyn RecordSink) {
+    fn emit_step(&mut self, p: &Pending, regs: &Registers, sink: &mut dyn RecordSink) {
         if let Some(d) = p.decoded {
             self.undefined_flags = (self.undefined_flags & !d.defines_flags) | d.undefines_flags;
         }
@@ -330,8 +329,8 @@ impl Engine {
         &mut self,
         d: Decoded,
         cpu: &mut dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         sink: &mut dyn RecordSink,
     ) -> Directive {
         if d.flushes_tlb {
@@ -360,8 +359,8 @@ impl Engine {
         p: &Pending,
         mid_rep: bool,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         sink: &mut dyn RecordSink,
     ) {
         let rep = p
@@ -423,8 +422,8 @@ impl Engine {
     fn indirect_target(
         &mut self,
         cpu: &dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         p: &Pending,
     ) -> Option<u64> {
         use iced_x86::{Mnemonic, OpKind};
@@ -442,7 +441,7 @@ impl Engine {
                 };
                 read(regs.rsp.wrapping_sub(8 + extra))
             }
-            (Mnemonic::Jmp, OpKind::Register) => reg_value(regs, insn.op0_register()),
+            (Mnemonic::Jmp, OpKind::Register) => regs.value(insn.op0_register()),
             (Mnemonic::Jmp, OpKind::Memory) => {
                 let addr = if insn.is_ip_rel_memory_operand() {
                     insn.ip_rel_memory_address()
@@ -451,7 +450,7 @@ impl Engine {
                         if r.is_segment_register() {
                             Some(0)
                         } else {
-                            reg_value(regs, r)
+                            regs.value(r)
                         }
                     })?
                 };
@@ -597,7 +596,7 @@ impl Engine {
                 // Only some instructions change the privilege level; after
                 // any other, a new CPL means the CPU went somewhere unseen.
                 Some(d)
-                    if d.explains(p.pc, next) && (d.changes_privilege || cpl(&sregs) == p.cpl) =>
+                    if d.explains(p.pc, next) && (d.changes_privilege || sregs.cpl() == p.cpl) =>
                 {
                     if sregs.cr2 != self.last_cr2 && !d.rearm {
                         // Only a page fault writes CR2. Where stepping
@@ -612,7 +611,7 @@ impl Engine {
                     } else if d.iretq {
                         let own = self.iretq_regs(cpu, &sregs, &regs, next);
                         self.emit_step(&p, &own, sink);
-                    } else if d.saves_flags_in_r11 && cpl(&sregs) != 0 {
+                    } else if d.saves_flags_in_r11 && sregs.cpl() != 0 {
                         // SYSCALL lands in the kernel: back in user mode,
                         // the kernel ran unseen.
                         self.emit_step(&p, &regs, sink);
@@ -720,7 +719,7 @@ impl Engine {
 
     /// Gives CPUID's result the vCPU's table where the host answered with
     /// its own feature bits (see `cpuid::as_given`); true if it changed.
-    fn correct_cpuid(&mut self, cpu: &mut dyn CpuView, regs: &mut kvm_regs) -> bool {
+    fn correct_cpuid(&mut self, cpu: &mut dyn CpuView, regs: &mut Registers) -> bool {
         let seen = [
             regs.rax as u32,
             regs.rbx as u32,
@@ -745,7 +744,7 @@ mod tests {
     //! The engine against a fake vCPU: flat guest memory with an identity
     //! map, registers set by hand to what each kind of host reports.
     use super::*;
-    use vtrace_vmm::devices::hypercall::Hypercall;
+    use vtrace_vmm::Hypercall;
 
     use crate::walker::tests::{machine, FlatCpu, CODE, PF_HANDLER, STACK, TIMER_HANDLER};
 

@@ -2,10 +2,10 @@
 //! was lent: IA32_FMASK around a SYSCALL, R11 around a SYSRETQ, the TF
 //! in a frame pushed while stepping.
 
-use kvm_bindings::{kvm_regs, kvm_sregs};
 use vtrace_storage::CpuMode;
 use vtrace_vmm::x86::msr::FMASK as MSR_FMASK;
 use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
+use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::CpuView;
 
 use super::Engine;
@@ -45,8 +45,8 @@ impl Engine {
     pub(super) fn hide_trap_flag(
         &mut self,
         cpu: &mut dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
         size: u8,
     ) {
         const TF: u8 = 1 << 0; // bit 8: in the second byte
@@ -72,8 +72,8 @@ impl Engine {
     pub(super) fn carry_trap_flag(
         &mut self,
         cpu: &mut dyn CpuView,
-        sregs: &kvm_sregs,
-        regs: &kvm_regs,
+        sregs: &SpecialRegisters,
+        regs: &Registers,
     ) {
         use iced_x86::Mnemonic;
         let Some(p) = self.pending else {

@@ -8,6 +8,7 @@ use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register}
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs};
 
 use super::soft_int::{self, LinearMemory, SoftIntError};
+use crate::x86::Registers;
 
 /// Vector of the x87 floating-point error (#MF).
 const VECTOR_MF: u8 = 16;
@@ -31,45 +32,12 @@ pub enum Completion {
 /// Why an instruction could not be completed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CompleteError {
-    #[error("not an instruction vtrace completes")]
-    NotHandled,
     #[error(transparent)]
     Interrupt(#[from] SoftIntError),
     #[error("guest address {0:#x} is not mapped")]
     Unmapped(u64),
     #[error("MXCSR value {0:#x} sets reserved bits (the CPU would raise #GP)")]
     ReservedMxcsr(u32),
-}
-
-/// The value of general register `reg` (or RIP), at its width, in `regs`.
-pub fn reg_value(regs: &kvm_regs, reg: Register) -> Option<u64> {
-    let full = reg.full_register();
-    let v = match full {
-        Register::RAX => regs.rax,
-        Register::RBX => regs.rbx,
-        Register::RCX => regs.rcx,
-        Register::RDX => regs.rdx,
-        Register::RSI => regs.rsi,
-        Register::RDI => regs.rdi,
-        Register::RBP => regs.rbp,
-        Register::RSP => regs.rsp,
-        Register::R8 => regs.r8,
-        Register::R9 => regs.r9,
-        Register::R10 => regs.r10,
-        Register::R11 => regs.r11,
-        Register::R12 => regs.r12,
-        Register::R13 => regs.r13,
-        Register::R14 => regs.r14,
-        Register::R15 => regs.r15,
-        Register::RIP => regs.rip,
-        _ => return None,
-    };
-    let bits = reg.size() * 8;
-    Some(if bits >= 64 {
-        v
-    } else {
-        v & ((1u64 << bits) - 1)
-    })
 }
 
 /// Decides how to complete the instruction in `code` at `regs.rip`.
@@ -92,6 +60,7 @@ pub fn plan(code: &[u8], bitness: u32, regs: &kvm_regs, sregs: &kvm_sregs) -> Op
             Register::CS => sregs.cs.base,
             _ => sregs.ds.base,
         };
+        let view = Registers::from(regs);
         let offset = insn.virtual_address(0, 0, |reg, _, _| match reg {
             Register::FS
             | Register::GS
@@ -99,7 +68,7 @@ pub fn plan(code: &[u8], bitness: u32, regs: &kvm_regs, sregs: &kvm_sregs) -> Op
             | Register::ES
             | Register::CS
             | Register::DS => Some(0),
-            r => reg_value(regs, r),
+            r => view.value(r),
         })?;
         Some(segment_base.wrapping_add(offset))
     };

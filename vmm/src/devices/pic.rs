@@ -97,12 +97,6 @@ pub struct Pic {
     slave: Chip,
 }
 
-/// I/O ports the pair answers.
-pub const MASTER_PORTS: [u16; 2] = [0x20, 0x21];
-pub const SLAVE_PORTS: [u16; 2] = [0xa0, 0xa1];
-/// Edge/level control registers.
-pub const ELCR_PORTS: [u16; 2] = [0x4d0, 0x4d1];
-
 const CASCADE_IRQ: u8 = 2;
 
 impl Pic {

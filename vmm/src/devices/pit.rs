@@ -10,7 +10,6 @@ pub const PIT_HZ: u64 = 1_193_182;
 
 /// Ports: channel data 0x40..0x42, mode/command 0x43, and the PC speaker /
 /// NMI status port 0x61 that carries channel 2's gate and output.
-pub const PORT_CHANNEL0: u16 = 0x40;
 pub const PORT_COMMAND: u16 = 0x43;
 pub const PORT_SPEAKER: u16 = 0x61;
 
@@ -282,6 +281,7 @@ impl Pit {
     }
 
     /// Channel 0's period in nanoseconds when it runs periodically.
+    #[cfg(test)]
     pub fn irq0_period(&self) -> Option<VirtualNanos> {
         let ch = &self.channels[0];
         (ch.loaded_at.is_some() && ch.periodic()).then(|| nanos_for(ch.reload))

@@ -14,6 +14,7 @@ use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
 use crate::error::{Error, Result};
 use crate::monitor::{Directive, ExitView, Monitor};
 use crate::vm::Vm;
+use crate::x86::SpecialRegisters;
 
 use super::{GuestExit, Next, Wake};
 
@@ -363,7 +364,7 @@ impl Vm {
         let Some(len) = readable else {
             return Ok(None);
         };
-        let bitness = CrashReport::bitness_of(&sregs);
+        let bitness = SpecialRegisters::from(&sregs).code_bits();
         let Some(plan) = unemulated::plan(&code[..len], bitness, &regs, &sregs) else {
             return Ok(None);
         };
@@ -399,8 +400,8 @@ impl Vm {
                 .ok()
                 .map(|()| code);
         CrashReport {
-            regs,
-            sregs,
+            regs: (&regs).into(),
+            sregs: (&sregs).into(),
             code,
             recent_exits: self.history.recent(),
             hint,

@@ -24,6 +24,7 @@ use crate::peep::{PeepMessage, PeepReport, Peeper};
 use crate::signals;
 use crate::vcpu::Vcpu;
 use crate::vm::{ConsoleMode, Vm};
+use crate::x86::{Registers, SpecialRegisters};
 
 use exit::Exit;
 
@@ -368,12 +369,12 @@ pub(super) struct KvmCpuView<'a> {
 }
 
 impl CpuView for KvmCpuView<'_> {
-    fn regs(&mut self) -> kvm_bindings::kvm_regs {
-        self.vcpu.regs()
+    fn regs(&mut self) -> Registers {
+        (&self.vcpu.regs()).into()
     }
 
-    fn sregs(&mut self) -> kvm_bindings::kvm_sregs {
-        self.vcpu.sregs()
+    fn sregs(&mut self) -> SpecialRegisters {
+        (&self.vcpu.sregs()).into()
     }
 
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
@@ -386,8 +387,8 @@ impl CpuView for KvmCpuView<'_> {
         self.ram.write_slice(data, GuestAddress(gpa)).is_ok()
     }
 
-    fn write_regs(&mut self, regs: &kvm_bindings::kvm_regs) -> bool {
-        self.vcpu.set_regs(regs).is_ok()
+    fn write_regs(&mut self, regs: &Registers) -> bool {
+        self.vcpu.set_regs(&regs.into()).is_ok()
     }
 
     fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
