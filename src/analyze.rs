@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::input::Trace;
-use vtrace_analyzer::symbols::{discover, KernelImages, Scope, Symbolizer};
 use vtrace_analyzer::user_programs::{
     add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles,
 };
 use vtrace_analyzer::{
     captures, levels, listing, nest, probes, processes, report, samples, spaces, stats, timeline,
 };
+use vtrace_image::symbols::{discover, KernelImages, Scope, Symbolizer};
 use vtrace_storage::metadata::BUILTIN_DEMO;
 
 use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
@@ -74,11 +74,10 @@ impl Progress {
 }
 
 /// Kernel images the analyzer cannot read alone: the demo OS this binary
-/// embeds, and bzImages, which the boot loader knows how to unpack.
+/// embeds.
 pub fn kernel_images() -> KernelImages<'static> {
     KernelImages {
         builtin: &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
-        unpack: &vtrace_vmm::vmlinux_inside,
     }
 }
 
@@ -109,8 +108,8 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
             Some((file, aspace)) => (file, Scope::parse(aspace)?),
             None => (spec.as_str(), Scope::Any),
         };
-        let bytes = vtrace_analyzer::symbols::read_symbol_file(Path::new(file))?;
-        match vtrace_vmm::vmlinux_inside(&bytes) {
+        let bytes = vtrace_image::symbols::read_symbol_file(Path::new(file))?;
+        match vtrace_image::bzimage::vmlinux_inside(&bytes) {
             Some(vmlinux) => {
                 symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?
             }
@@ -226,12 +225,8 @@ fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> R
 fn initramfs_files(file: &Path, maps: &[RecordedMap]) -> Result<UserFiles, String> {
     let origin = file.display().to_string();
     let bytes = std::fs::read(file).map_err(|e| format!("{origin} cannot be read ({e})"))?;
-    let files = vtrace_analyzer::initramfs::files_in(
-        &bytes,
-        &mapped_paths(maps),
-        &vtrace_vmm::decompressed,
-    )
-    .map_err(|why| format!("{origin}: {why}"))?;
+    let files = vtrace_image::initramfs::files_in(&bytes, &mapped_paths(maps))
+        .map_err(|why| format!("{origin}: {why}"))?;
     Ok(UserFiles::Archive { origin, files })
 }
 

@@ -1,7 +1,7 @@
 //! Exit statuses of `vtrace run` and advice for the errors a user can fix.
 
 use vtrace_analyzer::error::AnalyzeError;
-use vtrace_analyzer::symbols::SymbolError;
+use vtrace_image::symbols::SymbolError;
 use vtrace_storage::disk::DiskError;
 use vtrace_vmm::Error;
 

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use anyhow::Result;
-use vtrace_analyzer::symbols::{find_variable, physical_of};
+use vtrace_image::symbols::{find_variable, physical_of};
 use vtrace_storage::metadata::{SampleType, SampleVariable};
 use vtrace_trap::SampleCount;
 use vtrace_vmm::BootSource;
@@ -41,7 +41,7 @@ fn kernel_elf(boot: &BootSource) -> Option<Cow<'_, [u8]>> {
     if kernel.bytes.starts_with(b"\x7fELF") {
         return Some(Cow::Borrowed(&kernel.bytes));
     }
-    vtrace_vmm::vmlinux_inside(&kernel.bytes).map(Cow::Owned)
+    vtrace_image::bzimage::vmlinux_inside(&kernel.bytes).map(Cow::Owned)
 }
 
 /// Splits `SYMBOL[:TYPE]`.

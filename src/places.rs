@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use anyhow::Result;
-use vtrace_analyzer::symbols::{discover, Discovery, Symbolizer};
-use vtrace_analyzer::user_routine::{
+use vtrace_image::symbols::{discover, Discovery, Symbolizer};
+use vtrace_image::user_routine::{
     fixed_routine_address, program_from_file, program_in_initramfs, Program, UserRoutineError,
 };
 use vtrace_storage::metadata::TraceMetadata;
@@ -145,7 +145,7 @@ impl<'a> Places<'a> {
                 origin: origin.clone(),
                 why: e.to_string(),
             })?;
-            let found = program_in_initramfs(&bytes, &origin, program, &vtrace_vmm::decompressed)?;
+            let found = program_in_initramfs(&bytes, &origin, program)?;
             if let Some(found) = found {
                 return Ok(found);
             }

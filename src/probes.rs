@@ -2,7 +2,7 @@
 //! boots.
 
 use anyhow::{Context, Result};
-use vtrace_analyzer::sdt::{self, ProbeSite};
+use vtrace_image::sdt::{self, ProbeSite};
 
 use crate::cli::{ProbesArgs, ProbesCommand};
 use crate::exit_status::BadArgument;
@@ -14,7 +14,7 @@ pub fn kernel_probes(bytes: &[u8], what: &str) -> Result<Vec<ProbeSite>> {
         return sdt::probe_sites(bytes)
             .with_context(|| format!("cannot read the probes of {what}"));
     }
-    match vtrace_vmm::vmlinux_inside(bytes) {
+    match vtrace_image::bzimage::vmlinux_inside(bytes) {
         Some(vmlinux) => sdt::probe_sites(&vmlinux)
             .with_context(|| format!("cannot read the probes of the vmlinux inside {what}")),
         None => Err(BadArgument(format!(

@@ -21,7 +21,7 @@ use vtrace_trap::{
 };
 use vtrace_vmm::ClockMode;
 
-use vtrace_analyzer::linux_tasks::{task_layout, TaskLayout};
+use vtrace_image::linux_tasks::{task_layout, TaskLayout};
 
 use crate::cli::{CpuArg, RunArgs};
 use crate::exit_status::BadArgument;
@@ -104,7 +104,7 @@ fn linux_tasks(boot: &BootSource, quiet: bool) -> Option<TaskLayout> {
     let BootSource::Kernel { kernel, .. } = boot else {
         return None;
     };
-    let vmlinux = vtrace_vmm::vmlinux_inside(&kernel.bytes)?;
+    let vmlinux = vtrace_image::bzimage::vmlinux_inside(&kernel.bytes)?;
     match task_layout(&vmlinux) {
         Ok(layout) => {
             if layout.maps.is_none() && !quiet {

@@ -112,7 +112,8 @@ fn unmodified_linux_prints_its_banner() {
 fn recompressed_kernel(dir: &Path, kind: &str) -> PathBuf {
     use std::io::Write;
     let original = std::fs::read(test_kernel()).unwrap();
-    let vmlinux = vtrace_vmm::vmlinux_inside(&original).expect("the test kernel unpacks");
+    let vmlinux =
+        vtrace_image::bzimage::vmlinux_inside(&original).expect("the test kernel unpacks");
     let mut payload = match kind {
         "xz" => {
             let mut filters = xz2::stream::Filters::new();

@@ -5,18 +5,18 @@
 //! statistics, flame graphs, Perfetto timelines and an HTML report.
 //! Segments decode independently, so per-step work runs in parallel across
 //! them ([`input`]); analyses that follow the call stack see the steps in
-//! order through the level engine ([`levels`]).
+//! order through the level engine ([`levels`]). What it knows of the
+//! guest's images (symbols, probe sites, task layout, initramfs programs)
+//! is `vtrace-image`'s, re-exported here under the same names.
 
 pub mod captures;
 pub mod diff;
 pub mod error;
 pub mod export;
 pub mod flame;
-pub mod initramfs;
 pub mod input;
 pub mod insn;
 pub mod levels;
-pub mod linux_tasks;
 pub mod listing;
 pub mod naming;
 pub mod nest;
@@ -24,12 +24,11 @@ pub mod probes;
 pub mod processes;
 pub mod report;
 pub mod samples;
-pub mod sdt;
 pub mod spaces;
 pub mod stats;
-pub mod symbols;
 pub mod syscalls;
 pub mod tasks;
 pub mod timeline;
 pub mod user_programs;
-pub mod user_routine;
+
+pub use vtrace_image::{initramfs, linux_tasks, sdt, symbols, user_routine};

@@ -8,5 +8,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let wanted: BTreeSet<String> = ["/init", "/bin/sh"].map(String::from).into();
-    let _ = vtrace_analyzer::initramfs::files_in(data, &wanted, &vtrace_vmm::decompressed);
+    let _ = vtrace_image::initramfs::files_in(data, &wanted);
 });

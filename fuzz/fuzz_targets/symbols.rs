@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_analyzer::symbols::{Scope, Symbolizer};
+use vtrace_image::symbols::{Scope, Symbolizer};
 
 fuzz_target!(|data: &[u8]| {
     let mut symbols = Symbolizer::new();
@@ -13,10 +13,10 @@ fuzz_target!(|data: &[u8]| {
         symbols.add_physical_alias(data);
     }
     let _ = symbols.addresses_of("start_kernel");
-    let _ = vtrace_analyzer::sdt::probe_sites(data);
-    let _ = vtrace_analyzer::symbols::find_variable(data, "jiffies");
-    let _ = vtrace_analyzer::symbols::physical_of(data, 0xffff_ffff_8100_0000);
-    if let Some(vmlinux) = vtrace_vmm::vmlinux_inside(data) {
+    let _ = vtrace_image::sdt::probe_sites(data);
+    let _ = vtrace_image::symbols::find_variable(data, "jiffies");
+    let _ = vtrace_image::symbols::physical_of(data, 0xffff_ffff_8100_0000);
+    if let Some(vmlinux) = vtrace_image::bzimage::vmlinux_inside(data) {
         let _ = Symbolizer::new().add_bytes(&vmlinux, "fuzz vmlinux", Scope::Any);
     }
 });

@@ -67,8 +67,8 @@ pub enum Error {
     /// The terminal could not be put into raw mode or restored.
     #[error("console: {0}")]
     Console(#[source] std::io::Error),
-    /// A peeping plan the guest's memory cannot serve (see
-    /// [`crate::peep::check`]).
+    /// A peeping plan the guest's memory cannot serve (an address outside
+    /// RAM, a read too wide).
     #[error("peeping: {0}")]
     Peep(String),
     /// A host thread or signal could not be set up.

@@ -61,9 +61,6 @@ pub use monitor::{
 };
 pub use peep::{PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS};
 
-// Kernel images, for whoever reads them (symbols, probes, tasks).
-pub use boot::{decompressed, vmlinux_inside};
-
 // The host and the process around a run.
 pub use console::user_message;
 pub use control::{ControlError, ControlServer};

@@ -117,8 +117,8 @@ pub trait CpuView {
         false
     }
     /// What a CPUID of `function`/`index` that returned `seen` (EAX, EBX,
-    /// ECX, EDX) should have returned with the vCPU's table (see
-    /// [`crate::cpu::cpuid::as_given`]).
+    /// ECX, EDX) should have returned with the vCPU's table, where the
+    /// host leaks its own bits.
     fn cpuid_as_given(&self, _function: u32, _index: u32, seen: [u32; 4]) -> [u32; 4] {
         seen
     }

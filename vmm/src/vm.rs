@@ -176,7 +176,7 @@ impl Vm {
     }
 
     /// Samples guest memory as `plan` says from a host thread while the
-    /// guest runs (see [`crate::peep`]); the monitor gets the samples
+    /// guest runs (see [`crate::PeepPlan`]); the monitor gets the samples
     /// through [`crate::Monitor::peeped`].
     pub fn peep(&mut self, plan: crate::peep::PeepPlan) -> Result<()> {
         crate::peep::check(&plan, &self.ram)?;

@@ -1,4 +1,5 @@
-//! Linux bzImages. The compressed payload is decompressed on the host when
+//! Booting Linux bzImages (the file itself is read by
+//! `vtrace_image::bzimage`). The compressed payload is decompressed on the host when
 //! its format allows (gzip, zstd, LZ4, XZ, LZMA, bzip2) and the vmlinux
 //! inside is entered directly; otherwise (LZO) the bzImage is loaded whole
 //! and decompresses itself.
@@ -6,74 +7,22 @@
 use std::borrow::Cow;
 use std::io::Cursor;
 
-use linux_loader::loader::bootparam::setup_header;
 use linux_loader::loader::{bzimage::BzImage, KernelLoader};
-use vm_memory::{ByteValued, GuestAddress};
+use vm_memory::GuestAddress;
+use vtrace_image::bzimage::{payload, read_header, version_string};
+use vtrace_image::decompress::{decompress, Compression};
 
 use crate::error::Result;
 use crate::memory::{check_fits, GuestRam, HIGH_MEMORY_START};
 
-use super::decompress::{decompress, Compression};
 use super::elf::ElfInfo;
 use super::linux::{self, LoadedKernel};
 use super::{BootPlan, Image};
 
-const HEADER_OFFSET: usize = 0x1f1;
 /// The 64-bit entry point sits 0x200 bytes into the protected-mode kernel.
 const STARTUP_64_OFFSET: u64 = 0x200;
 /// xloadflags bit: the kernel has a 64-bit entry point.
 const XLF_KERNEL_64: u16 = 0x1;
-
-pub fn is_bzimage(bytes: &[u8]) -> bool {
-    bytes.get(0x202..0x206) == Some(b"HdrS")
-}
-
-fn read_header(bytes: &[u8]) -> Option<setup_header> {
-    let mut header = setup_header::default();
-    let len = header.as_slice().len();
-    header
-        .as_mut_slice()
-        .copy_from_slice(bytes.get(HEADER_OFFSET..HEADER_OFFSET + len)?);
-    Some(header)
-}
-
-/// The kernel's version string, as `file` and the boot loaders print it.
-fn version_string(bytes: &[u8], header: &setup_header) -> Option<String> {
-    if header.kernel_version == 0 {
-        return None;
-    }
-    let start = 0x200 + usize::from(header.kernel_version);
-    let tail = bytes.get(start..)?;
-    let end = tail.iter().take(256).position(|&b| b == 0)?;
-    Some(String::from_utf8_lossy(&tail[..end]).into_owned())
-}
-
-/// The compressed payload of a bzImage, if the header describes one that
-/// lies inside the file.
-fn payload<'a>(bytes: &'a [u8], header: &setup_header) -> Option<&'a [u8]> {
-    let setup_sects = if header.setup_sects == 0 {
-        4
-    } else {
-        usize::from(header.setup_sects)
-    };
-    let start = (setup_sects + 1) * 512 + header.payload_offset as usize;
-    bytes.get(start..start.checked_add(header.payload_length as usize)?)
-}
-
-/// The vmlinux ELF inside a bzImage, decompressed on the host; `None` if
-/// `bytes` is not a bzImage, its payload is not an ELF, or its compression
-/// is one vtrace does not decompress (see `decompress`). The analyzer
-/// reads the kernel's own symbol table (kallsyms) from it.
-pub fn vmlinux_inside(bytes: &[u8]) -> Option<Vec<u8>> {
-    if !is_bzimage(bytes) {
-        return None;
-    }
-    let header = read_header(bytes)?;
-    let payload = payload(bytes, &header)?;
-    decompress(payload, Compression::detect(payload))?
-        .ok()
-        .filter(|v| v.starts_with(b"\x7fELF"))
-}
 
 pub fn load(
     ram: &GuestRam,
@@ -131,7 +80,7 @@ pub fn load(
             Err(kernel.format_error("its payload does not decompress to an ELF vmlinux"))
         }
         Some(Err(e)) => Err(kernel.format_error(format!(
-            "its {} payload is corrupt: {e}",
+            "its {} payload does not decompress: {e}",
             compression.name()
         ))),
         None => {

@@ -5,9 +5,6 @@
 
 mod acpi;
 mod bzimage;
-pub use bzimage::vmlinux_inside;
-mod decompress;
-pub use decompress::decompressed;
 mod elf;
 mod linux;
 mod pvh;
@@ -242,7 +239,7 @@ pub fn load(ram: &GuestRam, source: &BootSource) -> Result<BootPlan> {
                         cmdline,
                     ),
                 }
-            } else if bzimage::is_bzimage(bytes) {
+            } else if vtrace_image::bzimage::is_bzimage(bytes) {
                 bzimage::load(ram, kernel, initrd.as_ref(), cmdline)
             } else {
                 Err(kernel.format_error(

@@ -38,7 +38,7 @@ pub struct Findings {
     pub user_stepping: Stepping,
     /// A hardware execution breakpoint made the VMM stop at it.
     pub breakpoints_exit: bool,
-    /// How each instruction of [`INSTRUCTIONS`] fared at CPL 0.
+    /// How each probed instruction (by name) fared at CPL 0.
     pub instructions: Vec<(&'static str, Ending)>,
     /// CPUID bits the guest saw set though vtrace's baseline table clears
     /// them: (leaf, register, bit).

@@ -43,7 +43,7 @@ pub enum GuestExit {
     /// when tracing stops).
     MonitorDone,
     /// SIGINT, SIGTERM or SIGHUP (this number) asked vtrace to stop; see
-    /// [`signals`](crate::signals).
+    /// [`stop_signals`](crate::stop_signals).
     Signal(i32),
 }
 
@@ -85,8 +85,8 @@ pub struct RunOutcome {
     pub irqs: [u64; 16],
     /// VM exits served.
     pub exits: u64,
-    /// MARK hypercalls, by identifier (the first
-    /// [`MAX_MARK_IDS`](crate::devices::hypercall::MAX_MARK_IDS) ids).
+    /// MARK hypercalls, by identifier (only so many distinct ids are
+    /// counted: a guest cannot grow the VMM with them).
     pub marks: BTreeMap<u64, MarkStats>,
     /// MARK calls with ids past that bound.
     pub marks_uncounted: u64,

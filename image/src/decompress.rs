@@ -5,6 +5,27 @@
 
 use std::io::Read;
 
+/// Why a payload did not decompress.
+#[derive(Debug, thiserror::Error)]
+pub enum DecompressError {
+    /// It would be bigger than [`MAX_DECOMPRESSED`].
+    #[error("more than {} MiB decompressed (vtrace's limit)", MAX_DECOMPRESSED >> 20)]
+    TooLarge,
+    /// The decoder found the stream corrupt (its own words).
+    #[error("{0}")]
+    Corrupt(String),
+    /// The stream stops before its end marker.
+    #[error("the compressed stream ends early")]
+    EndsEarly,
+    /// An LZ4 legacy container without one block.
+    #[error("no LZ4 blocks in the payload")]
+    NoLz4Blocks,
+}
+
+fn corrupt(e: impl std::fmt::Display) -> DecompressError {
+    DecompressError::Corrupt(e.to_string())
+}
+
 /// Payload compression, identified by magic bytes as the kernel's own
 /// `decompress_method()` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +70,7 @@ impl Compression {
 
 /// Decompresses `payload`; `None` if this compression is not done on the
 /// host (the guest's decompressor then runs instead).
-pub fn decompress(payload: &[u8], kind: Compression) -> Option<Result<Vec<u8>, String>> {
+pub fn decompress(payload: &[u8], kind: Compression) -> Option<Result<Vec<u8>, DecompressError>> {
     let mut out = Vec::new();
     // One byte past the limit tells a payload that would exceed it.
     let limit = MAX_DECOMPRESSED + 1;
@@ -60,38 +81,35 @@ pub fn decompress(payload: &[u8], kind: Compression) -> Option<Result<Vec<u8>, S
             .take(limit)
             .read_to_end(out)
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(corrupt)
     };
     let result = match kind {
         Compression::Gzip => read_all(&mut flate2::read::GzDecoder::new(payload), &mut out),
         Compression::Xz => xz2::stream::Stream::new_stream_decoder(u64::MAX, 0)
-            .map_err(|e| e.to_string())
+            .map_err(corrupt)
             .and_then(|stream| liblzma(payload, stream, &mut out)),
         // The kernel's LZMA is the "alone" format `lzma -9` writes.
         Compression::Lzma => xz2::stream::Stream::new_lzma_decoder(u64::MAX)
-            .map_err(|e| e.to_string())
+            .map_err(corrupt)
             .and_then(|stream| liblzma(payload, stream, &mut out)),
         Compression::Bzip2 => read_all(&mut bzip2::read::BzDecoder::new(payload), &mut out),
         Compression::Zstd => zstd::stream::read::Decoder::new(payload)
             .map(|d| d.single_frame().take(limit))
             .and_then(|mut d| d.read_to_end(&mut out))
             .map(|_| ())
-            .map_err(|e| e.to_string()),
+            .map_err(corrupt),
         Compression::Lz4 => lz4_legacy(payload, &mut out),
         _ => return None,
     };
     if out.len() as u64 > MAX_DECOMPRESSED {
-        return Some(Err(format!(
-            "the kernel decompresses to more than {} MiB",
-            MAX_DECOMPRESSED >> 20
-        )));
+        return Some(Err(DecompressError::TooLarge));
     }
     Some(result.map(|()| out))
 }
 
 /// `payload` decompressed as its magic bytes say (a compressed initramfs,
 /// say); `None` where it is not compressed in a form the host reads.
-pub fn decompressed(payload: &[u8]) -> Option<Result<Vec<u8>, String>> {
+pub fn decompressed(payload: &[u8]) -> Option<Result<Vec<u8>, DecompressError>> {
     decompress(payload, Compression::detect(payload))
 }
 
@@ -106,7 +124,7 @@ fn liblzma(
     mut payload: &[u8],
     mut stream: xz2::stream::Stream,
     out: &mut Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), DecompressError> {
     loop {
         if out.len() as u64 > MAX_DECOMPRESSED {
             return Ok(());
@@ -117,14 +135,14 @@ fn liblzma(
         let (read, written) = (stream.total_in(), out.len());
         let status = stream
             .process_vec(payload, out, xz2::stream::Action::Run)
-            .map_err(|e| e.to_string())?;
+            .map_err(corrupt)?;
         let used = usize::try_from(stream.total_in() - read).unwrap_or(usize::MAX);
         payload = payload.get(used..).unwrap_or_default();
         if status == xz2::stream::Status::StreamEnd {
             return Ok(());
         }
         if used == 0 && out.len() == written {
-            return Err("the compressed stream ends early".into());
+            return Err(DecompressError::EndsEarly);
         }
     }
 }
@@ -133,7 +151,7 @@ fn liblzma(
 /// then blocks of at most 8 MiB, each prefixed by its compressed length.
 /// lz4_flex decodes the blocks; the container is four lines, so it is read
 /// here rather than pulling in a second LZ4 implementation for it.
-fn lz4_legacy(payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+fn lz4_legacy(payload: &[u8], out: &mut Vec<u8>) -> Result<(), DecompressError> {
     const MAGIC: u32 = 0x184c_2102;
     const BLOCK_MAX: usize = 8 << 20;
     let mut pos = 4;
@@ -154,7 +172,7 @@ fn lz4_legacy(payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
             break;
         };
         let n = lz4_flex::block::decompress_into(data, &mut block)
-            .map_err(|e| format!("LZ4 block at offset {}: {e}", pos - 4))?;
+            .map_err(|e| corrupt(format!("LZ4 block at offset {}: {e}", pos - 4)))?;
         out.extend_from_slice(&block[..n]);
         if out.len() as u64 > MAX_DECOMPRESSED {
             break;
@@ -162,7 +180,7 @@ fn lz4_legacy(payload: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         pos += len as usize;
     }
     if out.is_empty() {
-        return Err("no LZ4 blocks in the payload".into());
+        return Err(DecompressError::NoLz4Blocks);
     }
     Ok(())
 }

@@ -21,9 +21,6 @@ pub struct KernelImages<'a> {
     /// The `kernel` values of built-in guests and their ELF bytes (the CLI
     /// passes the demo OS it embeds).
     pub builtin: &'a [(&'a str, &'a [u8])],
-    /// The vmlinux ELF inside a compressed kernel image (a bzImage), if
-    /// it can be had (the CLI passes the boot loader's decompressor).
-    pub unpack: &'a dyn Fn(&[u8]) -> Option<Vec<u8>>,
 }
 
 /// Files that may hold the symbols of a kernel image at `kernel`, best
@@ -153,7 +150,7 @@ pub fn discover(
         let vmlinux = if bytes.starts_with(b"\x7fELF") {
             Some(Cow::Borrowed(&bytes[..]))
         } else {
-            (images.unpack)(bytes).map(Cow::Owned)
+            crate::bzimage::vmlinux_inside(bytes).map(Cow::Owned)
         };
         if let Some(vmlinux) = vmlinux {
             let origin = format!("{} (the kernel's own kallsyms table)", kernel.display());
@@ -182,10 +179,7 @@ mod tests {
     use super::*;
 
     fn no_images() -> KernelImages<'static> {
-        KernelImages {
-            builtin: &[],
-            unpack: &|_| None,
-        }
+        KernelImages { builtin: &[] }
     }
 
     #[test]
@@ -224,7 +218,6 @@ mod tests {
         let mut s = Symbolizer::new();
         let images = KernelImages {
             builtin: &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
-            unpack: &|_| None,
         };
         let d = discover(&meta, &images, &mut s);
         assert!(d.warnings.is_empty(), "{:?}", d.warnings);

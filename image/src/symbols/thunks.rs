@@ -6,7 +6,7 @@
 //! [rsp], rax`, `ret`). Followed literally, every return would look like
 //! a tail call and every indirect call like a `ret` to nowhere, so the
 //! level engine treats their steps as part of the routines on either
-//! side: see [`crate::levels::ItemBuilder`]. User programs' PLT stubs are
+//! side: see the analyzer's `levels::ItemBuilder`. User programs' PLT stubs are
 //! indirect jumps of the same kind.
 
 /// What a trampoline stands in for.

@@ -6,7 +6,7 @@
 
 use object::{Object, ObjectKind};
 
-use crate::initramfs::{files_where, Decompress};
+use crate::initramfs::files_where;
 use crate::symbols::parse_elf;
 
 /// `TASK_COMM_LEN - 1`: the bytes of a program's name a Linux task keeps.
@@ -91,7 +91,6 @@ pub fn program_in_initramfs(
     archive: &[u8],
     origin: &str,
     program: &str,
-    decompress: Decompress<'_>,
 ) -> Result<Option<Program>, UserRoutineError> {
     let by_path = program.starts_with('/');
     let wanted = |path: &str| {
@@ -101,11 +100,10 @@ pub fn program_in_initramfs(
             path.rsplit('/').next() == Some(program)
         }
     };
-    let found =
-        files_where(archive, &wanted, decompress).map_err(|why| UserRoutineError::BadArchive {
-            origin: origin.to_string(),
-            why,
-        })?;
+    let found = files_where(archive, &wanted).map_err(|why| UserRoutineError::BadArchive {
+        origin: origin.to_string(),
+        why,
+    })?;
     let mut paths: Vec<String> = found.keys().cloned().collect();
     paths.sort();
     match paths.as_slice() {

@@ -5,14 +5,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-/// Decompresses what follows a plain archive: `None` where the bytes are
-/// not compressed in a form it reads (given by the caller, which knows the
-/// kernel's compressions).
-pub type Decompress<'a> = &'a dyn Fn(&[u8]) -> Option<Result<Vec<u8>, String>>;
+use crate::decompress::decompressed;
 
 /// The newc header: magic and 13 fields of 8 hex digits.
 const HEADER: usize = 110;
-/// Archives read at most (every decompression is bounded by the caller).
+/// Archives read at most (each decompression is bounded by
+/// [`crate::decompress::MAX_DECOMPRESSED`]).
 const MAX_ARCHIVES: usize = 16;
 
 const fn align4(n: usize) -> usize {
@@ -26,9 +24,8 @@ const fn align4(n: usize) -> usize {
 pub fn files_in(
     bytes: &[u8],
     wanted: &BTreeSet<String>,
-    decompress: Decompress<'_>,
 ) -> Result<HashMap<String, Vec<u8>>, String> {
-    files_where(bytes, &|path| wanted.contains(path), decompress)
+    files_where(bytes, &|path| wanted.contains(path))
 }
 
 /// The regular files whose absolute path `wanted` accepts, as
@@ -36,7 +33,6 @@ pub fn files_in(
 pub fn files_where(
     bytes: &[u8],
     wanted: &dyn Fn(&str) -> bool,
-    decompress: Decompress<'_>,
 ) -> Result<HashMap<String, Vec<u8>>, String> {
     let mut found = HashMap::new();
     let mut owned: Vec<u8>;
@@ -49,9 +45,9 @@ pub fn files_where(
             return Ok(found);
         }
         if !rest.starts_with(b"07070") {
-            owned = match decompress(rest) {
+            owned = match decompressed(rest) {
                 Some(Ok(plain)) => plain,
-                Some(Err(why)) => return Err(why),
+                Some(Err(why)) => return Err(why.to_string()),
                 None if found.is_empty() => {
                     return Err("neither a cpio archive nor compressed in a known form".into())
                 }
@@ -146,10 +142,6 @@ mod tests {
         paths.iter().map(|p| p.to_string()).collect()
     }
 
-    fn none(_: &[u8]) -> Option<Result<Vec<u8>, String>> {
-        None
-    }
-
     #[test]
     fn finds_the_wanted_files_in_archives_one_after_the_other() {
         let mut bytes = archive(&[("kernel", DIR, b""), ("kernel/microcode.bin", FILE, b"mc")]);
@@ -164,7 +156,6 @@ mod tests {
         let files = files_in(
             &bytes,
             &wanted(&["/bin/vtprog", "/lib/libc.so", "/bin", "/bin/sh"]),
-            &none,
         )
         .unwrap();
         assert_eq!(files.len(), 2, "{:?}", files.keys());
@@ -175,21 +166,22 @@ mod tests {
     #[test]
     fn a_compressed_archive_after_a_plain_one_is_decompressed() {
         let mut bytes = archive(&[("early", FILE, b"x")]);
-        bytes.extend(b"ZZ");
         let main = archive(&[("bin/sh", FILE, b"shell")]);
-        let unzip = move |b: &[u8]| (b == b"ZZ").then(|| Ok(main.clone()));
-        let files = files_in(&bytes, &wanted(&["/bin/sh"]), &unzip).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &main).unwrap();
+        bytes.extend(gz.finish().unwrap());
+        let files = files_in(&bytes, &wanted(&["/bin/sh"])).unwrap();
         assert_eq!(files["/bin/sh"], b"shell");
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(files_in(b"not an archive", &wanted(&["/x"]), &none).is_err());
+        assert!(files_in(b"not an archive", &wanted(&["/x"])).is_err());
         let mut cut = archive(&[("bin/vtprog", FILE, &[7u8; 300])]);
         cut.truncate(200);
-        let _ = files_in(&cut, &wanted(&["/bin/vtprog"]), &none);
+        let _ = files_in(&cut, &wanted(&["/bin/vtprog"]));
         let mut bad = archive(&[("a", FILE, b"1")]);
         bad[10] = b'z';
-        assert!(files_in(&bad, &wanted(&["/a"]), &none).is_err());
+        assert!(files_in(&bad, &wanted(&["/a"])).is_err());
     }
 }
