@@ -139,53 +139,42 @@ impl SpecialRegisters {
     }
 }
 
+/// Builds `$to` from `$from` field by field: the general registers have
+/// the same names on both sides.
+macro_rules! general_registers {
+    ($to:ident from $from:ident) => {
+        $to {
+            rax: $from.rax,
+            rbx: $from.rbx,
+            rcx: $from.rcx,
+            rdx: $from.rdx,
+            rsi: $from.rsi,
+            rdi: $from.rdi,
+            rsp: $from.rsp,
+            rbp: $from.rbp,
+            r8: $from.r8,
+            r9: $from.r9,
+            r10: $from.r10,
+            r11: $from.r11,
+            r12: $from.r12,
+            r13: $from.r13,
+            r14: $from.r14,
+            r15: $from.r15,
+            rip: $from.rip,
+            rflags: $from.rflags,
+        }
+    };
+}
+
 impl From<&kvm_regs> for Registers {
     fn from(r: &kvm_regs) -> Self {
-        Registers {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rsp: r.rsp,
-            rbp: r.rbp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-            rip: r.rip,
-            rflags: r.rflags,
-        }
+        general_registers!(Registers from r)
     }
 }
 
 impl From<&Registers> for kvm_regs {
     fn from(r: &Registers) -> Self {
-        kvm_regs {
-            rax: r.rax,
-            rbx: r.rbx,
-            rcx: r.rcx,
-            rdx: r.rdx,
-            rsi: r.rsi,
-            rdi: r.rdi,
-            rsp: r.rsp,
-            rbp: r.rbp,
-            r8: r.r8,
-            r9: r.r9,
-            r10: r.r10,
-            r11: r.r11,
-            r12: r.r12,
-            r13: r.r13,
-            r14: r.r14,
-            r15: r.r15,
-            rip: r.rip,
-            rflags: r.rflags,
-        }
+        general_registers!(kvm_regs from r)
     }
 }
 
