@@ -13,8 +13,7 @@ use vtrace_analyzer::user_programs::{
 use vtrace_analyzer::{
     captures, levels, listing, nest, probes, processes, report, samples, spaces, stats, timeline,
 };
-use vtrace_image::symbols::{discover, KernelImages, Scope, Symbolizer};
-use vtrace_storage::metadata::BUILTIN_DEMO;
+use vtrace_image::symbols::{discover, Scope, Symbolizer};
 
 use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
 
@@ -73,14 +72,6 @@ impl Progress {
     }
 }
 
-/// Kernel images the analyzer cannot read alone: the demo OS this binary
-/// embeds.
-pub fn kernel_images() -> KernelImages<'static> {
-    KernelImages {
-        builtin: &[(BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
-    }
-}
-
 /// Opens the trace and gathers its symbols, telling the user what was
 /// found and what was not.
 fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
@@ -118,7 +109,11 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
     }
     user_programs(trace, args, &mut symbols)?;
     if !args.no_kernel_symbols {
-        let found = discover(&trace.metadata, &kernel_images(), &mut symbols);
+        let found = discover(
+            &trace.metadata,
+            &vtrace_session::builtin_kernels(),
+            &mut symbols,
+        );
         for w in &found.warnings {
             eprintln!("vtrace: warning: {w}");
         }

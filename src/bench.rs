@@ -6,19 +6,15 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use vtrace_analyzer::input::{no_progress, Trace};
 use vtrace_analyzer::symbols::{discover, Symbolizer};
+use vtrace_session::SessionBuilder;
 use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
-use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
 use vtrace_storage::{Recorder, SegmentDecoder, TraceReader};
-use vtrace_vmm::{BootSource, Image};
+use vtrace_vmm::BootSource;
 
 use crate::cli::BenchArgs;
 
 pub fn bench(args: BenchArgs) -> Result<i32> {
-    let boot = BootSource::Kernel {
-        kernel: Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
-        initrd: None,
-        cmdline: String::new(),
-    };
+    let boot = SessionBuilder::demo();
     let dir = std::env::temp_dir().join(format!("vtrace-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     if args.analyzer {
@@ -76,7 +72,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
 /// it holds at least `steps` steps: a long trace with the demo OS's real
 /// instruction mix, call structure and interrupts, without tracing for
 /// minutes.
-fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
+fn repeat_trace(boot: &BootSource, source: &Path, target: &Path, steps: u64) -> Result<()> {
     let reader = TraceReader::open(source)?;
     // The payloads, not the records: decoded, the demo's records take
     // about 170 MiB, which would swamp the analyzer's own memory figure.
@@ -91,14 +87,11 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
     let size = (copies * per_copy * 4).max(64 << 20);
     // Says which kernel ran, so `vtrace analyze` on a kept copy finds the
     // demo OS's symbols as it does for a trace `vtrace run` wrote.
-    let metadata = TraceMetadata {
-        guest: "the demo OS, repeated by vtrace bench --analyzer".to_string(),
-        kernel: Some(BUILTIN_DEMO.to_string()),
-        kernel_id: Some(image_id(vtrace_demo::DEMO_OS_ELF)),
-        clock: None,
-        vtrace_version: Some(env!("VTRACE_LONG_VERSION").to_string()),
-        ..Default::default()
-    };
+    let metadata = vtrace_session::metadata::for_boot(
+        "the demo OS, repeated by vtrace bench --analyzer",
+        boot,
+        env!("VTRACE_LONG_VERSION"),
+    );
     let disk = DiskWriter::create(
         target,
         size,
@@ -123,7 +116,7 @@ fn repeat_trace(source: &Path, target: &Path, steps: u64) -> Result<()> {
     Ok(())
 }
 
-fn analyzer_bench(boot: &vtrace_vmm::BootSource, dir: &Path, args: &BenchArgs) -> Result<i32> {
+fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32> {
     let json = args.json;
     let (trace, what) = match &args.trace {
         Some(path) => {
@@ -143,7 +136,7 @@ fn analyzer_bench(boot: &vtrace_vmm::BootSource, dir: &Path, args: &BenchArgs) -
                 .keep
                 .clone()
                 .unwrap_or_else(|| dir.join("analyzer.vtd"));
-            repeat_trace(&dir.join("bench.vtd"), &big, args.steps)?;
+            repeat_trace(boot, &dir.join("bench.vtd"), &big, args.steps)?;
             (Trace::open(&big)?, "the demo OS, repeated".to_string())
         }
     };
@@ -151,7 +144,7 @@ fn analyzer_bench(boot: &vtrace_vmm::BootSource, dir: &Path, args: &BenchArgs) -
     let mut symbols = Symbolizer::new();
     let found = discover(
         &trace.metadata,
-        &crate::analyze::kernel_images(),
+        &vtrace_session::builtin_kernels(),
         &mut symbols,
     );
     for w in &found.warnings {

@@ -8,7 +8,7 @@ use vtrace_vmm::ClockMode;
 
 use crate::exit_status::STATUS_TABLE;
 use crate::units::{
-    parse_address, parse_capture, parse_location, parse_size, CaptureArg, Location,
+    parse_address, parse_capture, parse_location, parse_size, CaptureRequest, Location,
 };
 
 /// The trace disk `vtrace run` writes and `info` and `analyze` read when
@@ -391,7 +391,7 @@ pub struct RunArgs {
     /// disk (--disk, default vtrace.vtd); `vtrace analyze captures` lists
     /// them.
     #[arg(long = "capture", value_name = "CAPTURE", value_parser = parse_capture, help_heading = "Probes, captures and peeping")]
-    pub captures: Vec<CaptureArg>,
+    pub captures: Vec<CaptureRequest>,
 
     /// Trace each call of a routine, from its first instruction until it
     /// returns to its caller, its callees and the interrupts taken

@@ -2,6 +2,7 @@
 
 use vtrace_analyzer::error::AnalyzeError;
 use vtrace_image::symbols::SymbolError;
+use vtrace_session::SessionError;
 use vtrace_storage::disk::DiskError;
 use vtrace_vmm::Error;
 
@@ -43,8 +44,19 @@ Exit status:
          the trace to its end and removed its control socket first (a second
          signal ends it at once)";
 
+fn session_error(error: &anyhow::Error) -> Option<&SessionError> {
+    error.chain().find_map(|e| e.downcast_ref::<SessionError>())
+}
+
 fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
-    error.chain().find_map(|e| e.downcast_ref::<Error>())
+    // SessionError::Vm is transparent: its Error is not in the chain.
+    error
+        .chain()
+        .find_map(|e| e.downcast_ref::<Error>())
+        .or(match session_error(error) {
+            Some(SessionError::Vm(e)) => Some(e),
+            _ => None,
+        })
 }
 
 /// A command-line value that parsed but means nothing here (a routine the
@@ -62,7 +74,9 @@ impl std::error::Error for BadArgument {}
 
 /// The exit status for a failed run.
 pub fn for_error(error: &anyhow::Error) -> i32 {
-    if error.chain().any(|e| e.is::<BadArgument>()) {
+    if error.chain().any(|e| e.is::<BadArgument>())
+        || matches!(session_error(error), Some(SessionError::Request(_)))
+    {
         return 2;
     }
     if let Some(vtrace_vmm::ControlError::Connect { .. }) =
@@ -78,12 +92,17 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
             _ => 65,
         };
     }
-    // AnalyzeError::Trace is transparent: its DiskError is not in the chain.
+    // AnalyzeError::Trace and SessionError::Disk are transparent: their
+    // DiskError is not in the chain.
     let disk = error
         .chain()
         .find_map(|e| e.downcast_ref::<DiskError>())
         .or(match analysis {
             Some(AnalyzeError::Trace(disk)) => Some(disk),
+            _ => None,
+        })
+        .or(match session_error(error) {
+            Some(SessionError::Disk(disk)) => Some(disk),
             _ => None,
         });
     if let Some(disk) = disk {
@@ -99,7 +118,7 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
         return 69;
     }
     match vmm_error(error) {
-        Some(Error::ImageFormat { .. } | Error::CommandLine(_)) => 65,
+        Some(Error::ImageFormat { .. } | Error::CommandLine { .. }) => 65,
         Some(Error::ImageUnreadable { .. }) => 66,
         Some(Error::KvmUnavailable { source, .. })
             if source.kind() == std::io::ErrorKind::PermissionDenied =>

@@ -10,7 +10,6 @@ mod exit_status;
 mod info;
 mod manual;
 mod peep;
-mod places;
 mod probes;
 mod run;
 mod step_bench;

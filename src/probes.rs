@@ -1,28 +1,11 @@
-//! `vtrace probes`, and the static probes of the kernel `vtrace run`
-//! boots.
+//! `vtrace probes`.
 
-use anyhow::{Context, Result};
-use vtrace_image::sdt::{self, ProbeSite};
+use anyhow::Result;
+use vtrace_image::sdt;
+use vtrace_session::kernel_probes;
 
 use crate::cli::{ProbesArgs, ProbesCommand};
 use crate::exit_status::BadArgument;
-
-/// The static probe sites of a kernel image: an ELF, or the vmlinux
-/// inside a bzImage. `what` names the image in errors.
-pub fn kernel_probes(bytes: &[u8], what: &str) -> Result<Vec<ProbeSite>> {
-    if bytes.starts_with(b"\x7fELF") {
-        return sdt::probe_sites(bytes)
-            .with_context(|| format!("cannot read the probes of {what}"));
-    }
-    match vtrace_image::bzimage::vmlinux_inside(bytes) {
-        Some(vmlinux) => sdt::probe_sites(&vmlinux)
-            .with_context(|| format!("cannot read the probes of the vmlinux inside {what}")),
-        None => Err(BadArgument(format!(
-            "{what} is neither an ELF file nor a bzImage whose vmlinux vtrace can unpack"
-        ))
-        .into()),
-    }
-}
 
 pub fn probes(args: ProbesArgs) -> Result<i32> {
     match args.what {

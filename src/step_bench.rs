@@ -100,7 +100,8 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
         1 << 30,
         DEFAULT_SEGMENT_SIZE,
         false,
-        "vtrace bench",
+        &vtrace_session::metadata::for_boot("vtrace bench", boot, env!("VTRACE_LONG_VERSION"))
+            .to_text(),
     )?;
     let mut tracer = Tracer::new(
         Recorder::start(disk),

@@ -1,7 +1,10 @@
-//! Parsing sizes and addresses given on the command line.
+//! Parsing sizes, intervals and captures given on the command line
+//! (locations and addresses are the session library's).
 
 use vtrace_storage::Regs;
 use vtrace_trap::MAX_CAPTURE_LENGTH;
+
+pub use vtrace_session::{parse_address, parse_location, CaptureRequest, Location};
 
 /// "256M", "4G", "4GiB", "512k", "1048576" → bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -49,88 +52,10 @@ pub fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
         .ok_or_else(|| format!("'{text}' is too long"))
 }
 
-/// Where a trigger fires: an address, or a routine (resolved once the
-/// kernel is loaded) plus an offset: of the kernel's symbols, or of a user
-/// program's (`program:routine`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Location {
-    Address(u64),
-    Symbol {
-        /// The user program the routine is in; `None`: the kernel.
-        program: Option<String>,
-        name: String,
-        offset: u64,
-    },
-}
-
-impl std::fmt::Display for Location {
-    /// As the user would write it again.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Location::Address(a) => write!(f, "{a:#x}"),
-            Location::Symbol {
-                program,
-                name,
-                offset,
-            } => {
-                if let Some(p) = program {
-                    write!(f, "{p}:")?;
-                }
-                write!(f, "{name}")?;
-                if *offset != 0 {
-                    write!(f, "+{offset:#x}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// "0x1000d0", "1048784", "start_kernel", "schedule+0x10" or
-/// "vtprog:main" → location.
-pub fn parse_location(text: &str) -> Result<Location, String> {
-    let t = text.trim();
-    if t.starts_with(|c: char| c.is_ascii_digit()) {
-        return parse_address(t).map(Location::Address);
-    }
-    let (program, routine) = match t.split_once(':') {
-        Some((program, routine)) => (Some(program), routine),
-        None => (None, t),
-    };
-    let (name, offset) = match routine.split_once('+') {
-        Some((name, off)) => (name, parse_address(off)?),
-        None => (routine, 0),
-    };
-    let bad = |s: &str| s.is_empty() || s.contains(char::is_whitespace);
-    if bad(name) || program.is_some_and(bad) {
-        return Err(format!(
-            "'{text}' is neither an address nor a routine name (examples: 0x100000, \
-             start_kernel, schedule+0x10, a user program's vtprog:main)"
-        ));
-    }
-    Ok(Location::Symbol {
-        program: program.map(str::to_string),
-        name: name.to_string(),
-        offset,
-    })
-}
-
-/// One `--capture`: where, from which register's address, how many bytes,
-/// under what name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CaptureArg {
-    pub place: Location,
-    /// Index of the general register (see [`Regs::gpr_index`]).
-    pub register: usize,
-    pub length: u32,
-    /// The name given, else the place as typed.
-    pub name: String,
-}
-
 /// "kprintf:rdi:64", "vtprog:main:rsi:16:argv" or "0x1000d0:rax:8:buf"
 /// → capture. The place may itself hold a colon (PROGRAM:ROUTINE), so the
 /// register is found as the first name of one followed by a number.
-pub fn parse_capture(text: &str) -> Result<CaptureArg, String> {
+pub fn parse_capture(text: &str) -> Result<CaptureRequest, String> {
     let parts: Vec<&str> = text.trim().split(':').collect();
     let usage = || {
         format!(
@@ -155,22 +80,12 @@ pub fn parse_capture(text: &str) -> Result<CaptureArg, String> {
         n if n.is_empty() => parts[..at].join(":"),
         n => n,
     };
-    Ok(CaptureArg {
+    Ok(CaptureRequest {
         place,
         register,
         length,
         name,
     })
-}
-
-/// "0x7c00" or "31744" → address.
-pub fn parse_address(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
-        None => t.replace('_', "").parse(),
-    };
-    parsed.map_err(|_| format!("'{text}' is not an address (examples: 0x7c00, 31744)"))
 }
 
 #[cfg(test)]
@@ -191,44 +106,11 @@ mod tests {
     }
 
     #[test]
-    fn locations() {
-        assert_eq!(parse_location("0x1000"), Ok(Location::Address(0x1000)));
-        assert_eq!(
-            parse_location("schedule+0x10"),
-            Ok(Location::Symbol {
-                program: None,
-                name: "schedule".into(),
-                offset: 0x10
-            })
-        );
-        assert_eq!(
-            parse_location("start_kernel"),
-            Ok(Location::Symbol {
-                program: None,
-                name: "start_kernel".into(),
-                offset: 0
-            })
-        );
-        assert_eq!(
-            parse_location("/bin/vtprog:main+4"),
-            Ok(Location::Symbol {
-                program: Some("/bin/vtprog".into()),
-                name: "main".into(),
-                offset: 4
-            })
-        );
-        assert!(parse_location(":main").is_err());
-        assert!(parse_location("vtprog:").is_err());
-        assert!(parse_location("f+x").is_err());
-        assert!(parse_location("0xzz").is_err());
-    }
-
-    #[test]
     fn captures() {
         let c = parse_capture("kprintf:rdi:64").unwrap();
         assert_eq!(
             c,
-            CaptureArg {
+            CaptureRequest {
                 place: Location::Symbol {
                     program: None,
                     name: "kprintf".into(),
@@ -277,13 +159,5 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("4X").is_err());
         assert!(parse_size("99999999999T").is_err());
-    }
-
-    #[test]
-    fn addresses() {
-        assert_eq!(parse_address("0x7c00"), Ok(0x7c00));
-        assert_eq!(parse_address("31744"), Ok(31744));
-        assert_eq!(parse_address("0x1_0000"), Ok(0x10000));
-        assert!(parse_address("0xZZ").is_err());
     }
 }

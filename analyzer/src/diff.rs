@@ -336,13 +336,12 @@ pub fn write_flame(
         after.as_bytes(),
         &mut lines,
     )
-    .map_err(|e| AnalyzeError::Flame(e.to_string()))?;
+    .map_err(AnalyzeError::Flame)?;
     let lines = String::from_utf8_lossy(&lines);
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_string();
     options.count_name = "steps".to_string();
-    inferno::flamegraph::from_lines(&mut options, lines.lines(), out)
-        .map_err(|e| AnalyzeError::Flame(e.to_string()))
+    inferno::flamegraph::from_lines(&mut options, lines.lines(), out).map_err(AnalyzeError::Flame)
 }
 
 #[cfg(test)]

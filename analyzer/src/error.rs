@@ -6,29 +6,46 @@ use vtrace_storage::disk::DiskError;
 
 use crate::symbols::SymbolError;
 
+/// Why an analysis failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AnalyzeError {
+    /// The trace disk cannot be opened or read.
     #[error(transparent)]
     Trace(#[from] DiskError),
+    /// The symbols asked for cannot be read.
     #[error(transparent)]
     Symbols(#[from] SymbolError),
+    /// An output file cannot be written.
     #[error("{path}: {source}")]
     Write {
+        /// The file.
         path: PathBuf,
+        /// Why.
         source: std::io::Error,
     },
+    /// Writing the output stream failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
-    #[error("the trace has no readable steps{0}")]
-    NoSteps(String),
+    /// The trace holds no step the analysis could read.
+    #[error("the trace has no readable steps")]
+    NoSteps,
+    /// A listing window starts past the trace's end.
     #[error("step {from} is past the trace's last step ({last})")]
-    WindowOutside { from: u64, last: u64 },
+    WindowOutside {
+        /// The first step asked for.
+        from: u64,
+        /// The trace's last step.
+        last: u64,
+    },
+    /// The data export failed.
     #[error("export: {0}")]
     Export(#[from] crate::export::ExportError),
+    /// The HTML report's template did not render.
     #[error("HTML report: {0}")]
-    Report(String),
+    Report(#[source] minijinja::Error),
+    /// inferno could not draw a flame graph.
     #[error("flame graph: {0}")]
-    Flame(String),
+    Flame(#[source] std::io::Error),
 }
 
 pub type Result<T, E = AnalyzeError> = std::result::Result<T, E>;

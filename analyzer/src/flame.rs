@@ -47,5 +47,5 @@ pub fn write_svg_with(
     options.count_name = unit.to_string();
     options.hash = true;
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(|s| s.as_str()), out)
-        .map_err(|e| AnalyzeError::Flame(e.to_string()))
+        .map_err(AnalyzeError::Flame)
 }

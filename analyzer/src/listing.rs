@@ -365,9 +365,7 @@ fn format_segment(
 /// Segments that hold steps of the window, and the window's first step
 /// (without `--from`, the trace's: a wrapped trace starts past step 0).
 fn window_segments(trace: &Trace, options: &ListingOptions) -> Result<(Vec<SegmentInfo>, u64)> {
-    let (first, end) = trace
-        .step_range()
-        .ok_or_else(|| AnalyzeError::NoSteps(String::new()))?;
+    let (first, end) = trace.step_range().ok_or_else(|| AnalyzeError::NoSteps)?;
     let from = options.from.unwrap_or(first);
     if from >= end {
         return Err(AnalyzeError::WindowOutside {

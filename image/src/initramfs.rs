@@ -5,7 +5,21 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::decompress::decompressed;
+use crate::decompress::{decompressed, DecompressError};
+
+/// Why an initramfs cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum InitramfsError {
+    /// A compressed archive does not decompress.
+    #[error(transparent)]
+    Decompress(#[from] DecompressError),
+    /// The bytes are neither a cpio archive nor compressed in a known form.
+    #[error("neither a cpio archive nor compressed in a known form")]
+    Unknown,
+    /// An archive's header does not parse.
+    #[error("a cpio header does not parse")]
+    BadHeader,
+}
 
 /// The newc header: magic and 13 fields of 8 hex digits.
 const HEADER: usize = 110;
@@ -24,7 +38,7 @@ const fn align4(n: usize) -> usize {
 pub fn files_in(
     bytes: &[u8],
     wanted: &BTreeSet<String>,
-) -> Result<HashMap<String, Vec<u8>>, String> {
+) -> Result<HashMap<String, Vec<u8>>, InitramfsError> {
     files_where(bytes, &|path| wanted.contains(path))
 }
 
@@ -33,7 +47,7 @@ pub fn files_in(
 pub fn files_where(
     bytes: &[u8],
     wanted: &dyn Fn(&str) -> bool,
-) -> Result<HashMap<String, Vec<u8>>, String> {
+) -> Result<HashMap<String, Vec<u8>>, InitramfsError> {
     let mut found = HashMap::new();
     let mut owned: Vec<u8>;
     let mut rest = bytes;
@@ -47,10 +61,8 @@ pub fn files_where(
         if !rest.starts_with(b"07070") {
             owned = match decompressed(rest) {
                 Some(Ok(plain)) => plain,
-                Some(Err(why)) => return Err(why.to_string()),
-                None if found.is_empty() => {
-                    return Err("neither a cpio archive nor compressed in a known form".into())
-                }
+                Some(Err(why)) => return Err(why.into()),
+                None if found.is_empty() => return Err(InitramfsError::Unknown),
                 // Trailing bytes the kernel would ignore too.
                 None => return Ok(found),
             };
@@ -61,7 +73,7 @@ pub fn files_where(
         }
         let read = read_archive(rest, wanted, &mut found);
         if read == 0 {
-            return Err("a cpio header does not parse".into());
+            return Err(InitramfsError::BadHeader);
         }
         rest = &rest[read..];
     }

@@ -34,13 +34,21 @@ pub enum UserRoutineError {
         /// The files that have the name (at least two).
         paths: Vec<String>,
     },
-    /// The initramfs could not be read.
-    #[error("{origin}: {why}")]
+    /// The initramfs file could not be read.
+    #[error("{origin} cannot be read: {source}")]
+    Unreadable {
+        /// The initramfs.
+        origin: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The initramfs is not an archive vtrace reads.
+    #[error("{origin}: {source}")]
     BadArchive {
         /// The initramfs.
         origin: String,
-        /// What went wrong.
-        why: String,
+        /// What is wrong with it.
+        source: crate::initramfs::InitramfsError,
     },
     /// The file is not an ELF program.
     #[error("{0} is not an ELF program")]
@@ -100,9 +108,9 @@ pub fn program_in_initramfs(
             path.rsplit('/').next() == Some(program)
         }
     };
-    let found = files_where(archive, &wanted).map_err(|why| UserRoutineError::BadArchive {
+    let found = files_where(archive, &wanted).map_err(|source| UserRoutineError::BadArchive {
         origin: origin.to_string(),
-        why,
+        source,
     })?;
     let mut paths: Vec<String> = found.keys().cloned().collect();
     paths.sort();

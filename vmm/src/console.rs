@@ -194,7 +194,10 @@ pub fn spawn_input_thread(send: impl Fn(ConsoleInput) -> bool + Send + 'static) 
             }
         })
         .map(|_| ())
-        .map_err(|e| Error::Host(format!("cannot start the console thread: {e}")))
+        .map_err(|source| Error::Host {
+            what: "start the console thread",
+            source,
+        })
 }
 
 #[cfg(test)]

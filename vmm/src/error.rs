@@ -20,7 +20,7 @@ pub enum Error {
     },
     /// KVM answered, but not with the API or capabilities vtrace needs.
     #[error("KVM is not usable: {0}")]
-    KvmUnsupported(String),
+    KvmUnsupported(KvmLack),
     /// A KVM ioctl failed where it should not.
     #[error("KVM call {call} failed: {source}")]
     Kvm {
@@ -45,12 +45,54 @@ pub enum Error {
     /// The memory size asked for cannot be used.
     #[error("invalid guest memory size {0} bytes: {1}")]
     MemorySize(u64, &'static str),
-    /// Reserving or writing guest memory failed.
-    #[error("guest memory: {0}")]
-    Memory(String),
+    /// Guest RAM could not be reserved on the host.
+    #[error("cannot reserve guest memory: {0}")]
+    Reserve(#[source] vm_memory::mmap::FromRangesError),
+    /// Writing an image or a boot structure into guest RAM failed.
+    #[error("cannot write {what} into guest memory at {at:#x}: {source}")]
+    GuestWrite {
+        /// What was written.
+        what: &'static str,
+        /// Its guest-physical address.
+        at: u64,
+        /// Why it failed.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    /// Reading guest RAM the VMM needs failed.
+    #[error("cannot read guest memory at {at:#x}: {source}")]
+    GuestRead {
+        /// The guest-physical address.
+        at: u64,
+        /// Why it failed.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    /// linux-loader could not write a boot protocol's parameters.
+    #[error("cannot write the {protocol} boot parameters: {source}")]
+    BootParams {
+        /// "Linux" or "PVH".
+        protocol: &'static str,
+        /// Why it failed.
+        #[source]
+        source: linux_loader::configurator::Error,
+    },
+    /// vtrace's own boot layout does not fit (a bug in vtrace, not the
+    /// guest's fault): what does not fit, said for the report.
+    #[error("vtrace's boot layout is wrong: {0} (please report this)")]
+    BootLayout(LayoutFault),
     /// The kernel command line is too long or has characters the protocol forbids.
-    #[error("kernel command line rejected: {0}")]
-    CommandLine(String),
+    #[error("kernel command line rejected: {source} (at most {max} bytes)")]
+    CommandLine {
+        /// What linux-loader refused.
+        #[source]
+        source: linux_loader::cmdline::Error,
+        /// The longest command line this kernel takes.
+        max: usize,
+    },
+    /// The command line could not be copied into guest memory.
+    #[error("cannot write the kernel command line: {0}")]
+    CommandLineWrite(#[source] linux_loader::loader::Error),
     /// The guest shut down (triple fault) or its vCPU entered a state KVM refuses.
     #[error("the guest shut down (triple fault)\n{0}")]
     GuestShutdown(Box<CrashReport>),
@@ -70,10 +112,56 @@ pub enum Error {
     /// A peeping plan the guest's memory cannot serve (an address outside
     /// RAM, a read too wide).
     #[error("peeping: {0}")]
-    Peep(String),
-    /// A host thread or signal could not be set up.
-    #[error("host setup: {0}")]
-    Host(String),
+    Peep(#[from] crate::peep::PeepError),
+    /// A host thread or signal handler could not be set up.
+    #[error("host setup: cannot {what}: {source}")]
+    Host {
+        /// What vtrace tried ("start the console thread").
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What KVM lacks for vtrace.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmLack {
+    /// The device path cannot be handed to the kernel (it holds a NUL).
+    #[error("{0} is not a valid path")]
+    BadPath(PathBuf),
+    /// The KVM API version is not 12.
+    #[error("{path} answers KVM API version {version}; vtrace needs 12")]
+    ApiVersion {
+        /// The KVM device.
+        path: PathBuf,
+        /// The version it answered.
+        version: i32,
+    },
+    /// A capability vtrace needs is missing.
+    #[error("the host lacks {0}")]
+    Capability(&'static str),
+    /// The CPUID table KVM reported cannot be handed back.
+    #[error("CPUID table: {0:?}")]
+    CpuidTable(vmm_sys_util::fam::Error),
+}
+
+/// What of vtrace's own boot layout does not fit.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutFault {
+    /// The e820 map has more entries than boot_params holds.
+    #[error("{0} memory map entries")]
+    MemoryMap(usize),
+    /// An ACPI table grew into the next.
+    #[error("the ACPI table at {at:#x} ({len} bytes) overlaps the next at {next:#x}")]
+    AcpiOverlap {
+        /// The table's address.
+        at: u64,
+        /// Its length.
+        len: usize,
+        /// The next table's address.
+        next: u64,
+    },
 }
 
 impl Error {

@@ -93,9 +93,10 @@ impl Kicker {
             }
         });
         if let Some(e) = install_error {
-            return Err(Error::Host(format!(
-                "cannot install the vCPU kick handler: {e}"
-            )));
+            return Err(Error::Host {
+                what: "install the vCPU kick handler",
+                source: e,
+            });
         }
         IMMEDIATE_EXIT.store(immediate_exit, Ordering::Relaxed);
         let shared = Arc::new(Shared {
@@ -110,7 +111,10 @@ impl Kicker {
         let timer = std::thread::Builder::new()
             .name("vtrace-kick".into())
             .spawn(move || timer_loop(&worker))
-            .map_err(|e| Error::Host(format!("cannot start the timer thread: {e}")))?;
+            .map_err(|source| Error::Host {
+                what: "start the timer thread",
+                source,
+            })?;
         Ok(Kicker {
             shared,
             timer: Some(timer),

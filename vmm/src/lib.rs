@@ -50,7 +50,7 @@ pub mod x86;
 pub use boot::{default_linux_cmdline, BootSource, Image, MAX_IMAGE};
 pub use clock::ClockMode;
 pub use cpu::cpuid::CpuProfile;
-pub use error::{Error, Result};
+pub use error::{Error, KvmLack, LayoutFault, Result};
 pub use run_loop::{Finish, GuestExit, RunOutcome};
 pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};
 
@@ -59,7 +59,9 @@ pub use devices::hypercall::Hypercall;
 pub use monitor::{
     CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor, NoMonitor,
 };
-pub use peep::{PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS};
+pub use peep::{
+    PeepError, PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS,
+};
 
 // The host and the process around a run.
 pub use console::user_message;

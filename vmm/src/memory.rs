@@ -105,7 +105,7 @@ pub fn create_guest_ram(size: u64) -> Result<GuestRam> {
         .iter()
         .map(|r| (GuestAddress(r.start), r.size as usize))
         .collect();
-    GuestRam::from_ranges(&ranges).map_err(|e| Error::Memory(e.to_string()))
+    GuestRam::from_ranges(&ranges).map_err(Error::Reserve)
 }
 
 /// Total RAM in bytes.

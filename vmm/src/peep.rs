@@ -100,36 +100,50 @@ struct Link {
     samples: AtomicU64,
 }
 
+/// Why a peeping plan cannot be followed.
+#[derive(Debug, thiserror::Error)]
+pub enum PeepError {
+    /// The interval is shorter than [`MIN_INTERVAL`].
+    #[error("a peeping interval of {0:?} is below the shortest, {MIN_INTERVAL:?}")]
+    TooOften(Duration),
+    /// More reads than [`MAX_READS`].
+    #[error("{0} variables to sample; at most {MAX_READS}")]
+    TooMany(usize),
+    /// A read of a width the peeper does not take.
+    #[error("a variable of {0} bytes cannot be sampled (1, 2, 4 or 8)")]
+    BadSize(u8),
+    /// A read outside guest RAM.
+    #[error("guest-physical address {gpa:#x} ({size} bytes) is not in the guest's RAM")]
+    NotInRam {
+        /// Where the read was asked for.
+        gpa: u64,
+        /// Its width.
+        size: u8,
+    },
+}
+
 /// Checks a plan against the guest's RAM before anything runs.
 pub fn check(plan: &PeepPlan, ram: &GuestRam) -> Result<()> {
     if plan.interval < MIN_INTERVAL {
-        return Err(Error::Peep(format!(
-            "a peeping interval of {:?} is below the shortest, {MIN_INTERVAL:?}",
-            plan.interval
-        )));
+        return Err(PeepError::TooOften(plan.interval).into());
     }
     if plan.reads.len() > MAX_READS {
-        return Err(Error::Peep(format!(
-            "{} variables to sample; at most {MAX_READS}",
-            plan.reads.len()
-        )));
+        return Err(PeepError::TooMany(plan.reads.len()).into());
     }
     for read in &plan.reads {
         if !matches!(read.size, 1 | 2 | 4 | 8) {
-            return Err(Error::Peep(format!(
-                "a variable of {} bytes cannot be sampled (1, 2, 4 or 8)",
-                read.size
-            )));
+            return Err(PeepError::BadSize(read.size).into());
         }
         let mut buf = [0u8; 8];
         if ram
             .read_slice(&mut buf[..usize::from(read.size)], GuestAddress(read.gpa))
             .is_err()
         {
-            return Err(Error::Peep(format!(
-                "guest-physical address {:#x} ({} bytes) is not in the guest's RAM",
-                read.gpa, read.size
-            )));
+            return Err(PeepError::NotInRam {
+                gpa: read.gpa,
+                size: read.size,
+            }
+            .into());
         }
     }
     Ok(())
@@ -203,7 +217,10 @@ impl Peeper {
         let thread = std::thread::Builder::new()
             .name("vtrace-peep".into())
             .spawn(move || worker.run())
-            .map_err(|e| Error::Host(format!("cannot start the peeping thread: {e}")))?;
+            .map_err(|source| Error::Host {
+                what: "start the peeping thread",
+                source,
+            })?;
         Ok(Peeper {
             plan,
             ram,

@@ -27,7 +27,7 @@ pub const STOP_SIGNALS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 /// The first stop signal caught; 0 while none has been.
 static CAUGHT: AtomicI32 = AtomicI32::new(0);
 /// Whether installing the handlers worked (once per process).
-static INSTALLED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+static INSTALLED: OnceLock<std::result::Result<(), i32>> = OnceLock::new();
 
 type Waker = Box<dyn Fn() + Send>;
 /// Gets the run loop going when a signal is caught (set by the run loop).
@@ -37,10 +37,13 @@ static WAKER: Mutex<Option<Waker>> = Mutex::new(None);
 /// Idempotent; [`Vm::run`](crate::Vm::run) calls it, and a program that
 /// must not die of a signal before the run starts calls it earlier.
 pub fn catch_stop_signals() -> Result<()> {
-    INSTALLED
-        .get_or_init(|| install().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|why| Error::Host(format!("cannot catch SIGINT/SIGTERM/SIGHUP: {why}")))
+    // The OnceLock keeps the errno: an io::Error is not Clone.
+    let installed =
+        *INSTALLED.get_or_init(|| install().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL)));
+    installed.map_err(|errno| Error::Host {
+        what: "catch SIGINT, SIGTERM and SIGHUP",
+        source: std::io::Error::from_raw_os_error(errno),
+    })
 }
 
 fn install() -> std::io::Result<()> {

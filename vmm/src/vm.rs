@@ -11,6 +11,7 @@ use crate::cpu::{cpuid, cpuid::CpuProfile, entry};
 use crate::devices::hypercall::HypercallPort;
 use crate::devices::Devices;
 use crate::diagnostics::ExitHistory;
+use crate::error::KvmLack;
 use crate::error::{Error, Result};
 use crate::memory::{create_guest_ram, GuestRam};
 use crate::vcpu::Vcpu;
@@ -99,17 +100,17 @@ pub(crate) fn register_ram(vm: &VmFd, ram: &GuestRam) -> Result<()> {
 
 pub(crate) fn open_kvm(path: &Path) -> Result<Kvm> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::KvmUnsupported(format!("{} is not a valid path", path.display())))?;
+        .map_err(|_| Error::KvmUnsupported(KvmLack::BadPath(path.to_path_buf())))?;
     let kvm = Kvm::new_with_path(&c_path).map_err(|e| Error::KvmUnavailable {
         path: path.to_path_buf(),
         source: std::io::Error::from_raw_os_error(e.errno()),
     })?;
     let version = kvm.get_api_version();
     if version != 12 {
-        return Err(Error::KvmUnsupported(format!(
-            "{} answers KVM API version {version}; vtrace needs 12",
-            path.display()
-        )));
+        return Err(Error::KvmUnsupported(KvmLack::ApiVersion {
+            path: path.to_path_buf(),
+            version,
+        }));
     }
     for (cap, name) in [
         (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
@@ -118,7 +119,7 @@ pub(crate) fn open_kvm(path: &Path) -> Result<Kvm> {
         (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
     ] {
         if !kvm.check_extension(cap) {
-            return Err(Error::KvmUnsupported(format!("the host lacks {name}")));
+            return Err(Error::KvmUnsupported(KvmLack::Capability(name)));
         }
     }
     Ok(kvm)

@@ -275,7 +275,7 @@ pub fn export(
     progress: Progress<'_>,
 ) -> Result<ExportReport> {
     if trace.steps() == 0 {
-        return Err(AnalyzeError::NoSteps(String::new()));
+        return Err(AnalyzeError::NoSteps);
     }
     let (target, steps_per_file) = match destination {
         Destination::File(path) => (PartTarget::File(path.clone()), u64::MAX),

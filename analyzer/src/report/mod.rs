@@ -347,7 +347,7 @@ fn environment() -> Result<minijinja::Environment<'static>> {
     env.add_filter("num", |n: u64| thousands(n));
     env.add_filter("pct", |p: f64| format!("{p:.2}"));
     env.add_template("page.html", include_str!("page.html"))
-        .map_err(|e| AnalyzeError::Report(e.to_string()))?;
+        .map_err(AnalyzeError::Report)?;
     Ok(env)
 }
 
@@ -604,7 +604,7 @@ pub fn write(
     let html = env
         .get_template("page.html")
         .and_then(|t| t.render(&page))
-        .map_err(|e| AnalyzeError::Report(e.to_string()))?;
+        .map_err(AnalyzeError::Report)?;
     out.write_all(html.as_bytes())?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use acpi_tables::{aml, facs::FACS, fadt, rsdp::Rsdp, sdt::Sdt, xsdt::XSDT, Aml};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::acpi_pm;
+use crate::error::LayoutFault;
 use crate::error::{Error, Result};
 use crate::memory::GuestRam;
 
@@ -83,13 +84,18 @@ pub fn write(ram: &GuestRam) -> Result<u64> {
         let next = all.get(i + 1).map_or(TABLES_END, |(a, _)| *a);
         // A table that grew past the next one is a bug here, not the guest's.
         if addr + bytes.len() as u64 > next {
-            return Err(Error::Memory(format!(
-                "ACPI table at {addr:#x} ({} bytes) overlaps the next at {next:#x}",
-                bytes.len()
-            )));
+            return Err(Error::BootLayout(LayoutFault::AcpiOverlap {
+                at: *addr,
+                len: bytes.len(),
+                next,
+            }));
         }
         ram.write_slice(bytes, GuestAddress(*addr))
-            .map_err(|e| Error::Memory(format!("writing ACPI tables at {addr:#x}: {e}")))?;
+            .map_err(|source| Error::GuestWrite {
+                what: "the ACPI tables",
+                at: *addr,
+                source,
+            })?;
     }
     Ok(RSDP_ADDR)
 }

@@ -8,6 +8,7 @@ use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header
 use vm_memory::GuestAddress;
 
 use crate::cpu::entry::EntryState;
+use crate::error::LayoutFault;
 use crate::error::{Error, Result};
 use crate::memory::{layout, GuestRam};
 
@@ -73,7 +74,7 @@ pub fn boot(
 
     let map = memory_map(ram);
     if map.len() > params.e820_table.len() {
-        return Err(Error::Memory("too many memory map entries".into()));
+        return Err(Error::BootLayout(LayoutFault::MemoryMap(map.len())));
     }
     for (slot, e) in params.e820_table.iter_mut().zip(&map) {
         *slot = boot_e820_entry {
@@ -89,7 +90,10 @@ pub fn boot(
         &BootParams::new(&params, GuestAddress(layout::ZERO_PAGE)),
         ram,
     )
-    .map_err(|e| Error::Memory(format!("writing boot_params: {e}")))?;
+    .map_err(|source| Error::BootParams {
+        protocol: "Linux",
+        source,
+    })?;
     Ok(BootPlan {
         entry: EntryState::Long64 {
             entry: kernel.entry,

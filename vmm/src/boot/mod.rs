@@ -186,14 +186,16 @@ fn place_initrd(ram: &GuestRam, len: u64, kernel_end: u64, limit: u64) -> Result
 /// Writes the NUL-terminated command line at its fixed place; returns its
 /// length without the NUL.
 fn write_cmdline(ram: &GuestRam, cmdline: &str, max: usize) -> Result<usize> {
-    let mut line = Cmdline::new(max.min(layout::CMDLINE_MAX))
-        .map_err(|e| Error::CommandLine(e.to_string()))?;
+    let capacity = max.min(layout::CMDLINE_MAX);
+    let rejected = |source| Error::CommandLine {
+        source,
+        max: capacity.saturating_sub(1),
+    };
+    let mut line = Cmdline::new(capacity).map_err(rejected)?;
     if !cmdline.is_empty() {
-        line.insert_str(cmdline)
-            .map_err(|e| Error::CommandLine(format!("{e} (at most {} bytes)", max - 1)))?;
+        line.insert_str(cmdline).map_err(rejected)?;
     }
-    load_cmdline(ram, GuestAddress(layout::CMDLINE), &line)
-        .map_err(|e| Error::CommandLine(e.to_string()))?;
+    load_cmdline(ram, GuestAddress(layout::CMDLINE), &line).map_err(Error::CommandLineWrite)?;
     Ok(cmdline.len())
 }
 
@@ -202,7 +204,11 @@ fn load_initrd(ram: &GuestRam, initrd: &Image, kernel_end: u64, limit: u64) -> R
     let len = initrd.bytes.len() as u64;
     let addr = place_initrd(ram, len, kernel_end, limit)?;
     ram.write_slice(&initrd.bytes, GuestAddress(addr))
-        .map_err(|e| Error::Memory(format!("writing the initrd: {e}")))?;
+        .map_err(|source| Error::GuestWrite {
+            what: "the initrd",
+            at: addr,
+            source,
+        })?;
     Ok((addr, len))
 }
 

@@ -61,8 +61,10 @@ pub fn boot(
         initrd_note = format!(", initrd {size} bytes at {paddr:#x}");
     }
     params.set_sections(&memmap, GuestAddress(layout::PVH_MEMMAP));
-    PvhBootConfigurator::write_bootparams(&params, ram)
-        .map_err(|e| Error::Memory(format!("writing PVH boot information: {e}")))?;
+    PvhBootConfigurator::write_bootparams(&params, ram).map_err(|source| Error::BootParams {
+        protocol: "PVH",
+        source,
+    })?;
     Ok(BootPlan {
         entry: EntryState::Protected32 {
             entry,

@@ -30,7 +30,11 @@ pub fn load(ram: &GuestRam, image: &Image, load_addr: u64) -> Result<BootPlan> {
         len,
     )?;
     ram.write_slice(&image.bytes, GuestAddress(load_addr))
-        .map_err(|e| Error::Memory(format!("writing the real-mode image: {e}")))?;
+        .map_err(|source| Error::GuestWrite {
+            what: "the real-mode image",
+            at: load_addr,
+            source,
+        })?;
     Ok(BootPlan {
         entry: EntryState::RealMode { load_addr },
         description: format!(

@@ -151,7 +151,8 @@ pub fn build(kvm: &Kvm, profile: CpuProfile) -> Result<CpuId> {
         e.ebx &= 0x0000_ffff;
         e.ebx |= 1 << 16;
     }
-    CpuId::from_entries(&entries).map_err(|e| Error::KvmUnsupported(format!("CPUID table: {e:?}")))
+    CpuId::from_entries(&entries)
+        .map_err(|e| Error::KvmUnsupported(crate::error::KvmLack::CpuidTable(e)))
 }
 
 #[cfg(test)]

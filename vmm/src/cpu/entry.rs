@@ -89,7 +89,11 @@ fn real_segment(selector: u16, code: bool) -> kvm_segment {
 
 fn write(mem: &GuestRam, addr: u64, bytes: &[u8]) -> Result<()> {
     mem.write_slice(bytes, GuestAddress(addr))
-        .map_err(|e| Error::Memory(format!("writing boot structures at {addr:#x}: {e}")))
+        .map_err(|source| Error::GuestWrite {
+            what: "the boot structures",
+            at: addr,
+            source,
+        })
 }
 
 fn write_gdt_idt(mem: &GuestRam, sregs: &mut kvm_sregs) -> Result<()> {

@@ -124,7 +124,7 @@ impl Machine {
     pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
         self.ram
             .read_slice(buf, GuestAddress(at))
-            .map_err(|e| Error::Memory(format!("probe machine at {at:#x}: {e}")))
+            .map_err(|source| Error::GuestRead { at, source })
     }
 
     /// Sets single-stepping and hardware breakpoint 0.
@@ -196,7 +196,11 @@ impl Machine {
 
 fn write(ram: &GuestRam, at: u64, bytes: &[u8]) -> Result<()> {
     ram.write_slice(bytes, GuestAddress(at))
-        .map_err(|e| Error::Memory(format!("probe machine at {at:#x}: {e}")))
+        .map_err(|source| Error::GuestWrite {
+            what: "a probe machine's code",
+            at,
+            source,
+        })
 }
 
 fn write_tables(ram: &GuestRam) -> Result<()> {

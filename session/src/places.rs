@@ -4,15 +4,26 @@
 
 use std::path::Path;
 
-use anyhow::Result;
-use vtrace_image::symbols::{discover, Discovery, Symbolizer};
+use vtrace_image::symbols::{discover, Discovery, KernelImages, Symbolizer};
 use vtrace_image::user_routine::{
     fixed_routine_address, program_from_file, program_in_initramfs, Program, UserRoutineError,
 };
 use vtrace_storage::metadata::TraceMetadata;
 
-use crate::exit_status::BadArgument;
-use crate::units::Location;
+use crate::location::Location;
+use crate::SessionError;
+
+type Result<T> = std::result::Result<T, SessionError>;
+
+/// Kernel images vtrace carries itself: the built-in demo OS.
+pub fn builtin_kernels() -> KernelImages<'static> {
+    KernelImages {
+        builtin: &[(
+            vtrace_storage::metadata::BUILTIN_DEMO,
+            vtrace_demo::DEMO_OS_ELF,
+        )],
+    }
+}
 
 /// A trigger's place.
 #[derive(Clone, Debug)]
@@ -79,7 +90,7 @@ impl<'a> Places<'a> {
         let metadata = self.metadata;
         let (symbols, found) = self.kernel.get_or_insert_with(|| {
             let mut s = Symbolizer::new();
-            let found = discover(metadata, &crate::analyze::kernel_images(), &mut s);
+            let found = discover(metadata, &builtin_kernels(), &mut s);
             (s, found)
         });
         let addresses = symbols.addresses_of(name);
@@ -102,14 +113,15 @@ impl<'a> Places<'a> {
                     .join(", ")
             ),
         };
-        Err(BadArgument(problem).into())
+        Err(SessionError::Request(problem))
     }
 
     /// The place of routine `name` (plus `offset`) of user program
     /// `program`, which fires only in tasks running that program where
     /// the tracer can tell tasks apart.
     fn user_routine(&self, option: &str, program: &str, name: &str, offset: u64) -> Result<Place> {
-        let bad = |e: UserRoutineError| BadArgument(format!("{option} {program}:{name}: {e}"));
+        let bad =
+            |e: UserRoutineError| SessionError::request(format!("{option} {program}:{name}: {e}"));
         let found = self.program(program).map_err(bad)?;
         let address = fixed_routine_address(&found, name)
             .map_err(bad)?
@@ -141,9 +153,9 @@ impl<'a> Places<'a> {
     fn program(&self, program: &str) -> std::result::Result<Program, UserRoutineError> {
         if let Some(initrd) = self.initrd {
             let origin = initrd.display().to_string();
-            let bytes = std::fs::read(initrd).map_err(|e| UserRoutineError::BadArchive {
+            let bytes = std::fs::read(initrd).map_err(|source| UserRoutineError::Unreadable {
                 origin: origin.clone(),
-                why: e.to_string(),
+                source,
             })?;
             let found = program_in_initramfs(&bytes, &origin, program)?;
             if let Some(found) = found {

@@ -1,0 +1,45 @@
+//! What can go wrong while a session is assembled or run.
+
+use std::path::PathBuf;
+
+/// Errors of [`crate::SessionBuilder::build`] and [`crate::Session::run`].
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The request is well formed but means nothing for this guest: a
+    /// routine its kernel does not have, more breakpoints than the CPU
+    /// holds, a probe no site matches. The text says what to change.
+    #[error("{0}")]
+    Request(String),
+    /// The trace disk could not be made, written or finished.
+    #[error(transparent)]
+    Disk(#[from] vtrace_storage::disk::DiskError),
+    /// The VM could not be made or failed while it ran.
+    #[error(transparent)]
+    Vm(#[from] vtrace_vmm::Error),
+    /// The control socket for `vtrace ctl` could not be made.
+    #[error(transparent)]
+    Control(#[from] vtrace_vmm::ControlError),
+    /// The static probes of a kernel image could not be read.
+    #[error("cannot read the probes of {what}: {source}")]
+    Probes {
+        /// The image, as the user named it.
+        what: String,
+        /// What was wrong with its notes.
+        source: vtrace_image::sdt::SdtError,
+    },
+    /// An old trace disk could not be removed to make room (`force`).
+    #[error("cannot remove {} (--force): {source}", path.display())]
+    Remove {
+        /// The trace disk.
+        path: PathBuf,
+        /// Why it stayed.
+        source: std::io::Error,
+    },
+}
+
+impl SessionError {
+    /// The request that means nothing here, said as `text`.
+    pub(crate) fn request(text: impl Into<String>) -> SessionError {
+        SessionError::Request(text.into())
+    }
+}

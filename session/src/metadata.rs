@@ -1,0 +1,90 @@
+//! What a trace says of the run that wrote it: the guest, the kernel and
+//! initrd it booted (so `vtrace analyze` finds their symbols), and Linux's
+//! task layout where the tracer follows tasks.
+
+use std::path::Path;
+
+use vtrace_image::linux_tasks::{task_layout, TaskLayout};
+use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
+use vtrace_vmm::BootSource;
+
+/// The metadata of a trace of `guest` booted from `boot`, written by
+/// vtrace `version`: which kernel and initrd ran. The caller adds what the
+/// run itself decides (clock, tasks, peeping).
+pub fn for_boot(guest: &str, boot: &BootSource, version: &str) -> TraceMetadata {
+    let (image, initrd) = match boot {
+        BootSource::Kernel { kernel, initrd, .. } => (kernel, initrd.as_ref()),
+        BootSource::RealMode { image, .. } => (image, None),
+    };
+    TraceMetadata {
+        guest: guest.to_string(),
+        kernel: Some(match &image.path {
+            Some(path) => absolute(path),
+            None => BUILTIN_DEMO.to_string(),
+        }),
+        kernel_id: Some(image_id(&image.bytes)),
+        initrd: initrd.and_then(|i| i.path.as_deref()).map(absolute),
+        vtrace_version: Some(version.to_string()),
+        ..TraceMetadata::default()
+    }
+}
+
+/// `path` made absolute where it can be, so a trace analyzed from another
+/// directory still finds the file.
+fn absolute(path: &Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Where a Linux guest keeps its running task, so the trace names tasks;
+/// for a bzImage kernel only. What the user should know goes to `notes`.
+pub(crate) fn linux_tasks(boot: &BootSource, notes: &mut Vec<String>) -> Option<TaskLayout> {
+    let BootSource::Kernel { kernel, .. } = boot else {
+        return None;
+    };
+    let vmlinux = vtrace_image::bzimage::vmlinux_inside(&kernel.bytes)?;
+    match task_layout(&vmlinux) {
+        Ok(layout) => {
+            if layout.maps.is_none() {
+                notes.push(
+                    "vtrace: memory maps of Linux processes are not recorded: the kernel \
+                     keeps them in a form vtrace does not read (before 6.1) or its BTF lacks \
+                     a field; user code is named by address only"
+                        .to_string(),
+                );
+            }
+            Some(layout)
+        }
+        Err(why) => {
+            notes.push(format!(
+                "vtrace: Linux tasks are not followed: {why}; the trace names address \
+                 spaces only"
+            ));
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vtrace_vmm::Image;
+
+    #[test]
+    fn the_demo_is_named_builtin_and_identified_by_its_bytes() {
+        let boot = BootSource::Kernel {
+            kernel: Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
+            initrd: None,
+            cmdline: String::new(),
+        };
+        let m = for_boot("demo", &boot, "test");
+        assert_eq!(m.kernel.as_deref(), Some(BUILTIN_DEMO));
+        assert_eq!(m.kernel_id, Some(image_id(vtrace_demo::DEMO_OS_ELF)));
+        assert_eq!(m.initrd, None);
+        assert_eq!(m.vtrace_version.as_deref(), Some("test"));
+        // Nothing the run decides is guessed here.
+        assert_eq!((m.clock, m.tasks, m.peep), (None, None, None));
+    }
+}

@@ -1,0 +1,362 @@
+//! The session builder: a VM, and where tracing is asked for its tracer,
+//! trace disk, control socket and peeper, assembled in the order that
+//! leaves nothing behind on a bad request.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use vtrace_storage::disk::DiskWriter;
+use vtrace_storage::metadata::{SampleVariable, LINUX_TASKS};
+use vtrace_storage::Recorder;
+use vtrace_trap::{TraceOptions, TraceReport, Tracer};
+use vtrace_vmm::{
+    user_message, BootSource, ClockMode, ConsoleMode, ControlServer, CpuProfile, Image, NoMonitor,
+    RunOutcome, Vm, VmConfig,
+};
+
+use crate::peep::PeepSetup;
+use crate::places::Places;
+use crate::request::TraceRequest;
+use crate::triggers::{
+    capture_note, capture_sites, find_place, function_probes, function_sites, static_probe_sites,
+};
+use crate::SessionError;
+
+/// Assembles a [`Session`]: the machine first, then what to trace.
+///
+/// ```no_run
+/// use vtrace_session::{SessionBuilder, TraceRequest};
+/// let session = SessionBuilder::new(SessionBuilder::demo())
+///     .trace(TraceRequest { from_start: true, ..TraceRequest::default() })
+///     .build()?;
+/// let outcome = session.run()?;
+/// println!("{} steps", outcome.trace.map_or(0, |t| t.recorded_steps));
+/// # Ok::<(), vtrace_session::SessionError>(())
+/// ```
+pub struct SessionBuilder {
+    boot: BootSource,
+    memory: u64,
+    cpu: CpuProfile,
+    console: ConsoleMode,
+    kvm_device: PathBuf,
+    serial_out: Box<dyn Write + Send>,
+    clock: Option<ClockMode>,
+    control: Option<PathBuf>,
+    progress: Option<Duration>,
+    trace: Option<TraceRequest>,
+    version: String,
+}
+
+impl SessionBuilder {
+    /// A session that boots `boot` with `vtrace run`'s defaults: 256 MiB,
+    /// the baseline CPU, output only, guest output to standard output, no
+    /// tracing.
+    pub fn new(boot: BootSource) -> SessionBuilder {
+        SessionBuilder {
+            boot,
+            memory: 256 << 20,
+            cpu: CpuProfile::Baseline,
+            console: ConsoleMode::OutputOnly,
+            kvm_device: vtrace_vmm::KVM_DEVICE.into(),
+            serial_out: Box::new(std::io::stdout()),
+            clock: None,
+            control: None,
+            progress: None,
+            trace: None,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+
+    /// The built-in demo OS, booted as `vtrace run` boots it by default.
+    pub fn demo() -> BootSource {
+        BootSource::Kernel {
+            kernel: Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
+            initrd: None,
+            cmdline: String::new(),
+        }
+    }
+
+    /// Guest RAM in bytes.
+    pub fn memory(mut self, bytes: u64) -> Self {
+        self.memory = bytes;
+        self
+    }
+
+    /// The CPUID profile.
+    pub fn cpu(mut self, cpu: CpuProfile) -> Self {
+        self.cpu = cpu;
+        self
+    }
+
+    /// Whether the console reads the terminal.
+    pub fn console(mut self, console: ConsoleMode) -> Self {
+        self.console = console;
+        self
+    }
+
+    /// The KVM device's path.
+    pub fn kvm_device(mut self, path: PathBuf) -> Self {
+        self.kvm_device = path;
+        self
+    }
+
+    /// Where the guest's serial output goes.
+    pub fn serial_out(mut self, out: Box<dyn Write + Send>) -> Self {
+        self.serial_out = out;
+        self
+    }
+
+    /// How virtual time follows host time; without it, a traced run counts
+    /// time in steps (a trace then does not depend on the host's speed)
+    /// and an untraced one follows the wall clock.
+    pub fn clock(mut self, clock: Option<ClockMode>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Where a traced run listens for `vtrace ctl`; without it, a path of
+    /// the process's own ([`vtrace_vmm::control_socket::default_path`]).
+    pub fn control_socket(mut self, path: Option<PathBuf>) -> Self {
+        self.control = path;
+        self
+    }
+
+    /// Print a status line every `every` of host time while stepping.
+    pub fn progress(mut self, every: Duration) -> Self {
+        self.progress = Some(every);
+        self
+    }
+
+    /// Trace as `request` says.
+    pub fn trace(mut self, request: TraceRequest) -> Self {
+        self.trace = Some(request);
+        self
+    }
+
+    /// The version the trace's metadata says wrote it.
+    pub fn version(mut self, version: &str) -> Self {
+        self.version = version.to_string();
+        self
+    }
+
+    /// Makes the VM, and where tracing is asked the trace disk and the
+    /// tracer. Every place, probe and variable is found before the disk is
+    /// made: a misspelt routine leaves no file behind.
+    pub fn build(self) -> Result<Session, SessionError> {
+        let mut notes = Vec::new();
+        let traced = self.trace.is_some();
+        let clock = self.clock.unwrap_or(match traced {
+            true => ClockMode::Steps(1),
+            false => ClockMode::Wall,
+        });
+        let (tasks, probe_sites, peep) = match &self.trace {
+            Some(request) => (
+                crate::metadata::linux_tasks(&self.boot, &mut notes),
+                static_probe_sites(&request.probes, &self.boot, &mut notes)?,
+                request
+                    .peep
+                    .as_ref()
+                    .map(|p| crate::peep::setup(p, &self.boot))
+                    .transpose()?,
+            ),
+            None => (None, Vec::new(), None),
+        };
+        let metadata_base = crate::metadata::for_boot("", &self.boot, &self.version);
+        let control = match traced {
+            true => {
+                let path = self.control.clone().unwrap_or_else(|| {
+                    vtrace_vmm::control_socket::default_path(std::process::id())
+                });
+                Some(ControlServer::bind(&path)?)
+            }
+            false => None,
+        };
+        let control_path = control.as_ref().map(|c| c.path().to_path_buf());
+        let initrd = match &self.boot {
+            BootSource::Kernel { initrd, .. } => initrd.as_ref().and_then(|i| i.path.clone()),
+            BootSource::RealMode { .. } => None,
+        };
+        let mut vm = Vm::new(VmConfig {
+            boot: self.boot,
+            memory: self.memory,
+            cpu: self.cpu,
+            console: self.console,
+            kvm_device: self.kvm_device,
+            serial_out: self.serial_out,
+            clock,
+            control,
+        })?;
+        if let Some(every) = self.progress {
+            vm.report_progress(every);
+        }
+        if let Some(p) = &peep {
+            // Before the disk is made: a bad address leaves no file behind.
+            vm.peep(p.plan.clone())
+                .map_err(|e| SessionError::request(format!("--sample: {e}")))?;
+        }
+        let (tracer, trace_disk) = match self.trace {
+            Some(request) => {
+                let metadata = vtrace_storage::metadata::TraceMetadata {
+                    guest: vm.boot_description().to_string(),
+                    clock: Some(clock.to_string()),
+                    tasks: tasks.is_some().then(|| LINUX_TASKS.to_string()),
+                    peep: peep.as_ref().map(|p| p.interval.clone()),
+                    samples: peep
+                        .as_ref()
+                        .filter(|p| !p.variables.is_empty())
+                        .map(|p| SampleVariable::list_text(&p.variables)),
+                    sample_pc: peep.as_ref().is_some_and(|p| p.plan.pc),
+                    ..metadata_base
+                };
+                let parts = TracerParts {
+                    metadata,
+                    initrd: initrd.as_deref(),
+                    tasks,
+                    probe_sites,
+                };
+                let tracer = tracer(&request, parts, &mut notes)?;
+                (Some(tracer), Some(request.disk))
+            }
+            None => (None, None),
+        };
+        Ok(Session {
+            vm,
+            tracer,
+            peep,
+            notes,
+            control: control_path,
+            trace_disk,
+        })
+    }
+}
+
+/// What the tracer is made of besides the request.
+struct TracerParts<'a> {
+    metadata: vtrace_storage::metadata::TraceMetadata,
+    initrd: Option<&'a Path>,
+    tasks: Option<vtrace_image::linux_tasks::TaskLayout>,
+    probe_sites: Vec<vtrace_trap::StaticSite>,
+}
+
+/// Finds the request's places, then creates the trace disk and the
+/// tracer.
+fn tracer(
+    request: &TraceRequest,
+    parts: TracerParts<'_>,
+    notes: &mut Vec<String>,
+) -> Result<Tracer, SessionError> {
+    let TracerParts {
+        metadata,
+        initrd,
+        tasks,
+        probe_sites,
+    } = parts;
+    let mut places = Places::new(&metadata, initrd, tasks.is_some());
+    let start_at = find_place(&mut places, &request.start_at, "--start-at", notes)?;
+    let stop_at = find_place(&mut places, &request.stop_at, "--stop-at", notes)?;
+    let captures = capture_sites(&request.captures, &mut places, notes)?;
+    let functions = function_sites(&request.functions, &mut places, start_at.is_some(), notes)?;
+    let taken = usize::from(start_at.is_some()) + functions.len();
+    let function_probes = function_probes(&request.probes, &mut places, taken, notes)?;
+    // Breakpoints while tracing is off go to the start place first, then
+    // the routines' entries, the fn: probes, then the captures.
+    let taken = taken + function_probes.len();
+    notes.extend(capture_note(&captures, taken));
+    let path = &request.disk;
+    if request.replace && path.is_file() {
+        std::fs::remove_file(path).map_err(|source| SessionError::Remove {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let disk = DiskWriter::create(
+        path,
+        request.disk_size,
+        request.segment_size,
+        request.wrap,
+        &metadata.to_text(),
+    )?;
+    let options = TraceOptions {
+        from_start: request.from_start,
+        max_steps: request.max_steps,
+        autostop: request.autostop.clone(),
+        start_at: start_at.as_ref().map(|p| p.address),
+        stop_at: stop_at.as_ref().map(|p| p.address),
+        start_in: start_at.and_then(|p| p.task),
+        stop_in: stop_at.and_then(|p| p.task),
+        exit_after_trace: request.exit_after_trace,
+        obey_guest: request.obey_guest,
+        trap_flag_host: vtrace_vmm::steps_with_trap_flag(),
+        linux_tasks: tasks,
+        captures,
+        functions,
+        probe_sites,
+        function_probes,
+        probes_enabled: request.probes.clone(),
+    };
+    Ok(Tracer::new(Recorder::start(disk), options).on_announce(user_message))
+}
+
+/// A VM ready to boot, with its tracer where one was asked for.
+pub struct Session {
+    vm: Vm,
+    tracer: Option<Tracer>,
+    peep: Option<PeepSetup>,
+    notes: Vec<String>,
+    control: Option<PathBuf>,
+    trace_disk: Option<PathBuf>,
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub struct SessionOutcome {
+    /// What became of the guest.
+    pub run: RunOutcome,
+    /// What the tracer recorded, where the session traced.
+    pub trace: Option<TraceReport>,
+}
+
+impl Session {
+    /// What the user should know of the request before the guest boots
+    /// (where a user program's routine fires, what cannot be followed),
+    /// each a line of its own.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// How the guest is loaded, for the user.
+    pub fn boot_description(&self) -> &str {
+        self.vm.boot_description()
+    }
+
+    /// Where `vtrace ctl` reaches the run, when it traces.
+    pub fn control_socket(&self) -> Option<&Path> {
+        self.control.as_deref()
+    }
+
+    /// The trace disk, when the run traces.
+    pub fn trace_disk(&self) -> Option<&Path> {
+        self.trace_disk.as_deref()
+    }
+
+    /// What the run peeps at, when it does.
+    pub fn peeping(&self) -> Option<&PeepSetup> {
+        self.peep.as_ref()
+    }
+
+    /// Boots the guest and runs it to its end. The trace is finished (its
+    /// disk flushed and closed) whatever became of the guest; an error of
+    /// the run is returned after that.
+    pub fn run(mut self) -> Result<SessionOutcome, SessionError> {
+        let outcome = match self.tracer.as_mut() {
+            Some(t) => self.vm.run(t),
+            None => self.vm.run(&mut NoMonitor),
+        };
+        let trace = self.tracer.map(Tracer::finish).transpose()?;
+        Ok(SessionOutcome {
+            run: outcome?,
+            trace,
+        })
+    }
+}

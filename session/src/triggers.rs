@@ -1,0 +1,237 @@
+//! From what a run asks for to what the tracer watches: captures,
+//! `--trace-function` routines and probes, each at a place found in the
+//! guest's images, within the CPU's four breakpoints.
+
+use vtrace_image::sdt::{self, ProbeSite};
+use vtrace_trap::{CaptureSite, FunctionProbe, FunctionSite, StaticSite, MAX_CAPTURES};
+use vtrace_vmm::x86::dr::BREAKPOINTS;
+use vtrace_vmm::BootSource;
+
+use crate::location::{parse_location, Location};
+use crate::places::{Place, Places};
+use crate::request::CaptureRequest;
+use crate::SessionError;
+
+type Result<T> = std::result::Result<T, SessionError>;
+
+/// Finds the place `option` names, if given; what the user should know of
+/// it goes to `notes`.
+pub(crate) fn find_place(
+    places: &mut Places<'_>,
+    location: &Option<Location>,
+    option: &str,
+    notes: &mut Vec<String>,
+) -> Result<Option<Place>> {
+    let place = places.find(location, option)?;
+    if let Some(note) = place.as_ref().and_then(|p| p.note.clone()) {
+        notes.push(note);
+    }
+    Ok(place)
+}
+
+/// The captures' places, found as triggers' are.
+pub(crate) fn capture_sites(
+    captures: &[CaptureRequest],
+    places: &mut Places<'_>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<CaptureSite>> {
+    if captures.len() > MAX_CAPTURES {
+        return Err(SessionError::request(format!(
+            "{} captures given; a run takes at most {MAX_CAPTURES}",
+            captures.len()
+        )));
+    }
+    let mut sites = Vec::with_capacity(captures.len());
+    for capture in captures {
+        let option = format!("--capture {}", capture.name);
+        let location = Some(capture.place.clone());
+        let Some(place) = find_place(places, &location, &option, notes)? else {
+            continue;
+        };
+        sites.push(CaptureSite {
+            name: capture.name.clone(),
+            at: place.address,
+            register: capture.register,
+            length: capture.length,
+            task: place.task,
+        });
+    }
+    Ok(sites)
+}
+
+/// The `--trace-function` routines, found as triggers' are; each takes a
+/// breakpoint.
+pub(crate) fn function_sites(
+    functions: &[Location],
+    places: &mut Places<'_>,
+    start_at: bool,
+    notes: &mut Vec<String>,
+) -> Result<Vec<FunctionSite>> {
+    let room = BREAKPOINTS - usize::from(start_at);
+    if functions.len() > room {
+        return Err(SessionError::request(format!(
+            "{} --trace-function routines given; the CPU's breakpoints watch at most {room}{}",
+            functions.len(),
+            if start_at { " beside --start-at" } else { "" }
+        )));
+    }
+    let mut sites = Vec::with_capacity(functions.len());
+    for location in functions {
+        let name = location.to_string();
+        let option = format!("--trace-function {name}");
+        let location = Some(location.clone());
+        let Some(place) = find_place(places, &location, &option, notes)? else {
+            continue;
+        };
+        sites.push(FunctionSite {
+            name,
+            entry: place.address,
+            task: place.task,
+        });
+    }
+    Ok(sites)
+}
+
+/// The static probe sites of a kernel image: an ELF, or the vmlinux
+/// inside a bzImage. `what` names the image in errors.
+pub fn kernel_probes(bytes: &[u8], what: &str) -> Result<Vec<ProbeSite>> {
+    let unreadable = |source| SessionError::Probes {
+        what: what.to_string(),
+        source,
+    };
+    if bytes.starts_with(b"\x7fELF") {
+        return sdt::probe_sites(bytes).map_err(unreadable);
+    }
+    match vtrace_image::bzimage::vmlinux_inside(bytes) {
+        Some(vmlinux) => sdt::probe_sites(&vmlinux).map_err(|source| SessionError::Probes {
+            what: format!("the vmlinux inside {what}"),
+            source,
+        }),
+        None => Err(SessionError::request(format!(
+            "{what} is neither an ELF file nor a bzImage whose vmlinux vtrace can unpack"
+        ))),
+    }
+}
+
+/// The static probe sites of the kernel, each by its probe's name (none
+/// for a real-mode image, or a bzImage where no pattern asks for them:
+/// unpacking it costs time). Every pattern of `probes` that is not a fn:
+/// probe must name one.
+pub(crate) fn static_probe_sites(
+    probes: &[String],
+    boot: &BootSource,
+    notes: &mut Vec<String>,
+) -> Result<Vec<StaticSite>> {
+    let patterns: Vec<&String> = probes.iter().filter(|p| !p.starts_with("fn:")).collect();
+    let kernel = match boot {
+        BootSource::Kernel { kernel, .. } => kernel,
+        BootSource::RealMode { .. } => {
+            if let Some(p) = patterns.first() {
+                return Err(SessionError::request(format!(
+                    "--probe {p}: a real-mode image has no probes (fn:ROUTINE needs symbols)"
+                )));
+            }
+            return Ok(Vec::new());
+        }
+    };
+    let elf = kernel.bytes.starts_with(b"\x7fELF");
+    if !elf && patterns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sites = match kernel_probes(&kernel.bytes, &kernel.name) {
+        Ok(sites) => sites,
+        Err(e) if patterns.is_empty() => {
+            notes.push(format!("vtrace: static probes are off: {e}"));
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
+    for pattern in patterns {
+        if !sites
+            .iter()
+            .any(|s| vtrace_trap::probes::matches(pattern, &s.probe()))
+        {
+            let mut names: Vec<String> = sites.iter().map(|s| s.probe()).collect();
+            names.sort();
+            names.dedup();
+            let known = match names.is_empty() {
+                true => {
+                    "it has none (vtrace-sdt.h makes them); fn:ROUTINE probes need none".to_string()
+                }
+                false => format!("its probes: {}", names.join(", ")),
+            };
+            return Err(SessionError::request(format!(
+                "--probe {pattern} matches no static probe of {}: {known}",
+                kernel.name
+            )));
+        }
+    }
+    Ok(sites
+        .into_iter()
+        .map(|s| StaticSite {
+            probe: s.probe(),
+            pc: s.pc,
+            semaphore: s.semaphore_physical,
+            args: s.arguments.len(),
+        })
+        .collect())
+}
+
+/// The `fn:ROUTINE` probes among `probes`, found as triggers' places are;
+/// each takes a breakpoint while tracing is off, after the `taken` ones.
+pub(crate) fn function_probes(
+    probes: &[String],
+    places: &mut Places<'_>,
+    taken: usize,
+    notes: &mut Vec<String>,
+) -> Result<Vec<FunctionProbe>> {
+    let wanted: Vec<&str> = probes
+        .iter()
+        .filter_map(|p| p.strip_prefix("fn:"))
+        .collect();
+    let room = BREAKPOINTS.saturating_sub(taken);
+    if wanted.len() > room {
+        return Err(SessionError::request(format!(
+            "{} fn: probes given; the CPU's breakpoints watch {room} more beside --start-at \
+             and --trace-function",
+            wanted.len()
+        )));
+    }
+    let mut found = Vec::with_capacity(wanted.len());
+    for routine in wanted {
+        if routine.contains(['*', '?']) {
+            return Err(SessionError::request(format!(
+                "--probe fn:{routine}: a fn: probe names one routine (each takes a breakpoint)"
+            )));
+        }
+        let option = format!("--probe fn:{routine}");
+        let location =
+            parse_location(routine).map_err(|e| SessionError::request(format!("{option}: {e}")))?;
+        let Some(place) = find_place(places, &Some(location), &option, notes)? else {
+            continue;
+        };
+        found.push(FunctionProbe {
+            probe: format!("fn:{routine}"),
+            entry: place.address,
+            task: place.task,
+        });
+    }
+    Ok(found)
+}
+
+/// What the user should know of captures while tracing is off: only as
+/// many places as there are debug registers left (`taken` are not) are
+/// watched.
+pub(crate) fn capture_note(sites: &[CaptureSite], taken: usize) -> Option<String> {
+    let mut places: Vec<u64> = sites.iter().map(|s| s.at).collect();
+    places.sort_unstable();
+    places.dedup();
+    let room = BREAKPOINTS.saturating_sub(taken);
+    (places.len() > room).then(|| {
+        format!(
+            "vtrace: --capture: {} places, and the CPU's breakpoints watch {room} of them \
+             while tracing is off (all are taken while tracing)",
+            places.len()
+        )
+    })
+}
