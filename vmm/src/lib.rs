@@ -30,6 +30,7 @@ mod cpu;
 mod devices;
 mod diagnostics;
 mod error;
+mod frontends;
 mod guest_text;
 mod host;
 mod kick;

@@ -13,6 +13,7 @@ use crate::devices::Devices;
 use crate::diagnostics::ExitHistory;
 use crate::error::KvmLack;
 use crate::error::{Error, Result};
+use crate::frontends::{Frontends, ProgressLine};
 use crate::memory::{create_guest_ram, GuestRam};
 use crate::vcpu::Vcpu;
 
@@ -47,35 +48,47 @@ pub struct VmConfig {
 
 /// A VM ready to run.
 pub struct Vm {
-    pub(crate) _kvm: Kvm,
-    pub(crate) _vm: VmFd,
+    /// KVM's handles: the vCPU and the memory slots live as long as they.
+    _kvm: Kvm,
+    _vm: VmFd,
+    /// What the guest sees: the vCPU, its memory and devices, its clock.
+    pub(crate) machine: Machine,
+    /// Where single-stepping and the exit in flight stand.
+    pub(crate) step: StepState,
+    /// What stands around the loop for the user: the console, the control
+    /// socket, the peeper and the progress line.
+    pub(crate) frontends: Frontends,
+    boot: BootPlan,
+}
+
+/// The guest's machine, and what the VMM counts of it.
+pub(crate) struct Machine {
     pub(crate) vcpu: Vcpu,
     pub(crate) ram: GuestRam,
+    /// The vCPU's CPUID table, for correcting CPUID results where the
+    /// host leaks its own (see `cpuid::as_given`).
+    pub(crate) cpuid: kvm_bindings::CpuId,
     pub(crate) devices: Devices,
     pub(crate) hypercalls: HypercallPort,
-    pub(crate) history: ExitHistory,
     pub(crate) clock: VirtualClock,
-    pub(crate) console: ConsoleMode,
-    pub(crate) control: Option<crate::control::ControlServer>,
+    /// The last exits, for crash reports, and their count.
+    pub(crate) history: ExitHistory,
+    /// Instructions the VMM completed for KVM's emulator.
     pub(crate) completed_by_vmm: u64,
+}
+
+/// Single-stepping as KVM has it, and the exit in flight.
+#[derive(Default)]
+pub(crate) struct StepState {
+    /// KVM single-steps the vCPU.
     pub(crate) stepping: bool,
+    /// The hardware breakpoints KVM has.
+    pub(crate) breakpoints: Vec<u64>,
+    /// An I/O or MMIO read completes on the next entry.
     pub(crate) io_pending: bool,
     /// The step of an OUT that completes on the next entry was counted at
     /// its I/O exit.
     pub(crate) out_counted: bool,
-    pub(crate) breakpoints: Vec<u64>,
-    /// Console input may still come (interactive, and stdin not closed).
-    pub(crate) console_open: bool,
-    /// The vCPU's CPUID table, for correcting CPUID results where the
-    /// host leaks its own (see `cpuid::as_given`).
-    pub(crate) cpuid: kvm_bindings::CpuId,
-    /// What to peep at while the guest runs, if anything.
-    pub(crate) peep: Option<crate::peep::PeepPlan>,
-    /// The peeper, while a run has one.
-    pub(crate) peeper: Option<crate::peep::Peeper>,
-    /// The periodic status line, where asked for.
-    pub(crate) progress: Option<crate::run_loop::ProgressLine>,
-    boot: BootPlan,
 }
 
 /// Gives KVM the guest's RAM, one memory slot per region. The caller keeps
@@ -154,24 +167,18 @@ impl Vm {
         Ok(Vm {
             _kvm: kvm,
             _vm: vm,
-            vcpu,
-            ram,
-            cpuid,
-            devices: Devices::new(config.serial_out, host_unix_time()),
-            hypercalls: HypercallPort::new(),
-            history: ExitHistory::default(),
-            clock: VirtualClock::new(config.clock),
-            console: config.console,
-            control: config.control,
-            completed_by_vmm: 0,
-            stepping: false,
-            io_pending: false,
-            out_counted: false,
-            breakpoints: Vec::new(),
-            console_open: false,
-            peep: None,
-            peeper: None,
-            progress: None,
+            machine: Machine {
+                vcpu,
+                ram,
+                cpuid,
+                devices: Devices::new(config.serial_out, host_unix_time()),
+                hypercalls: HypercallPort::new(),
+                clock: VirtualClock::new(config.clock),
+                history: ExitHistory::default(),
+                completed_by_vmm: 0,
+            },
+            step: StepState::default(),
+            frontends: Frontends::new(config.console, config.control),
             boot,
         })
     }
@@ -180,8 +187,8 @@ impl Vm {
     /// guest runs (see [`crate::PeepPlan`]); the monitor gets the samples
     /// through [`crate::Monitor::peeped`].
     pub fn peep(&mut self, plan: crate::peep::PeepPlan) -> Result<()> {
-        crate::peep::check(&plan, &self.ram)?;
-        self.peep = Some(plan);
+        crate::peep::check(&plan, &self.machine.ram)?;
+        self.frontends.peep = Some(plan);
         Ok(())
     }
 
@@ -189,11 +196,7 @@ impl Vm {
     /// `every` of host time while the guest is single-stepped: progress
     /// for runs without a terminal to press keys on.
     pub fn report_progress(&mut self, every: std::time::Duration) {
-        self.progress = Some(crate::run_loop::ProgressLine {
-            every,
-            last: std::time::Instant::now(),
-            exits: 0,
-        });
+        self.frontends.progress = Some(ProgressLine::new(every));
     }
 
     /// How the guest was loaded, for the user.

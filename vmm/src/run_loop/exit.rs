@@ -66,8 +66,8 @@ pub(super) enum Exit {
 impl Vm {
     /// Runs the vCPU until its next exit.
     pub(super) fn enter(&mut self) -> Exit {
-        let entry_rip = self.vcpu.rip();
-        let exit = match self.vcpu.run() {
+        let entry_rip = self.machine.vcpu.rip();
+        let exit = match self.machine.vcpu.run() {
             Ok(VcpuExit::IoIn(port, data)) => Exit::IoIn {
                 port,
                 size: data.len(),
@@ -107,7 +107,14 @@ impl Vm {
             Ok(VcpuExit::InternalError) => {
                 // SAFETY: KVM_EXIT_INTERNAL_ERROR makes `internal` the live
                 // member of the exit union.
-                let suberror = unsafe { self.vcpu.run_page().__bindgen_anon_1.internal.suberror };
+                let suberror = unsafe {
+                    self.machine
+                        .vcpu
+                        .run_page()
+                        .__bindgen_anon_1
+                        .internal
+                        .suberror
+                };
                 Exit::InternalError { suberror }
             }
             Ok(VcpuExit::FailEntry(reason, _)) => Exit::FailEntry { reason },
@@ -123,17 +130,17 @@ impl Vm {
         };
         let mut exit = exit;
         match &mut exit {
-            Exit::IoOut { completed, .. } => *completed = self.vcpu.rip() != entry_rip,
+            Exit::IoOut { completed, .. } => *completed = self.machine.vcpu.rip() != entry_rip,
             // KVM's emulator ran the access and rewrote RFLAGS without TF.
-            Exit::MmioRead { .. } | Exit::MmioWrite { .. } => self.vcpu.mark_step_stale(),
+            Exit::MmioRead { .. } | Exit::MmioWrite { .. } => self.machine.vcpu.mark_step_stale(),
             _ => {}
         }
         exit
     }
 
     pub(super) fn note(&mut self, kind: &'static str, detail: u64) {
-        let rip = self.vcpu.rip();
-        self.history.record(ExitNote { kind, rip, detail });
+        let rip = self.machine.vcpu.rip();
+        self.machine.history.record(ExitNote { kind, rip, detail });
     }
 
     pub(super) fn serve(
@@ -150,9 +157,11 @@ impl Vm {
                     return self.hypercall(monitor);
                 }
                 let mut data = [0u8; 8];
-                let now = self.clock.now();
-                self.devices.pio_read(port, &mut data[..size.min(8)], now);
-                self.vcpu.complete_io_in(&data[..size.min(8)]);
+                let now = self.machine.clock.now();
+                self.machine
+                    .devices
+                    .pio_read(port, &mut data[..size.min(8)], now);
+                self.machine.vcpu.complete_io_in(&data[..size.min(8)]);
                 let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
                 self.tell(
                     monitor,
@@ -173,10 +182,10 @@ impl Vm {
                 // Devices see the time after the OUT on every host; where
                 // it completes on the next entry, that exit's step is
                 // already counted here.
-                self.clock.step();
-                self.out_counted = !completed;
-                let now = self.clock.now();
-                self.devices.pio_write(port, &data[..size], now);
+                self.machine.clock.step();
+                self.step.out_counted = !completed;
+                let now = self.machine.clock.now();
+                self.machine.devices.pio_write(port, &data[..size], now);
                 let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
                 self.tell(
                     monitor,
@@ -211,35 +220,36 @@ impl Vm {
             Exit::Halt => {
                 self.note("hlt", 0);
                 let directive = self.tell(monitor, ExitView::Halt);
-                if self.stepping {
+                if self.step.stepping {
                     if directive != Directive::Halt {
                         // The monitor saw no HLT run (see ExitView::Halt).
-                        self.vcpu.set_runnable()?;
+                        self.machine.vcpu.set_runnable()?;
                         return Ok(Next::Continue);
                     }
-                    self.clock.steps(monitor.instructions_at_exit());
+                    self.machine.clock.steps(monitor.instructions_at_exit());
                 }
                 return self.halt(rx, monitor, irqs);
             }
             Exit::IrqWindow => self.note("irq-window", 0),
             Exit::Interrupted => {
-                self.vcpu.clear_immediate_exit();
+                self.machine.vcpu.clear_immediate_exit();
                 self.tell(monitor, ExitView::Interrupted);
             }
             Exit::Debug { breakpoint } => {
                 self.note("debug", 0);
                 let directive = self.tell(monitor, ExitView::Debug { breakpoint });
                 if !breakpoint {
-                    let counted = u64::from(std::mem::take(&mut self.out_counted));
-                    self.clock
+                    let counted = u64::from(std::mem::take(&mut self.step.out_counted));
+                    self.machine
+                        .clock
                         .steps(monitor.instructions_at_exit().saturating_sub(counted));
                 }
                 if breakpoint {
                     // An instruction breakpoint fires before the instruction:
                     // RF lets it run once without firing again.
-                    let mut regs = self.vcpu.regs();
+                    let mut regs = self.machine.vcpu.regs();
                     regs.rflags |= 1 << 16;
-                    self.vcpu.set_regs(&regs)?;
+                    self.machine.vcpu.set_regs(&regs)?;
                 }
                 match directive {
                     Directive::Halt => return self.halt(rx, monitor, irqs),
@@ -255,7 +265,7 @@ impl Vm {
                 self.note("internal", u64::from(suberror));
                 if suberror == KVM_INTERNAL_ERROR_EMULATION {
                     if let Some(vector) = self.complete_unemulated()? {
-                        self.clock.step();
+                        self.machine.clock.step();
                         self.tell(monitor, ExitView::CompletedByVmm { vector });
                         return Ok(Next::Continue);
                     }
@@ -293,8 +303,8 @@ impl Vm {
     }
 
     pub(super) fn hypercall(&mut self, monitor: &mut dyn Monitor) -> Result<Next> {
-        let regs = self.vcpu.regs();
-        let long_mode = self.vcpu.sregs().cs.l == 1;
+        let regs = self.machine.vcpu.regs();
+        let long_mode = self.machine.vcpu.sregs().cs.l == 1;
         let width = |v: u64| if long_mode { v } else { v & 0xffff_ffff };
         let call = Hypercall {
             command: regs.rax as u32,
@@ -307,13 +317,14 @@ impl Vm {
             more_args: [width(regs.r8), width(regs.r9)],
             rip: regs.rip,
         };
-        let memory = self.vcpu.memory(&self.ram);
-        let outcome = self
-            .hypercalls
-            .handle(call, &memory, monitor, &mut console::user_message);
+        let memory = self.machine.vcpu.memory(&self.machine.ram);
+        let outcome =
+            self.machine
+                .hypercalls
+                .handle(call, &memory, monitor, &mut console::user_message);
         match outcome {
             HypercallOutcome::Reply(status) => {
-                self.vcpu.complete_io_in(&status.to_le_bytes());
+                self.machine.vcpu.complete_io_in(&status.to_le_bytes());
                 self.tell(
                     monitor,
                     ExitView::Hypercall {
@@ -321,17 +332,17 @@ impl Vm {
                         result: status,
                     },
                 );
-                if let Some(text) = self.hypercalls.take_log() {
+                if let Some(text) = self.machine.hypercalls.take_log() {
                     monitor.guest_log(&text);
                 }
                 Ok(Next::Continue)
             }
             HypercallOutcome::Exit(status) => {
-                if self.stepping {
+                if self.step.stepping {
                     // The `in` completes, and steps, on the next entry, as
                     // every other hypercall's does: run it, so that the
                     // trace ends with it (as QEMU's does).
-                    self.vcpu.complete_io_in(&status::OK.to_le_bytes());
+                    self.machine.vcpu.complete_io_in(&status::OK.to_le_bytes());
                     self.tell(
                         monitor,
                         ExitView::Hypercall {
@@ -352,9 +363,9 @@ impl Vm {
     /// itself (see `cpu::unemulated`), does so and returns true: the guest
     /// goes on as if the CPU had run it.
     pub(super) fn complete_unemulated(&mut self) -> Result<Option<Option<u8>>> {
-        let mut regs = self.vcpu.regs();
-        let mut sregs = self.vcpu.sregs();
-        let memory = self.vcpu.memory(&self.ram);
+        let mut regs = self.machine.vcpu.regs();
+        let mut sregs = self.machine.vcpu.sregs();
+        let memory = self.machine.vcpu.memory(&self.machine.ram);
         let mut code = [0u8; 15];
         let linear = sregs.cs.base.wrapping_add(regs.rip);
         // The instruction may end a mapped page; read what there is.
@@ -368,7 +379,7 @@ impl Vm {
         let Some(plan) = unemulated::plan(&code[..len], bitness, &regs, &sregs) else {
             return Ok(None);
         };
-        let mut fpu = self.vcpu.fpu()?;
+        let mut fpu = self.machine.vcpu.fpu()?;
         let (cs_before, fpu_before) = (sregs.cs, (fpu.mxcsr, fpu.fsw));
         let vector = match unemulated::complete(plan, &memory, &mut regs, &mut sregs, &mut fpu) {
             Ok(vector) => vector,
@@ -378,23 +389,23 @@ impl Vm {
             }
         };
         if sregs.cs != cs_before {
-            self.vcpu.set_sregs(&sregs)?;
+            self.machine.vcpu.set_sregs(&sregs)?;
         }
         if (fpu.mxcsr, fpu.fsw) != fpu_before {
-            self.vcpu.set_fpu(&fpu)?;
+            self.machine.vcpu.set_fpu(&fpu)?;
         }
-        self.vcpu.set_regs(&regs)?;
-        self.completed_by_vmm += 1;
+        self.machine.vcpu.set_regs(&regs)?;
+        self.machine.completed_by_vmm += 1;
         tracing::debug!("completed {plan:?}; guest continues at {:#x}", regs.rip);
         Ok(Some(vector))
     }
 
     pub(super) fn crash_report(&mut self, hint: Option<String>) -> CrashReport {
-        let regs = self.vcpu.regs();
-        let sregs = self.vcpu.sregs();
+        let regs = self.machine.vcpu.regs();
+        let sregs = self.machine.vcpu.sregs();
         let linear = sregs.cs.base.wrapping_add(regs.rip);
         let mut code = vec![0u8; 15];
-        let memory = self.vcpu.memory(&self.ram);
+        let memory = self.machine.vcpu.memory(&self.machine.ram);
         let code =
             crate::devices::hypercall::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
                 .ok()
@@ -403,7 +414,7 @@ impl Vm {
             regs: (&regs).into(),
             sregs: (&sregs).into(),
             code,
-            recent_exits: self.history.recent(),
+            recent_exits: self.machine.history.recent(),
             hint,
         }
     }

@@ -21,7 +21,7 @@ impl Vm {
         monitor: &mut dyn Monitor,
         irqs: &mut [u64; 16],
     ) -> Result<Next> {
-        if self.vcpu.run_page().if_flag == 0 {
+        if self.machine.vcpu.run_page().if_flag == 0 {
             return Err(Error::GuestFailure {
                 reason: "the guest halted with interrupts disabled, so nothing can wake it \
                          (a guest that is done should use the EXIT hypercall)"
@@ -30,28 +30,28 @@ impl Vm {
             });
         }
         loop {
-            let now: VirtualNanos = self.clock.now();
-            self.devices.update_interrupts(now);
-            if let Some(end) = self.devices.machine_end() {
+            let now: VirtualNanos = self.machine.clock.now();
+            self.machine.devices.update_interrupts(now);
+            if let Some(end) = self.machine.devices.machine_end() {
                 return Ok(Next::Stop(end));
             }
-            if self.devices.pic.pending_vector().is_some() {
+            if self.machine.devices.pic.pending_vector().is_some() {
                 self.inject(irqs, monitor)?;
                 return Ok(Next::Continue);
             }
-            let deadline = self.devices.next_deadline();
-            if let (Some(d), true) = (deadline, self.clock.step_driven()) {
+            let deadline = self.machine.devices.next_deadline();
+            if let (Some(d), true) = (deadline, self.machine.clock.step_driven()) {
                 // Nothing runs while the guest idles: jump to its next event.
-                self.clock.skip_to(d);
+                self.machine.clock.skip_to(d);
                 continue;
             }
             let wait = deadline
-                .and_then(|d| self.clock.host_delay_until(d))
+                .and_then(|d| self.machine.clock.host_delay_until(d))
                 .unwrap_or(Duration::from_millis(100));
             if let Some(signal) = signals::caught() {
                 return Ok(Next::Stop(GuestExit::Signal(signal)));
             }
-            if deadline.is_none() && !self.console_open {
+            if deadline.is_none() && !self.frontends.console_open {
                 return Err(Error::GuestFailure {
                     reason: "the guest halted with no timer programmed and no console \
                              input, so nothing can wake it"

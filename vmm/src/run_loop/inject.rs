@@ -11,12 +11,12 @@ impl Vm {
     /// Delivers the PIC's pending interrupt if the guest can take it now,
     /// else asks KVM to exit as soon as it can.
     pub(super) fn inject(&mut self, irqs: &mut [u64; 16], monitor: &mut dyn Monitor) -> Result<()> {
-        let pending = self.devices.pic.pending_vector().is_some();
-        if pending && self.stepping && !monitor.interruptible() {
+        let pending = self.machine.devices.pic.pending_vector().is_some();
+        if pending && self.step.stepping && !monitor.interruptible() {
             // Stepping exits after every instruction anyway.
             return Ok(());
         }
-        let run = self.vcpu.run_page();
+        let run = self.machine.vcpu.run_page();
         if !pending {
             run.request_interrupt_window = 0;
             return Ok(());
@@ -29,20 +29,20 @@ impl Vm {
             // an interrupt queued where tracing starts would be delivered by
             // the CPU with the tracer's TF in the frame it pushes, for the
             // guest to find after tracing stops.
-            if monitor.deliver_interrupts() && monitor.stepping() && !self.io_pending {
+            if monitor.deliver_interrupts() && monitor.stepping() && !self.step.io_pending {
                 if let Some(handler) = self.deliver_through_idt()? {
-                    if let Some((vector, irq)) = self.devices.pic.acknowledge() {
+                    if let Some((vector, irq)) = self.machine.devices.pic.acknowledge() {
                         irqs[usize::from(irq)] += 1;
                         let how = Injection::Delivered { handler };
                         monitor.on_inject(vector, irq, how, &mut self.cpu_view());
                     }
                     return Ok(());
                 }
-            } else if monitor.deliver_interrupts() && self.io_pending {
+            } else if monitor.deliver_interrupts() && self.step.io_pending {
                 return Ok(());
             }
-            if let Some((vector, irq)) = self.devices.pic.acknowledge() {
-                self.vcpu.interrupt(vector)?;
+            if let Some((vector, irq)) = self.machine.devices.pic.acknowledge() {
+                self.machine.vcpu.interrupt(vector)?;
                 irqs[usize::from(irq)] += 1;
                 monitor.on_inject(vector, irq, Injection::Queued, &mut self.cpu_view());
             }
@@ -59,7 +59,7 @@ impl Vm {
     /// frame it pushes and run the handler unstepped, so the VMM takes it
     /// back and delivers it through the IDT itself.
     pub(super) fn reclaim_queued_interrupt(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
-        let Some(vector) = self.vcpu.take_queued_interrupt()? else {
+        let Some(vector) = self.machine.vcpu.take_queued_interrupt()? else {
             return Ok(());
         };
         match self.deliver_vector(vector)? {
@@ -70,7 +70,7 @@ impl Vm {
                 Injection::Delivered { handler },
                 &mut self.cpu_view(),
             ),
-            None => self.vcpu.interrupt(vector)?,
+            None => self.machine.vcpu.interrupt(vector)?,
         }
         Ok(())
     }
@@ -80,7 +80,7 @@ impl Vm {
     /// the delivery (not 64-bit mode at CPL 0 or 3, a bad gate): the caller
     /// then queues the interrupt with KVM instead.
     pub(super) fn deliver_through_idt(&mut self) -> Result<Option<u64>> {
-        let Some(vector) = self.devices.pic.pending_vector() else {
+        let Some(vector) = self.machine.devices.pic.pending_vector() else {
             return Ok(None);
         };
         self.deliver_vector(vector)
@@ -88,19 +88,19 @@ impl Vm {
 
     /// Delivers `vector` through the guest IDT (see `deliver_through_idt`).
     pub(super) fn deliver_vector(&mut self, vector: u8) -> Result<Option<u64>> {
-        let mut regs = self.vcpu.regs();
-        let mut sregs = self.vcpu.sregs();
+        let mut regs = self.machine.vcpu.regs();
+        let mut sregs = self.machine.vcpu.sregs();
         let return_rip = regs.rip;
-        let memory = self.vcpu.memory(&self.ram);
+        let memory = self.machine.vcpu.memory(&self.machine.ram);
         let Ok(sregs_changed) =
             soft_int::deliver(&memory, &mut regs, &mut sregs, vector, return_rip)
         else {
             return Ok(None);
         };
         if sregs_changed {
-            self.vcpu.set_sregs(&sregs)?;
+            self.machine.vcpu.set_sregs(&sregs)?;
         }
-        self.vcpu.set_regs(&regs)?;
+        self.machine.vcpu.set_regs(&regs)?;
         Ok(Some(regs.rip))
     }
 
@@ -112,12 +112,12 @@ impl Vm {
         e: Exception,
         monitor: &mut dyn Monitor,
     ) -> Result<()> {
-        let mut regs = self.vcpu.regs();
-        let mut sregs = self.vcpu.sregs();
+        let mut regs = self.machine.vcpu.regs();
+        let mut sregs = self.machine.vcpu.sregs();
         if let Some(cr2) = e.cr2 {
             sregs.cr2 = cr2;
         }
-        let memory = self.vcpu.memory(&self.ram);
+        let memory = self.machine.vcpu.memory(&self.machine.ram);
         let delivered = soft_int::deliver_with_error_code(
             &memory,
             &mut regs,
@@ -130,8 +130,8 @@ impl Vm {
             tracing::debug!("vector {} not delivered by the VMM: {why}", e.vector);
             return Ok(());
         }
-        self.vcpu.set_sregs(&sregs)?;
-        self.vcpu.set_regs(&regs)?;
+        self.machine.vcpu.set_sregs(&sregs)?;
+        self.machine.vcpu.set_regs(&regs)?;
         let view = match e.kind {
             ExceptionKind::Fault => ExitView::FaultDelivered {
                 vector: e.vector,
@@ -139,7 +139,7 @@ impl Vm {
             },
             ExceptionKind::SoftwareInterrupt => {
                 // The instruction completed.
-                self.clock.step();
+                self.machine.clock.step();
                 ExitView::CompletedByVmm {
                     vector: Some(e.vector),
                 }

@@ -14,16 +14,17 @@ use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use crate::console::{self, ConsoleInput, RawTerminal};
+use crate::console::ConsoleInput;
 use crate::devices::hypercall::MarkStats;
 use crate::error::Result;
+use crate::frontends::waker;
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
 use crate::monitor::{CpuView, Directive, ExitView, Monitor};
-use crate::peep::{PeepMessage, PeepReport, Peeper};
+use crate::peep::{PeepMessage, PeepReport};
 use crate::signals;
 use crate::vcpu::Vcpu;
-use crate::vm::{ConsoleMode, Vm};
+use crate::vm::Vm;
 use crate::x86::{Registers, SpecialRegisters};
 
 use exit::Exit;
@@ -62,7 +63,7 @@ pub enum Finish<'a> {
 }
 
 /// What wakes the run loop between exits or from a halt.
-pub(super) enum Wake {
+pub(crate) enum Wake {
     /// Console input: bytes for the guest, a hotkey, or its end.
     Console(ConsoleInput),
     /// A `vtrace ctl` request is waiting.
@@ -106,24 +107,6 @@ impl RunOutcome {
     }
 }
 
-/// A function for another thread that sends `what` to the loop and kicks
-/// the vCPU out of `KVM_RUN`.
-fn waker(tx: &mpsc::Sender<Wake>, kicker: &Kicker, what: fn() -> Wake) -> Box<dyn Fn() + Send> {
-    let (tx, handle) = (tx.clone(), kicker.handle());
-    Box::new(move || {
-        let _ = tx.send(what());
-        handle.kick();
-    })
-}
-
-/// The periodic progress line's schedule.
-pub(crate) struct ProgressLine {
-    pub(crate) every: Duration,
-    pub(crate) last: Instant,
-    /// Exits at `last`.
-    pub(crate) exits: u64,
-}
-
 /// What serving an exit decided.
 pub(super) enum Next {
     Continue,
@@ -133,53 +116,23 @@ pub(super) enum Next {
 impl Vm {
     /// Runs the guest until it exits, resets, is quit by the user, or fails.
     pub fn run(&mut self, monitor: &mut dyn Monitor) -> Result<RunOutcome> {
-        let _raw = match self.console {
-            ConsoleMode::Interactive => RawTerminal::enable()?,
-            ConsoleMode::OutputOnly => None,
-        };
-        let immediate_exit = &mut self.vcpu.run_page().immediate_exit as *mut u8;
+        let immediate_exit = &mut self.machine.vcpu.run_page().immediate_exit as *mut u8;
         let kicker = Kicker::new(immediate_exit)?;
         let (tx, rx) = mpsc::channel();
-        if let Some(plan) = self.peep.clone() {
-            let (tx, handle) = (tx.clone(), kicker.handle());
-            // Once the loop is gone (the run ended, or failed to start),
-            // sending fails and the peeper stops.
-            let send = Box::new(move |message, kick| {
-                let sent = tx.send(Wake::Peep(message)).is_ok();
-                if kick && sent {
-                    handle.kick();
-                }
-                sent
-            });
-            self.peeper = Some(Peeper::start(
-                plan,
-                self.ram.clone(),
-                self.clock.reader(),
-                send,
-            )?);
-        }
+        let clock = self.machine.clock.reader();
+        let _raw = self
+            .frontends
+            .start(&tx, &kicker, &self.machine.ram, clock)?;
         signals::catch_stop_signals()?;
         signals::set_waker(Some(waker(&tx, &kicker, || Wake::Signal)));
-        if let Some(control) = &self.control {
-            control.set_waker(waker(&tx, &kicker, || Wake::Control));
-        }
-        self.console_open = self.console == ConsoleMode::Interactive;
-        if self.console_open {
-            let (tx, handle) = (tx.clone(), kicker.handle());
-            console::spawn_input_thread(move |input| {
-                let sent = tx.send(Wake::Console(input)).is_ok();
-                handle.kick();
-                sent
-            })?;
-        }
-        self.clock.restart(monitor.stepping());
+        self.machine.clock.restart(monitor.stepping());
         let started = Instant::now();
         let mut irqs = [0u64; 16];
         let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
         // The guest's time when it stopped: a wall-driven clock would run
         // on while the run is wound up (the peeper joined, the trace
         // flushed); the final sample and the summary tell the same moment.
-        let stopped_at = self.clock.freeze();
+        let stopped_at = self.machine.clock.freeze();
         signals::set_waker(None);
         let peeped = self.stop_peeping(&rx, monitor, stopped_at);
         let failure = result.as_ref().err().map(|e| {
@@ -199,11 +152,11 @@ impl Vm {
             virtual_time: Duration::from_nanos(stopped_at),
             host_time: started.elapsed(),
             irqs,
-            exits: self.history.total(),
-            marks: self.hypercalls.marks().clone(),
-            marks_uncounted: self.hypercalls.marks_uncounted(),
-            guest_lines_not_shown: self.hypercalls.lines_not_shown(),
-            completed_by_vmm: self.completed_by_vmm,
+            exits: self.machine.history.total(),
+            marks: self.machine.hypercalls.marks().clone(),
+            marks_uncounted: self.machine.hypercalls.marks_uncounted(),
+            guest_lines_not_shown: self.machine.hypercalls.lines_not_shown(),
+            completed_by_vmm: self.machine.completed_by_vmm,
             peeped,
         })
     }
@@ -216,7 +169,7 @@ impl Vm {
         monitor: &mut dyn Monitor,
         stopped_at: u64,
     ) -> Option<PeepReport> {
-        let peeper = self.peeper.take()?;
+        let peeper = self.frontends.peeper.take()?;
         let (rest, report) = peeper.stop(stopped_at);
         for wake in rx.try_iter() {
             if let Wake::Peep(PeepMessage::Batch(batch)) = wake {
@@ -241,31 +194,32 @@ impl Vm {
             if monitor.done() {
                 return Ok(GuestExit::MonitorDone);
             }
-            if monitor.stepping() && !self.stepping && !self.io_pending {
+            if monitor.stepping() && !self.step.stepping && !self.step.io_pending {
                 self.reclaim_queued_interrupt(monitor)?;
             }
             self.set_debug(monitor.stepping(), monitor.breakpoints())?;
-            if self.stepping && !self.io_pending {
+            if self.step.stepping && !self.step.io_pending {
                 if let Some(e) = monitor.exception_before_entry() {
                     self.deliver_exception(e, monitor)?;
                 }
             }
-            if self.stepping && self.vcpu.step_stale() {
+            if self.step.stepping && self.machine.vcpu.step_stale() {
                 self.rearm()?;
             }
-            kicker.set_quiet(self.stepping);
+            kicker.set_quiet(self.step.stepping);
             match self
+                .machine
                 .devices
                 .next_deadline()
-                .filter(|_| !self.stepping)
-                .and_then(|d| self.clock.host_delay_until(d))
+                .filter(|_| !self.step.stepping)
+                .and_then(|d| self.machine.clock.host_delay_until(d))
             {
                 Some(delay) => kicker.kick_after(delay),
                 None => kicker.cancel(),
             }
             monitor.before_entry(&mut self.cpu_view());
             let exit = self.enter();
-            self.io_pending = matches!(
+            self.step.io_pending = matches!(
                 exit,
                 Exit::IoIn { .. }
                     | Exit::MmioRead { .. }
@@ -284,7 +238,7 @@ impl Vm {
     /// they change: it is an ioctl).
     pub(super) fn set_debug(&mut self, stepping: bool, breakpoints: &[u64]) -> Result<()> {
         let breakpoints = &breakpoints[..breakpoints.len().min(crate::x86::dr::BREAKPOINTS)];
-        if stepping == self.stepping && breakpoints == self.breakpoints.as_slice() {
+        if stepping == self.step.stepping && breakpoints == self.step.breakpoints.as_slice() {
             return Ok(());
         }
         let mut debug = kvm_bindings::kvm_guest_debug::default();
@@ -302,12 +256,12 @@ impl Vm {
                 debug.arch.debugreg[7] |= 1 << (2 * i);
             }
         }
-        self.vcpu.set_guest_debug(&debug)?;
-        if stepping != self.stepping {
-            self.clock.set_stepping(stepping);
+        self.machine.vcpu.set_guest_debug(&debug)?;
+        if stepping != self.step.stepping {
+            self.machine.clock.set_stepping(stepping);
         }
-        self.stepping = stepping;
-        self.breakpoints = breakpoints.to_vec();
+        self.step.stepping = stepping;
+        self.step.breakpoints = breakpoints.to_vec();
         Ok(())
     }
 
@@ -327,12 +281,12 @@ impl Vm {
             return Ok(Next::Stop(GuestExit::Signal(signal)));
         }
         self.serve_control(monitor);
-        if self.progress.is_some() {
-            self.progress(monitor);
+        if self.frontends.progress.is_some() {
+            self.report_progress_if_due(monitor);
         }
-        let now = self.clock.now();
-        self.devices.update_interrupts(now);
-        if let Some(end) = self.devices.machine_end() {
+        let now = self.machine.clock.now();
+        self.machine.devices.update_interrupts(now);
+        if let Some(end) = self.machine.devices.machine_end() {
             return Ok(Next::Stop(end));
         }
         self.inject(irqs, monitor)?;
@@ -341,8 +295,11 @@ impl Vm {
 
     /// Issues the current debug configuration again (re-arming TF).
     pub(super) fn rearm(&mut self) -> Result<()> {
-        let (stepping, breakpoints) = (self.stepping, std::mem::take(&mut self.breakpoints));
-        self.stepping = !stepping;
+        let (stepping, breakpoints) = (
+            self.step.stepping,
+            std::mem::take(&mut self.step.breakpoints),
+        );
+        self.step.stepping = !stepping;
         self.set_debug(stepping, &breakpoints)
     }
 
@@ -354,9 +311,9 @@ impl Vm {
     /// The monitor's view of the vCPU.
     pub(super) fn cpu_view(&mut self) -> KvmCpuView<'_> {
         KvmCpuView {
-            vcpu: &mut self.vcpu,
-            ram: &self.ram,
-            cpuid: &self.cpuid,
+            vcpu: &mut self.machine.vcpu,
+            ram: &self.machine.ram,
+            cpuid: &self.machine.cpuid,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! requests.
 
 use crate::console::{self, ConsoleInput};
+use crate::frontends::HOTKEY_HELP;
 use crate::monitor::{CpuView, Monitor};
 use crate::peep::PeepMessage;
 use crate::vm::Vm;
@@ -27,8 +28,8 @@ impl Vm {
             Wake::Peep(PeepMessage::TakeWithPc) => {
                 let mut view = self.cpu_view();
                 let (pc, cr3) = (view.regs().rip, view.sregs().cr3);
-                if let Some(peeper) = &self.peeper {
-                    monitor.peeped(&[peeper.take_with_pc(self.clock.now(), pc, cr3)]);
+                if let Some(peeper) = &self.frontends.peeper {
+                    monitor.peeped(&[peeper.take_with_pc(self.machine.clock.now(), pc, cr3)]);
                 }
                 Next::Continue
             }
@@ -37,7 +38,7 @@ impl Vm {
 
     /// Answers the waiting `vtrace ctl` requests.
     pub(super) fn serve_control(&mut self, monitor: &mut dyn Monitor) {
-        while let Some(request) = self.control.as_ref().and_then(|c| c.try_next()) {
+        while let Some(request) = self.frontends.next_request() {
             let answer = match request.command.as_str() {
                 "status" => self.status_line(monitor),
                 command => monitor.control(command).unwrap_or_else(|| {
@@ -54,14 +55,14 @@ impl Vm {
     pub(super) fn status_line(&mut self, monitor: &mut dyn Monitor) -> String {
         let mut own = format!(
             "virtual time {:.6} s, {} exits, {} timer interrupts",
-            self.clock.now() as f64 / 1e9,
-            self.history.total(),
-            self.devices.timer_edges,
+            self.machine.clock.now() as f64 / 1e9,
+            self.machine.history.total(),
+            self.machine.devices.timer_edges,
         );
-        if self.completed_by_vmm > 0 {
+        if self.machine.completed_by_vmm > 0 {
             own.push_str(&format!(
                 ", {} instructions completed by vtrace",
-                self.completed_by_vmm
+                self.machine.completed_by_vmm
             ));
         }
         match monitor.control("status") {
@@ -71,45 +72,26 @@ impl Vm {
     }
 
     /// Prints the progress line when it is due (see
-    /// [`Vm::report_progress`]): while stepping, looked at every 4096
-    /// exits, so the clock is not read per step.
-    pub(super) fn progress(&mut self, monitor: &mut dyn Monitor) {
-        let exits = self.history.total();
-        let Some(p) = &self.progress else {
+    /// [`Vm::report_progress`]).
+    pub(super) fn report_progress_if_due(&mut self, monitor: &mut dyn Monitor) {
+        let (exits, stepping) = (self.machine.history.total(), self.step.stepping);
+        let due = self.frontends.progress.as_mut();
+        let Some(rate) = due.and_then(|p| p.due(exits, stepping)) else {
             return;
         };
-        if !self.stepping || !exits.is_multiple_of(4096) || p.last.elapsed() < p.every {
-            return;
-        }
-        let (every, rate) = (
-            p.every,
-            exits.saturating_sub(p.exits) as f64 / p.last.elapsed().as_secs_f64(),
-        );
         let line = self.status_line(monitor);
         console::user_message(&format!("vtrace: {line} ({rate:.0} exits/s)"));
-        self.progress = Some(super::ProgressLine {
-            every,
-            last: std::time::Instant::now(),
-            exits,
-        });
     }
 
     pub(super) fn console_input(&mut self, input: ConsoleInput, monitor: &mut dyn Monitor) -> Next {
         match input {
-            ConsoleInput::Guest(bytes) => self.devices.serial.queue_input(&bytes),
+            ConsoleInput::Guest(bytes) => self.machine.devices.serial.queue_input(&bytes),
             ConsoleInput::Hotkey(b'x') => {
                 console::user_message("vtrace: terminated by Ctrl-A x");
                 return Next::Stop(GuestExit::UserQuit);
             }
             ConsoleInput::Hotkey(b'h' | b'?') => {
-                let mut help = String::from(
-                    "vtrace console keys (press Ctrl-A, then the key):\n  \
-                     Ctrl-A x    quit vtrace\n  \
-                     Ctrl-A h    this help\n  \
-                     Ctrl-A r    show the guest's registers and recent exits\n  \
-                     Ctrl-A s    show run statistics\n  \
-                     Ctrl-A C-a  send Ctrl-A to the guest",
-                );
+                let mut help = String::from(HOTKEY_HELP);
                 for (key, meaning) in monitor.hotkey_help() {
                     help.push_str(&format!("\n  Ctrl-A {key}    {meaning}"));
                 }
@@ -129,7 +111,7 @@ impl Vm {
                     char::from(key).escape_default()
                 )),
             },
-            ConsoleInput::Closed => self.console_open = false,
+            ConsoleInput::Closed => self.frontends.console_open = false,
         }
         Next::Continue
     }
