@@ -42,7 +42,9 @@ pub struct Decoded {
     /// The instruction as iced-x86 decoded it, for whoever needs more than
     /// the fields below (fault foresight, TF carrying): decoded once.
     pub insn: Instruction,
+    /// Its length in bytes.
     pub len: usize,
+    /// Where it may send control.
     pub flow: Flow,
     /// The instruction invalidates cached translations (INVLPG, MOV to CR,
     /// INVPCID, WBINVD is not enough to matter).

@@ -13,7 +13,9 @@ pub use vtrace_vmm::x86::has_error_code;
 /// A gate: handler address and IST index (long mode; 0 elsewhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gate {
+    /// The handler's linear address.
     pub handler: u64,
+    /// The interrupt stack table entry it switches to (0: none).
     pub ist: u8,
 }
 

@@ -12,6 +12,8 @@ use vtrace_vmm::x86::Registers;
 
 /// Reads guest memory at a linear address; false if unreadable.
 pub trait ReadLinear {
+    /// Fills `buf` from linear address `addr`; false where any of it is
+    /// not mapped.
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool;
 }
 

@@ -63,6 +63,7 @@ struct MapWatch {
 }
 
 impl TaskWatch {
+    /// Watches tasks as `layout` says the kernel keeps them.
     pub fn new(layout: TaskLayout) -> TaskWatch {
         TaskWatch {
             maps: layout.maps.map(|layout| MapWatch {

@@ -143,11 +143,14 @@ impl Default for TraceOptions {
 /// What a finished trace run reports.
 #[derive(Clone, Debug)]
 pub struct TraceReport {
+    /// What the engine counted.
     pub engine: EngineStats,
     /// Steps on the trace disk (fewer than the engine stepped where
     /// `--trace-function` kept other tasks off).
     pub recorded_steps: u64,
+    /// What the disk writer stored.
     pub writer: WriterReport,
+    /// Why tracing last stopped; `None` if it never started.
     pub stop_reason: Option<TraceReason>,
     /// How often each capture was taken.
     pub captures: Vec<CaptureCount>,
@@ -227,6 +230,8 @@ fn announced(reason: &TraceReason) -> bool {
 }
 
 impl Tracer {
+    /// A tracer that records to `recorder` as `options` say; it starts
+    /// at once where `options.from_start`.
     pub fn new(recorder: Recorder, options: TraceOptions) -> Tracer {
         let tasks = options.linux_tasks.map(TaskWatch::new);
         let captures = Captures::new(options.captures.clone());
@@ -286,6 +291,7 @@ impl Tracer {
         self.active
     }
 
+    /// Starts tracing for `reason`; false if it was on already.
     pub fn start(&mut self, reason: TraceReason) -> bool {
         if self.active {
             return false;
@@ -301,6 +307,7 @@ impl Tracer {
         true
     }
 
+    /// Stops tracing for `reason`; false if it was off already.
     pub fn stop(&mut self, reason: TraceReason) -> bool {
         if !self.active {
             return false;

@@ -29,8 +29,11 @@ pub struct Walker {
 /// combined. Outside 4- and 5-level paging everything is allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageAccess {
+    /// Writes are allowed (R/W set at every level).
     pub writable: bool,
+    /// User mode may touch it (U/S set at every level).
     pub user: bool,
+    /// Instructions may be fetched from it (XD clear at every level).
     pub executable: bool,
 }
 
@@ -56,6 +59,7 @@ fn read_u32(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
 }
 
 impl Walker {
+    /// A walker with an empty cache.
     pub fn new() -> Self {
         Self::default()
     }

@@ -33,7 +33,9 @@ mod trap_flag;
 
 /// Where records go: the trace disk's recorder, or a vector in tests.
 pub trait RecordSink {
+    /// Records one step.
     fn step(&mut self, step: &Step);
+    /// Records one event.
     fn event(&mut self, event: &Event);
 }
 
@@ -72,9 +74,13 @@ struct Pending {
 /// Counters for the run's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
+    /// Steps recorded (every REP iteration is one).
     pub steps: u64,
+    /// Gap events: instructions the engine could not see.
     pub gaps: u64,
+    /// Interrupts the VMM injected while tracing.
     pub injected: u64,
+    /// Exceptions the guest took while tracing.
     pub exceptions: u64,
     /// Steps rebuilt after IRETQ (an STI shadow at the target).
     pub folded_after_iret: u64,
@@ -178,10 +184,12 @@ fn control(s: &SpecialRegisters) -> [u64; 4] {
 const CONTROL_REGS: [u8; 4] = [0, 3, 4, 0xef];
 
 impl Engine {
+    /// An engine that has seen nothing yet.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// What it counted so far.
     pub fn stats(&self) -> EngineStats {
         self.stats
     }
