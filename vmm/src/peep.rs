@@ -103,7 +103,7 @@ struct Link {
 /// Why a peeping plan cannot be followed.
 #[derive(Debug, thiserror::Error)]
 pub enum PeepError {
-    /// The interval is shorter than [`MIN_INTERVAL`].
+    /// The interval is shorter than the shortest the peeper keeps (10 µs).
     #[error("a peeping interval of {0:?} is below the shortest, {MIN_INTERVAL:?}")]
     TooOften(Duration),
     /// More reads than [`MAX_READS`].
