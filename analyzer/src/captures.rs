@@ -16,6 +16,7 @@ pub struct Capture {
     pub step: u64,
     /// Taken while tracing (else at a breakpoint, untraced).
     pub traced: bool,
+    /// The capture's name.
     pub name: String,
     /// The linear address read, in hex (`0x...`): JSON readers that hold
     /// numbers as doubles would round a kernel address.

@@ -27,18 +27,21 @@ pub struct Side {
 pub struct RoutineDiff {
     /// The routine's name (routines of one name add up).
     pub name: String,
-    /// Self steps in A and in B.
+    /// Self steps in A.
     pub self_a: u64,
+    /// Self steps in B.
     pub self_b: u64,
     /// `self_b - self_a`.
     pub self_delta: i128,
-    /// Total steps (with callees and interrupts) in A and in B.
+    /// Total steps (with callees and interrupts) in A.
     pub total_a: u64,
+    /// Total steps in B.
     pub total_b: u64,
     /// `total_b - total_a`.
     pub total_delta: i128,
-    /// Calls in A and in B.
+    /// Calls in A.
     pub calls_a: u64,
+    /// Calls in B.
     pub calls_b: u64,
 }
 
@@ -47,11 +50,13 @@ pub struct RoutineDiff {
 pub struct ShareDiff {
     /// The class, mnemonic or vector.
     pub name: String,
-    /// How many steps (or interrupts) in A and in B.
+    /// How many steps (or interrupts) in A.
     pub count_a: u64,
+    /// How many in B.
     pub count_b: u64,
-    /// Percent of the trace's steps.
+    /// Percent of A's steps.
     pub percent_a: f64,
+    /// Percent of B's steps.
     pub percent_b: f64,
     /// `percent_b - percent_a`, in percentage points.
     pub points: f64,
@@ -67,10 +72,13 @@ pub struct Diff {
     /// Every routine of either trace, by the size of its self-step
     /// change, largest first.
     pub routines: Vec<RoutineDiff>,
-    /// Routines with steps in B and none in A, and the other way round.
+    /// Routines with steps in B and none in A.
     pub new: Vec<String>,
+    /// Routines with steps in A and none in B.
     pub vanished: Vec<String>,
+    /// Instruction classes.
     pub classes: Vec<ShareDiff>,
+    /// Mnemonics.
     pub mnemonics: Vec<ShareDiff>,
     /// Interrupts and exceptions by vector name.
     pub interrupts: Vec<ShareDiff>,

@@ -48,4 +48,5 @@ pub enum AnalyzeError {
     Flame(#[source] std::io::Error),
 }
 
+/// A result of an analysis.
 pub type Result<T, E = AnalyzeError> = std::result::Result<T, E>;

@@ -19,6 +19,7 @@ pub struct SegmentInfo {
     pub index: usize,
     /// Global number of its first step.
     pub first_step: u64,
+    /// Steps it holds.
     pub steps: u64,
 }
 
@@ -40,6 +41,7 @@ pub struct Records<'a> {
 }
 
 impl<'a> Records<'a> {
+    /// The records of a decompressed segment payload.
     pub fn new(payload: &'a [u8]) -> Self {
         Records {
             decoder: SegmentDecoder::new(payload),
@@ -67,6 +69,7 @@ impl<'a> Records<'a> {
 /// An open trace.
 pub struct Trace {
     reader: TraceReader,
+    /// What the trace says of its run.
     pub metadata: TraceMetadata,
     /// Good segments in trace order.
     pub segments: Vec<SegmentInfo>,
@@ -76,6 +79,7 @@ pub struct Trace {
 
 /// One segment's result, in trace order.
 pub struct Chunk<T> {
+    /// The segment.
     pub info: SegmentInfo,
     /// `Err` when the segment's header checked out but its records did
     /// not decode; the analysis goes on past it.
@@ -83,6 +87,7 @@ pub struct Chunk<T> {
 }
 
 impl Trace {
+    /// Opens the trace at `path` and reads its superblock and segment headers.
     pub fn open(path: &Path) -> Result<Trace> {
         let reader = TraceReader::open(path)?;
         let metadata = TraceMetadata::parse(
@@ -119,6 +124,7 @@ impl Trace {
         })
     }
 
+    /// The trace's path.
     pub fn path(&self) -> &Path {
         self.reader.path()
     }

@@ -15,7 +15,9 @@ pub enum Flow {
     Next,
     /// Conditional or unconditional jump, direct or indirect.
     Jump,
+    /// CALL, near or far.
     Call,
+    /// RET, near or far.
     Return,
     /// IRET, SYSRET, SYSEXIT: back from an interrupt or kernel entry.
     InterruptReturn,
@@ -26,22 +28,36 @@ pub enum Flow {
 /// Coarse instruction classes for the instruction mix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Class {
+    /// Jumps, conditional or not, and loops.
     Branch,
+    /// CALL.
     Call,
+    /// RET.
     Return,
+    /// INT n, SYSCALL, SYSENTER, their returns.
     SystemCall,
+    /// PUSH, POP, ENTER, LEAVE.
     Stack,
+    /// MOVS, STOS, CMPS and the like.
     String,
+    /// Reads memory (an explicit operand).
     Load,
+    /// Writes memory (an explicit operand).
     Store,
+    /// Reads and writes the same memory operand.
     ReadModifyWrite,
+    /// Touches registers only.
     Register,
+    /// x87, MMX, SSE, AVX.
     FloatSimd,
+    /// Privileged and system instructions (MOV CR, WRMSR, HLT...).
     System,
+    /// Bytes that do not decode.
     Invalid,
 }
 
 impl Class {
+    /// Every class, in the order tables list them.
     pub const ALL: [Class; 13] = [
         Class::Branch,
         Class::Call,
@@ -58,6 +74,7 @@ impl Class {
         Class::Invalid,
     ];
 
+    /// The class as tables print it.
     pub fn name(self) -> &'static str {
         match self {
             Class::Branch => "branch",
@@ -80,12 +97,19 @@ impl Class {
 /// How an explicit memory operand forms its address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AddressingMode {
+    /// `[disp]`.
     Absolute,
+    /// `[rip+disp]`.
     RipRelative,
+    /// `[base]`.
     Base,
+    /// `[base+disp]`.
     BaseDisplacement,
+    /// `[base+index*scale]`.
     BaseIndex,
+    /// `[base+index*scale+disp]`.
     BaseIndexDisplacement,
+    /// `[index*scale+disp]`.
     IndexDisplacement,
     /// String instructions: `[rsi]` and `[rdi]`.
     String,
@@ -94,6 +118,7 @@ pub enum AddressingMode {
 }
 
 impl AddressingMode {
+    /// The mode as tables print it.
     pub fn name(self) -> &'static str {
         match self {
             AddressingMode::Absolute => "[disp]",
@@ -112,11 +137,17 @@ impl AddressingMode {
 /// Everything the analyses want from one instruction.
 #[derive(Clone, Debug)]
 pub struct InsnInfo {
+    /// The instruction as iced-x86 decoded it.
     pub instruction: Instruction,
+    /// Where it sends control.
     pub flow: Flow,
+    /// Its class in the instruction mix.
     pub class: Class,
+    /// Its mnemonic.
     pub mnemonic: Mnemonic,
+    /// How its explicit memory operand is addressed, if it has one.
     pub addressing: Option<AddressingMode>,
+    /// The memory it reads and writes (iced-x86's operand list).
     pub memory: Vec<UsedMemory>,
 }
 
@@ -367,6 +398,7 @@ pub struct InsnCache {
 }
 
 impl InsnCache {
+    /// The decoded instruction of `step`, decoded once per pc and bytes.
     pub fn get(&mut self, step: &Step) -> &InsnInfo {
         let bitness = step.mode.bitness();
         let fresh = || {

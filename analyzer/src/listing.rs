@@ -22,9 +22,12 @@ use crate::tasks::{Selection, TaskFilter, TaskId};
 /// Steps per file with `--out` (as the old analyzer cut its listings).
 pub const STEPS_PER_FILE: u64 = 500_000;
 
+/// What `vtrace analyze listing` prints.
 #[derive(Clone, Debug, Default)]
 pub struct ListingOptions {
+    /// The first step to list; `None`: the trace's first.
     pub from: Option<u64>,
+    /// How many steps; `None`: to the end.
     pub count: Option<u64>,
     /// AT&T syntax instead of Intel.
     pub att: bool,

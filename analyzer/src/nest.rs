@@ -75,6 +75,7 @@ pub struct NestOptions {
     pub function: Option<String>,
     /// Only lines of steps from `from` on, before `to`.
     pub from: Option<u64>,
+    /// Before this step.
     pub to: Option<u64>,
     /// Only the big levels that run in this address space (its
     /// page-table root).
@@ -111,11 +112,14 @@ pub struct NestWriter<'a, W: Write> {
     open: FxHashMap<FrameKey, usize>,
     nesting: usize,
     error: Option<std::io::Error>,
+    /// Lines written.
     pub lines: u64,
+    /// `## divided level ##` markers among them.
     pub divided: u64,
 }
 
 impl<'a, W: Write> NestWriter<'a, W> {
+    /// A writer of the diagram to `out`, naming routines with `symbols`.
     pub fn new(out: W, symbols: &'a Symbolizer) -> Self {
         NestWriter {
             out,

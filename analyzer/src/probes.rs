@@ -35,7 +35,9 @@ pub struct Quantize {
 /// -1; -2 to -3...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Bucket {
+    /// The bucket's lowest value.
     pub value: i64,
+    /// Values in it.
     pub count: u64,
 }
 

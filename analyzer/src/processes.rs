@@ -27,7 +27,9 @@ pub struct Process {
     pub tid: Option<u32>,
     /// The task's name when the trace last named it.
     pub comm: String,
+    /// Steps in user mode.
     pub user_steps: u64,
+    /// Steps in the kernel on its behalf.
     pub kernel_steps: u64,
     /// `syscall` instructions run in user mode.
     pub syscalls: u64,
@@ -91,6 +93,7 @@ impl std::fmt::Display for Exit {
 /// A file a process mapped, over all its mappings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Module {
+    /// The file.
     pub path: String,
     /// Lowest address of its mappings.
     pub start: u64,
@@ -124,6 +127,7 @@ pub struct ProcessTable {
     /// Whether the trace names tasks at all (a Linux guest whose kernel
     /// vtrace could read).
     pub tasks_named: bool,
+    /// One row per task, busiest first.
     pub processes: Vec<Process>,
 }
 

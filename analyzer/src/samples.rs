@@ -15,6 +15,7 @@ use crate::symbols::Symbolizer;
 /// One sample, as recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
+    /// The guest's virtual time when it was taken.
     pub virtual_ns: u64,
     /// Host nanoseconds since the run started.
     pub host_ns: u64,
@@ -27,6 +28,7 @@ pub struct Sample {
 /// A trace's samples and what they are of.
 #[derive(Clone, Debug, Default)]
 pub struct Samples {
+    /// The variables, as the trace's metadata names them.
     pub variables: Vec<SampleVariable>,
     /// The interval asked for, as given.
     pub interval: Option<String>,
@@ -290,7 +292,9 @@ impl Samples {
 /// One routine's share of the pc samples.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RoutineSamples {
+    /// The routine.
     pub routine: String,
+    /// pc samples in it.
     pub samples: u64,
 }
 

@@ -17,32 +17,46 @@ use crate::symbols::{cr3_root, Symbolizer};
 /// Routines listed per address space.
 const TOP_ROUTINES: usize = 10;
 
+/// A routine's steps in one address space.
 #[derive(Clone, Debug, Serialize)]
 pub struct Routine {
+    /// The routine.
     pub name: String,
+    /// Its steps there.
     pub steps: u64,
 }
 
+/// One address space's row.
 #[derive(Clone, Debug, Serialize)]
 pub struct AddressSpace {
     /// The page-table root (CR3 without its flag bits).
     pub cr3: u64,
+    /// Steps in it.
     pub steps: u64,
+    /// Of which at CPL 0.
     pub kernel_steps: u64,
+    /// Of which at CPL 3.
     pub user_steps: u64,
     /// Times execution switched into it from another address space.
     pub switches_in: u64,
+    /// Its first step.
     pub first_step: u64,
+    /// Its last step.
     pub last_step: u64,
     /// Code executed, as `[start, end)` ranges of 4 KiB pages.
     pub code_ranges: Vec<(u64, u64)>,
+    /// Its busiest routines, at most ten.
     pub routines: Vec<Routine>,
 }
 
+/// What `vtrace analyze spaces` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpaceTable {
+    /// Steps in the trace.
     pub steps: u64,
+    /// Switches between address spaces.
     pub switches: u64,
+    /// One row per address space, busiest first.
     pub spaces: Vec<AddressSpace>,
 }
 
@@ -203,6 +217,7 @@ pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> R
 }
 
 impl SpaceTable {
+    /// The table as text.
     pub fn to_text(&self) -> String {
         let mut out = format!(
             "{} address spaces, {} steps, {} switches\n\n{:>18} {:>12} {:>7} {:>10} {:>10} {:>10} {:>8}\n",

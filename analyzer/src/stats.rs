@@ -24,48 +24,65 @@ const IF: u64 = 1 << 9;
 /// A name and how many steps (or events) it had.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Count {
+    /// The name.
     pub name: String,
+    /// How many.
     pub count: u64,
 }
 
+/// One routine's row.
 #[derive(Clone, Debug, Serialize)]
 pub struct RoutineCount {
+    /// The routine.
     pub name: String,
     /// Steps executed in the routine itself.
     pub self_steps: u64,
     /// Steps in it and in everything it called or was interrupted by
     /// (recursive activations counted once).
     pub total_steps: u64,
+    /// Times it was entered by a call.
     pub calls: u64,
 }
 
+/// How the memory references spread over cache lines and pages.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Locality {
     /// Memory references (explicit operands and implied stack accesses).
     pub references: u64,
+    /// Distinct 64-byte lines touched.
     pub distinct_lines: u64,
+    /// Distinct 4 KiB pages touched.
     pub distinct_pages: u64,
     /// References to a 64-byte line touched before: references minus
     /// distinct lines.
     pub reused: u64,
+    /// `reused` over `references`.
     pub reuse_ratio: f64,
 }
 
+/// Where interrupts were disabled.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct DisabledStretches {
     /// Steps with RFLAGS.IF clear.
     pub steps: u64,
+    /// Stretches of consecutive such steps.
     pub stretches: u64,
+    /// Steps in the longest.
     pub longest: u64,
     /// Step number where the longest began, and the routine there.
     pub longest_from: Option<u64>,
+    /// The routine where it began.
     pub longest_in: Option<String>,
 }
 
+/// Interrupts and exceptions of one vector.
 #[derive(Clone, Debug, Serialize)]
 pub struct VectorCount {
+    /// The vector.
     pub vector: u8,
+    /// Its name ("page fault", "timer").
     pub name: String,
+    /// How many were entered.
     pub count: u64,
 }
 
@@ -74,13 +91,21 @@ pub struct VectorCount {
 pub struct Stats {
     /// The tasks counted (`--pid`, `--comm`), in words; `None` for all.
     pub tasks: Option<String>,
+    /// Steps counted.
     pub steps: u64,
+    /// Steps by mnemonic, most first.
     pub mnemonics: Vec<Count>,
+    /// Steps by instruction class, most first.
     pub classes: Vec<Count>,
+    /// Routines, by self steps.
     pub routines: Vec<RoutineCount>,
+    /// Memory operands by addressing mode.
     pub addressing_modes: Vec<Count>,
+    /// How the memory references spread.
     pub locality: Locality,
+    /// Interrupts and exceptions, by vector.
     pub interrupts: Vec<VectorCount>,
+    /// Where interrupts were disabled.
     pub interrupts_disabled: DisabledStretches,
     /// Calls made (with a task filter: routines entered by a call).
     pub calls: u64,
@@ -89,7 +114,9 @@ pub struct Stats {
     /// Switches between call stacks: tasks where the trace names them,
     /// else address spaces (of the whole trace, filter or not).
     pub address_space_switches: u64,
+    /// Irregular flows (`## divided level ##`).
     pub divided_levels: u64,
+    /// The deepest call stack.
     pub deepest_stack: usize,
     /// Steps the trace does not have (gaps, paused tracing, bad segments).
     pub breaks: u64,

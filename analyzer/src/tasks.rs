@@ -25,6 +25,7 @@ pub struct Comm {
 }
 
 impl Comm {
+    /// `name`, cut to 15 bytes at a character boundary.
     pub fn new(name: &str) -> Comm {
         let mut end = name.len().min(COMM_LEN);
         while !name.is_char_boundary(end) {
@@ -38,6 +39,7 @@ impl Comm {
         }
     }
 
+    /// The name.
     pub fn as_str(&self) -> &str {
         // Made from a `&str` cut at a character boundary.
         std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
@@ -63,6 +65,7 @@ pub struct TaskId {
     pub tid: u32,
     /// The process (thread group) id.
     pub pid: u32,
+    /// Its name (`comm`).
     pub comm: Comm,
 }
 
@@ -161,6 +164,7 @@ pub struct Selection<'a> {
 }
 
 impl<'a> Selection<'a> {
+    /// A selection by `filter`, before any task is named.
     pub fn new(filter: &'a TaskFilter) -> Self {
         Selection {
             filter,
@@ -195,6 +199,7 @@ impl<'a> Selection<'a> {
 /// everything, so a task's calls still nest right across the stretches
 /// left out.
 pub struct SelectedTasks<'a, S> {
+    /// The sink that sees the selected tasks' levels.
     pub inner: S,
     filter: &'a TaskFilter,
     /// Whether the running task is selected.
@@ -202,6 +207,7 @@ pub struct SelectedTasks<'a, S> {
 }
 
 impl<'a, S> SelectedTasks<'a, S> {
+    /// `inner`, seeing only what `filter` admits.
     pub fn new(inner: S, filter: &'a TaskFilter) -> Self {
         SelectedTasks {
             inner,

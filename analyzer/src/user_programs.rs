@@ -25,7 +25,9 @@ use crate::symbols::{
 pub struct RecordedMap {
     /// The page-table root the process ran in when its map was read.
     pub space: u64,
+    /// The process.
     pub pid: u32,
+    /// Its file-backed mappings.
     pub maps: Vec<Mapping>,
 }
 
@@ -90,7 +92,9 @@ pub enum UserFiles {
     /// Files taken out of an initramfs (see [`crate::initramfs`]), by
     /// absolute path; `origin` names the archive.
     Archive {
+        /// The archive.
         origin: String,
+        /// The files, by absolute path.
         files: HashMap<String, Vec<u8>>,
     },
 }

@@ -20,7 +20,6 @@
 //! length is checked by the host, and a bad one yields [`status::BAD_ADDRESS`]
 //! or [`status::BAD_LENGTH`], never a host failure.
 
-#![warn(missing_docs)]
 #![no_std]
 
 /// The I/O port every hypercall goes through ("VT").

@@ -30,17 +30,26 @@ fn corrupt(e: impl std::fmt::Display) -> DecompressError {
 /// `decompress_method()` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compression {
+    /// gzip (or the old 0x9e variant).
     Gzip,
+    /// bzip2.
     Bzip2,
+    /// LZMA (the "alone" format).
     Lzma,
+    /// XZ.
     Xz,
+    /// LZO (vtrace does not unpack it).
     Lzo,
+    /// LZ4, the legacy frame the kernel uses.
     Lz4,
+    /// Zstandard.
     Zstd,
+    /// None of these.
     Unknown,
 }
 
 impl Compression {
+    /// The compression `payload` starts with.
     pub fn detect(payload: &[u8]) -> Compression {
         match payload {
             [0x1f, 0x8b | 0x9e, ..] => Compression::Gzip,
@@ -54,6 +63,7 @@ impl Compression {
         }
     }
 
+    /// Its name, as the kernel's config calls it.
     pub fn name(self) -> &'static str {
         match self {
             Compression::Gzip => "gzip",

@@ -5,8 +5,6 @@
 //! so the command line only parses and wires, and any other program can
 //! trace a guest the same way.
 
-#![warn(missing_docs)]
-
 mod error;
 mod location;
 pub mod metadata;

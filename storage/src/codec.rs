@@ -111,6 +111,7 @@ impl Default for SegmentEncoder {
 }
 
 impl SegmentEncoder {
+    /// An encoder with an empty payload, its state all zero.
     pub fn new() -> Self {
         SegmentEncoder {
             out: Vec::with_capacity(1 << 20),
@@ -125,18 +126,22 @@ impl SegmentEncoder {
         self.out.len()
     }
 
+    /// Whether nothing was pushed yet.
     pub fn is_empty(&self) -> bool {
         self.out.is_empty()
     }
 
+    /// Steps pushed.
     pub fn steps(&self) -> u64 {
         self.steps
     }
 
+    /// Events pushed.
     pub fn events(&self) -> u64 {
         self.events
     }
 
+    /// Appends a step or an event.
     pub fn push(&mut self, record: &Record) {
         match record {
             Record::Step(s) => self.push_step(s),
@@ -144,6 +149,7 @@ impl SegmentEncoder {
         }
     }
 
+    /// Appends a step, coding only what changed since the last one.
     pub fn push_step(&mut self, step: &Step) {
         let st = &mut self.state;
         let tag_at = self.out.len();
@@ -195,6 +201,7 @@ impl SegmentEncoder {
         self.steps += 1;
     }
 
+    /// Appends an event.
     pub fn push_event(&mut self, event: &Event) {
         let o = &mut self.out;
         match event {
@@ -408,7 +415,9 @@ fn put_reason(o: &mut Vec<u8>, r: &TraceReason) {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("segment payload corrupt at byte {offset}: {what}")]
 pub struct DecodeError {
+    /// Byte offset in the payload where decoding failed.
     pub offset: usize,
+    /// What was wrong there.
     pub what: &'static str,
 }
 
@@ -429,6 +438,7 @@ pub struct SegmentDecoder<'a> {
 }
 
 impl<'a> SegmentDecoder<'a> {
+    /// A decoder of one segment's payload, from its first record.
     pub fn new(input: &'a [u8]) -> Self {
         SegmentDecoder {
             input,

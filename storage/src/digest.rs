@@ -17,6 +17,7 @@ impl Default for TraceDigest {
 }
 
 impl TraceDigest {
+    /// A digest of no records.
     pub fn new() -> Self {
         TraceDigest {
             hasher: blake3::Hasher::new(),
@@ -24,6 +25,7 @@ impl TraceDigest {
         }
     }
 
+    /// Adds a record.
     pub fn update(&mut self, record: &Record) {
         match record {
             Record::Step(s) => {

@@ -52,7 +52,9 @@ pub enum DiskError {
     /// The file could not be opened or created.
     #[error("cannot open trace disk {path}: {source}")]
     Open {
+        /// The trace disk.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
@@ -62,8 +64,11 @@ pub enum DiskError {
          (free some space or choose a smaller --disk-size)"
     )]
     Reserve {
+        /// The trace disk.
         path: PathBuf,
+        /// The size asked for.
         size: u64,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
@@ -73,29 +78,45 @@ pub enum DiskError {
          segments"
     )]
     TooSmall {
+        /// The trace disk.
         path: PathBuf,
+        /// Its size.
         size: u64,
+        /// The segment size asked for.
         segment_size: u32,
     },
     /// Reading or writing failed.
     #[error("I/O on trace disk {path}: {source}")]
     Io {
+        /// The trace disk.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
     /// Neither a superblock nor a segment was found.
     #[error("{path} is not a vtrace trace disk (no superblock and no segments)")]
-    NotATrace { path: PathBuf },
+    NotATrace {
+        /// The file.
+        path: PathBuf,
+    },
     /// A directory, FIFO, socket or character device.
     #[error("{path} is {kind}, not a trace disk (a regular file or a block device)")]
-    NotAFile { path: PathBuf, kind: &'static str },
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is ("a directory").
+        kind: &'static str,
+    },
     /// Creating the disk would destroy a file that is not a trace.
     #[error(
         "{path} exists and is not a vtrace trace disk; refusing to overwrite it \
          (choose another --disk, or add --force)"
     )]
-    Foreign { path: PathBuf },
+    Foreign {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 /// What the superblock records.
@@ -216,7 +237,12 @@ pub struct DiskWriter {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Appended {
     /// Written at this block, taking `blocks`.
-    At { block: u64, blocks: u64 },
+    At {
+        /// The first block.
+        block: u64,
+        /// Blocks taken.
+        blocks: u64,
+    },
     /// No room left (not in wrap mode): nothing was written.
     Full,
 }
@@ -424,6 +450,7 @@ fn reserve(file: &File, size: u64) -> std::io::Result<()> {
 /// A segment found on the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FoundSegment {
+    /// What the segment's header says.
     pub header: SegmentHeader,
     /// Byte offset of its header.
     pub offset: u64,

@@ -14,6 +14,7 @@ pub struct TraceMetadata {
     pub kernel_id: Option<String>,
     /// The virtual clock, as `vtrace run --clock` spells it.
     pub clock: Option<String>,
+    /// The vtrace that wrote the trace (`--version`'s text).
     pub vtrace_version: Option<String>,
     /// How the tracer named tasks: [`LINUX_TASKS`] where it followed a
     /// Linux kernel's tasks (the trace has task events from its start).
@@ -34,10 +35,15 @@ pub struct TraceMetadata {
 /// How a sampled variable's bytes are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SampleType {
+    /// An unsigned byte.
     U8,
+    /// An unsigned 16-bit word, little-endian.
     U16,
+    /// An unsigned 32-bit word, little-endian.
     U32,
+    /// An unsigned 64-bit word, little-endian.
     U64,
+    /// A signed 64-bit word, little-endian.
     I64,
 }
 
@@ -91,6 +97,7 @@ impl SampleType {
 pub struct SampleVariable {
     /// As the user named it: a symbol, or an address.
     pub name: String,
+    /// How its bytes are read.
     pub kind: SampleType,
     /// Where it was read, guest-physical.
     pub address: u64,
@@ -137,6 +144,7 @@ pub fn image_id(bytes: &[u8]) -> String {
 }
 
 impl TraceMetadata {
+    /// The `key: value` lines the superblock holds.
     pub fn to_text(&self) -> String {
         let mut out = format!("guest: {}", self.guest);
         for (key, value) in [

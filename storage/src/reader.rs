@@ -11,6 +11,7 @@ use crate::segment::{unseal, PayloadError};
 /// What became of a segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SegmentState {
+    /// Read and checked.
     Good,
     /// Partly overwritten by newer segments (`--wrap`): expected, not damage.
     Overwritten,
@@ -40,7 +41,9 @@ pub enum SegmentError {
 /// A segment and its state.
 #[derive(Clone, Debug)]
 pub struct SegmentEntry {
+    /// Where it is and what its header says.
     pub found: FoundSegment,
+    /// What became of it.
     pub state: SegmentState,
 }
 
@@ -88,10 +91,12 @@ impl TraceReader {
         Ok(TraceReader { scan, segments })
     }
 
+    /// The superblock, where one was found.
     pub fn superblock(&self) -> Option<&Superblock> {
         self.scan.superblock.as_ref()
     }
 
+    /// The segments found, in trace order.
     pub fn segments(&self) -> &[SegmentEntry] {
         &self.segments
     }
@@ -101,6 +106,7 @@ impl TraceReader {
         self.scan.size
     }
 
+    /// The trace disk's path.
     pub fn path(&self) -> &Path {
         &self.scan.path
     }

@@ -5,7 +5,9 @@
 /// address.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Regs {
+    /// RAX to R15, in encoding order.
     pub gpr: [u64; 16],
+    /// RFLAGS.
     pub rflags: u64,
 }
 
@@ -19,6 +21,7 @@ pub const REG_NAMES: [&str; REG_COUNT] = [
 ];
 
 impl Regs {
+    /// Register `i` in [`REG_NAMES`] order (16 is RFLAGS).
     pub fn get(&self, i: usize) -> u64 {
         if i < 16 {
             self.gpr[i]
@@ -27,6 +30,7 @@ impl Regs {
         }
     }
 
+    /// Sets register `i` in [`REG_NAMES`] order (16 is RFLAGS).
     pub fn set(&mut self, i: usize, v: u64) {
         if i < 16 {
             self.gpr[i] = v
@@ -48,15 +52,21 @@ impl Regs {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CpuMode {
+    /// Real mode (and virtual-8086 mode).
     #[default]
     Real = 0,
+    /// Protected mode, 16-bit code segment.
     Protected16 = 1,
+    /// Protected mode, 32-bit code segment.
     Protected32 = 2,
+    /// Long mode, 64-bit code segment.
     Long64 = 3,
+    /// Long mode, 32-bit compatibility code segment.
     Compat32 = 4,
 }
 
 impl CpuMode {
+    /// The mode of code `v`, as the codec writes it.
     pub fn from_u8(v: u8) -> Option<CpuMode> {
         Some(match v {
             0 => CpuMode::Real,
@@ -99,14 +109,17 @@ impl InsnBytes {
         })
     }
 
+    /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
 
+    /// How many bytes.
     pub fn len(&self) -> usize {
         usize::from(self.len)
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -117,10 +130,13 @@ impl InsnBytes {
 pub struct Step {
     /// Linear address of the instruction.
     pub pc: u64,
+    /// Its bytes, as fetched.
     pub bytes: InsnBytes,
     /// Address space it ran in.
     pub cr3: u64,
+    /// The mode they decode in.
     pub mode: CpuMode,
+    /// Privilege level (CS.DPL), 0 to 3.
     pub cpl: u8,
     /// Registers after it executed.
     pub regs: Regs,
@@ -143,17 +159,28 @@ pub enum InterruptSource {
 /// Why tracing started or stopped.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TraceReason {
+    /// `--trace` on the command line, or the session's start.
     CommandLine,
+    /// A console hotkey (`Ctrl-A t`).
     Hotkey,
+    /// `vtrace ctl start` or `stop`.
     Control,
+    /// A guest's tracing hypercall.
     Hypercall {
+        /// The pass the guest gave.
         pass: u64,
     },
+    /// Execution reached `--start-at` or `--stop-at` (this address).
     Address(u64),
+    /// `--max-steps` steps were recorded.
     MaxSteps,
+    /// The guest took an `--autostop` exception (this vector).
     Exception(u8),
+    /// The guest ended the run.
     GuestExit,
+    /// The trace disk was full (and not wrapping).
     DiskFull,
+    /// Anything else, said in words.
     Other(String),
     /// The user ended the run with `Ctrl-A x`.
     UserQuit,
@@ -162,7 +189,9 @@ pub enum TraceReason {
     /// A window of `--trace-function`: the routine `name` was entered,
     /// returned, or its task was switched out or in.
     Function {
+        /// The routine.
         name: String,
+        /// What happened to its window.
         edge: FunctionEdge,
     },
 }
@@ -183,6 +212,7 @@ pub enum FunctionEdge {
 }
 
 impl FunctionEdge {
+    /// The edge of code `v`, as the codec writes it.
     pub fn from_u8(v: u8) -> Option<FunctionEdge> {
         Some(match v {
             0 => FunctionEdge::Entry,
@@ -278,34 +308,55 @@ pub const MAX_SAMPLE_VALUES: usize = 16;
 /// Something that happened between two steps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Event {
+    /// An interrupt or exception delivered before the next step.
     Interrupt {
+        /// Its vector.
         vector: u8,
+        /// The error code it pushed, if any.
         error_code: Option<u32>,
+        /// How it was found.
         source: InterruptSource,
     },
+    /// A port access the VMM served.
     Io {
+        /// The port.
         port: u16,
+        /// Bytes accessed (1, 2 or 4).
         size: u8,
+        /// An OUT (else an IN).
         write: bool,
+        /// The value written or read.
         value: u32,
     },
+    /// A memory-mapped I/O access the VMM served.
     Mmio {
+        /// The guest-physical address.
         addr: u64,
+        /// Bytes accessed (1 to 8).
         size: u8,
+        /// A write (else a read).
         write: bool,
+        /// The value written or read.
         value: u64,
     },
+    /// A vtrace hypercall.
     Hypercall {
+        /// Its command (`vtrace_guest::cmd`).
         command: u32,
+        /// RBX, RCX, RSI and RDI.
         args: [u64; 4],
+        /// What it returned in EAX.
         result: i32,
     },
     /// A MARK hypercall's id and value, or a mark from the host
     /// ([`HOST_MARK`]).
     Mark {
+        /// The mark's id.
         id: u64,
+        /// Its value.
         value: u64,
     },
+    /// A LOG hypercall's text.
     Log(String),
     /// Bytes read from guest memory at a linear address by a capture
     /// (`vtrace run --capture`), before the step that follows it.
@@ -336,6 +387,7 @@ pub enum Event {
     /// when. The variables' names and types are in the trace's metadata
     /// (`samples`), in the order of `values`.
     Sample {
+        /// Guest virtual nanoseconds when it was taken.
         virtual_ns: u64,
         /// Host nanoseconds since the run started.
         host_ns: u64,
@@ -346,30 +398,42 @@ pub enum Event {
     },
     /// A control register changed (0, 3, 4) or EFER (reg 0xEF).
     ControlRegister {
+        /// 0, 3 or 4 for CRn; 0xEF for EFER.
         reg: u8,
+        /// Its new value.
         value: u64,
     },
     /// The next pc could not be explained by the previous instruction or an
     /// event: `from` is where execution was expected, `to` where it went.
     Gap {
+        /// The pc execution was expected at.
         from: u64,
+        /// The pc it went to.
         to: u64,
     },
+    /// The guest halted (HLT) until an interrupt.
     Halt,
+    /// Tracing started.
     TraceStart(TraceReason),
+    /// Tracing stopped.
     TraceStop(TraceReason),
     /// The CPU runs Linux task `tid` (a thread; `pid` is its process, the
     /// thread group) named `comm` from the next step on: recorded where
     /// tracing starts and where the kernel switches tasks.
     Task {
+        /// The thread.
         tid: u32,
+        /// Its process.
         pid: u32,
+        /// Its name.
         comm: String,
     },
     /// Linux task `tid` took the name `comm` (an exec, a prctl, a kernel
     /// thread named by its creator).
     TaskName {
+        /// The thread.
         tid: u32,
+        /// Its new name.
         comm: String,
     },
     /// The file-backed memory map of Linux process `pid`, whole, as the
@@ -377,7 +441,9 @@ pub enum Event {
     /// when the trace first meets the process and after an exec or an
     /// `mmap`, `munmap` or `mremap`, where it changed.
     Mappings {
+        /// The process.
         pid: u32,
+        /// Its file-backed mappings.
         maps: Vec<Mapping>,
     },
     /// The task running where a segment begins: the last [`Event::Task`]
@@ -386,20 +452,26 @@ pub enum Event {
     /// steps on its own (parallel analysis, a wrapped trace's oldest
     /// segment). Not a switch.
     Running {
+        /// The thread.
         tid: u32,
+        /// Its process.
         pid: u32,
+        /// Its name.
         comm: String,
     },
     /// Tasks runnable on the CPU's run queue (the running one included),
     /// read where the kernel switches tasks, recorded when it changed.
     Runnable {
+        /// How many.
         count: u32,
     },
     /// Linux task `tid` exits (it entered `do_exit`) with the kernel's
     /// exit code: a wait status, `(status << 8) | signal`, the signal
     /// with 0x80 where it dumped core.
     TaskExit {
+        /// The thread.
         tid: u32,
+        /// Its exit code, as a wait status.
         code: u32,
     },
 }
@@ -420,7 +492,9 @@ pub struct Mapping {
 /// A step or an event.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Record {
+    /// An executed instruction.
     Step(Step),
+    /// Something between two steps.
     Event(Event),
 }
 
@@ -428,11 +502,14 @@ pub enum Record {
 /// way moves no step (about 180 bytes) per record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordRef<'a> {
+    /// An executed instruction.
     Step(&'a Step),
+    /// Something between two steps.
     Event(&'a Event),
 }
 
 impl Record {
+    /// The record, borrowed.
     pub fn borrowed(&self) -> RecordRef<'_> {
         match self {
             Record::Step(s) => RecordRef::Step(s),
@@ -442,6 +519,7 @@ impl Record {
 }
 
 impl RecordRef<'_> {
+    /// The record, owned (an event is cloned).
     pub fn to_record(self) -> Record {
         match self {
             RecordRef::Step(s) => Record::Step(*s),

@@ -18,11 +18,15 @@ pub struct SegmentHeader {
     pub seq: u64,
     /// Index of its first step in the whole trace.
     pub first_step: u64,
+    /// Steps it holds.
     pub steps: u64,
+    /// Events it holds.
     pub events: u64,
-    /// Payload size before and after compression.
+    /// Its payload before compression.
     pub raw_len: u32,
+    /// Its payload after compression.
     pub stored_len: u32,
+    /// CRC32C of the stored payload.
     pub payload_crc: u32,
 }
 
@@ -84,12 +88,20 @@ pub const MAX_SEGMENT_LEN: u32 = 1 << 27;
 /// Why a segment's payload could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PayloadError {
+    /// The stored bytes do not match their checksum.
     #[error("payload checksum mismatch (a torn write or a changed byte)")]
     Checksum,
+    /// zstd refused the stored bytes (its message).
     #[error("payload does not decompress: {0}")]
     Decompress(String),
+    /// The payload decompressed to another length than its header says.
     #[error("payload decompresses to {got} bytes, header says {want}")]
-    Length { got: usize, want: usize },
+    Length {
+        /// Bytes it decompressed to.
+        got: usize,
+        /// Bytes the header says.
+        want: usize,
+    },
 }
 
 /// Compresses `raw` and frames it as segment `seq`.

@@ -9,25 +9,36 @@ use crate::record::{Event, Record, TraceReason};
 /// Facts about a trace, from reading all of it.
 #[derive(Clone, Debug, Default)]
 pub struct TraceSummary {
+    /// Steps read.
     pub steps: u64,
+    /// Events read, by kind.
     pub events: BTreeMap<&'static str, u64>,
+    /// Gap events among them.
     pub gaps: u64,
-    /// pc of the first and last step.
+    /// pc of the first step.
     pub first_pc: Option<u64>,
+    /// pc of the last step.
     pub last_pc: Option<u64>,
+    /// Why each traced stretch started, in order.
     pub start_reasons: Vec<TraceReason>,
+    /// Why each traced stretch stopped, in order.
     pub stop_reasons: Vec<TraceReason>,
+    /// Bytes the disk holds (its size).
     pub disk_size: u64,
     /// Bytes of the disk holding segments (headers included).
     pub disk_used: u64,
+    /// Segments read and checked.
     pub segments_good: u64,
+    /// Segments partly overwritten by newer ones (`--wrap`).
     pub segments_overwritten: u64,
     /// Human-readable problems: corrupt or missing segments, torn tail.
     pub problems: Vec<String>,
     /// Whether every traced stretch ends with its stop record and the disk
     /// was closed (a clean shutdown).
     pub clean_end: bool,
+    /// The records' digest (hex), the same however they were segmented.
     pub digest: String,
+    /// The metadata text, as the superblock holds it.
     pub metadata: String,
 }
 

@@ -46,6 +46,7 @@ struct Shared {
 /// What the writer did, when it is done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriterReport {
+    /// Segments written.
     pub segments: u64,
     /// Compressed bytes written, headers included.
     pub stored_bytes: u64,
@@ -109,6 +110,7 @@ impl Recorder {
         }
     }
 
+    /// Records a step.
     pub fn step(&mut self, step: &Step) {
         if self.encoder.is_empty() {
             self.open_chunk();
@@ -120,6 +122,7 @@ impl Recorder {
         }
     }
 
+    /// Records an event.
     pub fn event(&mut self, event: &Event) {
         if self.encoder.is_empty() {
             self.open_chunk();
@@ -131,6 +134,7 @@ impl Recorder {
         }
     }
 
+    /// Records a step or an event.
     pub fn record(&mut self, record: &Record) {
         match record {
             Record::Step(s) => self.step(s),

@@ -2,8 +2,6 @@
 //! VMM's [`vtrace_vmm::Monitor`] hooks, turns every exit into trace records
 //! ([`engine`]) and decides when tracing starts and stops ([`tracer`]).
 
-#![warn(missing_docs)]
-
 pub mod capture;
 pub mod context;
 pub mod engine;

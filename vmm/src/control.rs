@@ -48,21 +48,30 @@ pub struct ControlServer {
 /// Errors of the control socket, on either side.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// The server could not listen on its socket.
     #[error("cannot listen on {path}: {source}")]
     Bind {
+        /// The socket.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// A client found no run listening.
     #[error("no vtrace run is listening on {path} ({source}); is it running, with a trace disk?")]
     Connect {
+        /// The socket.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// A request or its answer could not be sent.
     #[error("talking to {path}: {source}")]
     Io {
+        /// The socket.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -128,6 +137,7 @@ impl ControlServer {
         })
     }
 
+    /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -51,10 +51,13 @@ impl ExitHistory {
 /// The guest's state when it stopped abnormally.
 #[derive(Clone, Debug)]
 pub struct CrashReport {
+    /// The general registers.
     pub regs: Registers,
+    /// The segment, control and descriptor-table registers.
     pub sregs: SpecialRegisters,
     /// Bytes at CS:RIP, if they could be read.
     pub code: Option<Vec<u8>>,
+    /// The last exits, oldest first.
     pub recent_exits: Vec<ExitNote>,
     /// What the user can do about it.
     pub hint: Option<String>,

@@ -14,7 +14,9 @@ pub enum Error {
     /// `/dev/kvm` does not exist or could not be opened.
     #[error("cannot open {path}: {source}")]
     KvmUnavailable {
+        /// The KVM device.
         path: PathBuf,
+        /// Why it could not be opened.
         #[source]
         source: std::io::Error,
     },
@@ -24,24 +26,41 @@ pub enum Error {
     /// A KVM ioctl failed where it should not.
     #[error("KVM call {call} failed: {source}")]
     Kvm {
+        /// The ioctl.
         call: &'static str,
+        /// What KVM answered.
         #[source]
         source: kvm_ioctls::Error,
     },
     /// The kernel, initrd or image file does not exist or cannot be read.
     #[error("cannot read {what} {path}: {source}")]
     ImageUnreadable {
+        /// Which image ("kernel", "initrd").
         what: &'static str,
+        /// Its path.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
     /// The kernel file is neither a PVH/64-bit ELF nor a bzImage.
     #[error("{path} is not a kernel vtrace can boot: {reason}")]
-    ImageFormat { path: PathBuf, reason: String },
+    ImageFormat {
+        /// The file.
+        path: PathBuf,
+        /// What vtrace found in it.
+        reason: String,
+    },
     /// The image does not fit into the guest memory asked for.
     #[error("guest memory of {have} bytes is too small: {what} needs at least {need} bytes")]
-    MemoryTooSmall { what: String, need: u64, have: u64 },
+    MemoryTooSmall {
+        /// What did not fit.
+        what: String,
+        /// Bytes of guest memory it needs.
+        need: u64,
+        /// Bytes the guest has.
+        have: u64,
+    },
     /// The memory size asked for cannot be used.
     #[error("invalid guest memory size {0} bytes: {1}")]
     MemorySize(u64, &'static str),
@@ -103,7 +122,9 @@ pub enum Error {
     /// (the reason says which).
     #[error("{reason}\n{report}")]
     GuestFailure {
+        /// What happened, for the user.
         reason: String,
+        /// The guest's state.
         report: Box<CrashReport>,
     },
     /// The terminal could not be put into raw mode or restored.

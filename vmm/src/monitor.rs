@@ -9,26 +9,49 @@ use crate::x86::{Registers, SpecialRegisters};
 pub enum ExitView {
     /// Single-step or breakpoint exit: one instruction ran (or a
     /// breakpoint was hit before one did).
-    Debug { breakpoint: bool },
+    Debug {
+        /// A breakpoint was hit (the instruction at it has not run).
+        breakpoint: bool,
+    },
     /// `OUT`. Where KVM's emulator ran it (this project's hosts) it has
     /// completed; on KVM's fast path (VT-x/AMD-V) RIP is still at it, and
     /// it completes on the next entry with a debug exit of its own.
     IoOut {
+        /// The port.
         port: u16,
+        /// Bytes written (1, 2 or 4).
         size: u8,
+        /// The value written.
         value: u32,
+        /// The instruction has completed (RIP is past it).
         completed: bool,
     },
     /// `IN`: the instruction completes on the next entry with `value`.
-    IoIn { port: u16, size: u8, value: u32 },
+    IoIn {
+        /// The port.
+        port: u16,
+        /// Bytes read (1, 2 or 4).
+        size: u8,
+        /// The value the device answered.
+        value: u32,
+    },
     /// A hypercall (an `IN` on the hypercall port) with its result.
-    Hypercall { call: Hypercall, result: i32 },
+    Hypercall {
+        /// The call, as the guest made it.
+        call: Hypercall,
+        /// What the VMM answered in EAX.
+        result: i32,
+    },
     /// MMIO access (nothing is mapped there; reads return all ones). A
     /// read completes on the next entry, like `IN`.
     Mmio {
+        /// The guest-physical address.
         addr: u64,
+        /// Bytes accessed (1 to 8).
         size: u8,
+        /// A write (else a read).
         write: bool,
+        /// The value written or read.
         value: u64,
     },
     /// KVM exited for HLT, with RIP past it: outside single-stepping, or
@@ -41,11 +64,20 @@ pub enum ExitView {
     Interrupted,
     /// The VMM completed an instruction the emulator refused (INT3,
     /// LDMXCSR...); `vector` is set when that was an interrupt delivery.
-    CompletedByVmm { vector: Option<u8> },
+    CompletedByVmm {
+        /// The interrupt delivered, where the instruction was one (INT n,
+        /// INT3, INTO).
+        vector: Option<u8>,
+    },
     /// The VMM delivered the fault the monitor foresaw
     /// ([`Monitor::exception_before_entry`]): the faulting instruction did
     /// not run, and the vCPU stands at the handler's first instruction.
-    FaultDelivered { vector: u8, error_code: Option<u32> },
+    FaultDelivered {
+        /// The exception.
+        vector: u8,
+        /// The error code pushed, for vectors that have one.
+        error_code: Option<u32>,
+    },
 }
 
 /// An exception or software interrupt a monitor asks the VMM to deliver
@@ -53,6 +85,7 @@ pub enum ExitView {
 /// [`Monitor::exception_before_entry`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Exception {
+    /// The vector.
     pub vector: u8,
     /// Pushed below the frame, for vectors that have one.
     pub error_code: Option<u32>,
@@ -61,19 +94,23 @@ pub struct Exception {
     /// The RIP the frame saves: the faulting instruction's, or the one
     /// after a software interrupt.
     pub return_rip: u64,
+    /// Whether the instruction completed.
     pub kind: ExceptionKind,
 }
 
 /// Whether the instruction completes (software interrupt) or not (fault).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExceptionKind {
+    /// The instruction did not run; the frame saves its address.
     Fault,
+    /// INT n, INT3 or INTO: the instruction ran; the frame saves the next.
     SoftwareInterrupt,
 }
 
 /// What the monitor asks of the VMM after an exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Directive {
+    /// Go on as the VMM would.
     Continue,
     /// The instruction just stepped was HLT (which does not halt under
     /// single-step on every host): wait for the next interrupt as HLT would.
@@ -92,7 +129,10 @@ pub enum Injection {
     Queued,
     /// Delivered by the VMM through the guest's IDT: the vCPU now stands
     /// at the handler's first instruction, with the frame pushed.
-    Delivered { handler: u64 },
+    Delivered {
+        /// The handler's linear address.
+        handler: u64,
+    },
 }
 
 /// Read access to the vCPU and guest memory for the monitor. The VMM

@@ -36,7 +36,9 @@ const BATCHES_WAITING: u64 = 16;
 /// `gpa`, little-endian.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeepRead {
+    /// Where the variable is, guest-physical.
     pub gpa: u64,
+    /// Its width in bytes.
     pub size: u8,
 }
 
@@ -45,6 +47,7 @@ pub struct PeepRead {
 pub struct PeepPlan {
     /// Host time between samples.
     pub interval: Duration,
+    /// The variables, at most [`MAX_READS`].
     pub reads: Vec<PeepRead>,
     /// Also the running pc and address space (one exit per sample).
     pub pc: bool,
@@ -53,9 +56,11 @@ pub struct PeepPlan {
 /// One sample: the variables' values in the plan's order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeepSample {
+    /// The guest's virtual time when it was taken.
     pub virtual_ns: VirtualNanos,
     /// Host nanoseconds since the run started.
     pub host_ns: u64,
+    /// One value per read of the plan.
     pub values: Vec<u64>,
     /// The running pc and CR3, where the plan asked for them.
     pub pc: Option<(u64, u64)>,
@@ -64,6 +69,7 @@ pub struct PeepSample {
 /// What peeping did, when the run is over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeepReport {
+    /// Samples taken.
     pub samples: u64,
     /// Intervals with no sample: the peeper woke later than the next one
     /// was due (a busy host), or a pc sample was still waiting for its exit.

@@ -31,10 +31,13 @@ pub enum ConsoleMode {
 
 /// Everything that defines a VM.
 pub struct VmConfig {
+    /// What to boot.
     pub boot: BootSource,
     /// Guest RAM in bytes.
     pub memory: u64,
+    /// The CPUID profile.
     pub cpu: CpuProfile,
+    /// Whether the VM owns the terminal.
     pub console: ConsoleMode,
     /// Path of the KVM device (normally /dev/kvm).
     pub kvm_device: PathBuf,

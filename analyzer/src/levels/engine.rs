@@ -60,13 +60,21 @@ impl Frame {
 /// Counters of what the engine saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LevelCounts {
+    /// Steps pushed (a run counts all of its steps).
     pub steps: u64,
+    /// Calls seen.
     pub calls: u64,
+    /// Returns that matched a frame.
     pub returns: u64,
+    /// Interrupts and exceptions entered.
     pub interrupts: u64,
+    /// Switches of task or address space.
     pub switches: u64,
+    /// Flow that fits no frame: returns and jumps the stack does not explain.
     pub irregular: u64,
+    /// Breaks: gaps, switched-out windows, damaged segments.
     pub breaks: u64,
+    /// The deepest call stack.
     pub max_depth: usize,
 }
 
@@ -95,6 +103,7 @@ pub struct LevelEngine {
     first_run: bool,
     nodes: Vec<(u32, FuncId)>,
     node_index: FxHashMap<(u32, FuncId), u32>,
+    /// What it saw so far.
     pub counts: LevelCounts,
 }
 
@@ -108,6 +117,7 @@ impl Default for LevelEngine {
 }
 
 impl LevelEngine {
+    /// An engine that has seen nothing.
     pub fn new() -> Self {
         LevelEngine {
             stack: Vec::new(),
@@ -144,6 +154,7 @@ impl LevelEngine {
         self.stack.last().map(|f| f.view.func)
     }
 
+    /// Call paths (trie nodes) met so far, the root included.
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }

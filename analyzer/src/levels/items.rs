@@ -15,12 +15,19 @@ use crate::tasks::{TaskId, TaskTracker};
 /// [`LevelEngine::push`](super::LevelEngine::push).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Item {
+    /// One step.
     Step {
+        /// Its number in the trace.
         step: u64,
+        /// Its pc.
         pc: u64,
+        /// Its address space.
         cr3: u64,
+        /// Its routine.
         func: FuncId,
+        /// Where it sends control.
         flow: Flow,
+        /// Its length in bytes.
         len: u8,
     },
     /// `steps` more steps in the routine and address space of the step
@@ -31,13 +38,20 @@ pub enum Item {
     /// Most of a trace is such runs, and folding them keeps the in-order
     /// part of the analysis, the one that cannot run in parallel, short.
     Run {
+        /// The last one's number.
         step: u64,
+        /// How many.
         steps: u32,
+        /// The last one's pc.
         pc: u64,
+        /// The last one's length.
         len: u8,
+        /// The last one's flow.
         flow: Flow,
     },
+    /// An interrupt or exception, entered before the next step.
     Interrupt {
+        /// Its vector.
         vector: u8,
     },
     /// The next step is a system call of this number (see
@@ -48,7 +62,9 @@ pub enum Item {
     Task(TaskId),
     /// A guest mark (hypercall or `vtrace ctl mark`).
     Mark {
+        /// The mark's id.
         id: u64,
+        /// Its value.
         value: u64,
     },
     /// Steps the trace does not have: a gap, a `--trace-function`
@@ -63,6 +79,7 @@ pub enum Item {
     /// `index`-th (see [`ItemBuilder::finish_with_notes`]), which keeps
     /// items small and `Copy`.
     Note {
+        /// The note's index in the segment's notes.
         index: u32,
     },
 }
@@ -86,6 +103,7 @@ pub struct FuncResolver<'a> {
 }
 
 impl<'a> FuncResolver<'a> {
+    /// A resolver over `symbols`, its cache empty.
     pub fn new(symbols: &'a Symbolizer) -> Self {
         FuncResolver {
             symbols,
@@ -94,6 +112,7 @@ impl<'a> FuncResolver<'a> {
         }
     }
 
+    /// The routine of `pc` in address space `cr3`.
     pub fn func(&mut self, pc: u64, cr3: u64) -> FuncId {
         let root = cr3_root(cr3);
         let hit = self
@@ -158,6 +177,7 @@ pub struct ItemBuilder<'a> {
 }
 
 impl<'a> ItemBuilder<'a> {
+    /// A builder for the segment `info`, naming routines with `symbols`.
     pub fn new(info: &SegmentInfo, symbols: &'a Symbolizer) -> Self {
         ItemBuilder {
             symbols,
@@ -345,6 +365,7 @@ impl<'a> ItemBuilder<'a> {
         }
     }
 
+    /// The items, in order (notes dropped).
     pub fn finish(self) -> Vec<Item> {
         self.finish_with_notes().0
     }

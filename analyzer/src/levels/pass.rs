@@ -15,7 +15,9 @@ use crate::symbols::{FuncId, Symbolizer};
 /// instruction, looked up once for all the work on it.
 #[derive(Clone, Copy, Debug)]
 pub enum SegmentRecord<'a> {
+    /// A step and its decoded instruction.
     Step(&'a Step, &'a InsnInfo),
+    /// An event.
     Event(&'a Event),
 }
 
@@ -32,9 +34,11 @@ impl<'a> SegmentRecord<'a> {
 /// Work done on each segment in the same pass over its records as the
 /// level items (see [`run_with`]).
 pub trait SegmentPass {
+    /// What the pass makes of one segment.
     type Output: Send;
     /// Sees each record in order.
     fn record(&mut self, record: SegmentRecord<'_>);
+    /// What it made of the segment.
     fn finish(self) -> Self::Output;
 }
 
@@ -87,7 +91,9 @@ pub fn run_with<P: SegmentPass>(
 pub struct RoutineRun {
     /// Number of the first step.
     pub first: u64,
+    /// How many steps.
     pub steps: u64,
+    /// The routine on top of the call stack.
     pub func: FuncId,
 }
 

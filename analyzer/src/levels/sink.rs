@@ -10,43 +10,56 @@ use crate::tasks::TaskId;
 pub enum EntryKind {
     /// First routine of the trace, of an address space, or after a break.
     Root,
+    /// Called.
     Call,
     /// Reached by a jump from the routine it replaces at the same depth
     /// (a tail call, or an interrupt stub jumping to common code).
     Jump {
+        /// The routine it replaces.
         from: FuncId,
     },
+    /// An interrupt or exception handler.
     Interrupt {
+        /// Its vector.
         vector: u8,
     },
+    /// A system call's entry (SYSCALL, SYSENTER, INT 0x80).
     SystemCall,
 }
 
 /// How a routine was left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitKind {
+    /// It returned to its caller.
     Return,
     /// A return or jump went to a frame further down: this one was skipped.
     Unwound,
     /// Replaced by a routine it jumped to.
     JumpedAway,
+    /// The trace ended with it on the stack.
     TraceEnd,
 }
 
 /// A routine activation as sinks see it.
 #[derive(Clone, Copy, Debug)]
 pub struct FrameView {
+    /// The routine.
     pub func: FuncId,
+    /// Where it was entered.
     pub entry_pc: u64,
+    /// The step it was entered at.
     pub entry_step: u64,
     /// Position on its call stack (0 = bottom).
     pub depth: usize,
+    /// How it was entered.
     pub kind: EntryKind,
+    /// Its address space.
     pub cr3: u64,
     /// The task whose stack it is on, where the trace names tasks.
     pub task: Option<TaskId>,
     /// Node in the call-path trie ([`LevelEngine::path`](super::LevelEngine::path)).
     pub node: u32,
+    /// Steps in it alone.
     pub self_steps: u64,
     /// Steps in it and everything it called or was interrupted by.
     pub total_steps: u64,
@@ -62,16 +75,29 @@ pub struct FrameView {
 pub enum Irregular {
     /// A `ret` went somewhere no frame on the stack returns to (a `ret`
     /// used as a jump or call, or a stack switched under the tracer).
-    ReturnNotOnStack { to: u64 },
+    ReturnNotOnStack {
+        /// Where it went.
+        to: u64,
+    },
     /// A `ret` returned to a frame below the top, skipping `skipped` frames.
-    ReturnPastFrames { skipped: usize },
+    ReturnPastFrames {
+        /// Frames skipped.
+        skipped: usize,
+    },
     /// A jump into a routine already on the stack, below the top.
-    JumpIntoStack { skipped: usize },
+    JumpIntoStack {
+        /// Frames left.
+        skipped: usize,
+    },
     /// An interrupt return to a place no interrupt frame returns to.
-    InterruptReturnUnmatched { to: u64 },
+    InterruptReturnUnmatched {
+        /// Where it went.
+        to: u64,
+    },
 }
 
 impl Irregular {
+    /// The marker's text in a nest diagram.
     pub fn describe(&self) -> String {
         match self {
             Irregular::ReturnNotOnStack { to } => {
@@ -93,13 +119,17 @@ impl Irregular {
 /// Why a big level began.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BigLevelCause {
+    /// The trace begins.
     TraceStart,
+    /// An interrupt or exception.
     Interrupt {
+        /// Its vector.
         vector: u8,
     },
     /// A system call: its number where the trace shows it (x86-64
     /// `syscall` from user mode).
     SystemCall {
+        /// The system call's number, where known.
         number: Option<u64>,
     },
     /// Back from an interrupt or system call into what it interrupted.
@@ -110,10 +140,12 @@ pub enum BigLevelCause {
     },
     /// Another address space, in a trace that names no tasks.
     Switch {
+        /// The address space before.
         from: u64,
     },
     /// Another task runs ([`BigLevel::task`]).
     TaskSwitch {
+        /// The task before.
         from: Option<TaskId>,
     },
     /// After steps the trace does not have.
@@ -123,8 +155,11 @@ pub enum BigLevelCause {
 /// The start of a big level.
 #[derive(Clone, Copy, Debug)]
 pub struct BigLevel {
+    /// Its first step.
     pub step: u64,
+    /// Why it began.
     pub cause: BigLevelCause,
+    /// The address space it runs in.
     pub cr3: u64,
     /// The running task, where the trace names tasks.
     pub task: Option<TaskId>,
@@ -143,9 +178,13 @@ pub struct BigLevel {
 /// What consumes the engine's findings. Every method has a default that
 /// ignores it.
 pub trait LevelSink {
+    /// A big level begins.
     fn big_level(&mut self, _level: &BigLevel) {}
+    /// A routine is entered.
     fn enter(&mut self, _frame: &FrameView) {}
+    /// A routine is left, `how`.
     fn exit(&mut self, _frame: &FrameView, _how: ExitKind) {}
+    /// Irregular flow at `step`, at call depth `depth`.
     fn irregular(&mut self, _step: u64, _depth: usize, _what: Irregular) {}
     /// A mark between steps; `step` is the number of the next step.
     fn mark(&mut self, _step: u64, _cr3: u64, _id: u64, _value: u64) {}

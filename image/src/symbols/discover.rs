@@ -10,6 +10,7 @@ use super::{Scope, SymbolError, Symbolizer};
 /// What [`discover`] loaded and what it could not.
 #[derive(Debug, Default)]
 pub struct Discovery {
+    /// What was loaded, one line each ("vmlinux (12345 routines)").
     pub loaded: Vec<String>,
     /// Things a user should know: a kernel that changed since the run, a
     /// kernel with no symbols anywhere we looked.

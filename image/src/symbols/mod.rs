@@ -28,32 +28,53 @@ pub use variables::{find_variable, physical_of, VariableError, VariablePlace};
 /// Problems loading symbols.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
+    /// The file could not be read.
     #[error("cannot read symbols from {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why.
         source: std::io::Error,
     },
+    /// The file is not an ELF file vtrace reads.
     #[error("{origin} is not a usable ELF file: {reason}")]
-    Elf { origin: String, reason: String },
-    #[error("{origin}:{line}: {reason}")]
-    Parse {
+    Elf {
+        /// The file.
         origin: String,
-        line: usize,
+        /// What is wrong with it.
         reason: String,
     },
+    /// A line of a System.map or kallsyms text does not parse.
+    #[error("{origin}:{line}: {reason}")]
+    Parse {
+        /// The file.
+        origin: String,
+        /// The line's number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The source has no code symbols.
     #[error("{0} has no code symbols (stripped?)")]
     NoSymbols(String),
+    /// An address-space scope that is not a CR3 value.
     #[error("'{0}': an address space is a CR3 value in hex, such as 0x1000 or 1000")]
     BadScope(String),
     /// Symbols are read from regular files only: a device or FIFO named by
     /// a trace (or a user) could feed the reader without end.
     #[error("{path} is not a regular file; symbols are read from regular files only")]
-    NotAFile { path: PathBuf },
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
     /// Bigger than any kernel image or symbol file.
     #[error("{path} is {size} bytes, more than the {limit} a symbol file may have")]
     TooLarge {
+        /// The file.
         path: PathBuf,
+        /// Its size.
         size: u64,
+        /// The largest vtrace reads.
         limit: u64,
     },
 }
@@ -100,6 +121,7 @@ pub fn read_symbol_file(path: &Path) -> Result<Vec<u8>, SymbolError> {
 /// Which address spaces a source describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
+    /// Every address space (a kernel's symbols).
     Any,
     /// One address space, by its CR3 value (the low 12 flag bits ignored).
     AddressSpace(u64),
@@ -132,8 +154,11 @@ impl Scope {
 pub struct Source {
     /// Where the symbols came from, for messages.
     pub origin: String,
+    /// Which address spaces it describes.
     pub scope: Scope,
+    /// Its routines.
     pub table: SymbolTable,
+    /// Its source lines (DWARF), where it has them.
     pub lines: Option<LineTable>,
     /// Global id of this source's first symbol.
     first_id: u32,
@@ -151,12 +176,16 @@ pub const UNKNOWN_FUNC: FuncId = u32::MAX;
 /// What an address resolved to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resolved<'a> {
+    /// The routine.
     pub func: FuncId,
+    /// Its name.
     pub name: &'a str,
+    /// Bytes past its first.
     pub offset: u64,
     /// The routine's address range as far as this source knows: an address
     /// in `start..end` (same address space) resolves to the same routine.
     pub start: u64,
+    /// The end of that range (exclusive).
     pub end: u64,
 }
 
@@ -171,10 +200,13 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
+    /// A symbolizer with no source.
     pub fn new() -> Symbolizer {
         Symbolizer::default()
     }
 
+    /// Adds a source: `table` (and `lines`) from `origin`, for the address
+    /// spaces of `scope`. Its routines get the next ids.
     pub fn add(
         &mut self,
         origin: &str,
@@ -287,6 +319,7 @@ impl Symbolizer {
         }
     }
 
+    /// The sources, in the order they were added.
     pub fn sources(&self) -> &[Source] {
         &self.sources
     }

@@ -5,9 +5,11 @@
 /// by none (the code after a stripped program's PLT).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Symbol {
+    /// Its first address.
     pub start: u64,
     /// Size in bytes when the source knows it (ELF), else 0.
     pub size: u64,
+    /// Its name.
     pub name: String,
 }
 
@@ -43,18 +45,22 @@ impl SymbolTable {
         SymbolTable { symbols, end }
     }
 
+    /// How many symbols.
     pub fn len(&self) -> usize {
         self.symbols.len()
     }
 
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.symbols.is_empty()
     }
 
+    /// The symbols, by address.
     pub fn symbols(&self) -> &[Symbol] {
         &self.symbols
     }
 
+    /// Symbol `index`, in address order.
     pub fn get(&self, index: usize) -> Option<&Symbol> {
         self.symbols.get(index)
     }

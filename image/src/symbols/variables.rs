@@ -14,21 +14,31 @@ use super::kallsyms::all_symbols;
 /// Why a variable cannot be sampled.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VariableError {
+    /// No symbol of that name.
     #[error("no symbol named {0} in the kernel (its symbol table and kallsyms)")]
     NotFound(String),
+    /// The symbol lies in no segment the kernel image loads.
     #[error("{name} is at {address:#x}, in no loadable segment of the kernel image")]
-    NotLoaded { name: String, address: u64 },
+    NotLoaded {
+        /// The symbol.
+        name: String,
+        /// Its link address.
+        address: u64,
+    },
     #[error(
         "{0} is a per-CPU variable (an offset into each CPU's area, which the kernel \
          allocates at boot); give the guest-physical address of one CPU's copy"
     )]
+    /// A per-CPU variable: no single address holds it.
     PerCpu(String),
 }
 
 /// A kernel variable: its link address and where it is in guest RAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VariablePlace {
+    /// Its link address.
     pub address: u64,
+    /// Its guest-physical address.
     pub physical: u64,
 }
 

@@ -28,7 +28,9 @@ pub const MAX_IMAGE: u64 = 2 << 30;
 pub struct Image {
     /// A path, or a description such as "built-in demo OS".
     pub name: String,
+    /// The file it was read from; `None` for an image built in.
     pub path: Option<PathBuf>,
+    /// Its contents.
     pub bytes: Cow<'static, [u8]>,
 }
 
@@ -87,12 +89,20 @@ impl Image {
 pub enum BootSource {
     /// A PVH ELF, a 64-bit vmlinux ELF or a bzImage, told apart by content.
     Kernel {
+        /// The kernel.
         kernel: Image,
+        /// The initial RAM disk, if any.
         initrd: Option<Image>,
+        /// The kernel's command line.
         cmdline: String,
     },
     /// A raw 16-bit image, copied to `load_addr` and entered in real mode.
-    RealMode { image: Image, load_addr: u64 },
+    RealMode {
+        /// The image.
+        image: Image,
+        /// Where it is copied and entered (CS:IP 0:load_addr).
+        load_addr: u64,
+    },
 }
 
 /// How the guest was loaded: its entry state and a line for the user.

@@ -68,6 +68,7 @@ pub struct HypercallPort {
 }
 
 impl HypercallPort {
+    /// A port that has seen no call.
     pub fn new() -> Self {
         Self::default()
     }

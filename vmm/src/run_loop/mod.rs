@@ -77,6 +77,7 @@ pub(crate) enum Wake {
 /// What a finished run reports.
 #[derive(Clone, Debug)]
 pub struct RunOutcome {
+    /// How it ended.
     pub exit: GuestExit,
     /// Virtual time at the end.
     pub virtual_time: Duration,
