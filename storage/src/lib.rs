@@ -24,6 +24,7 @@ pub use record::{
     CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
     Step, TraceReason, HOST_MARK, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_NAMES,
 };
+pub use segment::Compression;
 pub use summary::{summarize, TraceSummary};
 pub use task_layout::{MapLayout, TaskLayout};
 pub use writer::Recorder;

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use crate::codec::SegmentEncoder;
 use crate::disk::{Appended, DiskError, DiskWriter, BLOCK};
 use crate::record::{Event, Record, Step};
-use crate::segment::{seal, HEADER_LEN};
+use crate::segment::{seal_with, Compression, HEADER_LEN};
 
 /// Chunks that may wait for the writer before the vCPU blocks.
 const QUEUE_DEPTH: usize = 4;
@@ -78,8 +78,15 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Starts the writer thread on `disk`.
+    /// Starts the writer thread on `disk`, compressing as
+    /// [`Compression::for_this_host`] says.
     pub fn start(disk: DiskWriter) -> Recorder {
+        Recorder::start_with(disk, Compression::for_this_host())
+    }
+
+    /// Starts the writer thread on `disk`, compressing as `compression`
+    /// says.
+    pub fn start_with(disk: DiskWriter, compression: Compression) -> Recorder {
         let sb = disk.superblock().clone();
         let chunk_target = sb.segment_size as usize - HEADER_LEN - 256;
         // A chunk is cut once it reaches the target; the record that
@@ -92,7 +99,7 @@ impl Recorder {
         let worker = shared.clone();
         let writer = std::thread::Builder::new()
             .name("vtrace-writer".into())
-            .spawn(move || write_loop(disk, rx, &worker))
+            .spawn(move || write_loop(disk, rx, &worker, compression))
             .ok();
         Recorder {
             encoder: SegmentEncoder::new(),
@@ -276,10 +283,16 @@ impl Recorder {
     }
 }
 
-fn write_loop(mut disk: DiskWriter, rx: Receiver<Chunk>, shared: &Shared) -> Result<(), DiskError> {
+fn write_loop(
+    mut disk: DiskWriter,
+    rx: Receiver<Chunk>,
+    shared: &Shared,
+    compression: Compression,
+) -> Result<(), DiskError> {
     let mut result = Ok(());
     for chunk in rx {
-        let sealed = seal(
+        let sealed = seal_with(
+            compression,
             &chunk.raw,
             chunk.seq,
             chunk.first_step,

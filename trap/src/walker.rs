@@ -2,8 +2,6 @@
 //! paging, with a small cache of translations that is dropped whenever CR0,
 //! CR3, CR4 or EFER change, or the guest flushes its TLB (INVLPG).
 
-use std::collections::HashMap;
-
 use vtrace_vmm::x86::SpecialRegisters;
 use vtrace_vmm::CpuView;
 
@@ -15,14 +13,48 @@ use vtrace_vmm::x86::efer::LMA as EFER_LMA;
 use vtrace_vmm::x86::pte::ADDR as ADDR_MASK;
 use vtrace_vmm::x86::pte::P as PRESENT;
 use vtrace_vmm::x86::pte::PS as PAGE_SIZE_BIT;
-/// Entries kept before the cache starts over (a bound, not a tuning knob).
-const CACHE_MAX: usize = 4096;
+/// Translations the cache holds: direct-mapped, as a TLB, because it is
+/// looked up on every step (the instruction fetch) and a hash map's
+/// hashing cost more than the walks it saved.
+const CACHE_SLOTS: usize = 1024;
+
+/// A tag no page has (pages are 4 KiB aligned).
+const EMPTY: u64 = 1;
+
+/// A cached translation: the linear page, its physical page and access.
+#[derive(Clone, Copy)]
+struct Entry {
+    page: u64,
+    phys: u64,
+    access: PageAccess,
+}
+
+const EMPTY_ENTRY: Entry = Entry {
+    page: EMPTY,
+    phys: 0,
+    access: ANY_ACCESS,
+};
+
+/// The cache slot of linear page `page`: low page-number bits, folded
+/// with higher ones so a kernel's and a process's pages at the same low
+/// bits tend to part.
+fn slot(page: u64) -> usize {
+    (((page >> 12) ^ (page >> 24)) as usize) & (CACHE_SLOTS - 1)
+}
 
 /// Translates linear addresses with the guest's own page tables.
-#[derive(Default)]
 pub struct Walker {
     key: (u64, u64, u64, u64),
-    cache: HashMap<u64, (u64, PageAccess)>,
+    cache: Box<[Entry; CACHE_SLOTS]>,
+}
+
+impl Default for Walker {
+    fn default() -> Self {
+        Walker {
+            key: (0, 0, 0, 0),
+            cache: Box::new([EMPTY_ENTRY; CACHE_SLOTS]),
+        }
+    }
 }
 
 /// What the paging structures allow on a mapped page, all levels
@@ -66,7 +98,7 @@ impl Walker {
 
     /// Forgets every cached translation.
     pub fn flush(&mut self) {
-        self.cache.clear();
+        self.cache.fill(EMPTY_ENTRY);
     }
 
     /// Guest-physical address of `linear`, or None if it is not mapped.
@@ -99,7 +131,11 @@ impl Walker {
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<PageAccess> {
-        self.cache.remove(&(linear & !0xfff));
+        let page = linear & !0xfff;
+        let entry = &mut self.cache[slot(page)];
+        if entry.page == page {
+            *entry = EMPTY_ENTRY;
+        }
         self.access(cpu, sregs, linear)
     }
 
@@ -112,17 +148,19 @@ impl Walker {
         let key = (sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
         if key != self.key {
             self.key = key;
-            self.cache.clear();
+            self.flush();
         }
         let page = linear & !0xfff;
-        if let Some(&(phys, access)) = self.cache.get(&page) {
-            return Some((phys | (linear & 0xfff), access));
+        let entry = &mut self.cache[slot(page)];
+        if entry.page == page {
+            return Some((entry.phys | (linear & 0xfff), entry.access));
         }
         let (phys, access) = walk(cpu, sregs, page)?;
-        if self.cache.len() >= CACHE_MAX {
-            self.cache.clear();
-        }
-        self.cache.insert(page, (phys & !0xfff, access));
+        *entry = Entry {
+            page,
+            phys: phys & !0xfff,
+            access,
+        };
         Some((phys | (linear & 0xfff), access))
     }
 
