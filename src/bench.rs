@@ -59,8 +59,8 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
             r.traced_exits_per_s(),
             r.traced_steps
         );
-        println!("ratio:             {:.2} (goal >= 0.9)", r.ratio());
-        println!("bytes per step:    {:.2} (goal <= 2)", r.bytes_per_step());
+        println!("ratio:             {:.2} (goal >= 0.95)", r.ratio());
+        println!("bytes per step:    {:.2} (goal <= 1.2)", r.bytes_per_step());
         if let Some(rss) = r.peak_rss_bytes {
             println!("peak RSS:          {} MiB", rss >> 20);
         }
@@ -218,12 +218,12 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
     } else {
         println!("trace:             {total} steps ({what}), {threads} threads");
         println!(
-            "nest diagram:      {:.2} s = {:.1} M steps/s (goal >= 10)",
+            "nest diagram:      {:.2} s = {:.1} M steps/s (goal >= 40 on 2 cores)",
             nest_time,
             total as f64 / nest_time / 1e6
         );
         println!(
-            "statistics:        {:.2} s = {:.1} M steps/s (goal >= 10)",
+            "statistics:        {:.2} s = {:.1} M steps/s (goal >= 30 on 2 cores)",
             stats_time,
             total as f64 / stats_time / 1e6
         );

@@ -184,7 +184,7 @@ impl CtlCommand {
 pub struct BenchArgs {
     /// Measure the analyzer instead: trace the demo OS, repeat its records
     /// into a trace of at least --steps steps, and time the nest diagram
-    /// and the statistics on it (goal: 10 M steps/s each).
+    /// and the statistics on it (goals on 2 cores: 40 and 30 M steps/s).
     #[arg(long)]
     pub analyzer: bool,
     /// Steps in the analyzer benchmark's trace.

@@ -12,7 +12,9 @@
 //! INT3 and INTO. What is not foreseen still runs on the CPU, and a page
 //! fault there is noticed afterwards through CR2 and marked as a gap.
 
-use iced_x86::{Code, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
+use iced_x86::{
+    Code, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register, UsedMemory,
+};
 use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Exception, ExceptionKind};
 
@@ -30,12 +32,61 @@ use vtrace_vmm::x86::pf_error::P as PF_PRESENT;
 use vtrace_vmm::x86::pf_error::U as PF_USER;
 use vtrace_vmm::x86::pf_error::W as PF_WRITE;
 
+/// Instructions whose memory operands [`Operands`] keeps, by address.
+const OPERAND_SLOTS: usize = 1024;
+/// Memory operands kept for one instruction; those with more (gathers)
+/// are worked out every time.
+const MAX_KEPT: usize = 4;
+
+/// An instruction's memory operands as iced-x86 worked them out.
+type KeptOperands = (Instruction, [UsedMemory; MAX_KEPT], u8);
+
+/// The memory operands of instructions, kept from step to step: iced-x86
+/// works them out for every instruction the engine foresees, which was
+/// the largest part of foresight, so the last ones are kept by address
+/// (the same bits at the same address give the same operands).
+pub struct Operands {
+    factory: InstructionInfoFactory,
+    kept: Box<[Option<KeptOperands>]>,
+}
+
+impl Default for Operands {
+    fn default() -> Self {
+        Operands {
+            factory: InstructionInfoFactory::new(),
+            kept: vec![None; OPERAND_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+impl Operands {
+    /// The memory `insn` uses.
+    fn used_memory(&mut self, insn: &Instruction) -> &[UsedMemory] {
+        let slot = (insn.ip() as usize) & (OPERAND_SLOTS - 1);
+        let hit = matches!(&self.kept[slot], Some((i, _, _)) if i.eq_all_bits(insn));
+        if !hit {
+            let used = self.factory.info(insn).used_memory();
+            if used.len() > MAX_KEPT {
+                return self.factory.info(insn).used_memory();
+            }
+            let mut kept = [UsedMemory::default(); MAX_KEPT];
+            kept[..used.len()].copy_from_slice(used);
+            self.kept[slot] = Some((*insn, kept, used.len() as u8));
+        }
+        match &self.kept[slot] {
+            Some((_, kept, n)) => &kept[..usize::from(*n)],
+            None => &[],
+        }
+    }
+}
+
 /// The exception the instruction at `pc` will raise, if it is one this
 /// module foresees. `insn` is the instruction there as the engine decoded
 /// it, `None` where the `fetched` bytes did not make one (fewer than it
 /// needs when the next page is not mapped).
 pub fn foresee(
     walker: &mut Walker,
+    operands: &mut Operands,
     cpu: &dyn CpuView,
     sregs: &SpecialRegisters,
     regs: &Registers,
@@ -91,8 +142,7 @@ pub fn foresee(
     if rep_string && count_register(insn, regs) == 0 {
         return None;
     }
-    let mut info = InstructionInfoFactory::new();
-    for m in info.info(insn).used_memory() {
+    for m in operands.used_memory(insn) {
         let access = match m.access() {
             // CMOVcc reads its memory operand whatever the condition.
             OpAccess::Read | OpAccess::CondRead => Access::Read,
@@ -276,6 +326,7 @@ mod tests {
         let insn = crate::flow::decode(code, 64, CODE).map(|d| d.insn);
         foresee(
             &mut Walker::new(),
+            &mut Operands::default(),
             &cpu,
             &sregs,
             &regs,

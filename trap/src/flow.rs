@@ -78,6 +78,59 @@ pub struct Decoded {
     pub undefines_flags: u64,
 }
 
+/// Decoded instructions the cache holds, direct-mapped by address.
+const DECODE_SLOTS: usize = 2048;
+
+/// One cached decode: what it was decoded from, and the result.
+#[derive(Clone, Copy)]
+struct CachedDecode {
+    ip: u64,
+    bitness: u32,
+    bytes: [u8; 15],
+    decoded: Decoded,
+}
+
+/// The instructions the engine decoded lately, by address, so a loop's
+/// instructions are decoded once. The engine decodes every step (its
+/// flow, what it may fault on), and iced-x86's decoder was a sixth of
+/// the tracer's own work; the bytes are still read every step and
+/// compared, so code the guest rewrites is decoded anew.
+pub struct DecodeCache {
+    slots: Box<[Option<CachedDecode>]>,
+}
+
+impl Default for DecodeCache {
+    fn default() -> Self {
+        DecodeCache {
+            slots: vec![None; DECODE_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+impl DecodeCache {
+    /// [`decode`], from the cache where the same bytes were decoded at the
+    /// same address and code size before.
+    pub fn decode(&mut self, bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
+        let slot = &mut self.slots[((ip ^ (ip >> 11)) as usize) & (DECODE_SLOTS - 1)];
+        if let Some(c) = slot {
+            let len = c.decoded.len;
+            if c.ip == ip && c.bitness == bitness && bytes.get(..len) == Some(&c.bytes[..len]) {
+                return Some(c.decoded);
+            }
+        }
+        let decoded = decode(bytes, bitness, ip)?;
+        let mut kept = [0u8; 15];
+        kept[..decoded.len].copy_from_slice(&bytes[..decoded.len]);
+        *slot = Some(CachedDecode {
+            ip,
+            bitness,
+            bytes: kept,
+            decoded,
+        });
+        Some(decoded)
+    }
+}
+
 /// Decodes the instruction at the start of `bytes` (at address `ip`).
 pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
     let mut decoder = Decoder::with_ip(bitness, bytes, ip, DecoderOptions::NONE);

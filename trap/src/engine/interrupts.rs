@@ -60,6 +60,7 @@ impl Engine {
         let insn = p.decoded.map(|d| d.insn);
         self.foreseen = fault::foresee(
             &mut self.walker,
+            &mut self.operands,
             cpu,
             sregs,
             regs,

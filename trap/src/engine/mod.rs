@@ -23,7 +23,8 @@ use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Directive, Exception, ExitView};
 
 use crate::context::{cpu_mode, linear_pc};
-use crate::flow::{decode, Decoded, Flow};
+use crate::fault;
+use crate::flow::{DecodeCache, Decoded, Flow};
 use crate::idt::{error_code, gate, has_error_code};
 use crate::rep::{ReadLinear, RepString};
 use crate::walker::Walker;
@@ -94,6 +95,10 @@ pub struct EngineStats {
 #[derive(Default)]
 pub struct Engine {
     walker: Walker,
+    /// Instructions decoded lately (see [`DecodeCache`]).
+    decoded: DecodeCache,
+    /// What fault foresight reads an instruction's memory operands with.
+    operands: fault::Operands,
     pending: Option<Pending>,
     started: bool,
     injected: Option<u8>,
@@ -286,7 +291,7 @@ impl Engine {
         let mut buf = [0u8; 15];
         let got = self.walker.read(cpu, sregs, pc, &mut buf);
         let decoded = (got > 0)
-            .then(|| decode(&buf[..got], mode.bitness(), pc))
+            .then(|| self.decoded.decode(&buf[..got], mode.bitness(), pc))
             .flatten();
         let bytes = decoded.and_then(|d| InsnBytes::new(&buf[..d.len]));
         Pending {
