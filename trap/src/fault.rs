@@ -80,20 +80,30 @@ impl Operands {
     }
 }
 
-/// The exception the instruction at `pc` will raise, if it is one this
-/// module foresees. `insn` is the instruction there as the engine decoded
-/// it, `None` where the `fetched` bytes did not make one (fewer than it
-/// needs when the next page is not mapped).
+/// The instruction about to run, as the engine fetched it.
+#[derive(Clone, Copy, Debug)]
+pub struct Next<'a> {
+    /// Its address.
+    pub pc: u64,
+    /// The instruction as the engine decoded it, `None` where the
+    /// `fetched` bytes did not make one (fewer than it needs when the
+    /// next page is not mapped).
+    pub insn: Option<&'a Instruction>,
+    /// Bytes the engine could read at `pc`.
+    pub fetched: usize,
+}
+
+/// The exception the `next` instruction will raise, if it is one this
+/// module foresees.
 pub fn foresee(
     walker: &mut Walker,
     operands: &mut Operands,
     cpu: &dyn CpuView,
     sregs: &SpecialRegisters,
     regs: &Registers,
-    pc: u64,
-    insn: Option<&Instruction>,
-    fetched: usize,
+    next: Next<'_>,
 ) -> Option<Exception> {
+    let Next { pc, insn, fetched } = next;
     // 64-bit code only: segmentation, 32-bit paging and real mode are
     // not modelled here.
     if sregs.efer & vtrace_vmm::x86::efer::LMA == 0 || !sregs.cs.l {
@@ -330,9 +340,11 @@ mod tests {
             &cpu,
             &sregs,
             &regs,
-            CODE,
-            insn.as_ref(),
-            code.len(),
+            Next {
+                pc: CODE,
+                insn: insn.as_ref(),
+                fetched: code.len(),
+            },
         )
     }
 

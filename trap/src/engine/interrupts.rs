@@ -64,9 +64,11 @@ impl Engine {
             cpu,
             sregs,
             regs,
-            p.pc,
-            insn.as_ref(),
-            p.fetched,
+            fault::Next {
+                pc: p.pc,
+                insn: insn.as_ref(),
+                fetched: p.fetched,
+            },
         );
     }
 
