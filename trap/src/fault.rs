@@ -140,7 +140,7 @@ pub fn foresee(
     // The fetch of an instruction that straddles into a page it may not
     // execute (the first page was fetched, so is mapped).
     let last = pc.wrapping_add(insn.len() as u64 - 1);
-    for at in [pc, last] {
+    for at in ends(pc, last) {
         if let Some(e) = page_fault(walker, cpu, sregs, regs, at, Access::Fetch, cpl) {
             return Some(e);
         }
@@ -167,7 +167,7 @@ pub fn foresee(
             continue;
         };
         let size = m.memory_size().size().max(1) as u64;
-        for at in [addr, addr.wrapping_add(size - 1)] {
+        for at in ends(addr, addr.wrapping_add(size - 1)) {
             if let Some(e) = page_fault(walker, cpu, sregs, regs, at, access, cpl) {
                 return Some(e);
             }
@@ -206,6 +206,15 @@ fn register(regs: &Registers, sregs: &SpecialRegisters, reg: Register) -> Option
 
 /// The page fault an access to `addr` raises, checked as the CPU checks:
 /// presence, then write, user, execute, SMEP and SMAP permissions.
+/// The addresses whose pages an access from `first` to `last` touches, as
+/// far as a page fault can tell them apart: `last` only where it is on
+/// another page (the same page allows the same, and the fault reports the
+/// first byte).
+fn ends(first: u64, last: u64) -> impl Iterator<Item = u64> {
+    let other = (first ^ last) & !0xfff != 0;
+    std::iter::once(first).chain(other.then_some(last))
+}
+
 fn page_fault(
     walker: &mut Walker,
     cpu: &dyn CpuView,

@@ -64,6 +64,17 @@ impl Vcpu {
         }
     }
 
+    /// [`Vcpu::sregs`] as the monitor reads them, converted where KVM left
+    /// them: once per exit, and a copy of `kvm_sregs` first cost as much
+    /// as the conversion.
+    pub fn special_registers(&mut self) -> crate::x86::SpecialRegisters {
+        if self.synced {
+            (&self.fd.sync_regs_mut().sregs).into()
+        } else {
+            (&self.sregs()).into()
+        }
+    }
+
     /// RIP as of the last exit (no ioctl once the vCPU has run).
     pub fn rip(&mut self) -> u64 {
         if self.synced {
