@@ -16,7 +16,7 @@ mod triggers;
 
 pub use error::SessionError;
 pub use location::{parse_address, parse_location, Location};
-pub use peep::{interval_text, PeepSetup};
+pub use peep::PeepSetup;
 pub use places::builtin_kernels;
 pub use request::{CaptureRequest, PeepRequest, TraceRequest, DEFAULT_TRACE};
 pub use session::{Session, SessionBuilder, SessionOutcome};

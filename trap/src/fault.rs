@@ -26,8 +26,8 @@ use vtrace_vmm::x86::cr4::SMEP as CR4_SMEP;
 use vtrace_vmm::x86::efer::NXE as EFER_NXE;
 use vtrace_vmm::x86::rflags::AC as RFLAGS_AC;
 
+// Page-fault error code bits.
 use vtrace_vmm::x86::pf_error::I as PF_FETCH;
-/// Page-fault error code bits.
 use vtrace_vmm::x86::pf_error::P as PF_PRESENT;
 use vtrace_vmm::x86::pf_error::U as PF_USER;
 use vtrace_vmm::x86::pf_error::W as PF_WRITE;
