@@ -23,7 +23,9 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         return result;
     }
     if !args.json {
-        eprintln!("vtrace bench: stepping the demo OS bare, then tracing it...");
+        eprintln!(
+            "vtrace bench: stepping the demo OS bare, tracing it, and stepping it bare again..."
+        );
     }
     let result = crate::step_bench::run(&boot, &dir);
     let _ = std::fs::remove_dir_all(&dir);
@@ -47,7 +49,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         );
     } else {
         println!(
-            "bare single-step:  {} exits in {:.2} s = {:.0} exits/s",
+            "bare single-step:  {} exits in {:.2} s = {:.0} exits/s (two runs)",
             r.bare_exits,
             r.bare_time.as_secs_f64(),
             r.bare_exits_per_s()

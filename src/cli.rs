@@ -56,8 +56,9 @@ pub enum Command {
     /// two traces. Symbols of the traced kernel are found from what the
     /// trace records; --symbols adds more.
     Analyze(AnalyzeArgs),
-    /// Measure the tracer: the bare single-step loop and full tracing of the
-    /// demo OS, in one process (build with --release for real figures).
+    /// Measure the tracer: full tracing of the demo OS against the bare
+    /// single-step loop run before and after it, in one process (build with
+    /// --release for real figures).
     Bench(BenchArgs),
     /// Control a running `vtrace run` from another terminal.
     Ctl(CtlArgs),

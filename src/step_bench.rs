@@ -47,7 +47,7 @@ impl Monitor for BareStepper {
 /// before it exits; both runs step the same guest, so they compare.
 #[derive(Clone, Debug)]
 pub struct BenchReport {
-    /// Exits of the bare single-stepping run.
+    /// Exits of the two bare single-stepping runs together.
     pub bare_exits: u64,
     pub bare_time: Duration,
     /// Exits of the traced run.
@@ -88,12 +88,19 @@ fn config(boot: &BootSource) -> VmConfig {
     }
 }
 
-/// Runs `boot` twice: stepping bare, then traced to a disk in `dir`.
+/// Runs `boot` three times: stepping bare, traced to a disk in `dir`, and
+/// bare again. The bare rate is that of both bare runs together, so a
+/// host whose speed drifts during the benchmark (a machine warming up, a
+/// neighbour's load; on the AMD-V test machine single runs swung by 5 %)
+/// weighs on both sides of the ratio alike.
 pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
-    let bare = Vm::new(config(boot))?.run(&mut BareStepper {
-        rearm: trap_flag_host,
-    })?;
+    let bare = || {
+        Vm::new(config(boot))?.run(&mut BareStepper {
+            rearm: trap_flag_host,
+        })
+    };
+    let before = bare()?;
 
     let disk = DiskWriter::create(
         &dir.join("bench.vtd"),
@@ -114,9 +121,10 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     let traced = Vm::new(config(boot))?.run(&mut tracer);
     let report = tracer.finish()?;
     let traced = traced?;
+    let after = bare()?;
     Ok(BenchReport {
-        bare_exits: bare.exits,
-        bare_time: bare.host_time,
+        bare_exits: before.exits + after.exits,
+        bare_time: before.host_time + after.host_time,
         traced_exits: traced.exits,
         traced_steps: report.engine.steps,
         traced_time: traced.host_time,

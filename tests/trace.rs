@@ -440,10 +440,11 @@ fn bench_reports_its_figures() {
         v["traced_exits"].as_u64().unwrap(),
         v["traced_steps"].as_u64().unwrap(),
     );
-    // The same guest both times; the bare loop does not wait on HLT, so its
-    // idle loop may spin a little longer. Every REP iteration is a step,
-    // while this host's KVM runs up to 1,024 of them per exit.
-    assert!(traced > 100_000 && traced <= bare + 1000, "{v}");
+    // The same guest each time (bare twice, around the traced run); the
+    // bare loop does not wait on HLT, so its idle loop may spin a little
+    // longer. Every REP iteration is a step, while this host's KVM runs up
+    // to 1,024 of them per exit.
+    assert!(traced > 100_000 && 2 * traced <= bare + 2000, "{v}");
     assert!(steps > traced, "{v}");
 }
 

@@ -792,6 +792,18 @@ impl Iterator for SegmentDecoder<'_> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn insn_bytes_from_a_fetch_buffer_are_its_prefix() {
+        let buf: [u8; 15] = std::array::from_fn(|i| 0xf0 | i as u8);
+        for len in 1..=15 {
+            let from = InsnBytes::from_prefix(&buf, len).unwrap();
+            assert_eq!(Some(from), InsnBytes::new(&buf[..len]), "len {len}");
+            assert_eq!(from.as_slice(), &buf[..len]);
+        }
+        assert_eq!(InsnBytes::from_prefix(&buf, 0), None);
+        assert_eq!(InsnBytes::from_prefix(&buf, 16), None);
+    }
+
     fn step(pc: u64, bytes: &[u8], rax: u64, rflags: u64) -> Step {
         let mut regs = Regs::default();
         regs.gpr[0] = rax;

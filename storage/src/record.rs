@@ -109,6 +109,26 @@ impl InsnBytes {
         })
     }
 
+    /// The first `len` bytes of a 15-byte fetch buffer; `None` if `len`
+    /// is 0 or over 15. The tracer's way, once a step: a fixed-size copy
+    /// and a mask where [`InsnBytes::new`]'s copy of a slice is a memcpy
+    /// call.
+    pub fn from_prefix(buf: &[u8; 15], len: usize) -> Option<InsnBytes> {
+        if len == 0 || len > 15 {
+            return None;
+        }
+        let mut wide = [0u8; 16];
+        wide[..15].copy_from_slice(buf);
+        // len <= 15, so the shift stays below 128.
+        let kept = u128::from_le_bytes(wide) & ((1u128 << (8 * len)) - 1);
+        let mut bytes = [0u8; 15];
+        bytes.copy_from_slice(&kept.to_le_bytes()[..15]);
+        Some(InsnBytes {
+            len: len as u8,
+            bytes,
+        })
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]

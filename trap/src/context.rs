@@ -11,12 +11,12 @@ pub fn cpu_mode(sregs: &SpecialRegisters) -> CpuMode {
     if sregs.cr0 & CR0_PE == 0 {
         CpuMode::Real
     } else if sregs.efer & EFER_LMA != 0 {
-        if sregs.cs.l {
+        if sregs.cs.l != 0 {
             CpuMode::Long64
         } else {
             CpuMode::Compat32
         }
-    } else if sregs.cs.db {
+    } else if sregs.cs.db != 0 {
         CpuMode::Protected32
     } else {
         CpuMode::Protected16

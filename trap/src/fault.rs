@@ -106,7 +106,7 @@ pub fn foresee(
     let Next { pc, insn, fetched } = next;
     // 64-bit code only: segmentation, 32-bit paging and real mode are
     // not modelled here.
-    if sregs.efer & vtrace_vmm::x86::efer::LMA == 0 || !sregs.cs.l {
+    if sregs.efer & vtrace_vmm::x86::efer::LMA == 0 || sregs.cs.l == 0 {
         return None;
     }
     let cpl = sregs.cs.dpl;
@@ -204,8 +204,6 @@ fn register(regs: &Registers, sregs: &SpecialRegisters, reg: Register) -> Option
     }
 }
 
-/// The page fault an access to `addr` raises, checked as the CPU checks:
-/// presence, then write, user, execute, SMEP and SMAP permissions.
 /// The addresses whose pages an access from `first` to `last` touches, as
 /// far as a page fault can tell them apart: `last` only where it is on
 /// another page (the same page allows the same, and the fault reports the
@@ -215,6 +213,36 @@ fn ends(first: u64, last: u64) -> impl Iterator<Item = u64> {
     std::iter::once(first).chain(other.then_some(last))
 }
 
+/// Whether paging lets an access of kind `access` at privilege `cpl`
+/// through a page that allows `page` (None: not mapped), checked as the
+/// CPU checks: presence, then write, user, execute, SMEP and SMAP.
+fn allowed(
+    page: Option<PageAccess>,
+    access: Access,
+    cpl: u8,
+    sregs: &SpecialRegisters,
+    regs: &Registers,
+) -> bool {
+    let Some(p) = page else {
+        return false;
+    };
+    let user = cpl == 3;
+    let wp = user || sregs.cr0 & CR0_WP != 0;
+    !((access == Access::Write && !p.writable && wp)
+        || (user && !p.user)
+        || (access == Access::Fetch && !p.executable && sregs.efer & EFER_NXE != 0)
+        || (access == Access::Fetch && !user && p.user && sregs.cr4 & CR4_SMEP != 0)
+        || (access != Access::Fetch
+            && !user
+            && p.user
+            && sregs.cr4 & CR4_SMAP != 0
+            && regs.rflags & RFLAGS_AC == 0))
+}
+
+/// The page fault an access to `addr` raises. Checked about once a step,
+/// nearly always a cached translation that allows it: that part is
+/// inlined, the rest out of line.
+#[inline]
 fn page_fault(
     walker: &mut Walker,
     cpu: &dyn CpuView,
@@ -224,38 +252,37 @@ fn page_fault(
     access: Access,
     cpl: u8,
 ) -> Option<Exception> {
-    let user = cpl == 3;
+    if allowed(walker.access(cpu, sregs, addr), access, cpl, sregs, regs) {
+        return None;
+    }
+    denied(walker, cpu, sregs, regs, addr, access, cpl)
+}
+
+/// [`page_fault`] where the cached translation denies the access: the
+/// page tables as they are now decide.
+#[cold]
+fn denied(
+    walker: &mut Walker,
+    cpu: &dyn CpuView,
+    sregs: &SpecialRegisters,
+    regs: &Registers,
+    addr: u64,
+    access: Access,
+    cpl: u8,
+) -> Option<Exception> {
+    let now = walker.access_now(cpu, sregs, addr);
+    if allowed(now, access, cpl, sregs, regs) {
+        return None;
+    }
     let mut code = 0;
     if access == Access::Write {
         code |= PF_WRITE;
     }
-    if user {
+    if cpl == 3 {
         code |= PF_USER;
     }
     if access == Access::Fetch && (sregs.efer & EFER_NXE != 0 || sregs.cr4 & CR4_SMEP != 0) {
         code |= PF_FETCH;
-    }
-    let allowed = |a: Option<PageAccess>| match a {
-        None => false,
-        Some(p) => {
-            let wp = user || sregs.cr0 & CR0_WP != 0;
-            !((access == Access::Write && !p.writable && wp)
-                || (user && !p.user)
-                || (access == Access::Fetch && !p.executable && sregs.efer & EFER_NXE != 0)
-                || (access == Access::Fetch && !user && p.user && sregs.cr4 & CR4_SMEP != 0)
-                || (access != Access::Fetch
-                    && !user
-                    && p.user
-                    && sregs.cr4 & CR4_SMAP != 0
-                    && regs.rflags & RFLAGS_AC == 0))
-        }
-    };
-    if allowed(walker.access(cpu, sregs, addr)) {
-        return None;
-    }
-    let now = walker.access_now(cpu, sregs, addr);
-    if allowed(now) {
-        return None;
     }
     if now.is_some() {
         code |= PF_PRESENT;

@@ -1,6 +1,7 @@
 //! Where an instruction may send execution next, from its decoding.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+use vtrace_storage::InsnBytes;
 
 /// The set of next pcs an instruction explains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +43,10 @@ pub struct Decoded {
     /// The instruction as iced-x86 decoded it, for whoever needs more than
     /// the fields below (fault foresight, TF carrying): decoded once.
     pub insn: Instruction,
-    /// Its length in bytes.
-    pub len: usize,
+    /// Its length in bytes (1 to 15). A byte, as the two flag sets
+    /// below are 32 bits: the engine copies this with every step, and at
+    /// 96 bytes the copies were memcpy calls.
+    pub len: u8,
     /// Where it may send control.
     pub flow: Flow,
     /// The instruction invalidates cached translations (INVLPG, MOV to CR,
@@ -73,9 +76,9 @@ pub struct Decoded {
     /// PUSHF: the size of the RFLAGS image it pushes.
     pub pushes_flags: Option<u8>,
     /// RFLAGS bits (x86 positions) the instruction defines.
-    pub defines_flags: u64,
+    pub defines_flags: u32,
     /// RFLAGS bits the instruction leaves undefined: CPUs differ there.
-    pub undefines_flags: u64,
+    pub undefines_flags: u32,
 }
 
 /// Decoded instructions the cache holds, direct-mapped by address.
@@ -86,7 +89,10 @@ const DECODE_SLOTS: usize = 2048;
 struct CachedDecode {
     ip: u64,
     bitness: u32,
-    bytes: [u8; 15],
+    /// The instruction's bytes as [`prefix`] has them, for the compare.
+    key: u128,
+    /// The same bytes as a step records them.
+    bytes: InsnBytes,
     decoded: Decoded,
 }
 
@@ -107,27 +113,42 @@ impl Default for DecodeCache {
     }
 }
 
+/// The first `len` (at most 15) bytes of `buf` as one number, the rest
+/// zero: a compare of two of these is a compare of two instructions'
+/// bytes, without a memcmp call.
+fn prefix(buf: &[u8; 15], len: usize) -> u128 {
+    let mut wide = [0u8; 16];
+    wide[..15].copy_from_slice(buf);
+    u128::from_le_bytes(wide) & ((1u128 << (8 * len.min(15))) - 1)
+}
+
 impl DecodeCache {
-    /// [`decode`], from the cache where the same bytes were decoded at the
-    /// same address and code size before.
-    pub fn decode(&mut self, bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
+    /// [`decode`] of the first `got` bytes of `buf`, with the
+    /// instruction's bytes, from the cache where the same bytes were
+    /// decoded at the same address and code size before.
+    pub fn decode(
+        &mut self,
+        buf: &[u8; 15],
+        got: usize,
+        bitness: u32,
+        ip: u64,
+    ) -> Option<(&Decoded, &InsnBytes)> {
         let slot = &mut self.slots[((ip ^ (ip >> 11)) as usize) & (DECODE_SLOTS - 1)];
-        if let Some(c) = slot {
-            let len = c.decoded.len;
-            if c.ip == ip && c.bitness == bitness && bytes.get(..len) == Some(&c.bytes[..len]) {
-                return Some(c.decoded);
-            }
-        }
-        let decoded = decode(bytes, bitness, ip)?;
-        let mut kept = [0u8; 15];
-        kept[..decoded.len].copy_from_slice(&bytes[..decoded.len]);
-        *slot = Some(CachedDecode {
-            ip,
-            bitness,
-            bytes: kept,
-            decoded,
+        let hit = slot.as_ref().is_some_and(|c| {
+            let len = usize::from(c.decoded.len);
+            c.ip == ip && c.bitness == bitness && len <= got && prefix(buf, len) == c.key
         });
-        Some(decoded)
+        if !hit {
+            let decoded = decode(buf.get(..got)?, bitness, ip)?;
+            *slot = Some(CachedDecode {
+                ip,
+                bitness,
+                key: prefix(buf, usize::from(decoded.len)),
+                bytes: InsnBytes::from_prefix(buf, usize::from(decoded.len))?,
+                decoded,
+            });
+        }
+        slot.as_ref().map(|c| (&c.decoded, &c.bytes))
     }
 }
 
@@ -188,7 +209,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
     };
     Some(Decoded {
         insn,
-        len: insn.len(),
+        len: insn.len() as u8,
         shadow,
         saves_flags_in_r11: insn.mnemonic() == Mnemonic::Syscall,
         changes_privilege: changes_privilege(&insn),
@@ -220,10 +241,10 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
 
 /// iced-x86's `RflagsBits` at their RFLAGS positions (the status flags,
 /// the only ones an instruction can leave undefined, and DF).
-fn x86_flags(iced: u32) -> u64 {
+fn x86_flags(iced: u32) -> u32 {
     use iced_x86::RflagsBits as B;
     [
-        (B::CF, 1u64),
+        (B::CF, 1u32),
         (B::PF, 1 << 2),
         (B::AF, 1 << 4),
         (B::ZF, 1 << 6),
@@ -319,7 +340,7 @@ fn is_string_op(m: Mnemonic) -> bool {
 impl Decoded {
     /// Whether execution going from `pc` to `next` is what this instruction does.
     pub fn explains(&self, pc: u64, next: u64) -> bool {
-        let fall = pc.wrapping_add(self.len as u64);
+        let fall = pc.wrapping_add(u64::from(self.len));
         match self.flow {
             Flow::Next | Flow::Halt => next == fall,
             Flow::Repeat => next == fall || next == pc,
@@ -334,7 +355,7 @@ impl Decoded {
     pub fn expected(&self, pc: u64) -> u64 {
         match self.flow {
             Flow::Jump(t) => t,
-            _ => pc.wrapping_add(self.len as u64),
+            _ => pc.wrapping_add(u64::from(self.len)),
         }
     }
 }
@@ -413,5 +434,30 @@ mod tests {
             decode(&[0x90], 16, 0x7c00).unwrap().expected(0x7c00),
             0x7c01
         );
+    }
+
+    #[test]
+    fn the_decode_cache_decodes_anew_what_changed_or_was_cut_short() {
+        let mut cache = DecodeCache::default();
+        let mut buf = [0u8; 15];
+        // mov eax, 1
+        buf[..5].copy_from_slice(&[0xb8, 1, 0, 0, 0]);
+        let (d, b) = cache.decode(&buf, 15, 64, 0x1000).unwrap();
+        assert_eq!((d.len, b.as_slice()), (5, &buf[..5]));
+        // The guest rewrote the immediate: a new decode, new bytes.
+        buf[1] = 2;
+        let (d, b) = cache.decode(&buf, 15, 64, 0x1000).unwrap();
+        assert_eq!((d.insn.immediate32(), b.as_slice()), (2, &buf[..5]));
+        // Bytes past the instruction do not matter.
+        buf[5] = 0x90;
+        let (d, _) = cache.decode(&buf, 15, 64, 0x1000).unwrap();
+        assert_eq!(d.insn.immediate32(), 2);
+        // Only 3 bytes readable: a mov eax, imm32 it cannot be.
+        assert!(cache.decode(&buf, 3, 64, 0x1000).is_none());
+        // The same bytes in 32-bit code, or elsewhere, are decoded there.
+        let (d, _) = cache.decode(&buf, 15, 32, 0x1000).unwrap();
+        assert_eq!(d.insn.ip(), 0x1000);
+        let (d, _) = cache.decode(&buf, 15, 64, 0x2000).unwrap();
+        assert_eq!(d.insn.ip(), 0x2000);
     }
 }

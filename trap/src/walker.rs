@@ -139,6 +139,9 @@ impl Walker {
         self.access(cpu, sregs, linear)
     }
 
+    /// A hit is a handful of instructions, inlined where the engine asks
+    /// (twice a step); misses and flushes are out of line.
+    #[inline]
     fn lookup(
         &mut self,
         cpu: &dyn CpuView,
@@ -147,16 +150,32 @@ impl Walker {
     ) -> Option<(u64, PageAccess)> {
         let key = (sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer);
         if key != self.key {
-            self.key = key;
-            self.flush();
+            self.rekey(key);
         }
         let page = linear & !0xfff;
-        let entry = &mut self.cache[slot(page)];
+        let entry = &self.cache[slot(page)];
         if entry.page == page {
             return Some((entry.phys | (linear & 0xfff), entry.access));
         }
+        self.miss(cpu, sregs, linear)
+    }
+
+    #[cold]
+    fn rekey(&mut self, key: (u64, u64, u64, u64)) {
+        self.key = key;
+        self.flush();
+    }
+
+    #[inline(never)]
+    fn miss(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &SpecialRegisters,
+        linear: u64,
+    ) -> Option<(u64, PageAccess)> {
+        let page = linear & !0xfff;
         let (phys, access) = walk(cpu, sregs, page)?;
-        *entry = Entry {
+        self.cache[slot(page)] = Entry {
             page,
             phys: phys & !0xfff,
             access,
@@ -173,6 +192,14 @@ impl Walker {
         linear: u64,
         buf: &mut [u8],
     ) -> usize {
+        // Nearly every read (an instruction, an operand) is inside one
+        // page: one translation, one read.
+        if (linear & 0xfff) as usize + buf.len() <= 4096 {
+            return match self.translate(cpu, sregs, linear) {
+                Some(phys) if cpu.read_physical(phys, buf) => buf.len(),
+                _ => 0,
+            };
+        }
         let mut done = 0;
         while done < buf.len() {
             let addr = linear.wrapping_add(done as u64);
@@ -342,7 +369,7 @@ pub(crate) mod tests {
         cpu.sregs.cr3 = 0x1000;
         cpu.sregs.cr4 = 0x20;
         cpu.sregs.efer = 0x500;
-        cpu.sregs.cs.l = true;
+        cpu.sregs.cs.l = 1;
         cpu.sregs.cs.selector = 0x08;
         cpu.sregs.idt.base = IDT;
         cpu.sregs.idt.limit = 0xfff;

@@ -189,7 +189,7 @@ mod tests {
         };
         report.sregs.cr0 = 1;
         report.sregs.efer = 0x500;
-        report.sregs.cs.l = true;
+        report.sregs.cs.l = 1;
         assert_eq!(report.bitness(), 64);
         assert_eq!(report.instruction().as_deref(), Some("popcnt eax,eax"));
         assert!(report.to_string().contains("f3 0f b8 c0"));

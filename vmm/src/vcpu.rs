@@ -64,15 +64,14 @@ impl Vcpu {
         }
     }
 
-    /// [`Vcpu::sregs`] as the monitor reads them, converted where KVM left
-    /// them: once per exit, and a copy of `kvm_sregs` first cost as much
-    /// as the conversion.
+    /// [`Vcpu::sregs`] as the monitor reads them, copied straight from
+    /// where KVM left them (once per exit).
+    #[inline]
     pub fn special_registers(&mut self) -> crate::x86::SpecialRegisters {
-        if self.synced {
-            (&self.fd.sync_regs_mut().sregs).into()
-        } else {
-            (&self.sregs()).into()
+        if !self.synced {
+            return (&self.sregs()).into();
         }
+        (&self.fd.sync_regs_mut().sregs).into()
     }
 
     /// RIP as of the last exit (no ioctl once the vCPU has run).

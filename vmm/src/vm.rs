@@ -14,7 +14,7 @@ use crate::diagnostics::ExitHistory;
 use crate::error::KvmLack;
 use crate::error::{Error, Result};
 use crate::frontends::{Frontends, ProgressLine};
-use crate::memory::{create_guest_ram, GuestRam};
+use crate::memory::{create_guest_ram, GuestRam, LowRam};
 use crate::vcpu::Vcpu;
 
 /// Default KVM device.
@@ -68,6 +68,8 @@ pub struct Vm {
 pub(crate) struct Machine {
     pub(crate) vcpu: Vcpu,
     pub(crate) ram: GuestRam,
+    /// `ram`'s region at 0, for the monitor's reads.
+    pub(crate) low_ram: Option<LowRam>,
     /// The vCPU's CPUID table, for correcting CPUID results where the
     /// host leaks its own (see `cpuid::as_given`).
     pub(crate) cpuid: kvm_bindings::CpuId,
@@ -172,6 +174,7 @@ impl Vm {
             _vm: vm,
             machine: Machine {
                 vcpu,
+                low_ram: LowRam::of(&ram),
                 ram,
                 cpuid,
                 devices: Devices::new(config.serial_out, host_unix_time()),

@@ -42,7 +42,7 @@ impl Engine {
         let sregs = cpu.sregs();
         self.last = regs;
         self.last_cr2 = sregs.cr2;
-        self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
+        self.fetch_pending(cpu, &sregs, linear_pc(&sregs, regs.rip));
         self.foreseen = None;
     }
 
@@ -67,7 +67,7 @@ impl Engine {
             fault::Next {
                 pc: p.pc,
                 insn: insn.as_ref(),
-                fetched: p.fetched,
+                fetched: usize::from(p.fetched),
             },
         );
     }
@@ -114,7 +114,7 @@ impl Engine {
         self.deferred.clear();
         self.completing = false;
         self.last = regs;
-        self.pending = Some(self.fetch(cpu, &sregs, handler));
+        self.fetch_pending(cpu, &sregs, handler);
     }
 
     /// Records `event` right after the step of the instruction now
@@ -157,7 +157,7 @@ impl Engine {
         });
         let sregs = cpu.sregs();
         self.last = regs;
-        self.pending = Some(self.fetch(cpu, &sregs, handler));
+        self.fetch_pending(cpu, &sregs, handler);
     }
 
     /// The VMM delivered `vector` on the entry where tracing starts
@@ -324,7 +324,7 @@ impl Engine {
         sink: &mut dyn RecordSink,
     ) -> Option<Decoded> {
         let shadow = d.shadow?;
-        let fall = p.pc.wrapping_add(d.len as u64);
+        let fall = p.pc.wrapping_add(u64::from(d.len));
         let folded = self.fetch(cpu, sregs, fall);
         let f = folded.decoded?;
         let explained = if f.flow != Flow::Any {

@@ -66,7 +66,7 @@ struct Pending {
     decoded: Option<Decoded>,
     /// Bytes the fetch got (fewer than 15 where the next page is not
     /// mapped).
-    fetched: usize,
+    fetched: u8,
     cr3: u64,
     mode: CpuMode,
     cpl: u8,
@@ -178,6 +178,35 @@ pub(crate) fn to_regs(r: &Registers) -> Regs {
     }
 }
 
+/// Reads and decodes the instruction at `pc` (see [`Engine::fetch`]).
+#[inline(always)]
+fn fetch_into(
+    walker: &mut Walker,
+    decoded: &mut DecodeCache,
+    cpu: &dyn CpuView,
+    sregs: &SpecialRegisters,
+    pc: u64,
+) -> Pending {
+    let mode = cpu_mode(sregs);
+    let mut buf = [0u8; 15];
+    let got = walker.read(cpu, sregs, pc, &mut buf);
+    let cached = if got > 0 {
+        decoded.decode(&buf, got, mode.bitness(), pc)
+    } else {
+        None
+    };
+    Pending {
+        pc,
+        bytes: cached.map(|(_, b)| *b),
+        decoded: cached.map(|(d, _)| *d),
+        // At most the buffer's 15.
+        fetched: got as u8,
+        cr3: sregs.cr3,
+        mode,
+        cpl: sregs.cpl(),
+    }
+}
+
 use vtrace_vmm::x86::rflags::RF as RFLAGS_RF;
 use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
 
@@ -223,7 +252,7 @@ impl Engine {
         self.control = control(&sregs);
         self.last_cr2 = sregs.cr2;
         self.last = regs;
-        self.pending = Some(self.fetch(cpu, &sregs, linear_pc(&sregs, regs.rip)));
+        self.fetch_pending(cpu, &sregs, linear_pc(&sregs, regs.rip));
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
@@ -286,28 +315,28 @@ impl Engine {
         self.last_exception.take()
     }
 
+    /// The instruction at `pc`, read and decoded.
     fn fetch(&mut self, cpu: &dyn CpuView, sregs: &SpecialRegisters, pc: u64) -> Pending {
-        let mode = cpu_mode(sregs);
-        let mut buf = [0u8; 15];
-        let got = self.walker.read(cpu, sregs, pc, &mut buf);
-        let decoded = (got > 0)
-            .then(|| self.decoded.decode(&buf[..got], mode.bitness(), pc))
-            .flatten();
-        let bytes = decoded.and_then(|d| InsnBytes::new(&buf[..d.len]));
-        Pending {
-            pc,
-            bytes,
-            decoded,
-            fetched: got,
-            cr3: sregs.cr3,
-            mode,
-            cpl: sregs.cpl(),
-        }
+        fetch_into(&mut self.walker, &mut self.decoded, cpu, sregs, pc)
     }
 
-    fn emit_step(&mut self, p: &Pending, regs: &Registers, sink: &mut dyn RecordSink) {
+    /// [`Engine::fetch`] into `pending`, built where it stays: this is
+    /// once a step, and each copy of it on the way cost a dozen
+    /// instructions.
+    fn fetch_pending(&mut self, cpu: &dyn CpuView, sregs: &SpecialRegisters, pc: u64) {
+        self.pending = Some(fetch_into(
+            &mut self.walker,
+            &mut self.decoded,
+            cpu,
+            sregs,
+            pc,
+        ));
+    }
+
+    fn emit_step<S: RecordSink + ?Sized>(&mut self, p: &Pending, regs: &Registers, sink: &mut S) {
         if let Some(d) = p.decoded {
-            self.undefined_flags = (self.undefined_flags & !d.defines_flags) | d.undefines_flags;
+            self.undefined_flags =
+                (self.undefined_flags & !u64::from(d.defines_flags)) | u64::from(d.undefines_flags);
         }
         if self
             .step_limit
@@ -473,12 +502,13 @@ impl Engine {
         }
     }
 
-    /// Handles one exit while tracing.
-    pub fn exit(
+    /// Handles one exit while tracing. Generic over the sink so that a
+    /// step reaches the recorder's encoder without dynamic calls.
+    pub fn exit<S: RecordSink>(
         &mut self,
         view: &ExitView,
         cpu: &mut dyn CpuView,
-        sink: &mut dyn RecordSink,
+        sink: &mut S,
     ) -> Directive {
         if !self.started {
             return Directive::Continue;
@@ -565,11 +595,11 @@ impl Engine {
         }
     }
 
-    fn after_instruction(
+    fn after_instruction<S: RecordSink>(
         &mut self,
         view: &ExitView,
         cpu: &mut dyn CpuView,
-        sink: &mut dyn RecordSink,
+        sink: &mut S,
     ) -> Directive {
         let mut regs = cpu.regs();
         let sregs = cpu.sregs();
@@ -689,8 +719,11 @@ impl Engine {
             }
         }
 
-        for e in self.deferred.drain(..) {
-            sink.event(&e);
+        // Rarely any: an empty drain still cost some 25 instructions a step.
+        if !self.deferred.is_empty() {
+            for e in self.deferred.drain(..) {
+                sink.event(&e);
+            }
         }
         match *view {
             ExitView::IoOut {
@@ -722,7 +755,7 @@ impl Engine {
         self.control = now;
         self.last_cr2 = sregs.cr2;
         self.last = regs;
-        self.pending = Some(self.fetch(cpu, &sregs, next));
+        self.fetch_pending(cpu, &sregs, next);
         if self.foresee {
             self.foresee_fault(cpu, &sregs, &regs);
             self.carry_trap_flag(cpu, &sregs, &regs);
