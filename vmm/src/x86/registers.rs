@@ -1,7 +1,7 @@
 //! The vCPU's registers as the tracer sees them: vtrace's own types, so a
 //! monitor needs nothing of KVM's ABI (`kvm_regs`, `kvm_sregs`). The VMM
-//! converts at the [`crate::CpuView`] boundary; the general registers keep
-//! `kvm_regs`' layout, so that conversion is a plain copy.
+//! converts at the [`crate::CpuView`] boundary; the types keep `kvm_regs`'
+//! and `kvm_sregs`' layouts, so that conversion is a plain copy.
 
 use iced_x86::Register;
 use kvm_bindings::{kvm_dtable, kvm_regs, kvm_segment, kvm_sregs};
@@ -215,31 +215,23 @@ impl From<&kvm_sregs> for SpecialRegisters {
     }
 }
 
-// What makes the copy above sound.
+// What makes the copy above sound: every field at KVM's offset.
+macro_rules! same_offsets {
+    ($ours:ty, $kvm:ty: $($field:ident),+) => {
+        $(assert!(std::mem::offset_of!($ours, $field) == std::mem::offset_of!($kvm, $field));)+
+    };
+}
 const _: () = {
-    use std::mem::{offset_of, size_of};
+    use std::mem::{align_of, size_of};
     assert!(size_of::<SpecialRegisters>() == size_of::<kvm_sregs>());
+    assert!(align_of::<SpecialRegisters>() == align_of::<kvm_sregs>());
     assert!(size_of::<Segment>() == size_of::<kvm_segment>());
     assert!(size_of::<DescriptorTable>() == size_of::<kvm_dtable>());
-    assert!(std::mem::align_of::<SpecialRegisters>() == std::mem::align_of::<kvm_sregs>());
-    assert!(offset_of!(Segment, limit) == offset_of!(kvm_segment, limit));
-    assert!(offset_of!(Segment, selector) == offset_of!(kvm_segment, selector));
-    assert!(offset_of!(Segment, type_) == offset_of!(kvm_segment, type_));
-    assert!(offset_of!(Segment, dpl) == offset_of!(kvm_segment, dpl));
-    assert!(offset_of!(Segment, db) == offset_of!(kvm_segment, db));
-    assert!(offset_of!(Segment, l) == offset_of!(kvm_segment, l));
-    assert!(offset_of!(Segment, unusable) == offset_of!(kvm_segment, unusable));
-    assert!(offset_of!(DescriptorTable, limit) == offset_of!(kvm_dtable, limit));
-    assert!(offset_of!(SpecialRegisters, ss) == offset_of!(kvm_sregs, ss));
-    assert!(offset_of!(SpecialRegisters, ldt) == offset_of!(kvm_sregs, ldt));
-    assert!(offset_of!(SpecialRegisters, gdt) == offset_of!(kvm_sregs, gdt));
-    assert!(offset_of!(SpecialRegisters, idt) == offset_of!(kvm_sregs, idt));
-    assert!(offset_of!(SpecialRegisters, cr0) == offset_of!(kvm_sregs, cr0));
-    assert!(offset_of!(SpecialRegisters, cr3) == offset_of!(kvm_sregs, cr3));
-    assert!(offset_of!(SpecialRegisters, efer) == offset_of!(kvm_sregs, efer));
-    assert!(
-        offset_of!(SpecialRegisters, interrupt_bitmap) == offset_of!(kvm_sregs, interrupt_bitmap)
-    );
+    same_offsets!(Segment, kvm_segment: base, limit, selector, type_, present, dpl, db, s, l, g,
+        avl, unusable, padding);
+    same_offsets!(DescriptorTable, kvm_dtable: base, limit, padding);
+    same_offsets!(SpecialRegisters, kvm_sregs: cs, ds, es, fs, gs, ss, tr, ldt, gdt, idt, cr0,
+        cr2, cr3, cr4, cr8, efer, apic_base, interrupt_bitmap);
 };
 
 #[cfg(test)]
