@@ -204,8 +204,21 @@ pub struct BenchArgs {
     /// profiling, or to rerun with --trace).
     #[arg(long, value_name = "FILE", requires = "analyzer")]
     pub keep: Option<PathBuf>,
+    /// Run the step benchmark N times and give the best and the median
+    /// ratio as well (a host's speed swings from run to run; the goal is
+    /// the best of three). With --json the top-level keys are the best
+    /// run's, and `runs` holds every run.
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=100),
+        conflicts_with = "analyzer"
+    )]
+    pub runs: u32,
     /// Print JSON (keys: bare_exits_per_s, traced_exits_per_s, ratio,
-    /// bytes_per_step, peak_rss_bytes).
+    /// bytes_per_step, peak_rss_bytes; with --runs also ratio_median and
+    /// runs).
     #[arg(long)]
     pub json: bool,
 }

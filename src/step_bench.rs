@@ -102,8 +102,9 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     };
     let before = bare()?;
 
+    let path = dir.join("bench.vtd");
     let disk = DiskWriter::create(
-        &dir.join("bench.vtd"),
+        &path,
         1 << 30,
         DEFAULT_SEGMENT_SIZE,
         false,
@@ -121,6 +122,9 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     let traced = Vm::new(config(boot))?.run(&mut tracer);
     let report = tracer.finish()?;
     let traced = traced?;
+    // A gigabyte, preallocated: gone before the next run makes its own
+    // (the AMD-V test machine keeps its files in RAM).
+    let _ = std::fs::remove_file(&path);
     let after = bare()?;
     Ok(BenchReport {
         bare_exits: before.exits + after.exits,
