@@ -37,6 +37,9 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
                 );
             }
             let r = crate::step_bench::run(&boot, &dir)?;
+            // A gigabyte, preallocated: gone before the next run makes its
+            // own (the AMD-V test machine keeps its files in RAM).
+            let _ = std::fs::remove_file(dir.join(crate::step_bench::TRACE_NAME));
             if !args.json {
                 print_report(&r);
             }
@@ -186,7 +189,12 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
                 .keep
                 .clone()
                 .unwrap_or_else(|| dir.join("analyzer.vtd"));
-            repeat_trace(boot, &dir.join("bench.vtd"), &big, args.steps)?;
+            repeat_trace(
+                boot,
+                &dir.join(crate::step_bench::TRACE_NAME),
+                &big,
+                args.steps,
+            )?;
             (Trace::open(&big)?, "the demo OS, repeated".to_string())
         }
     };

@@ -88,6 +88,9 @@ fn config(boot: &BootSource) -> VmConfig {
     }
 }
 
+/// The traced run's disk, in the directory [`run`] is given.
+pub const TRACE_NAME: &str = "bench.vtd";
+
 /// Runs `boot` three times: stepping bare, traced to a disk in `dir`, and
 /// bare again. The bare rate is that of both bare runs together, so a
 /// host whose speed drifts during the benchmark (a machine warming up, a
@@ -102,9 +105,8 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     };
     let before = bare()?;
 
-    let path = dir.join("bench.vtd");
     let disk = DiskWriter::create(
-        &path,
+        &dir.join(TRACE_NAME),
         1 << 30,
         DEFAULT_SEGMENT_SIZE,
         false,
@@ -122,9 +124,6 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
     let traced = Vm::new(config(boot))?.run(&mut tracer);
     let report = tracer.finish()?;
     let traced = traced?;
-    // A gigabyte, preallocated: gone before the next run makes its own
-    // (the AMD-V test machine keeps its files in RAM).
-    let _ = std::fs::remove_file(&path);
     let after = bare()?;
     Ok(BenchReport {
         bare_exits: before.exits + after.exits,

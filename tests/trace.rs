@@ -468,6 +468,27 @@ fn bench_reports_its_figures() {
 }
 
 #[test]
+fn analyzer_bench_times_the_demo_trace() {
+    if !kvm_available() {
+        return;
+    }
+    // One copy of the demo's trace (the fewest --steps allow), traced by
+    // the step benchmark and each analysis timed over it.
+    let out = run(&["bench", "--analyzer", "--json", "--steps", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["steps"].as_u64().unwrap() > 1_000_000, "{v}");
+    for key in [
+        "nest_steps_per_s",
+        "stats_steps_per_s",
+        "export_steps_per_s",
+        "export_parquet_bytes_per_step",
+    ] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+}
+
+#[test]
 fn autostop_on_an_exception_the_guest_takes() {
     if !kvm_available() {
         return;
