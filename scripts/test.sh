@@ -68,6 +68,10 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --quiet
 fi
 
+# Space where the build and the tests write: a linker whose output file
+# loses its backing dies with a bus error, which says nothing of why.
+echo "scripts/test.sh: free space: $(df -h --output=avail . | tail -n 1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -n 1 | tr -d ' ') in ${TMPDIR:-/tmp}"
+
 # The code's own bar: formatted, and no clippy warning anywhere.
 echo "scripts/test.sh: cargo fmt --check, cargo clippy and cargo doc"
 cargo fmt --all -- --check
