@@ -33,8 +33,18 @@ if ! command -v busybox >/dev/null 2>&1 || ldd "$(command -v busybox)" >/dev/nul
     missing+=(busybox-static)
 fi
 command -v cpio >/dev/null 2>&1 || missing+=(cpio)
+# The VT-x test machine (scripts/vtx.sh, tests/vtx.rs): Bochs emulating an
+# Intel CPU with VMX, booted from an isolinux CD that xorriso makes, with
+# an lz4 initramfs.
+command -v bochs >/dev/null 2>&1 || missing+=(bochs)
+[ -r /usr/share/bochs/BIOS-bochs-latest ] || missing+=(bochsbios)
+[ -r /usr/share/vgabios/vgabios.bin ] || missing+=(vgabios)
+[ -r /usr/lib/ISOLINUX/isolinux.bin ] || missing+=(isolinux)
+[ -r /usr/lib/syslinux/modules/bios/ldlinux.c32 ] || missing+=(syslinux-common)
+command -v xorriso >/dev/null 2>&1 || missing+=(xorriso)
+command -v lz4 >/dev/null 2>&1 || missing+=(lz4)
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "scripts/test.sh: installing ${missing[*]} (the AMD-V test machine)"
+    echo "scripts/test.sh: installing ${missing[*]} (the AMD-V and VT-x test machines)"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null

@@ -55,6 +55,13 @@ fn stepping_line(s: &Stepping) -> String {
         }
         other => line.push_str(&format!("; the probe ended with: {}", ending(other))),
     }
+    if s.echoes > 0 {
+        line.push_str(&format!(
+            "; {} more exits ran nothing (KVM reports the trap of an instruction it \
+             completed itself twice) and are passed over",
+            s.echoes
+        ));
+    }
     line
 }
 
@@ -135,6 +142,7 @@ fn stepping_json(s: &Stepping) -> serde_json::Value {
         "expected": s.expected,
         "seen": s.seen,
         "seen_rearmed": s.seen_rearmed,
+        "echoes": s.echoes,
         "works": s.works(),
         "ending": ending(&s.ending),
     })

@@ -142,6 +142,7 @@ fn main() {
     build_flat_binary(&tests.join("debugregs.S"), &include, &out, "debugregs");
     build_flat_binary(&tests.join("flood.S"), &include, &out, "flood");
     build_flat_binary(&tests.join("idle.S"), &include, &out, "idle");
+    build_flat_binary(&tests.join("fences.S"), &include, &out, "fences");
     for name in ["triple-fault", "exception", "unemulated"] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);

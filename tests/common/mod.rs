@@ -102,6 +102,7 @@ pub fn virtual_seconds(text: &str) -> Option<f64> {
 }
 
 pub mod amdv;
+pub mod vtx;
 
 /// The Linux kernel the tests boot: VTRACE_TEST_KERNEL, else Debian's
 /// cloud kernel in /boot (`scripts/test.sh` installs it), else another.
@@ -185,4 +186,52 @@ pub fn demo_trace() -> &'static Path {
         assert!(out.status.success(), "{}", stderr(&out));
         disk
     })
+}
+
+/// The linear addresses of straight-line real-mode code loaded at `load`,
+/// one per instruction up to and including the first `in eax, dx` (the
+/// test guests' EXIT hypercall): what a faithful trace of such a guest
+/// steps through, derived from its bytes alone.
+pub fn straight_line_pcs(image: &[u8], load: u64) -> Vec<u64> {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+    let mut decoder = Decoder::with_ip(16, image, load, DecoderOptions::NONE);
+    let mut pcs = Vec::new();
+    for insn in &mut decoder {
+        assert!(!insn.is_invalid(), "undecodable byte at {:#x}", insn.ip());
+        pcs.push(insn.ip());
+        if insn.mnemonic() == Mnemonic::In {
+            return pcs;
+        }
+    }
+    panic!("the image has no IN: not a straight-line test guest")
+}
+
+/// Checks a trace of [`vtrace_demo::test_guests::FENCES`] step by step:
+/// every instruction once, in order, no gap, and each `inc esi` after its
+/// fence with the count so far.
+pub fn assert_fences_traced_whole(trace: &Path) {
+    use vtrace_storage::{Event, Record};
+    let expected = straight_line_pcs(vtrace_demo::test_guests::FENCES, 0x7c00);
+    let recs = records(trace);
+    let gaps: Vec<_> = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Event(Event::Gap { .. })))
+        .collect();
+    assert!(gaps.is_empty(), "{gaps:?}");
+    let steps: Vec<_> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(s),
+            Record::Event(_) => None,
+        })
+        .collect();
+    let pcs: Vec<u64> = steps.iter().map(|s| s.pc).collect();
+    assert_eq!(pcs, expected, "each instruction once, in order");
+    let marks: Vec<u64> = steps
+        .iter()
+        .filter(|s| s.bytes.as_slice() == [0x66, 0x46])
+        .map(|s| s.regs.gpr[6])
+        .collect();
+    let counted: Vec<u64> = (1..=vtrace_demo::test_guests::FENCES_MARKS).collect();
+    assert_eq!(marks, counted, "ESI after each inc esi");
 }

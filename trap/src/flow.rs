@@ -25,8 +25,9 @@ pub enum Flow {
     Trap,
 }
 
-/// Instructions after which the next one runs in an interrupt shadow, and
-/// with it (on AMD-V) without a single-step trap of its own.
+/// Instructions after which a host may hold the single-step trap back
+/// for one instruction: the next one runs in an interrupt shadow (and
+/// with it, on AMD-V, without a trap of its own), or after a fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shadow {
     /// STI: sets IF.
@@ -35,6 +36,11 @@ pub enum Shadow {
     MovSs,
     /// POP SS: pops this many bytes.
     PopSs(u8),
+    /// LFENCE, MFENCE, SFENCE: change no register. This project's
+    /// paravirtual KVM reports no trap after them (measured: the exit
+    /// comes after the next instruction that is not a fence), so a run of
+    /// fences and the instruction after them are one exit.
+    Fence,
 }
 
 /// A decoded instruction as the engine needs it.
@@ -205,6 +211,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
                 (bitness / 8) as u8
             }))
         }
+        Mnemonic::Lfence | Mnemonic::Mfence | Mnemonic::Sfence => Some(Shadow::Fence),
         _ => None,
     };
     Some(Decoded {

@@ -56,6 +56,14 @@ pub mod test_guests {
     /// idles until the run is ended from outside.
     pub const IDLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/idle.bin"));
 
+    /// Real mode (load at 0x7c00): LFENCE, MFENCE, SFENCE, CPUID, WBINVD,
+    /// INVLPG, MOV CR0 and MOV CR3 (and two LFENCEs in a row), each
+    /// followed by `inc esi`, which counts them (ESI ends at 9); exits 0.
+    pub const FENCES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fences.bin"));
+
+    /// How many `inc esi` [`FENCES`] runs.
+    pub const FENCES_MARKS: u64 = 9;
+
     /// Exit status of [`UNEMULATED`] on hosts that run it natively.
     pub const UNEMULATED_NATIVE_STATUS: i32 = 42;
 }

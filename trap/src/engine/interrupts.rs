@@ -306,12 +306,13 @@ impl Engine {
     }
 
     /// STI, MOV SS and POP SS hold the single-step trap back for one
-    /// instruction on AMD-V (as their interrupt shadow does), so the exit
-    /// comes after the instruction that follows. Both steps are rebuilt
-    /// exactly: the shadow instruction's registers follow from the ones
-    /// before it, the next one's are those at the exit. Returns the
-    /// instruction after it, or None, recording nothing, when that does
-    /// not explain `next`.
+    /// instruction on AMD-V (as their interrupt shadow does), and fences
+    /// on this project's paravirtual hosts, so the exit comes after the
+    /// instruction that follows (after a run of fences, the first that is
+    /// not one). Every step is rebuilt exactly: the held instructions'
+    /// registers follow from the ones before them, the last one's are
+    /// those at the exit. Returns the last instruction, or None, recording
+    /// nothing, when no such run explains `next`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn after_shadow(
         &mut self,
@@ -323,28 +324,47 @@ impl Engine {
         next: u64,
         sink: &mut dyn RecordSink,
     ) -> Option<Decoded> {
-        let shadow = d.shadow?;
-        let fall = p.pc.wrapping_add(u64::from(d.len));
-        let folded = self.fetch(cpu, sregs, fall);
-        let f = folded.decoded?;
-        let explained = if f.flow != Flow::Any {
-            f.explains(fall, next)
-        } else {
-            self.indirect_target(cpu, sregs, regs, &folded) == Some(next)
-        };
-        if !explained {
-            return None;
+        /// Fences held back in a row, at most (a longer run is a gap).
+        const MAX_HELD: usize = 4;
+        let mut held = [(*p, self.last); MAX_HELD];
+        let (mut count, mut at, mut shadow) = (0, (*p, d), d.shadow?);
+        loop {
+            let mut own = if count == 0 {
+                self.last
+            } else {
+                held[count - 1].1
+            };
+            match shadow {
+                Shadow::Sti => own.rflags |= RFLAGS_IF,
+                Shadow::MovSs | Shadow::Fence => {}
+                Shadow::PopSs(bytes) => own.rsp = own.rsp.wrapping_add(u64::from(bytes)),
+            }
+            held[count] = (at.0, own);
+            count += 1;
+            let fall = at.0.pc.wrapping_add(u64::from(at.1.len));
+            let folded = self.fetch(cpu, sregs, fall);
+            let f = folded.decoded?;
+            let explained = if f.flow != Flow::Any {
+                f.explains(fall, next)
+            } else {
+                self.indirect_target(cpu, sregs, regs, &folded) == Some(next)
+            };
+            if explained {
+                for (step, own) in &held[..count] {
+                    self.emit_step(step, own, sink);
+                }
+                self.emit_step(&folded, regs, sink);
+                self.stats.folded_after_shadow += 1;
+                return Some(f);
+            }
+            match (shadow, f.shadow) {
+                (Shadow::Fence, Some(Shadow::Fence)) if count < MAX_HELD => {
+                    at = (folded, f);
+                }
+                _ => return None,
+            }
+            shadow = Shadow::Fence;
         }
-        let mut own = self.last;
-        match shadow {
-            Shadow::Sti => own.rflags |= RFLAGS_IF,
-            Shadow::MovSs => {}
-            Shadow::PopSs(bytes) => own.rsp = own.rsp.wrapping_add(u64::from(bytes)),
-        }
-        self.emit_step(p, &own, sink);
-        self.emit_step(&folded, regs, sink);
-        self.stats.folded_after_shadow += 1;
-        Some(f)
     }
 
     /// An exception whose handler's first instruction explains `next`.

@@ -920,6 +920,28 @@ mod tests {
     }
 
     #[test]
+    fn fences_the_host_did_not_trap_after_are_rebuilt_exactly() {
+        // lfence; lfence; inc esi; nop: this project's hosts trap only
+        // after the inc.
+        let mut cpu = machine(&[0x0f, 0xae, 0xe8, 0x0f, 0xae, 0xe8, 0xff, 0xc6, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        cpu.regs.rsi = 1;
+        debug_exit(&mut e, &mut cpu, CODE + 8, &mut out);
+        assert_eq!(steps(&out), vec![CODE, CODE + 3, CODE + 6]);
+        let rsi: Vec<u64> = out
+            .iter()
+            .filter_map(|r| match r {
+                Record::Step(s) => Some(s.regs.gpr[6]),
+                Record::Event(_) => None,
+            })
+            .collect();
+        assert_eq!(rsi, vec![0, 0, 1], "the fences change nothing");
+        assert_eq!(e.stats().gaps, 0);
+        assert_eq!(e.steps_at_exit(), 3, "the step clock counts all three");
+    }
+
+    #[test]
     fn the_instruction_in_an_sti_shadow_is_rebuilt_exactly() {
         // sti; mov eax, 1; nop: the trap comes only after the mov.
         let mut cpu = machine(&[0xfb, 0xb8, 0x01, 0x00, 0x00, 0x00, 0x90]);

@@ -2,6 +2,7 @@
 //! boot protocol starts it in.
 
 pub mod cpuid;
+pub(crate) mod echo;
 pub mod entry;
 pub mod soft_int;
 pub mod unemulated;

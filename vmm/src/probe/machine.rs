@@ -8,6 +8,7 @@ use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::cpu::cpuid::{self, CpuProfile};
+use crate::cpu::echo::{self, EchoWatch, StepExit};
 use crate::cpu::entry::{gdt_entry, segment_of};
 use crate::error::{Error, Result};
 use crate::memory::{create_guest_ram, GuestRam};
@@ -76,6 +77,9 @@ pub struct Run {
     pub ending: Ending,
     /// Debug exits after an instruction that ran at CPL 0, and at CPL 3.
     pub steps: [u64; 2],
+    /// Debug exits that ran nothing, passed over as the run loop does
+    /// (see `cpu::echo`).
+    pub echoes: u64,
 }
 
 /// The probe VM.
@@ -153,16 +157,27 @@ impl Machine {
         let started = std::time::Instant::now();
         let mut steps = [0u64; 2];
         let mut cpl = self.vcpu.sregs().cs.dpl;
+        let mut watch = EchoWatch {
+            expected: self.stepping,
+            ..EchoWatch::default()
+        };
+        let witness = |r: &kvm_regs| [r.rip, r.rsp, r.rcx, r.rflags];
         for _ in 0..max_exits {
             if started.elapsed() > max_time {
                 break;
             }
+            let before = witness(&self.vcpu.regs());
+            self.vcpu.run_page().__bindgen_anon_1.debug.arch.dr7 = echo::NOT_REPORTED_DR7;
+            let mut from_cpu = false;
             let ending = match self.vcpu.run() {
                 Ok(VcpuExit::IoOut(DONE_PORT, _)) => Some(Ending::Done),
                 Ok(VcpuExit::IoOut(VECTOR_PORT, data)) => {
                     Some(Ending::Vector(data.first().copied().unwrap_or(0)))
                 }
-                Ok(VcpuExit::Debug(_)) => None,
+                Ok(VcpuExit::Debug(arch)) => {
+                    from_cpu = arch.dr7 != echo::NOT_REPORTED_DR7;
+                    None
+                }
                 Ok(VcpuExit::InternalError) => Some(Ending::EmulationFailure),
                 Ok(VcpuExit::Hlt) => Some(Ending::Other("HLT".into())),
                 Ok(VcpuExit::Shutdown) => Some(Ending::Other("triple fault".into())),
@@ -171,14 +186,29 @@ impl Machine {
                 Err(e) => Some(Ending::Other(format!("KVM_RUN: {e}"))),
             };
             if let Some(ending) = ending {
-                return Run { ending, steps };
+                return Run {
+                    ending,
+                    steps,
+                    echoes: watch.count,
+                };
             }
             if !self.stepping {
                 return Run {
                     ending: Ending::Breakpoint(self.vcpu.rip()),
                     steps,
+                    echoes: watch.count,
                 };
             }
+            let step = StepExit {
+                from_cpu,
+                // The probes' code never branches to itself.
+                unchanged: witness(&self.vcpu.regs()) == before,
+            };
+            if watch.expected && watch.is_echo(step, || false) {
+                watch.expected = false;
+                continue;
+            }
+            watch.expected = !from_cpu;
             // The step belongs to the level the instruction ran at (an
             // IRETQ to user mode is a kernel step).
             steps[usize::from(cpl == 3)] += 1;
@@ -190,6 +220,7 @@ impl Machine {
         Run {
             ending: Ending::Budget,
             steps,
+            echoes: watch.count,
         }
     }
 }

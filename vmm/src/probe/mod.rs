@@ -56,6 +56,10 @@ pub struct Stepping {
     pub seen: u64,
     /// The same with stepping armed again after every exit.
     pub seen_rearmed: u64,
+    /// Debug exits, armed once, after which no instruction had run: KVM on
+    /// VT-x reports the trap of an instruction it completed itself twice.
+    /// Not counted in `seen`; the run loop passes over them too.
+    pub echoes: u64,
     /// How the armed-once run ended: [`Ending::Done`] at CPL 0,
     /// `Vector(6)` (its closing UD2) at CPL 3; a `Vector(1)`: the guest
     /// received the #DB itself.
@@ -181,6 +185,7 @@ fn stepping(kvm: &Kvm, kernel: &[u8], user: &[u8], level: usize) -> Result<Stepp
         expected,
         seen: once.steps[level],
         seen_rearmed: rearmed.steps[level],
+        echoes: once.echoes,
         ending: once.ending,
     })
 }

@@ -7,7 +7,7 @@ use kvm_ioctls::VcpuExit;
 use vtrace_guest::status;
 
 use crate::console;
-use crate::cpu::unemulated;
+use crate::cpu::{echo, unemulated};
 use crate::devices::hypercall::GuestVirtualMemory;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome};
 use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
@@ -59,13 +59,77 @@ pub(super) enum Exit {
     },
     Debug {
         breakpoint: bool,
+        /// The CPU's #DB reached KVM (else KVM synthesized the trap after
+        /// an instruction it completed; see `echo`).
+        from_cpu: bool,
     },
     Other(String),
 }
 
+/// What an echo leaves as it was (see [`echo::StepExit::unchanged`]).
+fn echo_witness(regs: &kvm_bindings::kvm_regs) -> [u64; 4] {
+    [regs.rip, regs.rsp, regs.rcx, regs.rflags]
+}
+
 impl Vm {
-    /// Runs the vCPU until its next exit.
+    /// Runs the vCPU until its next exit, passing over single-step exits
+    /// that ran nothing (see [`echo`]).
     pub(super) fn enter(&mut self) -> Exit {
+        loop {
+            let watch = self.step.stepping && self.step.echo.expected;
+            let before = watch.then(|| echo_witness(&self.machine.vcpu.regs()));
+            if self.step.stepping {
+                // The exit union: KVM rewrites it at the next exit.
+                self.machine.vcpu.run_page().__bindgen_anon_1.debug.arch.dr7 =
+                    echo::NOT_REPORTED_DR7;
+            }
+            let exit = self.enter_once();
+            if let Exit::Debug {
+                breakpoint: false,
+                from_cpu,
+            } = exit
+            {
+                if let Some(before) = before {
+                    let unchanged = echo_witness(&self.machine.vcpu.regs()) == before;
+                    let step = echo::StepExit {
+                        from_cpu,
+                        unchanged,
+                    };
+                    let mut watch = self.step.echo;
+                    let echo = watch.is_echo(step, || self.may_branch_to_itself());
+                    self.step.echo = watch;
+                    if echo {
+                        tracing::trace!("passed over a single-step exit that ran nothing");
+                        continue;
+                    }
+                }
+                self.step.echo.expected = !from_cpu;
+            } else {
+                // An OUT or IN completes on the next entry with a trap KVM
+                // synthesizes; anything else ran on the CPU.
+                self.step.echo.expected = false;
+            }
+            return exit;
+        }
+    }
+
+    /// Whether the instruction at RIP could branch to itself (see
+    /// [`echo::may_branch_to_itself`]).
+    fn may_branch_to_itself(&mut self) -> bool {
+        let regs = self.machine.vcpu.regs();
+        let sregs = self.machine.vcpu.special_registers();
+        let linear = sregs.cs.base.wrapping_add(regs.rip);
+        let memory = self.machine.vcpu.memory(&self.machine.ram);
+        let mut code = [0u8; 15];
+        let len = (1..=code.len())
+            .rev()
+            .find(|&n| memory.read_virtual(linear, &mut code[..n]).is_ok())
+            .unwrap_or(0);
+        echo::may_branch_to_itself(&code[..len], sregs.code_bits(), regs.rip)
+    }
+
+    /// One `KVM_RUN`, its exit copied out.
+    fn enter_once(&mut self) -> Exit {
         let entry_rip = self.machine.vcpu.rip();
         let exit = match self.machine.vcpu.run() {
             Ok(VcpuExit::IoIn(port, data)) => Exit::IoIn {
@@ -122,6 +186,7 @@ impl Vm {
             Ok(VcpuExit::Debug(arch)) => Exit::Debug {
                 // DR6 bits 0-3: a hardware breakpoint matched; BS (14): a step.
                 breakpoint: arch.dr6 & 0xf != 0 && arch.dr6 & (1 << 14) == 0,
+                from_cpu: arch.dr7 != echo::NOT_REPORTED_DR7,
             },
             Ok(VcpuExit::Intr) => Exit::Interrupted,
             Ok(other) => Exit::Other(format!("{other:?}")),
@@ -235,7 +300,7 @@ impl Vm {
                 self.machine.vcpu.clear_immediate_exit();
                 self.tell(monitor, ExitView::Interrupted);
             }
-            Exit::Debug { breakpoint } => {
+            Exit::Debug { breakpoint, .. } => {
                 self.note("debug", 0);
                 let directive = self.tell(monitor, ExitView::Debug { breakpoint });
                 if !breakpoint {
@@ -350,7 +415,10 @@ impl Vm {
                             result: status::OK,
                         },
                     );
-                    if let Exit::Debug { breakpoint: false } = self.enter() {
+                    if let Exit::Debug {
+                        breakpoint: false, ..
+                    } = self.enter()
+                    {
                         self.tell(monitor, ExitView::Debug { breakpoint: false });
                     }
                 }

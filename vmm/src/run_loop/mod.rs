@@ -1,6 +1,7 @@
 //! The run loop: enter the guest, serve each exit, deliver interrupts.
 //!
-//! One room a job: `exit` enters the guest and serves what it exits for,
+//! One room a job: `exit` enters the guest and serves what it exits for
+//! (passing over the single-step exits KVM on VT-x reports twice),
 //! `inject` delivers interrupts and foreseen exceptions, `halt` waits while
 //! the guest idles, `requests` answers the console's hotkeys and `vtrace
 //! ctl`. This file holds the loop itself and what the rooms share.
@@ -265,6 +266,8 @@ impl Vm {
         self.machine.vcpu.set_guest_debug(&debug)?;
         if stepping != self.step.stepping {
             self.machine.clock.set_stepping(stepping);
+            // VT-x: the first stepping entry may exit before anything ran.
+            self.step.echo.expected = stepping;
         }
         self.step.stepping = stepping;
         self.step.breakpoints = breakpoints.to_vec();
