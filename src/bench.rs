@@ -33,11 +33,15 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
                 } else {
                     String::new()
                 };
+                let what = match args.max_steps {
+                    Some(n) => format!("the first {n} instructions of the demo OS"),
+                    None => "the demo OS".to_string(),
+                };
                 eprintln!(
-                    "vtrace bench: stepping the demo OS bare, tracing it, and stepping it bare again{of}..."
+                    "vtrace bench: stepping {what} bare, tracing them, and stepping them bare again{of}..."
                 );
             }
-            let r = crate::step_bench::run(&boot, &dir)?;
+            let r = crate::step_bench::run(&boot, &dir, args.max_steps)?;
             // A gigabyte, preallocated: gone before the next run makes its
             // own (the AMD-V test machine keeps its files in RAM).
             let _ = std::fs::remove_file(dir.join(crate::step_bench::TRACE_NAME));
@@ -185,7 +189,7 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
                     args.steps
                 );
             }
-            crate::step_bench::run(boot, dir)?;
+            crate::step_bench::run(boot, dir, None)?;
             let big = args
                 .keep
                 .clone()

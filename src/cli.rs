@@ -216,6 +216,17 @@ pub struct BenchArgs {
         conflicts_with = "analyzer"
     )]
     pub runs: u32,
+    /// Step only the demo OS's first N instructions in each run of the step
+    /// benchmark (the bare runs stop after N exits, the traced run after N
+    /// steps), for hosts where stepping the whole demo takes too long (the
+    /// VT-x test machine steps a few thousand instructions a second).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1000..),
+        conflicts_with = "analyzer"
+    )]
+    pub max_steps: Option<u64>,
     /// Print JSON (keys: bare_exits_per_s, traced_exits_per_s, ratio,
     /// bytes_per_step, peak_rss_bytes; with --runs also ratio_median and
     /// runs).

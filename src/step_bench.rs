@@ -21,6 +21,9 @@ use vtrace_trap::{TraceOptions, Tracer};
 /// needed): its rate there is that of stepping with re-arming.
 struct BareStepper {
     rearm: bool,
+    /// Exits so far, and where to stop.
+    exits: u64,
+    limit: Option<u64>,
 }
 
 impl Monitor for BareStepper {
@@ -28,7 +31,12 @@ impl Monitor for BareStepper {
         true
     }
 
+    fn done(&self) -> bool {
+        self.limit.is_some_and(|limit| self.exits >= limit)
+    }
+
     fn on_exit(&mut self, exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+        self.exits += 1;
         // Without an engine to tell a HLT that ran from one KVM reports
         // again, every HLT exit waits.
         if *exit == ExitView::Halt {
@@ -92,15 +100,18 @@ fn config(boot: &BootSource) -> VmConfig {
 pub const TRACE_NAME: &str = "bench.vtd";
 
 /// Runs `boot` three times: stepping bare, traced to a disk in `dir`, and
-/// bare again. The bare rate is that of both bare runs together, so a
+/// bare again; each run to the guest's end, or for `max_steps` (exits of
+/// the bare runs, steps of the traced one). The bare rate is that of both bare runs together, so a
 /// host whose speed drifts during the benchmark (a machine warming up, a
 /// neighbour's load; on the AMD-V test machine single runs swung by 5 %)
 /// weighs on both sides of the ratio alike.
-pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
+pub fn run(boot: &BootSource, dir: &Path, max_steps: Option<u64>) -> Result<BenchReport> {
     let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     let bare = || {
         Vm::new(config(boot))?.run(&mut BareStepper {
             rearm: trap_flag_host,
+            exits: 0,
+            limit: max_steps,
         })
     };
     let before = bare()?;
@@ -118,6 +129,8 @@ pub fn run(boot: &BootSource, dir: &Path) -> Result<BenchReport> {
         TraceOptions {
             from_start: true,
             trap_flag_host,
+            max_steps,
+            exit_after_trace: max_steps.is_some(),
             ..TraceOptions::default()
         },
     );

@@ -74,6 +74,19 @@ impl Vcpu {
         (&self.fd.sync_regs_mut().sregs).into()
     }
 
+    /// RIP, RSP, RCX and RFLAGS as of the last exit: what a single step
+    /// that ran nothing leaves as it was (see `cpu::echo`). Read in place,
+    /// twice an exit while stepping.
+    #[inline]
+    pub(crate) fn echo_witness(&mut self) -> [u64; 4] {
+        let witness = |r: &kvm_regs| [r.rip, r.rsp, r.rcx, r.rflags];
+        if self.synced {
+            witness(&self.fd.sync_regs_mut().regs)
+        } else {
+            witness(&self.regs())
+        }
+    }
+
     /// RIP as of the last exit (no ioctl once the vCPU has run).
     pub fn rip(&mut self) -> u64 {
         if self.synced {

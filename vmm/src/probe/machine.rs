@@ -157,16 +157,12 @@ impl Machine {
         let started = std::time::Instant::now();
         let mut steps = [0u64; 2];
         let mut cpl = self.vcpu.sregs().cs.dpl;
-        let mut watch = EchoWatch {
-            expected: self.stepping,
-            ..EchoWatch::default()
-        };
-        let witness = |r: &kvm_regs| [r.rip, r.rsp, r.rcx, r.rflags];
+        let mut watch = EchoWatch::default();
         for _ in 0..max_exits {
             if started.elapsed() > max_time {
                 break;
             }
-            let before = witness(&self.vcpu.regs());
+            let before = self.vcpu.echo_witness();
             self.vcpu.run_page().__bindgen_anon_1.debug.arch.dr7 = echo::NOT_REPORTED_DR7;
             let mut from_cpu = false;
             let ending = match self.vcpu.run() {
@@ -202,13 +198,11 @@ impl Machine {
             let step = StepExit {
                 from_cpu,
                 // The probes' code never branches to itself.
-                unchanged: witness(&self.vcpu.regs()) == before,
+                unchanged: self.vcpu.echo_witness() == before,
             };
-            if watch.expected && watch.is_echo(step, || false) {
-                watch.expected = false;
+            if watch.is_echo(step, || false) {
                 continue;
             }
-            watch.expected = !from_cpu;
             // The step belongs to the level the instruction ran at (an
             // IRETQ to user mode is a kernel step).
             steps[usize::from(cpl == 3)] += 1;

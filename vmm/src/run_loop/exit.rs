@@ -66,48 +66,37 @@ pub(super) enum Exit {
     Other(String),
 }
 
-/// What an echo leaves as it was (see [`echo::StepExit::unchanged`]).
-fn echo_witness(regs: &kvm_bindings::kvm_regs) -> [u64; 4] {
-    [regs.rip, regs.rsp, regs.rcx, regs.rflags]
-}
-
 impl Vm {
     /// Runs the vCPU until its next exit, passing over single-step exits
     /// that ran nothing (see [`echo`]).
     pub(super) fn enter(&mut self) -> Exit {
         loop {
-            let watch = self.step.stepping && self.step.echo.expected;
-            let before = watch.then(|| echo_witness(&self.machine.vcpu.regs()));
+            let before = self.step.stepping.then(|| self.machine.vcpu.echo_witness());
             if self.step.stepping {
                 // The exit union: KVM rewrites it at the next exit.
                 self.machine.vcpu.run_page().__bindgen_anon_1.debug.arch.dr7 =
                     echo::NOT_REPORTED_DR7;
             }
             let exit = self.enter_once();
-            if let Exit::Debug {
-                breakpoint: false,
-                from_cpu,
-            } = exit
+            if let (
+                Exit::Debug {
+                    breakpoint: false,
+                    from_cpu,
+                },
+                Some(before),
+            ) = (&exit, before)
             {
-                if let Some(before) = before {
-                    let unchanged = echo_witness(&self.machine.vcpu.regs()) == before;
-                    let step = echo::StepExit {
-                        from_cpu,
-                        unchanged,
-                    };
-                    let mut watch = self.step.echo;
-                    let echo = watch.is_echo(step, || self.may_branch_to_itself());
-                    self.step.echo = watch;
-                    if echo {
-                        tracing::trace!("passed over a single-step exit that ran nothing");
-                        continue;
-                    }
+                let step = echo::StepExit {
+                    from_cpu: *from_cpu,
+                    unchanged: self.machine.vcpu.echo_witness() == before,
+                };
+                let mut watch = self.step.echo;
+                let echo = watch.is_echo(step, || self.may_branch_to_itself());
+                self.step.echo = watch;
+                if echo {
+                    tracing::trace!("passed over a single-step exit that ran nothing");
+                    continue;
                 }
-                self.step.echo.expected = !from_cpu;
-            } else {
-                // An OUT or IN completes on the next entry with a trap KVM
-                // synthesizes; anything else ran on the CPU.
-                self.step.echo.expected = false;
             }
             return exit;
         }

@@ -266,8 +266,6 @@ impl Vm {
         self.machine.vcpu.set_guest_debug(&debug)?;
         if stepping != self.step.stepping {
             self.machine.clock.set_stepping(stepping);
-            // VT-x: the first stepping entry may exit before anything ran.
-            self.step.echo.expected = stepping;
         }
         self.step.stepping = stepping;
         self.step.breakpoints = breakpoints.to_vec();

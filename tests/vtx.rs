@@ -1,0 +1,172 @@
+//! vtrace on a real VT-x KVM: the VT-x test machine (scripts/vtx.sh) boots
+//! the installed kernel with its kvm-intel under Bochs's VMX emulation, and
+//! `vtrace` runs in it. Stepping there rides on RFLAGS.TF, as on every
+//! VT-x and AMD-V host, and hardware breakpoints reach the VMM (they do
+//! not on the AMD-V machine). Bochs steps a few thousand instructions a
+//! second, so the tests share boots and bound what they trace.
+
+mod common;
+
+use common::vtx::{vtx, vtx_available};
+use common::*;
+use vtrace_storage::{Event, Record, TraceReason};
+
+/// A value of `vtrace info --json`'s output the machine left in /out.
+fn json_file(m: &common::vtx::VtxRun, name: &str) -> serde_json::Value {
+    let text = m.text(name);
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "{name} is not JSON ({e}): {text:?}\n{}\n{}",
+            m.output, m.stderr
+        )
+    })
+}
+
+/// Runs vtrace here with `args` and returns `vtrace info --json` of the
+/// trace it left at `disk`.
+fn traced_here(disk: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![
+        "run",
+        "--no-input",
+        "-q",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ];
+    all.extend_from_slice(args);
+    let o = run(&all);
+    assert!(o.status.success(), "{}", stderr(&o));
+    info_json(disk)
+}
+
+/// One boot of the VT-x machine, checked against the same runs here:
+///
+/// - `vtrace doctor` finds KVM on VT-x, every kernel and user instruction
+///   stepped (the single-step exits KVM reports twice passed over), and
+///   breakpoints that reach the VMM;
+/// - the demo OS traced from its first instruction: 0 gaps and the digest
+///   of this host. Before the VMM passed over the exits that ran nothing,
+///   every instruction KVM completed itself recorded the next one twice
+///   (178 gaps in the first 100,000 steps);
+/// - `--start-at schedule --stop-at isr_common` (hardware breakpoints, the
+///   guest untraced until the first): the same 60 steps as here, from the
+///   scheduler's first instruction to the one before the interrupt entry;
+/// - `--trace-function page_fault`: one window a fault, as here, 0 gaps;
+/// - the serialising instructions, each one step.
+#[test]
+fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
+    if !vtx_available() || !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let demo_here = traced_here(&dir.path().join("demo.vtd"), &["--trace"]);
+    let start_here = dir.path().join("start.vtd");
+    let start_info = traced_here(
+        &start_here,
+        &[
+            "--start-at",
+            "schedule",
+            "--stop-at",
+            "isr_common",
+            "--exit-after-trace",
+        ],
+    );
+    let function_here = traced_here(
+        &dir.path().join("function.vtd"),
+        &["--trace-function", "page_fault"],
+    );
+    let fences = write_guest(dir.path(), "fences.bin", vtrace_demo::test_guests::FENCES);
+
+    let m = vtx(
+        &[(&fences, "fences.bin")],
+        "grep -qw vmx /proc/cpuinfo && echo vmx; lsmod | grep -q '^kvm_intel' && echo kvm_intel; \
+         vtrace doctor --json > /out/doctor.json; \
+         vtrace run --no-input -q --trace --disk /tmp/demo.vtd --disk-size 64M > /out/demo.txt 2>&1; \
+         vtrace info --json /tmp/demo.vtd > /out/demo.json; \
+         vtrace run --no-input -q --disk /out/start.vtd --disk-size 8M \
+           --start-at schedule --stop-at isr_common --exit-after-trace > /out/start.txt 2>&1; \
+         vtrace run --no-input -q --disk /tmp/function.vtd --disk-size 64M \
+           --trace-function page_fault > /out/function.txt 2>&1; \
+         vtrace info --json /tmp/function.vtd > /out/function.json; \
+         vtrace run --no-input -q --trace --real-mode fences.bin --disk /out/fences.vtd \
+           --disk-size 8M > /out/fences.txt 2>&1",
+        1800,
+    );
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    assert!(
+        m.output.contains("vmx") && m.output.contains("kvm_intel"),
+        "{}",
+        m.output
+    );
+
+    let d = json_file(&m, "doctor.json");
+    assert_eq!(d["kind"], "VT-x", "{d}");
+    assert_eq!(d["kernel_code_emulated"], false, "{d}");
+    assert_eq!(d["kernel_stepping"]["works"], true, "{d}");
+    assert_eq!(
+        d["kernel_stepping"]["seen"], d["kernel_stepping"]["expected"],
+        "armed once, every instruction once: {d}"
+    );
+    assert!(
+        d["kernel_stepping"]["echoes"].as_u64() > Some(0),
+        "the probe's OUT is an instruction KVM completes: {d}"
+    );
+    assert_eq!(d["user_stepping"]["works"], true, "{d}");
+    assert_eq!(d["breakpoints_exit"], true, "{d}");
+    let verdict = d["trace_shows"][0]["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.starts_with("every instruction"), "{d}");
+
+    let demo = json_file(&m, "demo.json");
+    assert!(
+        m.text("demo.txt").contains("demo OS done"),
+        "{}",
+        m.text("demo.txt")
+    );
+    assert_eq!(demo["gaps"], 0, "{demo}");
+    assert_eq!(demo["steps"], demo_here["steps"], "{demo}\n{demo_here}");
+    assert_eq!(demo["events"], demo_here["events"], "{demo}\n{demo_here}");
+    assert_eq!(demo["digest"], demo_here["digest"], "{demo}\n{demo_here}");
+
+    // The stretch between two breakpoints: the same steps, one by one.
+    let there = m.file("start.vtd");
+    let start_there = info_json(&there);
+    assert_eq!(
+        start_there["gaps"],
+        0,
+        "{start_there}\n{}",
+        m.text("start.txt")
+    );
+    assert_eq!(start_there["digest"], start_info["digest"], "{start_there}");
+    let recs = records(&there);
+    let schedule = demo_symbol("schedule");
+    assert_eq!(
+        recs.iter().find_map(|r| match r {
+            Record::Step(s) => Some(s.pc),
+            Record::Event(_) => None,
+        }),
+        Some(schedule)
+    );
+    assert!(
+        recs.contains(&Record::Event(Event::TraceStop(TraceReason::Address(
+            demo_symbol("isr_common")
+        ))))
+    );
+
+    // One window a page fault, from the entry to the return: the untraced
+    // stretches between run on wall time, so only the control flow is
+    // compared, not the registers.
+    let function = json_file(&m, "function.json");
+    assert_eq!(function["gaps"], 0, "{function}");
+    assert_eq!(function["steps"], function_here["steps"], "{function}");
+    assert_eq!(function["events"], function_here["events"], "{function}");
+    let faults = number_after(&m.text("function.txt"), "page faults:");
+    assert!(faults > Some(1), "{}", m.text("function.txt"));
+    assert_eq!(
+        function["events"]["trace_start"].as_u64(),
+        faults,
+        "{function}"
+    );
+
+    assert_fences_traced_whole(&m.file("fences.vtd"));
+}
