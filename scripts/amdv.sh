@@ -21,6 +21,7 @@ die() {
 }
 
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/lib/machine.sh"
 vtrace="$top/target/release/vtrace"
 out=""
 timeout=600
@@ -45,8 +46,7 @@ for tool in qemu-system-x86_64 busybox cpio; do
 done
 ldd "$(command -v busybox)" >/dev/null 2>&1 && die "busybox is not the static build: install busybox-static"
 [ -x "$vtrace" ] || die "no vtrace binary at $vtrace: build it first (cargo build --release)"
-kernel=${VTRACE_AMDV_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n 1)}
-[ -n "$kernel" ] && [ -r "$kernel" ] || die "no kernel in /boot: scripts/test.sh installs linux-image-cloud-amd64"
+kernel=$(machine_kernel "${VTRACE_AMDV_KERNEL:-}")
 version=${kernel##*/vmlinuz-}
 modules=/lib/modules/$version/kernel
 [ -d "$modules" ] || die "no modules for $version in /lib/modules"
@@ -54,8 +54,7 @@ modules=/lib/modules/$version/kernel
 work=$(mktemp -d "${TMPDIR:-/tmp}/vtrace-amdv.XXXXXX")
 [ -n "${VTRACE_AMDV_KEEP:-}" ] && echo "amdv.sh: keeping $work" >&2 || trap 'rm -rf "$work"' EXIT
 root=$work/root
-mkdir -p "$root"/{bin,sbin,lib64,lib/x86_64-linux-gnu,modules,proc,sys,dev,tmp,work,out}
-cp "$(command -v busybox)" "$root/bin/busybox"
+machine_root "$root"
 
 # Modules in load order: KVM, then the virtio disk that carries /out back.
 mods=(virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko arch/x86/kvm/kvm-amd.ko
@@ -63,29 +62,11 @@ mods=(virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko arch/x86/kvm/kvm-amd.ko
       drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko
       drivers/virtio/virtio_pci.ko drivers/block/virtio_blk.ko)
 for m in "${mods[@]}"; do
-    src=$modules/$m
-    if [ -f "$src" ]; then cp "$src" "$root/modules/"
-    elif [ -f "$src.xz" ]; then xz -dc "$src.xz" >"$root/modules/${m##*/}"
-    elif [ -f "$src.zst" ]; then zstd -qdc "$src.zst" >"$root/modules/${m##*/}"
-    else die "module $m is missing from $modules"
-    fi
+    machine_module "$modules" "$m" "$root/modules/${m##*/}"
 done
 
-# vtrace and the shared libraries it links.
-cp "$vtrace" "$root/bin/vtrace"
-ldd "$vtrace" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-done
-
-for spec in "${files[@]}"; do
-    src=${spec%%:*}
-    dst=${spec#*:}
-    [ "$dst" = "$spec" ] && dst=$(basename "$src")
-    [ -r "$src" ] || die "--file $src: not readable"
-    mkdir -p "$root/work/$(dirname "$dst")"
-    cp -L "$src" "$root/work/$dst"
-done
+machine_vtrace "$root" "$vtrace"
+machine_files "$root" ${files[@]+"${files[@]}"}
 
 # The command, quoted once for the guest's shell.
 printf '%q ' "$@" >"$root/command"

@@ -22,6 +22,7 @@ die() {
 }
 
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/lib/machine.sh"
 vtrace="$top/target/release/vtrace"
 out=""
 timeout=900
@@ -51,8 +52,7 @@ for f in "$isolinux" "$ldlinux" "$bios" "$vgabios"; do
 done
 ldd "$(command -v busybox)" >/dev/null 2>&1 && die "busybox is not the static build: install busybox-static"
 [ -x "$vtrace" ] || die "no vtrace binary at $vtrace: build it first (cargo build --release)"
-kernel=${VTRACE_VTX_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n 1)}
-[ -n "$kernel" ] && [ -r "$kernel" ] || die "no kernel in /boot: scripts/test.sh installs linux-image-cloud-amd64"
+kernel=$(machine_kernel "${VTRACE_VTX_KERNEL:-}")
 version=${kernel##*/vmlinuz-}
 modules=/lib/modules/$version/kernel
 [ -d "$modules" ] || die "no modules for $version in /lib/modules"
@@ -60,37 +60,18 @@ modules=/lib/modules/$version/kernel
 work=$(mktemp -d "${TMPDIR:-/tmp}/vtrace-vtx.XXXXXX")
 [ -n "${VTRACE_VTX_KEEP:-}" ] && echo "vtx.sh: keeping $work" >&2 || trap 'rm -rf "$work"' EXIT
 root=$work/root
-mkdir -p "$root"/{bin,sbin,lib64,lib/x86_64-linux-gnu,modules,proc,sys,dev,tmp,work,out}
-cp "$(command -v busybox)" "$root/bin/busybox"
+machine_root "$root"
 
 # KVM's modules in load order. Their signatures are stripped: checking one
 # costs about 3 s of emulated RSA, and an unsigned module only taints.
 for m in virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko arch/x86/kvm/kvm-intel.ko; do
-    src=$modules/$m
     dst=$root/modules/${m##*/}
-    if [ -f "$src" ]; then cp "$src" "$dst"
-    elif [ -f "$src.xz" ]; then xz -dc "$src.xz" >"$dst"
-    elif [ -f "$src.zst" ]; then zstd -qdc "$src.zst" >"$dst"
-    else die "module $m is missing from $modules"
-    fi
+    machine_module "$modules" "$m" "$dst"
     strip --strip-debug "$dst"
 done
 
-# vtrace and the shared libraries it links.
-cp "$vtrace" "$root/bin/vtrace"
-ldd "$vtrace" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-done
-
-for spec in "${files[@]}"; do
-    src=${spec%%:*}
-    dst=${spec#*:}
-    [ "$dst" = "$spec" ] && dst=$(basename "$src")
-    [ -r "$src" ] || die "--file $src: not readable"
-    mkdir -p "$root/work/$(dirname "$dst")"
-    cp -L "$src" "$root/work/$dst"
-done
+machine_vtrace "$root" "$vtrace"
+machine_files "$root" ${files[@]+"${files[@]}"}
 
 # The command, quoted once for the guest's shell.
 printf '%q ' "$@" >"$root/command"

@@ -6,14 +6,8 @@
 mod common;
 
 use common::amdv::{amdv, amdv_available};
+use common::linux::*;
 use common::*;
-
-/// The listing of a trace, without the progress bar.
-fn listing(trace: &std::path::Path) -> Vec<String> {
-    let o = run(&["analyze", "listing", trace.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    stdout(&o).lines().map(str::to_owned).collect()
-}
 
 /// Untraced, with static probes enabled: each fires its hypercall on
 /// KVM's fast path for port I/O, which names the site as this host's
@@ -85,7 +79,8 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
 /// STI shadows rebuilt, page faults foreseen and delivered by the VMM,
 /// virtual time counting instructions. Both take the same captures
 /// (`--capture`) of kprintf's format strings and of the page-fault
-/// addresses, which are not present.
+/// addresses, which are not present. The fences test guest is stepped
+/// there one instruction at a time as well.
 #[test]
 fn demo_os_traced_on_amdv_matches_this_host() {
     if !amdv_available() || !kvm_available() {
@@ -111,12 +106,17 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
 
+    let fences = write_guest(dir.path(), "fences.bin", vtrace_demo::test_guests::FENCES);
     let m = amdv(
-        &[],
+        &[(&fences, "fences.bin")],
         "vtrace run --no-input -q --trace --disk /out/amdv.vtd --disk-size 64M \
-         --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch",
+         --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch && \
+         vtrace run --no-input -q --trace --real-mode fences.bin --disk /out/fences.vtd \
+         --disk-size 8M",
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    // Every serialising instruction one step there too.
+    assert_fences_traced_whole(&m.file("fences.vtd"));
     let there = m.file("amdv.vtd");
 
     let (ih, ia) = (info_json(&here), info_json(&there));
@@ -147,83 +147,6 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert_eq!(ih["steps"], ia["steps"]);
 }
 
-/// `vtrace analyze processes --json` of a trace.
-fn processes(trace: &std::path::Path) -> serde_json::Value {
-    let o = run(&["analyze", "processes", "--json", trace.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
-/// The newest kernel in /boot (or VTRACE_TEST_KERNEL).
-fn test_kernel() -> std::path::PathBuf {
-    if let Some(k) = std::env::var_os("VTRACE_TEST_KERNEL") {
-        return k.into();
-    }
-    let mut kernels: Vec<_> = std::fs::read_dir("/boot")
-        .expect("/boot")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().contains("vmlinuz-"))
-        .collect();
-    kernels.sort();
-    kernels
-        .pop()
-        .expect("no kernel in /boot: scripts/test.sh installs linux-image-cloud-amd64")
-}
-
-/// A busybox initramfs whose /init mounts /proc, says it is up and runs
-/// `body` (shell).
-fn busybox_initramfs(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
-    busybox_initramfs_with(dir, body, &[])
-}
-
-/// The same, with `extra` files (host path, path in the initramfs) in it.
-/// Its tree stays at `dir/l2`: the sysroot of its traces.
-fn busybox_initramfs_with(
-    dir: &std::path::Path,
-    body: &str,
-    extra: &[(&std::path::Path, &str)],
-) -> std::path::PathBuf {
-    let root = dir.join("l2");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(root.join("proc")).unwrap();
-    std::fs::create_dir_all(root.join("dev")).unwrap();
-    let busybox = std::process::Command::new("sh")
-        .args(["-c", "command -v busybox"])
-        .output()
-        .unwrap();
-    let busybox = String::from_utf8_lossy(&busybox.stdout).trim().to_string();
-    std::fs::copy(&busybox, root.join("bin/busybox")).expect("busybox (static)");
-    for (host, name) in extra {
-        std::fs::copy(host, root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
-    let init = format!(
-        "#!/bin/busybox sh\n/bin/busybox --install -s /bin\nmount -t proc proc /proc\n\
-         echo 'l2: userspace up'\n{body}\n"
-    );
-    std::fs::write(root.join("init"), init).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cpio = dir.join("l2.cpio");
-    newc_archive(&root, &cpio);
-    cpio
-}
-
-/// Shell that starts `vtrace run` on the machine's Linux with the busybox
-/// initramfs (`extra` options added, output to /tmp/log, its pid in $pid)
-/// and waits until userspace says it is up.
-fn linux_up(extra: &str) -> String {
-    format!(
-        "vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M {extra} \
-           > /tmp/log 2>&1 & pid=$!; \
-         for i in $(seq 240); do grep -q 'userspace up' /tmp/log && break; sleep 0.5; done; "
-    )
-}
-
-/// Userspace loops on a system call (open, read and close of
-/// /proc/uptime), saying every 100 rounds that it is alive.
-const SYSCALL_LOOP: &str = "i=0; while :; do read -r up < /proc/uptime; i=$((i+1)); \
-                            case $i in *00) echo \"l2: alive $i\";; esac; done";
-
 /// Linux boots to a busybox userspace under vtrace on the AMD-V machine,
 /// and `vtrace ctl start` / `stop` from another process trace it while
 /// userspace loops on a system call. Every system call is followed from
@@ -244,85 +167,7 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(m.output.contains("l2: userspace up"), "{}", m.output);
-    let trace = m.file("l.vtd");
-    let o = run(&["analyze", "spaces", "--json", trace.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let spaces: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let sum = |key: &str| -> u64 {
-        spaces["spaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s[key].as_u64().unwrap())
-            .sum()
-    };
-    let (user, kernel) = (sum("user_steps"), sum("kernel_steps"));
-    // How the window splits between user and kernel code depends on what
-    // the guest was doing (about 45,000 of 52,000 steps were user mode on
-    // an idle host, 600 of 30,000 under load): both must be there.
-    assert!(user > 100 && kernel > 100, "{spaces}");
-
-    let info = info_json(&trace);
-    assert_eq!(info["gaps"], 0, "{info}");
-
-    // Listing columns of a Linux trace: step, pid, comm, address space,
-    // pc, routine+offset, bytes, mnemonic.
-    let lines = listing(&trace);
-    let steps: Vec<Vec<&str>> = lines
-        .iter()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() > 7 && f[0].parse::<u64>().is_ok())
-        .collect();
-    let kernel = |f: &[&str]| f[4].starts_with("0xffff");
-    let (mut syscalls, mut sysrets) = (0, 0);
-    for w in steps.windows(2) {
-        let (this, next) = (&w[0], &w[1]);
-        match this[7] {
-            "syscall" if !kernel(this) => {
-                syscalls += 1;
-                assert!(
-                    kernel(next),
-                    "SYSCALL not followed into the kernel: {this:?} {next:?}"
-                );
-            }
-            "sysretq" => {
-                sysrets += 1;
-                assert!(!kernel(next), "SYSRETQ not followed to user mode: {next:?}");
-            }
-            _ => {}
-        }
-    }
-    assert!(
-        syscalls > 0 && sysrets > 0,
-        "{syscalls} syscalls, {sysrets} sysrets in {} steps",
-        steps.len()
-    );
-
-    // The only user process is the shell the kernel ran as /init: pid 1,
-    // named "init" by its exec. Tracing started in its user mode, where
-    // the running task is found through the kernel's saved GS base; every
-    // user step and every SYSCALL of the window is its.
-    let table = processes(&trace);
-    let rows = table["processes"].as_array().unwrap();
-    let init = rows
-        .iter()
-        .find(|r| r["tid"] == 1)
-        .unwrap_or_else(|| panic!("no task 1: {table}"));
-    assert_eq!(
-        (&init["pid"], &init["comm"]),
-        (&1.into(), &"init".into()),
-        "{table}"
-    );
-    assert_eq!(init["user_steps"], user, "{table}");
-    let user_syscalls = steps
-        .iter()
-        .filter(|f| f[7] == "syscall" && !kernel(f))
-        .count();
-    assert_eq!(init["syscalls"], user_syscalls, "{table}");
-    assert!(
-        rows.iter().all(|r| !r["tid"].is_null()),
-        "unnamed steps: {table}"
-    );
+    assert_user_mode_traced_whole(&m.file("l.vtd"));
 }
 
 /// Tracing started and stopped from the host again and again while Linux

@@ -343,7 +343,7 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
 /// CPU's idle task (pid 0, "swapper/0"), the init task it forked (pid 1,
 /// still called "swapper/0" until it execs /init), kthreadd (pid 2, which
 /// names itself) and the first kernel threads kthreadd creates for init,
-/// named by their creator.
+/// named by their creator. Every fence in it is one step, with no gap.
 #[test]
 fn a_linux_trace_names_its_tasks() {
     if !kvm_available() {
@@ -411,6 +411,21 @@ fn a_linux_trace_names_its_tasks() {
         !named.is_empty() && named.iter().all(|c| !c.is_empty()),
         "{table}"
     );
+
+    // The scheduler's path runs LFENCE and MFENCE (speculation barriers,
+    // ordering): each one step, and no gap anywhere. This host runs the
+    // instruction after a fence in the same exit; every fence of this
+    // window used to cost that instruction and a gap.
+    let fences = records(&disk)
+        .iter()
+        .filter(|r| {
+            matches!(r, vtrace_storage::Record::Step(s)
+                if matches!(s.bytes.as_slice(), [0x0f, 0xae, 0xe8 | 0xf0 | 0xf8]))
+        })
+        .count();
+    assert!(fences > 0, "no fence in the window");
+    let info = info_json(&disk);
+    assert_eq!(info["gaps"], 0, "{fences} fences: {info}");
 
     // The export's rows carry the task: as many per thread as the
     // per-task table counts, each with its thread group and a name.

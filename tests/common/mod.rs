@@ -102,6 +102,8 @@ pub fn virtual_seconds(text: &str) -> Option<f64> {
 }
 
 pub mod amdv;
+pub mod linux;
+pub mod machine;
 pub mod vtx;
 
 /// The Linux kernel the tests boot: VTRACE_TEST_KERNEL, else Debian's

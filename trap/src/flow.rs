@@ -36,11 +36,13 @@ pub enum Shadow {
     MovSs,
     /// POP SS: pops this many bytes.
     PopSs(u8),
-    /// LFENCE, MFENCE, SFENCE: change no register. This project's
-    /// paravirtual KVM reports no trap after them (measured: the exit
-    /// comes after the next instruction that is not a fence), so a run of
-    /// fences and the instruction after them are one exit.
-    Fence,
+    /// LFENCE, MFENCE, SFENCE and SWAPGS: change no general register.
+    /// This project's paravirtual KVM reports no trap after them
+    /// (measured: the exit comes after the next instruction that is not
+    /// one of them; in Linux, `asm_load_gs_index`'s `mov gs` and `ret`
+    /// were lost after its two SWAPGS), so a run of them and the
+    /// instruction after it are one exit.
+    NoTrapAfter,
 }
 
 /// A decoded instruction as the engine needs it.
@@ -211,7 +213,9 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
                 (bitness / 8) as u8
             }))
         }
-        Mnemonic::Lfence | Mnemonic::Mfence | Mnemonic::Sfence => Some(Shadow::Fence),
+        Mnemonic::Lfence | Mnemonic::Mfence | Mnemonic::Sfence | Mnemonic::Swapgs => {
+            Some(Shadow::NoTrapAfter)
+        }
         _ => None,
     };
     Some(Decoded {

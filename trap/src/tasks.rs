@@ -211,7 +211,7 @@ impl TaskWatch {
             return;
         };
         let mut bytes = [0u8; 4];
-        if !engine.read_linear(cpu, at, &mut bytes) {
+        if !engine.read_kernel(cpu, at, &mut bytes) {
             return;
         }
         let count = u32::from_le_bytes(bytes);
@@ -318,7 +318,7 @@ fn read_maps(
     }
     let root = read_u64(engine, cpu, mm.checked_add(layout.tree_root)?)?;
     let vmas = {
-        let mut read = |at: u64, buf: &mut [u8]| engine.read_linear(cpu, at, buf);
+        let mut read = |at: u64, buf: &mut [u8]| engine.read_kernel(cpu, at, buf);
         maple::entries(root, &mut read, MAX_VMAS)?
     };
     let mut maps = Vec::new();
@@ -384,7 +384,7 @@ fn file_path(
 fn read_id(engine: &mut Engine, cpu: &mut dyn CpuView, task: u64, offset: u64) -> Option<u32> {
     let mut b = [0u8; 4];
     engine
-        .read_linear(cpu, task.checked_add(offset)?, &mut b)
+        .read_kernel(cpu, task.checked_add(offset)?, &mut b)
         .then(|| u32::from_le_bytes(b))
         .filter(|id| *id <= PID_MAX)
 }
@@ -392,7 +392,7 @@ fn read_id(engine: &mut Engine, cpu: &mut dyn CpuView, task: u64, offset: u64) -
 fn read_u64(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64) -> Option<u64> {
     let mut b = [0u8; 8];
     engine
-        .read_linear(cpu, at, &mut b)
+        .read_kernel(cpu, at, &mut b)
         .then(|| u64::from_le_bytes(b))
 }
 
@@ -405,7 +405,7 @@ fn read_text(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64, max: usize) ->
         let in_page = (4096 - (addr & 0xfff) as usize).min(max - text.len());
         let mut b = [0u8; NAME_MAX];
         let chunk = &mut b[..in_page.min(NAME_MAX)];
-        if !engine.read_linear(cpu, addr, chunk) {
+        if !engine.read_kernel(cpu, addr, chunk) {
             if text.is_empty() && addr == at {
                 return None;
             }

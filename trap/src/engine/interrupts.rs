@@ -307,9 +307,9 @@ impl Engine {
 
     /// STI, MOV SS and POP SS hold the single-step trap back for one
     /// instruction on AMD-V (as their interrupt shadow does), and fences
-    /// on this project's paravirtual hosts, so the exit comes after the
-    /// instruction that follows (after a run of fences, the first that is
-    /// not one). Every step is rebuilt exactly: the held instructions'
+    /// and SWAPGS on this project's paravirtual hosts, so the exit comes
+    /// after the instruction that follows (after a run of those, the first
+    /// that is not one). Every step is rebuilt exactly: the held instructions'
     /// registers follow from the ones before them, the last one's are
     /// those at the exit. Returns the last instruction, or None, recording
     /// nothing, when no such run explains `next`.
@@ -324,7 +324,7 @@ impl Engine {
         next: u64,
         sink: &mut dyn RecordSink,
     ) -> Option<Decoded> {
-        /// Fences held back in a row, at most (a longer run is a gap).
+        /// Instructions held back in a row, at most (a longer run is a gap).
         const MAX_HELD: usize = 4;
         let mut held = [(*p, self.last); MAX_HELD];
         let (mut count, mut at, mut shadow) = (0, (*p, d), d.shadow?);
@@ -336,7 +336,7 @@ impl Engine {
             };
             match shadow {
                 Shadow::Sti => own.rflags |= RFLAGS_IF,
-                Shadow::MovSs | Shadow::Fence => {}
+                Shadow::MovSs | Shadow::NoTrapAfter => {}
                 Shadow::PopSs(bytes) => own.rsp = own.rsp.wrapping_add(u64::from(bytes)),
             }
             held[count] = (at.0, own);
@@ -358,12 +358,12 @@ impl Engine {
                 return Some(f);
             }
             match (shadow, f.shadow) {
-                (Shadow::Fence, Some(Shadow::Fence)) if count < MAX_HELD => {
+                (Shadow::NoTrapAfter, Some(Shadow::NoTrapAfter)) if count < MAX_HELD => {
                     at = (folded, f);
                 }
                 _ => return None,
             }
-            shadow = Shadow::Fence;
+            shadow = Shadow::NoTrapAfter;
         }
     }
 

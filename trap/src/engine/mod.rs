@@ -287,6 +287,27 @@ impl Engine {
         self.walker.read(&*cpu, &sregs, linear, buf) == buf.len()
     }
 
+    /// Reads kernel memory at linear address `linear`, as
+    /// [`Engine::read_linear`] does; where the running address space does
+    /// not map it (Linux's page-table isolation leaves user mode only the
+    /// entry code), through the kernel's own page tables, which Linux keeps
+    /// in the page below the user's (the user's CR3 has bit 12 set, and
+    /// PCID bits). False unless every byte was read.
+    pub fn read_kernel(&mut self, cpu: &mut dyn CpuView, linear: u64, buf: &mut [u8]) -> bool {
+        let sregs = cpu.sregs();
+        if self.walker.read(&*cpu, &sregs, linear, buf) == buf.len() {
+            return true;
+        }
+        /// Bit 12 (PTI's user half), the PCID and the no-flush bit.
+        const USER_CR3_BITS: u64 = 0x1fff | 1 << 63;
+        if sregs.cr3 & 0x1000 == 0 {
+            return false;
+        }
+        let mut kernel = sregs;
+        kernel.cr3 &= !USER_CR3_BITS;
+        self.walker.read(&*cpu, &kernel, linear, buf) == buf.len()
+    }
+
     /// Reads guest memory at linear address `linear` up to the first page
     /// that is not present; returns how many bytes were read.
     pub fn read_linear_prefix(
@@ -917,6 +938,30 @@ mod tests {
             })
         ));
         assert_eq!(e.stats().gaps, 0);
+    }
+
+    /// Linux's page-table isolation: user mode's tables map none of the
+    /// kernel's data; the kernel's own tables are in the page below.
+    #[test]
+    fn kernel_data_is_read_through_the_kernel_tables_under_isolation() {
+        let mut cpu = machine(&[0x90]);
+        cpu.put_u64(0x4000, 0x2000 | 3);
+        cpu.put_u64(0x4000 + 511 * 8, 0x2000 | 3);
+        cpu.put_u64(0x5000, 0x2000 | 7);
+        cpu.sregs.cr3 = 0x5000;
+        cpu.put_u64(0x18_0000, 0x1122_3344_5566_7788);
+        let kernel = 0xffff_ff80_0018_0000;
+        let mut e = Engine::new();
+        let mut b = [0u8; 8];
+        assert!(
+            !e.read_linear(&mut cpu, kernel, &mut b),
+            "not in user tables"
+        );
+        assert!(e.read_kernel(&mut cpu, kernel, &mut b));
+        assert_eq!(u64::from_le_bytes(b), 0x1122_3344_5566_7788);
+        // Without the isolation pair's bit, there is nothing else to try.
+        cpu.sregs.cr3 = 0x1000;
+        assert!(!e.read_kernel(&mut cpu, kernel, &mut b));
     }
 
     #[test]

@@ -1,0 +1,57 @@
+# What the test machines' scripts share (sourced by scripts/amdv.sh and
+# scripts/vtx.sh, which define die): the kernel to boot, and the guest's
+# root file system with busybox, the kernel's modules, vtrace with its
+# libraries and the files a test names.
+
+# The kernel to boot: $1 where given, else the newest in /boot.
+machine_kernel() {
+    local kernel=${1:-}
+    if [ -n "$kernel" ]; then
+        [ -r "$kernel" ] || die "the kernel $kernel (named in the environment) is not readable"
+    else
+        kernel=$( (ls -d /boot/vmlinuz-* 2>/dev/null || true) | sort -V | tail -n 1)
+    fi
+    [ -n "$kernel" ] && [ -r "$kernel" ] ||
+        die "no kernel in /boot: scripts/test.sh installs linux-image-cloud-amd64"
+    echo "$kernel"
+}
+
+# A root at $1 with busybox (static) in it.
+machine_root() {
+    mkdir -p "$1"/{bin,sbin,lib64,lib/x86_64-linux-gnu,modules,proc,sys,dev,tmp,work,out}
+    cp "$(command -v busybox)" "$1/bin/busybox"
+}
+
+# Module $2 (relative to the module tree $1), uncompressed, into $3.
+machine_module() {
+    local src=$1/$2
+    if [ -f "$src" ]; then cp "$src" "$3"
+    elif [ -f "$src.xz" ]; then xz -dc "$src.xz" >"$3"
+    elif [ -f "$src.zst" ]; then zstd -qdc "$src.zst" >"$3"
+    else die "module $2 is missing from $1"
+    fi
+}
+
+# vtrace ($2) and the shared libraries it links, into the root $1.
+machine_vtrace() {
+    cp "$2" "$1/bin/vtrace"
+    ldd "$2" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
+        mkdir -p "$1$(dirname "$lib")"
+        cp -L "$lib" "$1$lib"
+    done
+}
+
+# Files named HOST[:GUEST] (GUEST relative to /work, by default HOST's
+# base name) into the root $1.
+machine_files() {
+    local root=$1 spec src dst
+    shift
+    for spec in "$@"; do
+        src=${spec%%:*}
+        dst=${spec#*:}
+        [ "$dst" = "$spec" ] && dst=$(basename "$src")
+        [ -r "$src" ] || die "--file $src: not readable"
+        mkdir -p "$root/work/$(dirname "$dst")"
+        cp -L "$src" "$root/work/$dst"
+    done
+}
