@@ -58,7 +58,9 @@ fn traced_here(disk: &std::path::Path, args: &[&str]) -> serde_json::Value {
 /// - `--trace-function page_fault`: one window a fault, as here, 0 gaps;
 /// - the serialising instructions, each one step;
 /// - `--start-at` in a guest that sets a breakpoint of its own first: the
-///   VMM's still fires, the guest's does not take over.
+///   VMM's still fires, the guest's does not take over;
+/// - untraced, `--capture` and a `fn:` probe at hardware breakpoints, and
+///   the stretch the demo traces by hypercall.
 #[test]
 fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     if !vtx_available() || !kvm_available() {
@@ -81,6 +83,8 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         &dir.path().join("function.vtd"),
         &["--trace-function", "page_fault"],
     );
+    let bp_here = dir.path().join("bp.vtd");
+    traced_here(&bp_here, BREAKPOINT_PROBES);
     let fences = write_guest(dir.path(), "fences.bin", vtrace_demo::test_guests::FENCES);
     // The guest sets a breakpoint of its own (DR0 on its first byte, DR7)
     // before the `add` of its loop, where --start-at puts the VMM's.
@@ -93,8 +97,10 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
 
     let command = format!(
         "{} vtrace run --no-input -q --real-mode dr.bin --start-at {add:#x} --disk /out/dr.vtd \
-           --disk-size 8M > /out/dr.txt 2>&1; echo \"dr status $?\"",
-        DEMO_RUNS_THERE
+           --disk-size 8M > /out/dr.txt 2>&1; echo \"dr status $?\"; \
+         vtrace run --no-input -q --disk /out/bp.vtd --disk-size 8M {} > /out/bp.txt 2>&1",
+        DEMO_RUNS_THERE,
+        BREAKPOINT_PROBES.join(" ")
     );
     let m = vtx(
         &[(&fences, "fences.bin"), (&debug_regs, "dr.bin")],
@@ -190,7 +196,56 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         .collect();
     assert_eq!(got.len(), 10, "{got:x?}");
     assert_eq!(got[0], add);
+
+    // Untraced, captures and fn: probes fire at hardware breakpoints,
+    // which reach the VMM on VT-x: the same kprintf formats as here, and a
+    // schedule() probe a timer tick or yield trap, as the demo counts
+    // them. The stretch the demo traces by hypercall has no gap.
+    let captures = |trace: &std::path::Path| {
+        let o = run(&["analyze", "captures", "--json", trace.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut texts: Vec<String> = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap_or_default().to_string())
+            .collect();
+        texts.sort();
+        texts
+    };
+    let bp_there = m.file("bp.vtd");
+    let texts = captures(&bp_there);
+    assert!(texts.len() > 5, "{texts:?}\n{}", m.text("bp.txt"));
+    assert_eq!(texts, captures(&bp_here));
+    let o = run(&["analyze", "probes", "--json", bp_there.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let probes: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let schedules = probes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == "fn:schedule")
+        .and_then(|p| p["count"].as_u64());
+    let console = m.text("bp.txt");
+    let (ticks, yields) = (
+        number_after(&console, "timer ticks:"),
+        number_after(&console, "yield traps:"),
+    );
+    assert!(ticks.is_some() && yields.is_some(), "{console}");
+    assert_eq!(
+        schedules,
+        Some(ticks.unwrap() + yields.unwrap()),
+        "{probes}"
+    );
+    let stretch = info_json(&bp_there);
+    assert_eq!(stretch["gaps"], 0, "{stretch}");
+    assert!(stretch["steps"].as_u64() > Some(0), "{stretch}");
 }
+
+/// Untraced, with a capture and a fn: probe (hardware breakpoints) and
+/// the demo's own hypercalls tracing a stretch of it.
+const BREAKPOINT_PROBES: &[&str] = &["--capture", "kprintf:rdi:64", "--probe", "fn:schedule"];
 
 /// What the first boot runs in the VT-x machine, each result in /out.
 const DEMO_RUNS_THERE: &str =
