@@ -71,25 +71,9 @@ machine_files "$root" ${files[@]+"${files[@]}"}
 # The command, quoted once for the guest's shell.
 printf '%q ' "$@" >"$root/command"
 
-cat >"$root/init" <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/sbin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-for m in irqbypass kvm kvm-amd virtio_ring virtio virtio_pci_legacy_dev \
-         virtio_pci_modern_dev virtio_pci virtio_blk; do
-    insmod /modules/$m.ko || echo "AMDV-FAIL insmod $m"
-done
-[ -c /dev/kvm ] || echo "AMDV-FAIL no /dev/kvm"
-cd /work
-echo AMDV-START
-sh -c "$(cat /command)"
-status=$?
-# On a line of its own even where the command's output ended mid-line.
-echo
-echo "AMDV-EXIT $status"
+machine_init "$root" AMDV irqbypass kvm kvm-amd virtio_ring virtio virtio_pci_legacy_dev \
+    virtio_pci_modern_dev virtio_pci virtio_blk
+cat >>"$root/init" <<'EOF'
 if [ -b /dev/vda ]; then
     tar cf /dev/vda -C /out . && sync
 fi

@@ -76,24 +76,8 @@ machine_files "$root" ${files[@]+"${files[@]}"}
 # The command, quoted once for the guest's shell.
 printf '%q ' "$@" >"$root/command"
 
-cat >"$root/init" <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin:/sbin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-for m in irqbypass kvm kvm-intel; do
-    insmod /modules/$m.ko || echo "VTX-FAIL insmod $m"
-done
-[ -c /dev/kvm ] || echo "VTX-FAIL no /dev/kvm"
-cd /work
-echo VTX-START
-sh -c "$(cat /command)"
-status=$?
-# On a line of its own even where the command's output ended mid-line.
-echo
-echo "VTX-EXIT $status"
+machine_init "$root" VTX irqbypass kvm kvm-intel
+cat >>"$root/init" <<'EOF'
 if [ -n "$(ls -A /out)" ]; then
     echo VTX-OUT-BEGIN
     tar cf - -C /out . | gzip -c | base64

@@ -55,3 +55,32 @@ machine_files() {
         cp -L "$src" "$root/work/$dst"
     done
 }
+
+# machine_init ROOT TAG MODULE...: ROOT's /init up to the command's end.
+# It loads the MODULEs in the order given, runs /command in /work between
+# the lines "TAG-START" and "TAG-EXIT status", and says "TAG-FAIL ..."
+# where the machine did not come up. The caller appends how /out goes back
+# and the power-off, then makes it executable.
+machine_init() {
+    local root=$1 tag=$2
+    shift 2
+    printf '#!/bin/busybox sh\ntag=%s\nmodules="%s"\n' "$tag" "$*" >"$root/init"
+    cat >>"$root/init" <<'EOF'
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $modules; do
+    insmod /modules/$m.ko || echo "$tag-FAIL insmod $m"
+done
+[ -c /dev/kvm ] || echo "$tag-FAIL no /dev/kvm"
+cd /work
+echo "$tag-START"
+sh -c "$(cat /command)"
+status=$?
+# On a line of its own even where the command's output ended mid-line.
+echo
+echo "$tag-EXIT $status"
+EOF
+}

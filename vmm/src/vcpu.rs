@@ -87,6 +87,29 @@ impl Vcpu {
         }
     }
 
+    /// Before a stepping entry: leaves the debug exit's DR7 as no CPU
+    /// reports it, so the exit tells who raised the trap (see
+    /// `cpu::echo::raised_by_cpu`). The exit union: KVM rewrites it at the
+    /// next exit.
+    #[inline]
+    pub(crate) fn clear_debug_report(&mut self) {
+        self.run_page().__bindgen_anon_1.debug.arch.dr7 = crate::cpu::echo::NOT_REPORTED_DR7;
+    }
+
+    /// The instruction bytes at RIP: the longest run of up to 15 that
+    /// reads (an instruction may end a mapped page), and its length.
+    pub(crate) fn code_at_rip(&mut self, ram: &GuestRam) -> ([u8; 15], usize) {
+        let rip = self.rip();
+        let linear = self.special_registers().cs.base.wrapping_add(rip);
+        let memory = self.memory(ram);
+        let mut code = [0u8; 15];
+        let len = (1..=code.len())
+            .rev()
+            .find(|&n| memory.read_virtual(linear, &mut code[..n]).is_ok())
+            .unwrap_or(0);
+        (code, len)
+    }
+
     /// RIP as of the last exit (no ioctl once the vCPU has run).
     pub fn rip(&mut self) -> u64 {
         if self.synced {

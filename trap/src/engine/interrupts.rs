@@ -326,14 +326,11 @@ impl Engine {
     ) -> Option<Decoded> {
         /// Instructions held back in a row, at most (a longer run is a gap).
         const MAX_HELD: usize = 4;
-        let mut held = [(*p, self.last); MAX_HELD];
-        let (mut count, mut at, mut shadow) = (0, (*p, d), d.shadow?);
+        let mut own = self.last;
+        let mut held = [(*p, own); MAX_HELD];
+        let (mut count, mut at) = (0, (*p, d));
         loop {
-            let mut own = if count == 0 {
-                self.last
-            } else {
-                held[count - 1].1
-            };
+            let shadow = at.1.shadow?;
             match shadow {
                 Shadow::Sti => own.rflags |= RFLAGS_IF,
                 Shadow::MovSs | Shadow::NoTrapAfter => {}
@@ -357,13 +354,12 @@ impl Engine {
                 self.stats.folded_after_shadow += 1;
                 return Some(f);
             }
-            match (shadow, f.shadow) {
-                (Shadow::NoTrapAfter, Some(Shadow::NoTrapAfter)) if count < MAX_HELD => {
-                    at = (folded, f);
-                }
-                _ => return None,
+            // Only a run of fences and SWAPGS goes on.
+            let runs_on = shadow == Shadow::NoTrapAfter && f.shadow == Some(Shadow::NoTrapAfter);
+            if !runs_on || count == MAX_HELD {
+                return None;
             }
-            shadow = Shadow::NoTrapAfter;
+            at = (folded, f);
         }
     }
 

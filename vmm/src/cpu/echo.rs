@@ -29,6 +29,12 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl};
 /// entry: no DR7 reads as this (bit 10 is fixed at 1).
 pub(crate) const NOT_REPORTED_DR7: u64 = 0;
 
+/// Whether a debug exit's DR7 (`kvm_run.debug.arch.dr7`, cleared before
+/// the entry) says the CPU raised the #DB rather than KVM synthesizing it.
+pub(crate) fn raised_by_cpu(dr7: u64) -> bool {
+    dr7 != NOT_REPORTED_DR7
+}
+
 /// What is known of a single-step debug exit when judging it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StepExit {
@@ -52,8 +58,8 @@ pub(crate) struct EchoWatch {
 
 impl EchoWatch {
     /// Judges a single-step exit. `may_branch_to_itself` is asked only
-    /// where the answer matters. True: nothing ran, the VMM enters again without telling
-    /// anyone.
+    /// where the answer matters. True: nothing ran, the VMM enters again
+    /// without telling anyone.
     pub(crate) fn is_echo(
         &mut self,
         exit: StepExit,

@@ -163,7 +163,7 @@ impl Machine {
                 break;
             }
             let before = self.vcpu.echo_witness();
-            self.vcpu.run_page().__bindgen_anon_1.debug.arch.dr7 = echo::NOT_REPORTED_DR7;
+            self.vcpu.clear_debug_report();
             let mut from_cpu = false;
             let ending = match self.vcpu.run() {
                 Ok(VcpuExit::IoOut(DONE_PORT, _)) => Some(Ending::Done),
@@ -171,7 +171,7 @@ impl Machine {
                     Some(Ending::Vector(data.first().copied().unwrap_or(0)))
                 }
                 Ok(VcpuExit::Debug(arch)) => {
-                    from_cpu = arch.dr7 != echo::NOT_REPORTED_DR7;
+                    from_cpu = echo::raised_by_cpu(arch.dr7);
                     None
                 }
                 Ok(VcpuExit::InternalError) => Some(Ending::EmulationFailure),

@@ -8,7 +8,6 @@ use vtrace_guest::status;
 
 use crate::console;
 use crate::cpu::{echo, unemulated};
-use crate::devices::hypercall::GuestVirtualMemory;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome};
 use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
 use crate::error::{Error, Result};
@@ -71,12 +70,10 @@ impl Vm {
     /// that ran nothing (see [`echo`]).
     pub(super) fn enter(&mut self) -> Exit {
         loop {
-            let before = self.step.stepping.then(|| self.machine.vcpu.echo_witness());
-            if self.step.stepping {
-                // The exit union: KVM rewrites it at the next exit.
-                self.machine.vcpu.run_page().__bindgen_anon_1.debug.arch.dr7 =
-                    echo::NOT_REPORTED_DR7;
-            }
+            let before = self.step.stepping.then(|| {
+                self.machine.vcpu.clear_debug_report();
+                self.machine.vcpu.echo_witness()
+            });
             let exit = self.enter_once();
             if let (
                 Exit::Debug {
@@ -90,31 +87,20 @@ impl Vm {
                     from_cpu: *from_cpu,
                     unchanged: self.machine.vcpu.echo_witness() == before,
                 };
-                let mut watch = self.step.echo;
-                let echo = watch.is_echo(step, || self.may_branch_to_itself());
-                self.step.echo = watch;
-                if echo {
+                let machine = &mut self.machine;
+                let may_branch_to_itself = || {
+                    let (code, len) = machine.vcpu.code_at_rip(&machine.ram);
+                    let rip = machine.vcpu.rip();
+                    let bits = machine.vcpu.special_registers().code_bits();
+                    echo::may_branch_to_itself(&code[..len], bits, rip)
+                };
+                if self.step.echo.is_echo(step, may_branch_to_itself) {
                     tracing::trace!("passed over a single-step exit that ran nothing");
                     continue;
                 }
             }
             return exit;
         }
-    }
-
-    /// Whether the instruction at RIP could branch to itself (see
-    /// [`echo::may_branch_to_itself`]).
-    fn may_branch_to_itself(&mut self) -> bool {
-        let regs = self.machine.vcpu.regs();
-        let sregs = self.machine.vcpu.special_registers();
-        let linear = sregs.cs.base.wrapping_add(regs.rip);
-        let memory = self.machine.vcpu.memory(&self.machine.ram);
-        let mut code = [0u8; 15];
-        let len = (1..=code.len())
-            .rev()
-            .find(|&n| memory.read_virtual(linear, &mut code[..n]).is_ok())
-            .unwrap_or(0);
-        echo::may_branch_to_itself(&code[..len], sregs.code_bits(), regs.rip)
     }
 
     /// One `KVM_RUN`, its exit copied out.
@@ -175,7 +161,7 @@ impl Vm {
             Ok(VcpuExit::Debug(arch)) => Exit::Debug {
                 // DR6 bits 0-3: a hardware breakpoint matched; BS (14): a step.
                 breakpoint: arch.dr6 & 0xf != 0 && arch.dr6 & (1 << 14) == 0,
-                from_cpu: arch.dr7 != echo::NOT_REPORTED_DR7,
+                from_cpu: echo::raised_by_cpu(arch.dr7),
             },
             Ok(VcpuExit::Intr) => Exit::Interrupted,
             Ok(other) => Exit::Other(format!("{other:?}")),
@@ -420,18 +406,13 @@ impl Vm {
     /// itself (see `cpu::unemulated`), does so and returns true: the guest
     /// goes on as if the CPU had run it.
     pub(super) fn complete_unemulated(&mut self) -> Result<Option<Option<u8>>> {
+        let (code, len) = self.machine.vcpu.code_at_rip(&self.machine.ram);
+        if len == 0 {
+            return Ok(None);
+        }
         let mut regs = self.machine.vcpu.regs();
         let mut sregs = self.machine.vcpu.sregs();
         let memory = self.machine.vcpu.memory(&self.machine.ram);
-        let mut code = [0u8; 15];
-        let linear = sregs.cs.base.wrapping_add(regs.rip);
-        // The instruction may end a mapped page; read what there is.
-        let readable = (1..=code.len())
-            .rev()
-            .find(|&n| memory.read_virtual(linear, &mut code[..n]).is_ok());
-        let Some(len) = readable else {
-            return Ok(None);
-        };
         let bitness = SpecialRegisters::from(&sregs).code_bits();
         let Some(plan) = unemulated::plan(&code[..len], bitness, &regs, &sregs) else {
             return Ok(None);
