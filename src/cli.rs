@@ -250,8 +250,9 @@ pub struct InfoArgs {
 /// CPUID profile presented to the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CpuArg {
-    /// Hide what vtrace does not emulate (local APIC, x2APIC, kvmclock) and
-    /// what KVM's emulator cannot run (CMPXCHG16B, XSAVE, POPCNT, RDTSCP...).
+    /// One fixed CPU, the same on every host, so traces match across hosts:
+    /// an AMD64 of QEMU's qemu64 signature, SSE2, no APIC, no XSAVE, no
+    /// RDRAND (`vtrace doctor` says if this host lacks any of it).
     Baseline,
     /// Pass the host's KVM-supported set through (real VT-x/AMD-V hosts).
     Host,

@@ -179,6 +179,11 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
                 "register": format!("e{reg}x"),
                 "bit": bit,
             })).collect::<Vec<_>>(),
+            "baseline_dropped": f.baseline_dropped.iter().map(|(leaf, reg, bit)| json!({
+                "leaf": leaf,
+                "register": format!("e{reg}x"),
+                "bit": bit,
+            })).collect::<Vec<_>>(),
             "step_rate": f.step_rate,
             "trace_shows": rows.iter().map(|(what, verdict)| json!({
                 "what": what,
@@ -226,19 +231,20 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
     if f.cpuid_leaks.is_empty() {
         println!("CPUID:        the guest sees what --cpu baseline gives it");
     } else {
-        // Grouped by register: "leaf 0x1 ecx bits 0 1 9".
-        let mut groups: Vec<(u32, char, Vec<u8>)> = Vec::new();
-        for &(leaf, reg, bit) in &f.cpuid_leaks {
-            match groups.last_mut() {
-                Some((l, r, bits)) if *l == leaf && *r == reg => bits.push(bit),
-                _ => groups.push((leaf, reg, vec![bit])),
-            }
-        }
-        println!("CPUID:        set in the guest though --cpu baseline clears them:");
-        for (leaf, reg, bits) in groups {
-            let bits: Vec<String> = bits.iter().map(u8::to_string).collect();
-            println!("  leaf {leaf:#x} e{reg}x bits {}", bits.join(" "));
-        }
+        println!(
+            "CPUID:        set in the guest though --cpu baseline clears them (a trace corrects \
+             each CPUID it steps):"
+        );
+        print_bits(&f.cpuid_leaks);
+    }
+    if f.baseline_dropped.is_empty() {
+        println!("baseline CPU: all of it runs here, the same CPU as on every host");
+    } else {
+        println!(
+            "baseline CPU: features this host's KVM lacks, left out (a guest that asks for them \
+             traces differently than on other hosts):"
+        );
+        print_bits(&f.baseline_dropped);
     }
     println!(
         "step rate:    {} steps/s (bare single-step at CPL 0)",
@@ -250,4 +256,19 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
         println!("  {what:<22}{verdict}");
     }
     Ok(0)
+}
+
+/// CPUID bits, one line a register: "  leaf 0x1 ecx bits 0 1 9".
+fn print_bits(bits: &[(u32, char, u8)]) {
+    let mut groups: Vec<(u32, char, Vec<u8>)> = Vec::new();
+    for &(leaf, reg, bit) in bits {
+        match groups.last_mut() {
+            Some((l, r, bits)) if *l == leaf && *r == reg => bits.push(bit),
+            _ => groups.push((leaf, reg, vec![bit])),
+        }
+    }
+    for (leaf, reg, bits) in groups {
+        let bits: Vec<String> = bits.iter().map(u8::to_string).collect();
+        println!("  leaf {leaf:#x} e{reg}x bits {}", bits.join(" "));
+    }
 }

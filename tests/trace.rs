@@ -509,6 +509,33 @@ fn analyzer_bench_times_the_demo_trace() {
     }
 }
 
+/// SYSENTER (which KVM's emulator runs here, the CPU on VT-x and AMD-V)
+/// is one step that lands on its target; an RDMSR of an MSR no KVM has is
+/// a #GP that KVM raises, and its handler, installed after tracing began,
+/// follows the event from its first instruction; so does the #UD handler
+/// of a UD2. tests/vtx.rs and tests/amdv.rs trace the same guests there.
+#[test]
+fn sysenter_and_exceptions_are_followed() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (image, name, status, label, vector) in JUMPING_GUESTS {
+        let guest = write_guest(dir.path(), name, image);
+        let disk = dir.path().join(format!("{name}.vtd"));
+        let mut args: Vec<&str> = JUMPING_GUEST_RUN.split_whitespace().collect();
+        args.extend([
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--disk",
+            disk.to_str().unwrap(),
+        ]);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(status), "{}", stderr(&out));
+        assert_jumps_to(&disk, image, label, vector);
+    }
+}
+
 #[test]
 fn autostop_on_an_exception_the_guest_takes() {
     if !kvm_available() {

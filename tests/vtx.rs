@@ -60,7 +60,12 @@ fn traced_here(disk: &std::path::Path, args: &[&str]) -> serde_json::Value {
 /// - `--start-at` in a guest that sets a breakpoint of its own first: the
 ///   VMM's still fires, the guest's does not take over;
 /// - untraced, `--capture` and a `fn:` probe at hardware breakpoints, and
-///   the stretch the demo traces by hypercall.
+///   the stretch the demo traces by hypercall;
+/// - SYSENTER one step onto its target; a #GP that KVM raises (RDMSR of an
+///   MSR it lacks) and a #UD the CPU raises, each taken at the breakpoint
+///   on its handler's entry (the guests load their IDT after tracing
+///   starts) and the handler traced from its first instruction;
+/// - tracing started by the hotkey, and a mark.
 #[test]
 fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     if !vtx_available() || !kvm_available() {
@@ -102,11 +107,17 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         DEMO_RUNS_THERE,
         BREAKPOINT_PROBES.join(" ")
     );
-    let m = vtx(
-        &[(&fences, "fences.bin"), (&debug_regs, "dr.bin")],
-        &command,
-        1800,
-    );
+    let jumping: Vec<(std::path::PathBuf, &str)> = JUMPING_GUESTS
+        .iter()
+        .map(|(image, name, ..)| (write_guest(dir.path(), name, image), *name))
+        .collect();
+    let command = command + "; " + &jumping_guests_there(&JUMPING_GUESTS) + HOTKEY_THERE;
+    let mut files = vec![
+        (fences.as_path(), "fences.bin"),
+        (debug_regs.as_path(), "dr.bin"),
+    ];
+    files.extend(jumping.iter().map(|(p, n)| (p.as_path(), *n)));
+    let m = vtx(&files, &command, 1800);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(
         m.output.contains("vmx") && m.output.contains("kvm_intel"),
@@ -241,7 +252,34 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     let stretch = info_json(&bp_there);
     assert_eq!(stretch["gaps"], 0, "{stretch}");
     assert!(stretch["steps"].as_u64() > Some(0), "{stretch}");
+
+    assert_jumping_guests(&JUMPING_GUESTS, &m.output, |name| m.file(name));
+    for (_, name, ..) in &JUMPING_GUESTS[1..] {
+        let text = m.text(&format!("{name}.txt"));
+        assert!(!text.contains("GAP"), "{name}: {text}");
+    }
+
+    // The hotkey (Ctrl-A t, then Ctrl-A m for a mark) on standard input.
+    let keys = m.file("keys.vtd");
+    let recs = records(&keys);
+    assert_eq!(
+        recs.first(),
+        Some(&Record::Event(Event::TraceStart(TraceReason::Hotkey))),
+        "{}",
+        m.text("keys.txt")
+    );
+    assert!(recs.contains(&Record::Event(Event::Mark {
+        id: u64::MAX,
+        value: 1
+    })));
+    assert_eq!(info_json(&keys)["gaps"], 0);
 }
+
+/// Tracing started by the hotkey on standard input, a mark, and 20,000
+/// steps.
+const HOTKEY_THERE: &str =
+    "printf '\\001t\\001m' | vtrace run --disk /out/keys.vtd --disk-size 8M \
+     --max-steps 20000 --exit-after-trace > /dev/null 2> /out/keys.txt; echo \"keys status $?\"";
 
 /// Untraced, with a capture and a fn: probe (hardware breakpoints) and
 /// the demo's own hypercalls tracing a stretch of it.
@@ -266,12 +304,16 @@ const DEMO_RUNS_THERE: &str =
 /// while userspace loops on a system call, until `--max-steps`: every
 /// system call followed from the user-mode SYSCALL through the kernel's
 /// entry and SYSRETQ back into user mode, no gap, and `analyze processes`
-/// names the shell. The kernel isolates user page tables on this Intel CPU
-/// (it would not on AMD's), so the running task is read through the
-/// kernel's own page tables where tracing starts in user mode. A second
-/// boot powers off: the run ends with status 0.
+/// names the shell. That boot has the host's CPU (`--cpu host`: Intel's
+/// Haswell, XSAVE and all), on which the kernel isolates user page tables,
+/// so the running task is read through the kernel's own page tables where
+/// tracing starts in user mode. A second boot, with the baseline CPU,
+/// powers off: the run ends with status 0. The first 200,000 steps of a
+/// third, traced from the kernel's first instruction, are this host's,
+/// digest for digest (the baseline CPU is one fixed table; before, Linux
+/// saw an Intel CPU here and an AMD one there).
 #[test]
-fn linux_user_mode_and_power_off_on_vtx() {
+fn linux_user_mode_power_off_and_boot_trace_as_here_on_vtx() {
     use common::linux::*;
     if !vtx_available() {
         return;
@@ -282,11 +324,13 @@ fn linux_user_mode_and_power_off_on_vtx() {
     let off = tempfile::tempdir().unwrap();
     let poweroff = busybox_initramfs(off.path(), "echo 'l2: poweroff'; poweroff -f");
     let script = linux_up(
-        "--disk /out/l.vtd --disk-size 128M --max-steps 60000 --exit-after-trace",
+        "--cpu host --disk /out/l.vtd --disk-size 128M --max-steps 60000 --exit-after-trace",
     )
         + "sleep 2; vtrace ctl start; wait $pid; s=$?; tail -3 /tmp/log; [ $s = 0 ] || exit $s; \
            vtrace run --no-input --kernel vmlinuz --initrd off.cpio --memory 256M > /tmp/off 2>&1; \
-           echo \"poweroff status $?\"; grep -e 'l2:' -e '^vtrace:' /tmp/off";
+           echo \"poweroff status $?\"; grep -e 'l2:' -e '^vtrace:' /tmp/off; "
+        + &boot_prefix_there()
+        + "; echo \"prefix status $?\"";
     let m = vtx(
         &[
             (&kernel, "vmlinuz"),
@@ -306,4 +350,10 @@ fn linux_user_mode_and_power_off_on_vtx() {
         "{}",
         m.output
     );
+    assert!(
+        m.output.contains("prefix status 0"),
+        "{}",
+        m.text("prefix.txt")
+    );
+    assert_same_trace(&boot_prefix_here(dir.path()), &m.file("prefix.vtd"));
 }

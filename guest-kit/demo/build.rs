@@ -143,7 +143,13 @@ fn main() {
     build_flat_binary(&tests.join("flood.S"), &include, &out, "flood");
     build_flat_binary(&tests.join("idle.S"), &include, &out, "idle");
     build_flat_binary(&tests.join("fences.S"), &include, &out, "fences");
-    for name in ["triple-fault", "exception", "unemulated"] {
+    for name in [
+        "triple-fault",
+        "exception",
+        "unemulated",
+        "sysenter",
+        "msr-fault",
+    ] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);
     }

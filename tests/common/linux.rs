@@ -61,6 +61,60 @@ pub fn linux_up(extra: &str) -> String {
 pub const SYSCALL_LOOP: &str = "i=0; while :; do read -r up < /proc/uptime; i=$((i+1)); \
                             case $i in *00) echo \"l2: alive $i\";; esac; done";
 
+/// Steps of Linux's boot from its first instruction the hosts must agree
+/// on: past `verify_cpu` and the other CPUID checks, into `clear_bss`.
+pub const BOOT_PREFIX_STEPS: u64 = 200_000;
+
+/// `vtrace run` options that trace the first [`BOOT_PREFIX_STEPS`] of
+/// `kernel`'s boot into `disk` with the baseline CPU: no initramfs, the
+/// default command line, the same memory on every host.
+pub fn boot_prefix_args(kernel: &str, disk: &str) -> String {
+    format!(
+        "run --no-input -q --kernel {kernel} --memory 256M --trace --max-steps \
+         {BOOT_PREFIX_STEPS} --exit-after-trace --disk {disk} --disk-size 64M"
+    )
+}
+
+/// Traces that prefix of the installed kernel here, into `dir`.
+pub fn boot_prefix_here(dir: &Path) -> std::path::PathBuf {
+    let disk = dir.join("prefix.vtd");
+    let kernel = super::test_kernel();
+    let args = boot_prefix_args(kernel.to_str().unwrap(), disk.to_str().unwrap());
+    let o = run(&args.split_whitespace().collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let info = info_json(&disk);
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert_eq!(info["steps"], BOOT_PREFIX_STEPS, "{info}");
+    disk
+}
+
+/// Shell for a test machine: the same prefix of the machine's `vmlinuz`,
+/// into /out/prefix.vtd.
+pub fn boot_prefix_there() -> String {
+    format!(
+        "vtrace {} > /out/prefix.txt 2>&1",
+        boot_prefix_args("vmlinuz", "/out/prefix.vtd")
+    )
+}
+
+/// Two traces of the same guest on two hosts are the same trace, digest
+/// for digest; if not, says where their listings first differ.
+pub fn assert_same_trace(here: &Path, there: &Path) {
+    let (h, t) = (info_json(here), info_json(there));
+    if h["digest"] != t["digest"] {
+        let (a, b) = (listing(here), listing(there));
+        let at = a.iter().zip(&b).position(|(x, y)| x != y);
+        panic!(
+            "the traces differ (digests {} and {}); first at listing line {at:?}:\n{:?}\n{:?}",
+            h["digest"],
+            t["digest"],
+            at.and_then(|i| a.get(i)),
+            at.and_then(|i| b.get(i)),
+        );
+    }
+    assert_eq!(h["steps"], t["steps"], "{h}\n{t}");
+}
+
 /// The listing of a trace, without the progress bar.
 pub fn listing(trace: &Path) -> Vec<String> {
     let o = run(&["analyze", "listing", trace.to_str().unwrap()]);

@@ -212,14 +212,10 @@ pub fn straight_line_pcs(image: &[u8], load: u64) -> Vec<u64> {
 /// every instruction once, in order, no gap, and each `inc esi` after its
 /// fence with the count so far.
 pub fn assert_fences_traced_whole(trace: &Path) {
-    use vtrace_storage::{Event, Record};
+    use vtrace_storage::Record;
     let expected = straight_line_pcs(vtrace_demo::test_guests::FENCES, 0x7c00);
     let recs = records(trace);
-    let gaps: Vec<_> = recs
-        .iter()
-        .filter(|r| matches!(r, Record::Event(Event::Gap { .. })))
-        .collect();
-    assert!(gaps.is_empty(), "{gaps:?}");
+    assert_no_gap(&recs);
     let steps: Vec<_> = recs
         .iter()
         .filter_map(|r| match r {
@@ -236,4 +232,116 @@ pub fn assert_fences_traced_whole(trace: &Path) {
         .collect();
     let counted: Vec<u64> = (1..=vtrace_demo::test_guests::FENCES_MARKS).collect();
     assert_eq!(marks, counted, "ESI after each inc esi");
+}
+
+/// The address of `name` in a test guest's ELF.
+pub fn guest_symbol(elf: &[u8], name: &str) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let file = object::File::parse(elf).expect("a test guest's ELF");
+    let symbol = file.symbols().find(|s| s.name() == Ok(name));
+    symbol
+        .unwrap_or_else(|| panic!("no {name} in the guest"))
+        .address()
+}
+
+/// Checks a trace of a PVH test guest that leaves its straight line once,
+/// for `label`: by SYSENTER (`vector` None) or by an exception of
+/// `vector`. No gap; right after the SYSENTER's step (or the exception's
+/// event, the faulting instruction never completing) comes the label's
+/// first instruction, and the guest's EXIT hypercall is the last step.
+pub fn assert_jumps_to(trace: &Path, elf: &[u8], label: &str, vector: Option<u8>) {
+    use vtrace_storage::{Event, Record};
+    let recs = records(trace);
+    assert_no_gap(&recs);
+    let jump = recs.iter().position(|r| match (r, vector) {
+        (Record::Step(s), None) => s.bytes.as_slice() == [0x0f, 0x34],
+        (Record::Event(Event::Interrupt { vector: v, .. }), Some(want)) => *v == want,
+        _ => false,
+    });
+    let jump = jump.unwrap_or_else(|| panic!("no jump ({vector:?}) in {recs:?}"));
+    let target = guest_symbol(elf, label);
+    assert!(
+        matches!(recs.get(jump + 1), Some(Record::Step(s)) if s.pc == target),
+        "{label} ({target:#x}) after {:?}: {:?}",
+        recs[jump],
+        recs.get(jump + 1)
+    );
+    let last = recs.iter().rev().find_map(|r| match r {
+        Record::Step(s) => Some(s.bytes.as_slice()),
+        Record::Event(_) => None,
+    });
+    assert_eq!(last, Some(&[0xed][..]), "the EXIT hypercall ends it");
+}
+
+/// A PVH test guest that leaves its straight line once (see
+/// [`assert_jumps_to`]): its image, its file name, its exit status, the
+/// label it jumps to, and the exception that takes it there (None:
+/// SYSENTER).
+pub type JumpingGuest = (&'static [u8], &'static str, i32, &'static str, Option<u8>);
+
+/// SYSENTER; a #GP that KVM raises (RDMSR of an MSR it lacks); a #UD the
+/// CPU raises. The last two load their IDT after tracing starts.
+pub const JUMPING_GUESTS: [JumpingGuest; 3] = {
+    use vtrace_demo::test_guests::*;
+    [
+        (SYSENTER, "sysenter.elf", SYSENTER_STATUS, "entered", None),
+        (
+            MSR_FAULT,
+            "msr-fault.elf",
+            MSR_FAULT_STATUS,
+            "gp_handler",
+            Some(13),
+        ),
+        (
+            EXCEPTION,
+            "exception.elf",
+            EXCEPTION_STATUS,
+            "ud_handler",
+            Some(6),
+        ),
+    ]
+};
+
+/// Options that trace a test guest from its first instruction to its
+/// exit (no autostop at its exception).
+pub const JUMPING_GUEST_RUN: &str = "run --no-input -q --trace --autostop none --disk-size 8M";
+
+/// Shell for a test machine that traces `guests` (copied in under their
+/// file names) into /out/NAME.vtd and says "NAME status N" for each.
+pub fn jumping_guests_there(guests: &[JumpingGuest]) -> String {
+    guests
+        .iter()
+        .map(|(_, name, ..)| {
+            format!(
+                "vtrace {JUMPING_GUEST_RUN} --kernel {name} --disk /out/{name}.vtd \
+                 > /out/{name}.txt 2>&1; echo \"{name} status $?\"; "
+            )
+        })
+        .collect()
+}
+
+/// Checks what [`jumping_guests_there`] ran in machine output `output`,
+/// the traces found by `file`.
+pub fn assert_jumping_guests(
+    guests: &[JumpingGuest],
+    output: &str,
+    file: impl Fn(&str) -> PathBuf,
+) {
+    for (image, name, status, label, vector) in guests {
+        assert!(
+            output.contains(&format!("{name} status {status}")),
+            "{name}: {output}"
+        );
+        assert_jumps_to(&file(&format!("{name}.vtd")), image, label, *vector);
+    }
+}
+
+/// Checks that a trace's records hold no gap.
+pub fn assert_no_gap(recs: &[vtrace_storage::Record]) {
+    use vtrace_storage::{Event, Record};
+    let gaps: Vec<_> = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Event(Event::Gap { .. })))
+        .collect();
+    assert!(gaps.is_empty(), "{gaps:?}");
 }

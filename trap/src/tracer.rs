@@ -65,6 +65,10 @@ pub struct TraceOptions {
 /// debug registers, one of which `--start-at` may need).
 const WATCHED_EXCEPTIONS: [u8; 4] = [14, 13, 6, 0];
 
+/// Steps between two readings of the watched handlers' gates: a guest may
+/// rewrite the gates of the IDT it has loaded (Linux does, while it boots).
+const HANDLER_RECHECK: u64 = 4096;
+
 /// Exceptions that stop tracing by default, after the old tracer: divide
 /// error, NMI, breakpoint, overflow, BOUND, invalid opcode, double fault,
 /// invalid TSS, segment not present, stack fault, general protection.
@@ -206,6 +210,8 @@ pub struct Tracer {
     probes: Probes,
     /// Watched exception handlers: (entry, vector).
     handlers: Vec<(u64, u8)>,
+    /// Steps recorded when the handlers' gates were last read.
+    handlers_read_at: u64,
     tasks: Option<TaskWatch>,
     /// A trigger fired where its task could not be told (said once).
     unsure_trigger: bool,
@@ -262,6 +268,7 @@ impl Tracer {
             windows,
             probes,
             handlers: Vec::new(),
+            handlers_read_at: 0,
             tasks,
             unsure_trigger: false,
             samples: SampleCount::default(),
@@ -385,8 +392,22 @@ impl Tracer {
         }
     }
 
+    /// Finds the handlers a TF host watches while tracing again where they
+    /// may have moved: the guest loaded another IDT (tracing often starts
+    /// before the guest has one), or it has run [`HANDLER_RECHECK`] steps
+    /// since they were read.
+    fn rewatch_handlers(&mut self, cpu: &mut dyn CpuView) {
+        let steps = self.recorder.steps();
+        if self.engine.take_idt_moved()
+            || steps >= self.handlers_read_at.saturating_add(HANDLER_RECHECK)
+        {
+            self.watch_handlers(cpu);
+        }
+    }
+
     /// Finds the handlers a TF host watches while tracing.
     fn watch_handlers(&mut self, cpu: &mut dyn CpuView) {
+        self.handlers_read_at = self.recorder.steps();
         let room = DEBUG_REGISTERS - usize::from(self.start_armed);
         self.handlers = WATCHED_EXCEPTIONS
             .iter()
@@ -595,7 +616,13 @@ impl Monitor for Tracer {
         }
         if let ExitView::Debug { breakpoint: true } = exit {
             let pc = cpu.regs().rip;
-            if let Some(&(handler, vector)) = self.handlers.iter().find(|(h, _)| *h == pc) {
+            // Where the VMM delivered a foreseen exception itself, the
+            // engine already stands at the handler: its breakpoint fired
+            // before the first instruction, and nothing more happened.
+            let delivered = self.engine.next_pc() == Some(pc);
+            if let Some(&(handler, vector)) =
+                self.handlers.iter().find(|(h, _)| *h == pc && !delivered)
+            {
                 let mut sink = self.windows.route(&mut self.recorder);
                 self.engine.exception_entry(vector, handler, cpu, &mut sink);
                 self.check_limits();
@@ -615,6 +642,9 @@ impl Monitor for Tracer {
             if let Some(returned) = self.windows.before(pc, self.engine.next_sp()) {
                 self.stop(returned);
             }
+        }
+        if self.options.trap_flag_host && self.active {
+            self.rewatch_handlers(cpu);
         }
         self.check_limits();
         if let (Some(pc), true) = (next, self.active) {
@@ -907,6 +937,47 @@ mod tests {
         // Stopping removes the watch.
         t.stop(TraceReason::Control);
         assert!(t.breakpoints().is_empty());
+    }
+
+    #[test]
+    fn handlers_are_watched_once_the_guest_loads_an_idt() {
+        let dir = tempfile::tempdir().unwrap();
+        // nop; nop
+        let mut cpu = machine(&[0x90, 0x90, 0x90]);
+        let options = TraceOptions {
+            from_start: true,
+            trap_flag_host: true,
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        let idt = cpu.sregs.idt;
+        cpu.sregs.idt.limit = 0;
+        t.before_entry(&mut cpu);
+        assert!(t.breakpoints().is_empty(), "no IDT yet");
+        // The step of an LIDT: the IDT is there at the next exit.
+        cpu.sregs.idt = idt;
+        cpu.regs.rip += 1;
+        t.on_exit(&ExitView::Debug { breakpoint: false }, &mut cpu);
+        assert_eq!(t.breakpoints(), &[PF_HANDLER]);
+    }
+
+    #[test]
+    fn an_exception_the_vmm_delivered_is_not_recorded_again_at_the_handler() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cpu = machine(&[0x90]);
+        let options = TraceOptions {
+            from_start: true,
+            trap_flag_host: true,
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        // The engine stands at the handler, as after a delivery by the VMM.
+        cpu.regs.rip = PF_HANDLER;
+        t.before_entry(&mut cpu);
+        assert_eq!(t.breakpoints(), &[PF_HANDLER]);
+        let d = t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
+        assert_eq!(d, Directive::Continue);
+        assert_eq!(t.engine.stats().exceptions, 0);
     }
 
     #[test]

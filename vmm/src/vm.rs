@@ -71,8 +71,8 @@ pub(crate) struct Machine {
     /// `ram`'s region at 0, for the monitor's reads.
     pub(crate) low_ram: Option<LowRam>,
     /// The vCPU's CPUID table, for correcting CPUID results where the
-    /// host leaks its own (see `cpuid::as_given`).
-    pub(crate) cpuid: kvm_bindings::CpuId,
+    /// host leaks its own (see `CpuidTable::as_given`).
+    pub(crate) cpuid: cpuid::CpuidTable,
     pub(crate) devices: Devices,
     pub(crate) hypercalls: HypercallPort,
     pub(crate) clock: VirtualClock,
@@ -168,7 +168,7 @@ impl Vm {
         let boot = boot::load(&ram, &config.boot)?;
         let mut vcpu = Vcpu::new(&vm)?;
         let cpuid = cpuid::build(&kvm, config.cpu)?;
-        vcpu.set_cpuid(&cpuid)?;
+        vcpu.set_cpuid(cpuid.entries())?;
         entry::apply(&mut vcpu, &ram, boot.entry)?;
 
         Ok(Vm {

@@ -43,6 +43,21 @@ pub mod test_guests {
     /// Exit status of [`EXCEPTION`].
     pub const EXCEPTION_STATUS: i32 = 7;
 
+    /// PVH ELF: SYSENTER at CPL 0 to its label `entered`, which exits with
+    /// [`SYSENTER_STATUS`].
+    pub const SYSENTER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sysenter.elf"));
+
+    /// Exit status of [`SYSENTER`].
+    pub const SYSENTER_STATUS: i32 = 2;
+
+    /// PVH ELF: loads an IDT with a #GP handler (`gp_handler`) and reads
+    /// an MSR that does not exist; the handler exits with
+    /// [`MSR_FAULT_STATUS`].
+    pub const MSR_FAULT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/msr-fault.elf"));
+
+    /// Exit status of [`MSR_FAULT`].
+    pub const MSR_FAULT_STATUS: i32 = 13;
+
     /// Real mode (load at 0x7c00): five passes of a loop, each starting
     /// with TRACE_REGION(2, 2) and setting ESI to the pass number; exits 0.
     pub const REGION: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/region.bin"));

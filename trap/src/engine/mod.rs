@@ -130,6 +130,10 @@ pub struct Engine {
     /// CR2 at the last exit: a change no recorded step explains is a page
     /// fault handled out of sight.
     last_cr2: u64,
+    /// The IDT (base, limit) at the last exit, and whether it moved since
+    /// [`Engine::take_idt_moved`] was last asked.
+    idt: (u64, u16),
+    idt_moved: bool,
     /// Status flags an instruction left undefined and none has defined
     /// since. CPUs differ there (KVM's emulator sets AF after SHL, AMD's
     /// CPUs clear it), so the trace records them as 0: the same guest
@@ -240,6 +244,12 @@ impl Engine {
         self.foresee = on;
     }
 
+    /// Whether the guest loaded another IDT since the last call (or since
+    /// [`Engine::begin`]): the exception handlers may have moved.
+    pub fn take_idt_moved(&mut self) -> bool {
+        std::mem::take(&mut self.idt_moved)
+    }
+
     /// Whether [`Engine::begin`] was called since the last stop.
     pub fn started(&self) -> bool {
         self.started
@@ -251,6 +261,8 @@ impl Engine {
         let sregs = cpu.sregs();
         self.control = control(&sregs);
         self.last_cr2 = sregs.cr2;
+        self.idt = (sregs.idt.base, sregs.idt.limit);
+        self.idt_moved = false;
         self.last = regs;
         self.fetch_pending(cpu, &sregs, linear_pc(&sregs, regs.rip));
         self.injected = None;
@@ -775,6 +787,11 @@ impl Engine {
         }
         self.control = now;
         self.last_cr2 = sregs.cr2;
+        let idt = (sregs.idt.base, sregs.idt.limit);
+        if idt != self.idt {
+            self.idt = idt;
+            self.idt_moved = true;
+        }
         self.last = regs;
         self.fetch_pending(cpu, &sregs, next);
         if self.foresee {

@@ -125,7 +125,7 @@ pub const DEFAULT_LINUX_CMDLINE: &str =
 /// the guest, and Linux would use instructions the emulator lacks; these
 /// switches keep it to what the baseline profile promises.
 pub const BASELINE_LINUX_FLAGS: &str = "noxsave nosmap nofsgsbase nopku \
-     clearcpuid=popcnt,cx16,movbe,aes,smap,umip,rdtscp,rdpid,pku,fsgsbase";
+     clearcpuid=popcnt,cx16,movbe,aes,smap,umip,rdtscp,rdpid,pku,fsgsbase,rdrand";
 
 /// The command line to give a Linux kernel when the user gives none.
 pub fn default_linux_cmdline(cpu: crate::CpuProfile) -> String {

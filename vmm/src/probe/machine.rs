@@ -105,10 +105,11 @@ impl Machine {
         let mut vcpu = Vcpu::new(&vm)?;
         let cpuid = cpuid::build(kvm, profile)?;
         let xsave = cpuid
+            .entries()
             .as_slice()
             .iter()
             .any(|e| e.function == 1 && e.ecx & (1 << 26) != 0);
-        vcpu.set_cpuid(&cpuid)?;
+        vcpu.set_cpuid(cpuid.entries())?;
         vcpu.set_sregs(&long_mode(xsave))?;
         vcpu.set_regs(&kvm_regs {
             rip: KERNEL_CODE,

@@ -43,6 +43,9 @@ pub struct Findings {
     /// CPUID bits the guest saw set though vtrace's baseline table clears
     /// them: (leaf, register, bit).
     pub cpuid_leaks: Vec<(u32, char, u8)>,
+    /// Features of the baseline CPU this host's KVM does not offer, left
+    /// out of its table here: (leaf, register, bit).
+    pub baseline_dropped: Vec<cpuid::Dropped>,
     /// Debug exits per second single-stepping a CPL 0 loop.
     pub step_rate: f64,
 }
@@ -227,18 +230,13 @@ pub fn examine(device: &std::path::Path) -> Result<Findings> {
 
     let mut m = Machine::new(kvm, CpuProfile::Baseline, &cpuid_code(), &[])?;
     let mut cpuid_leaks = Vec::new();
+    let table = cpuid::build(kvm, CpuProfile::Baseline)?;
     if m.run(100, PROBE_TIME, false).ending == Ending::Done {
-        let table = cpuid::build(kvm, CpuProfile::Baseline)?;
         for (i, (leaf, sub)) in CPUID_LEAVES.iter().enumerate() {
             let mut seen = [0u8; 16];
             m.read(SCRATCH + 16 * i as u64, &mut seen)?;
-            let entry = table
-                .as_slice()
-                .iter()
-                .find(|e| e.function == *leaf && e.index == *sub)
-                .copied()
-                .unwrap_or_default();
-            let given = [entry.eax, entry.ebx, entry.ecx, entry.edx];
+            // The baseline's answer does not depend on what the CPU said.
+            let given = table.as_given(*leaf, *sub, [0; 4]);
             for (k, reg) in ['a', 'b', 'c', 'd'].iter().enumerate() {
                 let got = u32::from_le_bytes([
                     seen[4 * k],
@@ -279,6 +277,7 @@ pub fn examine(device: &std::path::Path) -> Result<Findings> {
         breakpoints_exit,
         instructions,
         cpuid_leaks,
+        baseline_dropped: table.dropped().to_vec(),
         step_rate,
     })
 }

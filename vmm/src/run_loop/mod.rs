@@ -332,7 +332,7 @@ pub(super) struct KvmCpuView<'a> {
     low: Option<LowRam>,
     vcpu: &'a mut Vcpu,
     ram: &'a GuestRam,
-    cpuid: &'a kvm_bindings::CpuId,
+    cpuid: &'a crate::cpu::cpuid::CpuidTable,
 }
 
 impl CpuView for KvmCpuView<'_> {
@@ -368,7 +368,7 @@ impl CpuView for KvmCpuView<'_> {
     }
 
     fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
-        crate::cpu::cpuid::as_given(self.cpuid, function, index, seen)
+        self.cpuid.as_given(function, index, seen)
     }
 
     fn read_msr(&mut self, index: u32) -> Option<u64> {
