@@ -33,8 +33,9 @@ Exit status:
   69     KVM is missing or unusable on this host (vtrace ctl: no run listening)
   70     an internal or KVM error
   73     the trace disk cannot be made (a file that is not a trace is there,
-         no room to reserve it)
+         no room to reserve it); an earlier trace there is left as it was
   74     reading or writing the trace disk failed
+  75     another run is writing the trace disk (its pid is printed)
   77     no permission to open the KVM device
   78     guest memory too small (or too large) for the image
   80     the guest shut down (triple fault); registers and last exits are printed
@@ -107,11 +108,12 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
         });
     if let Some(disk) = disk {
         return match disk {
-            DiskError::Open { .. } => 66,
+            DiskError::Open { .. } | DiskError::DanglingLink { .. } => 66,
             DiskError::NotATrace { .. } | DiskError::NotAFile { .. } => 65,
             DiskError::TooSmall { .. } => 2,
-            DiskError::Foreign { .. } | DiskError::Reserve { .. } => 73,
+            DiskError::Foreign { .. } | DiskError::Reserve { .. } | DiskError::NoRoom { .. } => 73,
             DiskError::Io { .. } => 74,
+            DiskError::Busy { .. } => 75,
         };
     }
     if error.chain().any(|e| e.is::<NoRunListening>()) {

@@ -95,7 +95,7 @@ fn peeping_the_demo_os_follows_its_tick_counter_without_stepping_it() {
         seen.len()
     );
     // The last sample is taken as the guest stops, at its final virtual time.
-    let end = virtual_seconds(&log).expect("summary") * 1e9;
+    let end = virtual_seconds(run_summary(&log)).expect("summary") * 1e9;
     let last = ticks.last().unwrap().0 as f64;
     assert!(
         (last - end).abs() < 2e6,
@@ -271,7 +271,7 @@ fn linux_jiffies_grow_while_it_boots() {
     let jiffies = series(&json, "jiffies");
     assert!(jiffies.windows(2).all(|w| w[0].2 <= w[1].2), "{jiffies:?}");
     let grew = jiffies.last().unwrap().2 - jiffies[0].2;
-    let interrupts = number_before(&log, "timer interrupts").expect("summary");
+    let interrupts = number_before(run_summary(&log), "timer interrupts").expect("summary");
     // jiffies count timer interrupts (a tickless kernel may count a few
     // at once after idling, never more than time allows).
     assert!(

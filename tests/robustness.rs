@@ -864,8 +864,8 @@ fn the_step_clock_gives_one_tick_per_timer_period() {
     ]);
     let log = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{log}");
-    let ticks = number_before(&log, "timer interrupts").expect("IRQ0 count");
-    let seconds = virtual_seconds(&log).expect("virtual time");
+    let ticks = number_before(run_summary(&log), "timer interrupts").expect("IRQ0 count");
+    let seconds = virtual_seconds(run_summary(&log)).expect("virtual time");
     // PIT channel 0 at divisor 4773: a period of 4773 / 1193182 s.
     let periods = seconds * 1_193_182.0 / 4773.0;
     assert!(ticks >= 2, "{log}");
@@ -878,4 +878,121 @@ fn the_step_clock_gives_one_tick_per_timer_period() {
         .filter(|r| matches!(r, Record::Event(Event::Interrupt { vector: 32, .. })))
         .count() as u64;
     assert_eq!(interrupts, ticks, "every tick is in the trace once");
+}
+
+/// One writer per trace disk. A second run on a disk that another run is
+/// writing is refused at once (exit 75), naming that run; `info` says the
+/// trace is still being written (not that its run was killed); the first
+/// run's trace ends whole. Before, both ran on the one disk and neither
+/// trace survived.
+#[test]
+fn a_second_run_on_a_disk_being_written_is_refused() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "idle.bin", vtrace_demo::test_guests::IDLE);
+    let disk = dir.path().join("shared.vtd");
+    let control = dir.path().join("c.sock");
+    // Traced, the guest idles until it is stopped from outside.
+    let mut first = vtrace()
+        .args(["run", "--trace", "--disk-size", "8M", "--real-mode"])
+        .arg(&image)
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&control);
+    let second = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--max-steps",
+        "1000",
+        "--disk-size",
+        "8M",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(second.status.code(), Some(75), "{}", stderr(&second));
+    let said = stderr(&second);
+    assert!(
+        said.contains(&format!("being written by another run (pid {}", first.id())),
+        "{said}"
+    );
+    let o = run(&["info", "--json", disk.to_str().unwrap()]);
+    let info: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = info["problems"].to_string();
+    assert!(problems.contains("still being written"), "{info}");
+    assert!(!problems.contains("killed"), "{info}");
+
+    kill(&first, "INT");
+    let stdin = first.stdin.take();
+    let out = first.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    let info = info_json(&disk);
+    assert_eq!(info["problems"], serde_json::json!([]), "{info}");
+    assert_eq!(info["clean_end"], true, "{info}");
+}
+
+/// A trace disk that cannot be made leaves what was at its path as it
+/// was, and nothing beside it: a size past the file system's free space
+/// is refused before anything is written (before, the old trace was gone
+/// and a file of the asked size filled the file system), and a symbolic
+/// link that points nowhere is not followed into a new file.
+#[test]
+fn a_disk_that_cannot_be_made_leaves_the_old_trace_and_nothing_else() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("old.vtd");
+    trace_demo_to(&disk, &["--max-steps", "1000", "--disk-size", "8M"]);
+    let before = info_json(&disk);
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--disk-size",
+        "16000T",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(73), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no room"), "{}", stderr(&out));
+    assert_eq!(info_json(&disk)["digest"], before["digest"]);
+    let names = |dir: &Path| -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(dir.path()), ["old.vtd"]);
+
+    let link = dir.path().join("link.vtd");
+    std::os::unix::fs::symlink(dir.path().join("target.vtd"), &link).unwrap();
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--trace",
+        "--max-steps",
+        "1000",
+        "--disk-size",
+        "8M",
+        "--disk",
+        link.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
+    assert_eq!(names(dir.path()), ["link.vtd", "old.vtd"]);
 }

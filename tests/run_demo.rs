@@ -96,8 +96,8 @@ fn demo_timer_count_agrees_with_the_virtual_clock() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (console, log) = (stdout(&out), stderr(&out));
     let guest_ticks = number_after(&console, "timer ticks:").expect("guest tick count");
-    let delivered = number_before(&log, "timer interrupts").expect("vmm IRQ0 count");
-    let seconds = virtual_seconds(&log).expect("virtual time");
+    let delivered = number_before(run_summary(&log), "timer interrupts").expect("vmm IRQ0 count");
+    let seconds = virtual_seconds(run_summary(&log)).expect("virtual time");
     // The guest reads its counter after disabling interrupts for good, so
     // every IRQ0 the VMM injected was counted by the guest, and no more.
     assert_eq!(guest_ticks, delivered, "{console}\n{log}");

@@ -1,7 +1,5 @@
 //! What can go wrong while a session is assembled or run.
 
-use std::path::PathBuf;
-
 /// Errors of [`crate::SessionBuilder::build`] and [`crate::Session::run`].
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -26,14 +24,6 @@ pub enum SessionError {
         what: String,
         /// What was wrong with its notes.
         source: vtrace_image::sdt::SdtError,
-    },
-    /// An old trace disk could not be removed to make room (`force`).
-    #[error("cannot remove {} (--force): {source}", path.display())]
-    Remove {
-        /// The trace disk.
-        path: PathBuf,
-        /// Why it stayed.
-        source: std::io::Error,
     },
 }
 

@@ -263,19 +263,13 @@ fn tracer(
     // the routines' entries, the fn: probes, then the captures.
     let taken = taken + function_probes.len();
     notes.extend(capture_note(&captures, taken));
-    let path = &request.disk;
-    if request.replace && path.is_file() {
-        std::fs::remove_file(path).map_err(|source| SessionError::Remove {
-            path: path.clone(),
-            source,
-        })?;
-    }
-    let disk = DiskWriter::create(
-        path,
+    let disk = DiskWriter::create_over(
+        &request.disk,
         request.disk_size,
         request.segment_size,
         request.wrap,
         &metadata.to_text(),
+        request.replace,
     )?;
     let options = TraceOptions {
         from_start: request.from_start,

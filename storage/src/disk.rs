@@ -28,7 +28,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::segment::{SegmentHeader, HEADER_LEN};
@@ -107,6 +107,44 @@ pub enum DiskError {
         path: PathBuf,
         /// What it is ("a directory").
         kind: &'static str,
+    },
+    /// Another run writes the trace disk now.
+    #[error(
+        "trace disk {path} is being written by another run ({holder}); wait for it to end, \
+         or choose another --disk"
+    )]
+    Busy {
+        /// The trace disk.
+        path: PathBuf,
+        /// Who writes it: "pid 1234: vtrace run ...".
+        holder: String,
+    },
+    /// The file system has less room than the disk's size.
+    #[error(
+        "no room for a {} trace disk at {path}: the file system has {} free (free some space, \
+         choose a smaller --disk-size, or remove the old trace there first: it is kept until \
+         the new disk is ready)",
+        size_text(*size),
+        size_text(*free)
+    )]
+    NoRoom {
+        /// The trace disk.
+        path: PathBuf,
+        /// The size asked for.
+        size: u64,
+        /// Bytes the file system has free.
+        free: u64,
+    },
+    /// The path is a symbolic link to nothing.
+    #[error(
+        "{path} is a symbolic link to {target}, which does not exist; vtrace does not make a \
+         link's target (make it, or give the path itself as --disk)"
+    )]
+    DanglingLink {
+        /// The link.
+        path: PathBuf,
+        /// Where it points.
+        target: PathBuf,
     },
     /// Creating the disk would destroy a file that is not a trace.
     #[error(
@@ -188,6 +226,23 @@ impl Superblock {
     }
 }
 
+/// Bytes for a message, in the largest binary unit that keeps a digit
+/// before the point: "16000 TiB", "69.8 GiB", "512 B".
+fn size_text(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 || value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 /// Whether `b` starts like a superblock (the magic), intact or not.
 fn looks_like_a_superblock(b: &[u8]) -> bool {
     b.get(0..8) == Some(&MAGIC[..])
@@ -253,6 +308,11 @@ impl DiskWriter {
     /// tracing can never fail halfway on a full host disk. A block device
     /// keeps its own size. A file that is not a trace is not overwritten
     /// ([`DiskError::Foreign`]): remove it first where that is meant.
+    ///
+    /// The writer holds the disk's lock until it is dropped: a second
+    /// writer is refused ([`DiskError::Busy`]). A new file is made and
+    /// reserved beside the path and takes its place only when ready, so a
+    /// failure leaves an earlier trace there as it was, and nothing else.
     pub fn create(
         path: &Path,
         size: u64,
@@ -260,31 +320,43 @@ impl DiskWriter {
         wrap: bool,
         metadata: &str,
     ) -> Result<DiskWriter, DiskError> {
+        Self::create_over(path, size, segment_size, wrap, metadata, false)
+    }
+
+    /// [`DiskWriter::create`], replacing a file that is not a trace as
+    /// well where `foreign_ok` (`--force`), once the new disk is ready.
+    pub fn create_over(
+        path: &Path,
+        size: u64,
+        segment_size: u32,
+        wrap: bool,
+        metadata: &str,
+        foreign_ok: bool,
+    ) -> Result<DiskWriter, DiskError> {
         let open_err = |source| DiskError::Open {
             path: path.to_path_buf(),
             source,
         };
-        let existing = std::fs::metadata(path).ok();
+        // The trace goes where a symbolic link points; one that points
+        // nowhere is refused rather than followed into a new file.
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        let target = if is_link {
+            std::fs::canonicalize(path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DiskError::DanglingLink {
+                    path: path.to_path_buf(),
+                    target: std::fs::read_link(path).unwrap_or_default(),
+                },
+                _ => open_err(e),
+            })?
+        } else {
+            path.to_path_buf()
+        };
+        let existing = std::fs::metadata(&target).ok();
         if let Some(kind) = existing.as_ref().and_then(unusable_kind) {
             return Err(DiskError::NotAFile {
                 path: path.to_path_buf(),
                 kind,
             });
-        }
-        let existing_block = existing
-            .as_ref()
-            .is_some_and(|m| m.file_type().is_block_device());
-        if existing
-            .as_ref()
-            .is_some_and(|m| m.is_file() && m.len() > 0)
-        {
-            let mut head = [0u8; 8];
-            let read = File::open(path).and_then(|f| f.read_exact_at(&mut head, 0));
-            if read.is_err() || !looks_like_a_superblock(&head) {
-                return Err(DiskError::Foreign {
-                    path: path.to_path_buf(),
-                });
-            }
         }
         let too_small = |size: u64| {
             let blocks = size.saturating_sub(SUPERBLOCK_LEN) / BLOCK;
@@ -294,26 +366,28 @@ impl DiskWriter {
                 segment_size,
             })
         };
-        // Before anything is made: a refused size leaves no file behind.
-        if let (false, Some(e)) = (existing_block, too_small(size)) {
-            return Err(e);
-        }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(!existing_block)
-            .truncate(!existing_block)
-            .open(path)
-            .map_err(open_err)?;
-        let size = if existing_block {
-            device_size(&mut file).map_err(open_err)?
+        let (file, size, block_device) = if existing
+            .as_ref()
+            .is_some_and(|m| m.file_type().is_block_device())
+        {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&target)
+                .map_err(open_err)?;
+            lock_or_busy(&file, path)?;
+            let size = device_size(&mut file).map_err(open_err)?;
+            (file, size, true)
         } else {
-            reserve(&file, size).map_err(|source| DiskError::Reserve {
-                path: path.to_path_buf(),
+            // Before anything is made: a refused size leaves no file.
+            if let Some(e) = too_small(size) {
+                return Err(e);
+            }
+            (
+                new_file_in_place(path, &target, size, foreign_ok)?,
                 size,
-                source,
-            })?;
-            size
+                false,
+            )
         };
         if let Some(e) = too_small(size) {
             return Err(e);
@@ -336,12 +410,12 @@ impl DiskWriter {
             file,
             path: path.to_path_buf(),
             superblock,
-            block_device: existing_block,
+            block_device,
             next_block: 0,
             blocks_used: 0,
         };
         writer.write_at(0, &writer.superblock.encode())?;
-        if existing_block {
+        if block_device {
             // Stale segments of an earlier trace would confuse the scan.
             let zero = vec![0u8; HEADER_LEN];
             for block in 0..block_count {
@@ -447,6 +521,132 @@ fn reserve(file: &File, size: u64) -> std::io::Result<()> {
     }
 }
 
+/// Takes the disk's lock on `file`, or says who holds it.
+fn lock_or_busy(file: &File, path: &Path) -> Result<(), DiskError> {
+    match crate::lock::try_exclusive(file) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(DiskError::Busy {
+            path: path.to_path_buf(),
+            holder: crate::lock::holder(file),
+        }),
+        Err(source) => Err(DiskError::Open {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Makes a reserved, locked file of `size` bytes at `target` (`path` as
+/// the user gave it, for messages): beside it first, under a hidden name,
+/// then in its place. An earlier trace at `target` (or, `foreign_ok`, any
+/// file) stays locked and untouched until then; anything that fails
+/// removes the new file.
+fn new_file_in_place(
+    path: &Path,
+    target: &Path,
+    size: u64,
+    foreign_ok: bool,
+) -> Result<File, DiskError> {
+    let open_err = |source| DiskError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = target.file_name().ok_or_else(|| DiskError::NotAFile {
+        path: path.to_path_buf(),
+        kind: "not a file name",
+    })?;
+    // Two runs may race for a path that held nothing: the loser finds the
+    // winner's disk there, locked, on its second look.
+    for _ in 0..2 {
+        let old = match File::open(target) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(open_err(e)),
+        };
+        if let Some(old) = &old {
+            lock_or_busy(old, path)?;
+            let still_there = std::fs::metadata(target).ok().map(|m| (m.dev(), m.ino()));
+            let locked = old.metadata().map_err(open_err)?;
+            if still_there != Some((locked.dev(), locked.ino())) {
+                continue;
+            }
+            if locked.len() > 0 && !foreign_ok {
+                let mut head = [0u8; 8];
+                if old.read_exact_at(&mut head, 0).is_err() || !looks_like_a_superblock(&head) {
+                    return Err(DiskError::Foreign {
+                        path: path.to_path_buf(),
+                    });
+                }
+            }
+        }
+        let free = free_bytes(&dir).map_err(open_err)?;
+        if size > free {
+            return Err(DiskError::NoRoom {
+                path: path.to_path_buf(),
+                size,
+                free,
+            });
+        }
+        let mut hidden = std::ffi::OsString::from(".");
+        hidden.push(name);
+        hidden.push(format!(".new-{}", std::process::id()));
+        let fresh = dir.join(hidden);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&fresh)
+            .map_err(open_err)?;
+        let placed = crate::lock::try_exclusive(&file)
+            .map_err(open_err)
+            .and_then(|_| {
+                reserve(&file, size).map_err(|source| DiskError::Reserve {
+                    path: path.to_path_buf(),
+                    size,
+                    source,
+                })
+            })
+            .and_then(|()| match old {
+                // Replaces the trace this run holds locked.
+                Some(_) => std::fs::rename(&fresh, target).map_err(open_err),
+                // Takes the path only if it is still free.
+                None => std::fs::hard_link(&fresh, target).map_err(open_err),
+            });
+        // Renamed, the hidden name is gone already; linked, the disk keeps
+        // its place under the path; failed, the new file goes.
+        let _ = std::fs::remove_file(&fresh);
+        match placed {
+            Ok(()) => return Ok(file),
+            Err(DiskError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(DiskError::Busy {
+        path: path.to_path_buf(),
+        holder: "another run that took it meanwhile".to_string(),
+    })
+}
+
+/// Bytes an unprivileged writer may still take on the file system of `dir`.
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: statvfs writes the struct it is given for a NUL-terminated path.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// A segment found on the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FoundSegment {
@@ -472,6 +672,9 @@ pub struct DiskScan {
     pub superblock_damaged: bool,
     /// Every valid segment header, by sequence number.
     pub segments: Vec<FoundSegment>,
+    /// Who is writing the disk as it is read ("pid 1234: vtrace run
+    /// ..."), if a run is: it holds what that run has written so far.
+    pub written_by: Option<String>,
 }
 
 impl DiskScan {
@@ -523,6 +726,7 @@ impl DiskScan {
             });
         }
         segments.sort_by_key(|s| s.header.seq);
+        let written_by = crate::lock::written_now(&file).then(|| crate::lock::holder(&file));
         Ok(DiskScan {
             path: path.to_path_buf(),
             file,
@@ -530,6 +734,7 @@ impl DiskScan {
             superblock,
             superblock_damaged,
             segments,
+            written_by,
         })
     }
 
@@ -553,6 +758,37 @@ impl DiskScan {
 mod tests {
     use super::*;
     use crate::segment::seal;
+
+    #[test]
+    fn sizes_are_said_in_binary_units() {
+        assert_eq!(size_text(512), "512 B");
+        assert_eq!(size_text(8 << 20), "8 MiB");
+        assert_eq!(size_text(16000 << 40), "15.6 PiB");
+        assert_eq!(size_text(74_933_497_856), "69.8 GiB");
+    }
+
+    #[test]
+    fn a_new_disk_keeps_the_old_trace_until_it_is_ready_and_locks_out_a_second_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.vtd");
+        let first = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "first").unwrap();
+        first.close().unwrap();
+        // The old trace stays while a refused size is asked for.
+        let err = DiskWriter::create(&path, u64::MAX / 2, 64 << 10, false, "").err();
+        assert!(matches!(err, Some(DiskError::NoRoom { .. })), "{err:?}");
+        let scan = DiskScan::open(&path).unwrap();
+        assert_eq!(scan.superblock.map(|s| s.metadata), Some("first".into()));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // A writer holds the disk: a second is refused, a reader is told.
+        let second = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "second").unwrap();
+        let err = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "third").err();
+        assert!(matches!(err, Some(DiskError::Busy { .. })), "{err:?}");
+        let pid = format!("pid {}", std::process::id());
+        let busy = DiskScan::open(&path).unwrap().written_by;
+        assert!(busy.is_some_and(|w| w.starts_with(&pid)));
+        second.close().unwrap();
+        assert_eq!(DiskScan::open(&path).unwrap().written_by, None);
+    }
 
     #[test]
     fn superblock_round_trips() {

@@ -9,6 +9,7 @@
 pub mod codec;
 pub mod digest;
 pub mod disk;
+mod lock;
 pub mod metadata;
 pub mod reader;
 pub mod record;

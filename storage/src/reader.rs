@@ -91,6 +91,12 @@ impl TraceReader {
         Ok(TraceReader { scan, segments })
     }
 
+    /// Who is writing the trace as it is read, if a run is (see
+    /// [`DiskScan::written_by`]).
+    pub fn written_by(&self) -> Option<&str> {
+        self.scan.written_by.as_deref()
+    }
+
     /// The superblock, where one was found.
     pub fn superblock(&self) -> Option<&Superblock> {
         self.scan.superblock.as_ref()

@@ -178,7 +178,12 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
     s.problems.extend(reader.structural_problems());
     let closed = reader.superblock().is_some_and(|sb| sb.closed);
     s.clean_end = !stretch_open && (closed || reader.superblock().is_none());
-    if !s.clean_end && (s.segments_good > 0 || !closed) {
+    if let Some(writer) = reader.written_by() {
+        s.problems.push(format!(
+            "the trace is still being written ({writer}): what it holds so far is here, up to \
+             the last complete segment"
+        ));
+    } else if !s.clean_end && (s.segments_good > 0 || !closed) {
         s.problems.push(
             "the VMM did not shut down cleanly (killed?): the trace has no stop record at its \
              end, or its disk was never closed; everything up to the last complete segment \

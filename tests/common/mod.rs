@@ -95,6 +95,17 @@ pub fn number_after(text: &str, label: &str) -> Option<u64> {
     digits.split('.').next()?.parse().ok()
 }
 
+/// The run's closing summary in its log ("guest exited with status 0
+/// after 1.2 s (virtual time 0.024 s): 6 timer interrupts, ..."): the
+/// last line with a virtual time, past the progress lines a slow run
+/// prints before it.
+pub fn run_summary(log: &str) -> &str {
+    log.lines()
+        .rev()
+        .find(|l| l.contains("virtual time"))
+        .unwrap_or_default()
+}
+
 /// Virtual seconds from the run summary ("virtual time 1.064 s").
 pub fn virtual_seconds(text: &str) -> Option<f64> {
     let at = text.find("virtual time ")? + "virtual time ".len();
