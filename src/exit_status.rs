@@ -6,6 +6,9 @@ use vtrace_session::SessionError;
 use vtrace_storage::disk::DiskError;
 use vtrace_vmm::Error;
 
+/// The guest kernel panicked (see [`STATUS_TABLE`]).
+pub const KERNEL_PANIC: i32 = 83;
+
 /// `vtrace ctl` found no run to talk to: exit status 69, as when it cannot
 /// connect.
 #[derive(Debug)]
@@ -41,6 +44,8 @@ Exit status:
   80     the guest shut down (triple fault); registers and last exits are printed
   81     KVM could not emulate a guest instruction; the instruction is printed
   82     the guest stopped otherwise (halted for good, VM entry failed)
+  83     the guest kernel panicked (Linux's \"Kernel panic\" line on its console,
+         printed), however the machine stopped after it
   129    SIGHUP, 130 SIGINT (Ctrl-C), 143 SIGTERM: vtrace stopped tracing, wrote
          the trace to its end and removed its control socket first (a second
          signal ends it at once)";

@@ -241,7 +241,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let SessionOutcome {
         run: outcome,
         trace: report,
+        kernel_panic,
     } = session.run()?;
+    if let Some(line) = &kernel_panic {
+        user_message(&format!("vtrace: the guest kernel panicked: {line}"));
+    }
     if !args.quiet {
         user_message(&summary(&outcome));
         if let (Some(r), Some(path)) = (&report, disk) {
@@ -273,11 +277,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
         }
     }
     Ok(match outcome.exit {
+        // The user ended it: that says more than what the guest did.
+        GuestExit::UserQuit => 0,
+        GuestExit::Signal(signal) => 128 + signal,
+        // However the machine stopped after it (panic=1 reboots).
+        _ if kernel_panic.is_some() => crate::exit_status::KERNEL_PANIC,
         GuestExit::Status(s) => i32::from(s),
         // A guest that powers off or reboots ended as it meant to, as under
         // QEMU with -no-reboot.
-        GuestExit::Reset | GuestExit::PowerOff | GuestExit::UserQuit | GuestExit::MonitorDone => 0,
-        // What the shell shows for a process the signal ended.
-        GuestExit::Signal(signal) => 128 + signal,
+        GuestExit::Reset | GuestExit::PowerOff | GuestExit::MonitorDone => 0,
     })
 }

@@ -221,13 +221,15 @@ fn linux_runs_on_after_many_host_stops_on_amdv() {
 }
 
 /// A guest's `poweroff` (through the ACPI tables vtrace gives a Linux
-/// kernel) and `reboot` end the run with status 0, and vtrace says which.
+/// kernel) and `reboot` end the run with status 0, and vtrace says which;
+/// a kernel panic (then a reboot, `panic=1`) ends it with status 83 and
+/// the panic line (before, it read as a reboot: status 0).
 /// The first 200,000 steps of the kernel's boot, traced from its first
 /// instruction, are this host's, digest for digest: the baseline CPU is
 /// one fixed table, so CPUID answers the same on both (before, the vendor,
 /// signature and features were each host's own).
 #[test]
-fn linux_power_off_reboot_and_boot_trace_as_here_on_amdv() {
+fn linux_power_off_reboot_panic_and_boot_trace_on_amdv() {
     if !amdv_available() {
         return;
     }
@@ -240,7 +242,7 @@ fn linux_power_off_reboot_and_boot_trace_as_here_on_amdv() {
     let m = amdv(
         &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
         &format!(
-            "for how in poweroff reboot; do \
+            "for how in poweroff reboot panic; do \
            vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
              --append \"console=ttyS0 reboot=k panic=1 pci=off nolapic noapic quiet l2=$how\" \
              > /tmp/$how 2>&1; echo \"$how status $?\"; tail -3 /tmp/$how; done; \
@@ -259,6 +261,16 @@ fn linux_power_off_reboot_and_boot_trace_as_here_on_amdv() {
     assert!(m.output.contains("l2: reboot"), "{}", m.output);
     assert!(m.output.contains("reboot status 0"), "{}", m.output);
     assert!(m.output.contains("vtrace: guest rebooted"), "{}", m.output);
+    // No `panic` command: /init ends, and the kernel panics (then reboots,
+    // panic=1), which is no clean end.
+    assert!(m.output.contains("panic status 83"), "{}", m.output);
+    assert!(
+        m.output.contains(
+            "vtrace: the guest kernel panicked: Kernel panic - not syncing: Attempted to kill init!"
+        ),
+        "{}",
+        m.output
+    );
     assert!(
         m.output.contains("prefix status 0"),
         "{}",

@@ -90,6 +90,20 @@ fn run_help_is_in_sections_and_says_its_defaults() {
 }
 
 #[test]
+fn the_readme_lists_the_exit_statuses_run_help_gives() {
+    let help = stdout(&run(&["run", "--help"]));
+    let (_, table) = help
+        .split_once("Exit status:\n")
+        .expect("run --help ends with its exit statuses");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    assert!(
+        readme.contains(table.trim_end()),
+        "README.md's exit statuses differ from run --help's:\n{table}"
+    );
+}
+
+#[test]
 fn info_and_analyze_read_vtrace_vtd_when_no_trace_is_named() {
     if !kvm_available() {
         return;

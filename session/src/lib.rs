@@ -8,6 +8,7 @@
 mod error;
 mod location;
 pub mod metadata;
+mod panic_watch;
 mod peep;
 mod places;
 mod request;

@@ -177,13 +177,15 @@ impl SessionBuilder {
             BootSource::Kernel { initrd, .. } => initrd.as_ref().and_then(|i| i.path.clone()),
             BootSource::RealMode { .. } => None,
         };
+        let panic_line = crate::panic_watch::PanicLine::default();
+        let serial_out = crate::panic_watch::PanicWatch::new(self.serial_out, panic_line.clone());
         let mut vm = Vm::new(VmConfig {
             boot: self.boot,
             memory: self.memory,
             cpu: self.cpu,
             console: self.console,
             kvm_device: self.kvm_device,
-            serial_out: self.serial_out,
+            serial_out: Box::new(serial_out),
             clock,
             control,
         })?;
@@ -227,6 +229,7 @@ impl SessionBuilder {
             notes,
             control: control_path,
             trace_disk,
+            panic_line,
         })
     }
 }
@@ -300,6 +303,7 @@ pub struct Session {
     notes: Vec<String>,
     control: Option<PathBuf>,
     trace_disk: Option<PathBuf>,
+    panic_line: crate::panic_watch::PanicLine,
 }
 
 /// How a session ended.
@@ -309,6 +313,10 @@ pub struct SessionOutcome {
     pub run: RunOutcome,
     /// What the tracer recorded, where the session traced.
     pub trace: Option<TraceReport>,
+    /// The guest kernel's panic line ("Kernel panic - not syncing: ..."),
+    /// where its console printed one: the run ended after a panic, however
+    /// the machine then stopped.
+    pub kernel_panic: Option<String>,
 }
 
 impl Session {
@@ -348,9 +356,15 @@ impl Session {
             None => self.vm.run(&mut NoMonitor),
         };
         let trace = self.tracer.map(Tracer::finish).transpose()?;
+        let kernel_panic = self
+            .panic_line
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         Ok(SessionOutcome {
             run: outcome?,
             trace,
+            kernel_panic,
         })
     }
 }
