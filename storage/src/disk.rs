@@ -266,6 +266,25 @@ fn unusable_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
     }
 }
 
+/// Where the next data at or after `offset` starts in a sparse file
+/// (`SEEK_DATA`): `offset` itself where the file system does not say, or
+/// None where only a hole follows.
+fn next_data(file: &File, offset: u64) -> Option<u64> {
+    let Ok(at) = libc::off_t::try_from(offset) else {
+        return Some(offset);
+    };
+    // SAFETY: lseek on a descriptor this function borrows; the scan reads
+    // with pread, so the file position it moves is not used.
+    let found = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(file), at, libc::SEEK_DATA) };
+    if found >= 0 {
+        return u64::try_from(found).ok();
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ENXIO) => None,
+        _ => Some(offset),
+    }
+}
+
 /// Size of a file or block device.
 fn device_size(file: &mut File) -> std::io::Result<u64> {
     file.seek(SeekFrom::End(0))
@@ -707,10 +726,29 @@ impl DiskScan {
         let mut segments = Vec::new();
         let mut header = [0u8; HEADER_LEN];
         let mut offset = SUPERBLOCK_LEN;
-        while offset.saturating_add(HEADER_LEN as u64) <= size {
+        // Segments lie within the blocks an intact superblock counts (all
+        // it reserved, where the run did not end cleanly); past them, a
+        // file may go on for terabytes of nothing.
+        let end = superblock.as_ref().map_or(size, |sb| {
+            SUPERBLOCK_LEN
+                .saturating_add(sb.block_count.saturating_mul(BLOCK))
+                .min(size)
+        });
+        while offset.saturating_add(HEADER_LEN as u64) <= end {
             let mut next = offset.saturating_add(BLOCK);
             if file.read_exact_at(&mut header, offset).is_ok() {
-                if let Some(h) = SegmentHeader::decode(&header) {
+                if header.iter().all(|b| *b == 0) {
+                    // Zeros, maybe a hole: on to the next block with data.
+                    match next_data(&file, offset) {
+                        Some(data) if data > offset => {
+                            next = SUPERBLOCK_LEN.saturating_add(
+                                blocks_for(data - SUPERBLOCK_LEN).saturating_mul(BLOCK),
+                            );
+                        }
+                        Some(_) => {}
+                        None => break,
+                    }
+                } else if let Some(h) = SegmentHeader::decode(&header) {
                     segments.push(FoundSegment { header: h, offset });
                     // Not into the segment's own bytes: data the guest
                     // controls could look like a header there.
