@@ -1,5 +1,6 @@
 //! `vtrace analyze`: wiring from the command line to the analyzer crate.
 
+use crate::exit_status::{BadArgument, BadData, Unreadable};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -83,10 +84,11 @@ fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
 
 fn require_steps(trace: &Trace) -> Result<()> {
     if trace.steps() == 0 {
-        anyhow::bail!(
+        return Err(BadData(format!(
             "{} has no readable steps (was tracing ever started? `vtrace info` tells)",
             trace.path().display()
-        );
+        ))
+        .into());
     }
     Ok(())
 }
@@ -135,12 +137,13 @@ fn open_trace(path: &Path) -> Result<Trace> {
 fn task_filter(trace: &Trace, args: &TaskArgs) -> Result<TaskFilter> {
     let filter = args.filter();
     if !filter.is_everything() && !trace.metadata.names_tasks() {
-        anyhow::bail!(
+        return Err(BadArgument(format!(
             "--pid and --comm need a trace that names Linux tasks, and {} names none \
              (its guest is not Linux, vtrace could not read the kernel's task layout, or \
              an older vtrace wrote it); `vtrace info` shows how it was made",
             trace.path().display()
-        );
+        ))
+        .into());
     }
     Ok(filter)
 }
@@ -169,10 +172,11 @@ fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> R
     let (look, option) = match (&args.sysroot, &args.initramfs) {
         (Some(dir), _) => {
             if !dir.is_dir() {
-                anyhow::bail!(
+                return Err(Unreadable(format!(
                     "--sysroot {}: not a directory (give the guest's root file system)",
                     dir.display()
-                );
+                ))
+                .into());
             }
             (
                 Look::Ready(UserFiles::Sysroot(dir.clone())),
@@ -502,10 +506,12 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let trace = open_trace(&a.trace.trace)?;
             let found = samples::samples(&trace, &vtrace_analyzer::input::no_progress)?;
             if found.samples.is_empty() {
-                anyhow::bail!(
-                    "{} holds no samples (`vtrace run --peep INTERVAL --sample SYMBOL` takes                      them)",
+                return Err(BadData(format!(
+                    "{} holds no samples (`vtrace run --peep INTERVAL --sample SYMBOL` takes \
+                     them)",
                     a.trace.trace.display()
-                );
+                ))
+                .into());
             }
             let has_pc = found.samples.iter().any(|s| s.pc.is_some());
             // Routine names only matter for pc samples.
@@ -515,10 +521,12 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             };
             if let Some(path) = &a.flame {
                 if !has_pc {
-                    anyhow::bail!(
-                        "--flame: the samples of {} have no pc (`vtrace run --sample-pc`                          takes it)",
+                    return Err(BadArgument(format!(
+                        "--flame: the samples of {} have no pc (`vtrace run --sample-pc` takes \
+                         it)",
                         a.trace.trace.display()
-                    );
+                    ))
+                    .into());
                 }
                 let mut out = create(path)?;
                 vtrace_analyzer::flame::write_svg_of(
@@ -572,30 +580,44 @@ fn export_destination(a: &ExportArgs) -> Result<(ExportFormat, Destination)> {
         (None, None) => ExportFormat::Parquet,
     };
     if from_extension.is_some_and(|f| f != format) {
-        anyhow::bail!(
+        return Err(BadArgument(format!(
             "{} names a .{} file but --format is {}: drop --format or rename the file",
             a.output.display(),
             extension.unwrap_or_default(),
             format.extension()
-        );
+        ))
+        .into());
+    }
+    // Another extension is a file the user meant, of a format export does
+    // not write: not a directory of Parquet files by that name.
+    if let (Some(other), None, false) = (extension, from_extension, a.output.is_dir()) {
+        return Err(BadArgument(format!(
+            "{}: export writes .parquet or .jsonl files, not .{other}; name the file so, or \
+             name a directory (no extension) for files of whole segments",
+            a.output.display()
+        ))
+        .into());
     }
     let destination = if is_stdout(&a.output) {
         if format == ExportFormat::Parquet {
-            anyhow::bail!(
+            return Err(BadArgument(
                 "Parquet cannot go to standard output (its index is at the end of the file): \
                  name a file (-o steps.parquet) or use --format jsonl"
-            );
+                    .to_string(),
+            )
+            .into());
         }
         Destination::Stdout
     } else if from_extension.is_some() && !a.output.is_dir() {
         Destination::File(a.output.clone())
     } else {
         if a.output.exists() && !a.output.is_dir() {
-            anyhow::bail!(
+            return Err(BadArgument(format!(
                 "{} is a file: name it .{} for one file, or name a directory",
                 a.output.display(),
                 format.extension()
-            );
+            ))
+            .into());
         }
         Destination::Directory {
             dir: a.output.clone(),

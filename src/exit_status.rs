@@ -28,15 +28,18 @@ Exit status:
   0-255  the status the guest passed to the EXIT hypercall (the demo OS: 0)
   0      also: the guest powered off (ACPI) or rebooted, or quit with Ctrl-A x;
          the last line vtrace prints says which
-  2      bad command-line arguments
+  2      bad command-line arguments, or values that mean nothing for the
+         trace at hand (a step past its end, --pid on a trace without tasks)
   65     the kernel is not a format vtrace boots, or its command line is invalid;
-         a file given as a trace is not one
-  66     the kernel, initrd or trace file (or --disk's directory) is missing or
-         unreadable
+         a file given as a trace (or symbols) is not one, or holds nothing to
+         analyze
+  66     the kernel, initrd, trace or symbol file, or --sysroot (or --disk's
+         directory) is missing or unreadable
   69     KVM is missing or unusable on this host (vtrace ctl: no run listening)
   70     an internal or KVM error
   73     the trace disk cannot be made (a file that is not a trace is there,
-         no room to reserve it); an earlier trace there is left as it was
+         no room to reserve it); an earlier trace there is left as it was;
+         vtrace analyze: an output file cannot be made or written
   74     reading or writing the trace disk failed
   75     another run is writing the trace disk (its pid is printed)
   77     no permission to open the KVM device
@@ -78,6 +81,32 @@ impl std::fmt::Display for BadArgument {
 
 impl std::error::Error for BadArgument {}
 
+/// An input that is there but holds nothing to work on (a trace without
+/// steps or samples): exit status 65, as for a file that is not a trace.
+#[derive(Debug)]
+pub struct BadData(pub String);
+
+impl std::fmt::Display for BadData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadData {}
+
+/// A file or directory named on the command line that is missing or
+/// cannot be read as what it should be: exit status 66.
+#[derive(Debug)]
+pub struct Unreadable(pub String);
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreadable {}
+
 /// The exit status for a failed run.
 pub fn for_error(error: &anyhow::Error) -> i32 {
     if error.chain().any(|e| e.is::<BadArgument>())
@@ -85,18 +114,41 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
     {
         return 2;
     }
+    if error.chain().any(|e| e.is::<BadData>()) {
+        return 65;
+    }
+    if error.chain().any(|e| e.is::<Unreadable>()) {
+        return 66;
+    }
     if let Some(vtrace_vmm::ControlError::Connect { .. }) =
         error.chain().find_map(|e| e.downcast_ref())
     {
         return 69;
     }
     let analysis = error.chain().find_map(|e| e.downcast_ref::<AnalyzeError>());
-    if let Some(AnalyzeError::Symbols(symbols)) = analysis {
+    // Symbols come from the analyzer or straight from the image crate.
+    let symbols = error
+        .chain()
+        .find_map(|e| e.downcast_ref::<SymbolError>())
+        .or(match analysis {
+            Some(AnalyzeError::Symbols(symbols)) => Some(symbols),
+            _ => None,
+        });
+    if let Some(symbols) = symbols {
         return match symbols {
-            SymbolError::Read { .. } => 66,
+            SymbolError::Read { .. } | SymbolError::NotAFile { .. } => 66,
             SymbolError::BadScope(_) => 2,
             _ => 65,
         };
+    }
+    match analysis {
+        Some(AnalyzeError::WindowOutside { .. }) => return 2,
+        // An output file that cannot be made or written.
+        Some(
+            AnalyzeError::Write { .. }
+            | AnalyzeError::Export(vtrace_analyzer::export::ExportError::Io(_)),
+        ) => return 73,
+        _ => {}
     }
     // AnalyzeError::Trace and SessionError::Disk are transparent: their
     // DiskError is not in the chain.

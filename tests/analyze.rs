@@ -770,14 +770,30 @@ fn bad_input_gets_clear_errors() {
         "--symbols",
         "/no/such/System.map",
     ]);
-    assert!(!out.status.success());
+    // User mistakes have their own statuses (66 missing, 2 a bad
+    // argument), not 70's "internal error".
+    assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("/no/such/System.map"),
         "{}",
         stderr(&out)
     );
+    {
+        let fifo = dir.path().join("map.fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let out = run(&[
+                "analyze",
+                "nest",
+                trace_arg(),
+                "--symbols",
+                fifo.to_str().unwrap(),
+            ]);
+            assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
+        }
+    }
     let out = run(&["analyze", "listing", trace_arg(), "--from", "99999999"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("past the trace's last step"),
         "{}",
@@ -785,7 +801,7 @@ fn bad_input_gets_clear_errors() {
     );
     // The demo OS has no Linux tasks to filter by.
     let out = run(&["analyze", "stats", trace_arg(), "--pid", "1"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("need a trace that names Linux tasks"),
         "{}",

@@ -378,31 +378,43 @@ fn bad_destinations_are_refused_with_the_reason() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let refused = |args: &[&str], says: &str| {
+    let refused = |args: &[&str], status: i32, says: &str| {
         let mut all = vec!["analyze", "export", trace_arg()];
         all.extend_from_slice(args);
         let out = run(&all);
-        assert!(!out.status.success(), "{all:?} was taken");
+        assert_eq!(out.status.code(), Some(status), "{all:?}: {}", stderr(&out));
         let err = stderr(&out);
         assert!(err.contains(says), "{all:?}: {err}");
     };
     refused(
         &["-o", "-", "--format", "parquet"],
+        2,
         "Parquet cannot go to standard output",
     );
     let named = dir.path().join("x.parquet");
     refused(
         &["-o", named.to_str().unwrap(), "--format", "jsonl"],
+        2,
         "names a .parquet file but --format is jsonl",
     );
     let plain = dir.path().join("plain");
     std::fs::write(&plain, "mine").unwrap();
-    refused(&["-o", plain.to_str().unwrap()], "is a file");
+    refused(&["-o", plain.to_str().unwrap()], 2, "is a file");
+    // A name with another extension is not taken for a directory.
+    let csv = dir.path().join("out.csv");
+    refused(
+        &["-o", csv.to_str().unwrap()],
+        2,
+        "export writes .parquet or .jsonl files, not .csv",
+    );
+    assert!(!csv.exists());
     assert_eq!(std::fs::read_to_string(&plain).unwrap(), "mine");
     let nowhere = dir.path().join("no/such/dir/x.parquet");
-    refused(&["-o", nowhere.to_str().unwrap()], "No such file");
+    // The output cannot be made: 73, as for a trace disk.
+    refused(&["-o", nowhere.to_str().unwrap()], 73, "No such file");
     refused(
         &["-o", "x.parquet", "--steps-per-file", "0"],
+        2,
         "steps-per-file",
     );
 }
