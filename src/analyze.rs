@@ -128,9 +128,35 @@ fn open_trace(path: &Path) -> Result<Trace> {
     crate::cli::check_default_trace(path)?;
     let trace = Trace::open(path)?;
     for p in &trace.problems {
-        eprintln!("vtrace: warning: {p}");
+        eprintln!("vtrace: warning: {}: {p}", path.display());
     }
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    opened.push((
+        path.to_path_buf(),
+        trace.problems.len(),
+        trace.damage_found(),
+    ));
     Ok(trace)
+}
+
+/// Every trace this command opened: its path, how many problems it had
+/// when opened (said then), and the damage its analyses found reading it.
+static OPENED: std::sync::Mutex<Vec<(PathBuf, usize, vtrace_analyzer::input::DamageLog)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Says the damage the analyses passed over while reading (what was known
+/// at opening is said already), and whether there was any.
+fn damage_passed_over() -> bool {
+    let opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut any = false;
+    for (path, at_open, found) in opened.iter() {
+        let found = found.lock().unwrap_or_else(|e| e.into_inner());
+        for p in found.iter() {
+            eprintln!("vtrace: warning: {}: {p}", path.display());
+        }
+        any |= *at_open > 0 || !found.is_empty();
+    }
+    any
 }
 
 /// The `--pid`/`--comm` filter, where the trace can answer it.
@@ -308,7 +334,15 @@ fn quiet_on_broken_pipe(r: Result<()>) -> Result<()> {
 }
 
 pub fn analyze(args: AnalyzeArgs) -> Result<i32> {
+    let allow_damage = args.allow_damage;
     quiet_on_broken_pipe(dispatch(args))?;
+    if damage_passed_over() && !allow_damage {
+        eprintln!(
+            "vtrace: the output leaves out what the warnings above say (exit status 1); \
+             --allow-damage takes the trace as it is"
+        );
+        return Ok(1);
+    }
     Ok(0)
 }
 

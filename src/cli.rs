@@ -502,6 +502,11 @@ pub struct RunArgs {
 pub struct AnalyzeArgs {
     #[command(subcommand)]
     pub what: AnalyzeCommand,
+    /// Take a damaged or unfinished trace as it is: what the damage took is
+    /// still said on stderr, but the exit status is 0. Without it, an
+    /// analysis of such a trace exits 1
+    #[arg(long, global = true)]
+    pub allow_damage: bool,
 }
 
 /// What every analysis takes: the trace and where symbols come from.

@@ -1050,3 +1050,78 @@ fn a_trace_stretched_to_terabytes_is_read_at_once() {
         assert_eq!(problems.contains("superblock"), damaged, "{info}");
     }
 }
+
+/// Every analysis says the damage it passes over, on stderr, and exits 1
+/// unless `--allow-damage` takes the trace as it is (then 0, still said):
+/// a segment whose checksums hold but whose records do not decode, which
+/// only reading finds (before: stats, nest, listing, export and report
+/// exited 0 in silence with the segment's steps missing), and a trace
+/// whose run was killed.
+#[test]
+fn analyses_say_the_damage_they_pass_over_and_fail_without_allow_damage() {
+    use std::os::unix::fs::FileExt;
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let good = small_trace(dir.path(), "good.vtd");
+    let undecodable = dir.path().join("undecodable.vtd");
+    std::fs::copy(&good, &undecodable).unwrap();
+    let second = TraceReader::open(&undecodable).unwrap().segments()[1].found;
+    let h = second.header;
+    // Records of an unknown tag, sealed with checksums that hold.
+    let sealed = vtrace_storage::segment::seal(&[0xff; 64], h.seq, h.first_step, h.steps, h.events);
+    assert!(sealed.len() as u64 <= h.total_len());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&undecodable)
+        .unwrap();
+    file.write_all_at(&sealed, second.offset).unwrap();
+
+    let killed = dir.path().join("killed.vtd");
+    let control = dir.path().join("c.sock");
+    let mut child = spawn_traced_demo(&killed, &control, &["--segment-size", "64K"]);
+    wait_for_a_segment(&mut child, &killed);
+    kill(&child, "KILL");
+    let _ = child.wait();
+
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    for (disk, says) in [
+        (&undecodable, "could not be read whole"),
+        (&killed, "did not end cleanly"),
+    ] {
+        let disk = disk.to_str().unwrap();
+        let export = out_dir.join("x.parquet");
+        let report = out_dir.join("r.html");
+        let analyses: [&[&str]; 5] = [
+            &["stats"],
+            &["nest"],
+            &["listing"],
+            &["export", "-o", export.to_str().unwrap()],
+            &["report", "-o", report.to_str().unwrap()],
+        ];
+        for analysis in analyses {
+            for allow in [false, true] {
+                let mut args = vec!["analyze"];
+                args.extend_from_slice(analysis);
+                args.extend(["--no-kernel-symbols", "-q", disk]);
+                if allow {
+                    args.push("--allow-damage");
+                }
+                let out = run(&args);
+                let err = stderr(&out);
+                assert_eq!(
+                    out.status.code(),
+                    Some(if allow { 0 } else { 1 }),
+                    "{args:?}: {err}"
+                );
+                assert!(err.contains(says), "{args:?}: {err}");
+            }
+        }
+    }
+    // An undamaged trace: nothing said, status 0.
+    let out = run(&["analyze", "stats", "-q", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+}

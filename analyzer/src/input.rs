@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use vtrace_storage::metadata::TraceMetadata;
@@ -73,9 +74,16 @@ pub struct Trace {
     pub metadata: TraceMetadata,
     /// Good segments in trace order.
     pub segments: Vec<SegmentInfo>,
-    /// Segments skipped (damaged, torn, missing), in words for the user.
+    /// Segments skipped (damaged, torn, missing), and a run that did not
+    /// end cleanly, in words for the user: known once the trace is open.
     pub problems: Vec<String>,
+    /// What the analyses found while reading (see [`Trace::damage_found`]).
+    found: DamageLog,
 }
+
+/// Damage an analysis passed over while it read a trace, in words for the
+/// user; shared, so it can be read after the trace is gone.
+pub type DamageLog = Arc<Mutex<Vec<String>>>;
 
 /// One segment's result, in trace order.
 pub struct Chunk<T> {
@@ -116,12 +124,33 @@ impl Trace {
             }
         }
         problems.extend(reader.structural_problems());
+        let closed = reader.superblock().map(|sb| sb.closed);
+        if let Some(writer) = reader.written_by() {
+            problems.push(format!(
+                "the trace is still being written ({writer}): only what it holds so far, up \
+                 to its last complete segment, is here"
+            ));
+        } else if closed == Some(false) {
+            problems.push(
+                "the run that wrote the trace did not end cleanly (killed?): its disk was never \
+                 closed, and whatever it had not written out is not here"
+                    .to_string(),
+            );
+        }
         Ok(Trace {
             reader,
             metadata,
             segments,
             problems,
+            found: DamageLog::default(),
         })
+    }
+
+    /// Segments whose records stopped decoding part way, found by the
+    /// analyses that read them so far (each once): their steps past the
+    /// damage are left out of what those analyses show.
+    pub fn damage_found(&self) -> DamageLog {
+        Arc::clone(&self.found)
     }
 
     /// The trace's path.
@@ -141,6 +170,19 @@ impl Trace {
         let first = self.segments.first()?;
         let last = self.segments.last()?;
         Some((first.first_step, last.first_step.saturating_add(last.steps)))
+    }
+
+    fn note_damage(&self, info: &SegmentInfo, e: &SegmentError) {
+        let said = format!(
+            "the segment of steps {}..{} could not be read whole ({e}): what it holds past \
+             the damage is left out",
+            info.first_step,
+            info.first_step.saturating_add(info.steps)
+        );
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        if !found.contains(&said) {
+            found.push(said);
+        }
     }
 
     /// Runs `work` on the records of each of `segments` in parallel and
@@ -194,6 +236,9 @@ impl Trace {
             let mut done = 0;
             for batch in rx {
                 for chunk in batch {
+                    if let Err(e) = &chunk.result {
+                        self.note_damage(&chunk.info, e);
+                    }
                     done += chunk.info.steps;
                     consume(chunk)?;
                     progress(done, total);
