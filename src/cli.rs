@@ -293,17 +293,27 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", requires = "kernel", help_heading = "Guest")]
     pub initrd: Option<PathBuf>,
 
-    /// Kernel command line. For Linux the default is "console=ttyS0
-    /// earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off nolapic noapic",
-    /// plus, with --cpu baseline, switches that keep Linux off the features
-    /// baseline hides (noxsave, clearcpuid=...).
+    /// Added to the kernel command line (after the default one, or after
+    /// --cmdline's)
+    #[arg(
+        long,
+        value_name = "STRING",
+        conflicts_with = "real_mode",
+        help_heading = "Guest",
+        long_help = append_help()
+    )]
+    pub append: Option<String>,
+
+    /// The whole kernel command line, in place of the default (which keeps
+    /// Linux on what vtrace emulates and the baseline CPU offers: see
+    /// --append's help for it)
     #[arg(
         long,
         value_name = "STRING",
         conflicts_with = "real_mode",
         help_heading = "Guest"
     )]
-    pub append: Option<String>,
+    pub cmdline: Option<String>,
 
     /// Boot a raw 16-bit image in real mode instead of a kernel.
     #[arg(long, value_name = "FILE", help_heading = "Guest")]
@@ -891,4 +901,17 @@ fn parse_hex(text: &str) -> Result<u64, String> {
         .or_else(|| text.strip_prefix("0X"))
         .unwrap_or(text);
     u64::from_str_radix(digits, 16).map_err(|_| format!("{text:?} is not a hex number (0x103000)"))
+}
+
+/// `--append`'s long help: the default command lines, as they are.
+fn append_help() -> String {
+    use vtrace_vmm::{default_linux_cmdline, CpuProfile};
+    format!(
+        "Added to the kernel command line, after the default one (or after --cmdline's). \
+         The default for a Linux kernel with --cpu baseline:\n  {}\nwith --cpu host:\n  {}\n\
+         The switches after noapic keep Linux off what the baseline CPU hides (on some hosts \
+         the CPU's own bits reach an untraced guest). The built-in demo OS has no default.",
+        default_linux_cmdline(CpuProfile::Baseline),
+        default_linux_cmdline(CpuProfile::Host)
+    )
 }

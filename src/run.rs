@@ -34,17 +34,32 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
                 .as_ref()
                 .map(|p| Image::from_file("initrd", p))
                 .transpose()?,
-            cmdline: args
-                .append
-                .clone()
-                .unwrap_or_else(|| default_linux_cmdline(cpu_profile(args))),
+            cmdline: command_line(
+                args.cmdline
+                    .clone()
+                    .unwrap_or_else(|| default_linux_cmdline(cpu_profile(args))),
+                args.append.as_deref(),
+            ),
         },
         None => BootSource::Kernel {
             kernel: Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
             initrd: None,
-            cmdline: args.append.clone().unwrap_or_default(),
+            cmdline: command_line(
+                args.cmdline.clone().unwrap_or_default(),
+                args.append.as_deref(),
+            ),
         },
     })
+}
+
+/// The kernel command line: `base` (the default or --cmdline's), then
+/// --append's words.
+fn command_line(base: String, append: Option<&str>) -> String {
+    match append.map(str::trim).filter(|a| !a.is_empty()) {
+        Some(more) if base.is_empty() => more.to_string(),
+        Some(more) => format!("{base} {more}"),
+        None => base,
+    }
 }
 
 /// Peak resident memory of this process, from /proc.

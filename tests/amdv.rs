@@ -244,7 +244,7 @@ fn linux_power_off_reboot_panic_and_boot_trace_on_amdv() {
         &format!(
             "for how in poweroff reboot panic; do \
            vtrace run --no-input --kernel vmlinuz --initrd l2.cpio --memory 256M \
-             --append \"console=ttyS0 reboot=k panic=1 pci=off nolapic noapic quiet l2=$how\" \
+             --cmdline \"console=ttyS0 reboot=k panic=1 pci=off nolapic noapic quiet l2=$how\" \
              > /tmp/$how 2>&1; echo \"$how status $?\"; tail -3 /tmp/$how; done; \
          {}; echo \"prefix status $?\"",
             boot_prefix_there()

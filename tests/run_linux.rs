@@ -648,3 +648,59 @@ fn a_user_routine_is_found_through_the_programs_elf() {
         assert!(!refused.exists(), "{place}: a disk was made");
     }
 }
+
+/// `--append` adds to the default command line (which keeps Linux off
+/// what vtrace and the baseline CPU lack), `--cmdline` replaces it, and
+/// the trace records the line the kernel booted with. Before, `--append`
+/// replaced the defaults in silence, and the run failed later.
+#[test]
+fn append_adds_to_the_default_command_line_and_cmdline_replaces_it() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let booted = |name: &str, extra: &[&str]| {
+        let disk = dir.path().join(name);
+        let mut args = vec![
+            "run",
+            "--no-input",
+            "-q",
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--trace",
+            "--max-steps",
+            "10",
+            "--exit-after-trace",
+            "--disk-size",
+            "8M",
+            "--disk",
+            disk.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let metadata = info_json(&disk)["metadata"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        metadata
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdline: "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline);
+    assert_eq!(booted("default.vtd", &[]), default);
+    assert_eq!(
+        booted("append.vtd", &["--append", "quiet vtrace.test=1"]),
+        format!("{default} quiet vtrace.test=1")
+    );
+    assert_eq!(
+        booted(
+            "cmdline.vtd",
+            &["--cmdline", "console=ttyS0 panic=1", "--append", "quiet"]
+        ),
+        "console=ttyS0 panic=1 quiet"
+    );
+}

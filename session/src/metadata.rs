@@ -12,10 +12,20 @@ use vtrace_vmm::BootSource;
 /// vtrace `version`: which kernel and initrd ran. The caller adds what the
 /// run itself decides (clock, tasks, peeping).
 pub fn for_boot(guest: &str, boot: &BootSource, version: &str) -> TraceMetadata {
-    let (image, initrd) = match boot {
-        BootSource::Kernel { kernel, initrd, .. } => (kernel, initrd.as_ref()),
-        BootSource::RealMode { image, .. } => (image, None),
+    let (image, initrd, cmdline) = match boot {
+        BootSource::Kernel {
+            kernel,
+            initrd,
+            cmdline,
+        } => (kernel, initrd.as_ref(), cmdline.as_str()),
+        BootSource::RealMode { image, .. } => (image, None, ""),
     };
+    // One line of it, and no more than the superblock has room for.
+    let cmdline: String = cmdline
+        .chars()
+        .take(1024)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     TraceMetadata {
         guest: guest.to_string(),
         kernel: Some(match &image.path {
@@ -24,6 +34,7 @@ pub fn for_boot(guest: &str, boot: &BootSource, version: &str) -> TraceMetadata 
         }),
         kernel_id: Some(image_id(&image.bytes)),
         initrd: initrd.and_then(|i| i.path.as_deref()).map(absolute),
+        cmdline: Some(cmdline).filter(|c| !c.trim().is_empty()),
         vtrace_version: Some(version.to_string()),
         ..TraceMetadata::default()
     }

@@ -22,6 +22,8 @@ pub struct TraceMetadata {
     /// The initramfs the guest booted: a host path, so the analyzer can
     /// find user programs in it.
     pub initrd: Option<String>,
+    /// The kernel command line the guest booted with (on one line).
+    pub cmdline: Option<String>,
     /// The peeping interval (`vtrace run --peep`), as given.
     pub peep: Option<String>,
     /// The sampled variables, in the order of every
@@ -154,6 +156,7 @@ impl TraceMetadata {
             ("vtrace", &self.vtrace_version),
             ("tasks", &self.tasks),
             ("initrd", &self.initrd),
+            ("cmdline", &self.cmdline),
             ("peep", &self.peep),
             ("samples", &self.samples),
         ] {
@@ -183,6 +186,7 @@ impl TraceMetadata {
                 "vtrace" => m.vtrace_version = Some(value),
                 "tasks" => m.tasks = Some(value),
                 "initrd" => m.initrd = Some(value),
+                "cmdline" => m.cmdline = Some(value),
                 "peep" => m.peep = Some(value),
                 "samples" => m.samples = Some(value),
                 "sample-pc" => m.sample_pc = value == "yes",
@@ -231,6 +235,7 @@ mod tests {
             vtrace_version: Some("0.1.0".into()),
             tasks: Some(LINUX_TASKS.into()),
             initrd: Some("/srv/guest/initrd.cpio".into()),
+            cmdline: Some("console=ttyS0 panic=1".into()),
             peep: Some("100us".into()),
             samples: Some("ticks:u64@0x10a040, x:i64@0x8".into()),
             sample_pc: true,
