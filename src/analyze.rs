@@ -117,7 +117,7 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
             &mut symbols,
         );
         for w in &found.warnings {
-            eprintln!("vtrace: warning: {w}");
+            vtrace_vmm::user_message(&format!("vtrace: warning: {w}"));
         }
     }
     Ok(symbols)
@@ -128,7 +128,7 @@ fn open_trace(path: &Path) -> Result<Trace> {
     crate::cli::check_default_trace(path)?;
     let trace = Trace::open(path)?;
     for p in &trace.problems {
-        eprintln!("vtrace: warning: {}: {p}", path.display());
+        vtrace_vmm::user_message(&format!("vtrace: warning: {}: {p}", path.display()));
     }
     let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
     opened.push((
@@ -152,7 +152,7 @@ fn damage_passed_over() -> bool {
     for (path, at_open, found) in opened.iter() {
         let found = found.lock().unwrap_or_else(|e| e.into_inner());
         for p in found.iter() {
-            eprintln!("vtrace: warning: {}: {p}", path.display());
+            vtrace_vmm::user_message(&format!("vtrace: warning: {}: {p}", path.display()));
         }
         any |= *at_open > 0 || !found.is_empty();
     }
@@ -241,7 +241,7 @@ fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> R
         },
     };
     for w in add_user_symbols(symbols, &maps, &files) {
-        eprintln!("vtrace: warning: {label}{w}");
+        vtrace_vmm::user_message(&format!("vtrace: warning: {label}{w}"));
     }
     Ok(())
 }

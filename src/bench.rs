@@ -211,7 +211,7 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
         &mut symbols,
     );
     for w in &found.warnings {
-        eprintln!("vtrace: warning: {w}");
+        vtrace_vmm::user_message(&format!("vtrace: warning: {w}"));
     }
 
     let started = Instant::now();

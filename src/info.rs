@@ -77,6 +77,12 @@ pub fn info(args: InfoArgs) -> Result<i32> {
     for p in &s.problems {
         let _ = writeln!(out, "problem:        {p}");
     }
+    // The metadata and the problems quote what the trace holds: a crafted
+    // trace must not steer the terminal.
+    let out: String = out
+        .lines()
+        .map(|l| format!("{}\n", vtrace_vmm::escape_within_line(l)))
+        .collect();
     crate::analyze::print_to(Some(&args.to), false, &(), || out)?;
     Ok(status)
 }

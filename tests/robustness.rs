@@ -1180,3 +1180,46 @@ fn no_reader_exits_0_in_silence_on_a_flipped_byte() {
         }
     }
 }
+
+/// Nothing a trace holds reaches the terminal raw: a --real-mode image
+/// whose name holds an escape sequence goes into the trace's metadata, and
+/// `vtrace run`'s messages, `vtrace info` and `vtrace analyze`'s warnings
+/// show it escaped (before, `info` printed it as it was).
+#[test]
+fn names_in_a_trace_cannot_steer_the_terminal() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(
+        dir.path(),
+        "evil\x1b[2J\x07.bin",
+        vtrace_demo::test_guests::COUNT,
+    );
+    let disk = dir.path().join("evil.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--disk-size",
+        "8M",
+        "--real-mode",
+        image.to_str().unwrap(),
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert!(!stderr(&out).contains('\x1b'), "{:?}", stderr(&out));
+    assert!(stderr(&out).contains("evil\\u{1b}[2J"), "{}", stderr(&out));
+    let info = run(&["info", disk.to_str().unwrap()]);
+    let text = stdout(&info) + &stderr(&info);
+    assert!(text.contains("evil\\u{1b}[2J\\u{7}"), "{text:?}");
+    assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+    // Damaged, its warnings quote the path: escaped too.
+    let named = dir.path().join("trace\x1b]0;title\x07.vtd");
+    std::fs::copy(&disk, &named).unwrap();
+    patch(&named, 70, &[byte_at(&named, 70) ^ 1]);
+    let analysis = run(&["analyze", "stats", "-q", named.to_str().unwrap()]);
+    let err = stderr(&analysis);
+    assert!(err.contains("warning"), "{err:?}");
+    assert!(!err.contains('\x1b') && !err.contains('\x07'), "{err:?}");
+}

@@ -82,7 +82,9 @@ pub fn user_message(text: &str) {
         "\n"
     };
     for line in text.lines() {
-        let _ = write!(err, "{line}{nl}");
+        // Messages quote paths, trace metadata and guest text: nothing in
+        // them may steer the terminal.
+        let _ = write!(err, "{}{nl}", crate::guest_text::escape_within_line(line));
     }
     let _ = err.flush();
 }

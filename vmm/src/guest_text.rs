@@ -30,6 +30,23 @@ pub fn escape(text: &str) -> String {
     out
 }
 
+/// The control characters of one line of a message escaped, tabs kept: a
+/// path or a trace's metadata quoted in it cannot steer the terminal.
+pub fn escape_within_line(line: &str) -> std::borrow::Cow<'_, str> {
+    if !line.chars().any(|c| c.is_control() && c != '\t') {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let mut out = String::with_capacity(line.len() + 8);
+    for c in line.chars() {
+        match c {
+            '\t' => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// A token bucket over host time for the guest's lines.
 #[derive(Debug)]
 pub struct GuestLines {

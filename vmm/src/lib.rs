@@ -68,6 +68,7 @@ pub use peep::{
 pub use console::user_message;
 pub use control::{ControlError, ControlServer};
 pub use diagnostics::CrashReport;
+pub use guest_text::{escape as escape_text, escape_within_line};
 pub use host::steps_with_trap_flag;
 pub use probe::{examine as examine_host, Findings, ProbeEnding, Stepping};
 
