@@ -121,7 +121,7 @@ pub struct CtlArgs {
     #[command(subcommand)]
     pub command: CtlCommand,
     /// The run's control socket (default: the one socket of a live run of
-    /// yours in $XDG_RUNTIME_DIR or /tmp).
+    /// yours in $XDG_RUNTIME_DIR, or else in /tmp/vtrace-UID).
     #[arg(long, value_name = "PATH", global = true)]
     pub control: Option<PathBuf>,
 }
@@ -493,7 +493,8 @@ pub struct RunArgs {
     pub sample_pc: bool,
 
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
-    /// default $XDG_RUNTIME_DIR or /tmp, vtrace-PID.sock).
+    /// default vtrace-PID.sock in $XDG_RUNTIME_DIR, or else in a 0700
+    /// directory of the user's own, /tmp/vtrace-UID).
     #[arg(long, value_name = "PATH", help_heading = "Control")]
     pub control: Option<PathBuf>,
 

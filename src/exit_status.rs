@@ -42,7 +42,9 @@ Exit status:
   70     an internal or KVM error
   73     the trace disk cannot be made (a file that is not a trace is there,
          no room to reserve it); an earlier trace there is left as it was;
-         vtrace analyze: an output file cannot be made or written
+         the control socket cannot be made (--control, or its default
+         directory is not this user's own); vtrace analyze: an output file
+         cannot be made or written
   74     reading or writing the trace disk failed
   75     another run is writing the trace disk (its pid is printed)
   77     no permission to open the KVM device
@@ -123,10 +125,18 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
     if error.chain().any(|e| e.is::<Unreadable>()) {
         return 66;
     }
-    if let Some(vtrace_vmm::ControlError::Connect { .. }) =
-        error.chain().find_map(|e| e.downcast_ref())
-    {
-        return 69;
+    // SessionError::Control may be transparent: look there too.
+    let control = error
+        .chain()
+        .find_map(|e| e.downcast_ref::<vtrace_vmm::ControlError>())
+        .or(match session_error(error) {
+            Some(SessionError::Control(c)) => Some(c),
+            _ => None,
+        });
+    match control {
+        Some(vtrace_vmm::ControlError::Connect { .. }) => return 69,
+        Some(vtrace_vmm::ControlError::Bind { .. }) => return 73,
+        _ => {}
     }
     let analysis = error.chain().find_map(|e| e.downcast_ref::<AnalyzeError>());
     // Symbols come from the analyzer or straight from the image crate.

@@ -1223,3 +1223,73 @@ fn names_in_a_trace_cannot_steer_the_terminal() {
     assert!(err.contains("warning"), "{err:?}");
     assert!(!err.contains('\x1b') && !err.contains('\x07'), "{err:?}");
 }
+
+/// Without $XDG_RUNTIME_DIR, a run's socket goes in a directory of the
+/// user's own in the temporary directory (`vtrace-UID`, mode 0700), where
+/// no other user can listen first on the name the run will take (before,
+/// /tmp/vtrace-PID.sock: another user listening there stopped the run,
+/// exit 70); `vtrace ctl` finds it there. A directory of that name that
+/// another user made is refused (exit 73), never used.
+#[test]
+fn the_default_socket_lives_in_a_directory_of_the_users_own() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !kvm_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let own = tmp.path().join(format!("vtrace-{uid}"));
+    let image = write_guest(tmp.path(), "idle.bin", vtrace_demo::test_guests::IDLE);
+    let mut child = vtrace()
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("TMPDIR", tmp.path())
+        .args(["run", "--trace", "--disk-size", "8M", "--real-mode"])
+        .arg(&image)
+        .arg("--disk")
+        .arg(tmp.path().join("t.vtd"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let socket = own.join(format!("vtrace-{}.sock", child.id()));
+    wait_for(&socket);
+    let meta = std::fs::metadata(&own).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert_eq!(meta.uid(), uid);
+    let status = vtrace()
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("TMPDIR", tmp.path())
+        .args(["ctl", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    kill(&child, "INT");
+    let stdin = child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+
+    // Another user made the directory first.
+    let planted = tempfile::tempdir().unwrap();
+    let theirs = planted.path().join(format!("vtrace-{uid}"));
+    std::fs::create_dir(&theirs).unwrap();
+    if std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).is_err() {
+        return; // not root: no other user to be
+    }
+    let out = vtrace()
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("TMPDIR", planted.path())
+        .args(["run", "--no-input", "-q", "--trace", "--max-steps", "100"])
+        .arg("--disk")
+        .arg(planted.path().join("t.vtd"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(73), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a directory of this user's"),
+        "{}",
+        stderr(&out)
+    );
+}

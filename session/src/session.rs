@@ -165,9 +165,10 @@ impl SessionBuilder {
         let metadata_base = crate::metadata::for_boot("", &self.boot, &self.version);
         let control = match traced {
             true => {
-                let path = self.control.clone().unwrap_or_else(|| {
-                    vtrace_vmm::control_socket::default_path(std::process::id())
-                });
+                let path = match self.control.clone() {
+                    Some(path) => path,
+                    None => vtrace_vmm::control_socket::default_path(std::process::id())?,
+                };
                 Some(ControlServer::bind(&path)?)
             }
             false => None,

@@ -77,17 +77,49 @@ pub enum ControlError {
     },
 }
 
-/// Where a run's socket goes by default: `$XDG_RUNTIME_DIR` or /tmp.
+/// Where a run's socket goes by default: `$XDG_RUNTIME_DIR` (the user's
+/// own), or else a directory of this user's own in /tmp, `vtrace-UID`.
+/// A shared directory would let another user listen first on the name a
+/// run is about to take (its pid is no secret) and so stop the run.
 pub fn default_dir() -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    // Only this user's own (`sudo -E` keeps another user's).
     std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir)
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == current_uid()))
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("vtrace-{}", current_uid())))
 }
 
-/// The default socket path of the process `pid`.
-pub fn default_path(pid: u32) -> PathBuf {
-    default_dir().join(format!("vtrace-{pid}.sock"))
+fn current_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The default socket path of the process `pid`, its directory made where
+/// it is vtrace's own (0700) and checked to be this user's alone.
+pub fn default_path(pid: u32) -> Result<PathBuf, ControlError> {
+    let dir = default_dir();
+    let refused = |why: String| ControlError::Bind {
+        path: dir.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+    };
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let made = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    if let Err(e) = made {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(refused(format!("cannot make it: {e}")));
+        }
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| refused(e.to_string()))?;
+    if !meta.is_dir() || meta.uid() != current_uid() || meta.mode() & 0o022 != 0 {
+        return Err(refused(format!(
+            "it is not a directory of this user's that only they can write to (owner {}, \
+             mode {:o}); remove it, or name a socket with --control",
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(dir.join(format!("vtrace-{pid}.sock")))
 }
 
 impl ControlServer {
