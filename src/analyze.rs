@@ -418,6 +418,12 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let writer = sink.inner;
             let divided = writer.divided;
             warn_if_nothing(&filter, writer.lines);
+            if let (Some(space), 0) = (a.space, writer.lines) {
+                eprintln!(
+                    "vtrace: warning: nothing ran in address space {space:#x} (`vtrace analyze \
+                     spaces` lists the trace's)"
+                );
+            }
             writer.finish()?;
             bar.finish();
             if a.output.is_some() {

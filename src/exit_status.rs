@@ -198,7 +198,9 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
             77
         }
         Some(Error::KvmUnavailable { .. } | Error::KvmUnsupported(_)) => 69,
-        Some(Error::MemoryTooSmall { .. } | Error::MemorySize(..)) => 78,
+        Some(
+            Error::MemoryTooSmall { .. } | Error::MemorySize(..) | Error::InitrdTooLarge { .. },
+        ) => 78,
         Some(Error::GuestShutdown(_)) => 80,
         Some(Error::EmulationFailure(_)) => 81,
         Some(Error::GuestFailure { .. }) => 82,

@@ -127,6 +127,13 @@ fn nest_has_durations_growing_steps_and_uftrace_filters() {
         levels.iter().all(|l| l.contains("(address space 0x404000")),
         "{levels:?}"
     );
+    // An address space the trace never ran in: said, not silently empty.
+    let none = analyze(&["nest", trace_arg(), "--space", "0xdead000"]);
+    assert!(
+        stderr(&none).contains("nothing ran in address space 0xdead000"),
+        "{}",
+        stderr(&none)
+    );
 }
 
 const DIVIDED_MARK: &str = "## divided level ##";

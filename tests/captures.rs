@@ -174,7 +174,8 @@ fn captures_while_tracing_copy_what_the_register_points_at() {
     assert_eq!(json.len(), captures.len());
     let ticks = json
         .iter()
-        .find(|c| c["text"] == "timer ticks: %lu, context switches: %lu\\n")
+        // The text once escaped, by JSON: a real newline.
+        .find(|c| c["text"] == "timer ticks: %lu, context switches: %lu\n")
         .expect("the timer ticks line");
     assert_eq!(ticks["name"], "kprintf");
     assert_eq!(ticks["traced"], true);
@@ -219,7 +220,7 @@ fn captures_without_tracing_are_taken_at_breakpoints() {
     let json = analyze_captures(&disk);
     let texts: Vec<&str> = json.iter().map(|c| c["text"].as_str().unwrap()).collect();
     assert!(
-        texts.contains(&"timer ticks: %lu, context switches: %lu\\n"),
+        texts.contains(&"timer ticks: %lu, context switches: %lu\n"),
         "{texts:?}"
     );
     // The demo traces a stretch of itself by hypercall: those captures

@@ -658,6 +658,16 @@ fn ctl_starts_marks_and_stops_a_running_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!sock.exists(), "the socket is removed at exit");
+    // The run's own console says what ctl did to it (not the status asks).
+    let console = String::from_utf8_lossy(&out.stderr);
+    for said in [
+        "vtrace: tracing started (vtrace ctl start)",
+        "(vtrace ctl mark 7)",
+        "(vtrace ctl stop)",
+    ] {
+        assert!(console.contains(said), "{said} in {console}");
+    }
+    assert!(!console.contains("ctl status"), "{console}");
     let recs = records(&disk);
     assert_eq!(
         recs.first(),

@@ -26,9 +26,12 @@ pub struct Capture {
     /// The bytes read, in hex; fewer than `length` where a page was not
     /// present.
     pub hex: String,
-    /// The bytes as a C string: up to the first NUL, others escaped
-    /// (`\n`, `\x90`).
+    /// The bytes up to the first NUL as text (UTF-8, a byte that is not
+    /// replaced by U+FFFD): JSON escapes it once, as any string.
     pub text: String,
+    /// The bytes read, for the table's C escapes.
+    #[serde(skip)]
+    pub bytes: Vec<u8>,
 }
 
 /// The bytes as text: up to the first NUL (captures are mostly strings),
@@ -98,7 +101,11 @@ pub fn captures(trace: &Trace, progress: Progress<'_>) -> Result<Vec<Capture>> {
                         address: format!("{addr:#x}"),
                         length: *length,
                         hex: bytes.iter().map(|b| format!("{b:02x}")).collect(),
-                        text: text_of(bytes),
+                        text: {
+                            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+                            String::from_utf8_lossy(&bytes[..end]).into_owned()
+                        },
+                        bytes: bytes.to_vec(),
                     }))),
                     RecordRef::Event(_) => {}
                 }
@@ -146,7 +153,7 @@ pub fn format_table(captures: &[Capture]) -> String {
         };
         let text = match got {
             0 => "(not present, skipped)".to_string(),
-            _ => format!("\"{}\"", c.text),
+            _ => format!("\"{}\"", text_of(&c.bytes)),
         };
         let _ = writeln!(
             out,

@@ -209,7 +209,7 @@ impl TraceReader {
             Some(_) => {}
             None if self.superblock_damaged() => problems.push(
                 "the superblock is damaged: the trace's metadata (guest, kernel, clock) is \
-                 lost, so the analyzer finds no symbols by itself (give --kernel)"
+                 lost, so the analyzer finds no symbols by itself (give them with --symbols)"
                     .into(),
             ),
             None => {

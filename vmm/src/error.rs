@@ -61,6 +61,22 @@ pub enum Error {
         /// Bytes the guest has.
         have: u64,
     },
+    /// The initrd does not fit between the kernel and the highest address
+    /// an initrd may have (the kernel's limit, or the start of the MMIO
+    /// hole below 4 GiB), whatever the memory.
+    #[error(
+        "the initrd ({len} bytes) does not fit between the kernel and {ceiling:#x}, the \
+         highest address the kernel takes an initrd at: {room} bytes there, whatever --memory \
+         is (make the initrd smaller)"
+    )]
+    InitrdTooLarge {
+        /// The initrd's size.
+        len: u64,
+        /// Bytes between the kernel's end and the ceiling.
+        room: u64,
+        /// The highest address the initrd may end at.
+        ceiling: u64,
+    },
     /// The memory size asked for cannot be used.
     #[error("invalid guest memory size {0} bytes: {1}")]
     MemorySize(u64, &'static str),

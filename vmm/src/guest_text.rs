@@ -15,6 +15,10 @@ use std::time::Instant;
 const BURST: u32 = 100;
 /// Lines per second printed once the burst is spent.
 const PER_SECOND: u32 = 20;
+/// Characters of a guest's text printed on one line; the rest is counted.
+/// With the line budget, this bounds the bytes a second a guest can send
+/// to the terminal (some 5 KB, where 20 KB lines made 1.4 MB).
+const LINE_CHARS: usize = 240;
 
 /// The text with every control character, and the backslash, escaped:
 /// one line of plain characters.
@@ -91,7 +95,14 @@ impl GuestLines {
             return None;
         }
         self.tokens -= 1;
-        let line = format!("vtrace: guest: {}", escape(text));
+        let line = match text.char_indices().nth(LINE_CHARS) {
+            None => format!("vtrace: guest: {}", escape(text)),
+            Some((at, _)) => format!(
+                "vtrace: guest: {}... ({} more bytes not shown; the trace keeps the text whole)",
+                escape(&text[..at]),
+                text.len() - at
+            ),
+        };
         Some(match std::mem::take(&mut self.unreported) {
             0 => line,
             n => format!(
@@ -124,6 +135,19 @@ mod tests {
             "a literal backslash-n stays apart"
         );
         assert_eq!(escape("tab\there é"), "tab\\there é");
+    }
+
+    #[test]
+    fn a_long_line_is_cut_and_says_how_much_is_not_shown() {
+        let mut lines = GuestLines::new(Instant::now());
+        let long = "x".repeat(20_000);
+        let shown = lines.admit(&long, Instant::now()).unwrap();
+        assert!(shown.len() < 400, "{}", shown.len());
+        assert!(shown.ends_with("(19760 more bytes not shown; the trace keeps the text whole)"));
+        assert_eq!(
+            lines.admit("short", Instant::now()).unwrap(),
+            "vtrace: guest: short"
+        );
     }
 
     #[test]

@@ -179,12 +179,17 @@ pub fn memory_map(ram: &GuestRam) -> Vec<MemoryMapEntry> {
 /// Where an initrd of `len` bytes goes: page-aligned, as high as possible
 /// below `limit` and below the MMIO hole, above `kernel_end`.
 fn place_initrd(ram: &GuestRam, len: u64, kernel_end: u64, limit: u64) -> Result<u64> {
-    let top = crate::memory::low_ram_end(ram)
-        .min(limit)
-        .min(MMIO_HOLE_START);
+    let ceiling = limit.min(MMIO_HOLE_START);
+    let top = crate::memory::low_ram_end(ram).min(ceiling);
     let addr = top.checked_sub(len).map(|a| a & !0xfff);
     match addr {
         Some(a) if a >= kernel_end => Ok(a),
+        // Where RAM reaches the ceiling, more of it would not help.
+        _ if top == ceiling => Err(Error::InitrdTooLarge {
+            len,
+            room: ceiling.saturating_sub(kernel_end),
+            ceiling,
+        }),
         _ => Err(Error::MemoryTooSmall {
             what: format!("the kernel and a {len}-byte initrd"),
             need: kernel_end + len,
@@ -293,6 +298,12 @@ mod tests {
         assert!(matches!(
             place_initrd(&ram, 63 << 20, 0x200000, u64::MAX),
             Err(Error::MemoryTooSmall { .. })
+        ));
+        // Past the kernel's initrd limit, more memory would not help, and
+        // the error says so rather than asking for more.
+        assert!(matches!(
+            place_initrd(&ram, 48 << 20, 0x200000, 32 << 20),
+            Err(Error::InitrdTooLarge { .. })
         ));
     }
 

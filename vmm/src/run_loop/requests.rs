@@ -41,9 +41,17 @@ impl Vm {
         while let Some(request) = self.frontends.next_request() {
             let answer = match request.command.as_str() {
                 "status" => self.status_line(monitor),
-                command => monitor.control(command).unwrap_or_else(|| {
-                    format!("error: unknown command '{command}' (start, stop, mark [ID], status)")
-                }),
+                command => {
+                    let answer = monitor.control(command).unwrap_or_else(|| {
+                        format!(
+                            "error: unknown command '{command}' (start, stop, mark [ID], status)"
+                        )
+                    });
+                    // What changes the run is said where it runs, as a
+                    // hotkey's effect is.
+                    console::user_message(&format!("vtrace: {answer} (vtrace ctl {command})"));
+                    answer
+                }
             };
             request.reply(answer);
         }
