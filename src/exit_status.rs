@@ -11,16 +11,9 @@ pub const KERNEL_PANIC: i32 = 83;
 
 /// `vtrace ctl` found no run to talk to: exit status 69, as when it cannot
 /// connect.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct NoRunListening(pub String);
-
-impl std::fmt::Display for NoRunListening {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for NoRunListening {}
 
 /// Shown under `vtrace run --help`.
 pub const STATUS_TABLE: &str = "\
@@ -75,42 +68,21 @@ fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
 
 /// A command-line value that parsed but means nothing here (a routine the
 /// kernel does not have): exit status 2, as for arguments clap refuses.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct BadArgument(pub String);
-
-impl std::fmt::Display for BadArgument {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadArgument {}
 
 /// An input that is there but holds nothing to work on (a trace without
 /// steps or samples): exit status 65, as for a file that is not a trace.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct BadData(pub String);
-
-impl std::fmt::Display for BadData {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadData {}
 
 /// A file or directory named on the command line that is missing or
 /// cannot be read as what it should be: exit status 66.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct Unreadable(pub String);
-
-impl std::fmt::Display for Unreadable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unreadable {}
 
 /// The exit status for a failed run.
 pub fn for_error(error: &anyhow::Error) -> i32 {

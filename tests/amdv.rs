@@ -112,20 +112,33 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     let sysenter = &JUMPING_GUESTS[..1];
     let (image, name, ..) = sysenter[0];
     let sysenter_elf = write_guest(dir.path(), name, image);
+    let mmio = write_guest(dir.path(), "mmio.elf", vtrace_demo::test_guests::MMIO);
+    let mmio_here = dir.path().join("mmio.vtd");
+    let args = mmio_run(mmio.to_str().unwrap(), mmio_here.to_str().unwrap());
+    assert!(run(&args.split_whitespace().collect::<Vec<_>>())
+        .status
+        .success());
     let m = amdv(
-        &[(&fences, "fences.bin"), (&sysenter_elf, name)],
+        &[
+            (&fences, "fences.bin"),
+            (&sysenter_elf, name),
+            (&mmio, "mmio.elf"),
+        ],
         &format!(
             "vtrace run --no-input -q --trace --disk /out/amdv.vtd --disk-size 64M \
              --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch && \
              vtrace run --no-input -q --trace --real-mode fences.bin --disk /out/fences.vtd \
-             --disk-size 8M; {}",
-            jumping_guests_there(sysenter)
+             --disk-size 8M; {} vtrace {}",
+            jumping_guests_there(sysenter),
+            mmio_run("mmio.elf", "/out/mmio.vtd")
         ),
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     // Every serialising instruction one step there too, and SYSENTER.
     assert_fences_traced_whole(&m.file("fences.vtd"));
     assert_jumping_guests(sysenter, &m.output, |name| m.file(name));
+    assert_mmio_stores_stepped(&m.file("mmio.vtd"));
+    assert_same_trace(&mmio_here, &m.file("mmio.vtd"));
     let there = m.file("amdv.vtd");
 
     let (ih, ia) = (info_json(&here), info_json(&there));
@@ -271,12 +284,7 @@ fn linux_power_off_reboot_panic_and_boot_trace_on_amdv() {
         "{}",
         m.output
     );
-    assert!(
-        m.output.contains("prefix status 0"),
-        "{}",
-        m.text("prefix.txt")
-    );
-    assert_same_trace(&boot_prefix_here(dir.path()), &m.file("prefix.vtd"));
+    assert_boot_prefix_as_here(&m, dir.path());
 }
 
 /// `vtrace doctor` on the AMD-V machine finds what the other tests there

@@ -65,7 +65,8 @@ fn traced_here(disk: &std::path::Path, args: &[&str]) -> serde_json::Value {
 ///   MSR it lacks) and a #UD the CPU raises, each taken at the breakpoint
 ///   on its handler's entry (the guests load their IDT after tracing
 ///   starts) and the handler traced from its first instruction;
-/// - tracing started by the hotkey, and a mark.
+/// - tracing started by the hotkey, and a mark;
+/// - stores to MMIO, each one step, the same trace as here.
 #[test]
 fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     if !vtx_available() || !kvm_available() {
@@ -111,12 +112,24 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         .iter()
         .map(|(image, name, ..)| (write_guest(dir.path(), name, image), *name))
         .collect();
-    let command = command + "; " + &jumping_guests_there(&JUMPING_GUESTS) + HOTKEY_THERE;
+    let mmio = write_guest(dir.path(), "mmio.elf", vtrace_demo::test_guests::MMIO);
+    let mmio_here = dir.path().join("mmio.vtd");
+    let args = mmio_run(mmio.to_str().unwrap(), mmio_here.to_str().unwrap());
+    assert!(run(&args.split_whitespace().collect::<Vec<_>>())
+        .status
+        .success());
+    let command = command
+        + "; "
+        + &jumping_guests_there(&JUMPING_GUESTS)
+        + HOTKEY_THERE
+        + "; vtrace "
+        + &mmio_run("mmio.elf", "/out/mmio.vtd");
     let mut files = vec![
         (fences.as_path(), "fences.bin"),
         (debug_regs.as_path(), "dr.bin"),
     ];
     files.extend(jumping.iter().map(|(p, n)| (p.as_path(), *n)));
+    files.push((mmio.as_path(), "mmio.elf"));
     let m = vtx(&files, &command, 1800);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(
@@ -254,6 +267,9 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     assert!(stretch["steps"].as_u64() > Some(0), "{stretch}");
 
     assert_jumping_guests(&JUMPING_GUESTS, &m.output, |name| m.file(name));
+    // MMIO stores, one step each, the same trace as here.
+    assert_mmio_stores_stepped(&m.file("mmio.vtd"));
+    common::linux::assert_same_trace(&mmio_here, &m.file("mmio.vtd"));
     for (_, name, ..) in &JUMPING_GUESTS[1..] {
         let text = m.text(&format!("{name}.txt"));
         assert!(!text.contains("GAP"), "{name}: {text}");
@@ -350,10 +366,5 @@ fn linux_user_mode_power_off_and_boot_trace_as_here_on_vtx() {
         "{}",
         m.output
     );
-    assert!(
-        m.output.contains("prefix status 0"),
-        "{}",
-        m.text("prefix.txt")
-    );
-    assert_same_trace(&boot_prefix_here(dir.path()), &m.file("prefix.vtd"));
+    assert_boot_prefix_as_here(&m, dir.path());
 }

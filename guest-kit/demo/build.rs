@@ -149,6 +149,7 @@ fn main() {
         "unemulated",
         "sysenter",
         "msr-fault",
+        "mmio",
     ] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);

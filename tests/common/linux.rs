@@ -97,6 +97,18 @@ pub fn boot_prefix_there() -> String {
     )
 }
 
+/// Checks what [`boot_prefix_there`] left in machine run `m` (its shell
+/// says "prefix status N" after it): it ran, and its trace is the one this
+/// host takes (made in `dir`).
+pub fn assert_boot_prefix_as_here(m: &super::machine::MachineRun, dir: &Path) {
+    assert!(
+        m.output.contains("prefix status 0"),
+        "{}",
+        m.text("prefix.txt")
+    );
+    assert_same_trace(&boot_prefix_here(dir), &m.file("prefix.vtd"));
+}
+
 /// Two traces of the same guest on two hosts are the same trace, digest
 /// for digest; if not, says where their listings first differ.
 pub fn assert_same_trace(here: &Path, there: &Path) {

@@ -356,3 +356,50 @@ pub fn assert_no_gap(recs: &[vtrace_storage::Record]) {
         .collect();
     assert!(gaps.is_empty(), "{gaps:?}");
 }
+
+/// Checks a trace of [`vtrace_demo::test_guests::MMIO`]: no gap, each of
+/// its 100 MOV stores one step with its MMIO event right after it and the
+/// `inc eax` after that, and the REP STOSB 100 steps with 100 events.
+pub fn assert_mmio_stores_stepped(trace: &Path) {
+    use vtrace_storage::{Event, Record};
+    let recs = records(trace);
+    assert_no_gap(&recs);
+    let mut stores = 0;
+    for (i, r) in recs.iter().enumerate() {
+        let Record::Step(s) = r else { continue };
+        if s.bytes.as_slice() != [0x88, 0x07] {
+            continue;
+        }
+        stores += 1;
+        assert!(
+            matches!(
+                recs.get(i + 1),
+                Some(Record::Event(Event::Mmio { write: true, .. }))
+            ),
+            "the store's event right after it: {:?}",
+            recs.get(i + 1)
+        );
+        assert!(
+            matches!(recs.get(i + 2), Some(Record::Step(inc)) if inc.bytes.as_slice() == [0x40]),
+            "then the inc: {:?}",
+            recs.get(i + 2)
+        );
+    }
+    assert_eq!(stores, 100);
+    let rep = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Step(s) if s.bytes.as_slice() == [0xf3, 0xaa]))
+        .count();
+    assert_eq!(rep, 100, "one step per REP STOSB iteration");
+    let events = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Event(Event::Mmio { .. })))
+        .count();
+    assert_eq!(events, 200);
+}
+
+/// The options that trace [`vtrace_demo::test_guests::MMIO`] (given as
+/// `mmio.elf`) into DISK: the same here and in the test machines.
+pub fn mmio_run(guest: &str, disk: &str) -> String {
+    format!("run --no-input -q --trace --disk-size 8M --kernel {guest} --disk {disk}")
+}

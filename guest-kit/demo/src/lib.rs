@@ -55,6 +55,10 @@ pub mod test_guests {
     /// [`MSR_FAULT_STATUS`].
     pub const MSR_FAULT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/msr-fault.elf"));
 
+    /// PVH ELF: 100 single-byte MOV stores to MMIO, each followed by an
+    /// `inc eax`, then a REP STOSB of 100 bytes there; exits 0.
+    pub const MMIO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mmio.elf"));
+
     /// Exit status of [`MSR_FAULT`].
     pub const MSR_FAULT_STATUS: i32 = 13;
 

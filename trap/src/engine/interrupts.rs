@@ -350,6 +350,11 @@ impl Engine {
                 for (step, own) in &held[..count] {
                     self.emit_step(step, own, sink);
                 }
+                // What the held instructions did (an MMIO store's event)
+                // goes with them, before the instruction that ran on.
+                for e in self.deferred.drain(..) {
+                    sink.event(&e);
+                }
                 self.emit_step(&folded, regs, sink);
                 self.stats.folded_after_shadow += 1;
                 return Some(f);

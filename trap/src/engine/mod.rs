@@ -134,6 +134,8 @@ pub struct Engine {
     /// [`Engine::take_idt_moved`] was last asked.
     idt: (u64, u16),
     idt_moved: bool,
+    /// The pending instruction exited for an MMIO write.
+    mmio_store: bool,
     /// Status flags an instruction left undefined and none has defined
     /// since. CPUs differ there (KVM's emulator sets AF after SHL, AMD's
     /// CPUs clear it), so the trace records them as 0: the same guest
@@ -605,6 +607,7 @@ impl Engine {
                 // then steps the instruction: the event follows that step.
                 self.deferred.push(event);
                 self.completing = true;
+                self.mmio_store = write;
                 Directive::Continue
             }
             ExitView::FaultDelivered { vector, error_code } => {
@@ -645,6 +648,13 @@ impl Engine {
         // This exit may be the completion of an IN: an interrupt queued at
         // its I/O exit arrives only on the entry after this one.
         let completing = std::mem::take(&mut self.completing);
+        let completing_store = std::mem::take(&mut self.mmio_store)
+            && self.pending.and_then(|p| p.decoded).is_some_and(|d| {
+                // A plain store changes no general register, so its step
+                // is the registers before it.
+                d.insn.mnemonic() == iced_x86::Mnemonic::Mov
+                    && d.insn.op0_kind() == iced_x86::OpKind::Memory
+            });
         let mid_rep = std::mem::take(&mut self.mid_rep);
 
         let injected = if completed_here || completing {
@@ -718,7 +728,14 @@ impl Engine {
                     directive = self.after_step(d, cpu, &sregs, &regs, sink);
                 }
                 Some(d)
-                    if d.shadow.is_some() && {
+                    if (d.shadow.is_some() || completing_store) && {
+                        // A MOV store that completed an MMIO exit may not
+                        // trap on its own (this project's hosts): the
+                        // instruction after it ran too, as after a fence.
+                        let d = Decoded {
+                            shadow: d.shadow.or(Some(crate::flow::Shadow::NoTrapAfter)),
+                            ..d
+                        };
                         folded = self.after_shadow(&p, d, cpu, &sregs, &regs, next, sink);
                         folded.is_some()
                     } =>
@@ -1315,6 +1332,39 @@ mod tests {
         debug_exit(&mut e, &mut cpu, PF_HANDLER + 2, &mut out);
         assert_eq!(steps(&out), vec![PF_HANDLER]);
         assert_eq!(e.stats().gaps, 0);
+    }
+
+    #[test]
+    fn an_mmio_store_and_the_instruction_after_it_from_one_trap() {
+        // mov [rdi], al; inc eax; nop: the store exits for MMIO, and the
+        // next trap comes after the inc (this project's hosts).
+        let mut cpu = machine(&[0x88, 0x07, 0xff, 0xc0, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        let view = ExitView::Mmio {
+            addr: 0xfed0_0000,
+            size: 1,
+            write: true,
+            value: 0,
+        };
+        e.exit(&view, &mut cpu, &mut out);
+        cpu.regs.rax += 1;
+        debug_exit(&mut e, &mut cpu, CODE + 4, &mut out);
+        assert_eq!(steps(&out), vec![CODE, CODE + 2]);
+        assert!(matches!(
+            out[1],
+            Record::Event(Event::Mmio { write: true, .. })
+        ));
+        assert_eq!(e.stats().gaps, 0);
+        // The store changed no register; the inc's step has rax + 1.
+        let regs: Vec<u64> = out
+            .iter()
+            .filter_map(|r| match r {
+                Record::Step(s) => Some(s.regs.gpr[0]),
+                Record::Event(_) => None,
+            })
+            .collect();
+        assert_eq!(regs, vec![0, 1]);
     }
 
     #[test]
