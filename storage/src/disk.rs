@@ -633,7 +633,7 @@ fn new_file_in_place(
                 // Replaces the trace this run holds locked.
                 Some(_) => std::fs::rename(&fresh, target).map_err(open_err),
                 // Takes the path only if it is still free.
-                None => std::fs::hard_link(&fresh, target).map_err(open_err),
+                None => take_free_path(&fresh, target).map_err(open_err),
             });
         // Renamed, the hidden name is gone already; linked, the disk keeps
         // its place under the path; failed, the new file goes.
@@ -649,6 +649,43 @@ fn new_file_in_place(
         path: path.to_path_buf(),
         holder: "another run that took it meanwhile".to_string(),
     })
+}
+
+/// Puts `fresh` at `target` only if nothing is there: a hard link, or on
+/// a file system without them (FAT, some FUSE) a rename that refuses to
+/// replace (`RENAME_NOREPLACE`), or where that is not known either, a
+/// rename after a look (the one window two runs could race in).
+fn take_free_path(fresh: &Path, target: &Path) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    match std::fs::hard_link(fresh, target) {
+        Err(e) if e.kind() != ErrorKind::AlreadyExists => {}
+        done => return done,
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(ErrorKind::InvalidInput))
+    };
+    let (from, to) = (c(fresh)?, c(target)?);
+    // SAFETY: renameat2 on two NUL-terminated paths it only reads.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) if !target.exists() => std::fs::rename(fresh, target),
+        Some(libc::EINVAL | libc::ENOSYS) => Err(ErrorKind::AlreadyExists.into()),
+        _ => Err(e),
+    }
 }
 
 /// Bytes an unprivileged writer may still take on the file system of `dir`.
