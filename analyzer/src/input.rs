@@ -85,6 +85,19 @@ pub struct Trace {
 /// user; shared, so it can be read after the trace is gone.
 pub type DamageLog = Arc<Mutex<Vec<String>>>;
 
+/// Whether the trace's last readable segment ends with tracing stopping.
+fn ends_with_a_stop(reader: &TraceReader, last: Option<&SegmentInfo>) -> bool {
+    let Some(payload) = last.and_then(|l| reader.payload(l.index).ok()) else {
+        return false;
+    };
+    let mut records = Records::new(&payload);
+    let mut stopped = false;
+    while let Some(r) = records.next_record() {
+        stopped = matches!(r, RecordRef::Event(vtrace_storage::Event::TraceStop(_)));
+    }
+    stopped && records.error().is_none()
+}
+
 /// One segment's result, in trace order.
 pub struct Chunk<T> {
     /// The segment.
@@ -130,7 +143,9 @@ impl Trace {
                 "the trace is still being written ({writer}): only what it holds so far, up \
                  to its last complete segment, is here"
             ));
-        } else if closed == Some(false) {
+        } else if closed == Some(false) && !ends_with_a_stop(&reader, segments.last()) {
+            // Killed after tracing stopped (the guest ran on), a trace
+            // has all it recorded: only one cut short is told.
             problems.push(
                 "the run that wrote the trace did not end cleanly (killed?): its disk was never \
                  closed, and whatever it had not written out is not here"
