@@ -112,12 +112,7 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     let sysenter = &JUMPING_GUESTS[..1];
     let (image, name, ..) = sysenter[0];
     let sysenter_elf = write_guest(dir.path(), name, image);
-    let mmio = write_guest(dir.path(), "mmio.elf", vtrace_demo::test_guests::MMIO);
-    let mmio_here = dir.path().join("mmio.vtd");
-    let args = mmio_run(mmio.to_str().unwrap(), mmio_here.to_str().unwrap());
-    assert!(run(&args.split_whitespace().collect::<Vec<_>>())
-        .status
-        .success());
+    let (mmio, mmio_here) = mmio_traced_here(dir.path());
     let m = amdv(
         &[
             (&fences, "fences.bin"),

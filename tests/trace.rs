@@ -547,11 +547,7 @@ fn mmio_stores_are_stepped_one_by_one() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let guest = write_guest(dir.path(), "mmio.elf", vtrace_demo::test_guests::MMIO);
-    let disk = dir.path().join("mmio.vtd");
-    let args = mmio_run(guest.to_str().unwrap(), disk.to_str().unwrap());
-    let out = run(&args.split_whitespace().collect::<Vec<_>>());
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (_, disk) = mmio_traced_here(dir.path());
     assert_mmio_stores_stepped(&disk);
 }
 

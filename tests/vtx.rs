@@ -112,12 +112,7 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         .iter()
         .map(|(image, name, ..)| (write_guest(dir.path(), name, image), *name))
         .collect();
-    let mmio = write_guest(dir.path(), "mmio.elf", vtrace_demo::test_guests::MMIO);
-    let mmio_here = dir.path().join("mmio.vtd");
-    let args = mmio_run(mmio.to_str().unwrap(), mmio_here.to_str().unwrap());
-    assert!(run(&args.split_whitespace().collect::<Vec<_>>())
-        .status
-        .success());
+    let (mmio, mmio_here) = mmio_traced_here(dir.path());
     let command = command
         + "; "
         + &jumping_guests_there(&JUMPING_GUESTS)

@@ -403,3 +403,14 @@ pub fn assert_mmio_stores_stepped(trace: &Path) {
 pub fn mmio_run(guest: &str, disk: &str) -> String {
     format!("run --no-input -q --trace --disk-size 8M --kernel {guest} --disk {disk}")
 }
+
+/// Writes [`vtrace_demo::test_guests::MMIO`] into `dir` and traces it here
+/// with [`mmio_run`]: the guest's path (for a test machine) and its trace.
+pub fn mmio_traced_here(dir: &Path) -> (PathBuf, PathBuf) {
+    let guest = write_guest(dir, "mmio.elf", vtrace_demo::test_guests::MMIO);
+    let trace = dir.join("mmio.vtd");
+    let args = mmio_run(guest.to_str().unwrap(), trace.to_str().unwrap());
+    let out = run(&args.split_whitespace().collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    (guest, trace)
+}
