@@ -131,30 +131,75 @@ fn open_trace(path: &Path) -> Result<Trace> {
         vtrace_vmm::user_message(&format!("vtrace: warning: {}: {p}", path.display()));
     }
     let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
-    opened.push((
-        path.to_path_buf(),
-        trace.problems.len(),
-        trace.damage_found(),
-    ));
+    opened.push(Opened {
+        path: path.to_path_buf(),
+        at_open: trace.problems.clone(),
+        found: trace.damage_found(),
+    });
     Ok(trace)
 }
 
-/// Every trace this command opened: its path, how many problems it had
-/// when opened (said then), and the damage its analyses found reading it.
-static OPENED: std::sync::Mutex<Vec<(PathBuf, usize, vtrace_analyzer::input::DamageLog)>> =
-    std::sync::Mutex::new(Vec::new());
+/// A trace this command opened, and its damage.
+struct Opened {
+    path: PathBuf,
+    /// Its problems known at opening (said then).
+    at_open: Vec<String>,
+    /// The damage its analyses found reading it.
+    found: vtrace_analyzer::input::DamageLog,
+}
+
+/// Every trace this command opened.
+static OPENED: std::sync::Mutex<Vec<Opened>> = std::sync::Mutex::new(Vec::new());
+
+/// An analysis's JSON object with the damage it passed over added, so a
+/// script sees it where it reads the results (an empty list: none).
+#[derive(serde::Serialize)]
+struct WithProblems<'a, T: serde::Serialize> {
+    #[serde(flatten)]
+    value: &'a T,
+    problems: &'a [Problem],
+}
+
+/// One damage an analysis passed over, as `--json` gives it.
+#[derive(serde::Serialize)]
+struct Problem {
+    /// The trace it is in.
+    trace: String,
+    /// What it took, in words.
+    problem: String,
+}
+
+/// Every problem of the traces this command opened, known at opening or
+/// found reading; `None` where it opened none (not an analysis of traces).
+fn problems_of_opened_traces() -> Option<Vec<Problem>> {
+    let opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    if opened.is_empty() {
+        return None;
+    }
+    let mut all = Vec::new();
+    for o in opened.iter() {
+        let found = o.found.lock().unwrap_or_else(|e| e.into_inner());
+        for p in o.at_open.iter().chain(found.iter()) {
+            all.push(Problem {
+                trace: o.path.display().to_string(),
+                problem: p.clone(),
+            });
+        }
+    }
+    Some(all)
+}
 
 /// Says the damage the analyses passed over while reading (what was known
 /// at opening is said already), and whether there was any.
 fn damage_passed_over() -> bool {
     let opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
     let mut any = false;
-    for (path, at_open, found) in opened.iter() {
-        let found = found.lock().unwrap_or_else(|e| e.into_inner());
+    for o in opened.iter() {
+        let found = o.found.lock().unwrap_or_else(|e| e.into_inner());
         for p in found.iter() {
-            vtrace_vmm::user_message(&format!("vtrace: warning: {}: {p}", path.display()));
+            vtrace_vmm::user_message(&format!("vtrace: warning: {}: {p}", o.path.display()));
         }
-        any |= *at_open > 0 || !found.is_empty();
+        any |= !o.at_open.is_empty() || !found.is_empty();
     }
     any
 }
@@ -309,7 +354,16 @@ pub(crate) fn print_to(
         None => create(Path::new("-"))?,
     };
     if json {
-        serde_json::to_writer_pretty(&mut out, value)?;
+        match problems_of_opened_traces() {
+            Some(problems) => serde_json::to_writer_pretty(
+                &mut out,
+                &WithProblems {
+                    value,
+                    problems: &problems,
+                },
+            )?,
+            None => serde_json::to_writer_pretty(&mut out, value)?,
+        }
         writeln!(out)?;
     } else {
         out.write_all(text().as_bytes())?;
@@ -523,9 +577,12 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 );
                 return Ok(());
             }
-            print_to(Some(&a.to), a.json, &found, || {
-                captures::format_table(&found)
-            })?;
+            print_to(
+                Some(&a.to),
+                a.json,
+                &serde_json::json!({ "captures": &found }),
+                || captures::format_table(&found),
+            )?;
         }
         AnalyzeCommand::Probes(a) => {
             // Probes recorded with tracing off make a trace without steps.
@@ -539,7 +596,12 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 );
                 return Ok(());
             }
-            print_to(Some(&a.to), a.json, &found, || probes::format_table(&found))?;
+            print_to(
+                Some(&a.to),
+                a.json,
+                &serde_json::json!({ "probes": &found }),
+                || probes::format_table(&found),
+            )?;
         }
         AnalyzeCommand::Samples(a) => {
             // Peeping needs no tracing: a trace of samples has no steps.
@@ -578,11 +640,11 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 out.flush()?;
                 wrote(path, "");
             }
-            let mut out = output(&a.to)?;
             if a.json {
-                serde_json::to_writer_pretty(&mut out, &found.to_json(&symbols))?;
-                writeln!(out)?;
-            } else if a.csv {
+                return print_to(Some(&a.to), true, &found.to_json(&symbols), String::new);
+            }
+            let mut out = output(&a.to)?;
+            if a.csv {
                 out.write_all(found.format_csv(&symbols).as_bytes())?;
             } else {
                 out.write_all(found.format_table(&symbols).as_bytes())?;

@@ -245,6 +245,10 @@ pub struct InfoArgs {
     pub json: bool,
     #[command(flatten)]
     pub to: OutputArgs,
+    /// Exit 0 even where the trace is damaged or unfinished (its problems
+    /// are still listed); without it, such a trace exits 1
+    #[arg(long)]
+    pub allow_damage: bool,
 }
 
 /// CPUID profile presented to the guest.

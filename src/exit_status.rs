@@ -22,8 +22,8 @@ Exit status:
   0      also: the guest powered off (ACPI) or rebooted, or quit with Ctrl-A x;
          the last line vtrace prints says which
   1      vtrace info and vtrace analyze: the trace is damaged, or its run did not
-         end cleanly; the warnings say what was passed over (analyze
-         --allow-damage: 0)
+         end cleanly; the warnings (and --json's problems) say what was
+         passed over (--allow-damage: 0)
   2      bad command-line arguments, or values that mean nothing for the
          trace at hand (a step past its end, --pid on a trace without tasks)
   65     the kernel is not a format vtrace boots, or its command line is invalid;

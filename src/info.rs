@@ -38,7 +38,11 @@ pub fn info(args: InfoArgs) -> Result<i32> {
     let reader = TraceReader::open(&args.trace)?;
     let s = summarize(&reader, |_, _| {});
     // Problems fail the command in both forms, so scripts notice damage.
-    let status = if s.problems.is_empty() { 0 } else { 1 };
+    let status = if s.problems.is_empty() || args.allow_damage {
+        0
+    } else {
+        1
+    };
     if args.json {
         let value = json(&s);
         crate::analyze::print_to(Some(&args.to), true, &value, String::new)?;
@@ -84,5 +88,11 @@ pub fn info(args: InfoArgs) -> Result<i32> {
         .map(|l| format!("{}\n", vtrace_vmm::escape_within_line(l)))
         .collect();
     crate::analyze::print_to(Some(&args.to), false, &(), || out)?;
+    if status != 0 {
+        eprintln!(
+            "vtrace: {} has the problems above (exit status 1); --allow-damage takes it as it is",
+            args.trace.display()
+        );
+    }
     Ok(status)
 }

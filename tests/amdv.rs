@@ -39,7 +39,8 @@ fn the_machine_has_kvm_amd_and_runs_the_demo_os_untraced() {
     ]);
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let count = |probe: &str| {
-        json.as_array()
+        json["probes"]
+            .as_array()
             .unwrap()
             .iter()
             .find(|p| p["probe"] == probe)

@@ -85,7 +85,9 @@ fn run_demo(disk: &Path, traced: bool, captures: &[&str]) -> std::process::Outpu
 fn analyze_captures(disk: &Path) -> Vec<serde_json::Value> {
     let out = run(&["analyze", "captures", "--json", disk.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["problems"], serde_json::json!([]), "{json}");
+    json["captures"].as_array().unwrap().clone()
 }
 
 /// While tracing, `--capture kprintf:rdi:64` is taken before every step at

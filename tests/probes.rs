@@ -110,7 +110,9 @@ fn probe_counts(disk: &Path) -> BTreeMap<String, u64> {
     let out = run(&["analyze", "probes", "--json", disk.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    json.as_array()
+    assert_eq!(json["problems"], serde_json::json!([]), "{json}");
+    json["probes"]
+        .as_array()
         .unwrap()
         .iter()
         .map(|p| {

@@ -1119,11 +1119,84 @@ fn analyses_say_the_damage_they_pass_over_and_fail_without_allow_damage() {
                 assert!(err.contains(says), "{args:?}: {err}");
             }
         }
+        // `info` lists the problems and fails the same way.
+        for allow in [false, true] {
+            let mut args = vec!["info", disk];
+            if allow {
+                args.push("--allow-damage");
+            }
+            let out = run(&args);
+            assert_eq!(
+                out.status.code(),
+                Some(if allow { 0 } else { 1 }),
+                "{args:?}: {}",
+                stderr(&out)
+            );
+            assert!(stdout(&out).contains("problem:"), "{args:?}");
+        }
+        // The JSON of an analysis carries them, naming the trace.
+        let out = run(&["analyze", "stats", "--json", "-q", "--allow-damage", disk]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let problems = json["problems"].as_array().unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p["trace"] == disk && p["problem"].as_str().unwrap().contains(says)),
+            "{problems:?}"
+        );
+        assert!(json["steps"].as_u64().unwrap() > 0);
     }
-    // An undamaged trace: nothing said, status 0.
-    let out = run(&["analyze", "stats", "-q", good.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    // An undamaged trace, and one whose run was killed after tracing
+    // stopped (the guest running on untraced: its disk never closed, its
+    // last record the stop), which lost nothing: nothing said, status 0,
+    // no problems in the JSON.
+    let stopped_then_killed = dir.path().join("stopped-then-killed.vtd");
+    std::fs::copy(&good, &stopped_then_killed).unwrap();
+    unclose(&stopped_then_killed);
+    assert!(
+        !TraceReader::open(&stopped_then_killed)
+            .unwrap()
+            .superblock()
+            .unwrap()
+            .closed
+    );
+    for disk in [&good, &stopped_then_killed] {
+        let disk = disk.to_str().unwrap();
+        for args in [
+            vec!["analyze", "stats", "-q", "--no-kernel-symbols", disk],
+            vec!["info", disk],
+        ] {
+            let out = run(&args);
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+            assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+            assert!(!stdout(&out).contains("problem"), "{}", stdout(&out));
+        }
+        let out = run(&["analyze", "stats", "--json", "-q", disk]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["problems"], serde_json::json!([]), "{disk}");
+        let out = run(&["info", "--json", disk]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["problems"], serde_json::json!([]), "{disk}");
+        assert_eq!(json["clean_end"], true, "{disk}");
+    }
+}
+
+/// Makes a closed trace's superblock say what a run killed after its last
+/// write leaves: not closed (checksum made good again).
+fn unclose(disk: &Path) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(disk)
+        .unwrap();
+    let mut sb = vec![0u8; 4096];
+    file.read_exact_at(&mut sb, 0).unwrap();
+    // Flags at 24..28, closed = 2; CRC32C of 0..4092 at 4092.
+    sb[24] &= !2;
+    let crc = crc32c::crc32c(&sb[..4092]);
+    sb[4092..].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(&sb, 0).unwrap();
 }
 
 /// Corruption fuzzing of the readers: a byte flipped anywhere in a trace

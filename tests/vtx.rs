@@ -224,7 +224,7 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         let o = run(&["analyze", "captures", "--json", trace.to_str().unwrap()]);
         assert!(o.status.success(), "{}", stderr(&o));
         let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let mut texts: Vec<String> = json
+        let mut texts: Vec<String> = json["captures"]
             .as_array()
             .unwrap()
             .iter()
@@ -240,7 +240,7 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     let o = run(&["analyze", "probes", "--json", bp_there.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let probes: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let schedules = probes
+    let schedules = probes["probes"]
         .as_array()
         .unwrap()
         .iter()

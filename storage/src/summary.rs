@@ -99,6 +99,9 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
     // Whether the last traced stretch is still open: records that come
     // while tracing is off (probes, captures, samples) may follow its stop.
     let mut stretch_open = false;
+    // Whether the last record is tracing stopping: a run killed after that
+    // (the guest ran on untraced) lost nothing, as the analyzer also holds.
+    let mut ends_with_stop = false;
     let total = reader.segments().len();
     for (i, entry) in reader.segments().iter().enumerate() {
         let h = entry.found.header;
@@ -144,6 +147,7 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
                         continue;
                     }
                     digest.update(r);
+                    ends_with_stop = matches!(r, Record::Event(Event::TraceStop(_)));
                     match r {
                         Record::Event(Event::TraceStart(_)) => stretch_open = true,
                         Record::Event(Event::TraceStop(_)) => stretch_open = false,
@@ -177,7 +181,7 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
     }
     s.problems.extend(reader.structural_problems());
     let closed = reader.superblock().is_some_and(|sb| sb.closed);
-    s.clean_end = !stretch_open && (closed || reader.superblock().is_none());
+    s.clean_end = !stretch_open && (closed || reader.superblock().is_none() || ends_with_stop);
     if let Some(writer) = reader.written_by() {
         s.problems.push(format!(
             "the trace is still being written ({writer}): what it holds so far is here, up to \
