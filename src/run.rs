@@ -6,7 +6,7 @@ use anyhow::Result;
 use vtrace_session::{PeepRequest, SessionBuilder, SessionOutcome, TraceRequest, DEFAULT_TRACE};
 use vtrace_trap::{CaptureCount, ProbeCount, ProbeTroubles, WindowCount};
 use vtrace_vmm::user_message;
-use vtrace_vmm::{default_linux_cmdline, BootSource, Image};
+use vtrace_vmm::{default_linux_cmdline, BootSource, Image, Initrd};
 use vtrace_vmm::{stop_signals as signals, ConsoleMode, CpuProfile, GuestExit, RunOutcome};
 
 use crate::cli::{CpuArg, RunArgs};
@@ -29,11 +29,7 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
     Ok(match &args.kernel {
         Some(path) => BootSource::Kernel {
             kernel: Image::from_file("kernel", path)?,
-            initrd: args
-                .initrd
-                .as_ref()
-                .map(|p| Image::from_file("initrd", p))
-                .transpose()?,
+            initrd: args.initrd.as_ref().map(Initrd::from_file).transpose()?,
             cmdline: command_line(
                 args.cmdline
                     .clone()

@@ -704,3 +704,61 @@ fn append_adds_to_the_default_command_line_and_cmdline_replaces_it() {
         "console=ttyS0 panic=1 quiet"
     );
 }
+
+/// An initrd the kernel cannot take (2000 MiB where Linux takes one below
+/// 2 GiB, less its own size: more memory would not move that limit) is
+/// refused with its own status and the limit, before any of it is read:
+/// the VMM's peak memory stays far below the initrd's size (before, all
+/// 2 GB were read into the VMM first).
+#[test]
+fn an_initrd_past_the_kernels_limit_is_refused_before_it_is_read() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let initrd = dir.path().join("huge.cpio");
+    // Sparse: its size costs the test no disk.
+    std::fs::File::create(&initrd)
+        .unwrap()
+        .set_len(2000 << 20)
+        .unwrap();
+    let mut child = vtrace()
+        .args(["run", "--no-input", "-q", "--memory", "5G", "--kernel"])
+        .arg(&kernel)
+        .arg("--initrd")
+        .arg(&initrd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    // wait4 for the child's peak resident set (std's wait gives none).
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid);
+    let status = std::process::ExitStatus::from_raw(status);
+    assert_eq!(status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("the initrd (2097152000 bytes) does not fit"),
+        "{err}"
+    );
+    assert!(err.contains("whatever --memory is"), "{err}");
+    let peak_mib = usage.ru_maxrss / 1024;
+    assert!(
+        peak_mib < 1000,
+        "the VMM reached {peak_mib} MiB refusing a 2000 MiB initrd"
+    );
+    eprintln!("peak resident set {peak_mib} MiB");
+}

@@ -33,7 +33,7 @@ pub fn for_boot(guest: &str, boot: &BootSource, version: &str) -> TraceMetadata 
             None => BUILTIN_DEMO.to_string(),
         }),
         kernel_id: Some(image_id(&image.bytes)),
-        initrd: initrd.and_then(|i| i.path.as_deref()).map(absolute),
+        initrd: initrd.map(|i| absolute(&i.path)),
         cmdline: Some(cmdline).filter(|c| !c.trim().is_empty()),
         vtrace_version: Some(version.to_string()),
         ..TraceMetadata::default()

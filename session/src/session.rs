@@ -175,7 +175,7 @@ impl SessionBuilder {
         };
         let control_path = control.as_ref().map(|c| c.path().to_path_buf());
         let initrd = match &self.boot {
-            BootSource::Kernel { initrd, .. } => initrd.as_ref().and_then(|i| i.path.clone()),
+            BootSource::Kernel { initrd, .. } => initrd.as_ref().map(|i| i.path.clone()),
             BootSource::RealMode { .. } => None,
         };
         let panic_line = crate::panic_watch::PanicLine::default();

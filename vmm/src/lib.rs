@@ -48,7 +48,7 @@ pub mod x86;
 // named here, so a module can be split or moved without breaking callers.
 
 // Building and running a VM.
-pub use boot::{default_linux_cmdline, BootSource, Image, MAX_IMAGE};
+pub use boot::{default_linux_cmdline, BootSource, Image, Initrd, MAX_IMAGE};
 pub use clock::ClockMode;
 pub use cpu::cpuid::CpuProfile;
 pub use error::{Error, KvmLack, LayoutFault, Result};

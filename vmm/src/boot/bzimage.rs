@@ -17,7 +17,7 @@ use crate::memory::{check_fits, GuestRam, HIGH_MEMORY_START};
 
 use super::elf::ElfInfo;
 use super::linux::{self, LoadedKernel};
-use super::{BootPlan, Image};
+use super::{BootPlan, Image, Initrd};
 
 /// The 64-bit entry point sits 0x200 bytes into the protected-mode kernel.
 const STARTUP_64_OFFSET: u64 = 0x200;
@@ -27,7 +27,7 @@ const XLF_KERNEL_64: u16 = 0x1;
 pub fn load(
     ram: &GuestRam,
     kernel: &Image,
-    initrd: Option<&Image>,
+    initrd: Option<&Initrd>,
     cmdline: &str,
 ) -> Result<BootPlan> {
     let bytes: &[u8] = &kernel.bytes;

@@ -12,7 +12,7 @@ use crate::error::LayoutFault;
 use crate::error::{Error, Result};
 use crate::memory::{layout, GuestRam};
 
-use super::{load_initrd, memory_map, write_cmdline, BootPlan};
+use super::{load_initrd, memory_map, write_cmdline, BootPlan, Initrd};
 
 const HDRS_MAGIC: u32 = 0x5372_6448;
 const LOADED_HIGH: u8 = 0x01;
@@ -36,7 +36,7 @@ pub struct LoadedKernel {
 pub fn boot(
     ram: &GuestRam,
     kernel: LoadedKernel,
-    initrd: Option<&super::Image>,
+    initrd: Option<&Initrd>,
     cmdline: &str,
 ) -> Result<BootPlan> {
     let mut params = boot_params::default();

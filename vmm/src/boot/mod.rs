@@ -84,6 +84,43 @@ impl Image {
     }
 }
 
+/// An initial RAM disk: a file whose size is known at once and whose bytes
+/// go from the file straight into guest memory once a place is found for
+/// them, so one too large for the kernel or the memory is refused before
+/// any of it is read, and none is held twice on the host.
+#[derive(Clone, Debug)]
+pub struct Initrd {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size when it was opened.
+    pub len: u64,
+}
+
+impl Initrd {
+    /// The initrd at `path`: a regular file of at most [`MAX_IMAGE`] bytes
+    /// that can be opened for reading.
+    pub fn from_file(path: impl Into<PathBuf>) -> Result<Initrd> {
+        let path = path.into();
+        let unreadable = |source| Error::ImageUnreadable {
+            what: "initrd",
+            path: path.clone(),
+            source,
+        };
+        let meta = std::fs::metadata(&path).map_err(unreadable)?;
+        if !meta.is_file() || meta.len() > MAX_IMAGE {
+            return Err(unreadable(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not a regular file of at most {} MiB", MAX_IMAGE >> 20),
+            )));
+        }
+        std::fs::File::open(&path).map_err(unreadable)?;
+        Ok(Initrd {
+            len: meta.len(),
+            path,
+        })
+    }
+}
+
 /// What to boot.
 #[derive(Clone, Debug)]
 pub enum BootSource {
@@ -92,7 +129,7 @@ pub enum BootSource {
         /// The kernel.
         kernel: Image,
         /// The initial RAM disk, if any.
-        initrd: Option<Image>,
+        initrd: Option<Initrd>,
         /// The kernel's command line.
         cmdline: String,
     },
@@ -214,16 +251,39 @@ fn write_cmdline(ram: &GuestRam, cmdline: &str, max: usize) -> Result<usize> {
     Ok(cmdline.len())
 }
 
-/// Copies the initrd high in low memory; returns (address, length).
-fn load_initrd(ram: &GuestRam, initrd: &Image, kernel_end: u64, limit: u64) -> Result<(u64, u64)> {
-    let len = initrd.bytes.len() as u64;
+/// Reads the initrd high into low memory; returns (address, length).
+fn load_initrd(ram: &GuestRam, initrd: &Initrd, kernel_end: u64, limit: u64) -> Result<(u64, u64)> {
+    let len = initrd.len;
     let addr = place_initrd(ram, len, kernel_end, limit)?;
-    ram.write_slice(&initrd.bytes, GuestAddress(addr))
-        .map_err(|source| Error::GuestWrite {
-            what: "the initrd",
-            at: addr,
-            source,
-        })?;
+    let unreadable = |source| Error::ImageUnreadable {
+        what: "initrd",
+        path: initrd.path.clone(),
+        source,
+    };
+    let mut file = std::fs::File::open(&initrd.path).map_err(unreadable)?;
+    let mut done = 0u64;
+    while done < len {
+        // A read gives what the file gives at once; go on to the end.
+        let at = GuestAddress(addr + done);
+        let want = usize::try_from(len - done).unwrap_or(usize::MAX);
+        let got = ram
+            .read_volatile_from(at, &mut file, want)
+            .map_err(|source| match source {
+                vm_memory::GuestMemoryError::IOError(e) => unreadable(e),
+                source => Error::GuestWrite {
+                    what: "the initrd",
+                    at: at.raw_value(),
+                    source,
+                },
+            })?;
+        if got == 0 {
+            return Err(unreadable(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("it ended after {done} of its {len} bytes while being read"),
+            )));
+        }
+        done += got as u64;
+    }
     Ok((addr, len))
 }
 
@@ -305,6 +365,39 @@ mod tests {
             place_initrd(&ram, 48 << 20, 0x200000, 32 << 20),
             Err(Error::InitrdTooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn an_initrd_is_placed_before_it_is_read_and_read_whole() {
+        let ram = create_guest_ram(64 << 20).unwrap();
+        // Too large: refused without opening the file (which is not there).
+        let absent = Initrd {
+            path: "/nonexistent/initrd".into(),
+            len: 2000 << 20,
+        };
+        assert!(matches!(
+            load_initrd(&ram, &absent, 0x200000, 32 << 20),
+            Err(Error::InitrdTooLarge { .. })
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("initrd");
+        let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let initrd = Initrd::from_file(&path).unwrap();
+        let (at, len) = load_initrd(&ram, &initrd, 0x200000, u64::MAX).unwrap();
+        assert_eq!(len, bytes.len() as u64);
+        let mut back = vec![0u8; bytes.len()];
+        ram.read_slice(&mut back, GuestAddress(at)).unwrap();
+        assert_eq!(back, bytes);
+        // A file that shrank since it was opened is said to have.
+        std::fs::write(&path, &bytes[..1000]).unwrap();
+        let short = load_initrd(&ram, &initrd, 0x200000, u64::MAX).unwrap_err();
+        assert!(
+            short
+                .to_string()
+                .contains("ended after 1000 of its 300000 bytes"),
+            "{short}"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::memory::{layout, GuestRam};
 
 use super::elf::ElfInfo;
-use super::{load_initrd, memory_map, write_cmdline, BootPlan, Image};
+use super::{load_initrd, memory_map, write_cmdline, BootPlan, Image, Initrd};
 
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 
@@ -22,7 +22,7 @@ pub fn boot(
     kernel: &Image,
     elf: &ElfInfo,
     entry: u64,
-    initrd: Option<&Image>,
+    initrd: Option<&Initrd>,
     cmdline: &str,
 ) -> Result<BootPlan> {
     write_cmdline(ram, cmdline, layout::CMDLINE_MAX)?;
