@@ -116,7 +116,14 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
             &vtrace_session::builtin_kernels(),
             &mut symbols,
         );
-        for w in &found.warnings {
+        // Symbols given for every address space fill in for the kernel's
+        // own: that none were found for it is then no news.
+        let told = args.symbols.iter().any(|spec| !spec.contains('@'));
+        let said = match told {
+            true => &found.warnings[..],
+            false => &found.all_warnings().cloned().collect::<Vec<_>>()[..],
+        };
+        for w in said {
             vtrace_vmm::user_message(&format!("vtrace: warning: {w}"));
         }
     }

@@ -210,7 +210,7 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
         &vtrace_session::builtin_kernels(),
         &mut symbols,
     );
-    for w in &found.warnings {
+    for w in found.all_warnings() {
         vtrace_vmm::user_message(&format!("vtrace: warning: {w}"));
     }
 

@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use common::{demo_trace, kvm_available, run, stderr, stdout};
+use common::{demo_trace, kvm_available, mmio_traced_here, run, stderr, stdout};
 use object::{Object, ObjectSymbol};
 
 fn analyze(args: &[&str]) -> std::process::Output {
@@ -814,4 +814,45 @@ fn bad_input_gets_clear_errors() {
         "{}",
         stderr(&out)
     );
+}
+
+/// A trace analyzed where its kernel is not (a test machine's trace read
+/// here, a kernel moved since): without symbols the analysis says none
+/// were found for it and how to give them; given them with `--symbols`, it
+/// says nothing of the kind (before: the same warning, symbols given or
+/// not) and uses them.
+#[test]
+fn symbols_given_for_a_kernel_not_here_are_no_cause_for_a_warning() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (guest, trace) = mmio_traced_here(dir.path());
+    let moved = dir.path().join("moved.elf");
+    std::fs::rename(&guest, &moved).unwrap();
+    let t = trace.to_str().unwrap();
+    let out = run(&["analyze", "stats", "-q", t]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("no symbols found for"), "{err}");
+    assert!(err.contains("--symbols FILE"), "{err}");
+    let out = run(&[
+        "analyze",
+        "stats",
+        "-q",
+        "--json",
+        "--symbols",
+        moved.to_str().unwrap(),
+        t,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let named = stats["routines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["name"].as_str().unwrap_or("0x").starts_with("0x"))
+        .count();
+    assert!(named > 0, "{}", stats["routines"]);
 }

@@ -98,7 +98,7 @@ impl<'a> Places<'a> {
             [one] => return Ok(one.wrapping_add(offset)),
             [] if found.loaded.is_empty() => format!(
                 "{option} {name}: the kernel's symbols were not found ({}); give an address",
-                found.warnings.join("; ")
+                found.all_warnings().cloned().collect::<Vec<_>>().join("; ")
             ),
             [] => format!(
                 "{option} {name}: no routine of that name in {}",

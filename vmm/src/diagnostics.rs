@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::x86::{Registers, SpecialRegisters};
-use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
+use iced_x86::{CpuidFeature, Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter};
 
 /// How many recent exits the report keeps.
 pub const EXIT_HISTORY: usize = 16;
@@ -69,19 +69,25 @@ impl CrashReport {
         self.sregs.code_bits()
     }
 
-    /// The instruction at RIP in Intel syntax, if its bytes are known.
-    pub fn instruction(&self) -> Option<String> {
+    /// The instruction at RIP, if its bytes are known and decode.
+    pub fn decoded(&self) -> Option<Instruction> {
         let code = self.code.as_ref()?;
         let mut decoder =
             Decoder::with_ip(self.bitness(), code, self.regs.rip, DecoderOptions::NONE);
         let insn = decoder.decode();
-        if insn.is_invalid() {
-            return None;
-        }
-        let mut text = String::new();
-        IntelFormatter::new().format(&insn, &mut text);
-        Some(text)
+        (!insn.is_invalid()).then_some(insn)
     }
+
+    /// The instruction at RIP in Intel syntax, if its bytes are known.
+    pub fn instruction(&self) -> Option<String> {
+        self.decoded().map(|insn| intel(&insn))
+    }
+}
+
+fn intel(insn: &Instruction) -> String {
+    let mut text = String::new();
+    IntelFormatter::new().format(insn, &mut text);
+    text
 }
 
 impl fmt::Display for CrashReport {
@@ -150,9 +156,52 @@ impl fmt::Display for CrashReport {
 /// What to tell a user whose guest hit an instruction the emulator lacks.
 pub const EMULATOR_HINT: &str = "on this host KVM runs kernel-mode guest code in its instruction \
 emulator, which lacks some instructions: INT n / INT3 / INTO outside real mode, CMPXCHG16B, the \
-XSAVE family, XGETBV, POPCNT, RDTSCP and RDPID. Keep the default --cpu baseline (it hides the \
-CPUID-gated ones from the guest) and build guest code without them (gcc: -mgeneral-regs-only \
--mno-popcnt), or run on a host with hardware VT-x/AMD-V.";
+XSAVE family, XGETBV, POPCNT, RDTSCP, RDPID, and of SSE and its successors all but a few moves. \
+Keep the default --cpu baseline (it hides the CPUID-gated ones from the guest) and build guest \
+code without them (gcc: -mgeneral-regs-only -mno-popcnt), or run on a host with hardware \
+VT-x/AMD-V.";
+
+/// The hint for an emulation failure at `insn` (where it decoded): names
+/// the instruction and the CPU feature it belongs to, and for a vector
+/// instruction, how a kernel came to run it, before [`EMULATOR_HINT`].
+pub fn emulator_hint(insn: Option<&Instruction>) -> String {
+    let Some(insn) = insn else {
+        return EMULATOR_HINT.to_string();
+    };
+    // The features every x86-64 CPU has say nothing.
+    let features: Vec<String> = insn
+        .cpuid_features()
+        .iter()
+        .filter(|f| {
+            !matches!(
+                f,
+                CpuidFeature::INTEL8086
+                    | CpuidFeature::INTEL186
+                    | CpuidFeature::INTEL286
+                    | CpuidFeature::INTEL386
+                    | CpuidFeature::INTEL486
+                    | CpuidFeature::X64
+            )
+        })
+        .map(|f| format!("{f:?}").replace('_', "."))
+        .collect();
+    let vector = (0..insn.op_count()).any(|i| {
+        let r = insn.op_register(i);
+        r.is_xmm() || r.is_ymm() || r.is_zmm()
+    });
+    let mut hint = format!("the guest ran `{}`", intel(insn));
+    if !features.is_empty() {
+        hint += &format!(" ({})", features.join(", "));
+    }
+    hint += ", which KVM's emulator here cannot run. ";
+    if vector {
+        hint += "A Linux kernel picks such code (crypto, RAID) by CPUID, and this host lets some \
+                 of its CPU's own bits through to an untraced guest (`vtrace doctor` lists \
+                 them): hide the feature with clearcpuid= on the kernel's command line (the \
+                 default line does for those vtrace knows of). ";
+    }
+    hint + "In general, " + EMULATOR_HINT
+}
 
 #[cfg(test)]
 mod tests {
@@ -193,5 +242,38 @@ mod tests {
         assert_eq!(report.bitness(), 64);
         assert_eq!(report.instruction().as_deref(), Some("popcnt eax,eax"));
         assert!(report.to_string().contains("f3 0f b8 c0"));
+        let hint = emulator_hint(report.decoded().as_ref());
+        assert!(
+            hint.starts_with("the guest ran `popcnt eax,eax` (POPCNT), which"),
+            "{hint}"
+        );
+        assert!(!hint.contains("clearcpuid"), "{hint}");
+    }
+
+    #[test]
+    fn the_hint_for_a_vector_instruction_names_its_feature_and_clearcpuid() {
+        // Linux 6.1's SSSE3 BLAKE2s, where the stock kernel stopped here.
+        let mut report = CrashReport {
+            regs: Registers {
+                rip: 0xffffffff81088a2a,
+                ..Default::default()
+            },
+            sregs: SpecialRegisters::default(),
+            code: Some(vec![0x66, 0x44, 0x0f, 0x6e, 0xf9]),
+            recent_exits: vec![],
+            hint: None,
+        };
+        report.sregs.cr0 = 1;
+        report.sregs.efer = 0x500;
+        report.sregs.cs.l = 1;
+        let hint = emulator_hint(report.decoded().as_ref());
+        assert!(
+            hint.starts_with("the guest ran `movd xmm15,ecx` (SSE2), which"),
+            "{hint}"
+        );
+        assert!(hint.contains("clearcpuid="), "{hint}");
+        assert!(hint.contains("SSE and its successors"), "{hint}");
+        // Undecodable: the general hint alone.
+        assert_eq!(emulator_hint(None), EMULATOR_HINT);
     }
 }

@@ -12,9 +12,19 @@ use super::{Scope, SymbolError, Symbolizer};
 pub struct Discovery {
     /// What was loaded, one line each ("vmlinux (12345 routines)").
     pub loaded: Vec<String>,
-    /// Things a user should know: a kernel that changed since the run, a
-    /// kernel with no symbols anywhere we looked.
+    /// Things a user should know: a kernel that changed since the run.
     pub warnings: Vec<String>,
+    /// Where nothing was found: what each place said, then that no symbols
+    /// were found. Empty when some were; a caller given symbols for the
+    /// kernel some other way need not say it.
+    pub not_found: Vec<String>,
+}
+
+impl Discovery {
+    /// Everything to tell a user who gave no symbols of their own.
+    pub fn all_warnings(&self) -> impl Iterator<Item = &String> {
+        self.warnings.iter().chain(&self.not_found)
+    }
 }
 
 /// What the caller knows about kernel images that this crate does not.
@@ -61,7 +71,7 @@ pub fn discover(
 ) -> Discovery {
     let mut d = Discovery::default();
     let Some(kernel) = metadata.kernel.as_deref() else {
-        d.warnings.push(
+        d.not_found.push(
             "the trace does not say which kernel ran (it predates that record); \
              give its symbols with --symbols FILE"
                 .into(),
@@ -165,8 +175,8 @@ pub fn discover(
             }
         }
     }
-    d.warnings.extend(problems);
-    d.warnings.push(format!(
+    d.not_found.extend(problems);
+    d.not_found.push(format!(
         "no symbols found for {} (looked for an ELF image, a debug vmlinux, \
          System.map beside it and the kernel's own kallsyms table): give them \
          with --symbols FILE",
@@ -206,7 +216,16 @@ mod tests {
         std::fs::write(&kernel, b"MZ rebuilt").unwrap();
         let d = discover(&meta, &no_images(), &mut Symbolizer::new());
         assert!(d.warnings[0].contains("changed since"), "{:?}", d.warnings);
+        assert!(d.not_found.is_empty(), "{:?}", d.not_found);
+        // Gone: nothing found is said apart from the warnings.
         std::fs::remove_dir_all(&dir).unwrap();
+        let d = discover(&meta, &no_images(), &mut Symbolizer::new());
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert!(
+            d.not_found.last().unwrap().starts_with("no symbols found"),
+            "{:?}",
+            d.not_found
+        );
     }
 
     #[test]

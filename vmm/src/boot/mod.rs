@@ -160,9 +160,13 @@ pub const DEFAULT_LINUX_CMDLINE: &str =
 /// Added to [`DEFAULT_LINUX_CMDLINE`] with the baseline CPU profile. On some
 /// KVM hosts (those that emulate kernel code) CPUID masks only partly reach
 /// the guest, and Linux would use instructions the emulator lacks; these
-/// switches keep it to what the baseline profile promises.
+/// switches keep it to what the baseline profile promises. The SSE levels
+/// past SSE2 are among them: Linux picks its crypto code by them (the
+/// SSSE3 BLAKE2s of the random driver runs `movd xmm, r32`, which KVM's
+/// emulator lacks). Linux 6.1 reads at most 127 bytes of `clearcpuid=`.
 pub const BASELINE_LINUX_FLAGS: &str = "noxsave nosmap nofsgsbase nopku \
-     clearcpuid=popcnt,cx16,movbe,aes,smap,umip,rdtscp,rdpid,pku,fsgsbase,rdrand";
+     clearcpuid=popcnt,cx16,movbe,aes,smap,umip,rdtscp,rdpid,pku,fsgsbase,rdrand,\
+     pni,pclmulqdq,ssse3,sse4_1,sse4_2,f16c";
 
 /// The command line to give a Linux kernel when the user gives none.
 pub fn default_linux_cmdline(cpu: crate::CpuProfile) -> String {

@@ -9,7 +9,7 @@ use vtrace_guest::status;
 use crate::console;
 use crate::cpu::{echo, unemulated};
 use crate::devices::hypercall::{Hypercall, HypercallOutcome};
-use crate::diagnostics::{CrashReport, ExitNote, EMULATOR_HINT};
+use crate::diagnostics::{emulator_hint, CrashReport, ExitNote};
 use crate::error::{Error, Result};
 use crate::monitor::{Directive, ExitView, Monitor};
 use crate::vm::Vm;
@@ -311,8 +311,9 @@ impl Vm {
                     }
                 }
                 if suberror == KVM_INTERNAL_ERROR_EMULATION {
-                    let hint = Some(EMULATOR_HINT.to_string());
-                    return Err(Error::EmulationFailure(Box::new(self.crash_report(hint))));
+                    let mut report = self.crash_report(None);
+                    report.hint = Some(emulator_hint(report.decoded().as_ref()));
+                    return Err(Error::EmulationFailure(Box::new(report)));
                 }
                 return Err(Error::GuestFailure {
                     reason: format!("KVM stopped the guest: internal error, suberror {suberror}"),
