@@ -712,8 +712,6 @@ fn append_adds_to_the_default_command_line_and_cmdline_replaces_it() {
 /// 2 GB were read into the VMM first).
 #[test]
 fn an_initrd_past_the_kernels_limit_is_refused_before_it_is_read() {
-    use std::io::Read;
-    use std::os::unix::process::ExitStatusExt;
     if !kvm_available() {
         return;
     }
@@ -725,37 +723,23 @@ fn an_initrd_past_the_kernels_limit_is_refused_before_it_is_read() {
         .unwrap()
         .set_len(2000 << 20)
         .unwrap();
-    let mut child = vtrace()
-        .args(["run", "--no-input", "-q", "--memory", "5G", "--kernel"])
-        .arg(&kernel)
-        .arg("--initrd")
-        .arg(&initrd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    // wait4 for the child's peak resident set (std's wait gives none).
-    let mut status = 0;
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = child.id() as libc::pid_t;
-    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(waited, pid);
-    let status = std::process::ExitStatus::from_raw(status);
+    let (status, err, peak_mib) = run_measuring_memory(&[
+        "run".as_ref(),
+        "--no-input".as_ref(),
+        "-q".as_ref(),
+        "--memory".as_ref(),
+        "5G".as_ref(),
+        "--kernel".as_ref(),
+        kernel.as_os_str(),
+        "--initrd".as_ref(),
+        initrd.as_os_str(),
+    ]);
     assert_eq!(status.code(), Some(78), "{err}");
     assert!(
         err.contains("the initrd (2097152000 bytes) does not fit"),
         "{err}"
     );
     assert!(err.contains("whatever --memory is"), "{err}");
-    let peak_mib = usage.ru_maxrss / 1024;
     assert!(
         peak_mib < 1000,
         "the VMM reached {peak_mib} MiB refusing a 2000 MiB initrd"

@@ -150,6 +150,7 @@ fn main() {
         "sysenter",
         "msr-fault",
         "mmio",
+        "mmio-flood",
     ] {
         let source = tests.join(format!("{name}.S"));
         build_pvh_test_guest(&source, &tests.join("pvh.ld"), &include, &out, name);

@@ -103,19 +103,35 @@ impl RepString {
     }
 
     /// The registers after each of the `n` iterations that led from
-    /// `before` to `after`, in order (the last is `after` itself).
-    /// `None` when memory a comparison or load needs cannot be read.
+    /// `before` to `after`, one at a time (the last is `after` itself).
+    /// Lazy because `n` is the guest's: a REP STOSB to MMIO completes in
+    /// one run of millions of iterations, which are never all held.
     pub fn rebuild(
         &self,
         before: &Registers,
         after: &Registers,
         n: u64,
         segments: (u64, u64),
+    ) -> Iterations {
+        Iterations {
+            rep: *self,
+            regs: *before,
+            after: *after,
+            n,
+            done: 0,
+            segments,
+        }
+    }
+
+    /// The registers after one more iteration from `regs`; `None` when
+    /// memory a comparison or load needs cannot be read.
+    fn iterate(
+        &self,
+        mut regs: Registers,
+        segments: (u64, u64),
         memory: &mut dyn ReadLinear,
-    ) -> Option<Vec<Registers>> {
-        let mut out = Vec::with_capacity(usize::try_from(n).ok()?);
-        let mut regs = *before;
-        let down = before.rflags & RFLAGS_DF != 0;
+    ) -> Option<Registers> {
+        let down = regs.rflags & RFLAGS_DF != 0;
         let delta = u64::from(self.size);
         let advance = |v: u64| {
             if down {
@@ -125,40 +141,33 @@ impl RepString {
             }
         };
         let (src_base, dst_base) = segments;
-        for i in 1..=n {
-            if i == n {
-                out.push(*after);
-                break;
+        let si = regs.rsi & self.mask();
+        let di = regs.rdi & self.mask();
+        match self.kind {
+            Kind::Lods => {
+                let v = self.load(memory, src_base.wrapping_add(si))?;
+                regs.rax = self.merge(regs.rax, v, u32::from(self.size) * 8);
             }
-            let si = regs.rsi & self.mask();
-            let di = regs.rdi & self.mask();
-            match self.kind {
-                Kind::Lods => {
-                    let v = self.load(memory, src_base.wrapping_add(si))?;
-                    regs.rax = self.merge(regs.rax, v, u32::from(self.size) * 8);
-                }
-                Kind::Scas => {
-                    let b = self.load(memory, dst_base.wrapping_add(di))?;
-                    regs.rflags = compare_flags(regs.rflags, regs.rax, b, self.size);
-                }
-                Kind::Cmps => {
-                    let a = self.load(memory, src_base.wrapping_add(si))?;
-                    let b = self.load(memory, dst_base.wrapping_add(di))?;
-                    regs.rflags = compare_flags(regs.rflags, a, b, self.size);
-                }
-                Kind::Movs | Kind::Stos | Kind::Outs => {}
+            Kind::Scas => {
+                let b = self.load(memory, dst_base.wrapping_add(di))?;
+                regs.rflags = compare_flags(regs.rflags, regs.rax, b, self.size);
             }
-            if matches!(self.kind, Kind::Movs | Kind::Outs | Kind::Lods | Kind::Cmps) {
-                regs.rsi = self.merge(regs.rsi, advance(si), self.address_bits);
+            Kind::Cmps => {
+                let a = self.load(memory, src_base.wrapping_add(si))?;
+                let b = self.load(memory, dst_base.wrapping_add(di))?;
+                regs.rflags = compare_flags(regs.rflags, a, b, self.size);
             }
-            if matches!(self.kind, Kind::Movs | Kind::Stos | Kind::Scas | Kind::Cmps) {
-                regs.rdi = self.merge(regs.rdi, advance(di), self.address_bits);
-            }
-            let count = (regs.rcx & self.mask()).wrapping_sub(1);
-            regs.rcx = self.merge(regs.rcx, count, self.address_bits);
-            out.push(regs);
+            Kind::Movs | Kind::Stos | Kind::Outs => {}
         }
-        Some(out)
+        if matches!(self.kind, Kind::Movs | Kind::Outs | Kind::Lods | Kind::Cmps) {
+            regs.rsi = self.merge(regs.rsi, advance(si), self.address_bits);
+        }
+        if matches!(self.kind, Kind::Movs | Kind::Stos | Kind::Scas | Kind::Cmps) {
+            regs.rdi = self.merge(regs.rdi, advance(di), self.address_bits);
+        }
+        let count = (regs.rcx & self.mask()).wrapping_sub(1);
+        regs.rcx = self.merge(regs.rcx, count, self.address_bits);
+        Some(regs)
     }
 
     fn load(&self, memory: &mut dyn ReadLinear, addr: u64) -> Option<u64> {
@@ -177,6 +186,48 @@ impl RepString {
             32 => (old & !0xffff_ffff) | (value & 0xffff_ffff),
             16 => (old & !0xffff) | (value & 0xffff),
             _ => (old & !0xff) | (value & 0xff),
+        }
+    }
+}
+
+/// The iterations [`RepString::rebuild`] gives, one per call of
+/// [`Iterations::next`]; it reads guest memory as it goes, so the memory
+/// is lent to each call rather than held.
+#[derive(Clone, Debug)]
+pub struct Iterations {
+    rep: RepString,
+    /// The registers after the last iteration given.
+    regs: Registers,
+    after: Registers,
+    n: u64,
+    done: u64,
+    segments: (u64, u64),
+}
+
+/// Memory an iteration needed could not be read: the iterations from
+/// there on cannot be told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unreadable;
+
+impl Iterations {
+    /// The registers after the next iteration, `None` after the last.
+    pub fn next(&mut self, memory: &mut dyn ReadLinear) -> Option<Result<Registers, Unreadable>> {
+        if self.done >= self.n {
+            return None;
+        }
+        self.done += 1;
+        if self.done == self.n {
+            return Some(Ok(self.after));
+        }
+        match self.rep.iterate(self.regs, self.segments, memory) {
+            Some(regs) => {
+                self.regs = regs;
+                Some(Ok(regs))
+            }
+            None => {
+                self.done = self.n;
+                Some(Err(Unreadable))
+            }
         }
     }
 }
@@ -236,6 +287,22 @@ fn compare_flags(rflags: u64, a: u64, b: u64, size: u8) -> u64 {
 mod tests {
     use super::*;
 
+    /// Every iteration, or `None` where memory was unreadable.
+    fn rebuilt(
+        rep: &RepString,
+        before: &Registers,
+        after: &Registers,
+        n: u64,
+        memory: &mut dyn ReadLinear,
+    ) -> Option<Vec<Registers>> {
+        let mut each = rep.rebuild(before, after, n, (0, 0));
+        let mut out = Vec::new();
+        while let Some(r) = each.next(memory) {
+            out.push(r.ok()?);
+        }
+        Some(out)
+    }
+
     struct Bytes(Vec<u8>);
     impl ReadLinear for Bytes {
         fn read(&mut self, addr: u64, buf: &mut [u8]) -> bool {
@@ -268,9 +335,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(rep.iterations(&before, &after), 3);
-        let steps = rep
-            .rebuild(&before, &after, 3, (0, 0), &mut Bytes(vec![]))
-            .unwrap();
+        let steps = rebuilt(&rep, &before, &after, 3, &mut Bytes(vec![])).unwrap();
         let seen: Vec<(u64, u64)> = steps.iter().map(|r| (r.rcx, r.rdi)).collect();
         assert_eq!(seen, vec![(2, 0x1001), (1, 0x1002), (0, 0x1003)]);
     }
@@ -292,9 +357,7 @@ mod tests {
             rflags: 2 | RFLAGS_DF,
             ..Default::default()
         };
-        let steps = rep
-            .rebuild(&before, &after, 2, (0, 0), &mut Bytes(vec![]))
-            .unwrap();
+        let steps = rebuilt(&rep, &before, &after, 2, &mut Bytes(vec![])).unwrap();
         assert_eq!(
             (steps[0].rcx, steps[0].rsi, steps[0].rdi),
             (1, 0x2008, 0x3008)
@@ -323,12 +386,59 @@ mod tests {
             rflags: 0x93,
             ..Default::default()
         };
-        let steps = rep
-            .rebuild(&before, &after, 2, (0, 0), &mut Bytes(mem))
-            .unwrap();
+        let steps = rebuilt(&rep, &before, &after, 2, &mut Bytes(mem)).unwrap();
         assert_ne!(steps[0].rflags & (1 << 6), 0, "ZF after 'a' == 'a'");
         assert_eq!((steps[0].rcx, steps[0].rsi, steps[0].rdi), (4, 1, 9));
         assert_eq!(steps[1], after);
+    }
+
+    #[test]
+    fn iterations_come_one_at_a_time_until_memory_runs_out() {
+        // repe cmpsb over "aa" vs "aa" then memory that is not there: one
+        // iteration rebuilt, then unreadable, then nothing more.
+        let rep = RepString::decode(&[0xf3, 0xa6], 64).unwrap();
+        let before = Registers {
+            rcx: 1000,
+            rsi: 0,
+            rdi: 2,
+            rflags: 2,
+            ..Default::default()
+        };
+        let after = Registers {
+            rcx: 0,
+            rsi: 1000,
+            rdi: 1002,
+            rflags: 0x46,
+            ..Default::default()
+        };
+        let mut memory = Bytes(b"aaa".to_vec());
+        let mut each = rep.rebuild(&before, &after, 1000, (0, 0));
+        let first = each.next(&mut memory).unwrap().unwrap();
+        assert_eq!((first.rcx, first.rsi, first.rdi), (999, 1, 3));
+        assert_eq!(each.next(&mut memory), Some(Err(Unreadable)));
+        assert_eq!(each.next(&mut memory), None);
+        // A million STOSB iterations need no memory and hold none.
+        let rep = RepString::decode(&[0xf3, 0xaa], 64).unwrap();
+        let before = Registers {
+            rcx: 1_000_000,
+            rflags: 2,
+            ..Default::default()
+        };
+        let after = Registers {
+            rcx: 0,
+            rdi: 1_000_000,
+            rflags: 2,
+            ..Default::default()
+        };
+        let mut each = rep.rebuild(&before, &after, 1_000_000, (0, 0));
+        let mut count = 0u64;
+        let mut last = before;
+        while let Some(r) = each.next(&mut Bytes(vec![])) {
+            last = r.unwrap();
+            count += 1;
+            assert_eq!(last.rdi, count);
+        }
+        assert_eq!((count, last), (1_000_000, after));
     }
 
     #[test]

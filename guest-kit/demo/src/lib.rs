@@ -59,6 +59,13 @@ pub mod test_guests {
     /// `inc eax`, then a REP STOSB of 100 bytes there; exits 0.
     pub const MMIO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mmio.elf"));
 
+    /// PVH ELF: one REP STOSB of [`MMIO_FLOOD_BYTES`] bytes to MMIO;
+    /// exits 0.
+    pub const MMIO_FLOOD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mmio-flood.elf"));
+
+    /// Iterations of [`MMIO_FLOOD`]'s REP STOSB.
+    pub const MMIO_FLOOD_BYTES: u64 = 500_000;
+
     /// Exit status of [`MSR_FAULT`].
     pub const MSR_FAULT_STATUS: i32 = 13;
 

@@ -26,7 +26,7 @@ use crate::context::{cpu_mode, linear_pc};
 use crate::fault;
 use crate::flow::{DecodeCache, Decoded, Flow};
 use crate::idt::{error_code, gate, has_error_code};
-use crate::rep::{ReadLinear, RepString};
+use crate::rep::{ReadLinear, RepString, Unreadable};
 use crate::walker::Walker;
 
 mod interrupts;
@@ -463,22 +463,55 @@ impl Engine {
         } else {
             (sregs.ds.base, sregs.es.base)
         };
-        let mut memory = WalkedMemory {
-            walker: &mut self.walker,
-            cpu,
-            sregs,
-        };
-        match rep.rebuild(&self.last, regs, n, segments, &mut memory) {
-            Some(each) => {
-                for r in &each {
-                    self.emit_step(p, r, sink);
+        let mut each = rep.rebuild(&self.last, regs, n, segments);
+        loop {
+            let mut memory = WalkedMemory {
+                walker: &mut self.walker,
+                cpu,
+                sregs,
+            };
+            match each.next(&mut memory) {
+                Some(Ok(r)) => self.emit_step(p, &r, sink),
+                // The iterations so far are steps; the rest, which cannot
+                // be told apart, are the exit's registers after a gap.
+                Some(Err(Unreadable)) => {
+                    self.emit_step(p, regs, sink);
+                    self.gap(p.pc, p.pc, sink);
                 }
-            }
-            None => {
-                self.emit_step(p, regs, sink);
-                self.gap(p.pc, p.pc, sink);
+                None => break,
             }
         }
+    }
+
+    /// Every iteration of a REP string instruction that touches MMIO exits
+    /// (on every host), and the registers then show the iterations done:
+    /// those become steps now, each followed by the events of its own
+    /// exits, so an instruction of millions of iterations (`rep stosb` to
+    /// a frame buffer) holds neither its steps nor its events, and the
+    /// trace is the one a host that traps each iteration gives. The rest
+    /// are rebuilt where the instruction ends.
+    fn iterations_before_mmio(&mut self, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
+        let Some(p) = self.pending else {
+            return;
+        };
+        if !p.decoded.is_some_and(|d| d.flow == Flow::Repeat) {
+            return;
+        }
+        let regs = cpu.regs();
+        let sregs = cpu.sregs();
+        let in_its_midst = linear_pc(&sregs, regs.rip) == p.pc;
+        let rep = p
+            .bytes
+            .and_then(|b| RepString::decode(b.as_slice(), p.mode.bitness()));
+        if !in_its_midst || rep.is_none_or(|r| r.iterations(&self.last, &regs) == 0) {
+            return;
+        }
+        self.emit_repeat(&p, true, cpu, &sregs, &regs, sink);
+        for e in self.deferred.drain(..) {
+            sink.event(&e);
+        }
+        self.last = regs;
+        self.mid_rep = true;
     }
 
     /// Instructions the last exit covered: the steps it recorded (see
@@ -605,7 +638,16 @@ impl Engine {
                 };
                 // Reads and writes alike complete on the next entry, which
                 // then steps the instruction: the event follows that step.
-                self.deferred.push(event);
+                // In a REP string instruction's midst the registers show a
+                // store's iteration done, not a load's (its value is to
+                // come): the store's event goes with the steps given now.
+                if write {
+                    self.deferred.push(event);
+                    self.iterations_before_mmio(cpu, sink);
+                } else {
+                    self.iterations_before_mmio(cpu, sink);
+                    self.deferred.push(event);
+                }
                 self.completing = true;
                 self.mmio_store = write;
                 Directive::Continue
