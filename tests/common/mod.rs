@@ -55,6 +55,8 @@ pub fn run_measuring_memory(args: &[&OsStr]) -> (std::process::ExitStatus, Strin
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
+    // Reaped by wait4 below, which std's Child does not know of.
+    #[allow(clippy::zombie_processes)]
     let mut child = vtrace()
         .args(args)
         .stdin(Stdio::null())
@@ -70,6 +72,7 @@ pub fn run_measuring_memory(args: &[&OsStr]) -> (std::process::ExitStatus, Strin
     // SAFETY: rusage is plain data; the child is ours and not yet waited.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let pid = child.id() as libc::pid_t;
+    // SAFETY: the pointers are to locals that outlive the call.
     let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(waited, pid, "wait4");
     (
