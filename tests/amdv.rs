@@ -300,6 +300,7 @@ fn doctor_on_amdv_finds_trap_flag_stepping_and_no_breakpoints() {
     assert_eq!(d["kernel_stepping"]["works"], true, "{d}");
     assert_eq!(d["user_stepping"]["works"], true, "{d}");
     assert_eq!(d["trap_flag_stepping"], true, "{d}");
+    assert_eq!(d["syscall_enters_kernel"], true, "{d}");
     assert_eq!(d["breakpoints_exit"], false, "{d}");
     assert_eq!(d["emulator_lacks"], serde_json::json!([]), "{d}");
     assert_eq!(d["cpuid_leaks"], serde_json::json!([]), "{d}");

@@ -29,10 +29,12 @@ fn doctor_reports_what_this_host_lets_a_tracer_see() {
     );
     if d["kind"] == "paravirtual" {
         // What the project's machines do (measured when they were set up):
-        // kernel code emulated, user mode not intercepted, breakpoints
-        // exit, INT3 and CMPXCHG16B beyond the emulator.
+        // kernel code emulated, user mode not intercepted, SYSCALL landing
+        // at CPL 3, breakpoints exit, INT3 and CMPXCHG16B beyond the
+        // emulator.
         assert_eq!(d["kernel_code_emulated"], true, "{d}");
         assert_eq!(d["user_stepping"]["works"], false, "{d}");
+        assert_eq!(d["syscall_enters_kernel"], false, "{d}");
         assert_eq!(d["breakpoints_exit"], true, "{d}");
         let lacks = d["emulator_lacks"].as_array().unwrap();
         assert!(lacks.contains(&"int3".into()), "{d}");
@@ -40,6 +42,7 @@ fn doctor_reports_what_this_host_lets_a_tracer_see() {
     } else {
         assert_eq!(d["user_stepping"]["works"], true, "{d}");
         assert_eq!(d["trap_flag_stepping"], true, "{d}");
+        assert_eq!(d["syscall_enters_kernel"], true, "{d}");
     }
 
     let o = run(&["doctor"]);
@@ -49,6 +52,7 @@ fn doctor_reports_what_this_host_lets_a_tracer_see() {
         "kernel code (CPL 0)",
         "user code (CPL 3)",
         "--start-at, --stop-at",
+        "a Linux kernel",
     ] {
         assert!(text.contains(row), "{row}:\n{text}");
     }

@@ -146,6 +146,7 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         "the probe's OUT is an instruction KVM completes: {d}"
     );
     assert_eq!(d["user_stepping"]["works"], true, "{d}");
+    assert_eq!(d["syscall_enters_kernel"], true, "{d}");
     assert_eq!(d["breakpoints_exit"], true, "{d}");
     let verdict = d["trace_shows"][0]["verdict"].as_str().unwrap_or_default();
     assert!(verdict.starts_with("every instruction"), "{d}");

@@ -36,6 +36,9 @@ pub struct Findings {
     pub kernel_stepping: Stepping,
     /// The same at CPL 3.
     pub user_stepping: Stepping,
+    /// SYSCALL from CPL 3 entered the kernel's entry at CPL 0 (`None`:
+    /// the probe could not tell).
+    pub syscall_enters_kernel: Option<bool>,
     /// A hardware execution breakpoint made the VMM stop at it.
     pub breakpoints_exit: bool,
     /// How each probed instruction (by name) fared at CPL 0.
@@ -153,6 +156,52 @@ fn to_user() -> Vec<u8> {
     code
 }
 
+/// Kernel code that points SYSCALL at an entry of its own (STAR's kernel
+/// CS, LSTAR), then drops to CPL 3 ([`to_user`]). The entry stores the CS
+/// it runs with at SCRATCH and ends with [`done`]; user code is
+/// [`SYSCALL_USER`].
+fn syscall_setup() -> Vec<u8> {
+    const STAR: u32 = 0xc000_0081;
+    const LSTAR: u32 = 0xc000_0082;
+    // mov ecx, STAR; xor eax, eax; mov edx, KERNEL_CS; wrmsr
+    let mut code = vec![0xb9];
+    code.extend(STAR.to_le_bytes());
+    code.extend([0x31, 0xc0, 0xba]);
+    code.extend(u32::from(machine::KERNEL_CS).to_le_bytes());
+    code.extend([0x0f, 0x30]);
+    // mov ecx, LSTAR; mov eax, ENTRY; xor edx, edx; wrmsr
+    code.push(0xb9);
+    code.extend(LSTAR.to_le_bytes());
+    let entry_at = code.len() + 1;
+    code.extend([0xb8, 0, 0, 0, 0, 0x31, 0xd2, 0x0f, 0x30]);
+    code.extend(to_user());
+    let entry = (machine::KERNEL_CODE + code.len() as u64) as u32;
+    code[entry_at..entry_at + 4].copy_from_slice(&entry.to_le_bytes());
+    // mov ecx, cs; mov [SCRATCH], ecx
+    code.extend([0x8c, 0xc9, 0x89, 0x0c, 0x25]);
+    code.extend((SCRATCH as u32).to_le_bytes());
+    code.extend(done());
+    code
+}
+
+/// User code of the SYSCALL probe.
+const SYSCALL_USER: [u8; 2] = [0x0f, 0x05];
+
+/// Whether SYSCALL from CPL 3 enters the kernel at CPL 0, its entry's CS
+/// as the guest saw it; `None` where the probe did not get that far.
+fn syscall_entry(kvm: &Kvm) -> Result<Option<bool>> {
+    let mut m = Machine::new(kvm, CpuProfile::Baseline, &syscall_setup(), &SYSCALL_USER)?;
+    // Where the entry ran at CPL 3 its OUT may fault (IOPL aside), and
+    // where SYSCALL faulted nothing was stored: the selector tells.
+    let _ = m.run(100, PROBE_TIME, false);
+    let mut cs = [0u8; 2];
+    m.read(SCRATCH, &mut cs)?;
+    Ok(match u16::from_le_bytes(cs) {
+        0 => None,
+        cs => Some(cs & 3 == 0),
+    })
+}
+
 /// CPUID of each of [`CPUID_LEAVES`], stored at SCRATCH + 16 × i.
 fn cpuid_code() -> Vec<u8> {
     let mut code = Vec::new();
@@ -212,6 +261,7 @@ pub fn examine(device: &std::path::Path) -> Result<Findings> {
 
     let kernel_stepping = stepping(kvm, &counted_loop(ROUNDS), &[], 0)?;
     let user_stepping = stepping(kvm, &to_user(), &user_loop(ROUNDS), 1)?;
+    let syscall_enters_kernel = syscall_entry(kvm)?;
 
     // A breakpoint on the loop's OUT.
     let code = counted_loop(ROUNDS);
@@ -274,6 +324,7 @@ pub fn examine(device: &std::path::Path) -> Result<Findings> {
         kernel_code_rate,
         kernel_stepping,
         user_stepping,
+        syscall_enters_kernel,
         breakpoints_exit,
         instructions,
         cpuid_leaks,
@@ -314,6 +365,19 @@ mod tests {
         assert_eq!(mnemonics(&counted_loop(3)), [Mov, Dec, Jne, Mov, Out]);
         assert_eq!(mnemonics(&user_loop(3)), [Mov, Dec, Jne, Ud2]);
         assert_eq!(mnemonics(&to_user()), [Push, Push, Push, Push, Push, Iretq]);
+        let setup = syscall_setup();
+        assert_eq!(
+            mnemonics(&setup),
+            [
+                Mov, Xor, Mov, Wrmsr, Mov, Mov, Xor, Wrmsr, Push, Push, Push, Push, Push, Iretq,
+                Mov, Mov, Mov, Out
+            ]
+        );
+        // LSTAR is the entry: the code after the IRETQ.
+        let entry = u32::from_le_bytes(setup[16..20].try_into().unwrap());
+        let iretq_end = setup.windows(2).position(|w| w == [0x48, 0xcf]).unwrap() + 2;
+        assert_eq!(u64::from(entry), machine::KERNEL_CODE + iretq_end as u64);
+        assert_eq!(mnemonics(&SYSCALL_USER), [Syscall]);
         for (name, bytes) in INSTRUCTIONS {
             let m = mnemonics(bytes);
             let last = format!("{:?}", m.last().unwrap()).to_lowercase();
