@@ -374,7 +374,7 @@ mod tests {
             ]
         );
         // LSTAR is the entry: the code after the IRETQ.
-        let entry = u32::from_le_bytes(setup[16..20].try_into().unwrap());
+        let entry = u32::from_le_bytes(setup[20..24].try_into().unwrap());
         let iretq_end = setup.windows(2).position(|w| w == [0x48, 0xcf]).unwrap() + 2;
         assert_eq!(u64::from(entry), machine::KERNEL_CODE + iretq_end as u64);
         assert_eq!(mnemonics(&SYSCALL_USER), [Syscall]);
