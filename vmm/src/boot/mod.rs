@@ -11,7 +11,7 @@ mod pvh;
 mod realmode;
 
 use std::borrow::Cow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use linux_loader::loader::{load_cmdline, Cmdline};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -50,22 +50,15 @@ impl Image {
     pub fn from_file(what: &'static str, path: impl Into<PathBuf>) -> Result<Image> {
         use std::io::Read;
         let path = path.into();
-        let unreadable = |source| Error::ImageUnreadable {
-            what,
-            path: path.clone(),
-            source,
-        };
-        let meta = std::fs::metadata(&path).map_err(unreadable)?;
-        if !meta.is_file() || meta.len() > MAX_IMAGE {
-            return Err(unreadable(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("not a regular file of at most {} MiB", MAX_IMAGE >> 20),
-            )));
-        }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        std::fs::File::open(&path)
-            .and_then(|f| f.take(MAX_IMAGE).read_to_end(&mut bytes))
-            .map_err(unreadable)?;
+        let (file, len) = open_image_file(what, &path)?;
+        let mut bytes = Vec::with_capacity(len as usize);
+        file.take(MAX_IMAGE)
+            .read_to_end(&mut bytes)
+            .map_err(|source| Error::ImageUnreadable {
+                what,
+                path: path.clone(),
+                source,
+            })?;
         Ok(Image {
             name: path.display().to_string(),
             path: Some(path),
@@ -101,24 +94,29 @@ impl Initrd {
     /// that can be opened for reading.
     pub fn from_file(path: impl Into<PathBuf>) -> Result<Initrd> {
         let path = path.into();
-        let unreadable = |source| Error::ImageUnreadable {
-            what: "initrd",
-            path: path.clone(),
-            source,
-        };
-        let meta = std::fs::metadata(&path).map_err(unreadable)?;
-        if !meta.is_file() || meta.len() > MAX_IMAGE {
-            return Err(unreadable(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("not a regular file of at most {} MiB", MAX_IMAGE >> 20),
-            )));
-        }
-        std::fs::File::open(&path).map_err(unreadable)?;
-        Ok(Initrd {
-            len: meta.len(),
-            path,
-        })
+        let (_, len) = open_image_file("initrd", &path)?;
+        Ok(Initrd { len, path })
     }
+}
+
+/// Opens the image file `what` at `path`: a regular file (a device or
+/// FIFO would feed a reader without end) of at most [`MAX_IMAGE`] bytes;
+/// gives it and its length.
+fn open_image_file(what: &'static str, path: &Path) -> Result<(std::fs::File, u64)> {
+    let unreadable = |source| Error::ImageUnreadable {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    if !meta.is_file() || meta.len() > MAX_IMAGE {
+        return Err(unreadable(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file of at most {} MiB", MAX_IMAGE >> 20),
+        )));
+    }
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    Ok((file, meta.len()))
 }
 
 /// What to boot.
