@@ -131,32 +131,42 @@ fn consequences(f: &Findings) -> Vec<(&'static str, String)> {
 }
 
 /// What a Linux boot reaches here, from the findings: how fast its kernel
-/// code runs, and whether its user space can make a system call.
+/// code runs, and whether its user space can run at all.
 fn linux_verdict(f: &Findings) -> String {
     let mut verdict = if f.kernel_code_rate < EMULATED_BELOW {
-        // Measured with Debian's 6.1 cloud kernel on this project's
-        // paravirtual hosts: see the README's Hosts.
         format!(
             "boots with every kernel instruction emulated ({} instructions/s): a distribution \
-             kernel takes tens of minutes to reach its root file system (add --clock \
-             prescale:200, or timer interrupts take the time over)",
+             kernel takes tens of minutes to reach user space (add --clock prescale:200, or \
+             timer interrupts take the time over)",
             rate(f.kernel_code_rate)
         )
     } else {
         "boots at the CPU's speed".to_string()
     };
-    verdict += match f.syscall_enters_kernel {
-        Some(false) => {
-            "; its user space cannot run: SYSCALL enters the kernel at CPL 3 here, so init's \
-             first system call faults and the kernel panics (exit status 83); trace Linux \
-             user space on a host with VT-x or AMD-V"
-        }
-        Some(true) if f.user_stepping.works() => {
+    let mut stops = Vec::new();
+    if lacking(f).contains(&"fnclex") {
+        stops.push(
+            "its first return to user mode stops at FNCLEX, an x87 instruction KVM's emulator \
+             lacks (Linux's workaround for AMD's FXSAVE leak, taken on the baseline CPU; exit \
+             status 81)",
+        );
+    }
+    if f.syscall_enters_kernel == Some(false) {
+        stops.push("SYSCALL from user mode enters the kernel at CPL 3 here");
+    }
+    if !stops.is_empty() {
+        verdict += &format!(
+            "; its user space cannot run: {}; trace Linux user space on a host with VT-x or \
+             AMD-V",
+            stops.join("; and ")
+        );
+    } else if f.syscall_enters_kernel == Some(true) {
+        verdict += if f.user_stepping.works() {
             "; its user space runs and is traced, system calls followed into the kernel"
-        }
-        Some(true) => "; its user space runs, not stepped",
-        None => "",
-    };
+        } else {
+            "; its user space runs, not stepped"
+        };
+    }
     verdict
 }
 

@@ -39,6 +39,20 @@ fn doctor_reports_what_this_host_lets_a_tracer_see() {
         let lacks = d["emulator_lacks"].as_array().unwrap();
         assert!(lacks.contains(&"int3".into()), "{d}");
         assert!(lacks.contains(&"cmpxchg16b".into()), "{d}");
+        // What a stock Linux's first return to user mode runs here.
+        assert!(lacks.contains(&"fnclex".into()), "{d}");
+        let linux = d["trace_shows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["what"] == "a Linux kernel")
+            .map(|r| r["verdict"].to_string())
+            .unwrap_or_default();
+        assert!(linux.contains("its user space cannot run"), "{linux}");
+        assert!(
+            linux.contains("FNCLEX") && linux.contains("CPL 3"),
+            "{linux}"
+        );
     } else {
         assert_eq!(d["user_stepping"]["works"], true, "{d}");
         assert_eq!(d["trap_flag_stepping"], true, "{d}");

@@ -156,7 +156,8 @@ impl fmt::Display for CrashReport {
 /// What to tell a user whose guest hit an instruction the emulator lacks.
 pub const EMULATOR_HINT: &str = "on this host KVM runs kernel-mode guest code in its instruction \
 emulator, which lacks some instructions: INT n / INT3 / INTO outside real mode, CMPXCHG16B, the \
-XSAVE family, XGETBV, POPCNT, RDTSCP, RDPID, and of SSE and its successors all but a few moves. \
+XSAVE family, XGETBV, POPCNT, RDTSCP, RDPID, x87 control (FNCLEX), and of SSE and its successors \
+all but a few moves. \
 Keep the default --cpu baseline (it hides the CPUID-gated ones from the guest) and build guest \
 code without them (gcc: -mgeneral-regs-only -mno-popcnt), or run on a host with hardware \
 VT-x/AMD-V.";

@@ -113,6 +113,9 @@ pub const INSTRUCTIONS: &[(&str, &[u8])] = &[
         &[0x0f, 0x38, 0xf0, 0x04, 0x25, 0x00, 0x70, 0x00, 0x00],
     ),
     ("rdrand", &[0x0f, 0xc7, 0xf0]),
+    // Linux runs it on every return to user mode on an AMD CPU without
+    // XSAVEERPTR (its workaround for the FXSAVE leak): the baseline's case.
+    ("fnclex", &[0xdb, 0xe2]),
 ];
 
 /// CPUID leaves (leaf, subleaf) compared against the baseline table.
