@@ -102,7 +102,10 @@ if [ "$seconds" -gt 0 ]; then
         echo "scripts/test.sh: fuzzing $target for $seconds s"
         corpus="$(mktemp -d)"
         status=0
-        cargo fuzz run --sanitizer none --release "$target" "$corpus" "fuzz/seeds/$target" -- \
+        # TMPDIR: what a target writes (the boot target's initrd) goes with
+        # the corpus.
+        TMPDIR="$corpus" cargo fuzz run --sanitizer none --release "$target" "$corpus" \
+            "fuzz/seeds/$target" -- \
             -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
             >"$corpus.log" 2>&1 || status=$?
         grep -E '^stat::number_of_executed_units|panicked at|SUMMARY' "$corpus.log" || true
