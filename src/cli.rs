@@ -11,9 +11,7 @@ use crate::units::{
     parse_address, parse_capture, parse_location, parse_size, CaptureRequest, Location,
 };
 
-/// The trace disk `vtrace run` writes and `info` and `analyze` read when
-/// none is named, in the directory they run in (perf's `perf.data`).
-pub const DEFAULT_TRACE: &str = "vtrace.vtd";
+pub use vtrace_session::DEFAULT_TRACE;
 
 /// Refuses `trace` when it is the default and there is none, saying so
 /// (rather than "cannot open vtrace.vtd").

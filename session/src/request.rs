@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::location::Location;
 
-/// The trace disk a run writes unless told otherwise.
+/// The trace disk `vtrace run` writes, and `info` and `analyze` read,
+/// when none is named: in the directory they run in (perf's `perf.data`).
 pub const DEFAULT_TRACE: &str = "vtrace.vtd";
 
 /// What a run traces, and where the trace goes.

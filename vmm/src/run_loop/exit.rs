@@ -404,8 +404,11 @@ impl Vm {
     }
 
     /// Where KVM's emulator gave up on an instruction the VMM can complete
-    /// itself (see `cpu::unemulated`), does so and returns true: the guest
-    /// goes on as if the CPU had run it.
+    /// itself (see `cpu::unemulated`), does so: `Some` with the vector of
+    /// the interrupt the completion delivered through the guest's IDT, if
+    /// any (INT n, INT3); the guest goes on as if the CPU had run it.
+    /// `None` where the VMM cannot complete it (the caller reports the
+    /// emulation failure).
     pub(super) fn complete_unemulated(&mut self) -> Result<Option<Option<u8>>> {
         let (code, len) = self.machine.vcpu.code_at_rip(&self.machine.ram);
         if len == 0 {
