@@ -119,11 +119,8 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
         // Symbols given for every address space fill in for the kernel's
         // own: that none were found for it is then no news.
         let told = args.symbols.iter().any(|spec| !spec.contains('@'));
-        let said = match told {
-            true => &found.warnings[..],
-            false => &found.all_warnings().cloned().collect::<Vec<_>>()[..],
-        };
-        for w in said {
+        let not_found: &[String] = if told { &[] } else { &found.not_found };
+        for w in found.warnings.iter().chain(not_found) {
             vtrace_vmm::user_message(&format!("vtrace: warning: {w}"));
         }
     }

@@ -225,21 +225,27 @@ mod tests {
         assert_eq!(h.total(), 20);
     }
 
-    #[test]
-    fn report_decodes_the_faulting_instruction() {
+    /// A report of a 64-bit guest stopped at `rip` on `code`.
+    fn long_mode_report(rip: u64, code: &[u8]) -> CrashReport {
         let mut report = CrashReport {
             regs: Registers {
-                rip: 0x1000,
+                rip,
                 ..Default::default()
             },
             sregs: SpecialRegisters::default(),
-            code: Some(vec![0xf3, 0x0f, 0xb8, 0xc0]),
+            code: Some(code.to_vec()),
             recent_exits: vec![],
             hint: None,
         };
         report.sregs.cr0 = 1;
         report.sregs.efer = 0x500;
         report.sregs.cs.l = 1;
+        report
+    }
+
+    #[test]
+    fn report_decodes_the_faulting_instruction() {
+        let report = long_mode_report(0x1000, &[0xf3, 0x0f, 0xb8, 0xc0]);
         assert_eq!(report.bitness(), 64);
         assert_eq!(report.instruction().as_deref(), Some("popcnt eax,eax"));
         assert!(report.to_string().contains("f3 0f b8 c0"));
@@ -254,19 +260,7 @@ mod tests {
     #[test]
     fn the_hint_for_a_vector_instruction_names_its_feature_and_clearcpuid() {
         // Linux 6.1's SSSE3 BLAKE2s, where the stock kernel stopped here.
-        let mut report = CrashReport {
-            regs: Registers {
-                rip: 0xffffffff81088a2a,
-                ..Default::default()
-            },
-            sregs: SpecialRegisters::default(),
-            code: Some(vec![0x66, 0x44, 0x0f, 0x6e, 0xf9]),
-            recent_exits: vec![],
-            hint: None,
-        };
-        report.sregs.cr0 = 1;
-        report.sregs.efer = 0x500;
-        report.sregs.cs.l = 1;
+        let report = long_mode_report(0xffffffff81088a2a, &[0x66, 0x44, 0x0f, 0x6e, 0xf9]);
         let hint = emulator_hint(report.decoded().as_ref());
         assert!(
             hint.starts_with("the guest ran `movd xmm15,ecx` (SSE2), which"),

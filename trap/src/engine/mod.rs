@@ -427,9 +427,10 @@ impl Engine {
     }
 
     /// Records the iterations of the REP string instruction `p` that ran
-    /// before this exit, one step each (see [`crate::rep`]). `mid_rep`: the
-    /// last exit stopped between its iterations. Where memory a comparison needs cannot be read, the
-    /// iterations are one step and a gap says what is missing.
+    /// before this exit, one step each (see [`crate::rep`]), and gives how
+    /// many. `mid_rep`: the last exit stopped between its iterations.
+    /// Where memory a comparison needs cannot be read, the iterations from
+    /// there are one step and a gap says what is missing.
     #[allow(clippy::too_many_arguments)]
     fn emit_repeat(
         &mut self,
@@ -439,24 +440,24 @@ impl Engine {
         sregs: &SpecialRegisters,
         regs: &Registers,
         sink: &mut dyn RecordSink,
-    ) {
+    ) -> u64 {
         let rep = p
             .bytes
             .and_then(|b| RepString::decode(b.as_slice(), p.mode.bitness()));
         let Some(rep) = rep else {
             self.emit_step(p, regs, sink);
-            return;
+            return 1;
         };
         let n = rep.iterations(&self.last, regs);
         if n == 0 && mid_rep {
             // KVM's emulator stops a batch when the count reaches zero and
             // moves RIP past the instruction on the next entry, without an
             // iteration: no instruction ran.
-            return;
+            return 0;
         }
         if n <= 1 {
             self.emit_step(p, regs, sink);
-            return;
+            return 1;
         }
         let segments = if p.mode == CpuMode::Long64 {
             (0, 0)
@@ -478,7 +479,7 @@ impl Engine {
                     self.emit_step(p, regs, sink);
                     self.gap(p.pc, p.pc, sink);
                 }
-                None => break,
+                None => return n,
             }
         }
     }
@@ -500,13 +501,10 @@ impl Engine {
         let regs = cpu.regs();
         let sregs = cpu.sregs();
         let in_its_midst = linear_pc(&sregs, regs.rip) == p.pc;
-        let rep = p
-            .bytes
-            .and_then(|b| RepString::decode(b.as_slice(), p.mode.bitness()));
-        if !in_its_midst || rep.is_none_or(|r| r.iterations(&self.last, &regs) == 0) {
+        // None done since the last: nothing to give yet.
+        if !in_its_midst || self.emit_repeat(&p, true, cpu, &sregs, &regs, sink) == 0 {
             return;
         }
-        self.emit_repeat(&p, true, cpu, &sregs, &regs, sink);
         for e in self.deferred.drain(..) {
             sink.event(&e);
         }
