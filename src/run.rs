@@ -273,6 +273,13 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 r.writer.segments,
                 r.writer.stored_bytes
             ));
+            if r.engine.failed_writes > 0 {
+                user_message(&format!(
+                    "vtrace: {} writes to guest state failed (hiding or giving back the \
+                     tracer's trap flag); the guest may have seen the tracer",
+                    r.engine.failed_writes
+                ));
+            }
             if !r.captures.is_empty() {
                 user_message(&capture_summary(&r.captures));
             }

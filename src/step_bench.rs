@@ -10,7 +10,10 @@ use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::Recorder;
 use vtrace_vmm::BootSource;
 use vtrace_vmm::ClockMode;
-use vtrace_vmm::{ConsoleMode, CpuProfile, CpuView, Directive, ExitView, Monitor, Vm, VmConfig};
+use vtrace_vmm::{
+    ConsoleMode, CpuProfile, CpuView, Directive, EntryPlan, ExitAnswer, ExitView, Monitor, Vm,
+    VmConfig,
+};
 
 use anyhow::Result;
 use vtrace_trap::{TraceOptions, Tracer};
@@ -27,26 +30,25 @@ struct BareStepper {
 }
 
 impl Monitor for BareStepper {
-    fn stepping(&self) -> bool {
-        true
+    fn plan_entry(&self) -> EntryPlan {
+        EntryPlan {
+            stepping: true,
+            done: self.limit.is_some_and(|limit| self.exits >= limit),
+            ..EntryPlan::default()
+        }
     }
 
-    fn done(&self) -> bool {
-        self.limit.is_some_and(|limit| self.exits >= limit)
-    }
-
-    fn on_exit(&mut self, exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
+    fn on_exit(&mut self, exit: &ExitView, _cpu: &mut dyn CpuView) -> ExitAnswer {
         self.exits += 1;
         // Without an engine to tell a HLT that ran from one KVM reports
         // again, every HLT exit waits.
         if *exit == ExitView::Halt {
-            return Directive::Halt;
+            return ExitAnswer::new(Directive::Halt);
         }
-        if self.rearm {
-            Directive::ReArm
-        } else {
-            Directive::Continue
-        }
+        ExitAnswer::new(match self.rearm {
+            true => Directive::ReArm,
+            false => Directive::Continue,
+        })
     }
 }
 

@@ -193,7 +193,7 @@ impl Probes {
     /// Writes the semaphores asked for since the last entry.
     pub(crate) fn write_semaphores(&mut self, cpu: &mut dyn CpuView) {
         for (gpa, value) in self.writes.drain(..) {
-            if !cpu.write_physical(gpa, &value.to_le_bytes()) {
+            if cpu.write_physical(gpa, &value.to_le_bytes()).is_err() {
                 self.troubles.unwritable_semaphores += 1;
             }
         }

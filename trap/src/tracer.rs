@@ -7,7 +7,10 @@ use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::Hypercall;
 use vtrace_vmm::PeepSample;
-use vtrace_vmm::{CpuView, Directive, ExitView, Finish, Injection, Monitor};
+use vtrace_vmm::{
+    Breakpoints, CpuView, Directive, EntryPlan, ExitAnswer, ExitView, Finish, Help, Injection,
+    Monitor,
+};
 
 use crate::capture::{CaptureCount, CaptureSite, Captures};
 use crate::engine::{Engine, EngineStats, RecordSink};
@@ -199,7 +202,7 @@ pub struct Tracer {
     /// moment (see [`Tracer::on_announce`]).
     announce: Box<dyn FnMut(&str) + Send>,
     /// Armed hardware breakpoints (see [`Tracer::arm`]).
-    breakpoints: Vec<u64>,
+    breakpoints: Breakpoints,
     /// The start address waits for its breakpoint.
     start_armed: bool,
     /// Untraced, the vCPU steps over the instruction at this capture place
@@ -261,7 +264,7 @@ impl Tracer {
             marks: 0,
             ending: false,
             announce: Box::new(|line| eprintln!("{line}")),
-            breakpoints: Vec::new(),
+            breakpoints: Breakpoints::default(),
             start_armed,
             stepping_over: None,
             captures,
@@ -422,13 +425,16 @@ impl Tracer {
     /// captures' places, as many as the debug registers have room for
     /// (while tracing, every step's pc is compared with them instead).
     fn arm(&mut self) {
-        self.breakpoints.clear();
+        let mut breakpoints = Breakpoints::default();
         if let (true, Some(at)) = (self.start_armed, self.options.start_at) {
-            self.breakpoints.push(at);
+            breakpoints.push(at);
         }
+        // Past four, the rest wait (see README: the debug registers are
+        // shared): `push` refuses them.
         if self.active {
-            self.breakpoints
-                .extend(self.handlers.iter().map(|(h, _)| *h));
+            for (handler, _) in &self.handlers {
+                breakpoints.push(*handler);
+            }
         } else {
             let over = self.stepping_over;
             let places = self
@@ -437,12 +443,10 @@ impl Tracer {
                 .chain(self.probes.entries())
                 .chain(self.captures.places());
             for place in places.filter(|p| Some(*p) != over) {
-                if !self.breakpoints.contains(&place) {
-                    self.breakpoints.push(place);
-                }
+                breakpoints.push(place);
             }
         }
-        self.breakpoints.truncate(DEBUG_REGISTERS);
+        self.breakpoints = breakpoints;
     }
 
     /// Takes the captures and fires the `fn:` probes at `pc`, where the
@@ -558,50 +562,10 @@ impl Tracer {
         }
     }
 
-    fn check_limits(&mut self) {
-        if let Some(vector) = self.engine.take_exception() {
-            if self.options.autostop.contains(&vector) {
-                self.stop(TraceReason::Exception(vector));
-                return;
-            }
-        }
-        if let Some(max) = self.options.max_steps {
-            if self.recorder.steps() >= max {
-                self.stop(TraceReason::MaxSteps);
-                return;
-            }
-        }
-        if self.recorder.nearly_full() {
-            self.stop(TraceReason::DiskFull);
-        }
-    }
-}
-
-impl Monitor for Tracer {
-    fn stepping(&self) -> bool {
-        self.active || self.stepping_over.is_some()
-    }
-
-    fn done(&self) -> bool {
-        self.options.exit_after_trace && !self.active && self.stop_reason.is_some()
-    }
-
-    fn before_entry(&mut self, cpu: &mut dyn CpuView) {
-        if self.probes.writes_waiting() {
-            self.probes.write_semaphores(cpu);
-        }
-        if !self.active {
-            self.engine.release(cpu);
-        } else if !self.engine.started() {
-            self.begin(cpu);
-        }
-    }
-
-    fn breakpoints(&self) -> &[u64] {
-        &self.breakpoints
-    }
-
-    fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
+    /// Follows one exit: untraced, a breakpoint's trigger; traced, the
+    /// engine's step, then what the step may have set off (a window's end,
+    /// a limit, a capture, the stop address).
+    fn exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> Directive {
         self.engine.restore_fmask(cpu);
         if !self.active {
             // Whatever ended the step (the step itself, an I/O exit, an
@@ -660,14 +624,103 @@ impl Monitor for Tracer {
         directive
     }
 
+    fn check_limits(&mut self) {
+        if let Some(vector) = self.engine.take_exception() {
+            if self.options.autostop.contains(&vector) {
+                self.stop(TraceReason::Exception(vector));
+                return;
+            }
+        }
+        if let Some(max) = self.options.max_steps {
+            if self.recorder.steps() >= max {
+                self.stop(TraceReason::MaxSteps);
+                return;
+            }
+        }
+        if self.recorder.nearly_full() {
+            self.stop(TraceReason::DiskFull);
+        }
+    }
+}
+
+impl Tracer {
+    /// Whether the vCPU steps: while tracing, and to step over a place
+    /// whose breakpoint fired untraced.
+    fn stepping(&self) -> bool {
+        self.active || self.stepping_over.is_some()
+    }
+
+    /// The status line's tracer part (`vtrace ctl status`, `Ctrl-A s`).
+    fn status_line(&self) -> String {
+        let probes = self
+            .probes
+            .status()
+            .map(|p| format!("; {p}"))
+            .unwrap_or_default();
+        let samples = match self.samples {
+            SampleCount {
+                recorded: 0,
+                lost: 0,
+            } => String::new(),
+            SampleCount { recorded, lost: 0 } => format!("; {recorded} samples"),
+            SampleCount { recorded, lost } => {
+                format!("; {recorded} samples ({lost} lost: the disk is full)")
+            }
+        };
+        let (used, size) = self.recorder.disk_fill();
+        format!(
+            "tracing {}, {} steps recorded, disk {:.1} of {:.1} MiB{}{probes}{samples}",
+            if self.active { "on" } else { "off" },
+            self.recorder.steps(),
+            used as f64 / f64::from(1 << 20),
+            size as f64 / f64::from(1 << 20),
+            if self.recorder.wraps() {
+                " (a ring)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+impl Monitor for Tracer {
+    fn plan_entry(&self) -> EntryPlan {
+        EntryPlan {
+            stepping: self.stepping(),
+            breakpoints: self.breakpoints,
+            done: self.options.exit_after_trace && !self.active && self.stop_reason.is_some(),
+            deliver_interrupts: self.active,
+            interruptible: !(self.active && self.engine.mid_rep()),
+        }
+    }
+
+    fn before_entry(&mut self, cpu: &mut dyn CpuView) {
+        if self.probes.writes_waiting() {
+            self.probes.write_semaphores(cpu);
+        }
+        if !self.active {
+            self.engine.release(cpu);
+        } else if !self.engine.started() {
+            self.begin(cpu);
+        }
+    }
+
+    fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> ExitAnswer {
+        let directive = self.exit(exit, cpu);
+        ExitAnswer {
+            directive,
+            // For the step clock (see `ExitAnswer`).
+            instructions: match self.active {
+                true => self.engine.steps_at_exit(),
+                false => 1,
+            },
+        }
+    }
+
     fn guest_log(&mut self, text: &str) {
         if self.active {
             self.engine.defer_event(Event::Log(text.to_string()));
         }
-    }
-
-    fn deliver_interrupts(&self) -> bool {
-        self.active
     }
 
     fn exception_before_entry(&mut self) -> Option<vtrace_vmm::Exception> {
@@ -676,18 +729,6 @@ impl Monitor for Tracer {
         } else {
             None
         }
-    }
-
-    fn instructions_at_exit(&self) -> u64 {
-        if self.active {
-            self.engine.steps_at_exit()
-        } else {
-            1
-        }
-    }
-
-    fn interruptible(&self) -> bool {
-        !(self.active && self.engine.mid_rep())
     }
 
     fn on_inject(&mut self, vector: u8, _irq: u8, how: Injection, cpu: &mut dyn CpuView) {
@@ -844,36 +885,6 @@ impl Monitor for Tracer {
                     ))
                 }
             },
-            ("status", None) => {
-                let probes = self
-                    .probes
-                    .status()
-                    .map(|p| format!("; {p}"))
-                    .unwrap_or_default();
-                let samples = match self.samples {
-                    SampleCount {
-                        recorded: 0,
-                        lost: 0,
-                    } => String::new(),
-                    SampleCount { recorded, lost: 0 } => format!("; {recorded} samples"),
-                    SampleCount { recorded, lost } => {
-                        format!("; {recorded} samples ({lost} lost: the disk is full)")
-                    }
-                };
-                let (used, size) = self.recorder.disk_fill();
-                format!(
-                    "tracing {}, {} steps recorded, disk {:.1} of {:.1} MiB{}{probes}{samples}",
-                    if self.active { "on" } else { "off" },
-                    self.recorder.steps(),
-                    used as f64 / f64::from(1 << 20),
-                    size as f64 / f64::from(1 << 20),
-                    if self.recorder.wraps() {
-                        " (a ring)"
-                    } else {
-                        ""
-                    }
-                )
-            }
             ("probe", Some(action @ ("enable" | "disable"))) => {
                 let (Some(pattern), None) = (words.next(), words.next()) else {
                     return Some(format!(
@@ -896,11 +907,27 @@ impl Monitor for Tracer {
         })
     }
 
-    fn hotkey_help(&self) -> Vec<(char, &'static str)> {
-        vec![
-            ('t', "start or stop tracing"),
-            ('m', "record a mark in the trace"),
-        ]
+    fn status(&self) -> Option<String> {
+        Some(self.status_line())
+    }
+
+    fn help(&self) -> Help {
+        Help {
+            hotkeys: vec![
+                ('t', "start or stop tracing"),
+                ('m', "record a mark in the trace"),
+            ],
+            commands: vec![
+                ("start", "start tracing"),
+                ("stop", "stop tracing"),
+                ("mark [ID]", "record a mark (with ID as a guest MARK would)"),
+                (
+                    "probe enable PATTERN",
+                    "enable probes (sched:*, timer:tick, fn:*)",
+                ),
+                ("probe disable PATTERN", "disable them"),
+            ],
+        }
     }
 }
 
@@ -925,18 +952,21 @@ mod tests {
             ..TraceOptions::default()
         };
         let mut t = tracer(dir.path(), options);
-        assert!(t.breakpoints().is_empty(), "nothing before the first entry");
+        assert!(
+            t.plan_entry().breakpoints.as_slice().is_empty(),
+            "nothing before the first entry"
+        );
         t.before_entry(&mut cpu);
         // The machine's IDT has handlers for #PF only among the watched.
-        assert_eq!(t.breakpoints(), &[PF_HANDLER]);
+        assert_eq!(t.plan_entry().breakpoints.as_slice(), &[PF_HANDLER]);
         // The #PF handler's breakpoint fires: recorded, and stepping re-armed.
         cpu.regs.rip = PF_HANDLER;
         let d = t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
-        assert_eq!(d, Directive::ReArm);
+        assert_eq!(d.directive, Directive::ReArm);
         assert_eq!(t.engine.stats().exceptions, 1);
         // Stopping removes the watch.
         t.stop(TraceReason::Control);
-        assert!(t.breakpoints().is_empty());
+        assert!(t.plan_entry().breakpoints.as_slice().is_empty());
     }
 
     #[test]
@@ -953,12 +983,15 @@ mod tests {
         let idt = cpu.sregs.idt;
         cpu.sregs.idt.limit = 0;
         t.before_entry(&mut cpu);
-        assert!(t.breakpoints().is_empty(), "no IDT yet");
+        assert!(
+            t.plan_entry().breakpoints.as_slice().is_empty(),
+            "no IDT yet"
+        );
         // The step of an LIDT: the IDT is there at the next exit.
         cpu.sregs.idt = idt;
         cpu.regs.rip += 1;
         t.on_exit(&ExitView::Debug { breakpoint: false }, &mut cpu);
-        assert_eq!(t.breakpoints(), &[PF_HANDLER]);
+        assert_eq!(t.plan_entry().breakpoints.as_slice(), &[PF_HANDLER]);
     }
 
     #[test]
@@ -974,9 +1007,9 @@ mod tests {
         // The engine stands at the handler, as after a delivery by the VMM.
         cpu.regs.rip = PF_HANDLER;
         t.before_entry(&mut cpu);
-        assert_eq!(t.breakpoints(), &[PF_HANDLER]);
+        assert_eq!(t.plan_entry().breakpoints.as_slice(), &[PF_HANDLER]);
         let d = t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
-        assert_eq!(d, Directive::Continue);
+        assert_eq!(d.directive, Directive::Continue);
         assert_eq!(t.engine.stats().exceptions, 0);
     }
 
@@ -990,7 +1023,7 @@ mod tests {
         };
         let mut t = tracer(dir.path(), options);
         t.before_entry(&mut cpu);
-        assert!(t.breakpoints().is_empty());
+        assert!(t.plan_entry().breakpoints.as_slice().is_empty());
     }
 
     #[test]
@@ -1007,17 +1040,17 @@ mod tests {
         };
         let mut t = tracer(dir.path(), options);
         t.before_entry(&mut cpu);
-        assert_eq!(t.breakpoints(), &[CODE]);
+        assert_eq!(t.plan_entry().breakpoints.as_slice(), &[CODE]);
         // Another program has code at that address: it runs on, the
         // breakpoint stays.
         t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
         assert!(!t.active());
-        assert_eq!(t.breakpoints(), &[CODE]);
+        assert_eq!(t.plan_entry().breakpoints.as_slice(), &[CODE]);
         // The program itself gets there.
         name_task(&cpu, 8, "vtprog");
         t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
         assert!(t.active());
-        assert!(t.breakpoints().is_empty(), "once");
+        assert!(t.plan_entry().breakpoints.as_slice().is_empty(), "once");
     }
 
     /// The events of the trace at `dir`, in order.
@@ -1057,11 +1090,18 @@ mod tests {
         };
         let mut t = tracer(dir.path(), options);
         t.before_entry(&mut cpu);
-        assert!(t.breakpoints().is_empty(), "no breakpoint while tracing");
+        assert!(
+            t.plan_entry().breakpoints.as_slice().is_empty(),
+            "no breakpoint while tracing"
+        );
         cpu.regs.rip = CODE + 1;
         t.on_exit(&ExitView::Debug { breakpoint: false }, &mut cpu);
         t.stop(TraceReason::Control);
-        assert_eq!(t.breakpoints(), &[CODE + 1], "a breakpoint while not");
+        assert_eq!(
+            t.plan_entry().breakpoints.as_slice(),
+            &[CODE + 1],
+            "a breakpoint while not"
+        );
         let report = t.finish().unwrap();
         assert_eq!((report.captures[0].taken, report.captures[0].short), (1, 0));
         let captures: Vec<Event> = events(dir.path())
@@ -1090,12 +1130,12 @@ mod tests {
             ..TraceOptions::default()
         };
         let mut t = tracer(dir.path(), options);
-        assert_eq!(t.breakpoints(), &[CODE + 0x100, CODE]);
+        assert_eq!(t.plan_entry().breakpoints.as_slice(), &[CODE + 0x100, CODE]);
         cpu.regs.rip = CODE;
         // Not present: nothing copied, and the trace says how much was asked.
         cpu.regs.rsi = 0x7fff_0000_0000;
         let d = t.on_exit(&ExitView::Debug { breakpoint: true }, &mut cpu);
-        assert_eq!(d, Directive::Continue);
+        assert_eq!(d.directive, Directive::Continue);
         assert!(!t.active());
         let report = t.finish().unwrap();
         assert_eq!((report.captures[0].taken, report.captures[0].short), (1, 1));
@@ -1119,11 +1159,11 @@ mod tests {
                 ..TraceOptions::default()
             };
             let mut t = tracer(dir.path(), options);
-            assert!(!t.done(), "not before tracing");
+            assert!(!t.plan_entry().done, "not before tracing");
             t.start(TraceReason::Control);
-            assert!(!t.done(), "not while tracing");
+            assert!(!t.plan_entry().done, "not while tracing");
             t.stop(TraceReason::Control);
-            assert_eq!(t.done(), asked);
+            assert_eq!(t.plan_entry().done, asked);
         }
     }
 }

@@ -283,6 +283,7 @@ pub(crate) mod tests {
     use super::*;
     use std::cell::RefCell;
     use vtrace_vmm::x86::Registers;
+    use vtrace_vmm::WriteError;
 
     /// Guest memory as a flat vector, for walker and engine tests.
     pub struct FlatCpu {
@@ -327,28 +328,29 @@ pub(crate) mod tests {
                 None => false,
             }
         }
-        fn write_physical(&mut self, gpa: u64, data: &[u8]) -> bool {
+        fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {
             let mut m = self.mem.borrow_mut();
             match m.get_mut(gpa as usize..gpa as usize + data.len()) {
                 Some(dst) => {
                     dst.copy_from_slice(data);
-                    true
+                    Ok(())
                 }
-                None => false,
+                None => Err(WriteError::NotRam(gpa)),
             }
         }
-        fn write_regs(&mut self, regs: &Registers) -> bool {
+        fn write_regs(&mut self, regs: &Registers) -> Result<(), WriteError> {
             self.regs = *regs;
-            true
+            Ok(())
         }
         fn read_msr(&mut self, index: u32) -> Option<u64> {
             (index == vtrace_vmm::x86::msr::FMASK).then_some(self.fmask)
         }
-        fn write_msr(&mut self, index: u32, value: u64) -> bool {
-            if index == vtrace_vmm::x86::msr::FMASK {
-                self.fmask = value;
+        fn write_msr(&mut self, index: u32, value: u64) -> Result<(), WriteError> {
+            if index != vtrace_vmm::x86::msr::FMASK {
+                return Err(WriteError::Msr(index));
             }
-            index == vtrace_vmm::x86::msr::FMASK
+            self.fmask = value;
+            Ok(())
         }
     }
 

@@ -58,7 +58,8 @@ pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};
 // The seam to a tracer.
 pub use devices::hypercall::Hypercall;
 pub use monitor::{
-    CpuView, Directive, Exception, ExceptionKind, ExitView, Injection, Monitor, NoMonitor,
+    Breakpoints, CpuView, Directive, EntryPlan, Exception, ExceptionKind, ExitAnswer, ExitView,
+    Help, Injection, Monitor, NoMonitor, WriteError,
 };
 pub use peep::{
     PeepError, PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS,
@@ -86,6 +87,8 @@ pub mod stop_signals {
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::boot::load;
-    pub use crate::devices::hypercall::{BadAddress, GuestVirtualMemory, HypercallPort};
+    pub use crate::devices::hypercall::{
+        BadAddress, GuestVirtualMemory, HypercallOutcome, HypercallPort,
+    };
     pub use crate::memory::{create_guest_ram, GuestRam};
 }

@@ -108,7 +108,7 @@ pub enum ExceptionKind {
 }
 
 /// What the monitor asks of the VMM after an exit.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Directive {
     /// Go on as the VMM would.
     Continue,
@@ -135,6 +135,143 @@ pub enum Injection {
     },
 }
 
+/// What the monitor wants of the next entry: the state it steers, read in
+/// one question (see [`Monitor::plan_entry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryPlan {
+    /// The vCPU single-steps from the next entry on.
+    pub stepping: bool,
+    /// Where the guest must stop with a debug exit.
+    pub breakpoints: Breakpoints,
+    /// The monitor is done with the guest: the run ends
+    /// ([`crate::GuestExit::MonitorDone`]).
+    pub done: bool,
+    /// The VMM delivers interrupts through the guest's IDT itself (so
+    /// that a stepped guest enters the handler under stepping on every
+    /// host) rather than queue them with `KVM_INTERRUPT`.
+    pub deliver_interrupts: bool,
+    /// An interrupt may be delivered before the next instruction. A tracer
+    /// says no between the iterations of a REP string instruction, so that
+    /// interrupts land at the same steps on hosts that run iterations one
+    /// at a time and on hosts that batch them.
+    pub interruptible: bool,
+}
+
+impl Default for EntryPlan {
+    /// The VM without a monitor: runs freely, takes interrupts.
+    fn default() -> Self {
+        EntryPlan {
+            stepping: false,
+            breakpoints: Breakpoints::default(),
+            done: false,
+            deliver_interrupts: false,
+            interruptible: true,
+        }
+    }
+}
+
+/// Linear addresses of hardware breakpoints, as many as the debug
+/// registers hold ([`crate::x86::dr::BREAKPOINTS`]). A value, not a
+/// borrow, so a plan outlives the question that gave it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Breakpoints {
+    /// The addresses; past `len`, zero (so that equal sets compare equal).
+    addrs: [u64; crate::x86::dr::BREAKPOINTS],
+    len: u8,
+}
+
+impl Breakpoints {
+    /// Adds `addr` unless it is there already; false where the debug
+    /// registers are all taken (it is not added).
+    pub fn push(&mut self, addr: u64) -> bool {
+        if self.contains(addr) {
+            return true;
+        }
+        let Some(slot) = self.addrs.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = addr;
+        self.len += 1;
+        true
+    }
+
+    /// Whether `addr` is one of them.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.as_slice().contains(&addr)
+    }
+
+    /// The addresses, in the order they were added.
+    pub fn as_slice(&self) -> &[u64] {
+        &self.addrs[..usize::from(self.len)]
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many free debug registers are left.
+    pub fn room(&self) -> usize {
+        self.addrs.len() - usize::from(self.len)
+    }
+}
+
+/// What the monitor answers to an exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitAnswer {
+    /// What the VMM does next.
+    pub directive: Directive,
+    /// How many instructions a single-step or HLT exit covered, for the
+    /// step clock: one, except where the host ran REP iterations in a
+    /// batch, held the trap back (STI shadow) or exited once more only to
+    /// move past a finished REP. The same guest then sees the same virtual
+    /// time at the same instruction on every host.
+    pub instructions: u64,
+}
+
+impl ExitAnswer {
+    /// Go on as the VMM would; the exit covered one instruction.
+    pub const CONTINUE: ExitAnswer = ExitAnswer {
+        directive: Directive::Continue,
+        instructions: 1,
+    };
+
+    /// `directive`, the exit covering one instruction.
+    pub fn new(directive: Directive) -> ExitAnswer {
+        ExitAnswer {
+            directive,
+            instructions: 1,
+        }
+    }
+}
+
+/// What a monitor offers the user, for the console's and `vtrace ctl`'s
+/// help.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Help {
+    /// Console hotkeys, as `(key, meaning)`.
+    pub hotkeys: Vec<(char, &'static str)>,
+    /// `vtrace ctl` commands, as `(usage, meaning)`.
+    pub commands: Vec<(&'static str, &'static str)>,
+}
+
+/// A write to the vCPU or guest memory that did not happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// Some byte of the range is not guest RAM.
+    #[error("guest-physical {0:#x} is not RAM")]
+    NotRam(u64),
+    /// KVM refused to set the registers.
+    #[error("KVM did not set the registers")]
+    Registers,
+    /// KVM refused to set the model-specific register.
+    #[error("KVM did not set MSR {0:#x}")]
+    Msr(u32),
+    /// The view cannot write at all (a read-only view).
+    #[error("this view of the vCPU cannot write")]
+    ReadOnly,
+}
+
 /// Read access to the vCPU and guest memory for the monitor. The VMM
 /// implements it over KVM; tests implement it over plain data.
 pub trait CpuView {
@@ -144,17 +281,17 @@ pub trait CpuView {
     fn sregs(&mut self) -> SpecialRegisters;
     /// Reads guest-physical memory; false if any byte is not RAM.
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
-    /// Writes guest-physical memory; false if any byte is not RAM. Only
-    /// for undoing what stepping itself left in guest memory, and for
-    /// the semaphores of the guest's static probes.
-    fn write_physical(&mut self, _gpa: u64, _data: &[u8]) -> bool {
-        false
+    /// Writes guest-physical memory. Only for undoing what stepping
+    /// itself left in guest memory, and for the semaphores of the guest's
+    /// static probes.
+    fn write_physical(&mut self, _gpa: u64, _data: &[u8]) -> Result<(), WriteError> {
+        Err(WriteError::ReadOnly)
     }
-    /// Writes the general registers; false if it cannot. Only for what
-    /// stepping with the trap flag needs (carrying TF across a return to
-    /// user mode, hiding it from SYSCALL's R11).
-    fn write_regs(&mut self, _regs: &Registers) -> bool {
-        false
+    /// Writes the general registers. Only for what stepping with the trap
+    /// flag needs (carrying TF across a return to user mode, hiding it
+    /// from SYSCALL's R11).
+    fn write_regs(&mut self, _regs: &Registers) -> Result<(), WriteError> {
+        Err(WriteError::ReadOnly)
     }
     /// What a CPUID of `function`/`index` that returned `seen` (EAX, EBX,
     /// ECX, EDX) should have returned with the vCPU's table, where the
@@ -166,75 +303,27 @@ pub trait CpuView {
     fn read_msr(&mut self, _index: u32) -> Option<u64> {
         None
     }
-    /// Writes a model-specific register; false if it cannot. Only for
-    /// keeping SYSCALL from clearing the tracer's TF.
-    fn write_msr(&mut self, _index: u32, _value: u64) -> bool {
-        false
+    /// Writes a model-specific register. Only for keeping SYSCALL from
+    /// clearing the tracer's TF.
+    fn write_msr(&mut self, _index: u32, _value: u64) -> Result<(), WriteError> {
+        Err(WriteError::ReadOnly)
     }
 }
 
-/// Observer of a running VM. Every method has a default that does nothing,
-/// so [`NoMonitor`] is the VM without a tracer.
+/// Observer of a running VM, asked one question at a time. Every method
+/// has a default that does nothing, so [`NoMonitor`] is the VM without a
+/// tracer.
+///
+/// Each pass of the run loop asks [`Monitor::plan_entry`] before it
+/// delivers interrupts and again before it enters the guest, then
+/// [`Monitor::before_entry`], and tells the exit with [`Monitor::on_exit`].
+/// What the user asks of a run ([`Monitor::hotkey`], [`Monitor::control`])
+/// is the monitor's to interpret: the VMM names none of its commands.
 pub trait Monitor {
-    /// A hypercall the VMM does not serve itself (the tracing commands).
-    /// Returns the status for the guest, or `None` if not handled.
-    fn hypercall(&mut self, _call: &Hypercall) -> Option<i32> {
-        None
-    }
-
-    /// A console hotkey other than the VMM's own (`x`, `h`, `r`, `s`).
-    /// Returns a line to show the user, or `None` if it means nothing here.
-    fn hotkey(&mut self, _key: u8) -> Option<String> {
-        None
-    }
-
-    /// A `vtrace ctl` command (`start`, `stop`, `mark`, `status`...).
-    /// Returns the answer, or `None` if the monitor has no such command.
-    fn control(&mut self, _command: &str) -> Option<String> {
-        None
-    }
-
-    /// Lines for the console help (`Ctrl-A h`), as `(key, meaning)`.
-    fn hotkey_help(&self) -> Vec<(char, &'static str)> {
-        Vec::new()
-    }
-
-    /// Whether the vCPU must single-step from the next entry on. Asked
-    /// before every `KVM_RUN`; cheap.
-    fn stepping(&self) -> bool {
-        false
-    }
-
-    /// Whether the monitor is done with the guest and the run should end
-    /// ([`crate::GuestExit::MonitorDone`]). Asked before every `KVM_RUN`.
-    fn done(&self) -> bool {
-        false
-    }
-
-    /// Linear addresses where the guest must stop with a debug exit
-    /// (hardware breakpoints, at most 4). Asked before every `KVM_RUN`.
-    fn breakpoints(&self) -> &[u64] {
-        &[]
-    }
-
-    /// Called right before every `KVM_RUN` (after stepping was armed for
-    /// it): a tracer that just started notes the instruction about to run.
-    fn before_entry(&mut self, _cpu: &mut dyn CpuView) {}
-
-    /// Called after every exit, before the VMM serves it further.
-    fn on_exit(&mut self, _exit: &ExitView, _cpu: &mut dyn CpuView) -> Directive {
-        Directive::Continue
-    }
-
-    /// The guest logged `text` with the LOG hypercall (reported right after
-    /// the hypercall's exit).
-    fn guest_log(&mut self, _text: &str) {}
-
-    /// Whether the VMM should deliver interrupts through the guest's IDT
-    /// itself (so that a stepped guest enters the handler under stepping on
-    /// every host) rather than queue them with `KVM_INTERRUPT`.
-    fn deliver_interrupts(&self) -> bool {
-        false
+    /// What the monitor wants of the next entry. Cheap: asked twice a
+    /// pass, so it must be a reading of state, not a change of it.
+    fn plan_entry(&self) -> EntryPlan {
+        EntryPlan::default()
     }
 
     /// An exception the instruction about to run will raise, for the VMM
@@ -245,26 +334,28 @@ pub trait Monitor {
         None
     }
 
-    /// How many instructions the last single-step exit covered, for the
-    /// step clock: one, except where the host ran REP iterations in a
-    /// batch, held the trap back (STI shadow) or exited once more only to
-    /// move past a finished REP. The same guest then sees the same virtual
-    /// time at the same instruction on every host.
-    fn instructions_at_exit(&self) -> u64 {
-        1
-    }
+    /// Called right before every `KVM_RUN` (after stepping was armed for
+    /// it): a tracer that just started notes the instruction about to run.
+    fn before_entry(&mut self, _cpu: &mut dyn CpuView) {}
 
-    /// Whether an interrupt may be delivered before the next instruction.
-    /// A tracer says no between the iterations of a REP string
-    /// instruction, so that interrupts land at the same steps on hosts that
-    /// run iterations one at a time and on hosts that batch them.
-    fn interruptible(&self) -> bool {
-        true
+    /// Called after every exit, before the VMM serves it further.
+    fn on_exit(&mut self, _exit: &ExitView, _cpu: &mut dyn CpuView) -> ExitAnswer {
+        ExitAnswer::CONTINUE
     }
 
     /// The VMM injected external interrupt `vector` (from ISA `irq`, or
     /// `u8::MAX` for one it took back from KVM where tracing starts).
     fn on_inject(&mut self, _vector: u8, _irq: u8, _how: Injection, _cpu: &mut dyn CpuView) {}
+
+    /// A hypercall the VMM does not serve itself (the tracing commands).
+    /// Returns the status for the guest, or `None` if not handled.
+    fn hypercall(&mut self, _call: &Hypercall) -> Option<i32> {
+        None
+    }
+
+    /// The guest logged `text` with the LOG hypercall (reported right after
+    /// the hypercall's exit).
+    fn guest_log(&mut self, _text: &str) {}
 
     /// Samples the peeper took ([`crate::Vm::peep`]), in the order taken;
     /// they reach the monitor at the exit after they were taken.
@@ -274,6 +365,30 @@ pub trait Monitor {
     /// the way a guest may (triple fault, emulation failure...). Last chance
     /// to record.
     fn on_finish(&mut self, _cpu: &mut dyn CpuView, _how: crate::Finish<'_>) {}
+
+    /// A console hotkey other than the VMM's own (`x`, `h`, `r`, `s`).
+    /// Returns a line to show the user, or `None` if it means nothing here.
+    fn hotkey(&mut self, _key: u8) -> Option<String> {
+        None
+    }
+
+    /// A `vtrace ctl` command other than the VMM's own (`status`, `help`),
+    /// as the user typed it. Returns the answer, or `None` if the monitor
+    /// has no such command.
+    fn control(&mut self, _command: &str) -> Option<String> {
+        None
+    }
+
+    /// The monitor's part of the status line (`Ctrl-A s`, `vtrace ctl
+    /// status`, the progress line), or `None` if it has nothing to say.
+    fn status(&self) -> Option<String> {
+        None
+    }
+
+    /// The hotkeys and commands the monitor answers.
+    fn help(&self) -> Help {
+        Help::default()
+    }
 }
 
 /// The VM with nothing attached.
@@ -281,3 +396,33 @@ pub trait Monitor {
 pub struct NoMonitor;
 
 impl Monitor for NoMonitor {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breakpoints_hold_four_distinct_addresses_in_order() {
+        let mut b = Breakpoints::default();
+        assert!(b.is_empty());
+        for addr in [0x10, 0x20, 0x10, 0x30, 0x40] {
+            assert!(b.push(addr), "{addr:#x} fits");
+        }
+        assert_eq!(b.as_slice(), &[0x10, 0x20, 0x30, 0x40]);
+        assert_eq!(b.room(), 0);
+        assert!(!b.push(0x50), "a fifth does not");
+        assert!(b.push(0x20), "one already there still is");
+        assert_eq!(b.as_slice().len(), 4);
+    }
+
+    #[test]
+    fn equal_sets_compare_equal_however_they_were_built() {
+        let mut a = Breakpoints::default();
+        let mut b = Breakpoints::default();
+        a.push(1);
+        b.push(1);
+        b.push(1);
+        assert_eq!(a, b);
+        assert_ne!(a, Breakpoints::default());
+    }
+}

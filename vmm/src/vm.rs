@@ -88,7 +88,7 @@ pub(crate) struct StepState {
     /// KVM single-steps the vCPU.
     pub(crate) stepping: bool,
     /// The hardware breakpoints KVM has.
-    pub(crate) breakpoints: Vec<u64>,
+    pub(crate) breakpoints: crate::monitor::Breakpoints,
     /// An I/O or MMIO read completes on the next entry.
     pub(crate) io_pending: bool,
     /// The step of an OUT that completes on the next entry was counted at

@@ -89,6 +89,10 @@ pub struct EngineStats {
     pub folded_before_interrupt: u64,
     /// Steps rebuilt after STI, MOV SS or POP SS (the trap held back).
     pub folded_after_shadow: u64,
+    /// Writes to guest state that KVM refused (hiding or giving back the
+    /// tracer's TF, correcting a CPUID result): the guest may see the
+    /// tracer there.
+    pub failed_writes: u64,
 }
 
 /// See the module documentation.
@@ -749,7 +753,8 @@ impl Engine {
                         // SYSCALL saved the tracer's TF into R11.
                         let mut own = regs;
                         own.r11 &= !RFLAGS_TF;
-                        cpu.write_regs(&own);
+                        let written = cpu.write_regs(&own);
+                        self.wrote(written);
                         self.emit_step(&p, &own, sink);
                     } else if d.cpuid && self.correct_cpuid(cpu, &mut regs) {
                         self.emit_step(&p, &regs, sink);
@@ -757,7 +762,8 @@ impl Engine {
                         // SYSRET ran with the TF the engine put into R11:
                         // the guest gets its own R11 back.
                         regs.r11 &= !RFLAGS_TF;
-                        cpu.write_regs(&regs);
+                        let written = cpu.write_regs(&regs);
+                        self.wrote(written);
                         self.emit_step(&p, &regs, sink);
                     } else {
                         self.emit_step(&p, &regs, sink);
@@ -876,7 +882,21 @@ impl Engine {
         regs.rbx = u64::from(given[1]);
         regs.rcx = u64::from(given[2]);
         regs.rdx = u64::from(given[3]);
-        cpu.write_regs(regs)
+        let written = cpu.write_regs(regs);
+        self.wrote(written);
+        true
+    }
+
+    /// Counts a write to guest state that failed, and says the first.
+    fn wrote(&mut self, result: Result<(), vtrace_vmm::WriteError>) -> bool {
+        let Err(e) = result else {
+            return true;
+        };
+        if self.stats.failed_writes == 0 {
+            tracing::warn!("a write to guest state failed ({e}); the guest may see the tracer");
+        }
+        self.stats.failed_writes += 1;
+        false
     }
 }
 

@@ -15,7 +15,8 @@ impl Engine {
     /// without TF in it is behind: at every exit.
     pub fn restore_fmask(&mut self, cpu: &mut dyn CpuView) {
         if let Some(mask) = self.carried.fmask.take() {
-            cpu.write_msr(MSR_FMASK, mask);
+            let written = cpu.write_msr(MSR_FMASK, mask);
+            self.wrote(written);
         }
     }
 
@@ -27,12 +28,14 @@ impl Engine {
         if std::mem::take(&mut self.carried.r11) {
             let mut r = cpu.regs();
             r.r11 &= !RFLAGS_TF;
-            cpu.write_regs(&r);
+            let written = cpu.write_regs(&r);
+            self.wrote(written);
         }
         if let Some(gpa) = self.carried.frame.take() {
             let mut b = [0u8; 1];
             if cpu.read_physical(gpa, &mut b) {
-                cpu.write_physical(gpa, &[b[0] & !1]);
+                let written = cpu.write_physical(gpa, &[b[0] & !1]);
+                self.wrote(written);
             }
         }
     }
@@ -59,7 +62,8 @@ impl Engine {
         let mut byte = [0u8; 1];
         if cpu.read_physical(gpa, &mut byte) && byte[0] & TF != 0 {
             byte[0] &= !TF;
-            cpu.write_physical(gpa, &byte);
+            let written = cpu.write_physical(gpa, &byte);
+            self.wrote(written);
         }
     }
 
@@ -94,15 +98,19 @@ impl Engine {
             // loses the tracer's TF at that exit.
             Mnemonic::Syscall if p.cpl == 3 => {
                 if let Some(mask) = cpu.read_msr(MSR_FMASK) {
-                    if mask & RFLAGS_TF != 0 && cpu.write_msr(MSR_FMASK, mask & !RFLAGS_TF) {
-                        self.carried.fmask = Some(mask);
+                    if mask & RFLAGS_TF != 0 {
+                        let written = cpu.write_msr(MSR_FMASK, mask & !RFLAGS_TF);
+                        if self.wrote(written) {
+                            self.carried.fmask = Some(mask);
+                        }
                     }
                 }
             }
             Mnemonic::Sysretq | Mnemonic::Sysret if regs.r11 & RFLAGS_TF == 0 => {
                 let mut r = *regs;
                 r.r11 |= RFLAGS_TF;
-                self.carried.r11 = cpu.write_regs(&r);
+                let written = cpu.write_regs(&r);
+                self.carried.r11 = self.wrote(written);
             }
             Mnemonic::Iretq => {
                 // The popped RFLAGS' second byte holds TF (bit 8).
@@ -115,11 +123,11 @@ impl Engine {
                     && cs[0] & 3 == 3;
                 if let (true, Some(gpa)) = (to_user, self.walker.translate(cpu, sregs, at)) {
                     let mut b = [0u8; 1];
-                    if cpu.read_physical(gpa, &mut b)
-                        && b[0] & 1 == 0
-                        && cpu.write_physical(gpa, &[b[0] | 1])
-                    {
-                        self.carried.frame = Some(gpa);
+                    if cpu.read_physical(gpa, &mut b) && b[0] & 1 == 0 {
+                        let written = cpu.write_physical(gpa, &[b[0] | 1]);
+                        if self.wrote(written) {
+                            self.carried.frame = Some(gpa);
+                        }
                     }
                 }
             }

@@ -1,15 +1,13 @@
 //! The vtrace hypercall port (ABI in `vtrace-guest`): EXIT, LOG and MARK are
-//! served here; tracing commands are handed to the [`Monitor`].
+//! served here; the others are handed back to the run loop, which asks the
+//! monitor (the tracing commands) and then [`HypercallPort::unanswered`].
 //!
 //! Every pointer and length the guest passes is checked: a bad one is an
 //! error code for the guest and a line in the host log, never a VMM failure.
 
-use std::collections::BTreeMap;
-
 use vtrace_guest::{cmd, status, ABI_VERSION, LOG_MAX_LEN, VERSION_MAGIC};
 
 use crate::guest_text::GuestLines;
-use crate::monitor::Monitor;
 
 /// A hypercall as the guest issued it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,32 +36,23 @@ pub struct BadAddress(pub u64);
 /// What the run loop must do after a hypercall.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HypercallOutcome {
-    /// Return this status to the guest in EAX.
-    Reply(i32),
+    /// Return `status` to the guest in EAX.
+    Reply {
+        /// The status.
+        status: i32,
+        /// The text the guest logged (LOG), for the monitor.
+        log: Option<String>,
+    },
     /// The guest asked to end the VM with this status.
     Exit(u8),
+    /// Not the port's: ask the monitor, then
+    /// [`HypercallPort::unanswered`].
+    ForMonitor,
 }
-
-/// Counters for one mark identifier.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MarkStats {
-    pub count: u64,
-    pub last_value: u64,
-}
-
-/// Distinct MARK ids counted: beyond this, a guest could grow the VMM
-/// without bound (the trace records every MARK regardless).
-pub const MAX_MARK_IDS: usize = 4096;
 
 /// State of the hypercall port.
 #[derive(Debug, Default)]
 pub struct HypercallPort {
-    marks: BTreeMap<u64, MarkStats>,
-    /// MARK calls with a new id after [`MAX_MARK_IDS`] were counted.
-    marks_uncounted: u64,
-    logs: u64,
-    rejected: u64,
-    last_log: Option<String>,
     lines: GuestLines,
 }
 
@@ -80,60 +69,62 @@ impl HypercallPort {
         &mut self,
         call: Hypercall,
         mem: &dyn GuestVirtualMemory,
-        monitor: &mut dyn Monitor,
         log: &mut dyn FnMut(&str),
     ) -> HypercallOutcome {
         let [a0, a1, ..] = call.args;
-        let reply = match call.command {
-            cmd::VERSION => (VERSION_MAGIC | ABI_VERSION) as i32,
-            cmd::EXIT => return HypercallOutcome::Exit(a0 as u8),
+        let reply = |status| HypercallOutcome::Reply { status, log: None };
+        match call.command {
+            cmd::VERSION => reply((VERSION_MAGIC | ABI_VERSION) as i32),
+            cmd::EXIT => HypercallOutcome::Exit(a0 as u8),
             cmd::LOG => match self.read_log(a0, a1, mem) {
                 Ok(text) => {
-                    self.logs += 1;
                     self.say(&text, log);
-                    self.last_log = Some(text);
-                    status::OK
+                    HypercallOutcome::Reply {
+                        status: status::OK,
+                        log: Some(text),
+                    }
                 }
                 Err(code) => {
-                    self.rejected += 1;
                     let why = format!(
                         "LOG rejected ({}): address {a0:#x}, length {a1}",
                         describe(code)
                     );
                     self.say(&why, log);
-                    code
+                    reply(code)
                 }
             },
-            cmd::MARK => {
-                if self.marks.len() < MAX_MARK_IDS || self.marks.contains_key(&a0) {
-                    let m = self.marks.entry(a0).or_default();
-                    m.count += 1;
-                    m.last_value = a1;
-                } else {
-                    self.marks_uncounted += 1;
-                }
-                status::OK
+            // The monitor records it (the exit tells it every call).
+            cmd::MARK => reply(status::OK),
+            _ => HypercallOutcome::ForMonitor,
+        }
+    }
+
+    /// The status for a call handed to the monitor, which answered
+    /// `answer`: a tracing command without a tracer is unavailable; a
+    /// command nobody knows is rejected, and said.
+    pub fn unanswered(
+        &mut self,
+        call: Hypercall,
+        answer: Option<i32>,
+        log: &mut dyn FnMut(&str),
+    ) -> i32 {
+        match answer {
+            Some(status) => status,
+            None if matches!(
+                call.command,
+                cmd::TRACE_START | cmd::TRACE_STOP | cmd::TRACE_REGION | cmd::PROBE
+            ) =>
+            {
+                status::UNAVAILABLE
             }
-            other => match monitor.hypercall(&call) {
-                Some(code) => code,
-                None if matches!(
-                    other,
-                    cmd::TRACE_START | cmd::TRACE_STOP | cmd::TRACE_REGION | cmd::PROBE
-                ) =>
-                {
-                    status::UNAVAILABLE
-                }
-                None => {
-                    self.rejected += 1;
-                    self.say(
-                        &format!("hypercall {other:#x} is not a vtrace command"),
-                        log,
-                    );
-                    status::UNKNOWN_COMMAND
-                }
-            },
-        };
-        HypercallOutcome::Reply(reply)
+            None => {
+                self.say(
+                    &format!("hypercall {:#x} is not a vtrace command", call.command),
+                    log,
+                );
+                status::UNKNOWN_COMMAND
+            }
+        }
     }
 
     fn say(&mut self, text: &str, log: &mut dyn FnMut(&str)) {
@@ -147,11 +138,6 @@ impl HypercallPort {
         self.lines.dropped()
     }
 
-    /// MARK calls not counted by id (more than [`MAX_MARK_IDS`] ids).
-    pub fn marks_uncounted(&self) -> u64 {
-        self.marks_uncounted
-    }
-
     fn read_log(&self, gva: u64, len: u64, mem: &dyn GuestVirtualMemory) -> Result<String, i32> {
         if len == 0 || len > u64::from(LOG_MAX_LEN) {
             return Err(status::BAD_LENGTH);
@@ -160,21 +146,6 @@ impl HypercallPort {
         mem.read_virtual(gva, &mut buf)
             .map_err(|_| status::BAD_ADDRESS)?;
         Ok(String::from_utf8_lossy(&buf).trim_end().to_string())
-    }
-
-    /// Marks seen so far, by identifier.
-    pub fn marks(&self) -> &BTreeMap<u64, MarkStats> {
-        &self.marks
-    }
-
-    /// The text of the LOG call just served, once.
-    pub fn take_log(&mut self) -> Option<String> {
-        self.last_log.take()
-    }
-
-    /// Calls rejected for bad arguments or unknown commands.
-    pub fn rejected(&self) -> u64 {
-        self.rejected
     }
 }
 
@@ -189,7 +160,6 @@ fn describe(code: i32) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::NoMonitor;
 
     /// Guest memory with one mapped page at 0x1000.
     struct OnePage(Vec<u8>);
@@ -214,24 +184,52 @@ mod tests {
         let mut page = vec![0u8; 4096];
         page[..5].copy_from_slice(b"hello");
         let mut lines = Vec::new();
-        let out = port.handle(
-            Hypercall {
-                command,
-                args: [a0, a1, 0, 0],
-                ..Hypercall::default()
+        let hypercall = Hypercall {
+            command,
+            args: [a0, a1, 0, 0],
+            ..Hypercall::default()
+        };
+        let mut log = |l: &str| lines.push(l.to_string());
+        let out = match port.handle(hypercall, &OnePage(page), &mut log) {
+            // What the run loop does without a monitor.
+            HypercallOutcome::ForMonitor => HypercallOutcome::Reply {
+                status: port.unanswered(hypercall, None, &mut log),
+                log: None,
             },
-            &OnePage(page),
-            &mut NoMonitor,
-            &mut |l| lines.push(l.to_string()),
-        );
+            out => out,
+        };
         (out, lines)
+    }
+
+    fn reply(status: i32) -> HypercallOutcome {
+        HypercallOutcome::Reply { status, log: None }
+    }
+
+    #[test]
+    fn a_monitor_answers_what_the_port_hands_it() {
+        let mut port = HypercallPort::new();
+        let call = Hypercall {
+            command: cmd::TRACE_START,
+            ..Hypercall::default()
+        };
+        assert_eq!(
+            port.handle(call, &OnePage(vec![0; 4096]), &mut |_| {}),
+            HypercallOutcome::ForMonitor
+        );
+        assert_eq!(port.unanswered(call, Some(-7), &mut |_| {}), -7);
     }
 
     #[test]
     fn log_reads_guest_text() {
         let mut port = HypercallPort::new();
         let (out, lines) = call(&mut port, cmd::LOG, 0x1000, 5);
-        assert_eq!(out, HypercallOutcome::Reply(status::OK));
+        assert_eq!(
+            out,
+            HypercallOutcome::Reply {
+                status: status::OK,
+                log: Some("hello".into())
+            }
+        );
         assert_eq!(lines, vec!["vtrace: guest: hello"]);
     }
 
@@ -240,33 +238,20 @@ mod tests {
         let mut port = HypercallPort::new();
         assert_eq!(
             call(&mut port, cmd::LOG, 0x1ffe, 5).0,
-            HypercallOutcome::Reply(status::BAD_ADDRESS)
+            reply(status::BAD_ADDRESS)
         );
         assert_eq!(
             call(&mut port, cmd::LOG, u64::MAX, 5).0,
-            HypercallOutcome::Reply(status::BAD_ADDRESS)
+            reply(status::BAD_ADDRESS)
         );
         assert_eq!(
             call(&mut port, cmd::LOG, 0x1000, 0).0,
-            HypercallOutcome::Reply(status::BAD_LENGTH)
+            reply(status::BAD_LENGTH)
         );
         assert_eq!(
             call(&mut port, cmd::LOG, 0x1000, 1 << 40).0,
-            HypercallOutcome::Reply(status::BAD_LENGTH)
+            reply(status::BAD_LENGTH)
         );
-        assert_eq!(port.rejected(), 4);
-    }
-
-    #[test]
-    fn mark_ids_are_counted_up_to_a_bound() {
-        let mut port = HypercallPort::new();
-        for id in 0..(MAX_MARK_IDS as u64 + 1000) {
-            call(&mut port, cmd::MARK, id, 1);
-        }
-        call(&mut port, cmd::MARK, 5, 2);
-        assert_eq!(port.marks().len(), MAX_MARK_IDS);
-        assert_eq!(port.marks_uncounted(), 1000);
-        assert_eq!(port.marks()[&5].count, 2, "known ids still count");
     }
 
     #[test]
@@ -276,26 +261,18 @@ mod tests {
             call(&mut port, cmd::EXIT, 0x1_07, 0).0,
             HypercallOutcome::Exit(7)
         );
-        call(&mut port, cmd::MARK, 9, 1);
-        call(&mut port, cmd::MARK, 9, 2);
-        assert_eq!(
-            port.marks()[&9],
-            MarkStats {
-                count: 2,
-                last_value: 2
-            }
-        );
+        assert_eq!(call(&mut port, cmd::MARK, 9, 1).0, reply(status::OK));
         assert_eq!(
             call(&mut port, cmd::VERSION, 0, 0).0,
-            HypercallOutcome::Reply((VERSION_MAGIC | ABI_VERSION) as i32)
+            reply((VERSION_MAGIC | ABI_VERSION) as i32)
         );
         assert_eq!(
             call(&mut port, cmd::TRACE_START, 1, 0).0,
-            HypercallOutcome::Reply(status::UNAVAILABLE)
+            reply(status::UNAVAILABLE)
         );
         assert_eq!(
             call(&mut port, 0x777, 0, 0).0,
-            HypercallOutcome::Reply(status::UNKNOWN_COMMAND)
+            reply(status::UNKNOWN_COMMAND)
         );
     }
 }

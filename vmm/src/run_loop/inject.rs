@@ -4,50 +4,61 @@
 
 use crate::cpu::soft_int;
 use crate::error::Result;
-use crate::monitor::{Exception, ExceptionKind, ExitView, Injection, Monitor};
+use crate::monitor::{Exception, ExceptionKind, ExitView, Injection};
 use crate::vm::Vm;
 
-impl Vm {
+use super::decide::{self, InjectionState};
+use super::Run;
+
+impl Run<'_> {
     /// Delivers the PIC's pending interrupt if the guest can take it now,
-    /// else asks KVM to exit as soon as it can.
-    pub(super) fn inject(&mut self, irqs: &mut [u64; 16], monitor: &mut dyn Monitor) -> Result<()> {
-        let pending = self.machine.devices.pic.pending_vector().is_some();
-        if pending && self.step.stepping && !monitor.interruptible() {
-            // Stepping exits after every instruction anyway.
-            return Ok(());
+    /// else asks KVM to exit as soon as it can (see [`decide::injection`]).
+    pub(super) fn inject(&mut self) -> Result<()> {
+        let run = self.vm.machine.vcpu.run_page();
+        let window_open = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        let state = InjectionState {
+            pending: self.vm.machine.devices.pic.pending_vector().is_some(),
+            stepping: self.vm.step.stepping,
+            io_pending: self.vm.step.io_pending,
+            window_open,
+            plan: self.plan(),
+        };
+        let how = decide::injection(state);
+        let run = self.vm.machine.vcpu.run_page();
+        match how {
+            decide::Injection::Hold => return Ok(()),
+            decide::Injection::RequestWindow => {
+                run.request_interrupt_window = 1;
+                return Ok(());
+            }
+            _ => run.request_interrupt_window = 0,
         }
-        let run = self.machine.vcpu.run_page();
-        if !pending {
-            run.request_interrupt_window = 0;
-            return Ok(());
-        }
-        if run.ready_for_interrupt_injection != 0 && run.if_flag != 0 {
-            run.request_interrupt_window = 0;
-            // An IN or MMIO read completes on the next entry; moving RIP
-            // under it would break the completion. Deliver one exit later.
-            // Whether the next entry steps, not whether the last one did:
-            // an interrupt queued where tracing starts would be delivered by
-            // the CPU with the tracer's TF in the frame it pushes, for the
-            // guest to find after tracing stops.
-            if monitor.deliver_interrupts() && monitor.stepping() && !self.step.io_pending {
-                if let Some(handler) = self.deliver_through_idt()? {
-                    if let Some((vector, irq)) = self.machine.devices.pic.acknowledge() {
-                        irqs[usize::from(irq)] += 1;
+        match how {
+            decide::Injection::ThroughIdt => {
+                if let Some(handler) = self.vm.deliver_through_idt()? {
+                    if let Some((vector, irq)) = self.vm.machine.devices.pic.acknowledge() {
+                        self.irqs[usize::from(irq)] += 1;
                         let how = Injection::Delivered { handler };
-                        monitor.on_inject(vector, irq, how, &mut self.cpu_view());
+                        self.monitor
+                            .on_inject(vector, irq, how, &mut self.vm.cpu_view());
                     }
                     return Ok(());
                 }
-            } else if monitor.deliver_interrupts() && self.step.io_pending {
-                return Ok(());
+                // Not modelled by the VMM: KVM delivers it.
+                self.queue()
             }
-            if let Some((vector, irq)) = self.machine.devices.pic.acknowledge() {
-                self.machine.vcpu.interrupt(vector)?;
-                irqs[usize::from(irq)] += 1;
-                monitor.on_inject(vector, irq, Injection::Queued, &mut self.cpu_view());
-            }
-        } else {
-            run.request_interrupt_window = 1;
+            decide::Injection::Queue => self.queue(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues the PIC's interrupt with `KVM_INTERRUPT`.
+    fn queue(&mut self) -> Result<()> {
+        if let Some((vector, irq)) = self.vm.machine.devices.pic.acknowledge() {
+            self.vm.machine.vcpu.interrupt(vector)?;
+            self.irqs[usize::from(irq)] += 1;
+            self.monitor
+                .on_inject(vector, irq, Injection::Queued, &mut self.vm.cpu_view());
         }
         Ok(())
     }
@@ -57,29 +68,59 @@ impl Vm {
     /// such as the `vtrace ctl start` that turns tracing on, cut the last
     /// `KVM_RUN` short). The CPU would deliver it with the tracer's TF in the
     /// frame it pushes and run the handler unstepped, so the VMM takes it
-    /// back and delivers it through the IDT itself.
-    pub(super) fn reclaim_queued_interrupt(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
-        let Some(vector) = self.machine.vcpu.take_queued_interrupt()? else {
-            return Ok(());
+    /// back and delivers it through the IDT itself. True where the monitor
+    /// was told.
+    pub(super) fn reclaim_queued_interrupt(&mut self) -> Result<bool> {
+        let Some(vector) = self.vm.machine.vcpu.take_queued_interrupt()? else {
+            return Ok(false);
         };
-        match self.deliver_vector(vector)? {
-            Some(handler) => monitor.on_inject(
+        match self.vm.deliver_vector(vector)? {
+            Some(handler) => self.monitor.on_inject(
                 vector,
                 // Counted by its IRQ line when it was queued.
                 u8::MAX,
                 Injection::Delivered { handler },
-                &mut self.cpu_view(),
+                &mut self.vm.cpu_view(),
             ),
-            None => self.machine.vcpu.interrupt(vector)?,
+            None => {
+                self.vm.machine.vcpu.interrupt(vector)?;
+                return Ok(false);
+            }
         }
-        Ok(())
+        Ok(true)
     }
 
+    /// Delivers an exception the monitor foresaw, through the guest's IDT,
+    /// and tells the monitor. Where the VMM does not model the delivery
+    /// (see `soft_int`), the instruction runs and the CPU delivers it.
+    pub(super) fn deliver_exception(&mut self, e: Exception) -> Result<()> {
+        if !self.vm.deliver_exception(e)? {
+            return Ok(());
+        }
+        let view = match e.kind {
+            ExceptionKind::Fault => ExitView::FaultDelivered {
+                vector: e.vector,
+                error_code: e.error_code,
+            },
+            ExceptionKind::SoftwareInterrupt => {
+                // The instruction completed.
+                self.vm.machine.clock.step();
+                ExitView::CompletedByVmm {
+                    vector: Some(e.vector),
+                }
+            }
+        };
+        self.tell(view);
+        Ok(())
+    }
+}
+
+impl Vm {
     /// Delivers the PIC's pending vector through the guest IDT in the VMM.
     /// Returns the handler address, or None where the VMM does not model
     /// the delivery (not 64-bit mode at CPL 0 or 3, a bad gate): the caller
     /// then queues the interrupt with KVM instead.
-    pub(super) fn deliver_through_idt(&mut self) -> Result<Option<u64>> {
+    fn deliver_through_idt(&mut self) -> Result<Option<u64>> {
         let Some(vector) = self.machine.devices.pic.pending_vector() else {
             return Ok(None);
         };
@@ -87,7 +128,7 @@ impl Vm {
     }
 
     /// Delivers `vector` through the guest IDT (see `deliver_through_idt`).
-    pub(super) fn deliver_vector(&mut self, vector: u8) -> Result<Option<u64>> {
+    fn deliver_vector(&mut self, vector: u8) -> Result<Option<u64>> {
         let mut regs = self.machine.vcpu.regs();
         let mut sregs = self.machine.vcpu.sregs();
         let return_rip = regs.rip;
@@ -104,14 +145,9 @@ impl Vm {
         Ok(Some(regs.rip))
     }
 
-    /// Delivers an exception the monitor foresaw, through the guest's IDT,
-    /// and tells the monitor. Where the VMM does not model the delivery
-    /// (see `soft_int`), the instruction runs and the CPU delivers it.
-    pub(super) fn deliver_exception(
-        &mut self,
-        e: Exception,
-        monitor: &mut dyn Monitor,
-    ) -> Result<()> {
+    /// Delivers exception `e` through the guest's IDT; false where the
+    /// VMM does not model the delivery (see `soft_int`).
+    fn deliver_exception(&mut self, e: Exception) -> Result<bool> {
         let mut regs = self.machine.vcpu.regs();
         let mut sregs = self.machine.vcpu.sregs();
         if let Some(cr2) = e.cr2 {
@@ -128,24 +164,10 @@ impl Vm {
         );
         if let Err(why) = delivered {
             tracing::debug!("vector {} not delivered by the VMM: {why}", e.vector);
-            return Ok(());
+            return Ok(false);
         }
         self.machine.vcpu.set_sregs(&sregs)?;
         self.machine.vcpu.set_regs(&regs)?;
-        let view = match e.kind {
-            ExceptionKind::Fault => ExitView::FaultDelivered {
-                vector: e.vector,
-                error_code: e.error_code,
-            },
-            ExceptionKind::SoftwareInterrupt => {
-                // The instruction completed.
-                self.machine.clock.step();
-                ExitView::CompletedByVmm {
-                    vector: Some(e.vector),
-                }
-            }
-        };
-        self.tell(monitor, view);
-        Ok(())
+        Ok(true)
     }
 }

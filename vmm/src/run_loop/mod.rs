@@ -1,34 +1,35 @@
 //! The run loop: enter the guest, serve each exit, deliver interrupts.
 //!
-//! One room a job: `exit` enters the guest and serves what it exits for
-//! (passing over the single-step exits KVM on VT-x reports twice),
-//! `inject` delivers interrupts and foreseen exceptions, `halt` waits while
-//! the guest idles, `requests` answers the console's hotkeys and `vtrace
-//! ctl`. This file holds the loop itself and what the rooms share.
+//! A run is one [`Run`]: the VM, the monitor steering it, the channel that
+//! wakes the loop and the kicker that cuts `KVM_RUN` short. One room a job:
+//! `enter` runs the vCPU to its next exit (passing over the single-step
+//! exits KVM on VT-x reports twice), `exit` has one handler per exit kind,
+//! `decide` the pure decisions they act on, `inject` delivers interrupts
+//! and foreseen exceptions, `halt` waits while the guest idles, `failure`
+//! reports what stopped the guest, `requests` answers the console's
+//! hotkeys and `vtrace ctl`, and `cpu_view` is the monitor's view of the
+//! vCPU. This file holds the loop itself and what the rooms share.
 
+mod cpu_view;
+mod decide;
+mod enter;
 mod exit;
+mod failure;
 mod halt;
 mod inject;
 mod requests;
 
-use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use crate::console::ConsoleInput;
-use crate::devices::hypercall::MarkStats;
 use crate::error::Result;
 use crate::frontends::waker;
 use crate::kick::Kicker;
-use crate::memory::{GuestRam, LowRam};
-use crate::monitor::{CpuView, Directive, ExitView, Monitor};
+use crate::monitor::{Breakpoints, EntryPlan, ExitAnswer, ExitView, Monitor};
 use crate::peep::{PeepMessage, PeepReport};
 use crate::signals;
-use crate::vcpu::Vcpu;
 use crate::vm::Vm;
-use crate::x86::{Registers, SpecialRegisters};
-
-use exit::Exit;
 
 /// How a run ended, when it ended the way a guest may end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,11 +89,6 @@ pub struct RunOutcome {
     pub irqs: [u64; 16],
     /// VM exits served.
     pub exits: u64,
-    /// MARK hypercalls, by identifier (only so many distinct ids are
-    /// counted: a guest cannot grow the VMM with them).
-    pub marks: BTreeMap<u64, MarkStats>,
-    /// MARK calls with ids past that bound.
-    pub marks_uncounted: u64,
     /// Guest lines (LOG, rejected calls) not printed: over the rate limit.
     pub guest_lines_not_shown: u64,
     /// Instructions (INT3, INT n, FWAIT, LDMXCSR...) the VMM completed because KVM's
@@ -115,6 +111,17 @@ pub(super) enum Next {
     Stop(GuestExit),
 }
 
+/// One run of the VM: what every handler of the loop needs, in one place.
+pub(super) struct Run<'a> {
+    vm: &'a mut Vm,
+    monitor: &'a mut dyn Monitor,
+    /// What wakes the loop between exits or from a halt.
+    wakes: &'a Receiver<Wake>,
+    kicker: &'a Kicker,
+    /// Interrupts injected, by ISA IRQ line.
+    irqs: [u64; 16],
+}
+
 impl Vm {
     /// Runs the guest until it exits, resets, is quit by the user, or fails.
     pub fn run(&mut self, monitor: &mut dyn Monitor) -> Result<RunOutcome> {
@@ -127,10 +134,17 @@ impl Vm {
             .start(&tx, &kicker, &self.machine.ram, clock)?;
         signals::catch_stop_signals()?;
         signals::set_waker(Some(waker(&tx, &kicker, || Wake::Signal)));
-        self.machine.clock.restart(monitor.stepping());
+        self.machine.clock.restart(monitor.plan_entry().stepping);
         let started = Instant::now();
-        let mut irqs = [0u64; 16];
-        let result = self.run_until_stop(&rx, &kicker, monitor, &mut irqs);
+        let mut run = Run {
+            vm: self,
+            monitor: &mut *monitor,
+            wakes: &rx,
+            kicker: &kicker,
+            irqs: [0; 16],
+        };
+        let result = run.until_stop();
+        let irqs = run.irqs;
         // The guest's time when it stopped: a wall-driven clock would run
         // on while the run is wound up (the peeper joined, the trace
         // flushed); the final sample and the summary tell the same moment.
@@ -155,8 +169,6 @@ impl Vm {
             host_time: started.elapsed(),
             irqs,
             exits: self.machine.history.total(),
-            marks: self.machine.hypercalls.marks().clone(),
-            marks_uncounted: self.machine.hypercalls.marks_uncounted(),
             guest_lines_not_shown: self.machine.hypercalls.lines_not_shown(),
             completed_by_vmm: self.machine.completed_by_vmm,
             peeped,
@@ -182,200 +194,119 @@ impl Vm {
         Some(report)
     }
 
-    pub(super) fn run_until_stop(
-        &mut self,
-        rx: &Receiver<Wake>,
-        kicker: &Kicker,
-        monitor: &mut dyn Monitor,
-        irqs: &mut [u64; 16],
-    ) -> Result<GuestExit> {
-        loop {
-            if let Next::Stop(exit) = self.service(rx, monitor, irqs)? {
-                return Ok(exit);
-            }
-            if monitor.done() {
-                return Ok(GuestExit::MonitorDone);
-            }
-            if monitor.stepping() && !self.step.stepping && !self.step.io_pending {
-                self.reclaim_queued_interrupt(monitor)?;
-            }
-            self.set_debug(monitor.stepping(), monitor.breakpoints())?;
-            if self.step.stepping && !self.step.io_pending {
-                if let Some(e) = monitor.exception_before_entry() {
-                    self.deliver_exception(e, monitor)?;
-                }
-            }
-            if self.step.stepping && self.machine.vcpu.step_stale() {
-                self.rearm()?;
-            }
-            kicker.set_quiet(self.step.stepping);
-            match self
-                .machine
-                .devices
-                .next_deadline()
-                .filter(|_| !self.step.stepping)
-                .and_then(|d| self.machine.clock.host_delay_until(d))
-            {
-                Some(delay) => kicker.kick_after(delay),
-                None => kicker.cancel(),
-            }
-            monitor.before_entry(&mut self.cpu_view());
-            let exit = self.enter();
-            self.step.io_pending = matches!(
-                exit,
-                Exit::IoIn { .. }
-                    | Exit::MmioRead { .. }
-                    | Exit::IoOut {
-                        completed: false,
-                        ..
-                    }
-            );
-            if let Next::Stop(exit) = self.serve(exit, rx, monitor, irqs)? {
-                return Ok(exit);
-            }
-        }
-    }
-
     /// Arms or disarms single-stepping and hardware breakpoints (only when
     /// they change: it is an ioctl).
-    pub(super) fn set_debug(&mut self, stepping: bool, breakpoints: &[u64]) -> Result<()> {
-        let breakpoints = &breakpoints[..breakpoints.len().min(crate::x86::dr::BREAKPOINTS)];
-        // Once per exit: a slice `==` is a libc memcmp call, which took
-        // 1.6 % of a traced run's vCPU thread; at most four addresses
-        // compare faster inline.
-        let same =
-            |a: &[u64], b: &[u64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y);
-        if stepping == self.step.stepping && same(breakpoints, &self.step.breakpoints) {
+    pub(super) fn set_debug(&mut self, stepping: bool, breakpoints: Breakpoints) -> Result<()> {
+        if stepping == self.step.stepping && breakpoints == self.step.breakpoints {
             return Ok(());
         }
-        let mut debug = kvm_bindings::kvm_guest_debug::default();
-        if stepping || !breakpoints.is_empty() {
-            debug.control = kvm_bindings::KVM_GUESTDBG_ENABLE;
-        }
-        if stepping {
-            debug.control |= kvm_bindings::KVM_GUESTDBG_SINGLESTEP;
-        }
-        if !breakpoints.is_empty() {
-            debug.control |= kvm_bindings::KVM_GUESTDBG_USE_HW_BP;
-            for (i, addr) in breakpoints.iter().enumerate() {
-                debug.arch.debugreg[i] = *addr;
-                // Local enable; R/W and LEN 0: break on execution.
-                debug.arch.debugreg[7] |= 1 << (2 * i);
-            }
-        }
-        self.machine.vcpu.set_guest_debug(&debug)?;
+        self.machine
+            .vcpu
+            .set_guest_debug(&decide::guest_debug(stepping, &breakpoints))?;
         if stepping != self.step.stepping {
             self.machine.clock.set_stepping(stepping);
         }
         self.step.stepping = stepping;
-        self.step.breakpoints = breakpoints.to_vec();
+        self.step.breakpoints = breakpoints;
         Ok(())
     }
 
+    /// Issues the current debug configuration again (re-arming TF).
+    pub(super) fn rearm(&mut self) -> Result<()> {
+        let (stepping, breakpoints) = (self.step.stepping, self.step.breakpoints);
+        self.step.stepping = !stepping;
+        self.set_debug(stepping, breakpoints)
+    }
+}
+
+impl Run<'_> {
+    /// Enters the guest and serves its exits until the run ends.
+    fn until_stop(&mut self) -> Result<GuestExit> {
+        loop {
+            if let Next::Stop(exit) = self.service()? {
+                return Ok(exit);
+            }
+            let plan = self.monitor.plan_entry();
+            if plan.done {
+                return Ok(GuestExit::MonitorDone);
+            }
+            let step = &self.vm.step;
+            let plan = if plan.stepping && !step.stepping && !step.io_pending {
+                match self.reclaim_queued_interrupt()? {
+                    // The monitor was told: its plan may have changed.
+                    true => self.monitor.plan_entry(),
+                    false => plan,
+                }
+            } else {
+                plan
+            };
+            self.vm.set_debug(plan.stepping, plan.breakpoints)?;
+            if self.vm.step.stepping && !self.vm.step.io_pending {
+                if let Some(e) = self.monitor.exception_before_entry() {
+                    self.deliver_exception(e)?;
+                }
+            }
+            if self.vm.step.stepping && self.vm.machine.vcpu.step_stale() {
+                self.vm.rearm()?;
+            }
+            self.arm_kicker();
+            self.monitor.before_entry(&mut self.vm.cpu_view());
+            let exit = self.vm.enter();
+            self.vm.step.io_pending = exit.completes_on_next_entry();
+            if let Next::Stop(exit) = self.serve(exit)? {
+                return Ok(exit);
+            }
+        }
+    }
+
+    /// Untraced, the kicker cuts `KVM_RUN` short when the next device
+    /// event is due (no exit would come for it); stepping exits after
+    /// every instruction anyway.
+    fn arm_kicker(&mut self) {
+        let stepping = self.vm.step.stepping;
+        self.kicker.set_quiet(stepping);
+        let machine = &self.vm.machine;
+        match machine
+            .devices
+            .next_deadline()
+            .filter(|_| !stepping)
+            .and_then(|d| machine.clock.host_delay_until(d))
+        {
+            Some(delay) => self.kicker.kick_after(delay),
+            None => self.kicker.cancel(),
+        }
+    }
+
     /// Device work between exits: console input, interrupt lines, injection.
-    pub(super) fn service(
-        &mut self,
-        rx: &Receiver<Wake>,
-        monitor: &mut dyn Monitor,
-        irqs: &mut [u64; 16],
-    ) -> Result<Next> {
-        while let Ok(wake) = rx.try_recv() {
-            if let Next::Stop(exit) = self.woken(wake, monitor) {
+    fn service(&mut self) -> Result<Next> {
+        while let Ok(wake) = self.wakes.try_recv() {
+            if let Next::Stop(exit) = self.woken(wake) {
                 return Ok(Next::Stop(exit));
             }
         }
         if let Some(signal) = signals::caught() {
             return Ok(Next::Stop(GuestExit::Signal(signal)));
         }
-        self.serve_control(monitor);
-        if self.frontends.progress.is_some() {
-            self.report_progress_if_due(monitor);
+        self.serve_control();
+        if self.vm.frontends.progress.is_some() {
+            self.report_progress_if_due();
         }
-        let now = self.machine.clock.now();
-        self.machine.devices.update_interrupts(now);
-        if let Some(end) = self.machine.devices.machine_end() {
+        let now = self.vm.machine.clock.now();
+        self.vm.machine.devices.update_interrupts(now);
+        if let Some(end) = self.vm.machine.devices.machine_end() {
             return Ok(Next::Stop(end));
         }
-        self.inject(irqs, monitor)?;
+        self.inject()?;
         Ok(Next::Continue)
     }
 
-    /// Issues the current debug configuration again (re-arming TF).
-    pub(super) fn rearm(&mut self) -> Result<()> {
-        let (stepping, breakpoints) = (
-            self.step.stepping,
-            std::mem::take(&mut self.step.breakpoints),
-        );
-        self.step.stepping = !stepping;
-        self.set_debug(stepping, &breakpoints)
-    }
-
     /// Passes an exit to the monitor.
-    pub(super) fn tell(&mut self, monitor: &mut dyn Monitor, exit: ExitView) -> Directive {
-        monitor.on_exit(&exit, &mut self.cpu_view())
+    fn tell(&mut self, exit: ExitView) -> ExitAnswer {
+        self.monitor.on_exit(&exit, &mut self.vm.cpu_view())
     }
 
-    /// The monitor's view of the vCPU.
-    pub(super) fn cpu_view(&mut self) -> KvmCpuView<'_> {
-        KvmCpuView {
-            low: self.machine.low_ram,
-            vcpu: &mut self.machine.vcpu,
-            ram: &self.machine.ram,
-            cpuid: &self.machine.cpuid,
-        }
-    }
-}
-
-/// The monitor's view of the vCPU: sync registers and guest RAM.
-pub(super) struct KvmCpuView<'a> {
-    /// `ram`'s region at 0 (see [`LowRam`]).
-    low: Option<LowRam>,
-    vcpu: &'a mut Vcpu,
-    ram: &'a GuestRam,
-    cpuid: &'a crate::cpu::cpuid::CpuidTable,
-}
-
-impl CpuView for KvmCpuView<'_> {
-    fn regs(&mut self) -> Registers {
-        (&self.vcpu.regs()).into()
-    }
-
-    fn sregs(&mut self) -> SpecialRegisters {
-        self.vcpu.special_registers()
-    }
-
-    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
-        use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-        // SAFETY: `low` was taken from `ram`, which this view borrows.
-        if self.low.is_some_and(|low| unsafe { low.read(gpa, buf) }) {
-            return true;
-        }
-        // Elsewhere a slice of one region still costs a fraction of
-        // read_slice's walk over regions.
-        if let Ok(slice) = self.ram.get_slice(GuestAddress(gpa), buf.len()) {
-            return slice.copy_to(buf) == buf.len();
-        }
-        self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
-    }
-
-    fn write_physical(&mut self, gpa: u64, data: &[u8]) -> bool {
-        use vm_memory::{Bytes, GuestAddress};
-        self.ram.write_slice(data, GuestAddress(gpa)).is_ok()
-    }
-
-    fn write_regs(&mut self, regs: &Registers) -> bool {
-        self.vcpu.set_regs(&regs.into()).is_ok()
-    }
-
-    fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
-        self.cpuid.as_given(function, index, seen)
-    }
-
-    fn read_msr(&mut self, index: u32) -> Option<u64> {
-        self.vcpu.msr(index)
-    }
-
-    fn write_msr(&mut self, index: u32, value: u64) -> bool {
-        self.vcpu.set_msr(index, value)
+    /// The monitor's plan for the next entry.
+    fn plan(&self) -> EntryPlan {
+        self.monitor.plan_entry()
     }
 }

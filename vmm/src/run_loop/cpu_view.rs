@@ -1,0 +1,81 @@
+//! The monitor's view of the vCPU over KVM: sync registers, guest RAM,
+//! and the few writes stepping with the trap flag needs.
+
+use crate::memory::{GuestRam, LowRam};
+use crate::monitor::{CpuView, WriteError};
+use crate::vcpu::Vcpu;
+use crate::vm::Vm;
+use crate::x86::{Registers, SpecialRegisters};
+
+impl Vm {
+    /// The monitor's view of the vCPU.
+    pub(crate) fn cpu_view(&mut self) -> KvmCpuView<'_> {
+        KvmCpuView {
+            low: self.machine.low_ram,
+            vcpu: &mut self.machine.vcpu,
+            ram: &self.machine.ram,
+            cpuid: &self.machine.cpuid,
+        }
+    }
+}
+
+/// The monitor's view of the vCPU: sync registers and guest RAM.
+pub(crate) struct KvmCpuView<'a> {
+    /// `ram`'s region at 0 (see [`LowRam`]).
+    low: Option<LowRam>,
+    vcpu: &'a mut Vcpu,
+    ram: &'a GuestRam,
+    cpuid: &'a crate::cpu::cpuid::CpuidTable,
+}
+
+impl CpuView for KvmCpuView<'_> {
+    fn regs(&mut self) -> Registers {
+        (&self.vcpu.regs()).into()
+    }
+
+    fn sregs(&mut self) -> SpecialRegisters {
+        self.vcpu.special_registers()
+    }
+
+    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+        // SAFETY: `low` was taken from `ram`, which this view borrows.
+        if self.low.is_some_and(|low| unsafe { low.read(gpa, buf) }) {
+            return true;
+        }
+        // Elsewhere a slice of one region still costs a fraction of
+        // read_slice's walk over regions.
+        if let Ok(slice) = self.ram.get_slice(GuestAddress(gpa), buf.len()) {
+            return slice.copy_to(buf) == buf.len();
+        }
+        self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
+    }
+
+    fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {
+        use vm_memory::{Bytes, GuestAddress};
+        self.ram
+            .write_slice(data, GuestAddress(gpa))
+            .map_err(|_| WriteError::NotRam(gpa))
+    }
+
+    fn write_regs(&mut self, regs: &Registers) -> Result<(), WriteError> {
+        self.vcpu
+            .set_regs(&regs.into())
+            .map_err(|_| WriteError::Registers)
+    }
+
+    fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
+        self.cpuid.as_given(function, index, seen)
+    }
+
+    fn read_msr(&mut self, index: u32) -> Option<u64> {
+        self.vcpu.msr(index)
+    }
+
+    fn write_msr(&mut self, index: u32, value: u64) -> Result<(), WriteError> {
+        match self.vcpu.set_msr(index, value) {
+            true => Ok(()),
+            false => Err(WriteError::Msr(index)),
+        }
+    }
+}
