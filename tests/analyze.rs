@@ -138,6 +138,73 @@ fn nest_has_durations_growing_steps_and_uftrace_filters() {
 
 const DIVIDED_MARK: &str = "## divided level ##";
 
+/// The demo trace's records `copies` times over, in a new trace at `path`
+/// with the demo trace's metadata (so its symbols are found).
+fn repeated_demo_trace(path: &Path, copies: usize) -> PathBuf {
+    use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
+    use vtrace_storage::{Recorder, SegmentDecoder, TraceReader};
+    let reader = TraceReader::open(demo_trace()).unwrap();
+    let metadata = reader.superblock().unwrap().metadata.clone();
+    let payloads: Vec<Vec<u8>> = (0..reader.segments().len())
+        .map(|i| reader.payload(i).unwrap())
+        .collect();
+    let disk = DiskWriter::create(path, 256 << 20, DEFAULT_SEGMENT_SIZE, false, &metadata).unwrap();
+    let mut recorder = Recorder::start(disk);
+    for _ in 0..copies {
+        for payload in &payloads {
+            for record in SegmentDecoder::new(payload) {
+                recorder.record(&record.unwrap());
+            }
+        }
+    }
+    let report = recorder.finish().unwrap();
+    assert_eq!(report.dropped_chunks, 0);
+    path.to_path_buf()
+}
+
+/// A reader that wants the first lines only (`vtrace analyze nest | head
+/// -2`) gets them, and vtrace stops reading the trace when the pipe
+/// closes, exiting 0, rather than walking the rest of it.
+#[test]
+fn nest_stops_reading_when_its_reader_goes_away() {
+    if !kvm_available() {
+        return;
+    }
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // Ten demo runs: a diagram longer than a pipe and vtrace's own
+    // buffers hold, so vtrace sees the pipe close before it is done.
+    let long = repeated_demo_trace(&dir.path().join("long.vtd"), 10);
+    let mut child = common::vtrace()
+        .args(["-v", "analyze", "nest", long.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("# vtrace nest diagram of"), "{first}");
+    assert!(
+        lines.next().unwrap().unwrap().starts_with("#"),
+        "the legend"
+    );
+    drop(lines);
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let total = 10 * info_steps();
+    let stopped: u64 = err
+        .lines()
+        .find_map(|l| l.split("stopped reading after step ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no stop said: {err}"));
+    assert!(
+        stopped < total,
+        "stopped at {stopped} of the trace's {total} steps"
+    );
+    assert!(err.contains(&format!("of {total}")), "{err}");
+}
+
 #[test]
 fn nest_shows_the_timer_interrupt_the_scheduler_and_task_switches() {
     if !kvm_available() {

@@ -702,6 +702,20 @@ fn ctl_finds_the_live_run_past_stale_sockets_and_says_what_a_mark_records() {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p != &stale && p.extension().is_some_and(|x| x == "sock"))
         .unwrap();
+    // The run names its commands; one it does not know is an error that
+    // says where to look (the VMM hands the monitor's words on unread).
+    let raw = |request: &str| vtrace_vmm::control_socket::send(&sock, request).unwrap();
+    assert_eq!(
+        raw("help"),
+        "commands: start, stop, mark [ID], probe enable PATTERN, probe disable PATTERN, \
+         status, help"
+    );
+    let unknown = raw("frobnicate 3");
+    assert!(
+        unknown.starts_with("error: unknown command 'frobnicate 3'") && unknown.contains("help"),
+        "{unknown}"
+    );
+    assert!(raw("probe enable").starts_with("error: probe enable takes one pattern"));
     let mut idle = std::os::unix::net::UnixStream::connect(&sock).unwrap();
     assert_eq!(ctl(&["status"]).0, Some(0), "served beside an idle client");
     idle.set_read_timeout(Some(Duration::from_secs(30)))

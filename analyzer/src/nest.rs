@@ -22,6 +22,9 @@ use crate::syscalls;
 /// Lines a block holds before it is written out in parts.
 pub const BLOCK_LINES: usize = 65_536;
 
+/// Bytes of diagram between two flushes of the output.
+const FLUSH_BYTES: usize = 64 << 10;
+
 /// The mark irregular control flow gets.
 pub const DIVIDED: &str = "## divided level ##";
 
@@ -111,6 +114,8 @@ pub struct NestWriter<'a, W: Write> {
     /// depth, entry step).
     open: FxHashMap<FrameKey, usize>,
     nesting: usize,
+    /// Bytes written since the output was last flushed.
+    unflushed: usize,
     error: Option<std::io::Error>,
     /// Lines written.
     pub lines: u64,
@@ -132,6 +137,7 @@ impl<'a, W: Write> NestWriter<'a, W> {
             block: Vec::new(),
             open: FxHashMap::default(),
             nesting: 0,
+            unflushed: 0,
             error: None,
             lines: 0,
             divided: 0,
@@ -161,6 +167,11 @@ impl<'a, W: Write> NestWriter<'a, W> {
             "step", "total", "self"
         );
         self.write(&text);
+        // The legend at once: `| head -2` needs nothing more.
+        self.unflushed = 0;
+        if let Err(e) = self.out.flush() {
+            self.error.get_or_insert(e);
+        }
     }
 
     /// The count columns of a line: total, self and, with a per-step
@@ -195,10 +206,25 @@ impl<'a, W: Write> NestWriter<'a, W> {
     }
 
     fn write(&mut self, text: &str) {
-        if self.error.is_none() {
-            if let Err(e) = self.out.write_all(text.as_bytes()) {
-                self.error = Some(e);
+        if self.error.is_some() {
+            return;
+        }
+        self.unflushed = self.unflushed.saturating_add(text.len());
+        // Handed on in parts however the output is buffered: a reader
+        // that wants only the first lines (`| head`) gets them at once,
+        // and its going away shows at the next part, which stops the pass
+        // (see `stopped`).
+        let result = match self.unflushed >= FLUSH_BYTES {
+            true => {
+                self.unflushed = 0;
+                self.out
+                    .write_all(text.as_bytes())
+                    .and_then(|()| self.out.flush())
             }
+            false => self.out.write_all(text.as_bytes()),
+        };
+        if let Err(e) = result {
+            self.error = Some(e);
         }
     }
 
@@ -320,6 +346,11 @@ impl<'a, W: Write> NestWriter<'a, W> {
 }
 
 impl<W: Write> LevelSink for NestWriter<'_, W> {
+    /// A write failed (the reader closed the pipe): nothing more will be
+    /// written, so the rest of the trace need not be read.
+    fn stopped(&self) -> bool {
+        self.error.is_some()
+    }
     fn big_level(&mut self, level: &BigLevel) {
         // Marks at the block's end stay with the next lines: routines the
         // irregular flow ended close before them (see `push`).

@@ -218,6 +218,9 @@ impl<'a, S> SelectedTasks<'a, S> {
 }
 
 impl<S: LevelSink> LevelSink for SelectedTasks<'_, S> {
+    fn stopped(&self) -> bool {
+        self.inner.stopped()
+    }
     fn big_level(&mut self, level: &BigLevel) {
         if self.filter.admits(level.task.as_ref()) {
             self.inner.big_level(level);

@@ -134,6 +134,10 @@ impl<W: Write> TimelineSink<'_, W> {
 }
 
 impl<W: Write> LevelSink for TimelineSink<'_, W> {
+    fn stopped(&self) -> bool {
+        self.error.is_some()
+    }
+
     fn exit(&mut self, frame: &FrameView, how: ExitKind) {
         let steps = frame.last_step + 1 - frame.entry_step;
         if steps < self.min_steps {

@@ -918,14 +918,11 @@ impl Monitor for Tracer {
                 ('m', "record a mark in the trace"),
             ],
             commands: vec![
-                ("start", "start tracing"),
-                ("stop", "stop tracing"),
-                ("mark [ID]", "record a mark (with ID as a guest MARK would)"),
-                (
-                    "probe enable PATTERN",
-                    "enable probes (sched:*, timer:tick, fn:*)",
-                ),
-                ("probe disable PATTERN", "disable them"),
+                "start",
+                "stop",
+                "mark [ID]",
+                "probe enable PATTERN",
+                "probe disable PATTERN",
             ],
         }
     }

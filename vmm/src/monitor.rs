@@ -251,8 +251,8 @@ impl ExitAnswer {
 pub struct Help {
     /// Console hotkeys, as `(key, meaning)`.
     pub hotkeys: Vec<(char, &'static str)>,
-    /// `vtrace ctl` commands, as `(usage, meaning)`.
-    pub commands: Vec<(&'static str, &'static str)>,
+    /// `vtrace ctl` commands, as their usage (`mark [ID]`).
+    pub commands: Vec<&'static str>,
 }
 
 /// A write to the vCPU or guest memory that did not happen.

@@ -125,7 +125,7 @@ fn run_inner<P: SegmentPass, const FOLLOW: bool>(
     let mut engine = LevelEngine::new();
     let mut expected: Option<u64> = None;
     let mut runs: Vec<RoutineRun> = Vec::new();
-    trace.for_each_ordered(
+    let read = trace.for_each_ordered(
         &trace.segments,
         |info, records| {
             let mut cache = InsnCache::default();
@@ -177,14 +177,34 @@ fn run_inner<P: SegmentPass, const FOLLOW: bool>(
                             }
                         }
                     }
-                    merge(part, &chunk.info, &runs)?;
+                    merge(part, &chunk.info, &runs).map_err(Halt::Failed)?;
                 }
                 Err(_) => engine.push(Item::Break, sink),
             }
-            Ok::<(), crate::error::AnalyzeError>(())
+            match sink.stopped() {
+                true => Err(Halt::SinkStopped),
+                false => Ok(()),
+            }
         },
         progress,
-    )?;
-    engine.finish(sink);
+    );
+    match read {
+        Ok(()) => engine.finish(sink),
+        // The sink wants nothing more, not even the frames still open.
+        Err(Halt::SinkStopped) => tracing::info!(
+            "the output went away: stopped reading after step {} of {}",
+            expected.unwrap_or(0),
+            trace.steps()
+        ),
+        Err(Halt::Failed(e)) => return Err(e),
+    }
     Ok(engine)
+}
+
+/// Why a pass ended before the trace did.
+enum Halt {
+    /// The sink wants no more ([`LevelSink::stopped`]).
+    SinkStopped,
+    /// Merging a segment's work failed.
+    Failed(crate::error::AnalyzeError),
 }

@@ -176,8 +176,14 @@ pub struct BigLevel {
 }
 
 /// What consumes the engine's findings. Every method has a default that
-/// ignores it.
+/// ignores it. A sink that wants no more (its reader went away: `vtrace
+/// analyze nest | head`) says so with [`LevelSink::stopped`], and the pass
+/// stops reading the trace.
 pub trait LevelSink {
+    /// Whether the sink wants no more findings. Asked after each segment.
+    fn stopped(&self) -> bool {
+        false
+    }
     /// A big level begins.
     fn big_level(&mut self, _level: &BigLevel) {}
     /// A routine is entered.

@@ -11,13 +11,7 @@ use crate::peep::PeepMessage;
 use super::{GuestExit, Next, Run, Wake};
 
 /// The `vtrace ctl` commands the VMM answers itself.
-const OWN_COMMANDS: [(&str, &str); 2] = [
-    (
-        "status",
-        "the run's state: tracing, steps, disk, virtual time",
-    ),
-    ("help", "this list"),
-];
+const OWN_COMMANDS: [&str; 2] = ["status", "help"];
 
 impl Run<'_> {
     /// Acts on what woke the loop (console input, a signal...).
@@ -147,17 +141,16 @@ fn hotkey_help(monitor: &Help) -> String {
     help
 }
 
-/// `vtrace ctl help`: the monitor's commands, then the VMM's own, one a
-/// line with the usage in a column.
+/// The `help` request's answer: every command's usage, the monitor's
+/// first, on one line (the protocol answers a request with one line).
 fn command_help(monitor: &Help) -> String {
-    let commands: Vec<_> = monitor.commands.iter().chain(&OWN_COMMANDS).collect();
-    let width = commands.iter().map(|(usage, _)| usage.len()).max();
-    let mut help = String::from("vtrace ctl commands:");
-    for (usage, meaning) in commands {
-        let pad = width.unwrap_or(0).saturating_sub(usage.len());
-        help.push_str(&format!("\n  {usage}{}  {meaning}", " ".repeat(pad)));
-    }
-    help
+    let usages: Vec<&str> = monitor
+        .commands
+        .iter()
+        .copied()
+        .chain(OWN_COMMANDS)
+        .collect();
+    format!("commands: {}", usages.join(", "))
 }
 
 #[cfg(test)]
@@ -165,24 +158,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ctl_help_lists_the_monitors_commands_then_the_vmms() {
+    fn ctl_help_lists_the_monitors_commands_then_the_vmms_on_one_line() {
         let help = Help {
             hotkeys: vec![('t', "toggle")],
-            commands: vec![("start", "start tracing"), ("mark [ID]", "a mark")],
+            commands: vec!["start", "mark [ID]"],
         };
-        let text = command_help(&help);
-        let lines: Vec<_> = text.lines().collect();
-        assert_eq!(lines[0], "vtrace ctl commands:");
-        assert_eq!(lines[1], "  start      start tracing");
-        assert_eq!(lines[2], "  mark [ID]  a mark");
-        assert!(lines[3].starts_with("  status     "));
-        assert!(lines[4].starts_with("  help       "));
-        assert_eq!(lines.len(), 5);
+        assert_eq!(
+            command_help(&help),
+            "commands: start, mark [ID], status, help"
+        );
     }
 
     #[test]
     fn without_a_monitor_help_is_the_vmms_own() {
-        assert_eq!(command_help(&Help::default()).lines().count(), 3);
+        assert_eq!(command_help(&Help::default()), "commands: status, help");
         assert_eq!(hotkey_help(&Help::default()), HOTKEY_HELP);
         let keys = hotkey_help(&Help {
             hotkeys: vec![('t', "start or stop tracing")],
