@@ -88,8 +88,10 @@ cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy --manifest-path fuzz/Cargo.toml --quiet -- -D warnings
-# Documentation links that lead nowhere are bugs in the docs.
+# Documentation links that lead nowhere are bugs in the docs: the public
+# docs' (no link to a private item) and the private items' own.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
 
 cargo test --workspace "$@"
 

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use vtrace_analyzer::input::{no_progress, Trace};
 use vtrace_analyzer::symbols::{discover, Symbolizer};
 use vtrace_session::SessionBuilder;
-use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::{Compression, Recorder, SegmentDecoder, TraceReader};
+use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_vmm::BootSource;
 
 use crate::cli::BenchArgs;

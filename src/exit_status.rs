@@ -3,7 +3,7 @@
 use vtrace_analyzer::error::AnalyzeError;
 use vtrace_image::symbols::SymbolError;
 use vtrace_session::SessionError;
-use vtrace_storage::disk::DiskError;
+use vtrace_storage::DiskError;
 use vtrace_vmm::Error;
 
 /// The guest kernel panicked (see [`STATUS_TABLE`]).

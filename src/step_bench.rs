@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_storage::Recorder;
+use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_vmm::BootSource;
 use vtrace_vmm::ClockMode;
 use vtrace_vmm::{

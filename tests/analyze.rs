@@ -141,7 +141,7 @@ const DIVIDED_MARK: &str = "## divided level ##";
 /// The demo trace's records `copies` times over, in a new trace at `path`
 /// with the demo trace's metadata (so its symbols are found).
 fn repeated_demo_trace(path: &Path, copies: usize) -> PathBuf {
-    use vtrace_storage::disk::{DiskWriter, DEFAULT_SEGMENT_SIZE};
+    use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
     use vtrace_storage::{Recorder, SegmentDecoder, TraceReader};
     let reader = TraceReader::open(demo_trace()).unwrap();
     let metadata = reader.superblock().unwrap().metadata.clone();

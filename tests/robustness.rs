@@ -411,7 +411,7 @@ fn a_finished_trace_takes_its_size_and_small_segments_do_not_fill_the_disk() {
 /// A trace of a few steps whose metadata names `kernel` as the traced
 /// kernel, as a crafted or moved trace may.
 fn trace_naming_kernel(dir: &Path, kernel: &str) -> std::path::PathBuf {
-    use vtrace_storage::disk::DiskWriter;
+    use vtrace_storage::DiskWriter;
     use vtrace_storage::{CpuMode, InsnBytes, Recorder, Regs, Step};
     let path = dir.join("crafted.vtd");
     let metadata = format!("guest: crafted\nkernel: {kernel}\nkernel-id: 0\n");
@@ -528,7 +528,7 @@ fn a_listing_of_a_wrapped_trace_starts_where_the_trace_does() {
         .unwrap()
         .segments()
         .iter()
-        .find(|s| s.state == vtrace_storage::reader::SegmentState::Good)
+        .find(|s| s.state == vtrace_storage::SegmentState::Good)
         .map(|s| s.found.header.first_step)
         .unwrap();
     assert!(first > 0, "the beginning was overwritten");
@@ -1084,7 +1084,7 @@ fn analyses_say_the_damage_they_pass_over_and_fail_without_allow_damage() {
     let second = TraceReader::open(&undecodable).unwrap().segments()[1].found;
     let h = second.header;
     // Records of an unknown tag, sealed with checksums that hold.
-    let sealed = vtrace_storage::segment::seal(&[0xff; 64], h.seq, h.first_step, h.steps, h.events);
+    let sealed = vtrace_storage::seal(&[0xff; 64], h.seq, h.first_step, h.steps, h.events);
     assert!(sealed.len() as u64 <= h.total_len());
     let file = std::fs::OpenOptions::new()
         .write(true)

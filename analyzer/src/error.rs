@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use vtrace_storage::disk::DiskError;
+use vtrace_storage::DiskError;
 
 use crate::symbols::SymbolError;
 

@@ -6,9 +6,9 @@ use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
-use vtrace_storage::metadata::TraceMetadata;
-use vtrace_storage::reader::SegmentError;
-use vtrace_storage::reader::SegmentState;
+use vtrace_storage::SegmentError;
+use vtrace_storage::SegmentState;
+use vtrace_storage::TraceMetadata;
 use vtrace_storage::{DecodeError, RecordRef, SegmentDecoder, TraceReader};
 
 use crate::error::Result;
@@ -39,6 +39,12 @@ pub fn no_progress(_: u64, _: u64) {}
 pub struct Records<'a> {
     decoder: SegmentDecoder<'a>,
     error: Option<DecodeError>,
+}
+
+impl<'a> std::fmt::Debug for Records<'a> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records").finish_non_exhaustive()
+    }
 }
 
 impl<'a> Records<'a> {
@@ -81,6 +87,12 @@ pub struct Trace {
     found: DamageLog,
 }
 
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trace").finish_non_exhaustive()
+    }
+}
+
 /// Damage an analysis passed over while it read a trace, in words for the
 /// user; shared, so it can be read after the trace is gone.
 pub type DamageLog = Arc<Mutex<Vec<String>>>;
@@ -105,6 +117,12 @@ pub struct Chunk<T> {
     /// `Err` when the segment's header checked out but its records did
     /// not decode; the analysis goes on past it.
     pub result: Result<T, SegmentError>,
+}
+
+impl<T> std::fmt::Debug for Chunk<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunk").finish_non_exhaustive()
+    }
 }
 
 impl Trace {

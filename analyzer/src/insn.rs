@@ -397,6 +397,12 @@ pub struct InsnCache {
     map: FxHashMap<u64, (vtrace_storage::InsnBytes, u32, InsnInfo)>,
 }
 
+impl std::fmt::Debug for InsnCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InsnCache").finish_non_exhaustive()
+    }
+}
+
 impl InsnCache {
     /// The decoded instruction of `step`, decoded once per pc and bytes.
     pub fn get(&mut self, step: &Step) -> &InsnInfo {

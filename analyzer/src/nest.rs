@@ -123,6 +123,12 @@ pub struct NestWriter<'a, W: Write> {
     pub divided: u64,
 }
 
+impl<'a, W: Write> std::fmt::Debug for NestWriter<'a, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NestWriter").finish_non_exhaustive()
+    }
+}
+
 impl<'a, W: Write> NestWriter<'a, W> {
     /// A writer of the diagram to `out`, naming routines with `symbols`.
     pub fn new(out: W, symbols: &'a Symbolizer) -> Self {

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use vtrace_storage::metadata::SampleVariable;
+use vtrace_storage::SampleVariable;
 use vtrace_storage::{Event, RecordRef};
 
 use crate::error::Result;
@@ -341,7 +341,7 @@ fn csv_field(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vtrace_storage::metadata::SampleType;
+    use vtrace_storage::SampleType;
 
     fn series() -> Samples {
         Samples {

@@ -206,6 +206,12 @@ pub struct SelectedTasks<'a, S> {
     on: bool,
 }
 
+impl<'a, S> std::fmt::Debug for SelectedTasks<'a, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SelectedTasks").finish_non_exhaustive()
+    }
+}
+
 impl<'a, S> SelectedTasks<'a, S> {
     /// `inner`, seeing only what `filter` admits.
     pub fn new(inner: S, filter: &'a TaskFilter) -> Self {

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_storage::segment::{unseal, SegmentHeader, HEADER_LEN};
 use vtrace_storage::SegmentDecoder;
+use vtrace_storage::{unseal, SegmentHeader, HEADER_LEN};
 
 fuzz_target!(|data: &[u8]| {
     // The bytes as a raw payload: every record must decode or fail.

@@ -10,7 +10,7 @@ pub enum SessionError {
     Request(String),
     /// The trace disk could not be made, written or finished.
     #[error(transparent)]
-    Disk(#[from] vtrace_storage::disk::DiskError),
+    Disk(#[from] vtrace_storage::DiskError),
     /// The VM could not be made or failed while it ran.
     #[error(transparent)]
     Vm(#[from] vtrace_vmm::Error),

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use vtrace_image::linux_tasks::{task_layout, TaskLayout};
-use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
+use vtrace_storage::{image_id, TraceMetadata, BUILTIN_DEMO};
 use vtrace_vmm::BootSource;
 
 /// The metadata of a trace of `guest` booted from `boot`, written by

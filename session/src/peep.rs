@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use vtrace_image::symbols::{find_variable, physical_of};
-use vtrace_storage::metadata::{SampleType, SampleVariable};
+use vtrace_storage::{SampleType, SampleVariable};
 use vtrace_vmm::BootSource;
 use vtrace_vmm::{PeepPlan, PeepRead, MAX_PEEP_READS as MAX_READS};
 

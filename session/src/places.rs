@@ -8,7 +8,7 @@ use vtrace_image::symbols::{discover, Discovery, KernelImages, Symbolizer};
 use vtrace_image::user_routine::{
     fixed_routine_address, program_from_file, program_in_initramfs, Program, UserRoutineError,
 };
-use vtrace_storage::metadata::TraceMetadata;
+use vtrace_storage::TraceMetadata;
 
 use crate::location::Location;
 use crate::SessionError;
@@ -18,10 +18,7 @@ type Result<T> = std::result::Result<T, SessionError>;
 /// Kernel images vtrace carries itself: the built-in demo OS.
 pub fn builtin_kernels() -> KernelImages<'static> {
     KernelImages {
-        builtin: &[(
-            vtrace_storage::metadata::BUILTIN_DEMO,
-            vtrace_demo::DEMO_OS_ELF,
-        )],
+        builtin: &[(vtrace_storage::BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
     }
 }
 

@@ -56,7 +56,7 @@ impl Default for TraceRequest {
             disk: PathBuf::from(DEFAULT_TRACE),
             replace: false,
             disk_size: 1 << 30,
-            segment_size: vtrace_storage::disk::DEFAULT_SEGMENT_SIZE,
+            segment_size: vtrace_storage::DEFAULT_SEGMENT_SIZE,
             wrap: false,
             from_start: false,
             max_steps: None,

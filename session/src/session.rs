@@ -6,9 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use vtrace_storage::disk::DiskWriter;
-use vtrace_storage::metadata::{SampleVariable, LINUX_TASKS};
+use vtrace_storage::DiskWriter;
 use vtrace_storage::Recorder;
+use vtrace_storage::{SampleVariable, LINUX_TASKS};
 use vtrace_trap::{TraceOptions, TraceReport, Tracer};
 use vtrace_vmm::{
     user_message, BootSource, ClockMode, ConsoleMode, ControlServer, CpuProfile, Image, NoMonitor,
@@ -46,6 +46,12 @@ pub struct SessionBuilder {
     progress: Option<Duration>,
     trace: Option<TraceRequest>,
     version: String,
+}
+
+impl std::fmt::Debug for SessionBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionBuilder").finish_non_exhaustive()
+    }
 }
 
 impl SessionBuilder {
@@ -200,7 +206,7 @@ impl SessionBuilder {
         }
         let (tracer, trace_disk) = match self.trace {
             Some(request) => {
-                let metadata = vtrace_storage::metadata::TraceMetadata {
+                let metadata = vtrace_storage::TraceMetadata {
                     guest: vm.boot_description().to_string(),
                     clock: Some(clock.to_string()),
                     tasks: tasks.is_some().then(|| LINUX_TASKS.to_string()),
@@ -237,7 +243,7 @@ impl SessionBuilder {
 
 /// What the tracer is made of besides the request.
 struct TracerParts<'a> {
-    metadata: vtrace_storage::metadata::TraceMetadata,
+    metadata: vtrace_storage::TraceMetadata,
     initrd: Option<&'a Path>,
     tasks: Option<vtrace_image::linux_tasks::TaskLayout>,
     probe_sites: Vec<vtrace_trap::StaticSite>,
@@ -305,6 +311,12 @@ pub struct Session {
     control: Option<PathBuf>,
     trace_disk: Option<PathBuf>,
     panic_line: crate::panic_watch::PanicLine,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").finish_non_exhaustive()
+    }
 }
 
 /// How a session ended.

@@ -149,7 +149,7 @@ pub(crate) fn static_probe_sites(
     for pattern in patterns {
         if !sites
             .iter()
-            .any(|s| vtrace_trap::probes::matches(pattern, &s.probe()))
+            .any(|s| vtrace_trap::probe_matches(pattern, &s.probe()))
         {
             let mut names: Vec<String> = sites.iter().map(|s| s.probe()).collect();
             names.sort();

@@ -123,6 +123,12 @@ pub struct SegmentEncoder {
     events: u64,
 }
 
+impl std::fmt::Debug for SegmentEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentEncoder").finish_non_exhaustive()
+    }
+}
+
 impl Default for SegmentEncoder {
     fn default() -> Self {
         Self::new()
@@ -475,6 +481,12 @@ pub struct SegmentDecoder<'a> {
     step: Step,
     /// The last event decoded.
     event: Event,
+}
+
+impl<'a> std::fmt::Debug for SegmentDecoder<'a> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentDecoder").finish_non_exhaustive()
+    }
 }
 
 impl<'a> SegmentDecoder<'a> {

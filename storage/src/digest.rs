@@ -10,6 +10,12 @@ pub struct TraceDigest {
     scratch: SegmentEncoder,
 }
 
+impl std::fmt::Debug for TraceDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceDigest").finish_non_exhaustive()
+    }
+}
+
 impl Default for TraceDigest {
     fn default() -> Self {
         Self::new()

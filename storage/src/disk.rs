@@ -162,7 +162,7 @@ pub enum DiskError {
 pub struct Superblock {
     /// Raw bytes at which the recorder cuts a segment.
     pub segment_size: u32,
-    /// Blocks of [`BLOCK`] bytes after the superblock.
+    /// Blocks of `BLOCK` bytes (4 KiB) after the superblock.
     pub block_count: u64,
     /// Old segments are overwritten when the disk is full.
     pub wrap: bool,
@@ -305,6 +305,12 @@ pub struct DiskWriter {
     next_block: u64,
     /// Blocks written at least once (for "disk use").
     blocks_used: u64,
+}
+
+impl std::fmt::Debug for DiskWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskWriter").finish_non_exhaustive()
+    }
 }
 
 /// Result of appending a segment.
@@ -731,6 +737,12 @@ pub struct DiskScan {
     /// Who is writing the disk as it is read ("pid 1234: vtrace run
     /// ..."), if a run is: it holds what that run has written so far.
     pub written_by: Option<String>,
+}
+
+impl std::fmt::Debug for DiskScan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskScan").finish_non_exhaustive()
+    }
 }
 
 impl DiskScan {

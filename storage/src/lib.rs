@@ -1,31 +1,41 @@
 //! Trace records, their compact encoding and the trace disk.
 //!
 //! A trace is a sequence of [`Record`]s: steps (one executed instruction
-//! each) with events between them. [`codec`] turns a run of records into the
+//! each) with events between them. [`SegmentEncoder`] turns a run of records into the
 //! payload of one segment and back; a segment starts from nothing (a
 //! keyframe), so it decodes on its own: that is what ring mode, crash
 //! recovery and parallel analysis rely on.
 
-pub mod codec;
-pub mod digest;
-pub mod disk;
+mod codec;
+mod digest;
+mod disk;
 mod lock;
-pub mod metadata;
-pub mod reader;
-pub mod record;
-pub mod segment;
-pub mod summary;
+mod metadata;
+mod reader;
+mod record;
+mod segment;
+mod summary;
 mod task_layout;
 mod varint;
-pub mod writer;
+mod writer;
 
+// The crate's API. The modules are private: each item is named here,
+// once, so a module can be split or moved without breaking callers and the
+// compiler finds what nothing uses.
 pub use codec::{DecodeError, SegmentDecoder, SegmentEncoder};
-pub use reader::TraceReader;
+pub use digest::TraceDigest;
+pub use disk::{
+    DiskError, DiskScan, DiskWriter, FoundSegment, Superblock, DEFAULT_SEGMENT_SIZE, SUPERBLOCK_LEN,
+};
+pub use metadata::{
+    image_id, SampleType, SampleVariable, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS,
+};
+pub use reader::{SegmentEntry, SegmentError, SegmentState, TraceReader};
 pub use record::{
     CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
-    Step, TraceReason, HOST_MARK, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_NAMES,
+    Step, TraceReason, HOST_MARK, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_COUNT, REG_NAMES,
 };
-pub use segment::Compression;
+pub use segment::{seal, unseal, Compression, SegmentHeader, HEADER_LEN};
 pub use summary::{summarize, TraceSummary};
 pub use task_layout::{MapLayout, TaskLayout};
-pub use writer::Recorder;
+pub use writer::{Recorder, WriterReport};

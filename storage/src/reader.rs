@@ -53,6 +53,12 @@ pub struct TraceReader {
     segments: Vec<SegmentEntry>,
 }
 
+impl std::fmt::Debug for TraceReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceReader").finish_non_exhaustive()
+    }
+}
+
 fn overlaps(a: &FoundSegment, b: &FoundSegment) -> bool {
     let (a0, a1) = (a.offset, a.offset + a.header.total_len());
     let (b0, b1) = (b.offset, b.offset + b.header.total_len());

@@ -77,6 +77,12 @@ pub struct Recorder {
     running: Option<Event>,
 }
 
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").finish_non_exhaustive()
+    }
+}
+
 impl Recorder {
     /// Starts the writer thread on `disk`, compressing as
     /// [`Compression::for_this_host`] says.

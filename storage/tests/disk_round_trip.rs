@@ -4,10 +4,10 @@
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use vtrace_storage::disk::{DiskWriter, SUPERBLOCK_LEN};
 use vtrace_storage::{
     summarize, CpuMode, Event, InsnBytes, Record, Recorder, Regs, Step, TraceReader, TraceReason,
 };
+use vtrace_storage::{DiskWriter, SUPERBLOCK_LEN};
 
 /// A deterministic pseudo-program: loops with changing registers and the
 /// occasional event, so chunks compress like real traces (not perfectly).
@@ -48,7 +48,7 @@ fn write(
     slot: u32,
     wrap: bool,
     recs: &[Record],
-) -> vtrace_storage::writer::WriterReport {
+) -> vtrace_storage::WriterReport {
     let disk = DiskWriter::create(path, size, slot, wrap, "test: synthetic").unwrap();
     let mut rec = Recorder::start(disk);
     for r in recs {

@@ -371,7 +371,7 @@ mod tests {
         // Decoded as the engine does, from the bytes given.
         let insn = crate::flow::decode(code, 64, CODE).map(|d| d.insn);
         foresee(
-            &mut Walker::new(),
+            &mut Walker::default(),
             &mut Operands::default(),
             &cpu,
             &sregs,

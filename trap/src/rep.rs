@@ -26,11 +26,11 @@ enum Kind {
     Stos,
     /// OUTS: RSI advances.
     Outs,
-    /// LODS: RSI advances, the accumulator loads from [RSI].
+    /// LODS: RSI advances, the accumulator loads from `[RSI]`.
     Lods,
-    /// SCAS: RDI advances, flags compare the accumulator with [RDI].
+    /// SCAS: RDI advances, flags compare the accumulator with `[RDI]`.
     Scas,
-    /// CMPS: both advance, flags compare [RSI] with [RDI].
+    /// CMPS: both advance, flags compare `[RSI]` with `[RDI]`.
     Cmps,
 }
 

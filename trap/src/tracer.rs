@@ -2,7 +2,7 @@
 //! is on, drives the [`Engine`] and sends its records to the trace disk.
 
 use vtrace_guest::{cmd, status};
-use vtrace_storage::writer::WriterReport;
+use vtrace_storage::WriterReport;
 use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
 use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::Hypercall;
@@ -40,7 +40,7 @@ pub struct TraceOptions {
     pub stop_in: Option<String>,
     /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
     /// exception handlers with breakpoints too, for exceptions the engine
-    /// does not foresee (see [`crate::fault`]).
+    /// does not foresee (see `fault`).
     pub trap_flag_host: bool,
     /// End the run the first time tracing stops, rather than let the guest
     /// run on.
@@ -49,14 +49,14 @@ pub struct TraceOptions {
     /// nor `functions` decide already); else they are only counted.
     pub obey_guest: bool,
     /// Where a Linux guest keeps its running task: record task events
-    /// (see [`crate::tasks`]).
+    /// (see `tasks`).
     pub linux_tasks: Option<TaskLayout>,
-    /// Memory to copy into the trace at places (see [`crate::capture`]).
+    /// Memory to copy into the trace at places (see `capture`).
     pub captures: Vec<CaptureSite>,
-    /// Routines traced from entry to return (see [`crate::window`]).
+    /// Routines traced from entry to return (see `window`).
     pub functions: Vec<FunctionSite>,
     /// Every static probe site of the guest's kernel, enabled or not
-    /// (see [`crate::probes`]).
+    /// (see `probes`).
     pub probe_sites: Vec<StaticSite>,
     /// The `fn:` probes asked for.
     pub function_probes: Vec<FunctionProbe>,
@@ -221,6 +221,12 @@ pub struct Tracer {
     samples: SampleCount,
 }
 
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer").finish_non_exhaustive()
+    }
+}
+
 /// Starts and stops the user did not ask for at that moment (a trigger,
 /// a limit, the guest) are told on the console; the others answer
 /// where they were asked, or end the run.
@@ -355,7 +361,7 @@ impl Tracer {
     }
 
     /// Flushes everything to the disk and reports.
-    pub fn finish(self) -> Result<TraceReport, vtrace_storage::disk::DiskError> {
+    pub fn finish(self) -> Result<TraceReport, vtrace_storage::DiskError> {
         let engine = self.engine.stats();
         let stop_reason = self.stop_reason.clone();
         let captures = self.captures.counts();
@@ -932,7 +938,7 @@ impl Monitor for Tracer {
 mod tests {
     use super::*;
     use crate::walker::tests::{machine, PF_HANDLER};
-    use vtrace_storage::disk::DiskWriter;
+    use vtrace_storage::DiskWriter;
 
     fn tracer(dir: &std::path::Path, options: TraceOptions) -> Tracer {
         let disk = DiskWriter::create(&dir.join("t.vtd"), 1 << 20, 64 << 10, false, "").unwrap();

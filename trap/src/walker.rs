@@ -91,11 +91,6 @@ fn read_u32(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
 }
 
 impl Walker {
-    /// A walker with an empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Forgets every cached translation.
     pub fn flush(&mut self) {
         self.cache.fill(EMPTY_ENTRY);
@@ -409,7 +404,7 @@ pub(crate) mod tests {
         cpu.put_u64(0x4000 + 3 * 8, 0x7000 | 3);
         // A 2 MiB page at PD[3].
         cpu.put_u64(0x3000 + 3 * 8, 0x20_0000 | 0x83);
-        let mut w = Walker::new();
+        let mut w = Walker::default();
         assert_eq!(w.translate(&cpu, &s, la), Some(0x7123));
         assert_eq!(
             w.translate(&cpu, &s, 0xffff_8000_0060_0010),
@@ -424,7 +419,7 @@ pub(crate) mod tests {
     #[test]
     fn real_mode_and_32_bit_paging() {
         let cpu = FlatCpu::new(0x10_0000);
-        let mut w = Walker::new();
+        let mut w = Walker::default();
         let real = SpecialRegisters::default();
         assert_eq!(w.translate(&cpu, &real, 0x7c00), Some(0x7c00));
         let s = SpecialRegisters {
@@ -444,7 +439,7 @@ pub(crate) mod tests {
     fn reads_across_a_page_boundary() {
         let cpu = FlatCpu::new(0x10_000);
         cpu.put(0x1ffe, &[1, 2, 3, 4]);
-        let mut w = Walker::new();
+        let mut w = Walker::default();
         let mut buf = [0u8; 4];
         assert_eq!(
             w.read(&cpu, &SpecialRegisters::default(), 0x1ffe, &mut buf),

@@ -305,7 +305,7 @@ impl RecordSink for WindowSink<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vtrace_storage::disk::DiskWriter;
+    use vtrace_storage::DiskWriter;
     use vtrace_storage::{Record, TraceReader};
 
     fn site(name: &str, entry: u64) -> FunctionSite {

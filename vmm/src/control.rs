@@ -29,6 +29,12 @@ pub struct ControlRequest {
     reply: tokio::sync::oneshot::Sender<String>,
 }
 
+impl std::fmt::Debug for ControlRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlRequest").finish_non_exhaustive()
+    }
+}
+
 impl ControlRequest {
     /// Answers the client.
     pub fn reply(self, text: String) {
@@ -43,6 +49,12 @@ pub struct ControlServer {
     path: PathBuf,
     requests: Receiver<ControlRequest>,
     waker: Waker,
+}
+
+impl std::fmt::Debug for ControlServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlServer").finish_non_exhaustive()
+    }
 }
 
 /// Errors of the control socket, on either side.

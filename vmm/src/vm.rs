@@ -49,6 +49,12 @@ pub struct VmConfig {
     pub control: Option<crate::control::ControlServer>,
 }
 
+impl std::fmt::Debug for VmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmConfig").finish_non_exhaustive()
+    }
+}
+
 /// A VM ready to run.
 pub struct Vm {
     /// KVM's handles: the vCPU and the memory slots live as long as they.
@@ -62,6 +68,12 @@ pub struct Vm {
     /// socket, the peeper and the progress line.
     pub(crate) frontends: Frontends,
     boot: BootPlan,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm").finish_non_exhaustive()
+    }
 }
 
 /// The guest's machine, and what the VMM counts of it.

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
-use vtrace_storage::record::REG_COUNT;
+use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
 use super::rows::SegmentRows;

@@ -22,7 +22,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
-use vtrace_storage::record::REG_COUNT;
+use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
 use super::rows::{SegmentRows, NO_TASK};

@@ -7,7 +7,7 @@
 
 use iced_x86::{Formatter, IntelFormatter, OpAccess};
 use rustc_hash::FxHashMap;
-use vtrace_storage::record::REG_COUNT;
+use vtrace_storage::REG_COUNT;
 use vtrace_storage::{Event, InsnBytes, Regs};
 
 use crate::insn::{memory_address, InsnInfo};

@@ -107,6 +107,12 @@ pub struct LevelEngine {
     pub counts: LevelCounts,
 }
 
+impl std::fmt::Debug for LevelEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LevelEngine").finish_non_exhaustive()
+    }
+}
+
 /// Trie node of the empty path.
 pub const ROOT_NODE: u32 = 0;
 

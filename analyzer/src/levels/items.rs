@@ -102,6 +102,12 @@ pub struct FuncResolver<'a> {
     recent: [(u64, u64, u64, FuncId); RECENT_ROUTINES],
 }
 
+impl<'a> std::fmt::Debug for FuncResolver<'a> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FuncResolver").finish_non_exhaustive()
+    }
+}
+
 impl<'a> FuncResolver<'a> {
     /// A resolver over `symbols`, its cache empty.
     pub fn new(symbols: &'a Symbolizer) -> Self {
@@ -174,6 +180,12 @@ pub struct ItemBuilder<'a> {
     transit: Vec<InTransit>,
     tasks: TaskTracker,
     notes: Vec<String>,
+}
+
+impl<'a> std::fmt::Debug for ItemBuilder<'a> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ItemBuilder").finish_non_exhaustive()
+    }
 }
 
 impl<'a> ItemBuilder<'a> {

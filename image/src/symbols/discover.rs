@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use vtrace_storage::metadata::{image_id, TraceMetadata, BUILTIN_DEMO};
+use vtrace_storage::{image_id, TraceMetadata, BUILTIN_DEMO};
 
 use super::{Scope, SymbolError, Symbolizer};
 
@@ -32,6 +32,12 @@ pub struct KernelImages<'a> {
     /// The `kernel` values of built-in guests and their ELF bytes (the CLI
     /// passes the demo OS it embeds).
     pub builtin: &'a [(&'a str, &'a [u8])],
+}
+
+impl<'a> std::fmt::Debug for KernelImages<'a> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelImages").finish_non_exhaustive()
+    }
 }
 
 /// Files that may hold the symbols of a kernel image at `kernel`, best

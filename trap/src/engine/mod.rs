@@ -122,7 +122,7 @@ pub struct Engine {
     last_exception: Option<u8>,
     /// See [`Engine::mid_rep`].
     mid_rep: bool,
-    /// Whether to foresee exceptions (see [`crate::fault`]).
+    /// Whether to foresee exceptions (see `fault`).
     foresee: bool,
     /// Steps recorded before the current exit.
     steps_before_exit: u64,
@@ -245,7 +245,7 @@ impl Engine {
     }
 
     /// Foresees the exceptions the next instruction will raise, for the
-    /// VMM to deliver (hosts that step with TF; see [`crate::fault`]).
+    /// VMM to deliver (hosts that step with TF; see `fault`).
     pub fn set_foresee_faults(&mut self, on: bool) {
         self.foresee = on;
     }
@@ -431,7 +431,7 @@ impl Engine {
     }
 
     /// Records the iterations of the REP string instruction `p` that ran
-    /// before this exit, one step each (see [`crate::rep`]), and gives how
+    /// before this exit, one step each (see `rep`), and gives how
     /// many. `mid_rep`: the last exit stopped between its iterations.
     /// Where memory a comparison needs cannot be read, the iterations from
     /// there are one step and a gap says what is missing.
@@ -517,7 +517,7 @@ impl Engine {
     }
 
     /// Instructions the last exit covered: the steps it recorded (see
-    /// [`vtrace_vmm::Monitor::instructions_at_exit`]).
+    /// [`vtrace_vmm::ExitAnswer::instructions`]).
     pub fn steps_at_exit(&self) -> u64 {
         self.stats.steps - self.steps_before_exit
     }

@@ -82,11 +82,11 @@ const L1_CACHE: u32 = (32 << 24) | (8 << 16) | (1 << 8) | 64;
 /// Leaf 0x8000_0006 ECX: 512 KiB 8-way (encoded 6) L2, 64-byte lines.
 const L2_CACHE: u32 = (512 << 16) | (6 << 12) | (1 << 8) | 64;
 
-/// Physical address bits the table gives (leaf 0x8000_0008 EAX[7:0]),
+/// Physical address bits the table gives (leaf 0x8000_0008 EAX bits 7:0),
 /// fewer where the host has fewer.
 pub(super) const PHYS_BITS: u32 = 40;
 
-/// Linear address bits (EAX[15:8]): four-level paging.
+/// Linear address bits (EAX bits 15:8): four-level paging.
 const VIRT_BITS: u32 = 48;
 
 fn brand(part: usize) -> [u32; 4] {
