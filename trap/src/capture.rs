@@ -13,7 +13,8 @@ use vtrace_vmm::CpuView;
 
 use crate::engine::{to_regs, Engine};
 
-/// Most captures a run takes (the old tracer's table had 30 entries).
+/// Most captures a run takes: a table of places, not a general
+/// instrumentation language.
 pub const MAX_CAPTURES: usize = 30;
 
 /// Most bytes one capture copies.

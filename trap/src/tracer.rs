@@ -72,9 +72,10 @@ const WATCHED_EXCEPTIONS: [u8; 4] = [14, 13, 6, 0];
 /// rewrite the gates of the IDT it has loaded (Linux does, while it boots).
 const HANDLER_RECHECK: u64 = 4096;
 
-/// Exceptions that stop tracing by default, after the old tracer: divide
-/// error, NMI, breakpoint, overflow, BOUND, invalid opcode, double fault,
-/// invalid TSS, segment not present, stack fault, general protection.
+/// Exceptions that stop tracing by default, those that mean the guest went
+/// wrong: divide error, NMI, breakpoint, overflow, BOUND, invalid opcode,
+/// double fault, invalid TSS, segment not present, stack fault, general
+/// protection.
 pub const DEFAULT_AUTOSTOP: [u8; 11] = [0, 2, 3, 4, 5, 6, 8, 10, 11, 12, 13];
 
 /// Exception names as `--autostop` takes them.

@@ -13,7 +13,7 @@ pub enum ExitView {
         /// A breakpoint was hit (the instruction at it has not run).
         breakpoint: bool,
     },
-    /// `OUT`. Where KVM's emulator ran it (this project's hosts) it has
+    /// `OUT`. Where KVM's emulator ran it (a paravirtual KVM) it has
     /// completed; on KVM's fast path (VT-x/AMD-V) RIP is still at it, and
     /// it completes on the next entry with a debug exit of its own.
     IoOut {
