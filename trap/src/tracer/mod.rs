@@ -1,10 +1,23 @@
 //! The tracer as the VMM sees it: a [`Monitor`] that decides when tracing
 //! is on, drives the [`Engine`] and sends its records to the trace disk.
+//!
+//! One room a job: `options` is what a run asks and what it reports,
+//! `triggers` what starts and stops tracing from the guest's code (and the
+//! debug registers they share), `guest` the guest's own tracing
+//! hypercalls, `requests` the user's hotkeys and `vtrace ctl`. This file
+//! holds the tracer's state, starting and stopping, and the hooks.
+
+mod guest;
+mod options;
+mod requests;
+mod triggers;
+
+pub use options::{parse_autostop, SampleCount, TraceOptions, TraceReport, DEFAULT_AUTOSTOP};
+
+use guest::{GuestRequests, Request};
 
 use vtrace_guest::{cmd, status};
-use vtrace_storage::WriterReport;
-use vtrace_storage::{Event, Recorder, TaskLayout, TraceReason, HOST_MARK};
-use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
+use vtrace_storage::{Event, Recorder, TraceReason};
 use vtrace_vmm::Hypercall;
 use vtrace_vmm::PeepSample;
 use vtrace_vmm::{
@@ -12,175 +25,11 @@ use vtrace_vmm::{
     Monitor,
 };
 
-use crate::capture::{CaptureCount, CaptureSite, Captures};
-use crate::engine::{Engine, EngineStats, RecordSink};
-use crate::probes::{FunctionProbe, ProbeCount, ProbeTroubles, Probes, StaticSite};
+use crate::capture::Captures;
+use crate::engine::{Engine, RecordSink};
+use crate::probes::Probes;
 use crate::tasks::TaskWatch;
-use crate::window::{FunctionSite, WindowCount, Windows};
-
-/// When and how long to trace.
-#[derive(Clone, Debug)]
-pub struct TraceOptions {
-    /// Trace from the first instruction.
-    pub from_start: bool,
-    /// Stop after this many steps.
-    pub max_steps: Option<u64>,
-    /// Stop when the guest takes one of these exception vectors.
-    pub autostop: Vec<u8>,
-    /// Start when execution reaches this linear address (a hardware
-    /// breakpoint; once).
-    pub start_at: Option<u64>,
-    /// Stop when execution reaches this linear address (before it runs).
-    pub stop_at: Option<u64>,
-    /// Start at [`TraceOptions::start_at`] only in a task of this name
-    /// (a comm, up to 15 bytes): the address is a user program's, and
-    /// every process may have code there.
-    pub start_in: Option<String>,
-    /// Stop at [`TraceOptions::stop_at`] only in a task of this name.
-    pub stop_in: Option<String>,
-    /// The host steps with RFLAGS.TF (hardware VT-x/AMD-V): catch the main
-    /// exception handlers with breakpoints too, for exceptions the engine
-    /// does not foresee (see `fault`).
-    pub trap_flag_host: bool,
-    /// End the run the first time tracing stops, rather than let the guest
-    /// run on.
-    pub exit_after_trace: bool,
-    /// Obey the guest's tracing hypercalls (where neither `from_start`
-    /// nor `functions` decide already); else they are only counted.
-    pub obey_guest: bool,
-    /// Where a Linux guest keeps its running task: record task events
-    /// (see `tasks`).
-    pub linux_tasks: Option<TaskLayout>,
-    /// Memory to copy into the trace at places (see `capture`).
-    pub captures: Vec<CaptureSite>,
-    /// Routines traced from entry to return (see `window`).
-    pub functions: Vec<FunctionSite>,
-    /// Every static probe site of the guest's kernel, enabled or not
-    /// (see `probes`).
-    pub probe_sites: Vec<StaticSite>,
-    /// The `fn:` probes asked for.
-    pub function_probes: Vec<FunctionProbe>,
-    /// Probe patterns enabled from the start (`--probe`).
-    pub probes_enabled: Vec<String>,
-}
-
-/// Exceptions whose handlers a TF host watches, most frequent first (four
-/// debug registers, one of which `--start-at` may need).
-const WATCHED_EXCEPTIONS: [u8; 4] = [14, 13, 6, 0];
-
-/// Steps between two readings of the watched handlers' gates: a guest may
-/// rewrite the gates of the IDT it has loaded (Linux does, while it boots).
-const HANDLER_RECHECK: u64 = 4096;
-
-/// Exceptions that stop tracing by default, those that mean the guest went
-/// wrong: divide error, NMI, breakpoint, overflow, BOUND, invalid opcode,
-/// double fault, invalid TSS, segment not present, stack fault, general
-/// protection.
-pub const DEFAULT_AUTOSTOP: [u8; 11] = [0, 2, 3, 4, 5, 6, 8, 10, 11, 12, 13];
-
-/// Exception names as `--autostop` takes them.
-pub const EXCEPTION_NAMES: [(&str, u8); 20] = [
-    ("de", 0),
-    ("db", 1),
-    ("nmi", 2),
-    ("bp", 3),
-    ("of", 4),
-    ("br", 5),
-    ("ud", 6),
-    ("nm", 7),
-    ("df", 8),
-    ("ts", 10),
-    ("np", 11),
-    ("ss", 12),
-    ("gp", 13),
-    ("pf", 14),
-    ("mf", 16),
-    ("ac", 17),
-    ("mc", 18),
-    ("xm", 19),
-    ("ve", 20),
-    ("cp", 21),
-];
-
-/// Parses `--autostop`: `default`, `none`, or a comma list of names
-/// (`ud,gp`) and vector numbers.
-pub fn parse_autostop(text: &str) -> Result<Vec<u8>, String> {
-    match text {
-        "default" => return Ok(DEFAULT_AUTOSTOP.to_vec()),
-        "none" => return Ok(Vec::new()),
-        _ => {}
-    }
-    text.split(',')
-        .map(|item| {
-            let item = item.trim().to_ascii_lowercase();
-            EXCEPTION_NAMES
-                .iter()
-                .find(|(name, _)| *name == item)
-                .map(|(_, v)| *v)
-                .or_else(|| item.parse::<u8>().ok().filter(|v| *v < 32))
-                .ok_or_else(|| {
-                    format!("'{item}' is not an exception (names: de, ud, gp, pf, ...; or 0-31)")
-                })
-        })
-        .collect()
-}
-
-impl Default for TraceOptions {
-    fn default() -> Self {
-        TraceOptions {
-            from_start: false,
-            max_steps: None,
-            autostop: DEFAULT_AUTOSTOP.to_vec(),
-            start_at: None,
-            stop_at: None,
-            start_in: None,
-            stop_in: None,
-            trap_flag_host: false,
-            exit_after_trace: false,
-            obey_guest: true,
-            linux_tasks: None,
-            captures: Vec::new(),
-            functions: Vec::new(),
-            probe_sites: Vec::new(),
-            function_probes: Vec::new(),
-            probes_enabled: Vec::new(),
-        }
-    }
-}
-
-/// What a finished trace run reports.
-#[derive(Clone, Debug)]
-pub struct TraceReport {
-    /// What the engine counted.
-    pub engine: EngineStats,
-    /// Steps on the trace disk (fewer than the engine stepped where
-    /// `--trace-function` kept other tasks off).
-    pub recorded_steps: u64,
-    /// What the disk writer stored.
-    pub writer: WriterReport,
-    /// Why tracing last stopped; `None` if it never started.
-    pub stop_reason: Option<TraceReason>,
-    /// How often each capture was taken.
-    pub captures: Vec<CaptureCount>,
-    /// What each `--trace-function` routine's windows came to.
-    pub windows: Vec<WindowCount>,
-    /// How often each probe fired (those the guest's kernel has, and
-    /// the `fn:` probes).
-    pub probes: Vec<ProbeCount>,
-    /// What kept probes from working as asked.
-    pub probe_troubles: ProbeTroubles,
-    /// The peeper's samples (`vtrace run --peep`).
-    pub samples: SampleCount,
-}
-
-/// What became of the peeper's samples.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SampleCount {
-    /// Written to the trace.
-    pub recorded: u64,
-    /// Not written: the trace disk was full (and not a ring).
-    pub lost: u64,
-}
+use crate::window::Windows;
 
 /// Tracing state and the recorder it writes to.
 pub struct Tracer {
@@ -189,13 +38,8 @@ pub struct Tracer {
     options: TraceOptions,
     active: bool,
     stop_reason: Option<TraceReason>,
-    start_calls: u64,
-    /// The START hypercall's pass count fires once per run.
-    start_fired: bool,
-    stop_calls: u64,
-    region_calls: u64,
-    /// The call count at which a TRACE_REGION started tracing stops it.
-    region_stop: Option<u64>,
+    /// The guest's own requests to trace, and their pass counts.
+    guest: GuestRequests,
     marks: u64,
     /// The run is ending (`on_finish`): no guest runs on after a stop.
     ending: bool,
@@ -253,6 +97,10 @@ impl Tracer {
         let captures = Captures::new(options.captures.clone());
         let windows = Windows::new(options.functions.clone(), options.linux_tasks.is_some());
         let start_armed = options.start_at.is_some();
+        // A trace the user started on the command line covers the whole
+        // run, and --trace-function windows cover their routines: the
+        // guest's requests are counted, not obeyed.
+        let obeyed = options.obey_guest && !options.from_start && options.functions.is_empty();
         let mut probes = Probes::new(options.probe_sites.clone(), options.function_probes.clone());
         for pattern in &options.probes_enabled {
             probes.set(pattern, true);
@@ -263,11 +111,7 @@ impl Tracer {
             options,
             active: false,
             stop_reason: None,
-            start_calls: 0,
-            start_fired: false,
-            stop_calls: 0,
-            region_calls: 0,
-            region_stop: None,
+            guest: GuestRequests::new(obeyed),
             marks: 0,
             ending: false,
             announce: Box::new(|line| eprintln!("{line}")),
@@ -319,7 +163,7 @@ impl Tracer {
         self.recorder.event(&Event::TraceStart(reason));
         self.active = true;
         self.stepping_over = None;
-        self.stop_calls = 0;
+        self.guest.tracing_started();
         self.arm();
         true
     }
@@ -399,173 +243,6 @@ impl Tracer {
         // breakpoint started it, or the user did).
         if let Some(pc) = self.engine.next_pc() {
             self.at_place(pc, cpu);
-        }
-    }
-
-    /// Finds the handlers a TF host watches while tracing again where they
-    /// may have moved: the guest loaded another IDT (tracing often starts
-    /// before the guest has one), or it has run [`HANDLER_RECHECK`] steps
-    /// since they were read.
-    fn rewatch_handlers(&mut self, cpu: &mut dyn CpuView) {
-        let steps = self.recorder.steps();
-        if self.engine.take_idt_moved()
-            || steps >= self.handlers_read_at.saturating_add(HANDLER_RECHECK)
-        {
-            self.watch_handlers(cpu);
-        }
-    }
-
-    /// Finds the handlers a TF host watches while tracing.
-    fn watch_handlers(&mut self, cpu: &mut dyn CpuView) {
-        self.handlers_read_at = self.recorder.steps();
-        let room = DEBUG_REGISTERS - usize::from(self.start_armed);
-        self.handlers = WATCHED_EXCEPTIONS
-            .iter()
-            .filter_map(|&v| self.engine.handler_of(v, cpu).map(|h| (h, v)))
-            .take(room)
-            .collect();
-        self.arm();
-    }
-
-    /// Sets the breakpoints: the start address until it fires; while
-    /// tracing, the watched exception handlers (TF hosts); while not, the
-    /// captures' places, as many as the debug registers have room for
-    /// (while tracing, every step's pc is compared with them instead).
-    fn arm(&mut self) {
-        let mut breakpoints = Breakpoints::default();
-        if let (true, Some(at)) = (self.start_armed, self.options.start_at) {
-            breakpoints.push(at);
-        }
-        // Past four, the rest wait (see README: the debug registers are
-        // shared): `push` refuses them.
-        if self.active {
-            for (handler, _) in &self.handlers {
-                breakpoints.push(*handler);
-            }
-        } else {
-            let over = self.stepping_over;
-            let places = self
-                .windows
-                .entries()
-                .chain(self.probes.entries())
-                .chain(self.captures.places());
-            for place in places.filter(|p| Some(*p) != over) {
-                breakpoints.push(place);
-            }
-        }
-        self.breakpoints = breakpoints;
-    }
-
-    /// Takes the captures and fires the `fn:` probes at `pc`, where the
-    /// vCPU stands (those of a user program only in its tasks); returns
-    /// whether there were any.
-    fn at_place(&mut self, pc: u64, cpu: &mut dyn CpuView) -> bool {
-        let (captured, probed) = (self.captures.at(pc), self.probes.function_at(pc));
-        if captured {
-            for i in self.captures.sites_at(pc) {
-                let task = self.captures.site(i).task.clone();
-                if self.runs_in(task.as_deref(), cpu) {
-                    let event = self.captures.take(i, &mut self.engine, cpu);
-                    self.windows.route(&mut self.recorder).event(&event);
-                }
-            }
-        }
-        if probed {
-            for (i, task) in self.probes.functions_at(pc) {
-                if self.runs_in(task.as_deref(), cpu) {
-                    let event = self.probes.fire_function(i, cpu);
-                    self.windows.route(&mut self.recorder).event(&event);
-                }
-            }
-        }
-        captured || probed
-    }
-
-    /// A breakpoint while not tracing: the start address, a
-    /// `--trace-function` routine's entry, a `fn:` probe's, or a capture's
-    /// place.
-    fn untraced_breakpoint(&mut self, cpu: &mut dyn CpuView) {
-        // The guest ran untraced and may have changed its page tables.
-        self.engine.forget_translations();
-        let pc = cpu.regs().rip;
-        if self.start_armed
-            && self.options.start_at == Some(pc)
-            && self.runs_in(self.options.start_in.clone().as_deref(), cpu)
-        {
-            // Once: stepping on from here must not hit it again. The
-            // captures here are taken where stepping begins.
-            self.start_armed = false;
-            self.start(TraceReason::Address(pc));
-            return;
-        }
-        if let Some((i, site)) = self.windows.site_at(pc) {
-            let task = site.task.clone();
-            if self.runs_in(task.as_deref(), cpu) {
-                let sp = cpu.regs().rsp;
-                let mut ret = [0u8; 8];
-                let ret = self
-                    .engine
-                    .read_linear(cpu, sp, &mut ret)
-                    .then(|| u64::from_le_bytes(ret));
-                let reason = self.windows.open(i, ret, sp);
-                self.start(reason);
-                return;
-            }
-        }
-        if self.at_place(pc, cpu) {
-            // RF would let the instruction run without firing again, but
-            // a KVM that emulates kernel code fires again regardless (48
-            // million times in a row, measured): step over it instead, and
-            // arm the place again after.
-            self.stepping_over = Some(pc);
-            self.arm();
-        }
-    }
-
-    /// The exit after stepping over a capture's place: arm it again.
-    fn stepped_over(&mut self) {
-        self.stepping_over = None;
-        self.arm();
-    }
-
-    /// Records a mark made from the host: with `id` as a guest MARK
-    /// would, else as [`HOST_MARK`]; the value counts host marks. Says
-    /// what the trace shows.
-    fn host_mark(&mut self, id: Option<u64>) -> String {
-        self.marks += 1;
-        self.recorder.event(&Event::Mark {
-            id: id.unwrap_or(HOST_MARK),
-            value: self.marks,
-        });
-        match id {
-            Some(id) => format!("mark {id} recorded (value {})", self.marks),
-            None => format!("host mark {} recorded", self.marks),
-        }
-    }
-
-    /// Whether the running task is named `comm` (a trigger's condition;
-    /// `None` holds everywhere). Where the task cannot be read (no task
-    /// layout, the kernel's half unmapped in user mode) the trigger fires,
-    /// and says so once: better a trace from the wrong process than none.
-    fn runs_in(&mut self, comm: Option<&str>, cpu: &mut dyn CpuView) -> bool {
-        let Some(wanted) = comm else {
-            return true;
-        };
-        let running = self
-            .tasks
-            .as_mut()
-            .and_then(|t| t.running_comm(&mut self.engine, cpu));
-        match running {
-            Some(name) => name == wanted,
-            None => {
-                if !self.unsure_trigger {
-                    self.unsure_trigger = true;
-                    (self.announce)(&format!(
-                        "vtrace: cannot tell which task reached the trigger in {wanted}; it fires"
-                    ));
-                }
-                true
-            }
         }
     }
 
@@ -655,38 +332,6 @@ impl Tracer {
     /// whose breakpoint fired untraced.
     fn stepping(&self) -> bool {
         self.active || self.stepping_over.is_some()
-    }
-
-    /// The status line's tracer part (`vtrace ctl status`, `Ctrl-A s`).
-    fn status_line(&self) -> String {
-        let probes = self
-            .probes
-            .status()
-            .map(|p| format!("; {p}"))
-            .unwrap_or_default();
-        let samples = match self.samples {
-            SampleCount {
-                recorded: 0,
-                lost: 0,
-            } => String::new(),
-            SampleCount { recorded, lost: 0 } => format!("; {recorded} samples"),
-            SampleCount { recorded, lost } => {
-                format!("; {recorded} samples ({lost} lost: the disk is full)")
-            }
-        };
-        let (used, size) = self.recorder.disk_fill();
-        format!(
-            "tracing {}, {} steps recorded, disk {:.1} of {:.1} MiB{}{probes}{samples}",
-            if self.active { "on" } else { "off" },
-            self.recorder.steps(),
-            used as f64 / f64::from(1 << 20),
-            size as f64 / f64::from(1 << 20),
-            if self.recorder.wraps() {
-                " (a ring)"
-            } else {
-                ""
-            }
-        )
     }
 }
 
@@ -788,130 +433,39 @@ impl Monitor for Tracer {
     }
 
     fn hypercall(&mut self, call: &Hypercall) -> Option<i32> {
-        // Pass counts as the old tracer's system call had them: 0 and 1
-        // mean "this call"; n means "the n-th call".
-        let due = |count: u64, pass: u64| count >= pass.max(1);
-        // A trace the user started on the command line covers the whole
-        // run, and --trace-function windows cover their routines: the
-        // guest's requests are counted, not obeyed.
-        let obeyed = self.options.obey_guest
-            && !self.options.from_start
-            && self.options.functions.is_empty();
-        match call.command {
-            cmd::TRACE_START => {
-                self.start_calls += 1;
-                if obeyed
-                    && !self.active
-                    && !self.start_fired
-                    && due(self.start_calls, call.args[0])
-                {
-                    self.start_fired = true;
-                    self.start(TraceReason::Hypercall {
-                        pass: self.start_calls,
-                    });
+        if GuestRequests::is_tracing_call(call.command) {
+            let args = [call.args[0], call.args[1]];
+            match self.guest.call(call.command, args, self.active) {
+                Some(Request::Start(reason)) => {
+                    self.start(reason);
                 }
-                Some(status::OK)
-            }
-            cmd::TRACE_REGION => {
-                self.region_calls += 1;
-                let n = self.region_calls;
-                let (start, passes) = (call.args[0].max(1), call.args[1]);
-                if obeyed && self.region_stop == Some(n) {
-                    self.region_stop = None;
-                    self.stop(TraceReason::Hypercall { pass: n });
-                } else if obeyed && n == start && !self.active {
-                    self.start(TraceReason::Hypercall { pass: n });
-                    self.region_stop = (passes > 0).then(|| start.saturating_add(passes));
+                Some(Request::Stop(reason)) => {
+                    self.stop(reason);
                 }
-                Some(status::OK)
+                None => {}
             }
-            cmd::PROBE => {
-                if let Some(event) = self.probes.fire(call) {
-                    if self.active && self.engine.started() {
-                        // After the step of the IN, as the hypercall's own
-                        // event.
-                        self.engine.defer_event(event);
-                    } else {
-                        self.windows.route(&mut self.recorder).event(&event);
-                    }
-                }
-                Some(status::OK)
-            }
-            cmd::TRACE_STOP if !obeyed => Some(status::OK),
-            cmd::TRACE_STOP => {
-                if self.active {
-                    self.stop_calls += 1;
-                    if due(self.stop_calls, call.args[0]) {
-                        self.stop(TraceReason::Hypercall {
-                            pass: self.stop_calls,
-                        });
-                    }
-                }
-                Some(status::OK)
-            }
-            _ => None,
+            return Some(status::OK);
         }
+        if call.command != cmd::PROBE {
+            return None;
+        }
+        if let Some(event) = self.probes.fire(call) {
+            if self.active && self.engine.started() {
+                // After the step of the IN, as the hypercall's own event.
+                self.engine.defer_event(event);
+            } else {
+                self.windows.route(&mut self.recorder).event(&event);
+            }
+        }
+        Some(status::OK)
     }
 
     fn hotkey(&mut self, key: u8) -> Option<String> {
-        match key {
-            b't' if self.active => {
-                self.stop(TraceReason::Hotkey);
-                Some(format!(
-                    "vtrace: tracing stopped ({} steps so far)",
-                    self.recorder.steps()
-                ))
-            }
-            b't' => {
-                self.start(TraceReason::Hotkey);
-                Some("vtrace: tracing started".into())
-            }
-            b'm' => Some(format!("vtrace: {}", self.host_mark(None))),
-            _ => None,
-        }
+        self.answer_hotkey(key)
     }
 
     fn control(&mut self, command: &str) -> Option<String> {
-        let mut words = command.split_whitespace();
-        Some(match (words.next()?, words.next()) {
-            ("start", None) => match self.start(TraceReason::Control) {
-                true => "tracing started".into(),
-                false => "tracing was already on".into(),
-            },
-            ("stop", None) => match self.stop(TraceReason::Control) {
-                true => format!("tracing stopped after {} steps", self.recorder.steps()),
-                false => "tracing was already off".into(),
-            },
-            ("mark", id) => match id.map(str::parse::<u64>) {
-                None => self.host_mark(None),
-                Some(Ok(id)) if id != HOST_MARK => self.host_mark(Some(id)),
-                Some(_) => {
-                    return Some(format!(
-                        "error: a mark's id is a number below {HOST_MARK} (that one means \
-                         a mark without an id)"
-                    ))
-                }
-            },
-            ("probe", Some(action @ ("enable" | "disable"))) => {
-                let (Some(pattern), None) = (words.next(), words.next()) else {
-                    return Some(format!(
-                        "error: probe {action} takes one pattern (sched:*, timer:tick, fn:*)"
-                    ));
-                };
-                let matched = self.probes.set(pattern, action == "enable");
-                // Written before the guest runs again; the breakpoints
-                // of fn: probes follow.
-                self.arm();
-                match matched.len() {
-                    0 => format!(
-                        "error: no probe matches '{pattern}' (`vtrace probes list` lists the \
-                         kernel's; fn: probes are given to vtrace run with --probe)"
-                    ),
-                    _ => format!("{action}d {}", matched.join(", ")),
-                }
-            }
-            _ => return None,
-        })
+        self.answer_control(command)
     }
 
     fn status(&self) -> Option<String> {
@@ -919,25 +473,14 @@ impl Monitor for Tracer {
     }
 
     fn help(&self) -> Help {
-        Help {
-            hotkeys: vec![
-                ('t', "start or stop tracing"),
-                ('m', "record a mark in the trace"),
-            ],
-            commands: vec![
-                "start",
-                "stop",
-                "mark [ID]",
-                "probe enable PATTERN",
-                "probe disable PATTERN",
-            ],
-        }
+        Tracer::help_text()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::CaptureSite;
     use crate::walker::tests::{machine, PF_HANDLER};
     use vtrace_storage::DiskWriter;
 
