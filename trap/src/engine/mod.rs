@@ -18,18 +18,18 @@
 //! Anything else that moves the pc unexplained is a gap event with both
 //! addresses; nothing is dropped silently.
 
-use vtrace_storage::{CpuMode, Event, InsnBytes, InterruptSource, Record, Recorder, Regs, Step};
+use vtrace_storage::{CpuMode, Event, InsnBytes, Record, Recorder, Regs, Step};
 use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Directive, Exception, ExitView};
 
 use crate::context::{cpu_mode, linear_pc};
 use crate::fault;
 use crate::flow::{DecodeCache, Decoded, Flow};
-use crate::idt::{error_code, gate, has_error_code};
 use crate::rep::{ReadLinear, RepString, Unreadable};
 use crate::walker::Walker;
 
 mod interrupts;
+mod record;
 mod trap_flag;
 
 /// Where records go: the trace disk's recorder, or a vector in tests.
@@ -218,7 +218,6 @@ fn fetch_into(
 }
 
 use vtrace_vmm::x86::rflags::RF as RFLAGS_RF;
-use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
 
 fn control(s: &SpecialRegisters) -> [u64; 4] {
     [s.cr0, s.cr3, s.cr4, s.efer]
@@ -675,198 +674,9 @@ impl Engine {
         }
     }
 
-    fn after_instruction<S: RecordSink>(
-        &mut self,
-        view: &ExitView,
-        cpu: &mut dyn CpuView,
-        sink: &mut S,
-    ) -> Directive {
-        let mut regs = cpu.regs();
-        let sregs = cpu.sregs();
-        let next = linear_pc(&sregs, regs.rip);
-        let mut directive = Directive::Continue;
-        let completed_here = !matches!(view, ExitView::Debug { .. });
-        // Popped or run by now: what carry_trap_flag put there is spent.
-        self.carried.frame = None;
-        let carried_r11 = std::mem::take(&mut self.carried.r11);
-        // This exit may be the completion of an IN: an interrupt queued at
-        // its I/O exit arrives only on the entry after this one.
-        let completing = std::mem::take(&mut self.completing);
-        let completing_store = std::mem::take(&mut self.mmio_store)
-            && self.pending.and_then(|p| p.decoded).is_some_and(|d| {
-                // A plain store changes no general register, so its step
-                // is the registers before it.
-                d.insn.mnemonic() == iced_x86::Mnemonic::Mov
-                    && d.insn.op0_kind() == iced_x86::OpKind::Memory
-            });
-        let mid_rep = std::mem::take(&mut self.mid_rep);
-
-        let injected = if completed_here || completing {
-            None
-        } else {
-            self.injected.take()
-        };
-        if let Some(vector) = injected {
-            // With interrupts disabled before it, the pending instruction
-            // must have run first if it is what enabled them (IRETQ, STI,
-            // POPF): the interrupt came right after it, and its step is
-            // folded into this exit. Its registers are not seen on their
-            // own; the step carries these.
-            self.ran_before_interrupt(&regs, sink);
-            sink.event(&Event::Interrupt {
-                vector,
-                error_code: None,
-                source: InterruptSource::Injected,
-            });
-            let g = gate(cpu, &mut self.walker, &sregs, vector);
-            self.handler_first_step(g, cpu, &regs, &sregs, next, sink);
-        } else if let Some(p) = self.pending.take() {
-            let folded: Option<Decoded>;
-            match p.decoded {
-                // Only some instructions change the privilege level; after
-                // any other, a new CPL means the CPU went somewhere unseen.
-                Some(d)
-                    if d.explains(p.pc, next) && (d.changes_privilege || sregs.cpl() == p.cpl) =>
-                {
-                    if sregs.cr2 != self.last_cr2 && !d.rearm {
-                        // Only a page fault writes CR2. Where stepping
-                        // rides on TF, a fault the CPU delivered itself
-                        // ran its handler without stepping, and returned
-                        // here to run the instruction again.
-                        self.gap(p.pc, p.pc, sink);
-                    }
-                    if d.flow == Flow::Repeat {
-                        self.emit_repeat(&p, mid_rep, cpu, &sregs, &regs, sink);
-                        self.mid_rep = next == p.pc;
-                    } else if d.iretq {
-                        let own = self.iretq_regs(cpu, &sregs, &regs, next);
-                        self.emit_step(&p, &own, sink);
-                    } else if d.saves_flags_in_r11 && sregs.cpl() != 0 {
-                        // SYSCALL lands in the kernel: back in user mode,
-                        // the kernel ran unseen.
-                        self.emit_step(&p, &regs, sink);
-                        self.gap(p.pc, next, sink);
-                    } else if d.saves_flags_in_r11
-                        && regs.r11 & RFLAGS_TF != 0
-                        && self.last.rflags & RFLAGS_TF == 0
-                    {
-                        // SYSCALL saved the tracer's TF into R11.
-                        let mut own = regs;
-                        own.r11 &= !RFLAGS_TF;
-                        let written = cpu.write_regs(&own);
-                        self.wrote(written);
-                        self.emit_step(&p, &own, sink);
-                    } else if d.cpuid && self.correct_cpuid(cpu, &mut regs) {
-                        self.emit_step(&p, &regs, sink);
-                    } else if carried_r11 && regs.r11 & RFLAGS_TF != 0 {
-                        // SYSRET ran with the TF the engine put into R11:
-                        // the guest gets its own R11 back.
-                        regs.r11 &= !RFLAGS_TF;
-                        let written = cpu.write_regs(&regs);
-                        self.wrote(written);
-                        self.emit_step(&p, &regs, sink);
-                    } else {
-                        self.emit_step(&p, &regs, sink);
-                    }
-                    if d.iretq {
-                        self.after_iretq(cpu, &sregs, &regs, next, sink);
-                    }
-                    directive = self.after_step(d, cpu, &sregs, &regs, sink);
-                }
-                Some(d)
-                    if (d.shadow.is_some() || completing_store) && {
-                        // A MOV store that completed an MMIO exit may not
-                        // trap on its own (this project's hosts): the
-                        // instruction after it ran too, as after a fence.
-                        let d = Decoded {
-                            shadow: d.shadow.or(Some(crate::flow::Shadow::NoTrapAfter)),
-                            ..d
-                        };
-                        folded = self.after_shadow(&p, d, cpu, &sregs, &regs, next, sink);
-                        folded.is_some()
-                    } =>
-                {
-                    if let Some(f) = folded {
-                        directive = self.after_step(f, cpu, &sregs, &regs, sink);
-                    }
-                }
-                _ => match (completed_here, self.infer_exception(cpu, &sregs, next)) {
-                    (false, Some((vector, g))) => {
-                        // The instruction faulted: it did not run, and runs
-                        // again (and is recorded) after the handler.
-                        self.stats.exceptions += 1;
-                        self.last_exception = Some(vector);
-                        let error_code = has_error_code(vector)
-                            .then(|| error_code(cpu, &mut self.walker, &sregs, g, self.last.rsp))
-                            .flatten();
-                        sink.event(&Event::Interrupt {
-                            vector,
-                            error_code,
-                            source: InterruptSource::InferredFromIdt,
-                        });
-                        self.handler_first_step(Some(g), cpu, &regs, &sregs, next, sink);
-                    }
-                    _ => {
-                        self.emit_step(&p, &regs, sink);
-                        let from = p.decoded.map_or(p.pc, |d| d.expected(p.pc));
-                        self.gap(from, next, sink);
-                    }
-                },
-            }
-        }
-
-        // Rarely any: an empty drain still cost some 25 instructions a step.
-        if !self.deferred.is_empty() {
-            for e in self.deferred.drain(..) {
-                sink.event(&e);
-            }
-        }
-        match *view {
-            ExitView::IoOut {
-                port, size, value, ..
-            } => sink.event(&Event::Io {
-                port,
-                size,
-                write: true,
-                value,
-            }),
-            ExitView::CompletedByVmm {
-                vector: Some(vector),
-            } => sink.event(&Event::Interrupt {
-                vector,
-                error_code: None,
-                source: InterruptSource::DeliveredByVmm,
-            }),
-            _ => {}
-        }
-        let now = control(&sregs);
-        for i in 0..4 {
-            if now[i] != self.control[i] {
-                sink.event(&Event::ControlRegister {
-                    reg: CONTROL_REGS[i],
-                    value: now[i],
-                });
-            }
-        }
-        self.control = now;
-        self.last_cr2 = sregs.cr2;
-        let idt = (sregs.idt.base, sregs.idt.limit);
-        if idt != self.idt {
-            self.idt = idt;
-            self.idt_moved = true;
-        }
-        self.last = regs;
-        self.fetch_pending(cpu, &sregs, next);
-        if self.foresee {
-            self.foresee_fault(cpu, &sregs, &regs);
-            self.carry_trap_flag(cpu, &sregs, &regs);
-        }
-        directive
-    }
-
     /// Gives CPUID's result the vCPU's table where the host answered with
-    /// its own feature bits (see `cpuid::as_given`); true if it changed.
-    fn correct_cpuid(&mut self, cpu: &mut dyn CpuView, regs: &mut Registers) -> bool {
+    /// its own feature bits (see `cpuid::as_given`).
+    fn correct_cpuid(&mut self, cpu: &mut dyn CpuView, regs: &mut Registers) {
         let seen = [
             regs.rax as u32,
             regs.rbx as u32,
@@ -875,7 +685,7 @@ impl Engine {
         ];
         let given = cpu.cpuid_as_given(self.last.rax as u32, self.last.rcx as u32, seen);
         if given == seen {
-            return false;
+            return;
         }
         // CPUID zero-extends its 32-bit results.
         regs.rax = u64::from(given[0]);
@@ -884,7 +694,6 @@ impl Engine {
         regs.rdx = u64::from(given[3]);
         let written = cpu.write_regs(regs);
         self.wrote(written);
-        true
     }
 
     /// Counts a write to guest state that failed, and says the first.
@@ -905,6 +714,8 @@ mod tests {
     //! The engine against a fake vCPU: flat guest memory with an identity
     //! map, registers set by hand to what each kind of host reports.
     use super::*;
+    use vtrace_storage::InterruptSource;
+    use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
     use vtrace_vmm::Hypercall;
 
     use crate::walker::tests::{machine, FlatCpu, CODE, PF_HANDLER, STACK, TIMER_HANDLER};

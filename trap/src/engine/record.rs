@@ -1,0 +1,418 @@
+//! After an instruction ran: classify how the host got from the pending
+//! instruction to this exit, one arm per host behaviour of the
+//! architecture doc's table, then record it. This is the per-step path.
+
+use vtrace_storage::{Event, InterruptSource};
+use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
+use vtrace_vmm::x86::{Registers, SpecialRegisters};
+use vtrace_vmm::{CpuView, Directive, ExitView};
+
+use super::{control, Engine, Pending, RecordSink, CONTROL_REGS};
+use crate::context::linear_pc;
+use crate::flow::{Decoded, Flow, Shadow};
+use crate::idt::{error_code, gate, has_error_code};
+
+/// How the step of an instruction whose next pc the engine explains is
+/// recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepRecord {
+    /// A REP string instruction: one step per iteration (`rep.rs`).
+    Repeat,
+    /// IRETQ: the registers it popped, whatever the host shows.
+    Iretq,
+    /// SYSCALL landed back in user mode: the kernel ran unseen, a gap.
+    SyscallUnseen,
+    /// SYSCALL saved the tracer's TF into R11: the guest's own R11.
+    SyscallTrapFlagInR11,
+    /// CPUID: the result the vCPU's table gives, where the host leaks
+    /// its own bits.
+    Cpuid,
+    /// SYSRET ran with the TF the engine put into R11: the guest gets its
+    /// own R11 back.
+    SysretCarriedTrapFlag,
+    /// The registers at the exit.
+    Plain,
+}
+
+/// Classifies an explained step: `cpl` is the privilege level after it,
+/// `r11` its R11, `rflags_before` RFLAGS before it, `carried_r11` whether
+/// the engine put TF into R11 for it.
+fn step_record(
+    d: &Decoded,
+    cpl: u8,
+    r11: u64,
+    rflags_before: u64,
+    carried_r11: bool,
+) -> StepRecord {
+    if d.flow == Flow::Repeat {
+        StepRecord::Repeat
+    } else if d.iretq {
+        StepRecord::Iretq
+    } else if d.saves_flags_in_r11 && cpl != 0 {
+        StepRecord::SyscallUnseen
+    } else if d.saves_flags_in_r11 && r11 & RFLAGS_TF != 0 && rflags_before & RFLAGS_TF == 0 {
+        StepRecord::SyscallTrapFlagInR11
+    } else if d.cpuid {
+        StepRecord::Cpuid
+    } else if carried_r11 && r11 & RFLAGS_TF != 0 {
+        StepRecord::SysretCarriedTrapFlag
+    } else {
+        StepRecord::Plain
+    }
+}
+
+/// What the exit says of the pending instruction's completion, taken from
+/// the engine's state as the exit is followed.
+#[derive(Clone, Copy, Debug)]
+struct Completion {
+    /// The exit is not a debug exit: the instruction completed at it
+    /// (I/O, HLT, an instruction the VMM completed).
+    here: bool,
+    /// A MOV store that completed an MMIO exit.
+    mmio_store: bool,
+    /// The last exit was in a REP instruction's midst.
+    mid_rep: bool,
+    /// The engine put TF into R11 for this instruction (SYSRET).
+    carried_r11: bool,
+}
+
+impl Engine {
+    /// Follows an exit after which an instruction ran (or an interrupt
+    /// came): classifies and records it, then the exit's own events, then
+    /// prepares the next instruction.
+    pub(super) fn after_instruction<S: RecordSink>(
+        &mut self,
+        view: &ExitView,
+        cpu: &mut dyn CpuView,
+        sink: &mut S,
+    ) -> Directive {
+        let mut regs = cpu.regs();
+        let sregs = cpu.sregs();
+        let next = linear_pc(&sregs, regs.rip);
+        let here = !matches!(view, ExitView::Debug { .. });
+        // Popped or run by now: what carry_trap_flag put there is spent.
+        self.carried.frame = None;
+        let carried_r11 = std::mem::take(&mut self.carried.r11);
+        // This exit may be the completion of an IN: an interrupt queued at
+        // its I/O exit arrives only on the entry after this one.
+        let completing = std::mem::take(&mut self.completing);
+        let mmio_store = std::mem::take(&mut self.mmio_store)
+            && self.pending.and_then(|p| p.decoded).is_some_and(|d| {
+                // A plain store changes no general register, so its step
+                // is the registers before it.
+                d.insn.mnemonic() == iced_x86::Mnemonic::Mov
+                    && d.insn.op0_kind() == iced_x86::OpKind::Memory
+            });
+        let mid_rep = std::mem::take(&mut self.mid_rep);
+        let injected = match here || completing {
+            true => None,
+            false => self.injected.take(),
+        };
+        let directive = if let Some(vector) = injected {
+            self.interrupted(vector, cpu, &regs, &sregs, next, sink);
+            Directive::Continue
+        } else if let Some(p) = self.pending.take() {
+            let completion = Completion {
+                here,
+                mmio_store,
+                mid_rep,
+                carried_r11,
+            };
+            self.record_pending(p, completion, cpu, &mut regs, &sregs, next, sink)
+        } else {
+            Directive::Continue
+        };
+        self.record_exit_events(view, &sregs, sink);
+        self.prepare_next(cpu, &sregs, regs, next);
+        directive
+    }
+
+    /// An interrupt was injected before the exit: with interrupts disabled
+    /// before it, the pending instruction must have run first if it is
+    /// what enabled them (IRETQ, STI, POPF): the interrupt came right
+    /// after it, and its step is folded into this exit. Its registers are
+    /// not seen on their own; the step carries these.
+    #[inline]
+    fn interrupted<S: RecordSink>(
+        &mut self,
+        vector: u8,
+        cpu: &mut dyn CpuView,
+        regs: &Registers,
+        sregs: &SpecialRegisters,
+        next: u64,
+        sink: &mut S,
+    ) {
+        self.ran_before_interrupt(regs, sink);
+        sink.event(&Event::Interrupt {
+            vector,
+            error_code: None,
+            source: InterruptSource::Injected,
+        });
+        let g = gate(cpu, &mut self.walker, sregs, vector);
+        self.handler_first_step(g, cpu, regs, sregs, next, sink);
+    }
+
+    /// The pending instruction ran, or did not: explained by its decoding,
+    /// folded with the next after a trap the host held back, or else a
+    /// fault or a gap.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn record_pending<S: RecordSink>(
+        &mut self,
+        p: Pending,
+        completion: Completion,
+        cpu: &mut dyn CpuView,
+        regs: &mut Registers,
+        sregs: &SpecialRegisters,
+        next: u64,
+        sink: &mut S,
+    ) -> Directive {
+        match p.decoded {
+            // Only some instructions change the privilege level; after any
+            // other, a new CPL means the CPU went somewhere unseen.
+            Some(d) if d.explains(p.pc, next) && (d.changes_privilege || sregs.cpl() == p.cpl) => {
+                self.record_explained(&p, d, completion, cpu, regs, sregs, next, sink)
+            }
+            Some(d) if d.shadow.is_some() || completion.mmio_store => {
+                // A MOV store that completed an MMIO exit may not trap on
+                // its own (the paravirtual hosts): the instruction after it
+                // ran too, as after a fence.
+                let d = Decoded {
+                    shadow: d.shadow.or(Some(Shadow::NoTrapAfter)),
+                    ..d
+                };
+                match self.after_shadow(&p, d, cpu, sregs, regs, next, sink) {
+                    Some(folded) => self.after_step(folded, cpu, sregs, regs, sink),
+                    None => {
+                        self.fault_or_gap(&p, completion.here, cpu, regs, sregs, next, sink);
+                        Directive::Continue
+                    }
+                }
+            }
+            _ => {
+                self.fault_or_gap(&p, completion.here, cpu, regs, sregs, next, sink);
+                Directive::Continue
+            }
+        }
+    }
+
+    /// Records an instruction the engine's decoding explains (see
+    /// [`StepRecord`]).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn record_explained<S: RecordSink>(
+        &mut self,
+        p: &Pending,
+        d: Decoded,
+        completion: Completion,
+        cpu: &mut dyn CpuView,
+        regs: &mut Registers,
+        sregs: &SpecialRegisters,
+        next: u64,
+        sink: &mut S,
+    ) -> Directive {
+        if sregs.cr2 != self.last_cr2 && !d.rearm {
+            // Only a page fault writes CR2. Where stepping rides on TF, a
+            // fault the CPU delivered itself ran its handler without
+            // stepping, and returned here to run the instruction again.
+            self.gap(p.pc, p.pc, sink);
+        }
+        let how = step_record(
+            &d,
+            sregs.cpl(),
+            regs.r11,
+            self.last.rflags,
+            completion.carried_r11,
+        );
+        match how {
+            StepRecord::Repeat => {
+                self.emit_repeat(p, completion.mid_rep, cpu, sregs, regs, sink);
+                self.mid_rep = next == p.pc;
+            }
+            StepRecord::Iretq => {
+                let own = self.iretq_regs(cpu, sregs, regs, next);
+                self.emit_step(p, &own, sink);
+            }
+            StepRecord::SyscallUnseen => {
+                self.emit_step(p, regs, sink);
+                self.gap(p.pc, next, sink);
+            }
+            StepRecord::SyscallTrapFlagInR11 => {
+                let mut own = *regs;
+                own.r11 &= !RFLAGS_TF;
+                let written = cpu.write_regs(&own);
+                self.wrote(written);
+                self.emit_step(p, &own, sink);
+            }
+            StepRecord::Cpuid => {
+                self.correct_cpuid(cpu, regs);
+                self.emit_step(p, regs, sink);
+            }
+            StepRecord::SysretCarriedTrapFlag => {
+                regs.r11 &= !RFLAGS_TF;
+                let written = cpu.write_regs(regs);
+                self.wrote(written);
+                self.emit_step(p, regs, sink);
+            }
+            StepRecord::Plain => self.emit_step(p, regs, sink),
+        }
+        if d.iretq {
+            self.after_iretq(cpu, sregs, regs, next, sink);
+        }
+        self.after_step(d, cpu, sregs, regs, sink)
+    }
+
+    /// The next pc is not the pending instruction's: it faulted (it did
+    /// not run, and runs again, and is recorded, after the handler), or
+    /// the CPU went somewhere the engine cannot explain (a gap).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn fault_or_gap<S: RecordSink>(
+        &mut self,
+        p: &Pending,
+        completed_here: bool,
+        cpu: &mut dyn CpuView,
+        regs: &Registers,
+        sregs: &SpecialRegisters,
+        next: u64,
+        sink: &mut S,
+    ) {
+        match (completed_here, self.infer_exception(cpu, sregs, next)) {
+            (false, Some((vector, g))) => {
+                self.stats.exceptions += 1;
+                self.last_exception = Some(vector);
+                let error_code = has_error_code(vector)
+                    .then(|| error_code(cpu, &mut self.walker, sregs, g, self.last.rsp))
+                    .flatten();
+                sink.event(&Event::Interrupt {
+                    vector,
+                    error_code,
+                    source: InterruptSource::InferredFromIdt,
+                });
+                self.handler_first_step(Some(g), cpu, regs, sregs, next, sink);
+            }
+            _ => {
+                self.emit_step(p, regs, sink);
+                let from = p.decoded.map_or(p.pc, |d| d.expected(p.pc));
+                self.gap(from, next, sink);
+            }
+        }
+    }
+
+    /// The exit's own events, after the step: held-back events (IN,
+    /// hypercalls, MMIO), the OUT, an interrupt the VMM delivered, and
+    /// control registers that changed.
+    #[inline]
+    fn record_exit_events<S: RecordSink>(
+        &mut self,
+        view: &ExitView,
+        sregs: &SpecialRegisters,
+        sink: &mut S,
+    ) {
+        // Rarely any: an empty drain still cost some 25 instructions a step.
+        if !self.deferred.is_empty() {
+            for e in self.deferred.drain(..) {
+                sink.event(&e);
+            }
+        }
+        match *view {
+            ExitView::IoOut {
+                port, size, value, ..
+            } => sink.event(&Event::Io {
+                port,
+                size,
+                write: true,
+                value,
+            }),
+            ExitView::CompletedByVmm {
+                vector: Some(vector),
+            } => sink.event(&Event::Interrupt {
+                vector,
+                error_code: None,
+                source: InterruptSource::DeliveredByVmm,
+            }),
+            _ => {}
+        }
+        let now = control(sregs);
+        for i in 0..4 {
+            if now[i] != self.control[i] {
+                sink.event(&Event::ControlRegister {
+                    reg: CONTROL_REGS[i],
+                    value: now[i],
+                });
+            }
+        }
+        self.control = now;
+    }
+
+    /// Takes in the state after this exit and fetches the next
+    /// instruction, foreseeing its fault and carrying TF where it must.
+    #[inline]
+    fn prepare_next(
+        &mut self,
+        cpu: &mut dyn CpuView,
+        sregs: &SpecialRegisters,
+        regs: Registers,
+        next: u64,
+    ) {
+        self.last_cr2 = sregs.cr2;
+        let idt = (sregs.idt.base, sregs.idt.limit);
+        if idt != self.idt {
+            self.idt = idt;
+            self.idt_moved = true;
+        }
+        self.last = regs;
+        self.fetch_pending(cpu, sregs, next);
+        if self.foresee {
+            self.foresee_fault(cpu, sregs, &regs);
+            self.carry_trap_flag(cpu, sregs, &regs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::decode;
+
+    fn decoded(bytes: &[u8]) -> Decoded {
+        decode(bytes, 64, 0x1000).expect("decodes")
+    }
+
+    const TF: u64 = RFLAGS_TF;
+
+    #[test]
+    fn each_host_behaviour_has_its_own_record() {
+        let plain = |bytes: &[u8]| step_record(&decoded(bytes), 0, 0, 0, false);
+        assert_eq!(plain(&[0xf3, 0xaa]), StepRecord::Repeat, "rep stosb");
+        assert_eq!(plain(&[0x48, 0xcf]), StepRecord::Iretq);
+        assert_eq!(plain(&[0x0f, 0xa2]), StepRecord::Cpuid);
+        assert_eq!(plain(&[0x90]), StepRecord::Plain);
+        let syscall = decoded(&[0x0f, 0x05]);
+        assert_eq!(
+            step_record(&syscall, 3, 0, 0, false),
+            StepRecord::SyscallUnseen,
+            "back in user mode after it"
+        );
+        assert_eq!(
+            step_record(&syscall, 0, TF, 0, false),
+            StepRecord::SyscallTrapFlagInR11,
+            "the tracer's TF in R11"
+        );
+        assert_eq!(
+            step_record(&syscall, 0, TF, TF, false),
+            StepRecord::Plain,
+            "the guest's own TF"
+        );
+        let sysret = decoded(&[0x48, 0x0f, 0x07]);
+        assert_eq!(
+            step_record(&sysret, 3, TF, 0, true),
+            StepRecord::SysretCarriedTrapFlag
+        );
+        assert_eq!(
+            step_record(&sysret, 3, TF, 0, false),
+            StepRecord::Plain,
+            "TF the guest put into R11 itself"
+        );
+    }
+}
