@@ -16,7 +16,8 @@ use vtrace_analyzer::{
 };
 use vtrace_image::symbols::{discover, Scope, Symbolizer};
 
-use vtrace_analyzer::tasks::{SelectedTasks, TaskFilter};
+use vtrace_analyzer::levels::SelectedTasks;
+use vtrace_analyzer::tasks::TaskFilter;
 
 use crate::cli::{
     AnalyzeArgs, AnalyzeCommand, DiffArgs, ExportArgs, ExportFormatArg, OutputArgs, SyntaxArg,

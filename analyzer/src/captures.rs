@@ -34,41 +34,6 @@ pub struct Capture {
     pub bytes: Vec<u8>,
 }
 
-/// The bytes as text: up to the first NUL (captures are mostly strings),
-/// with C's escapes for the rest (`\n`, `\"`, `\\`, `\x90`), so a
-/// format string reads as in its source.
-pub fn text_of(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    let mut out = String::with_capacity(end);
-    for &b in &bytes[..end] {
-        match b {
-            b'\n' => out.push_str("\\n"),
-            b'\t' => out.push_str("\\t"),
-            b'\r' => out.push_str("\\r"),
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            b' '..=b'~' => out.push(char::from(b)),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    out
-}
-
-/// What the bytes are in a line: the text, and how many were missing.
-pub fn describe(name: &str, addr: u64, length: u32, bytes: &[u8]) -> String {
-    let what = match bytes.len() {
-        0 => "not present, skipped".to_string(),
-        n if n < length as usize => {
-            format!(
-                "\"{}\" ({n} of {length} bytes; the rest not present)",
-                text_of(bytes)
-            )
-        }
-        _ => format!("\"{}\"", text_of(bytes)),
-    };
-    format!("capture {name} at {addr:#x}: {what}")
-}
-
 /// A capture, or tracing starting or stopping, in trace order.
 enum Found {
     Capture(Box<Capture>),
@@ -153,7 +118,7 @@ pub fn format_table(captures: &[Capture]) -> String {
         };
         let text = match got {
             0 => "(not present, skipped)".to_string(),
-            _ => format!("\"{}\"", text_of(&c.bytes)),
+            _ => format!("\"{}\"", crate::event_text::text_of(&c.bytes)),
         };
         let _ = writeln!(
             out,
@@ -168,29 +133,4 @@ pub fn format_table(captures: &[Capture]) -> String {
         out.push_str("* taken while tracing was off (at a breakpoint)\n");
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn text_is_a_c_string_with_escapes() {
-        assert_eq!(text_of(b"ticks: %lu\n\0junk"), "ticks: %lu\\n");
-        assert_eq!(text_of(&[0x90, b'a', b'\'', b'"']), "\\x90a'\\\"");
-        assert_eq!(text_of(b""), "");
-    }
-
-    #[test]
-    fn a_line_says_what_was_missing() {
-        assert_eq!(
-            describe("f", 0x10, 8, b"ab"),
-            "capture f at 0x10: \"ab\" (2 of 8 bytes; the rest not present)"
-        );
-        assert_eq!(
-            describe("f", 0x10, 8, b""),
-            "capture f at 0x10: not present, skipped"
-        );
-        assert_eq!(describe("f", 0x10, 2, b"ab"), "capture f at 0x10: \"ab\"");
-    }
 }

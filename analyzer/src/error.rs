@@ -39,7 +39,7 @@ pub enum AnalyzeError {
     },
     /// The data export failed.
     #[error("export: {0}")]
-    Export(#[from] crate::export::ExportError),
+    Export(#[from] ExportError),
     /// The HTML report's template did not render.
     #[error("HTML report: {0}")]
     Report(#[source] minijinja::Error),
@@ -50,3 +50,20 @@ pub enum AnalyzeError {
 
 /// A result of an analysis.
 pub type Result<T, E = AnalyzeError> = std::result::Result<T, E>;
+
+/// What an export can fail at, beyond reading the trace.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// Writing an output file, or standard output.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Arrow refused the columns (a bug: the schema is fixed).
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    /// The Parquet encoder failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+    /// Standard output takes one stream of JSON lines only.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}

@@ -12,6 +12,7 @@
 pub mod captures;
 pub mod diff;
 pub mod error;
+pub mod event_text;
 pub mod export;
 pub mod flame;
 pub mod input;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter};
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, RecordRef, Regs, Step, HOST_MARK, REG_NAMES};
+use vtrace_storage::{Event, RecordRef, Regs, Step, REG_NAMES};
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
@@ -54,104 +54,6 @@ fn changed(prev: Option<&Regs>, now: &Regs) -> String {
         }
     }
     out
-}
-
-/// One event as a listing line.
-pub fn describe_event(e: &Event) -> String {
-    match e {
-        Event::Interrupt {
-            vector,
-            error_code,
-            source,
-        } => format!(
-            "interrupt {vector} ({}){} [{source:?}]",
-            crate::naming::vector_name(*vector),
-            error_code
-                .map(|c| format!(" error code {c:#x}"))
-                .unwrap_or_default()
-        ),
-        Event::Io {
-            port,
-            size,
-            write,
-            value,
-        } => format!(
-            "io {} port {port:#x}{} size {size} value {value:#x}",
-            if *write { "out" } else { "in" },
-            crate::naming::port_name(*port)
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default()
-        ),
-        Event::Mmio {
-            addr,
-            size,
-            write,
-            value,
-        } => format!(
-            "mmio {} {addr:#x} size {size} value {value:#x}",
-            if *write { "write" } else { "read" }
-        ),
-        Event::Hypercall {
-            command,
-            args,
-            result,
-        } => format!(
-            "hypercall {} args [{}] result {result}",
-            crate::naming::hypercall_name(*command),
-            args.iter()
-                .map(|a| format!("{a:#x}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        Event::Mark {
-            id: HOST_MARK,
-            value,
-        } => format!("host mark {value}"),
-        Event::Mark { id, value } => format!("mark {id} value {value:#x}"),
-        Event::Log(text) => format!("log {text:?}"),
-        Event::Capture {
-            name,
-            addr,
-            length,
-            bytes,
-        } => crate::captures::describe(name, *addr, *length, bytes),
-        Event::Probe { name, pc, args } => crate::probes::describe(name, *pc, args),
-        Event::Sample {
-            virtual_ns,
-            values,
-            pc,
-            ..
-        } => format!(
-            "sample taken at {:.9} s virtual: {values:?}{}",
-            *virtual_ns as f64 / 1e9,
-            pc.map(|(pc, _)| format!(" pc {pc:#x}")).unwrap_or_default()
-        ),
-        Event::ControlRegister { reg: 0xef, value } => format!("efer = {value:#x}"),
-        Event::ControlRegister { reg, value } => format!("cr{reg} = {value:#x}"),
-        Event::Gap { from, to } => {
-            format!("GAP: expected {from:#x}, went to {to:#x}; steps between are not in the trace")
-        }
-        Event::Halt => "halt (waiting for an interrupt)".into(),
-        Event::TraceStart(r) => format!("trace started by {r}"),
-        Event::TraceStop(r) => format!("trace stopped by {r}"),
-        Event::Task { tid, pid, comm } if tid == pid => format!("task {comm:?} pid {pid}"),
-        Event::Task { tid, pid, comm } => format!("task {comm:?} pid {pid} tid {tid}"),
-        Event::TaskName { tid, comm } => format!("task {tid} is now named {comm:?}"),
-        Event::Running { tid, pid, comm } => {
-            format!("segment begins in task {comm:?} pid {pid} tid {tid}")
-        }
-        Event::Runnable { count } => format!("{count} tasks runnable"),
-        Event::TaskExit { tid, code } => {
-            format!("task {tid} {}", crate::processes::Exit::from_code(*code))
-        }
-        Event::Mappings { pid, maps } => {
-            let files: Vec<String> = maps
-                .iter()
-                .map(|m| format!("{} {:#x}-{:#x}", m.path, m.start, m.end))
-                .collect();
-            format!("pid {pid} maps {}", files.join(", "))
-        }
-    }
 }
 
 /// Collects formatter output as plain text.
@@ -308,7 +210,12 @@ fn format_segment(
                 }
                 // Where the recorder cut segments, not what ran.
                 if tasks.selected() && !matches!(e, Event::Running { .. }) {
-                    let _ = writeln!(pending_events, "{:>10} -- {}", "", describe_event(e));
+                    let _ = writeln!(
+                        pending_events,
+                        "{:>10} -- {}",
+                        "",
+                        crate::event_text::describe_event(e)
+                    );
                 }
                 if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
                     prev = None;

@@ -1,15 +1,15 @@
 //! How analyses name things for people: routines, interrupt vectors,
 //! shares.
 
-use crate::levels::FrameView;
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
-/// Name of a routine for people: its symbol, or its entry address.
-pub fn routine_name(symbols: &Symbolizer, frame: &FrameView) -> String {
-    if frame.func == UNKNOWN_FUNC {
-        format!("{:#x}", frame.entry_pc)
+/// Name of a routine for people: its symbol, or the address it was
+/// entered at.
+pub fn routine_name(symbols: &Symbolizer, func: FuncId, entry_pc: u64) -> String {
+    if func == UNKNOWN_FUNC {
+        format!("{entry_pc:#x}")
     } else {
-        symbols.name(frame.func).to_string()
+        symbols.name(func).to_string()
     }
 }
 

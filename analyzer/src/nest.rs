@@ -429,7 +429,7 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             EntryKind::Interrupt { vector } => format!("  [{}]", vector_name(vector)),
             EntryKind::SystemCall => "  [system call]".into(),
         };
-        let name = routine_name(self.symbols, frame);
+        let name = routine_name(self.symbols, frame.func, frame.entry_pc);
         if self.options.function.as_deref() == Some(name.as_str())
             && self.space_shown
             && !self.inside.contains_key(&self.stack)
@@ -518,7 +518,7 @@ impl<W: Write> NestWriter<'_, W> {
                 }
             }
         }
-        let name = routine_name(self.symbols, frame);
+        let name = routine_name(self.symbols, frame.func, frame.entry_pc);
         self.push(Line {
             step: frame.last_step,
             depth: frame.depth,

@@ -41,13 +41,6 @@ pub struct Bucket {
     pub count: u64,
 }
 
-/// A fire as a line: "probe sched:switch(0, 1) at 0x100cda"; arguments
-/// as signed numbers, as the sites declare them.
-pub fn describe(name: &str, pc: u64, args: &[u64]) -> String {
-    let args: Vec<String> = args.iter().map(|&a| (a as i64).to_string()).collect();
-    format!("probe {name}({}) at {pc:#x}", args.join(", "))
-}
-
 /// The bucket `v` falls in.
 fn bucket_of(v: i64) -> i64 {
     match v {

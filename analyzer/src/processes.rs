@@ -48,47 +48,7 @@ pub struct Process {
     pub exit: Option<Exit>,
 }
 
-/// How a task ended: the kernel's exit code, as `wait` reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Exit {
-    /// The code `do_exit` was given: `(status << 8) | signal`.
-    pub code: u32,
-    /// The exit status, where it ended by exiting.
-    pub status: Option<u8>,
-    /// The signal that ended it, where one did.
-    pub signal: Option<u8>,
-    /// Whether it dumped core.
-    pub core_dumped: bool,
-}
-
-impl Exit {
-    /// The exit code taken apart as `WIFEXITED`/`WTERMSIG` do.
-    pub fn from_code(code: u32) -> Exit {
-        let signal = (code & 0x7f) as u8;
-        Exit {
-            code,
-            status: (signal == 0).then_some((code >> 8) as u8),
-            signal: (signal != 0).then_some(signal),
-            core_dumped: signal != 0 && code & 0x80 != 0,
-        }
-    }
-}
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.status, self.signal) {
-            (Some(status), _) => write!(f, "exited with status {status}"),
-            (None, Some(signal)) => {
-                write!(f, "killed by signal {signal}")?;
-                if self.core_dumped {
-                    f.write_str(" (core dumped)")?;
-                }
-                Ok(())
-            }
-            (None, None) => write!(f, "exited with code {:#x}", self.code),
-        }
-    }
-}
+pub use crate::event_text::Exit;
 
 /// A file a process mapped, over all its mappings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -12,12 +12,13 @@ use vtrace_storage::{Event, Regs};
 use crate::error::Result;
 use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::{memory_addresses, AddressingMode, Class};
+use crate::levels::SelectedTasks;
 use crate::levels::{
     run_with, EntryKind, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
 };
 use crate::naming::{percent, routine_label, space_root, vector_name};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
-use crate::tasks::{Comm, SelectedTasks, Selection, TaskFilter};
+use crate::tasks::{Comm, Selection, TaskFilter};
 
 const IF: u64 = 1 << 9;
 

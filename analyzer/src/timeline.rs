@@ -17,12 +17,13 @@ use crate::error::Result;
 use crate::input::{Progress, Trace};
 use vtrace_storage::Event;
 
+use crate::levels::SelectedTasks;
 use crate::levels::{
     run_with, BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink, SegmentPass, SegmentRecord,
 };
 use crate::naming::{routine_name, vector_name};
 use crate::symbols::Symbolizer;
-use crate::tasks::{Comm, SelectedTasks, TaskFilter, TaskId};
+use crate::tasks::{Comm, TaskFilter, TaskId};
 
 /// What the timeline shows.
 #[derive(Clone, Debug, Default)]
@@ -145,7 +146,7 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
         }
         let (pid, tid) = self.track(frame.task.as_ref(), frame.cr3);
         let event = serde_json::json!({
-            "name": routine_name(self.symbols, frame),
+            "name": routine_name(self.symbols, frame.func, frame.entry_pc),
             "cat": "routine",
             "ph": "X",
             "ts": self.us(frame.entry_step),

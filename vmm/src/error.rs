@@ -149,7 +149,7 @@ pub enum Error {
     /// A peeping plan the guest's memory cannot serve (an address outside
     /// RAM, a read too wide).
     #[error("peeping: {0}")]
-    Peep(#[from] crate::peep::PeepError),
+    Peep(#[from] PeepError),
     /// A host thread or signal handler could not be set up.
     #[error("host setup: cannot {what}: {source}")]
     Host {
@@ -205,4 +205,36 @@ impl Error {
     pub(crate) fn kvm(call: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
         move |source| Error::Kvm { call, source }
     }
+}
+
+/// Why a peeping plan cannot be followed.
+#[derive(Debug, thiserror::Error)]
+pub enum PeepError {
+    /// The interval is shorter than the shortest the peeper keeps.
+    #[error("a peeping interval of {asked:?} is below the shortest, {shortest:?}")]
+    TooOften {
+        /// The interval asked for.
+        asked: std::time::Duration,
+        /// The shortest the peeper keeps (10 µs).
+        shortest: std::time::Duration,
+    },
+    /// More reads than the peeper takes.
+    #[error("{asked} variables to sample; at most {most}")]
+    TooMany {
+        /// Reads asked for.
+        asked: usize,
+        /// The most it takes.
+        most: usize,
+    },
+    /// A read of a width the peeper does not take.
+    #[error("a variable of {0} bytes cannot be sampled (1, 2, 4 or 8)")]
+    BadSize(u8),
+    /// A read outside guest RAM.
+    #[error("guest-physical address {gpa:#x} ({size} bytes) is not in the guest's RAM")]
+    NotInRam {
+        /// Where the read was asked for.
+        gpa: u64,
+        /// Its width.
+        size: u8,
+    },
 }

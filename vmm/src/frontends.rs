@@ -7,14 +7,33 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use crate::clock::ClockReader;
-use crate::console::{self, RawTerminal};
+use crate::console::{self, ConsoleInput, RawTerminal};
 use crate::control::{ControlRequest, ControlServer};
 use crate::error::Result;
 use crate::kick::Kicker;
 use crate::memory::GuestRam;
-use crate::peep::{PeepPlan, Peeper};
-use crate::run_loop::Wake;
-use crate::vm::ConsoleMode;
+use crate::peep::{PeepMessage, PeepPlan, Peeper};
+
+/// Whether the VM owns the terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsoleMode {
+    /// Raw terminal (when stdin is one), stdin to the guest, hotkeys.
+    Interactive,
+    /// Serial output only; stdin is not read.
+    OutputOnly,
+}
+
+/// What wakes the run loop between exits or from a halt.
+pub(crate) enum Wake {
+    /// Console input: bytes for the guest, a hotkey, or its end.
+    Console(ConsoleInput),
+    /// A `vtrace ctl` request is waiting.
+    Control,
+    /// A stop signal was caught.
+    Signal,
+    /// The peeper has samples, or asks for one with the pc.
+    Peep(PeepMessage),
+}
 
 /// What `Ctrl-A h` lists before the monitor's own keys.
 pub(crate) const HOTKEY_HELP: &str = "vtrace console keys (press Ctrl-A, then the key):\n  \

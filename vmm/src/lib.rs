@@ -51,9 +51,10 @@ pub mod x86;
 pub use boot::{default_linux_cmdline, BootSource, Image, Initrd, MAX_IMAGE};
 pub use clock::ClockMode;
 pub use cpu::cpuid::CpuProfile;
-pub use error::{Error, KvmLack, LayoutFault, Result};
+pub use error::{Error, KvmLack, LayoutFault, PeepError, Result};
+pub use frontends::ConsoleMode;
 pub use run_loop::{Finish, GuestExit, RunOutcome};
-pub use vm::{ConsoleMode, Vm, VmConfig, KVM_DEVICE};
+pub use vm::{Vm, VmConfig, KVM_DEVICE};
 
 // The seam to a tracer.
 pub use devices::hypercall::Hypercall;
@@ -61,9 +62,7 @@ pub use monitor::{
     Breakpoints, CpuView, Directive, EntryPlan, Exception, ExceptionKind, ExitAnswer, ExitView,
     Help, Injection, Monitor, NoMonitor, WriteError,
 };
-pub use peep::{
-    PeepError, PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS,
-};
+pub use peep::{PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS};
 
 // The host and the process around a run.
 pub use console::user_message;
@@ -87,8 +86,7 @@ pub mod stop_signals {
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::boot::load;
-    pub use crate::devices::hypercall::{
-        BadAddress, GuestVirtualMemory, HypercallOutcome, HypercallPort,
-    };
+    pub use crate::devices::hypercall::{HypercallOutcome, HypercallPort};
     pub use crate::memory::{create_guest_ram, GuestRam};
+    pub use crate::memory::{BadAddress, GuestVirtualMemory};
 }

@@ -189,6 +189,25 @@ pub fn check_fits(ram: &GuestRam, what: &str, start: u64, len: u64) -> Result<()
     }
 }
 
+/// Reads guest memory by guest-virtual address, through the guest's current
+/// page tables. Implemented over KVM for the VM and by tests directly.
+pub trait GuestVirtualMemory {
+    /// Fills `buf` from `gva`; fails if any byte is not mapped to RAM.
+    fn read_virtual(&self, gva: u64, buf: &mut [u8]) -> std::result::Result<(), BadAddress>;
+}
+
+/// A guest-virtual address that does not translate to guest RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadAddress(pub u64);
+
+/// Guest memory by linear address, for the IDT, TSS, GDT and stack.
+pub trait LinearMemory {
+    /// Fills `buf` from linear address `addr`; the address that failed.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> std::result::Result<(), u64>;
+    /// Writes `data` at linear address `addr`; the address that failed.
+    fn write(&self, addr: u64, data: &[u8]) -> std::result::Result<(), u64>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

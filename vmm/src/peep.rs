@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::clock::{ClockReader, VirtualNanos};
-use crate::error::{Error, Result};
+use crate::error::{Error, PeepError, Result};
 use crate::memory::GuestRam;
 
 /// The shortest interval: shorter ones only measure the host's timer.
@@ -106,35 +106,21 @@ struct Link {
     samples: AtomicU64,
 }
 
-/// Why a peeping plan cannot be followed.
-#[derive(Debug, thiserror::Error)]
-pub enum PeepError {
-    /// The interval is shorter than the shortest the peeper keeps (10 µs).
-    #[error("a peeping interval of {0:?} is below the shortest, {MIN_INTERVAL:?}")]
-    TooOften(Duration),
-    /// More reads than [`MAX_READS`].
-    #[error("{0} variables to sample; at most {MAX_READS}")]
-    TooMany(usize),
-    /// A read of a width the peeper does not take.
-    #[error("a variable of {0} bytes cannot be sampled (1, 2, 4 or 8)")]
-    BadSize(u8),
-    /// A read outside guest RAM.
-    #[error("guest-physical address {gpa:#x} ({size} bytes) is not in the guest's RAM")]
-    NotInRam {
-        /// Where the read was asked for.
-        gpa: u64,
-        /// Its width.
-        size: u8,
-    },
-}
-
 /// Checks a plan against the guest's RAM before anything runs.
 pub fn check(plan: &PeepPlan, ram: &GuestRam) -> Result<()> {
     if plan.interval < MIN_INTERVAL {
-        return Err(PeepError::TooOften(plan.interval).into());
+        return Err(PeepError::TooOften {
+            asked: plan.interval,
+            shortest: MIN_INTERVAL,
+        }
+        .into());
     }
     if plan.reads.len() > MAX_READS {
-        return Err(PeepError::TooMany(plan.reads.len()).into());
+        return Err(PeepError::TooMany {
+            asked: plan.reads.len(),
+            most: MAX_READS,
+        }
+        .into());
     }
     for read in &plan.reads {
         if !matches!(read.size, 1 | 2 | 4 | 8) {

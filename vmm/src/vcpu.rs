@@ -7,10 +7,12 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
-use crate::cpu::soft_int::LinearMemory;
-use crate::devices::hypercall::{BadAddress, GuestVirtualMemory};
 use crate::error::{Error, Result};
-use crate::memory::GuestRam;
+use crate::memory::{BadAddress, GuestRam, GuestVirtualMemory, LinearMemory};
+
+/// What the VMM writes into `kvm_run.debug.arch.dr7` before a stepping
+/// entry: no DR7 reads as this (bit 10 is fixed at 1). See `cpu::echo`.
+pub(crate) const NOT_REPORTED_DR7: u64 = 0;
 
 const KVMIO: u32 = 0xAE;
 ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
@@ -93,7 +95,7 @@ impl Vcpu {
     /// next exit.
     #[inline]
     pub(crate) fn clear_debug_report(&mut self) {
-        self.run_page().__bindgen_anon_1.debug.arch.dr7 = crate::cpu::echo::NOT_REPORTED_DR7;
+        self.run_page().__bindgen_anon_1.debug.arch.dr7 = NOT_REPORTED_DR7;
     }
 
     /// The instruction bytes at RIP: the longest run of up to 15 that

@@ -13,21 +13,12 @@ use crate::devices::Devices;
 use crate::diagnostics::ExitHistory;
 use crate::error::KvmLack;
 use crate::error::{Error, Result};
-use crate::frontends::{Frontends, ProgressLine};
+use crate::frontends::{ConsoleMode, Frontends, ProgressLine};
 use crate::memory::{create_guest_ram, GuestRam, LowRam};
 use crate::vcpu::Vcpu;
 
 /// Default KVM device.
 pub const KVM_DEVICE: &str = "/dev/kvm";
-
-/// Whether the VM owns the terminal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConsoleMode {
-    /// Raw terminal (when stdin is one), stdin to the guest, hotkeys.
-    Interactive,
-    /// Serial output only; stdin is not read.
-    OutputOnly,
-}
 
 /// Everything that defines a VM.
 pub struct VmConfig {

@@ -46,22 +46,7 @@ use crate::levels::{run_following, LevelSink};
 use crate::symbols::Symbolizer;
 use rows::{RowBuilder, SegmentRows};
 
-/// What an export can fail at, beyond reading the trace.
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    /// Writing an output file, or standard output.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// Arrow refused the columns (a bug: the schema is fixed).
-    #[error("arrow: {0}")]
-    Arrow(#[from] arrow_schema::ArrowError),
-    /// The Parquet encoder failed.
-    #[error("parquet: {0}")]
-    Parquet(#[from] ::parquet::errors::ParquetError),
-    /// Standard output takes one stream of JSON lines only.
-    #[error("{0}")]
-    Unsupported(&'static str),
-}
+pub use crate::error::ExportError;
 
 /// The file format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -282,7 +282,7 @@ impl SegmentPass for RowBuilder {
                 match e {
                     // Where the recorder cut segments, not what ran.
                     Event::Running { .. } => {}
-                    _ => self.pending.push(crate::listing::describe_event(e)),
+                    _ => self.pending.push(crate::event_text::describe_event(e)),
                 }
                 match e {
                     Event::Interrupt { vector, .. } => self.interrupt = Some(*vector),

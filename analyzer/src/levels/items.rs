@@ -2,13 +2,32 @@
 //! engine's input, with each step's routine resolved and runs of steps
 //! within one routine folded.
 
-use vtrace_storage::{Event, FunctionEdge, TraceReason};
+use vtrace_storage::{Event, FunctionEdge, RecordRef, Step, TraceReason};
 
-use super::pass::SegmentRecord;
 use crate::input::SegmentInfo;
-use crate::insn::Flow;
+use crate::insn::{Flow, InsnCache, InsnInfo};
 use crate::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
 use crate::tasks::{TaskId, TaskTracker};
+
+/// A record as per-segment work sees it: a step comes with its decoded
+/// instruction, looked up once for all the work on it.
+#[derive(Clone, Copy, Debug)]
+pub enum SegmentRecord<'a> {
+    /// A step and its decoded instruction.
+    Step(&'a Step, &'a InsnInfo),
+    /// An event.
+    Event(&'a Event),
+}
+
+impl<'a> SegmentRecord<'a> {
+    /// `record`, with a step's instruction from the segment's `cache`.
+    pub fn new(record: RecordRef<'a>, cache: &'a mut InsnCache) -> Self {
+        match record {
+            RecordRef::Step(s) => SegmentRecord::Step(s, cache.get(s)),
+            RecordRef::Event(e) => SegmentRecord::Event(e),
+        }
+    }
+}
 
 /// One step or boundary, as the engine needs it. Built in parallel per
 /// segment by an [`ItemBuilder`], consumed in order by
@@ -362,14 +381,16 @@ impl<'a> ItemBuilder<'a> {
                 bytes,
             }) => {
                 if let Ok(index) = u32::try_from(self.notes.len()) {
-                    self.notes
-                        .push(crate::captures::describe(name, *addr, *length, bytes));
+                    self.notes.push(crate::event_text::describe_capture(
+                        name, *addr, *length, bytes,
+                    ));
                     self.boundary(Item::Note { index });
                 }
             }
             SegmentRecord::Event(Event::Probe { name, pc, args }) => {
                 if let Ok(index) = u32::try_from(self.notes.len()) {
-                    self.notes.push(crate::probes::describe(name, *pc, args));
+                    self.notes
+                        .push(crate::event_text::describe_probe(name, *pc, args));
                     self.boundary(Item::Note { index });
                 }
             }

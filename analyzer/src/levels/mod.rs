@@ -14,11 +14,13 @@
 mod engine;
 mod items;
 mod pass;
+mod select;
 mod sink;
 
 pub use engine::{LevelCounts, LevelEngine, ROOT_NODE};
-pub use items::{FuncResolver, Item, ItemBuilder};
-pub use pass::{run, run_following, run_with, RoutineRun, SegmentPass, SegmentRecord};
+pub use items::{FuncResolver, Item, ItemBuilder, SegmentRecord};
+pub use pass::{run, run_following, run_with, RoutineRun, SegmentPass};
+pub use select::SelectedTasks;
 pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 
 #[cfg(test)]

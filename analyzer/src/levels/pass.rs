@@ -2,34 +2,12 @@
 //! other per-segment work in the same reading, fed in order to the
 //! engine.
 
-use vtrace_storage::{Event, RecordRef, Step};
-
 use super::engine::LevelEngine;
-use super::items::{Item, ItemBuilder};
+use super::items::{Item, ItemBuilder, SegmentRecord};
 use super::sink::LevelSink;
 use crate::input::SegmentInfo;
-use crate::insn::{InsnCache, InsnInfo};
+use crate::insn::InsnCache;
 use crate::symbols::{FuncId, Symbolizer};
-
-/// A record as per-segment work sees it: a step comes with its decoded
-/// instruction, looked up once for all the work on it.
-#[derive(Clone, Copy, Debug)]
-pub enum SegmentRecord<'a> {
-    /// A step and its decoded instruction.
-    Step(&'a Step, &'a InsnInfo),
-    /// An event.
-    Event(&'a Event),
-}
-
-impl<'a> SegmentRecord<'a> {
-    /// `record`, with a step's instruction from the segment's `cache`.
-    pub fn new(record: RecordRef<'a>, cache: &'a mut InsnCache) -> Self {
-        match record {
-            RecordRef::Step(s) => SegmentRecord::Step(s, cache.get(s)),
-            RecordRef::Event(e) => SegmentRecord::Event(e),
-        }
-    }
-}
 
 /// Work done on each segment in the same pass over its records as the
 /// level items (see [`run_with`]).

@@ -20,14 +20,12 @@
 //!
 //! An exit that ran nothing looks like one step of an instruction that
 //! branches to itself (`jmp $`); that one case is an echo only where the
-//! host was seen to echo before, so that hosts that do not (AMD-V, this
-//! project's emulating hosts) never lose a step of a spin loop.
+//! host was seen to echo before, so that hosts that do not (AMD-V, the
+//! paravirtual emulating hosts) never lose a step of a spin loop.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 
-/// What the VMM writes into `kvm_run.debug.arch.dr7` before a stepping
-/// entry: no DR7 reads as this (bit 10 is fixed at 1).
-pub(crate) const NOT_REPORTED_DR7: u64 = 0;
+use crate::vcpu::NOT_REPORTED_DR7;
 
 /// Whether a debug exit's DR7 (`kvm_run.debug.arch.dr7`, cleared before
 /// the entry) says the CPU raised the #DB rather than KVM synthesizing it.

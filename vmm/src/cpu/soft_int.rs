@@ -13,13 +13,8 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
+use crate::memory::LinearMemory;
 use crate::x86::{efer, tss64, Gate64};
-
-/// Guest memory by linear address, for the IDT, TSS, GDT and stack.
-pub trait LinearMemory {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), u64>;
-    fn write(&self, addr: u64, data: &[u8]) -> Result<(), u64>;
-}
 
 /// Why a software interrupt could not be delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

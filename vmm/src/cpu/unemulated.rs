@@ -7,7 +7,8 @@
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs};
 
-use super::soft_int::{self, LinearMemory, SoftIntError};
+use super::soft_int::{self, SoftIntError};
+use crate::memory::LinearMemory;
 use crate::x86::Registers;
 
 /// Vector of the x87 floating-point error (#MF).

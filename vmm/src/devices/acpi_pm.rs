@@ -4,7 +4,7 @@
 //! control register. Linux's `poweroff` writes
 //! SLP_TYP (the value the DSDT's `\_S5_` names) with SLP_EN to the control
 //! register; vtrace treats that as the end of the run. The tables that
-//! point the guest here are in [`crate::boot`]'s ACPI module.
+//! point the guest here are the boot loader's (`boot/acpi.rs`).
 
 /// PM1a event block: PM1 status (2 bytes), then PM1 enable (2 bytes).
 pub const PM1A_EVT_BLK: u16 = 0x600;

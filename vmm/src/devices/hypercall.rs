@@ -8,6 +8,7 @@
 use vtrace_guest::{cmd, status, ABI_VERSION, LOG_MAX_LEN, VERSION_MAGIC};
 
 use crate::guest_text::GuestLines;
+use crate::memory::GuestVirtualMemory;
 
 /// A hypercall as the guest issued it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,17 +22,6 @@ pub struct Hypercall {
     /// The linear address of the `IN` (a static probe's site).
     pub rip: u64,
 }
-
-/// Reads guest memory by guest-virtual address, through the guest's current
-/// page tables. Implemented over KVM for the VM and by tests directly.
-pub trait GuestVirtualMemory {
-    /// Fills `buf` from `gva`; fails if any byte is not mapped to RAM.
-    fn read_virtual(&self, gva: u64, buf: &mut [u8]) -> Result<(), BadAddress>;
-}
-
-/// A guest-virtual address that does not translate to guest RAM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BadAddress(pub u64);
 
 /// What the run loop must do after a hypercall.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +150,7 @@ fn describe(code: i32) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::BadAddress;
 
     /// Guest memory with one mapped page at 0x1000.
     struct OnePage(Vec<u8>);

@@ -54,10 +54,9 @@ impl Vm {
         let linear = sregs.cs.base.wrapping_add(regs.rip);
         let mut code = vec![0u8; 15];
         let memory = self.machine.vcpu.memory(&self.machine.ram);
-        let code =
-            crate::devices::hypercall::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
-                .ok()
-                .map(|()| code);
+        let code = crate::memory::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
+            .ok()
+            .map(|()| code);
         CrashReport {
             regs: (&regs).into(),
             sregs: (&sregs).into(),

@@ -22,9 +22,8 @@ mod requests;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use crate::console::ConsoleInput;
 use crate::error::Result;
-use crate::frontends::waker;
+use crate::frontends::{waker, Wake};
 use crate::kick::Kicker;
 use crate::monitor::{Breakpoints, EntryPlan, ExitAnswer, ExitView, Monitor};
 use crate::peep::{PeepMessage, PeepReport};
@@ -62,18 +61,6 @@ pub enum Finish<'a> {
     Signal(i32),
     /// The guest failed or KVM did; the first line of the error.
     Failure(&'a str),
-}
-
-/// What wakes the run loop between exits or from a halt.
-pub(crate) enum Wake {
-    /// Console input: bytes for the guest, a hotkey, or its end.
-    Console(ConsoleInput),
-    /// A `vtrace ctl` request is waiting.
-    Control,
-    /// A stop signal was caught.
-    Signal,
-    /// The peeper has samples, or asks for one with the pc.
-    Peep(PeepMessage),
 }
 
 /// What a finished run reports.

@@ -8,7 +8,8 @@ use crate::frontends::HOTKEY_HELP;
 use crate::monitor::{CpuView, Help};
 use crate::peep::PeepMessage;
 
-use super::{GuestExit, Next, Run, Wake};
+use super::{GuestExit, Next, Run};
+use crate::frontends::Wake;
 
 /// The `vtrace ctl` commands the VMM answers itself.
 const OWN_COMMANDS: [&str; 2] = ["status", "help"];
