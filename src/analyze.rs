@@ -7,23 +7,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use vtrace_analyzer::input::Trace;
-use vtrace_analyzer::user_programs::{
-    add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles,
-};
 use vtrace_analyzer::{
-    captures, levels, listing, nest, probes, processes, report, samples, spaces, stats, timeline,
+    add_user_symbols, captures, collect_processes, collect_spaces, collect_stats, folded_stats,
+    format_captures, format_probes, mapped_paths, probes, recorded_maps, run_levels, samples,
+    write_listing, write_listing_files, write_report, write_timeline, ListingOptions, NestOptions,
+    NestWriter, RecordedMap, TimelineOptions, Trace, UserFiles,
 };
 use vtrace_image::symbols::{discover, Scope, Symbolizer};
 
-use vtrace_analyzer::levels::SelectedTasks;
-use vtrace_analyzer::tasks::TaskFilter;
+use vtrace_analyzer::SelectedTasks;
+use vtrace_analyzer::TaskFilter;
 
 use crate::cli::{
     AnalyzeArgs, AnalyzeCommand, DiffArgs, ExportArgs, ExportFormatArg, OutputArgs, SyntaxArg,
     TaskArgs, TraceArgs,
 };
-use vtrace_analyzer::export::{Destination, ExportFormat};
+use vtrace_analyzer::{Destination, ExportFormat};
 
 /// Work that ends sooner shows no bar at all.
 const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);
@@ -150,7 +149,7 @@ struct Opened {
     /// Its problems known at opening (said then).
     at_open: Vec<String>,
     /// The damage its analyses found reading it.
-    found: vtrace_analyzer::input::DamageLog,
+    found: vtrace_analyzer::DamageLog,
 }
 
 /// Every trace this command opened.
@@ -409,7 +408,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
     match args.what {
         AnalyzeCommand::Listing(a) => {
             let (trace, symbols) = open(&a.trace)?;
-            let options = listing::ListingOptions {
+            let options = ListingOptions {
                 from: a.from,
                 count: a.count,
                 att: a.syntax == SyntaxArg::Att,
@@ -422,14 +421,14 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             match &a.out {
                 Some(dir) => {
                     let (files, shown) =
-                        listing::write_files(&trace, &symbols, &options, dir, &progress)?;
+                        write_listing_files(&trace, &symbols, &options, dir, &progress)?;
                     bar.finish();
                     warn_if_nothing(&options.tasks, shown);
                     eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
                 }
                 None => {
                     let mut out = output(&a.to)?;
-                    let shown = listing::write(&trace, &symbols, &options, &mut out, &progress)?;
+                    let shown = write_listing(&trace, &symbols, &options, &mut out, &progress)?;
                     out.flush()?;
                     bar.finish();
                     warn_if_nothing(&options.tasks, shown);
@@ -453,7 +452,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                     );
                 }
             }
-            let options = nest::NestOptions {
+            let options = NestOptions {
                 ns_per_step: trace.metadata.ns_per_step(),
                 depth: a.depth.and_then(|d| usize::try_from(d).ok()),
                 function: a.function.clone(),
@@ -461,7 +460,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 to: a.to,
                 space: a.space,
             };
-            let mut writer = nest::NestWriter::with_options(out, &symbols, options);
+            let mut writer = NestWriter::with_options(out, &symbols, options);
             let only = if filter.is_everything() {
                 String::new()
             } else {
@@ -473,7 +472,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 trace.steps()
             ));
             let mut sink = SelectedTasks::new(writer, &filter);
-            let engine = levels::run(&trace, &symbols, &mut sink, &progress)?;
+            let engine = run_levels(&trace, &symbols, &mut sink, &progress)?;
             let writer = sink.inner;
             let divided = writer.divided;
             warn_if_nothing(&filter, writer.lines);
@@ -500,14 +499,14 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         AnalyzeCommand::Spaces(a) => {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "spaces");
-            let table = spaces::collect(&trace, &symbols, &|d, _| bar.update(d))?;
+            let table = collect_spaces(&trace, &symbols, &|d, _| bar.update(d))?;
             bar.finish();
             print_to(Some(&a.to), a.json, &table, || table.to_text())?;
         }
         AnalyzeCommand::Processes(a) => {
             let (trace, _) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "processes");
-            let table = processes::collect(&trace, &|d, _| bar.update(d))?;
+            let table = collect_processes(&trace, &|d, _| bar.update(d))?;
             bar.finish();
             print_to(Some(&a.to), a.json, &table, || table.to_text())?;
         }
@@ -515,7 +514,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "stats");
             let filter = task_filter(&trace, &a.tasks)?;
-            let s = stats::collect(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
+            let s = collect_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
             bar.finish();
             warn_if_nothing(&filter, s.steps);
             print_to(Some(&a.to), a.json, &s, || s.to_text(a.top))?;
@@ -524,16 +523,16 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "flame");
             let filter = task_filter(&trace, &a.tasks)?;
-            let folded = stats::folded(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
+            let folded = folded_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
             bar.finish();
             warn_if_nothing(&filter, folded.iter().map(|f| f.1).sum());
             let mut out = create(&a.output)?;
             if a.folded {
-                for line in vtrace_analyzer::flame::folded_lines(&folded) {
+                for line in vtrace_analyzer::folded_lines(&folded) {
                     writeln!(out, "{line}")?;
                 }
             } else {
-                vtrace_analyzer::flame::write_svg(
+                vtrace_analyzer::write_flame(
                     &folded,
                     &format!("{} ({} steps)", a.trace.trace.display(), trace.steps()),
                     &mut out,
@@ -552,10 +551,10 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let bar = Progress::new(&trace, &a.trace, "timeline");
             let mut out = create(&a.output)?;
             let filter = task_filter(&trace, &a.tasks)?;
-            let events = timeline::write(
+            let events = write_timeline(
                 &trace,
                 &symbols,
-                &timeline::TimelineOptions {
+                &TimelineOptions {
                     min_steps: a.min_steps,
                     tasks: filter,
                 },
@@ -574,7 +573,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         AnalyzeCommand::Captures(a) => {
             // Captures taken with tracing off make a trace without steps.
             let trace = open_trace(&a.trace)?;
-            let found = captures::captures(&trace, &vtrace_analyzer::input::no_progress)?;
+            let found = captures(&trace, &vtrace_analyzer::no_progress)?;
             if found.is_empty() && !a.json {
                 eprintln!(
                     "vtrace: {} holds no captures (`vtrace run --capture` takes them)",
@@ -586,14 +585,14 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 Some(&a.to),
                 a.json,
                 &serde_json::json!({ "captures": &found }),
-                || captures::format_table(&found),
+                || format_captures(&found),
             )?;
         }
         AnalyzeCommand::Probes(a) => {
             // Probes recorded with tracing off make a trace without steps.
             let trace = open_trace(&a.trace)?;
             let quantize = a.quantize.map(usize::from);
-            let found = probes::probes(&trace, quantize, &vtrace_analyzer::input::no_progress)?;
+            let found = probes(&trace, quantize, &vtrace_analyzer::no_progress)?;
             if found.is_empty() && !a.json {
                 eprintln!(
                     "vtrace: {} holds no probe fires (`vtrace run --probe` records them)",
@@ -605,13 +604,13 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                 Some(&a.to),
                 a.json,
                 &serde_json::json!({ "probes": &found }),
-                || probes::format_table(&found),
+                || format_probes(&found),
             )?;
         }
         AnalyzeCommand::Samples(a) => {
             // Peeping needs no tracing: a trace of samples has no steps.
             let trace = open_trace(&a.trace.trace)?;
-            let found = samples::samples(&trace, &vtrace_analyzer::input::no_progress)?;
+            let found = samples(&trace, &vtrace_analyzer::no_progress)?;
             if found.samples.is_empty() {
                 return Err(BadData(format!(
                     "{} holds no samples (`vtrace run --peep INTERVAL --sample SYMBOL` takes \
@@ -636,7 +635,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
                     .into());
                 }
                 let mut out = create(path)?;
-                vtrace_analyzer::flame::write_svg_of(
+                vtrace_analyzer::write_flame_of(
                     &found.folded(&symbols),
                     &format!("{} (pc samples)", a.trace.trace.display()),
                     "samples",
@@ -660,7 +659,7 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
             let (trace, symbols) = open(&a.trace)?;
             let bar = Progress::new(&trace, &a.trace, "report");
             let mut out = create(&a.output)?;
-            report::write(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
+            write_report(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
                 bar.update(d)
             })?;
             out.flush()?;
@@ -739,11 +738,10 @@ fn export(a: ExportArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
     let bar = Progress::new(&trace, &a.trace, "export");
     let started = Instant::now();
-    let report =
-        vtrace_analyzer::export::export(&trace, &symbols, format, &destination, &|d, _| {
-            bar.update(d)
-        })
-        .with_context(|| format!("exporting to {}", a.output.display()))?;
+    let report = vtrace_analyzer::export(&trace, &symbols, format, &destination, &|d, _| {
+        bar.update(d)
+    })
+    .with_context(|| format!("exporting to {}", a.output.display()))?;
     bar.finish();
     if destination == Destination::Stdout {
         return Ok(());
@@ -772,7 +770,7 @@ fn export(a: ExportArgs) -> Result<()> {
 }
 
 /// The statistics of one side of `vtrace analyze diff`.
-fn diff_side(path: &Path, a: &DiffArgs, what: &str) -> Result<vtrace_analyzer::stats::Stats> {
+fn diff_side(path: &Path, a: &DiffArgs, what: &str) -> Result<vtrace_analyzer::Stats> {
     let args = TraceArgs {
         trace: path.to_path_buf(),
         symbols: a.symbols.clone(),
@@ -783,10 +781,10 @@ fn diff_side(path: &Path, a: &DiffArgs, what: &str) -> Result<vtrace_analyzer::s
     };
     let (trace, symbols) = open(&args)?;
     let bar = Progress::new(&trace, &args, what);
-    let s = stats::collect(
+    let s = collect_stats(
         &trace,
         &symbols,
-        &vtrace_analyzer::tasks::TaskFilter::default(),
+        &vtrace_analyzer::TaskFilter::default(),
         &|d, _| bar.update(d),
     )?;
     bar.finish();
@@ -797,10 +795,10 @@ fn diff(a: DiffArgs) -> Result<()> {
     let sa = diff_side(&a.a, &a, "A")?;
     let sb = diff_side(&a.b, &a, "B")?;
     let (name_a, name_b) = (a.a.display().to_string(), a.b.display().to_string());
-    let d = vtrace_analyzer::diff::compare(&name_a, &sa, &name_b, &sb);
+    let d = vtrace_analyzer::compare(&name_a, &sa, &name_b, &sb);
     if let Some(path) = &a.flame {
         let mut out = create(path)?;
-        vtrace_analyzer::diff::write_flame(
+        vtrace_analyzer::write_diff_flame(
             &sa.folded,
             &sb.folded,
             &format!("{name_b} against {name_a} (red: more steps in B)"),

@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use vtrace_analyzer::input::{no_progress, Trace};
 use vtrace_analyzer::symbols::{discover, Symbolizer};
+use vtrace_analyzer::{no_progress, Trace};
 use vtrace_session::SessionBuilder;
 use vtrace_storage::{Compression, Recorder, SegmentDecoder, TraceReader};
 use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
@@ -215,16 +215,16 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
     }
 
     let started = Instant::now();
-    let mut nest = vtrace_analyzer::nest::NestWriter::new(std::io::sink(), &symbols);
-    vtrace_analyzer::levels::run(&trace, &symbols, &mut nest, &no_progress)?;
+    let mut nest = vtrace_analyzer::NestWriter::new(std::io::sink(), &symbols);
+    vtrace_analyzer::run_levels(&trace, &symbols, &mut nest, &no_progress)?;
     nest.finish()?;
     let nest_time = started.elapsed().as_secs_f64();
 
     let started = Instant::now();
-    let stats = vtrace_analyzer::stats::collect(
+    let stats = vtrace_analyzer::collect_stats(
         &trace,
         &symbols,
-        &vtrace_analyzer::tasks::TaskFilter::default(),
+        &vtrace_analyzer::TaskFilter::default(),
         &no_progress,
     )?;
     let stats_time = started.elapsed().as_secs_f64();
@@ -240,11 +240,11 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
     // directory is removed after: it is about 8 bytes a step).
     let exported = dir.join("bench-export");
     let started = Instant::now();
-    let export = vtrace_analyzer::export::export(
+    let export = vtrace_analyzer::export(
         &trace,
         &symbols,
-        vtrace_analyzer::export::ExportFormat::Parquet,
-        &vtrace_analyzer::export::Destination::Directory {
+        vtrace_analyzer::ExportFormat::Parquet,
+        &vtrace_analyzer::Destination::Directory {
             dir: exported.clone(),
             steps_per_file: 10_000_000,
         },

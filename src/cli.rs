@@ -573,8 +573,8 @@ pub struct TaskArgs {
 }
 
 impl TaskArgs {
-    pub fn filter(&self) -> vtrace_analyzer::tasks::TaskFilter {
-        vtrace_analyzer::tasks::TaskFilter {
+    pub fn filter(&self) -> vtrace_analyzer::TaskFilter {
+        vtrace_analyzer::TaskFilter {
             pids: self.pids.clone(),
             comms: self.comms.clone(),
         }

@@ -1,6 +1,6 @@
 //! Exit statuses of `vtrace run` and advice for the errors a user can fix.
 
-use vtrace_analyzer::error::AnalyzeError;
+use vtrace_analyzer::AnalyzeError;
 use vtrace_image::symbols::SymbolError;
 use vtrace_session::SessionError;
 use vtrace_storage::DiskError;
@@ -130,8 +130,7 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
         Some(AnalyzeError::WindowOutside { .. }) => return 2,
         // An output file that cannot be made or written.
         Some(
-            AnalyzeError::Write { .. }
-            | AnalyzeError::Export(vtrace_analyzer::export::ExportError::Io(_)),
+            AnalyzeError::Write { .. } | AnalyzeError::Export(vtrace_analyzer::ExportError::Io(_)),
         ) => return 73,
         _ => {}
     }

@@ -4,32 +4,67 @@
 //! into listings, nest diagrams of call levels, address-space tables,
 //! statistics, flame graphs, Perfetto timelines and an HTML report.
 //! Segments decode independently, so per-step work runs in parallel across
-//! them ([`input`]); analyses that follow the call stack see the steps in
-//! order through the level engine ([`levels`]). What it knows of the
+//! them ([`Trace::for_each_ordered`]); analyses that follow the call stack
+//! see the steps in order through the level engine ([`run_levels`]). What it knows of the
 //! guest's images (symbols, probe sites, task layout, initramfs programs)
 //! is `vtrace-image`'s, re-exported here under the same names.
 
-pub mod captures;
-pub mod diff;
-pub mod error;
-pub mod event_text;
-pub mod export;
-pub mod flame;
-pub mod input;
-pub mod insn;
-pub mod levels;
-pub mod listing;
-pub mod naming;
-pub mod nest;
-pub mod probes;
-pub mod processes;
-pub mod report;
-pub mod samples;
-pub mod spaces;
-pub mod stats;
-pub mod syscalls;
-pub mod tasks;
-pub mod timeline;
-pub mod user_programs;
+mod captures;
+mod diff;
+mod error;
+mod event_text;
+mod export;
+mod flame;
+mod input;
+mod insn;
+mod levels;
+mod listing;
+mod naming;
+mod nest;
+mod probes;
+mod processes;
+mod report;
+mod samples;
+mod spaces;
+mod stats;
+mod syscalls;
+mod tasks;
+mod timeline;
+mod user_programs;
 
+// The crate's API. The modules are private: each item is named here,
+// once, so the compiler finds what nothing uses and a module can be split
+// without breaking a caller. An analysis is one entry point, named for what
+// it makes. What the analyzer knows of guest images is vtrace-image's,
+// re-exported under its own module names.
 pub use vtrace_image::{initramfs, linux_tasks, sdt, symbols, user_routine};
+
+// Opening a trace and reading it in parallel.
+pub use error::{AnalyzeError, ExportError, Result};
+pub use input::{no_progress, Chunk, DamageLog, Progress, Records, SegmentInfo, Trace};
+pub use tasks::{Comm, Selection, TaskFilter, TaskId};
+
+// The level engine: calls, returns, interrupts, switches.
+pub use insn::{Flow, InsnCache};
+pub use levels::{
+    run as run_levels, run_following as run_levels_following, run_with as run_levels_with,
+    BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, Item, LevelCounts,
+    LevelEngine, LevelSink, RoutineRun, SegmentPass, SegmentRecord, SelectedTasks,
+};
+
+// The analyses.
+pub use captures::{captures, format_table as format_captures, Capture};
+pub use diff::{compare, write_flame as write_diff_flame, Diff};
+pub use event_text::describe_event;
+pub use export::{export, Destination, ExportFormat, ExportReport, ExportedFile};
+pub use flame::{folded_lines, write_svg as write_flame, write_svg_of as write_flame_of};
+pub use listing::{write as write_listing, write_files as write_listing_files, ListingOptions};
+pub use nest::{NestOptions, NestWriter, DIVIDED};
+pub use probes::{format_quantize, format_table as format_probes, probes, ProbeTally};
+pub use processes::{collect as collect_processes, ProcessTable};
+pub use report::write as write_report;
+pub use samples::{format_profile, samples, Samples};
+pub use spaces::{collect as collect_spaces, SpaceTable};
+pub use stats::{collect as collect_stats, folded as folded_stats, Stats};
+pub use timeline::{write as write_timeline, TimelineOptions};
+pub use user_programs::{add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles};

@@ -379,7 +379,7 @@ pub fn write(
     })
 }
 
-/// Writes the listing into `dir` as files of [`STEPS_PER_FILE`] steps,
+/// Writes the listing into `dir` as files of `STEPS_PER_FILE` steps,
 /// named by their first step. Returns how many files it wrote and how
 /// many steps they show.
 pub fn write_files(

@@ -4,12 +4,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_analyzer::export::{self, Destination, ExportFormat};
-use vtrace_analyzer::listing::{self, ListingOptions};
-use vtrace_analyzer::report;
-use vtrace_analyzer::stats;
 use vtrace_analyzer::symbols::Symbolizer;
-use vtrace_analyzer::tasks::TaskFilter;
+use vtrace_analyzer::{
+    collect_stats, export, write_listing, write_report, Destination, ExportFormat, ListingOptions,
+    TaskFilter,
+};
 
 #[path = "disk_file.rs"]
 mod disk_file;
@@ -18,9 +17,9 @@ fuzz_target!(|data: &[u8]| {
     let Some(path) = disk_file::write(data) else {
         return;
     };
-    if let Ok(trace) = vtrace_analyzer::input::Trace::open(path) {
+    if let Ok(trace) = vtrace_analyzer::Trace::open(path) {
         let symbols = Symbolizer::new();
-        let _ = stats::collect(&trace, &symbols, &TaskFilter::default(), &|_, _| {});
+        let _ = collect_stats(&trace, &symbols, &TaskFilter::default(), &|_, _| {});
         // The listing through the task filter and its columns.
         let options = ListingOptions {
             tasks: TaskFilter {
@@ -30,20 +29,20 @@ fuzz_target!(|data: &[u8]| {
             task_columns: true,
             ..Default::default()
         };
-        let _ = listing::write(&trace, &symbols, &options, &mut std::io::sink(), &|_, _| {});
-        let _ = report::write(&trace, &symbols, 1000, &mut std::io::sink(), &|_, _| {});
+        let _ = write_listing(&trace, &symbols, &options, &mut std::io::sink(), &|_, _| {});
+        let _ = write_report(&trace, &symbols, 1000, &mut std::io::sink(), &|_, _| {});
         // The export writes real files: Parquet, and JSON lines in a
         // directory of files of few steps.
         let dir = std::env::temp_dir().join(format!("vtrace-fuzz-export-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
-        let _ = export::export(
+        let _ = export(
             &trace,
             &symbols,
             ExportFormat::Parquet,
             &Destination::File(dir.join("steps.parquet")),
             &|_, _| {},
         );
-        let _ = export::export(
+        let _ = export(
             &trace,
             &symbols,
             ExportFormat::Jsonl,

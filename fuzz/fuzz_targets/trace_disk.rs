@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = summarize(&reader, |_, _| {});
         let _ = reader.structural_problems();
     }
-    if let Ok(trace) = vtrace_analyzer::input::Trace::open(path) {
+    if let Ok(trace) = vtrace_analyzer::Trace::open(path) {
         let _ = trace.steps();
         let _ = trace.step_range();
     }

@@ -38,7 +38,7 @@ fn list_of(item: DataType) -> DataType {
 }
 
 /// The columns, in order (see the module documentation of
-/// [`crate::export`]).
+/// [`crate::export()`]).
 pub(super) fn schema() -> SchemaRef {
     let mut fields = vec![
         Field::new("step", DataType::UInt64, false),

@@ -30,7 +30,7 @@ impl<'a> SegmentRecord<'a> {
 }
 
 /// One step or boundary, as the engine needs it. Built in parallel per
-/// segment by an [`ItemBuilder`], consumed in order by
+/// segment by an `ItemBuilder`, consumed in order by
 /// [`LevelEngine::push`](super::LevelEngine::push).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Item {
@@ -74,7 +74,7 @@ pub enum Item {
         vector: u8,
     },
     /// The next step is a system call of this number (see
-    /// [`crate::syscalls`]).
+    /// `crate::syscalls`).
     SystemCallNumber(u64),
     /// From the next step on, this task runs (or the running one took
     /// this name).
@@ -95,7 +95,7 @@ pub enum Item {
     /// the step before).
     Restart,
     /// A note between steps (a capture): the text is the segment's
-    /// `index`-th (see [`ItemBuilder::finish_with_notes`]), which keeps
+    /// `index`-th (see `ItemBuilder::finish_with_notes`), which keeps
     /// items small and `Copy`.
     Note {
         /// The note's index in the segment's notes.
@@ -399,6 +399,7 @@ impl<'a> ItemBuilder<'a> {
     }
 
     /// The items, in order (notes dropped).
+    #[cfg(test)]
     pub fn finish(self) -> Vec<Item> {
         self.finish_with_notes().0
     }

@@ -17,8 +17,8 @@ mod pass;
 mod select;
 mod sink;
 
-pub use engine::{LevelCounts, LevelEngine, ROOT_NODE};
-pub use items::{FuncResolver, Item, ItemBuilder, SegmentRecord};
+pub use engine::{LevelCounts, LevelEngine};
+pub use items::{FuncResolver, Item, SegmentRecord};
 pub use pass::{run, run_following, run_with, RoutineRun, SegmentPass};
 pub use select::SelectedTasks;
 pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};

@@ -1,5 +1,6 @@
 //! The engine fed by the item builder, on made-up routines.
 
+use super::items::ItemBuilder;
 use super::*;
 use crate::input::SegmentInfo;
 use crate::insn::InsnCache;
