@@ -1,0 +1,296 @@
+//! The analyses that read a trace and print or write what they make: one
+//! function a `vtrace analyze` command, each opening the trace, running
+//! the library's entry point with a progress bar, and saying what it
+//! wrote.
+
+use super::*;
+
+/// `vtrace analyze listing`: every step, as text or into files.
+pub(super) fn listing(a: ListingArgs) -> Result<()> {
+    let (trace, symbols) = open(&a.trace)?;
+    let options = ListingOptions {
+        from: a.from,
+        count: a.count,
+        att: a.syntax == SyntaxArg::Att,
+        lines: !a.no_lines,
+        tasks: task_filter(&trace, &a.tasks)?,
+        task_columns: trace.metadata.names_tasks(),
+    };
+    let bar = Progress::new(&trace, &a.trace, "listing");
+    let progress = |done, _| bar.update(done);
+    match &a.out {
+        Some(dir) => {
+            let (files, shown) = write_listing_files(&trace, &symbols, &options, dir, &progress)?;
+            bar.finish();
+            warn_if_nothing(&options.tasks, shown);
+            eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
+        }
+        None => {
+            let mut out = output(&a.to)?;
+            let shown = write_listing(&trace, &symbols, &options, &mut out, &progress)?;
+            out.flush()?;
+            bar.finish();
+            warn_if_nothing(&options.tasks, shown);
+        }
+    }
+    Ok(())
+}
+
+/// `vtrace analyze nest`: the nest diagram of call levels.
+pub(super) fn nest(a: NestArgs) -> Result<()> {
+    let (trace, symbols) = open(&a.trace)?;
+    let filter = task_filter(&trace, &a.tasks)?;
+    let bar = Progress::new(&trace, &a.trace, "nest");
+    let progress = |done, _| bar.update(done);
+    let out: Box<dyn Write> = match &a.output {
+        Some(path) => Box::new(create(path)?),
+        None => Box::new(stdout()),
+    };
+    if let Some(name) = &a.function {
+        if symbols.addresses_of(name).is_empty() {
+            eprintln!(
+                "vtrace: warning: no routine named {name} in the trace's symbols: \
+                 the diagram will be empty"
+            );
+        }
+    }
+    let options = NestOptions {
+        ns_per_step: trace.metadata.ns_per_step(),
+        depth: a.depth.and_then(|d| usize::try_from(d).ok()),
+        function: a.function.clone(),
+        from: a.from,
+        to: a.to,
+        space: a.space,
+    };
+    let mut writer = NestWriter::with_options(out, &symbols, options);
+    let only = if filter.is_everything() {
+        String::new()
+    } else {
+        format!(", only {}", filter.describe())
+    };
+    writer.header(&format!(
+        "vtrace nest diagram of {} ({} steps{only})",
+        a.trace.trace.display(),
+        trace.steps()
+    ));
+    let mut sink = SelectedTasks::new(writer, &filter);
+    let engine = run_levels(&trace, &symbols, &mut sink, &progress)?;
+    let writer = sink.inner;
+    let divided = writer.divided;
+    warn_if_nothing(&filter, writer.lines);
+    if let (Some(space), 0) = (a.space, writer.lines) {
+        eprintln!(
+            "vtrace: warning: nothing ran in address space {space:#x} (`vtrace analyze \
+             spaces` lists the trace's)"
+        );
+    }
+    writer.finish()?;
+    bar.finish();
+    if a.output.is_some() {
+        eprintln!(
+            "vtrace: {} steps, {} calls, {} interrupts, {} switches, \
+             {divided} divided levels, deepest stack {}",
+            engine.counts.steps,
+            engine.counts.calls,
+            engine.counts.interrupts,
+            engine.counts.switches,
+            engine.counts.max_depth
+        );
+    }
+    Ok(())
+}
+
+/// `vtrace analyze spaces`: the address spaces and what ran in each.
+pub(super) fn spaces(a: SpacesArgs) -> Result<()> {
+    let (trace, symbols) = open(&a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "spaces");
+    let table = collect_spaces(&trace, &symbols, &|d, _| bar.update(d))?;
+    bar.finish();
+    print_to(Some(&a.to), a.json, &table, || table.to_text())?;
+    Ok(())
+}
+
+/// `vtrace analyze processes`: the Linux processes and their programs.
+pub(super) fn processes(a: SpacesArgs) -> Result<()> {
+    let (trace, _) = open(&a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "processes");
+    let table = collect_processes(&trace, &|d, _| bar.update(d))?;
+    bar.finish();
+    print_to(Some(&a.to), a.json, &table, || table.to_text())?;
+    Ok(())
+}
+
+/// `vtrace analyze stats`: instruction statistics and routine counts.
+pub(super) fn stats(a: StatsArgs) -> Result<()> {
+    let (trace, symbols) = open(&a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "stats");
+    let filter = task_filter(&trace, &a.tasks)?;
+    let s = collect_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
+    bar.finish();
+    warn_if_nothing(&filter, s.steps);
+    print_to(Some(&a.to), a.json, &s, || s.to_text(a.top))?;
+    Ok(())
+}
+
+/// `vtrace analyze flame`: a flame graph (SVG or folded stacks).
+pub(super) fn flame(a: FlameArgs) -> Result<()> {
+    let (trace, symbols) = open(&a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "flame");
+    let filter = task_filter(&trace, &a.tasks)?;
+    let folded = folded_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
+    bar.finish();
+    warn_if_nothing(&filter, folded.iter().map(|f| f.1).sum());
+    let mut out = create(&a.output)?;
+    if a.folded {
+        for line in vtrace_analyzer::folded_lines(&folded) {
+            writeln!(out, "{line}")?;
+        }
+    } else {
+        vtrace_analyzer::write_flame(
+            &folded,
+            &format!("{} ({} steps)", a.trace.trace.display(), trace.steps()),
+            &mut out,
+        )?;
+    }
+    out.flush()?;
+    wrote(&a.output, "");
+    Ok(())
+}
+
+/// `vtrace analyze timeline`: a Perfetto timeline.
+pub(super) fn timeline(a: TimelineArgs) -> Result<()> {
+    let trace = open_trace(&a.trace.trace)?;
+    // A trace of samples only is a timeline of counters.
+    if trace.metadata.peep.is_none() {
+        require_steps(&trace)?;
+    }
+    let symbols = symbols(&trace, &a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "timeline");
+    let mut out = create(&a.output)?;
+    let filter = task_filter(&trace, &a.tasks)?;
+    let events = write_timeline(
+        &trace,
+        &symbols,
+        &TimelineOptions {
+            min_steps: a.min_steps,
+            tasks: filter,
+        },
+        &mut out,
+        &|d, _| bar.update(d),
+    )?;
+    out.flush()?;
+    bar.finish();
+    wrote(
+        &a.output,
+        &format!(" ({events} events; open it in ui.perfetto.dev or chrome://tracing)"),
+    );
+    Ok(())
+}
+
+/// `vtrace analyze captures`: the captures taken.
+pub(super) fn captures_of(a: CapturesArgs) -> Result<()> {
+    // Captures taken with tracing off make a trace without steps.
+    let trace = open_trace(&a.trace)?;
+    let found = captures(&trace, &vtrace_analyzer::no_progress)?;
+    if found.is_empty() && !a.json {
+        eprintln!(
+            "vtrace: {} holds no captures (`vtrace run --capture` takes them)",
+            a.trace.display()
+        );
+        return Ok(());
+    }
+    print_to(
+        Some(&a.to),
+        a.json,
+        &serde_json::json!({ "captures": &found }),
+        || format_captures(&found),
+    )?;
+    Ok(())
+}
+
+/// `vtrace analyze probes`: the probes that fired.
+pub(super) fn probes_of(a: ProbesTraceArgs) -> Result<()> {
+    // Probes recorded with tracing off make a trace without steps.
+    let trace = open_trace(&a.trace)?;
+    let quantize = a.quantize.map(usize::from);
+    let found = probes(&trace, quantize, &vtrace_analyzer::no_progress)?;
+    if found.is_empty() && !a.json {
+        eprintln!(
+            "vtrace: {} holds no probe fires (`vtrace run --probe` records them)",
+            a.trace.display()
+        );
+        return Ok(());
+    }
+    print_to(
+        Some(&a.to),
+        a.json,
+        &serde_json::json!({ "probes": &found }),
+        || format_probes(&found),
+    )?;
+    Ok(())
+}
+
+/// `vtrace analyze samples`: the peeper's samples.
+pub(super) fn samples_of(a: SamplesArgs) -> Result<()> {
+    // Peeping needs no tracing: a trace of samples has no steps.
+    let trace = open_trace(&a.trace.trace)?;
+    let found = samples(&trace, &vtrace_analyzer::no_progress)?;
+    if found.samples.is_empty() {
+        return Err(BadData(format!(
+            "{} holds no samples (`vtrace run --peep INTERVAL --sample SYMBOL` takes \
+             them)",
+            a.trace.trace.display()
+        ))
+        .into());
+    }
+    let has_pc = found.samples.iter().any(|s| s.pc.is_some());
+    // Routine names only matter for pc samples.
+    let symbols = match has_pc {
+        true => symbols(&trace, &a.trace)?,
+        false => Symbolizer::new(),
+    };
+    if let Some(path) = &a.flame {
+        if !has_pc {
+            return Err(BadArgument(format!(
+                "--flame: the samples of {} have no pc (`vtrace run --sample-pc` takes \
+                 it)",
+                a.trace.trace.display()
+            ))
+            .into());
+        }
+        let mut out = create(path)?;
+        vtrace_analyzer::write_flame_of(
+            &found.folded(&symbols),
+            &format!("{} (pc samples)", a.trace.trace.display()),
+            "samples",
+            &mut out,
+        )?;
+        out.flush()?;
+        wrote(path, "");
+    }
+    if a.json {
+        return print_to(Some(&a.to), true, &found.to_json(&symbols), String::new);
+    }
+    let mut out = output(&a.to)?;
+    if a.csv {
+        out.write_all(found.format_csv(&symbols).as_bytes())?;
+    } else {
+        out.write_all(found.format_table(&symbols).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `vtrace analyze report`: the HTML report.
+pub(super) fn report(a: ReportArgs) -> Result<()> {
+    let (trace, symbols) = open(&a.trace)?;
+    let bar = Progress::new(&trace, &a.trace, "report");
+    let mut out = create(&a.output)?;
+    write_report(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
+        bar.update(d)
+    })?;
+    out.flush()?;
+    bar.finish();
+    wrote(&a.output, "");
+    Ok(())
+}
