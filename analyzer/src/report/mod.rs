@@ -367,6 +367,72 @@ pub fn write(
         &crate::tasks::TaskFilter::default(),
         progress,
     )?;
+    let (flame, flame_height) = flame_document(&stats)?;
+    let nest = nest_part(trace, symbols, nest_lines, progress)?;
+    let (listings, anchors) = listing_windows(trace, symbols, &stats, &nest.first);
+    let charts = charts(trace, symbols, &stats, &anchors)?;
+    let facts = facts(trace, &stats, nest.breaks);
+    let page = Page {
+        title: format!("vtrace report: {}", trace.path().display()),
+        facts,
+        problems: trace.problems.clone(),
+        went: stats
+            .routines
+            .iter()
+            .take(3)
+            .map(|r| Share {
+                name: r.name.clone(),
+                count: r.self_steps,
+                percent: percent(r.self_steps, stats.steps),
+                listing: anchors.get(&r.name).cloned(),
+            })
+            .collect(),
+        charts,
+        flame,
+        flame_height,
+        routines_more: stats.routines.len().saturating_sub(ROUTINE_ROWS),
+        routines: routine_rows(&stats, &anchors),
+        interrupts: stats
+            .interrupts
+            .iter()
+            .map(|v| VectorRow {
+                vector: v.vector,
+                name: v.name.clone(),
+                count: v.count,
+            })
+            .collect(),
+        tasks_named: trace.metadata.names_tasks(),
+        syscalls: syscalls(trace)?,
+        classes: shares(&stats.classes, stats.steps, 20),
+        mnemonics: shares(&stats.mnemonics, stats.steps, 30),
+        addressing: shares(
+            &stats.addressing_modes,
+            stats.addressing_modes.iter().map(|c| c.count).sum(),
+            20,
+        ),
+        locality: locality_line(&stats),
+        disabled: disabled_line(&stats),
+        nest_legend: nest.legend,
+        levels: nest.levels,
+        nest_dropped: nest.dropped,
+        listings,
+    };
+    let env = environment()?;
+    let html = env
+        .get_template("page.html")
+        .and_then(|t| t.render(&page))
+        .map_err(AnalyzeError::Report)?;
+    out.write_all(html.as_bytes())?;
+    Ok(())
+}
+
+/// Rows of the routine table.
+const ROUTINE_ROWS: usize = 60;
+
+/// The flame graph as a document of its own (it goes in an iframe:
+/// inferno's script finds "the" SVG as the first in its document, which in
+/// the page would be a chart), and its height.
+fn flame_document(stats: &Stats) -> Result<(String, u64)> {
     let mut svg = Vec::new();
     crate::flame::write_svg_with(
         &stats.folded,
@@ -375,25 +441,45 @@ pub fn write(
         Some(FLAME_WIDTH),
         &mut svg,
     )?;
-    // The flame graph keeps its own document (in an iframe): inferno's
-    // script finds "the" SVG as the first in its document, which in the
-    // page would be a chart.
     let flame = String::from_utf8_lossy(&svg).into_owned();
-    let flame_height = svg_height(&flame).saturating_add(12);
+    let height = svg_height(&flame).saturating_add(12);
+    Ok((flame, height))
+}
 
+/// What the report takes of the nest diagram.
+struct NestPart {
+    /// The diagram's legend.
+    legend: String,
+    /// Its big levels, for folding in the page.
+    levels: Vec<Level>,
+    /// Lines past the cap, left out.
+    dropped: usize,
+    /// Each routine's first entry step.
+    first: FxHashMap<FuncId, u64>,
+    /// Breaks (steps missing) the level engine saw.
+    breaks: u64,
+}
+
+/// Runs the nest diagram, capped at `nest_lines` lines, noting where each
+/// routine was first entered.
+fn nest_part(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    nest_lines: usize,
+    progress: Progress<'_>,
+) -> Result<NestPart> {
     let mut capped = Capped {
         text: Vec::new(),
         lines: 0,
         limit: nest_lines,
         dropped: 0,
     };
-    let ns_per_step = trace.metadata.ns_per_step();
     let mut sink = NestAndFirsts {
         nest: NestWriter::with_options(
             &mut capped,
             symbols,
             NestOptions {
-                ns_per_step,
+                ns_per_step: trace.metadata.ns_per_step(),
                 ..NestOptions::default()
             },
         ),
@@ -403,10 +489,25 @@ pub fn write(
     let engine = run(trace, symbols, &mut sink, progress)?;
     sink.nest.finish()?;
     let first = sink.first;
-    let nest_text = String::from_utf8_lossy(&capped.text).into_owned();
-    let (nest_legend, levels) = levels(&nest_text);
+    let text = String::from_utf8_lossy(&capped.text).into_owned();
+    let (legend, levels) = levels(&text);
+    Ok(NestPart {
+        legend,
+        levels,
+        dropped: capped.dropped,
+        first,
+        breaks: engine.counts.breaks,
+    })
+}
 
-    // A listing window at each busiest routine's first call.
+/// A listing window at each busiest routine's first call, and the anchor
+/// of each routine that has one.
+fn listing_windows(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    stats: &Stats,
+    first: &FxHashMap<FuncId, u64>,
+) -> (Vec<Window>, FxHashMap<String, String>) {
     let by_name: FxHashMap<&str, FuncId> = first
         .keys()
         .filter(|f| **f != UNKNOWN_FUNC)
@@ -442,7 +543,16 @@ pub fn write(
             text: String::from_utf8_lossy(&text).into_owned(),
         });
     }
+    (listings, anchors)
+}
 
+/// The bar charts: steps by routine, by place, by instruction class.
+fn charts(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    stats: &Stats,
+    anchors: &FxHashMap<String, String>,
+) -> Result<Vec<Chart>> {
     let (place_title, place) = place_bars(trace, &no_progress, symbols)?;
     let class_bars: Vec<Bar> = stats
         .classes
@@ -453,12 +563,12 @@ pub fn write(
             link: None,
         })
         .collect();
-    let charts = vec![
+    Ok(vec![
         Chart {
             title: "Steps by routine (self)".into(),
             svg: bar_chart(
                 "steps by routine",
-                &routine_bars(&stats, &anchors),
+                &routine_bars(stats, anchors),
                 stats.steps,
             ),
         },
@@ -470,13 +580,16 @@ pub fn write(
             title: "Steps by instruction class".into(),
             svg: bar_chart("steps by instruction class", &class_bars, stats.steps),
         },
-    ];
+    ])
+}
 
+/// The facts at the top of the page: what was traced, and its counts.
+fn facts(trace: &Trace, stats: &Stats, breaks: u64) -> Vec<Fact> {
     let m = &trace.metadata;
     let mut facts = vec![
         Fact {
             name: "trace",
-            value: trace_name.clone(),
+            value: trace.path().display().to_string(),
         },
         Fact {
             name: "guest",
@@ -493,7 +606,7 @@ pub fn write(
         name: "steps",
         value: thousands(stats.steps),
     });
-    if let Some(ns) = ns_per_step {
+    if let Some(ns) = m.ns_per_step() {
         facts.push(Fact {
             name: "virtual time traced",
             value: format!(
@@ -512,7 +625,7 @@ pub fn write(
         ),
         ("divided levels", stats.divided_levels),
         ("deepest stack", stats.deepest_stack as u64),
-        ("breaks (steps missing)", engine.counts.breaks),
+        ("breaks (steps missing)", breaks),
     ] {
         facts.push(Fact {
             name,
@@ -525,22 +638,15 @@ pub fn write(
             value: format!("vtrace {v}"),
         });
     }
+    facts
+}
 
-    let went = stats
+/// The routine table's rows, busiest first.
+fn routine_rows(stats: &Stats, anchors: &FxHashMap<String, String>) -> Vec<RoutineRow> {
+    stats
         .routines
         .iter()
-        .take(3)
-        .map(|r| Share {
-            name: r.name.clone(),
-            count: r.self_steps,
-            percent: percent(r.self_steps, stats.steps),
-            listing: anchors.get(&r.name).cloned(),
-        })
-        .collect();
-    let routines = stats
-        .routines
-        .iter()
-        .take(60)
+        .take(ROUTINE_ROWS)
         .map(|r| RoutineRow {
             name: r.name.clone(),
             self_steps: r.self_steps,
@@ -549,62 +655,33 @@ pub fn write(
             calls: r.calls,
             listing: anchors.get(&r.name).cloned(),
         })
-        .collect();
-    let references: u64 = stats.addressing_modes.iter().map(|c| c.count).sum();
+        .collect()
+}
+
+/// The memory locality sentence.
+fn locality_line(stats: &Stats) -> String {
     let l = &stats.locality;
+    format!(
+        "{} memory references, {} distinct 64-byte lines, {} distinct pages; \
+         {:.1}% of references go to a line touched before.",
+        thousands(l.references),
+        thousands(l.distinct_lines),
+        thousands(l.distinct_pages),
+        100.0 * l.reuse_ratio
+    )
+}
+
+/// The interrupts-disabled sentence.
+fn disabled_line(stats: &Stats) -> String {
     let d = &stats.interrupts_disabled;
-    let page = Page {
-        title: format!("vtrace report: {trace_name}"),
-        facts,
-        problems: trace.problems.clone(),
-        went,
-        charts,
-        flame,
-        flame_height,
-        routines_more: stats.routines.len().saturating_sub(60),
-        routines,
-        interrupts: stats
-            .interrupts
-            .iter()
-            .map(|v| VectorRow {
-                vector: v.vector,
-                name: v.name.clone(),
-                count: v.count,
-            })
-            .collect(),
-        tasks_named: m.names_tasks(),
-        syscalls: syscalls(trace)?,
-        classes: shares(&stats.classes, stats.steps, 20),
-        mnemonics: shares(&stats.mnemonics, stats.steps, 30),
-        addressing: shares(&stats.addressing_modes, references, 20),
-        locality: format!(
-            "{} memory references, {} distinct 64-byte lines, {} distinct pages; \
-             {:.1}% of references go to a line touched before.",
-            thousands(l.references),
-            thousands(l.distinct_lines),
-            thousands(l.distinct_pages),
-            100.0 * l.reuse_ratio
-        ),
-        disabled: format!(
-            "{} steps with interrupts disabled, in {} stretches; the longest is {} steps{}.",
-            thousands(d.steps),
-            thousands(d.stretches),
-            thousands(d.longest),
-            d.longest_in
-                .as_ref()
-                .map(|f| format!(" (in {f})"))
-                .unwrap_or_default()
-        ),
-        nest_legend,
-        levels,
-        nest_dropped: capped.dropped,
-        listings,
-    };
-    let env = environment()?;
-    let html = env
-        .get_template("page.html")
-        .and_then(|t| t.render(&page))
-        .map_err(AnalyzeError::Report)?;
-    out.write_all(html.as_bytes())?;
-    Ok(())
+    format!(
+        "{} steps with interrupts disabled, in {} stretches; the longest is {} steps{}.",
+        thousands(d.steps),
+        thousands(d.stretches),
+        thousands(d.longest),
+        d.longest_in
+            .as_ref()
+            .map(|f| format!(" (in {f})"))
+            .unwrap_or_default()
+    )
 }
