@@ -10,7 +10,7 @@
 //! | `CONTEXT` | CR3, mode and CPL |
 //! | `REGS` | a mask of changed registers, then per register a zigzag delta (RFLAGS: an XOR) |
 //!
-//! Events have tags 0x80 and up. An encoder starts from an all-zero state
+//! Events have tags 0x80 and up (`events.rs`, with their table). An encoder starts from an all-zero state
 //! and an empty code cache, so the first step of every segment is a
 //! keyframe and a segment decodes on its own.
 //!
@@ -18,57 +18,16 @@
 //! step): encoder and decoder update it identically, so a collision costs
 //! the instruction bytes again, never a wrong decode.
 
-use crate::record::{
-    CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
-    Step, TraceReason, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_COUNT,
-};
+use crate::record::{CpuMode, Event, InsnBytes, Record, RecordRef, Regs, Step, REG_COUNT};
 use crate::varint::{self, unzigzag, zigzag};
+
+mod events;
 
 const TAG_PC: u8 = 0x01;
 const TAG_BYTES: u8 = 0x02;
 const TAG_CONTEXT: u8 = 0x04;
 const TAG_REGS: u8 = 0x08;
 const STEP_TAG_MASK: u8 = 0x0f;
-
-const EV_INTERRUPT: u8 = 0x80;
-const EV_IO: u8 = 0x81;
-const EV_MMIO: u8 = 0x82;
-const EV_HYPERCALL: u8 = 0x83;
-const EV_MARK: u8 = 0x84;
-const EV_LOG: u8 = 0x85;
-/// name (length, bytes), address, length asked for (varints), the bytes
-/// read (length, bytes).
-const EV_CAPTURE: u8 = 0x86;
-const EV_CONTROL: u8 = 0x87;
-const EV_GAP: u8 = 0x88;
-const EV_HALT: u8 = 0x89;
-/// A reason: its code byte (0 command line, 1 hotkey, 2 control, 3
-/// hypercall + pass, 4 address + address, 5 max steps, 6 exception +
-/// vector byte, 7 guest exit, 8 disk full, 9 other + text, 10 user quit,
-/// 11 signal + number byte, 12 function + edge byte + name).
-const EV_START: u8 = 0x8a;
-/// A reason, as [`EV_START`].
-const EV_STOP: u8 = 0x8b;
-/// tid, pid (varints), comm (length, bytes).
-const EV_TASK: u8 = 0x8c;
-/// tid (varint), comm (length, bytes).
-const EV_TASK_NAME: u8 = 0x8d;
-/// pid, count (varints), then per mapping: start, length, file offset
-/// (varints), path (length, bytes).
-const EV_MAPPINGS: u8 = 0x8e;
-/// tid, pid (varints), comm (length, bytes).
-const EV_RUNNING: u8 = 0x8f;
-/// count (varint).
-const EV_RUNNABLE: u8 = 0x90;
-/// tid, code (varints).
-const EV_TASK_EXIT: u8 = 0x91;
-/// name (length, bytes), pc (varint), argument count (byte, at most
-/// [`MAX_PROBE_ARGS`]), the arguments (varints).
-const EV_PROBE: u8 = 0x92;
-/// virtual ns, host ns (varints), a flags byte (bit 0: pc and CR3
-/// follow, as varints), value count (byte, at most
-/// [`MAX_SAMPLE_VALUES`]), the values (varints).
-const EV_SAMPLE: u8 = 0x93;
 
 const CODE_CACHE_SLOTS: usize = 8192;
 
@@ -249,167 +208,7 @@ impl SegmentEncoder {
 
     /// Appends an event.
     pub fn push_event(&mut self, event: &Event) {
-        let o = &mut self.out;
-        match event {
-            Event::Interrupt {
-                vector,
-                error_code,
-                source,
-            } => {
-                o.extend_from_slice(&[
-                    EV_INTERRUPT,
-                    *vector,
-                    *source as u8,
-                    u8::from(error_code.is_some()),
-                ]);
-                if let Some(e) = error_code {
-                    varint::put(o, u64::from(*e));
-                }
-            }
-            Event::Io {
-                port,
-                size,
-                write,
-                value,
-            } => {
-                o.push(EV_IO);
-                varint::put(o, u64::from(*port));
-                o.extend_from_slice(&[*size, u8::from(*write)]);
-                varint::put(o, u64::from(*value));
-            }
-            Event::Mmio {
-                addr,
-                size,
-                write,
-                value,
-            } => {
-                o.push(EV_MMIO);
-                varint::put(o, *addr);
-                o.extend_from_slice(&[*size, u8::from(*write)]);
-                varint::put(o, *value);
-            }
-            Event::Hypercall {
-                command,
-                args,
-                result,
-            } => {
-                o.push(EV_HYPERCALL);
-                varint::put(o, u64::from(*command));
-                for a in args {
-                    varint::put(o, *a);
-                }
-                varint::put(o, zigzag(i64::from(*result)));
-            }
-            Event::Mark { id, value } => {
-                o.push(EV_MARK);
-                varint::put(o, *id);
-                varint::put(o, *value);
-            }
-            Event::Log(text) => {
-                o.push(EV_LOG);
-                put_bytes(o, text.as_bytes());
-            }
-            Event::Capture {
-                name,
-                addr,
-                length,
-                bytes,
-            } => {
-                o.push(EV_CAPTURE);
-                put_bytes(o, name.as_bytes());
-                varint::put(o, *addr);
-                varint::put(o, u64::from(*length));
-                put_bytes(o, bytes);
-            }
-            Event::Probe { name, pc, args } => {
-                o.push(EV_PROBE);
-                put_bytes(o, name.as_bytes());
-                varint::put(o, *pc);
-                // The recorder never gets more: a longer list is cut here
-                // rather than written undecodable.
-                let args = &args[..args.len().min(MAX_PROBE_ARGS)];
-                o.push(args.len() as u8);
-                for a in args {
-                    varint::put(o, *a);
-                }
-            }
-            Event::Sample {
-                virtual_ns,
-                host_ns,
-                values,
-                pc,
-            } => {
-                o.push(EV_SAMPLE);
-                varint::put(o, *virtual_ns);
-                varint::put(o, *host_ns);
-                o.push(u8::from(pc.is_some()));
-                if let Some((pc, cr3)) = pc {
-                    varint::put(o, *pc);
-                    varint::put(o, *cr3);
-                }
-                // As for probes: cut rather than written undecodable.
-                let values = &values[..values.len().min(MAX_SAMPLE_VALUES)];
-                o.push(values.len() as u8);
-                for v in values {
-                    varint::put(o, *v);
-                }
-            }
-            Event::ControlRegister { reg, value } => {
-                o.extend_from_slice(&[EV_CONTROL, *reg]);
-                varint::put(o, *value);
-            }
-            Event::Gap { from, to } => {
-                o.push(EV_GAP);
-                varint::put(o, *from);
-                varint::put(o, *to);
-            }
-            Event::Halt => o.push(EV_HALT),
-            Event::TraceStart(r) => {
-                o.push(EV_START);
-                put_reason(o, r);
-            }
-            Event::TraceStop(r) => {
-                o.push(EV_STOP);
-                put_reason(o, r);
-            }
-            Event::Task { tid, pid, comm } => {
-                o.push(EV_TASK);
-                varint::put(o, u64::from(*tid));
-                varint::put(o, u64::from(*pid));
-                put_bytes(o, comm.as_bytes());
-            }
-            Event::Running { tid, pid, comm } => {
-                o.push(EV_RUNNING);
-                varint::put(o, u64::from(*tid));
-                varint::put(o, u64::from(*pid));
-                put_bytes(o, comm.as_bytes());
-            }
-            Event::Runnable { count } => {
-                o.push(EV_RUNNABLE);
-                varint::put(o, u64::from(*count));
-            }
-            Event::TaskExit { tid, code } => {
-                o.push(EV_TASK_EXIT);
-                varint::put(o, u64::from(*tid));
-                varint::put(o, u64::from(*code));
-            }
-            Event::TaskName { tid, comm } => {
-                o.push(EV_TASK_NAME);
-                varint::put(o, u64::from(*tid));
-                put_bytes(o, comm.as_bytes());
-            }
-            Event::Mappings { pid, maps } => {
-                o.push(EV_MAPPINGS);
-                varint::put(o, u64::from(*pid));
-                varint::put(o, maps.len() as u64);
-                for m in maps {
-                    varint::put(o, m.start);
-                    varint::put(o, m.end.wrapping_sub(m.start));
-                    varint::put(o, m.offset);
-                    put_bytes(o, m.path.as_bytes());
-                }
-            }
-        }
+        events::put_event(&mut self.out, event);
         self.events += 1;
     }
 
@@ -425,36 +224,6 @@ impl SegmentEncoder {
 fn put_bytes(o: &mut Vec<u8>, b: &[u8]) {
     varint::put(o, b.len() as u64);
     o.extend_from_slice(b);
-}
-
-fn put_reason(o: &mut Vec<u8>, r: &TraceReason) {
-    match r {
-        TraceReason::CommandLine => o.push(0),
-        TraceReason::Hotkey => o.push(1),
-        TraceReason::Control => o.push(2),
-        TraceReason::Hypercall { pass } => {
-            o.push(3);
-            varint::put(o, *pass);
-        }
-        TraceReason::Address(a) => {
-            o.push(4);
-            varint::put(o, *a);
-        }
-        TraceReason::MaxSteps => o.push(5),
-        TraceReason::Exception(v) => o.extend_from_slice(&[6, *v]),
-        TraceReason::GuestExit => o.push(7),
-        TraceReason::DiskFull => o.push(8),
-        TraceReason::Other(text) => {
-            o.push(9);
-            put_bytes(o, text.as_bytes());
-        }
-        TraceReason::UserQuit => o.push(10),
-        TraceReason::Signal(n) => o.extend_from_slice(&[11, *n]),
-        TraceReason::Function { name, edge } => {
-            o.extend_from_slice(&[12, *edge as u8]);
-            put_bytes(o, name.as_bytes());
-        }
-    }
 }
 
 /// A payload that does not decode: where and why.
@@ -546,6 +315,10 @@ impl<'a> SegmentDecoder<'a> {
         varint::get(self.input, &mut self.pos).ok_or_else(|| self.err("bad varint"))
     }
 
+    fn var_u16(&mut self) -> Result<u16, DecodeError> {
+        u16::try_from(self.var()?).map_err(|_| self.err("number too large"))
+    }
+
     fn var_u32(&mut self) -> Result<u32, DecodeError> {
         u32::try_from(self.var()?).map_err(|_| self.err("number too large"))
     }
@@ -561,33 +334,6 @@ impl<'a> SegmentDecoder<'a> {
 
     fn text(&mut self) -> Result<String, DecodeError> {
         String::from_utf8(self.bytes()?).map_err(|_| self.err("text is not UTF-8"))
-    }
-
-    fn mappings(&mut self) -> Result<Event, DecodeError> {
-        let pid = self.var_u32()?;
-        let count = self.var()?;
-        // Each mapping takes at least 4 bytes: a crafted count cannot
-        // reserve more than the payload could hold.
-        let left = (self.input.len() - self.pos) as u64 / 4;
-        if count > left {
-            return Err(self.err("more mappings than bytes"));
-        }
-        let mut maps = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let start = self.var()?;
-            let end = start
-                .checked_add(self.var()?)
-                .ok_or_else(|| self.err("mapping past the address space"))?;
-            let offset = self.var()?;
-            let path = self.text()?;
-            maps.push(Mapping {
-                start,
-                end,
-                offset,
-                path,
-            });
-        }
-        Ok(Event::Mappings { pid, maps })
     }
 
     /// Decodes a step into `self.step`, in place.
@@ -648,148 +394,6 @@ impl<'a> SegmentDecoder<'a> {
         (s.pc, s.bytes, s.cr3, s.mode, s.cpl) = (pc, bytes, cr3, mode, cpl);
         Ok(())
     }
-
-    fn reason(&mut self) -> Result<TraceReason, DecodeError> {
-        Ok(match self.byte()? {
-            0 => TraceReason::CommandLine,
-            1 => TraceReason::Hotkey,
-            2 => TraceReason::Control,
-            3 => TraceReason::Hypercall { pass: self.var()? },
-            4 => TraceReason::Address(self.var()?),
-            5 => TraceReason::MaxSteps,
-            6 => TraceReason::Exception(self.byte()?),
-            7 => TraceReason::GuestExit,
-            8 => TraceReason::DiskFull,
-            9 => TraceReason::Other(self.text()?),
-            10 => TraceReason::UserQuit,
-            11 => TraceReason::Signal(self.byte()?),
-            12 => {
-                let edge = FunctionEdge::from_u8(self.byte()?)
-                    .ok_or_else(|| self.err("unknown function window edge"))?;
-                TraceReason::Function {
-                    name: self.text()?,
-                    edge,
-                }
-            }
-            _ => return Err(self.err("unknown trace reason")),
-        })
-    }
-
-    fn event(&mut self, tag: u8) -> Result<Event, DecodeError> {
-        Ok(match tag {
-            EV_INTERRUPT => {
-                let vector = self.byte()?;
-                let source = match self.byte()? {
-                    0 => InterruptSource::Injected,
-                    1 => InterruptSource::InferredFromIdt,
-                    2 => InterruptSource::ReportedByKvm,
-                    3 => InterruptSource::DeliveredByVmm,
-                    _ => return Err(self.err("interrupt source")),
-                };
-                let error_code = match self.byte()? {
-                    0 => None,
-                    _ => Some(self.var()? as u32),
-                };
-                Event::Interrupt {
-                    vector,
-                    error_code,
-                    source,
-                }
-            }
-            EV_IO => Event::Io {
-                port: self.var()? as u16,
-                size: self.byte()?,
-                write: self.byte()? != 0,
-                value: self.var()? as u32,
-            },
-            EV_MMIO => Event::Mmio {
-                addr: self.var()?,
-                size: self.byte()?,
-                write: self.byte()? != 0,
-                value: self.var()?,
-            },
-            EV_HYPERCALL => Event::Hypercall {
-                command: self.var()? as u32,
-                args: [self.var()?, self.var()?, self.var()?, self.var()?],
-                result: unzigzag(self.var()?) as i32,
-            },
-            EV_MARK => Event::Mark {
-                id: self.var()?,
-                value: self.var()?,
-            },
-            EV_LOG => Event::Log(self.text()?),
-            EV_CAPTURE => Event::Capture {
-                name: self.text()?,
-                addr: self.var()?,
-                length: self.var_u32()?,
-                bytes: self.bytes()?,
-            },
-            EV_PROBE => {
-                let name = self.text()?;
-                let pc = self.var()?;
-                let count = usize::from(self.byte()?);
-                if count > MAX_PROBE_ARGS {
-                    return Err(self.err("probe with more than 6 arguments"));
-                }
-                let args = (0..count).map(|_| self.var()).collect::<Result<_, _>>()?;
-                Event::Probe { name, pc, args }
-            }
-            EV_SAMPLE => {
-                let virtual_ns = self.var()?;
-                let host_ns = self.var()?;
-                let pc = match self.byte()? {
-                    0 => None,
-                    1 => Some((self.var()?, self.var()?)),
-                    _ => return Err(self.err("sample with unknown flags")),
-                };
-                let count = usize::from(self.byte()?);
-                if count > MAX_SAMPLE_VALUES {
-                    return Err(self.err("sample with more than 16 values"));
-                }
-                let values = (0..count).map(|_| self.var()).collect::<Result<_, _>>()?;
-                Event::Sample {
-                    virtual_ns,
-                    host_ns,
-                    values,
-                    pc,
-                }
-            }
-            EV_CONTROL => Event::ControlRegister {
-                reg: self.byte()?,
-                value: self.var()?,
-            },
-            EV_GAP => Event::Gap {
-                from: self.var()?,
-                to: self.var()?,
-            },
-            EV_HALT => Event::Halt,
-            EV_START => Event::TraceStart(self.reason()?),
-            EV_STOP => Event::TraceStop(self.reason()?),
-            EV_TASK => Event::Task {
-                tid: self.var_u32()?,
-                pid: self.var_u32()?,
-                comm: self.text()?,
-            },
-            EV_RUNNING => Event::Running {
-                tid: self.var_u32()?,
-                pid: self.var_u32()?,
-                comm: self.text()?,
-            },
-            EV_RUNNABLE => Event::Runnable {
-                count: self.var_u32()?,
-            },
-            EV_TASK_EXIT => Event::TaskExit {
-                tid: self.var_u32()?,
-                code: self.var_u32()?,
-            },
-            EV_TASK_NAME => Event::TaskName {
-                tid: self.var_u32()?,
-                comm: self.text()?,
-            },
-            EV_MAPPINGS => self.mappings()?,
-            _ => return Err(self.err("unknown record tag")),
-        })
-    }
 }
 
 impl Iterator for SegmentDecoder<'_> {
@@ -803,6 +407,7 @@ impl Iterator for SegmentDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::{FunctionEdge, InterruptSource, Mapping, TraceReason};
 
     #[test]
     fn insn_bytes_from_a_fetch_buffer_are_its_prefix() {
