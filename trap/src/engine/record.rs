@@ -368,6 +368,28 @@ impl Engine {
             self.carry_trap_flag(cpu, sregs, &regs);
         }
     }
+
+    /// Gives CPUID's result the vCPU's table where the host answered with
+    /// its own feature bits (see `cpuid::as_given`).
+    fn correct_cpuid(&mut self, cpu: &mut dyn CpuView, regs: &mut Registers) {
+        let seen = [
+            regs.rax as u32,
+            regs.rbx as u32,
+            regs.rcx as u32,
+            regs.rdx as u32,
+        ];
+        let given = cpu.cpuid_as_given(self.last.rax as u32, self.last.rcx as u32, seen);
+        if given == seen {
+            return;
+        }
+        // CPUID zero-extends its 32-bit results.
+        regs.rax = u64::from(given[0]);
+        regs.rbx = u64::from(given[1]);
+        regs.rcx = u64::from(given[2]);
+        regs.rdx = u64::from(given[3]);
+        let written = cpu.write_regs(regs);
+        self.wrote(written);
+    }
 }
 
 #[cfg(test)]
