@@ -262,7 +262,51 @@ pub fn export(
     if trace.steps() == 0 {
         return Err(AnalyzeError::NoSteps);
     }
-    let (target, steps_per_file) = match destination {
+    let (target, steps_per_file) = part_target(destination, format)?;
+    let ctx = &context(trace, symbols);
+    std::thread::scope(|scope| {
+        let mut parts = Parts {
+            scope,
+            ctx,
+            format,
+            target,
+            steps_per_file,
+            // Parts finishing at once: one per core, and the one being
+            // filled.
+            parallel: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            report: ExportReport::default(),
+            open: None,
+            closing: VecDeque::new(),
+            part: 0,
+        };
+        let mut carried: Option<Regs> = None;
+        let mut carried_events: Vec<String> = Vec::new();
+        let mut expected: Option<u64> = None;
+        let outcome = run_following(
+            trace,
+            symbols,
+            &mut Quiet,
+            |info| RowBuilder::new(info.first_step),
+            |mut rows, info, runs| {
+                if expected != Some(info.first_step) {
+                    carried = None;
+                    carried_events.clear();
+                }
+                expected = Some(info.first_step.saturating_add(info.steps));
+                rows.finish(carried.as_ref(), std::mem::take(&mut carried_events), runs);
+                carried = rows.last_regs;
+                carried_events = std::mem::take(&mut rows.trailing_events);
+                parts.take(rows)
+            },
+            progress,
+        );
+        parts.finish(outcome.err())
+    })
+}
+
+/// Where the parts go, and how many steps each holds.
+fn part_target(destination: &Destination, format: ExportFormat) -> Result<(PartTarget, u64)> {
+    Ok(match destination {
         Destination::File(path) => (PartTarget::File(path.clone()), u64::MAX),
         Destination::Stdout if format == ExportFormat::Parquet => {
             return Err(ExportError::Unsupported(
@@ -284,106 +328,119 @@ pub fn export(
                 (*steps_per_file).max(1),
             )
         }
-    };
+    })
+}
+
+/// What every part's writer shares: symbols, the clock, the schema, and
+/// what the files say of the trace.
+fn context<'a>(trace: &Trace, symbols: &'a Symbolizer) -> Context<'a> {
     let m = &trace.metadata;
     let mut about = vec![("guest", m.guest.clone())];
     about.extend(m.kernel.clone().map(|k| ("kernel", k)));
     about.extend(m.clock.clone().map(|c| ("clock", c)));
     about.extend(m.vtrace_version.clone().map(|v| ("recorded-by", v)));
-    let ctx = Context {
+    Context {
         symbols,
         ns_per_step: m.ns_per_step(),
         schema: parquet::schema(),
         trace_path: trace.path().display().to_string(),
         about,
-    };
-    let ctx = &ctx;
-    // Parts finishing at once: one per core, and the one being filled.
-    let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|scope: &Scope<'_, '_>| {
-        let mut report = ExportReport::default();
-        let mut open: Option<OpenPart<'_>> = None;
-        let mut closing: VecDeque<ScopedJoinHandle<'_, Result<ExportedFile, ExportError>>> =
-            VecDeque::new();
-        let mut carried: Option<Regs> = None;
-        let mut carried_events: Vec<String> = Vec::new();
-        let mut expected: Option<u64> = None;
-        let mut part = 0usize;
-        let outcome = run_following(
-            trace,
-            symbols,
-            &mut Quiet,
-            |info| RowBuilder::new(info.first_step),
-            |mut rows, info, runs| {
-                if expected != Some(info.first_step) {
-                    carried = None;
-                    carried_events.clear();
-                }
-                expected = Some(info.first_step.saturating_add(info.steps));
-                rows.finish(carried.as_ref(), std::mem::take(&mut carried_events), runs);
-                carried = rows.last_regs;
-                carried_events = std::mem::take(&mut rows.trailing_events);
-                if rows.len() == 0 {
-                    return Ok(());
-                }
-                if open.as_ref().is_some_and(|p| p.steps >= steps_per_file) {
-                    if let Some(p) = open.take() {
-                        drop(p.tx);
-                        closing.push_back(p.handle);
-                    }
-                    while closing.len() >= parallel {
-                        if let Some(h) = closing.pop_front() {
-                            report.files.push(join(h)?);
-                        }
-                    }
-                }
-                let p = match &mut open {
-                    Some(p) => p,
-                    None => {
-                        let (tx, rx) = sync_channel::<SegmentRows>(1);
-                        part += 1;
-                        let target = match &target {
-                            PartTarget::InDirectory { dir, .. } => PartTarget::InDirectory {
-                                dir: dir.clone(),
-                                part,
-                            },
-                            t => t.clone(),
-                        };
-                        let handle = scope.spawn(move || write_part(target, format, ctx, rx));
-                        open.insert(OpenPart {
-                            tx,
-                            handle,
-                            steps: 0,
-                        })
-                    }
-                };
-                p.steps = p.steps.saturating_add(rows.len() as u64);
-                report.steps = report.steps.saturating_add(rows.len() as u64);
-                if p.tx.send(rows).is_err() {
-                    // The writer stopped: its error says why.
-                    if let Some(p) = open.take() {
-                        return Err(match join(p.handle) {
-                            Err(e) => e,
-                            Ok(_) => AnalyzeError::Output(std::io::Error::other(
-                                "the export's writer stopped early",
-                            )),
-                        });
-                    }
-                }
-                Ok(())
-            },
-            progress,
-        );
-        if let Some(p) = open.take() {
-            drop(p.tx);
-            closing.push_back(p.handle);
+    }
+}
+
+/// The parts of an export: the one being filled, each on a writer thread
+/// of its own, and those finishing.
+struct Parts<'scope, 'env> {
+    scope: &'scope Scope<'scope, 'env>,
+    ctx: &'env Context<'env>,
+    format: ExportFormat,
+    target: PartTarget,
+    steps_per_file: u64,
+    /// Parts finishing at once, at most.
+    parallel: usize,
+    report: ExportReport,
+    open: Option<OpenPart<'scope>>,
+    closing: VecDeque<ScopedJoinHandle<'scope, Result<ExportedFile, ExportError>>>,
+    /// Parts begun so far.
+    part: usize,
+}
+
+impl<'scope, 'env> Parts<'scope, 'env> {
+    /// Hands a segment's rows to the open part, closing a full one and
+    /// beginning a new one as needed.
+    fn take(&mut self, rows: SegmentRows) -> Result<()> {
+        if rows.len() == 0 {
+            return Ok(());
         }
-        // Every writer is joined, even after an error, so none is left
-        // writing; the first error wins.
-        let mut first_error = outcome.err();
-        for h in closing {
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|p| p.steps >= self.steps_per_file)
+        {
+            if let Some(p) = self.open.take() {
+                drop(p.tx);
+                self.closing.push_back(p.handle);
+            }
+            while self.closing.len() >= self.parallel {
+                if let Some(h) = self.closing.pop_front() {
+                    self.report.files.push(join(h)?);
+                }
+            }
+        }
+        let p = match self.open.take() {
+            Some(p) => p,
+            None => self.begin(),
+        };
+        let p = self.open.insert(p);
+        p.steps = p.steps.saturating_add(rows.len() as u64);
+        self.report.steps = self.report.steps.saturating_add(rows.len() as u64);
+        if p.tx.send(rows).is_err() {
+            // The writer stopped: its error says why.
+            if let Some(p) = self.open.take() {
+                return Err(match join(p.handle) {
+                    Err(e) => e,
+                    Ok(_) => AnalyzeError::Output(std::io::Error::other(
+                        "the export's writer stopped early",
+                    )),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A new part, its writer started.
+    fn begin(&mut self) -> OpenPart<'scope> {
+        let (tx, rx) = sync_channel::<SegmentRows>(1);
+        self.part += 1;
+        let target = match &self.target {
+            PartTarget::InDirectory { dir, .. } => PartTarget::InDirectory {
+                dir: dir.clone(),
+                part: self.part,
+            },
+            t => t.clone(),
+        };
+        let (format, ctx) = (self.format, self.ctx);
+        let handle = self
+            .scope
+            .spawn(move || write_part(target, format, ctx, rx));
+        OpenPart {
+            tx,
+            handle,
+            steps: 0,
+        }
+    }
+
+    /// Joins every writer, even after an error, so none is left writing;
+    /// the first error wins (`error` is the pass's own).
+    fn finish(mut self, error: Option<AnalyzeError>) -> Result<ExportReport> {
+        if let Some(p) = self.open.take() {
+            drop(p.tx);
+            self.closing.push_back(p.handle);
+        }
+        let mut first_error = error;
+        for h in self.closing {
             match join(h) {
-                Ok(f) => report.files.push(f),
+                Ok(f) => self.report.files.push(f),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
@@ -392,9 +449,9 @@ pub fn export(
         match first_error {
             Some(e) => Err(e),
             None => {
-                report.files.sort_by(|a, b| a.path.cmp(&b.path));
-                Ok(report)
+                self.report.files.sort_by(|a, b| a.path.cmp(&b.path));
+                Ok(self.report)
             }
         }
-    })
+    }
 }

@@ -92,7 +92,39 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
         .iter()
         .map(|s| ctx.ns_per_step.and_then(|ns| s.checked_mul(ns)))
         .collect();
+    let (routine, routine_names) = routine_column(rows, ctx);
+    let [pid, tid, comm] = task_columns(rows)?;
+    let insn: Int32Array = rows.insn.iter().map(|i| Some(key(*i as usize))).collect();
+    let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
+    let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from(steps)),
+        Arc::new(virtual_ns),
+        Arc::new(UInt64Array::from(rows.cr3.clone())),
+        Arc::new(UInt8Array::from(rows.cpl.clone())),
+        Arc::new(UInt8Array::from(rows.bitness.clone())),
+        Arc::new(UInt64Array::from(rows.pc.clone())),
+        dictionary(routine, routine_names)?,
+        pid,
+        tid,
+        comm,
+        bytes_column(rows),
+        dictionary(insn.clone(), mnemonics)?,
+        dictionary(insn, disassembly)?,
+    ];
+    columns.extend(register_columns(rows));
+    columns.extend([
+        addresses(rows, &rows.first_reads, &rows.reads, &rows.reads_end),
+        addresses(rows, &rows.first_writes, &rows.writes, &rows.writes_end),
+    ]);
+    columns.extend(marker_columns(rows));
+    columns.push(events_column(rows));
+    Ok(RecordBatch::try_new(ctx.schema.clone(), columns)?)
+}
 
+/// The routine of each step, as dictionary keys and the names they stand
+/// for.
+fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> (Int32Array, Vec<String>) {
     let mut routine_keys = FxHashMap::default();
     let mut routine_names = Vec::new();
     // Steps come in runs of one routine: the last one's key is at hand.
@@ -112,7 +144,13 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
             }
         })
         .collect();
+    (routine, routine_names)
+}
 
+/// pid, tid and comm of each step's task (null where the trace names
+/// none).
+fn task_columns(rows: &SegmentRows) -> Result<[ArrayRef; 3], ExportError> {
+    let n = rows.len();
     let mut pid = UInt32Builder::with_capacity(n);
     let mut tid = UInt32Builder::with_capacity(n);
     let comm: Int32Array = rows
@@ -133,19 +171,28 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
         }
     }
     let comms: Vec<String> = rows.tasks.iter().map(|t| t.comm.to_string()).collect();
+    Ok([
+        Arc::new(pid.finish()),
+        Arc::new(tid.finish()),
+        dictionary(comm, comms)?,
+    ])
+}
 
-    let mut bytes = BinaryBuilder::with_capacity(n, rows.bytes.len());
+/// Each step's instruction bytes.
+fn bytes_column(rows: &SegmentRows) -> ArrayRef {
+    let mut bytes = BinaryBuilder::with_capacity(rows.len(), rows.bytes.len());
     let mut start = 0usize;
     for end in &rows.bytes_end {
         let end = *end as usize;
         bytes.append_value(rows.bytes.get(start..end).unwrap_or_default());
         start = end;
     }
+    Arc::new(bytes.finish())
+}
 
-    let insn: Int32Array = rows.insn.iter().map(|i| Some(key(*i as usize))).collect();
-    let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
-    let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
-
+/// A column per register: its value after each step.
+fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
+    let n = rows.len();
     let mut registers: Vec<UInt64Builder> = (0..REG_COUNT)
         .map(|_| UInt64Builder::with_capacity(n))
         .collect();
@@ -156,30 +203,39 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
         }
         cursor += rows.stored(row);
     }
+    registers
+        .iter_mut()
+        .map(|b| Arc::new(b.finish()) as ArrayRef)
+        .collect()
+}
 
-    let addresses = |first: &[u64], flat: &[u64], ends: &[u32]| {
-        let mut list = ListBuilder::with_capacity(UInt64Builder::new(), n);
-        let mut start = 0usize;
-        for (row, end) in ends.iter().enumerate() {
-            let end = *end as usize;
-            if rows.known[row] {
-                let values = if row == 0 {
-                    first
-                } else {
-                    flat.get(start..end).unwrap_or_default()
-                };
-                list.values().append_slice(values);
-                list.append(true);
+/// The memory addresses each step read or wrote (null where unknown):
+/// the first row's in `first`, the others' in `flat`, cut at `ends`.
+fn addresses(rows: &SegmentRows, first: &[u64], flat: &[u64], ends: &[u32]) -> ArrayRef {
+    let mut list = ListBuilder::with_capacity(UInt64Builder::new(), rows.len());
+    let mut start = 0usize;
+    for (row, end) in ends.iter().enumerate() {
+        let end = *end as usize;
+        if rows.known[row] {
+            let values = if row == 0 {
+                first
             } else {
-                list.append(false);
-            }
-            start = end;
+                flat.get(start..end).unwrap_or_default()
+            };
+            list.values().append_slice(values);
+            list.append(true);
+        } else {
+            list.append(false);
         }
-        list.finish()
-    };
-    let reads = addresses(&rows.first_reads, &rows.reads, &rows.reads_end);
-    let writes = addresses(&rows.first_writes, &rows.writes, &rows.writes_end);
+        start = end;
+    }
+    Arc::new(list.finish())
+}
 
+/// The system call a step entered and the interrupt that came before it,
+/// where any.
+fn marker_columns(rows: &SegmentRows) -> [ArrayRef; 2] {
+    let n = rows.len();
     let mut syscall = vec![None; n];
     for (row, number) in &rows.syscalls {
         if let Some(slot) = syscall.get_mut(*row as usize) {
@@ -192,8 +248,15 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
             *slot = Some(*vector);
         }
     }
+    [
+        Arc::new(UInt64Array::from(syscall)),
+        Arc::new(UInt8Array::from(interrupt)),
+    ]
+}
 
-    let mut events = ListBuilder::with_capacity(StringBuilder::new(), n);
+/// The events after each step, as text.
+fn events_column(rows: &SegmentRows) -> ArrayRef {
+    let mut events = ListBuilder::with_capacity(StringBuilder::new(), rows.len());
     let mut start = 0usize;
     for (row, end) in rows.events_end.iter().enumerate() {
         let end = *end as usize;
@@ -208,35 +271,7 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
         events.append(true);
         start = end;
     }
-
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt64Array::from(steps)),
-        Arc::new(virtual_ns),
-        Arc::new(UInt64Array::from(rows.cr3.clone())),
-        Arc::new(UInt8Array::from(rows.cpl.clone())),
-        Arc::new(UInt8Array::from(rows.bitness.clone())),
-        Arc::new(UInt64Array::from(rows.pc.clone())),
-        dictionary(routine, routine_names)?,
-        Arc::new(pid.finish()),
-        Arc::new(tid.finish()),
-        dictionary(comm, comms)?,
-        Arc::new(bytes.finish()),
-        dictionary(insn.clone(), mnemonics)?,
-        dictionary(insn, disassembly)?,
-    ];
-    columns.extend(
-        registers
-            .iter_mut()
-            .map(|b| Arc::new(b.finish()) as ArrayRef),
-    );
-    columns.extend([
-        Arc::new(reads) as ArrayRef,
-        Arc::new(writes),
-        Arc::new(UInt64Array::from(syscall)),
-        Arc::new(UInt8Array::from(interrupt)),
-        Arc::new(events.finish()),
-    ]);
-    Ok(RecordBatch::try_new(ctx.schema.clone(), columns)?)
+    Arc::new(events.finish())
 }
 
 /// A Parquet file being written: each segment's columns are encoded in
