@@ -530,78 +530,105 @@ impl LevelEngine {
                 func,
                 flow,
                 len,
-            } => {
-                let func = if func == PREVIOUS_FUNC {
-                    self.stack.last().map_or(UNKNOWN_FUNC, |f| f.view.func)
-                } else {
-                    func
-                };
-                let root = cr3_root(cr3);
-                let key = StackKey::of(self.task, root);
-                match self.cr3.map(|c| StackKey::of(self.stepped, c)) {
-                    None => {
-                        self.cr3 = Some(root);
-                        self.big_level(sink, step, BigLevelCause::TraceStart);
-                    }
-                    Some(current) if current != key => self.switch(sink, current, key, root, step),
-                    // A task changes address space on its own stack
-                    // (switching to the next task's, an exec).
-                    Some(_) => self.cr3 = Some(root),
-                }
-                self.stepped = self.task;
-                if std::mem::take(&mut self.after_break) {
-                    self.big_level(sink, step, BigLevelCause::Break);
-                }
-                if let Some(vector) = self.pending_interrupt.take() {
-                    self.counts.interrupts += 1;
-                    // An interrupt right after an interrupt return (`sti;
-                    // hlt` idling, interrupts queued while disabled) hides
-                    // where that return went, but it returned from the
-                    // innermost entry all the same.
-                    let mut before = self.prev;
-                    if before.is_some_and(|p| p.flow == Flow::InterruptReturn) {
-                        if let Some(i) = self.innermost_entry() {
-                            before = self.unwind_to(sink, i).and_then(|f| f.saved_prev);
-                        }
-                    }
-                    self.big_level(sink, step, BigLevelCause::Interrupt { vector });
-                    // The step before is finished after the handler
-                    // returns, against the pc it returns to: an interrupt
-                    // that lands on a call's target still enters the callee.
-                    let resume = before.map(|p| Prev {
-                        flow: if p.flow == Flow::SystemCall {
-                            Flow::Next
-                        } else {
-                            p.flow
-                        },
-                        ..p
-                    });
-                    self.push_frame(
-                        sink,
-                        func,
-                        pc,
-                        step,
-                        EntryKind::Interrupt { vector },
-                        None,
-                        Some(resume.unwrap_or(Prev {
-                            pc: 0,
-                            len: 0,
-                            flow: Flow::Jump,
-                        })),
-                    );
-                } else {
-                    let prev = self.prev;
-                    self.transition(sink, prev, func, pc, step);
-                }
-                if let Some(top) = self.stack.last_mut() {
-                    top.view.self_steps += 1;
-                    top.view.last_step = step;
-                }
-                self.counts.steps += 1;
-                self.prev = Some(Prev { pc, len, flow });
-                self.prev_step = Some(step);
+            } => self.step(sink, step, pc, cr3, func, Prev { pc, len, flow }),
+        }
+    }
+
+    /// One step: a switch of stack or a big level where one begins, the
+    /// interrupt that came before it, or the transition from the step
+    /// before; then the step is counted in the routine on top.
+    #[inline]
+    fn step(
+        &mut self,
+        sink: &mut impl LevelSink,
+        step: u64,
+        pc: u64,
+        cr3: u64,
+        func: FuncId,
+        this: Prev,
+    ) {
+        let func = if func == PREVIOUS_FUNC {
+            self.stack.last().map_or(UNKNOWN_FUNC, |f| f.view.func)
+        } else {
+            func
+        };
+        let root = cr3_root(cr3);
+        let key = StackKey::of(self.task, root);
+        match self.cr3.map(|c| StackKey::of(self.stepped, c)) {
+            None => {
+                self.cr3 = Some(root);
+                self.big_level(sink, step, BigLevelCause::TraceStart);
+            }
+            Some(current) if current != key => self.switch(sink, current, key, root, step),
+            // A task changes address space on its own stack (switching to
+            // the next task's, an exec).
+            Some(_) => self.cr3 = Some(root),
+        }
+        self.stepped = self.task;
+        if std::mem::take(&mut self.after_break) {
+            self.big_level(sink, step, BigLevelCause::Break);
+        }
+        match self.pending_interrupt.take() {
+            Some(vector) => self.interrupted(sink, vector, func, pc, step),
+            None => {
+                let prev = self.prev;
+                self.transition(sink, prev, func, pc, step);
             }
         }
+        if let Some(top) = self.stack.last_mut() {
+            top.view.self_steps += 1;
+            top.view.last_step = step;
+        }
+        self.counts.steps += 1;
+        self.prev = Some(this);
+        self.prev_step = Some(step);
+    }
+
+    /// The step at `pc` is the first of an interrupt handler: the
+    /// interrupted step is finished after the handler returns.
+    fn interrupted(
+        &mut self,
+        sink: &mut impl LevelSink,
+        vector: u8,
+        func: FuncId,
+        pc: u64,
+        step: u64,
+    ) {
+        self.counts.interrupts += 1;
+        // An interrupt right after an interrupt return (`sti; hlt` idling,
+        // interrupts queued while disabled) hides where that return went,
+        // but it returned from the innermost entry all the same.
+        let mut before = self.prev;
+        if before.is_some_and(|p| p.flow == Flow::InterruptReturn) {
+            if let Some(i) = self.innermost_entry() {
+                before = self.unwind_to(sink, i).and_then(|f| f.saved_prev);
+            }
+        }
+        self.big_level(sink, step, BigLevelCause::Interrupt { vector });
+        // The step before is finished after the handler returns, against
+        // the pc it returns to: an interrupt that lands on a call's target
+        // still enters the callee.
+        let resume = before.map(|p| Prev {
+            flow: if p.flow == Flow::SystemCall {
+                Flow::Next
+            } else {
+                p.flow
+            },
+            ..p
+        });
+        self.push_frame(
+            sink,
+            func,
+            pc,
+            step,
+            EntryKind::Interrupt { vector },
+            None,
+            Some(resume.unwrap_or(Prev {
+                pc: 0,
+                len: 0,
+                flow: Flow::Jump,
+            })),
+        );
     }
 
     /// Closes every open frame, of the current stack first, then of the
