@@ -488,29 +488,10 @@ pub fn collect(
     if let Some(run) = totals.open.take() {
         totals.close(run);
     }
-    let mut routines: Vec<RoutineCount> = profile
-        .self_steps
-        .iter()
-        .map(|(f, s)| RoutineCount {
-            name: routine_label(symbols, *f),
-            self_steps: *s,
-            total_steps: profile.total_steps.get(f).copied().unwrap_or(0),
-            calls: profile.calls.get(f).copied().unwrap_or(0),
-        })
-        .collect();
-    routines.sort_by(|a, b| b.self_steps.cmp(&a.self_steps).then(a.name.cmp(&b.name)));
+    let routines = routine_counts(&profile, symbols);
     let folded = folded_paths(&engine, &profile, symbols);
     let totals_counts = totals.counts;
-    let mut interrupts: Vec<VectorCount> = totals_counts
-        .vectors
-        .iter()
-        .map(|(v, c)| VectorCount {
-            vector: *v,
-            name: vector_name(*v),
-            count: *c,
-        })
-        .collect();
-    interrupts.sort_by_key(|v| v.vector);
+    let interrupts = vector_counts(&totals_counts);
     let mut disabled = totals.disabled;
     disabled.steps = totals_counts.disabled_steps;
     disabled.longest_in = totals
@@ -518,8 +499,7 @@ pub fn collect(
         .filter(|pc| *pc != 0)
         .map(|pc| symbols.format(pc, 0));
     let totals = totals_counts;
-    let references = totals.references;
-    let distinct_lines = totals.lines.len() as u64;
+    let (references, distinct_lines) = (totals.references, totals.lines.len() as u64);
     let whole = filter.is_everything();
     Ok(Stats {
         tasks: (!whole).then(|| filter.describe()),
@@ -543,17 +523,7 @@ pub fn collect(
                 .map(|(k, c)| (k.name().to_string(), *c)),
         ),
         routines,
-        locality: Locality {
-            references,
-            distinct_lines,
-            distinct_pages: totals.pages.len() as u64,
-            reused: references.saturating_sub(distinct_lines),
-            reuse_ratio: if references == 0 {
-                0.0
-            } else {
-                references.saturating_sub(distinct_lines) as f64 / references as f64
-            },
-        },
+        locality: Locality::of(references, distinct_lines, totals.pages.len() as u64),
         interrupts,
         interrupts_disabled: disabled,
         calls: if whole {
@@ -572,6 +542,56 @@ pub fn collect(
         breaks: engine.counts.breaks,
         folded,
     })
+}
+
+/// Each routine's self and total steps and calls, busiest first.
+fn routine_counts(profile: &Profile, symbols: &Symbolizer) -> Vec<RoutineCount> {
+    let mut routines: Vec<RoutineCount> = profile
+        .self_steps
+        .iter()
+        .map(|(f, s)| RoutineCount {
+            name: routine_label(symbols, *f),
+            self_steps: *s,
+            total_steps: profile.total_steps.get(f).copied().unwrap_or(0),
+            calls: profile.calls.get(f).copied().unwrap_or(0),
+        })
+        .collect();
+    routines.sort_by(|a, b| b.self_steps.cmp(&a.self_steps).then(a.name.cmp(&b.name)));
+    routines
+}
+
+/// Interrupts and exceptions by vector.
+fn vector_counts(counts: &Counts) -> Vec<VectorCount> {
+    let mut interrupts: Vec<VectorCount> = counts
+        .vectors
+        .iter()
+        .map(|(v, c)| VectorCount {
+            vector: *v,
+            name: vector_name(*v),
+            count: *c,
+        })
+        .collect();
+    interrupts.sort_by_key(|v| v.vector);
+    interrupts
+}
+
+impl Locality {
+    /// Of `references` memory references to `lines` distinct cache lines
+    /// on `pages` distinct pages.
+    fn of(references: u64, lines: u64, pages: u64) -> Locality {
+        let reused = references.saturating_sub(lines);
+        Locality {
+            references,
+            distinct_lines: lines,
+            distinct_pages: pages,
+            reused,
+            reuse_ratio: if references == 0 {
+                0.0
+            } else {
+                reused as f64 / references as f64
+            },
+        }
+    }
 }
 
 fn table(out: &mut String, title: &str, total: u64, rows: &[Count], top: usize) {
