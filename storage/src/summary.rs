@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 
 use crate::digest::TraceDigest;
-use crate::reader::{SegmentState, TraceReader};
+use crate::reader::{SegmentEntry, SegmentState, TraceReader};
 use crate::record::{Event, Record, TraceReason};
+use crate::segment::SegmentHeader;
 
 /// Facts about a trace, from reading all of it.
 #[derive(Clone, Debug, Default)]
@@ -95,84 +96,15 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
             .unwrap_or_default(),
         ..Default::default()
     };
-    let mut digest = TraceDigest::new();
-    // Whether the last traced stretch is still open: records that come
-    // while tracing is off (probes, captures, samples) may follow its stop.
-    let mut stretch_open = false;
-    // Whether the last record is tracing stopping: a run killed after that
-    // (the guest ran on untraced) lost nothing, as the analyzer also holds.
-    let mut ends_with_stop = false;
+    let mut ends = Ends::default();
     let total = reader.segments().len();
     for (i, entry) in reader.segments().iter().enumerate() {
-        let h = entry.found.header;
-        match &entry.state {
-            SegmentState::Good => {}
-            SegmentState::Overwritten => {
-                s.segments_overwritten += 1;
-                continue;
-            }
-            SegmentState::Torn(why) => {
-                s.problems.push(format!(
-                    "torn tail: segment {} (steps from {}) was cut short: {why}",
-                    h.seq, h.first_step
-                ));
-                continue;
-            }
-            SegmentState::Corrupt(why) => {
-                s.problems.push(format!(
-                    "segment {} at byte {} is damaged ({why}); its {} steps are skipped",
-                    h.seq, entry.found.offset, h.steps
-                ));
-                continue;
-            }
+        if !s.is_good(entry) {
+            continue;
         }
+        let h = entry.found.header;
         match reader.decode(i) {
-            Ok(records) => {
-                s.segments_good += 1;
-                s.disk_used = s.disk_used.saturating_add(h.total_len());
-                let steps = records
-                    .iter()
-                    .filter(|r| matches!(r, Record::Step(_)))
-                    .count() as u64;
-                if steps != h.steps {
-                    s.problems.push(format!(
-                        "segment {}'s header says {} steps but it holds {steps}",
-                        h.seq, h.steps
-                    ));
-                }
-                for r in &records {
-                    // Where the recorder cut segments, not what the guest
-                    // did: left out of the digest and the counts.
-                    if matches!(r, Record::Event(Event::Running { .. })) {
-                        continue;
-                    }
-                    digest.update(r);
-                    ends_with_stop = matches!(r, Record::Event(Event::TraceStop(_)));
-                    match r {
-                        Record::Event(Event::TraceStart(_)) => stretch_open = true,
-                        Record::Event(Event::TraceStop(_)) => stretch_open = false,
-                        // A ring may have overwritten the stretch's start.
-                        Record::Step(_) => stretch_open = true,
-                        _ => {}
-                    }
-                    match r {
-                        Record::Step(step) => {
-                            s.steps += 1;
-                            s.first_pc.get_or_insert(step.pc);
-                            s.last_pc = Some(step.pc);
-                        }
-                        Record::Event(e) => {
-                            *s.events.entry(event_kind(e)).or_default() += 1;
-                            match e {
-                                Event::Gap { .. } => s.gaps += 1,
-                                Event::TraceStart(r) => s.start_reasons.push(r.clone()),
-                                Event::TraceStop(r) => s.stop_reasons.push(r.clone()),
-                                _ => {}
-                            }
-                        }
-                    }
-                }
-            }
+            Ok(records) => s.add_segment(&h, &records, &mut ends),
             Err(why) => s
                 .problems
                 .push(format!("segment {} does not decode: {why}", h.seq)),
@@ -180,21 +112,113 @@ pub fn summarize(reader: &TraceReader, mut progress: impl FnMut(usize, usize)) -
         progress(i + 1, total);
     }
     s.problems.extend(reader.structural_problems());
-    let closed = reader.superblock().is_some_and(|sb| sb.closed);
-    s.clean_end = !stretch_open && (closed || reader.superblock().is_none() || ends_with_stop);
-    if let Some(writer) = reader.written_by() {
-        s.problems.push(format!(
-            "the trace is still being written ({writer}): what it holds so far is here, up to \
-             the last complete segment"
-        ));
-    } else if !s.clean_end && (s.segments_good > 0 || !closed) {
-        s.problems.push(
-            "the VMM did not shut down cleanly (killed?): the trace has no stop record at its \
-             end, or its disk was never closed; everything up to the last complete segment \
-             is here"
-                .into(),
-        );
-    }
-    s.digest = digest.hex();
+    s.finish(reader, ends);
     s
+}
+
+/// What the records say of how the trace ended, and its digest.
+#[derive(Default)]
+struct Ends {
+    digest: TraceDigest,
+    /// The last traced stretch is still open: records that come while
+    /// tracing is off (probes, captures, samples) may follow its stop.
+    stretch_open: bool,
+    /// The last record is tracing stopping: a run killed after that (the
+    /// guest ran on untraced) lost nothing, as the analyzer also holds.
+    ends_with_stop: bool,
+}
+
+impl TraceSummary {
+    /// Whether the segment is good; a bad one is counted or said.
+    fn is_good(&mut self, entry: &SegmentEntry) -> bool {
+        let h = entry.found.header;
+        match &entry.state {
+            SegmentState::Good => return true,
+            SegmentState::Overwritten => self.segments_overwritten += 1,
+            SegmentState::Torn(why) => self.problems.push(format!(
+                "torn tail: segment {} (steps from {}) was cut short: {why}",
+                h.seq, h.first_step
+            )),
+            SegmentState::Corrupt(why) => self.problems.push(format!(
+                "segment {} at byte {} is damaged ({why}); its {} steps are skipped",
+                h.seq, entry.found.offset, h.steps
+            )),
+        }
+        false
+    }
+
+    /// Counts a good segment's records into the summary and the digest.
+    fn add_segment(&mut self, h: &SegmentHeader, records: &[Record], ends: &mut Ends) {
+        self.segments_good += 1;
+        self.disk_used = self.disk_used.saturating_add(h.total_len());
+        let steps = records
+            .iter()
+            .filter(|r| matches!(r, Record::Step(_)))
+            .count() as u64;
+        if steps != h.steps {
+            self.problems.push(format!(
+                "segment {}'s header says {} steps but it holds {steps}",
+                h.seq, h.steps
+            ));
+        }
+        for r in records {
+            // Where the recorder cut segments, not what the guest did:
+            // left out of the digest and the counts.
+            if matches!(r, Record::Event(Event::Running { .. })) {
+                continue;
+            }
+            ends.digest.update(r);
+            ends.ends_with_stop = matches!(r, Record::Event(Event::TraceStop(_)));
+            match r {
+                Record::Event(Event::TraceStart(_)) => ends.stretch_open = true,
+                Record::Event(Event::TraceStop(_)) => ends.stretch_open = false,
+                // A ring may have overwritten the stretch's start.
+                Record::Step(_) => ends.stretch_open = true,
+                _ => {}
+            }
+            self.count(r);
+        }
+    }
+
+    /// Counts one record.
+    fn count(&mut self, r: &Record) {
+        match r {
+            Record::Step(step) => {
+                self.steps += 1;
+                self.first_pc.get_or_insert(step.pc);
+                self.last_pc = Some(step.pc);
+            }
+            Record::Event(e) => {
+                *self.events.entry(event_kind(e)).or_default() += 1;
+                match e {
+                    Event::Gap { .. } => self.gaps += 1,
+                    Event::TraceStart(r) => self.start_reasons.push(r.clone()),
+                    Event::TraceStop(r) => self.stop_reasons.push(r.clone()),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Whether the trace ended cleanly, said where it did not, and the
+    /// digest.
+    fn finish(&mut self, reader: &TraceReader, ends: Ends) {
+        let closed = reader.superblock().is_some_and(|sb| sb.closed);
+        self.clean_end =
+            !ends.stretch_open && (closed || reader.superblock().is_none() || ends.ends_with_stop);
+        if let Some(writer) = reader.written_by() {
+            self.problems.push(format!(
+                "the trace is still being written ({writer}): what it holds so far is here, up \
+                 to the last complete segment"
+            ));
+        } else if !self.clean_end && (self.segments_good > 0 || !closed) {
+            self.problems.push(
+                "the VMM did not shut down cleanly (killed?): the trace has no stop record at \
+                 its end, or its disk was never closed; everything up to the last complete \
+                 segment is here"
+                    .into(),
+            );
+        }
+        self.digest = ends.digest.hex();
+    }
 }
