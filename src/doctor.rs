@@ -199,42 +199,55 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
     let f = examine(std::path::Path::new(vtrace_vmm::KVM_DEVICE))?;
     let rows = consequences(&f);
     if args.json {
-        let v = json!({
-            "kind": kind(&f),
-            "cpu_vendor": f.cpu_vendor,
-            "cpu_virtualization": f.cpu_virtualization,
-            "paravirtual_module": f.paravirtual_module,
-            "kernel_code_emulated": f.kernel_code_rate < EMULATED_BELOW,
-            "kernel_code_rate": f.kernel_code_rate,
-            "kernel_stepping": stepping_json(&f.kernel_stepping),
-            "user_stepping": stepping_json(&f.user_stepping),
-            "trap_flag_stepping": f.user_stepping.works(),
-            "syscall_enters_kernel": f.syscall_enters_kernel,
-            "breakpoints_exit": f.breakpoints_exit,
-            "instructions": f.instructions.iter().map(|(n, e)| json!({
-                "name": n,
-                "result": ending(e),
-            })).collect::<Vec<_>>(),
-            "emulator_lacks": lacking(&f),
-            "cpuid_leaks": f.cpuid_leaks.iter().map(|(leaf, reg, bit)| json!({
-                "leaf": leaf,
-                "register": format!("e{reg}x"),
-                "bit": bit,
-            })).collect::<Vec<_>>(),
-            "baseline_dropped": f.baseline_dropped.iter().map(|(leaf, reg, bit)| json!({
-                "leaf": leaf,
-                "register": format!("e{reg}x"),
-                "bit": bit,
-            })).collect::<Vec<_>>(),
-            "step_rate": f.step_rate,
-            "trace_shows": rows.iter().map(|(what, verdict)| json!({
-                "what": what,
-                "verdict": verdict,
-            })).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&findings_json(&f, &rows))?
+        );
+    } else {
+        print_findings(&f, &rows);
     }
+    Ok(0)
+}
+
+/// The findings and what they mean for a trace, as `--json` prints them.
+fn findings_json(f: &Findings, rows: &[(&str, String)]) -> serde_json::Value {
+    json!({
+        "kind": kind(f),
+        "cpu_vendor": f.cpu_vendor,
+        "cpu_virtualization": f.cpu_virtualization,
+        "paravirtual_module": f.paravirtual_module,
+        "kernel_code_emulated": f.kernel_code_rate < EMULATED_BELOW,
+        "kernel_code_rate": f.kernel_code_rate,
+        "kernel_stepping": stepping_json(&f.kernel_stepping),
+        "user_stepping": stepping_json(&f.user_stepping),
+        "trap_flag_stepping": f.user_stepping.works(),
+        "syscall_enters_kernel": f.syscall_enters_kernel,
+        "breakpoints_exit": f.breakpoints_exit,
+        "instructions": f.instructions.iter().map(|(n, e)| json!({
+            "name": n,
+            "result": ending(e),
+        })).collect::<Vec<_>>(),
+        "emulator_lacks": lacking(f),
+        "cpuid_leaks": f.cpuid_leaks.iter().map(|(leaf, reg, bit)| json!({
+            "leaf": leaf,
+            "register": format!("e{reg}x"),
+            "bit": bit,
+        })).collect::<Vec<_>>(),
+        "baseline_dropped": f.baseline_dropped.iter().map(|(leaf, reg, bit)| json!({
+            "leaf": leaf,
+            "register": format!("e{reg}x"),
+            "bit": bit,
+        })).collect::<Vec<_>>(),
+        "step_rate": f.step_rate,
+        "trace_shows": rows.iter().map(|(what, verdict)| json!({
+            "what": what,
+            "verdict": verdict,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The findings and what they mean for a trace, for people.
+fn print_findings(f: &Findings, rows: &[(&str, String)]) {
     let module = if f.paravirtual_module {
         ", kvm_pvm loaded"
     } else {
@@ -245,7 +258,7 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
         f.cpu_vendor,
         f.cpu_virtualization.unwrap_or("no VT-x or AMD-V")
     );
-    println!("KVM:          {}", kind(&f));
+    println!("KVM:          {}", kind(f));
     println!(
         "kernel code:  {} ({} instructions/s untraced)",
         if f.kernel_code_rate < EMULATED_BELOW {
@@ -307,7 +320,6 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
     for (what, verdict) in rows {
         println!("  {what:<22}{verdict}");
     }
-    Ok(0)
 }
 
 /// CPUID bits, one line a register: "  leaf 0x1 ecx bits 0 1 9".
