@@ -85,31 +85,7 @@ pub fn discover(
         return d;
     };
     if let Some((_, bytes)) = images.builtin.iter().find(|(k, _)| *k == kernel) {
-        if metadata
-            .kernel_id
-            .as_deref()
-            .is_some_and(|id| id != image_id(bytes))
-        {
-            d.warnings.push(format!(
-                "this trace ran a different build of the {} than this vtrace embeds \
-                 (vtrace {} wrote it): symbols may be wrong",
-                if kernel == BUILTIN_DEMO {
-                    "demo OS"
-                } else {
-                    kernel
-                },
-                metadata
-                    .vtrace_version
-                    .as_deref()
-                    .unwrap_or("of unknown version"),
-            ));
-        }
-        match symbols.add_elf(bytes, "built-in demo OS", Scope::Any) {
-            Ok(()) => d
-                .loaded
-                .push("built-in demo OS (ELF symbols and DWARF lines)".into()),
-            Err(e) => d.warnings.push(e.to_string()),
-        }
+        builtin(metadata, kernel, bytes, symbols, &mut d);
         return d;
     }
     let kernel = Path::new(kernel);
@@ -133,19 +109,79 @@ pub fn discover(
     // Said only if nothing is found in the end: Debian's System.map is a
     // stub, which is no news when the kernel's own table does the job.
     let mut problems = Vec::new();
+    let found = from_files(kernel, image.as_deref(), symbols, &mut problems)
+        .or_else(|| from_kallsyms(kernel, image.as_deref()?, symbols, &mut problems));
+    match found {
+        Some(origin) => d.loaded.push(origin),
+        None => {
+            d.not_found.extend(problems);
+            d.not_found.push(format!(
+                "no symbols found for {} (looked for an ELF image, a debug vmlinux, \
+                 System.map beside it and the kernel's own kallsyms table): give them \
+                 with --symbols FILE",
+                kernel.display()
+            ));
+        }
+    }
+    d
+}
+
+/// The symbols of a kernel built into vtrace (the demo OS), with a warning
+/// where the trace ran another build of it.
+fn builtin(
+    metadata: &TraceMetadata,
+    kernel: &str,
+    bytes: &[u8],
+    symbols: &mut Symbolizer,
+    d: &mut Discovery,
+) {
+    if metadata
+        .kernel_id
+        .as_deref()
+        .is_some_and(|id| id != image_id(bytes))
+    {
+        d.warnings.push(format!(
+            "this trace ran a different build of the {} than this vtrace embeds \
+             (vtrace {} wrote it): symbols may be wrong",
+            if kernel == BUILTIN_DEMO {
+                "demo OS"
+            } else {
+                kernel
+            },
+            metadata
+                .vtrace_version
+                .as_deref()
+                .unwrap_or("of unknown version"),
+        ));
+    }
+    match symbols.add_elf(bytes, "built-in demo OS", Scope::Any) {
+        Ok(()) => d
+            .loaded
+            .push("built-in demo OS (ELF symbols and DWARF lines)".into()),
+        Err(e) => d.warnings.push(e.to_string()),
+    }
+}
+
+/// Symbols from a file: the kernel image itself where it is an ELF with
+/// symbols, a debug vmlinux, a System.map. Where they came from, if found.
+fn from_files(
+    kernel: &Path,
+    image: Option<&[u8]>,
+    symbols: &mut Symbolizer,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let elf = image.filter(|b| b.starts_with(b"\x7fELF"));
     for path in candidates(kernel) {
         let origin = path.display().to_string();
         let result = if path == kernel {
             // The image itself counts only as an ELF with symbols: a
             // bzImage or a stripped vmlinux sends us on to the others.
-            match &image {
-                Some(bytes) if bytes.starts_with(b"\x7fELF") => {
-                    match symbols.add_elf(bytes, &origin, Scope::Any) {
-                        Err(SymbolError::NoSymbols(_)) => continue,
-                        other => other,
-                    }
-                }
-                _ => continue,
+            match elf {
+                Some(bytes) => match symbols.add_elf(bytes, &origin, Scope::Any) {
+                    Err(SymbolError::NoSymbols(_)) => continue,
+                    other => other,
+                },
+                None => continue,
             }
         } else if path.is_file() {
             symbols.add_file(&path, Scope::Any)
@@ -154,41 +190,41 @@ pub fn discover(
         };
         match result {
             Ok(()) => {
-                if let Some(elf) = image.as_ref().filter(|b| b.starts_with(b"\x7fELF")) {
+                if let Some(elf) = elf {
                     symbols.add_physical_alias(elf);
                 }
-                d.loaded.push(origin);
-                return d;
+                return Some(origin);
             }
             Err(e) => problems.push(e.to_string()),
         }
     }
-    if let Some(bytes) = &image {
-        let vmlinux = if bytes.starts_with(b"\x7fELF") {
-            Some(Cow::Borrowed(&bytes[..]))
-        } else {
-            crate::bzimage::vmlinux_inside(bytes).map(Cow::Owned)
-        };
-        if let Some(vmlinux) = vmlinux {
-            let origin = format!("{} (the kernel's own kallsyms table)", kernel.display());
-            match symbols.add_kallsyms(&vmlinux, &origin, Scope::Any) {
-                Ok(()) => {
-                    symbols.add_physical_alias(&vmlinux);
-                    d.loaded.push(origin);
-                    return d;
-                }
-                Err(e) => problems.push(e.to_string()),
-            }
+    None
+}
+
+/// Symbols from the kernel's own kallsyms table, in the ELF image or the
+/// vmlinux inside a bzImage. Where they came from, if found.
+fn from_kallsyms(
+    kernel: &Path,
+    image: &[u8],
+    symbols: &mut Symbolizer,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let vmlinux = if image.starts_with(b"\x7fELF") {
+        Cow::Borrowed(image)
+    } else {
+        Cow::Owned(crate::bzimage::vmlinux_inside(image)?)
+    };
+    let origin = format!("{} (the kernel's own kallsyms table)", kernel.display());
+    match symbols.add_kallsyms(&vmlinux, &origin, Scope::Any) {
+        Ok(()) => {
+            symbols.add_physical_alias(&vmlinux);
+            Some(origin)
+        }
+        Err(e) => {
+            problems.push(e.to_string());
+            None
         }
     }
-    d.not_found.extend(problems);
-    d.not_found.push(format!(
-        "no symbols found for {} (looked for an ELF image, a debug vmlinux, \
-         System.map beside it and the kernel's own kallsyms table): give them \
-         with --symbols FILE",
-        kernel.display()
-    ));
-    d
 }
 
 #[cfg(test)]
