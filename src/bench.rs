@@ -175,35 +175,7 @@ fn repeat_trace(boot: &BootSource, source: &Path, target: &Path, steps: u64) -> 
 }
 
 fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32> {
-    let json = args.json;
-    let (trace, what) = match &args.trace {
-        Some(path) => {
-            let trace = Trace::open(path)
-                .with_context(|| format!("cannot open the trace {}", path.display()))?;
-            (trace, path.display().to_string())
-        }
-        None => {
-            if !json {
-                eprintln!(
-                    "vtrace bench: tracing the demo OS, then repeating it to {} steps...",
-                    args.steps
-                );
-            }
-            crate::step_bench::run(boot, dir, None)?;
-            let big = args
-                .keep
-                .clone()
-                .unwrap_or_else(|| dir.join("analyzer.vtd"));
-            repeat_trace(
-                boot,
-                &dir.join(crate::step_bench::TRACE_NAME),
-                &big,
-                args.steps,
-            )?;
-            (Trace::open(&big)?, "the demo OS, repeated".to_string())
-        }
-    };
-    let total = trace.steps();
+    let (trace, what) = bench_trace(boot, dir, args)?;
     let mut symbols = Symbolizer::new();
     let found = discover(
         &trace.metadata,
@@ -213,36 +185,86 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
     for w in found.all_warnings() {
         vtrace_vmm::user_message(&format!("vtrace: warning: {w}"));
     }
+    let m = measure_analyzer(&trace, &symbols, dir)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&m.json())?);
+    } else {
+        m.print(&what);
+    }
+    Ok(0)
+}
 
+/// The trace the analyzer benchmark reads: the one given, or the demo OS
+/// traced and repeated to `--steps` steps. Its description.
+fn bench_trace(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<(Trace, String)> {
+    if let Some(path) = &args.trace {
+        let trace = Trace::open(path)
+            .with_context(|| format!("cannot open the trace {}", path.display()))?;
+        return Ok((trace, path.display().to_string()));
+    }
+    if !args.json {
+        eprintln!(
+            "vtrace bench: tracing the demo OS, then repeating it to {} steps...",
+            args.steps
+        );
+    }
+    crate::step_bench::run(boot, dir, None)?;
+    let big = args
+        .keep
+        .clone()
+        .unwrap_or_else(|| dir.join("analyzer.vtd"));
+    repeat_trace(
+        boot,
+        &dir.join(crate::step_bench::TRACE_NAME),
+        &big,
+        args.steps,
+    )?;
+    Ok((Trace::open(&big)?, "the demo OS, repeated".to_string()))
+}
+
+/// What the analyzer benchmark measured.
+struct AnalyzerFigures {
+    steps: u64,
+    threads: usize,
+    nest_seconds: f64,
+    stats_seconds: f64,
+    peak_rss: Option<u64>,
+    export_seconds: f64,
+    export_bytes_per_step: f64,
+    export_peak_rss: Option<u64>,
+}
+
+/// Times the nest diagram, the statistics and the Parquet export (into
+/// `dir`, removed after: about 8 bytes a step) on `trace`.
+fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<AnalyzerFigures> {
+    let total = trace.steps();
     let started = Instant::now();
-    let mut nest = vtrace_analyzer::NestWriter::new(std::io::sink(), &symbols);
-    vtrace_analyzer::run_levels(&trace, &symbols, &mut nest, &no_progress)?;
+    let mut nest = vtrace_analyzer::NestWriter::new(std::io::sink(), symbols);
+    vtrace_analyzer::run_levels(trace, symbols, &mut nest, &no_progress)?;
     nest.finish()?;
-    let nest_time = started.elapsed().as_secs_f64();
+    let nest_seconds = started.elapsed().as_secs_f64();
 
     let started = Instant::now();
     let stats = vtrace_analyzer::collect_stats(
-        &trace,
-        &symbols,
+        trace,
+        symbols,
         &vtrace_analyzer::TaskFilter::default(),
         &no_progress,
     )?;
-    let stats_time = started.elapsed().as_secs_f64();
+    let stats_seconds = started.elapsed().as_secs_f64();
     anyhow::ensure!(
         stats.steps == total,
         "stats saw {} of {total} steps",
         stats.steps
     );
+    let peak_rss = crate::run::peak_rss_bytes();
 
-    let rss = crate::run::peak_rss_bytes();
-
-    // The per-step export, as Parquet files of 10 M steps each (the
-    // directory is removed after: it is about 8 bytes a step).
+    // Parquet files of 10 M steps each.
     let exported = dir.join("bench-export");
     let started = Instant::now();
     let export = vtrace_analyzer::export(
-        &trace,
-        &symbols,
+        trace,
+        symbols,
         vtrace_analyzer::ExportFormat::Parquet,
         &vtrace_analyzer::Destination::Directory {
             dir: exported.clone(),
@@ -250,59 +272,76 @@ fn analyzer_bench(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<i32
         },
         &no_progress,
     )?;
-    let export_time = started.elapsed().as_secs_f64();
+    let export_seconds = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&exported);
     anyhow::ensure!(
         export.steps == total,
         "the export wrote {} of {total} steps",
         export.steps
     );
-    let export_bytes_per_step = export.bytes() as f64 / total.max(1) as f64;
-    let export_rss = crate::run::peak_rss_bytes();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if json {
+    Ok(AnalyzerFigures {
+        steps: total,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        nest_seconds,
+        stats_seconds,
+        peak_rss,
+        export_seconds,
+        export_bytes_per_step: export.bytes() as f64 / total.max(1) as f64,
+        export_peak_rss: crate::run::peak_rss_bytes(),
+    })
+}
+
+impl AnalyzerFigures {
+    fn rate(&self, seconds: f64) -> f64 {
+        self.steps as f64 / seconds
+    }
+
+    /// As `--json` prints them.
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "steps": self.steps,
+            "threads": self.threads,
+            "nest_seconds": self.nest_seconds,
+            "nest_steps_per_s": self.rate(self.nest_seconds),
+            "stats_seconds": self.stats_seconds,
+            "stats_steps_per_s": self.rate(self.stats_seconds),
+            "peak_rss_bytes": self.peak_rss,
+            "export_seconds": self.export_seconds,
+            "export_steps_per_s": self.rate(self.export_seconds),
+            "export_parquet_bytes_per_step": self.export_bytes_per_step,
+            "export_peak_rss_bytes": self.export_peak_rss,
+        })
+    }
+
+    /// For people; `what` says which trace was read.
+    fn print(&self, what: &str) {
         println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "steps": total,
-                "threads": threads,
-                "nest_seconds": nest_time,
-                "nest_steps_per_s": total as f64 / nest_time,
-                "stats_seconds": stats_time,
-                "stats_steps_per_s": total as f64 / stats_time,
-                "peak_rss_bytes": rss,
-                "export_seconds": export_time,
-                "export_steps_per_s": total as f64 / export_time,
-                "export_parquet_bytes_per_step": export_bytes_per_step,
-                "export_peak_rss_bytes": export_rss,
-            }))?
+            "trace:             {} steps ({what}), {} threads",
+            self.steps, self.threads
         );
-    } else {
-        println!("trace:             {total} steps ({what}), {threads} threads");
         println!(
             "nest diagram:      {:.2} s = {:.1} M steps/s (goal >= 40 on 2 cores)",
-            nest_time,
-            total as f64 / nest_time / 1e6
+            self.nest_seconds,
+            self.rate(self.nest_seconds) / 1e6
         );
         println!(
             "statistics:        {:.2} s = {:.1} M steps/s (goal >= 30 on 2 cores)",
-            stats_time,
-            total as f64 / stats_time / 1e6
+            self.stats_seconds,
+            self.rate(self.stats_seconds) / 1e6
         );
-        if let Some(rss) = rss {
+        if let Some(rss) = self.peak_rss {
             println!("peak RSS:          {} MiB", rss >> 20);
         }
         println!(
             "Parquet export:    {:.2} s = {:.1} M steps/s, {:.2} bytes per step",
-            export_time,
-            total as f64 / export_time / 1e6,
-            export_bytes_per_step
+            self.export_seconds,
+            self.rate(self.export_seconds) / 1e6,
+            self.export_bytes_per_step
         );
-        if let Some(rss) = export_rss {
+        if let Some(rss) = self.export_peak_rss {
             println!("peak RSS, export:  {} MiB", rss >> 20);
         }
     }
-    Ok(0)
 }
 
 #[cfg(test)]
