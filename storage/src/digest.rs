@@ -38,7 +38,7 @@ impl TraceDigest {
                 // Full state, not deltas: independent of segment boundaries.
                 let mut b = [0u8; 8 + 1 + 15 + 8 + 2 + 8 * REG_COUNT];
                 b[0..8].copy_from_slice(&s.pc.to_le_bytes());
-                b[8] = s.bytes.len() as u8;
+                b[8] = s.bytes.len_byte();
                 b[9..9 + s.bytes.len()].copy_from_slice(s.bytes.as_slice());
                 b[24..32].copy_from_slice(&s.cr3.to_le_bytes());
                 b[32] = s.mode as u8;

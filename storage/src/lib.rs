@@ -6,6 +6,10 @@
 //! keyframe), so it decodes on its own: that is what ring mode, crash
 //! recovery and parallel analysis rely on.
 
+// Every number in a trace file is the file's to choose: a cast that could
+// cut one short must say why it cannot (or be a checked conversion).
+#![warn(clippy::cast_possible_truncation)]
+
 mod codec;
 mod digest;
 mod disk;

@@ -104,7 +104,7 @@ impl InsnBytes {
         let mut b = [0u8; 15];
         b[..bytes.len()].copy_from_slice(bytes);
         Some(InsnBytes {
-            len: bytes.len() as u8,
+            len: u8::try_from(bytes.len()).ok()?,
             bytes: b,
         })
     }
@@ -124,7 +124,7 @@ impl InsnBytes {
         let mut bytes = [0u8; 15];
         bytes.copy_from_slice(&kept.to_le_bytes()[..15]);
         Some(InsnBytes {
-            len: len as u8,
+            len: u8::try_from(len).ok()?,
             bytes,
         })
     }
@@ -132,6 +132,11 @@ impl InsnBytes {
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Its length as the one byte the trace stores it in (1 to 15).
+    pub fn len_byte(&self) -> u8 {
+        self.len
     }
 
     /// How many bytes.

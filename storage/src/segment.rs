@@ -158,8 +158,10 @@ pub fn seal_with(
         first_step,
         steps,
         events,
-        raw_len: raw.len() as u32,
-        stored_len: stored.len() as u32,
+        // A segment is cut at a u32 size: these fit (and a header that
+        // lied would be caught by the reader, not cut short here).
+        raw_len: u32::try_from(raw.len()).unwrap_or(u32::MAX),
+        stored_len: u32::try_from(stored.len()).unwrap_or(u32::MAX),
         payload_crc: crc32c::crc32c(&stored),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + stored.len());

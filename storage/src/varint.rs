@@ -3,10 +3,10 @@
 
 pub fn put(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.push(v.to_le_bytes()[0] | 0x80);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.push(v.to_le_bytes()[0]);
 }
 
 pub fn get(input: &[u8], pos: &mut usize) -> Option<u64> {

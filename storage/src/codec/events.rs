@@ -167,7 +167,7 @@ fn put_annotation(o: &mut Vec<u8>, event: &Event) {
             // The recorder never gets more: a longer list is cut here
             // rather than written undecodable.
             let args = &args[..args.len().min(MAX_PROBE_ARGS)];
-            o.push(args.len() as u8);
+            o.push(u8::try_from(args.len()).unwrap_or(u8::MAX));
             for a in args {
                 varint::put(o, *a);
             }
@@ -188,7 +188,7 @@ fn put_annotation(o: &mut Vec<u8>, event: &Event) {
             }
             // As for probes: cut rather than written undecodable.
             let values = &values[..values.len().min(MAX_SAMPLE_VALUES)];
-            o.push(values.len() as u8);
+            o.push(u8::try_from(values.len()).unwrap_or(u8::MAX));
             for v in values {
                 varint::put(o, *v);
             }
@@ -434,7 +434,7 @@ impl SegmentDecoder<'_> {
         if count > left {
             return Err(self.err("more mappings than bytes"));
         }
-        let mut maps = Vec::with_capacity(count as usize);
+        let mut maps = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         for _ in 0..count {
             let start = self.var()?;
             let end = start

@@ -39,16 +39,17 @@ const MAX_STEP_LEN: usize = 1 + 10 + 16 + 12 + 3 + REG_COUNT * 10;
 /// Writes `v` as a varint at `buf[*at..]`, as [`varint::put`] does.
 fn put_varint(buf: &mut [u8; MAX_STEP_LEN], at: &mut usize, mut v: u64) {
     while v >= 0x80 {
-        buf[*at] = (v as u8) | 0x80;
+        buf[*at] = v.to_le_bytes()[0] | 0x80;
         *at += 1;
         v >>= 7;
     }
-    buf[*at] = v as u8;
+    buf[*at] = v.to_le_bytes()[0];
     *at += 1;
 }
 
 fn slot(pc: u64) -> usize {
-    ((pc ^ (pc >> 13)) as usize) & (CODE_CACHE_SLOTS - 1)
+    // Masked to the table first, so it fits any usize.
+    usize::try_from((pc ^ (pc >> 13)) & (CODE_CACHE_SLOTS as u64 - 1)).unwrap_or(0)
 }
 
 /// Delta-coding state shared, in mirror image, by encoder and decoder.
@@ -158,7 +159,7 @@ impl SegmentEncoder {
         if cached.0 != step.pc || cached.1 != step.bytes {
             tag |= TAG_BYTES;
             let bytes = step.bytes.as_slice();
-            buf[at] = bytes.len() as u8;
+            buf[at] = step.bytes.len_byte();
             buf[at + 1..at + 1 + bytes.len()].copy_from_slice(bytes);
             at += 1 + bytes.len();
             *cached = (step.pc, step.bytes);
@@ -324,7 +325,7 @@ impl<'a> SegmentDecoder<'a> {
     }
 
     fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
-        let len = self.var()? as usize;
+        let len = usize::try_from(self.var()?).map_err(|_| self.err("length too large"))?;
         let end = self.pos.checked_add(len).filter(|e| *e <= self.input.len());
         let end = end.ok_or_else(|| self.err("length past the end"))?;
         let b = self.input[self.pos..end].to_vec();
@@ -405,6 +406,7 @@ impl Iterator for SegmentDecoder<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::record::{FunctionEdge, InterruptSource, Mapping, TraceReason};

@@ -39,6 +39,9 @@ pub use writer::{Appended, DiskWriter};
 
 /// Bytes reserved at the start for the superblock.
 pub const SUPERBLOCK_LEN: u64 = 4096;
+/// [`SUPERBLOCK_LEN`] as a buffer length.
+const SUPERBLOCK_BYTES: usize = 4096;
+const _: () = assert!(SUPERBLOCK_BYTES as u64 == SUPERBLOCK_LEN);
 /// Segments start at multiples of this many bytes after the superblock.
 pub const BLOCK: u64 = 4096;
 /// Default segment size.
@@ -184,7 +187,7 @@ pub struct Superblock {
 
 impl Superblock {
     fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; SUPERBLOCK_LEN as usize];
+        let mut b = vec![0u8; SUPERBLOCK_BYTES];
         b[0..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
         b[12..16].copy_from_slice(&self.segment_size.to_le_bytes());
@@ -195,18 +198,20 @@ impl Superblock {
         b[28..36].copy_from_slice(&self.created_unix.to_le_bytes());
         let meta = self.metadata.as_bytes();
         let meta = &meta[..meta.len().min(METADATA_MAX)];
-        b[36..40].copy_from_slice(&(meta.len() as u32).to_le_bytes());
+        // At most METADATA_MAX bytes.
+        let meta_len = u32::try_from(meta.len()).unwrap_or(u32::MAX);
+        b[36..40].copy_from_slice(&meta_len.to_le_bytes());
         b[40..48].copy_from_slice(&self.segments.to_le_bytes());
         b[48..56].copy_from_slice(&self.steps.to_le_bytes());
         b[64..64 + meta.len()].copy_from_slice(meta);
-        let crc = crc32c::crc32c(&b[..SUPERBLOCK_LEN as usize - 4]);
-        let end = SUPERBLOCK_LEN as usize;
+        let crc = crc32c::crc32c(&b[..SUPERBLOCK_BYTES - 4]);
+        let end = SUPERBLOCK_BYTES;
         b[end - 4..].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
     fn decode(b: &[u8]) -> Option<Superblock> {
-        let end = SUPERBLOCK_LEN as usize;
+        let end = SUPERBLOCK_BYTES;
         if b.len() < end || b[0..8] != MAGIC {
             return None;
         }
@@ -300,6 +305,7 @@ fn blocks_for(len: u64) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::segment::seal;

@@ -63,7 +63,7 @@ impl DiskScan {
         let mut file = File::open(path).map_err(io)?;
         let size = device_size(&mut file).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
-        let mut sb = vec![0u8; SUPERBLOCK_LEN as usize];
+        let mut sb = vec![0u8; SUPERBLOCK_BYTES];
         let (superblock, superblock_damaged) = match file.read_exact(&mut sb) {
             Ok(()) => {
                 let decoded = Superblock::decode(&sb);
