@@ -36,12 +36,6 @@ pub struct AcpiPm {
 }
 
 impl AcpiPm {
-    /// Whether `port` is one of the block's registers.
-    pub fn claims(port: u16) -> bool {
-        (PM1A_EVT_BLK..PM1A_EVT_BLK + u16::from(PM1_EVT_LEN)).contains(&port)
-            || (PM1A_CNT_BLK..PM1A_CNT_BLK + u16::from(PM1_CNT_LEN)).contains(&port)
-    }
-
     /// The block as little-endian bytes from PM1a_EVT_BLK: status (never
     /// set), enable, control.
     fn bytes(&self) -> [u8; 6] {

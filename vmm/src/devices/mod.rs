@@ -3,6 +3,7 @@
 //! VMM decides when each interrupt reaches the vCPU.
 
 pub mod acpi_pm;
+mod bus;
 pub mod cmos;
 pub mod hypercall;
 pub mod pic;
@@ -16,6 +17,7 @@ use std::io::Write;
 use crate::clock::VirtualNanos;
 
 use self::acpi_pm::AcpiPm;
+use self::bus::{PortBus, PortDevice};
 use self::cmos::Cmos;
 use self::pic::Pic;
 use self::pit::Pit;
@@ -33,15 +35,57 @@ pub struct Devices {
     pub cmos: Cmos,
     pub reset: ResetController,
     pub acpi_pm: AcpiPm,
+    /// Which device answers at which port.
+    bus: PortBus,
     /// Ports nobody answers, noted once each for the debug log.
     unclaimed: BTreeSet<u16>,
     /// IRQ0 edges raised so far (the timer interrupts the guest was sent).
     pub timer_edges: u64,
 }
 
-/// Ports that only exist to be written for their delay (POST codes, the
-/// legacy I/O-delay port): silently accepted.
-const DELAY_PORTS: [u16; 2] = [0x80, 0xed];
+/// Every device's ports.
+fn port_bus() -> PortBus {
+    use acpi_pm::{PM1A_CNT_BLK, PM1A_EVT_BLK, PM1_CNT_LEN, PM1_EVT_LEN};
+    let claims = [
+        (0x20..=0x21, PortDevice::Pic),
+        (0xa0..=0xa1, PortDevice::Pic),
+        (0x4d0..=0x4d1, PortDevice::Pic),
+        (0x40..=pit::PORT_COMMAND, PortDevice::Pit),
+        (pit::PORT_SPEAKER..=pit::PORT_SPEAKER, PortDevice::Pit),
+        (cmos::PORT_INDEX..=cmos::PORT_DATA, PortDevice::Cmos),
+        (reset::PORT_DATA..=reset::PORT_DATA, PortDevice::Keyboard),
+        (
+            reset::PORT_COMMAND..=reset::PORT_COMMAND,
+            PortDevice::Keyboard,
+        ),
+        (
+            reset::PORT_RESET_CONTROL..=reset::PORT_RESET_CONTROL,
+            PortDevice::ResetControl,
+        ),
+        (COM1_BASE..=COM1_BASE + 7, PortDevice::Serial),
+        (
+            PM1A_EVT_BLK..=PM1A_EVT_BLK + u16::from(PM1_EVT_LEN) - 1,
+            PortDevice::AcpiPm,
+        ),
+        (
+            PM1A_CNT_BLK..=PM1A_CNT_BLK + u16::from(PM1_CNT_LEN) - 1,
+            PortDevice::AcpiPm,
+        ),
+        // POST codes and the legacy I/O-delay port: written only for the
+        // delay.
+        (0x80..=0x80, PortDevice::Delay),
+        (0xed..=0xed, PortDevice::Delay),
+    ];
+    let mut bus = PortBus::default();
+    for (ports, device) in claims {
+        // The table above is fixed: an overlap is a bug the unit test
+        // `every_device_has_its_ports` catches.
+        if let Err(e) = bus.insert(ports, device) {
+            tracing::error!("{e}");
+        }
+    }
+    bus
+}
 
 impl Devices {
     /// All devices in their power-on state; COM1 output goes to `console`,
@@ -54,6 +98,7 @@ impl Devices {
             cmos: Cmos::new(rtc_base_unix),
             reset: ResetController::default(),
             acpi_pm: AcpiPm::default(),
+            bus: port_bus(),
             unclaimed: BTreeSet::new(),
             timer_edges: 0,
         }
@@ -61,20 +106,17 @@ impl Devices {
 
     /// A guest `IN` of `data.len()` bytes.
     pub fn pio_read(&mut self, port: u16, data: &mut [u8], now: VirtualNanos) {
-        if AcpiPm::claims(port) {
+        let value = match self.bus.find(port) {
             // Word-wide registers.
-            self.acpi_pm.read(port, data);
-            return;
-        }
-        let value = match port {
-            0x20 | 0x21 | 0xa0 | 0xa1 | 0x4d0 | 0x4d1 => self.pic.read(port),
-            0x40..=0x43 | pit::PORT_SPEAKER => self.pit.read(port, now),
-            cmos::PORT_INDEX | cmos::PORT_DATA => self.cmos.read(port, now),
-            reset::PORT_DATA | reset::PORT_COMMAND => self.reset.read(port),
-            p if (COM1_BASE..COM1_BASE + 8).contains(&p) => self.serial.read((p - COM1_BASE) as u8),
-            p if DELAY_PORTS.contains(&p) => 0xff,
-            p => {
-                self.note_unclaimed(p);
+            Some((PortDevice::AcpiPm, _)) => return self.acpi_pm.read(port, data),
+            Some((PortDevice::Pic, _)) => self.pic.read(port),
+            Some((PortDevice::Pit, _)) => self.pit.read(port, now),
+            Some((PortDevice::Cmos, _)) => self.cmos.read(port, now),
+            Some((PortDevice::Keyboard, _)) => self.reset.read(port),
+            Some((PortDevice::Serial, base)) => self.serial.read(offset(port, base)),
+            Some((PortDevice::Delay, _)) => 0xff,
+            Some((PortDevice::ResetControl, _)) | None => {
+                self.note_unclaimed(port);
                 0xff
             }
         };
@@ -89,19 +131,17 @@ impl Devices {
     /// A guest `OUT` of `data.len()` bytes.
     pub fn pio_write(&mut self, port: u16, data: &[u8], now: VirtualNanos) {
         let value = data.first().copied().unwrap_or(0);
-        match port {
-            0x20 | 0x21 | 0xa0 | 0xa1 | 0x4d0 | 0x4d1 => self.pic.write(port, value),
-            0x40..=0x43 | pit::PORT_SPEAKER => self.pit.write(port, value, now),
-            cmos::PORT_INDEX | cmos::PORT_DATA => self.cmos.write(port, value),
-            reset::PORT_DATA | reset::PORT_COMMAND | reset::PORT_RESET_CONTROL => {
+        match self.bus.find(port) {
+            Some((PortDevice::Pic, _)) => self.pic.write(port, value),
+            Some((PortDevice::Pit, _)) => self.pit.write(port, value, now),
+            Some((PortDevice::Cmos, _)) => self.cmos.write(port, value),
+            Some((PortDevice::Keyboard | PortDevice::ResetControl, _)) => {
                 self.reset.write(port, value)
             }
-            p if (COM1_BASE..COM1_BASE + 8).contains(&p) => {
-                self.serial.write((p - COM1_BASE) as u8, value)
-            }
-            p if AcpiPm::claims(p) => self.acpi_pm.write(p, data),
-            p if DELAY_PORTS.contains(&p) => {}
-            p => self.note_unclaimed(p),
+            Some((PortDevice::Serial, base)) => self.serial.write(offset(port, base), value),
+            Some((PortDevice::AcpiPm, _)) => self.acpi_pm.write(port, data),
+            Some((PortDevice::Delay, _)) => {}
+            None => self.note_unclaimed(port),
         }
     }
 
@@ -137,5 +177,62 @@ impl Devices {
     /// Virtual time at which a device will next want the CPU's attention.
     pub fn next_deadline(&self) -> Option<VirtualNanos> {
         self.pit.next_irq0()
+    }
+}
+
+/// A port's offset in its device's range (COM1's eight registers).
+fn offset(port: u16, base: u16) -> u8 {
+    u8::try_from(port.wrapping_sub(base)).unwrap_or(u8::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_device_has_its_ports() {
+        // Built without an overlap: each claim is in the bus.
+        let bus = port_bus();
+        let expect = [
+            (0x20, PortDevice::Pic),
+            (0xa1, PortDevice::Pic),
+            (0x4d1, PortDevice::Pic),
+            (0x40, PortDevice::Pit),
+            (0x43, PortDevice::Pit),
+            (0x61, PortDevice::Pit),
+            (0x70, PortDevice::Cmos),
+            (0x71, PortDevice::Cmos),
+            (0x60, PortDevice::Keyboard),
+            (0x64, PortDevice::Keyboard),
+            (0xcf9, PortDevice::ResetControl),
+            (0x3f8, PortDevice::Serial),
+            (0x3ff, PortDevice::Serial),
+            (0x600, PortDevice::AcpiPm),
+            (0x605, PortDevice::AcpiPm),
+            (0x80, PortDevice::Delay),
+            (0xed, PortDevice::Delay),
+        ];
+        for (port, device) in expect {
+            assert_eq!(bus.find(port).map(|(d, _)| d), Some(device), "{port:#x}");
+        }
+        for nobody in [0x22, 0x44, 0x62, 0x72, 0x3f7, 0x400, 0x606] {
+            assert_eq!(bus.find(nobody), None, "{nobody:#x}");
+        }
+    }
+
+    #[test]
+    fn a_port_nobody_claims_reads_all_ones() {
+        let mut d = Devices::new(Box::new(std::io::sink()), 0);
+        let mut data = [0u8; 4];
+        d.pio_read(0x1234, &mut data, 0);
+        assert_eq!(data, [0xff; 4]);
+        d.pio_read(reset::PORT_RESET_CONTROL, &mut data, 0);
+        assert_eq!(data, [0xff; 4], "0xcf9 is written only");
+        d.pio_read(COM1_BASE + 5, &mut data, 0);
+        assert_eq!(
+            data[1..],
+            [0xff; 3],
+            "one byte-wide register, the rest float"
+        );
     }
 }
