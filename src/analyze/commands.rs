@@ -16,7 +16,7 @@ pub(super) fn listing(a: ListingArgs) -> Result<()> {
         tasks: task_filter(&trace, &a.tasks)?,
         task_columns: trace.metadata.names_tasks(),
     };
-    let bar = Progress::new(&trace, &a.trace, "listing");
+    let bar = StepsBar::new(&trace, &a.trace, "listing");
     let progress = |done, _| bar.update(done);
     match &a.out {
         Some(dir) => {
@@ -40,7 +40,7 @@ pub(super) fn listing(a: ListingArgs) -> Result<()> {
 pub(super) fn nest(a: NestArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
     let filter = task_filter(&trace, &a.tasks)?;
-    let bar = Progress::new(&trace, &a.trace, "nest");
+    let bar = StepsBar::new(&trace, &a.trace, "nest");
     let progress = |done, _| bar.update(done);
     let out: Box<dyn Write> = match &a.output {
         Some(path) => Box::new(create(path)?),
@@ -103,7 +103,7 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
 /// `vtrace analyze spaces`: the address spaces and what ran in each.
 pub(super) fn spaces(a: SpacesArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "spaces");
+    let bar = StepsBar::new(&trace, &a.trace, "spaces");
     let table = collect_spaces(&trace, &symbols, &|d, _| bar.update(d))?;
     bar.finish();
     print_to(Some(&a.to), a.json, &table, || table.to_text())?;
@@ -113,7 +113,7 @@ pub(super) fn spaces(a: SpacesArgs) -> Result<()> {
 /// `vtrace analyze processes`: the Linux processes and their programs.
 pub(super) fn processes(a: SpacesArgs) -> Result<()> {
     let (trace, _) = open(&a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "processes");
+    let bar = StepsBar::new(&trace, &a.trace, "processes");
     let table = collect_processes(&trace, &|d, _| bar.update(d))?;
     bar.finish();
     print_to(Some(&a.to), a.json, &table, || table.to_text())?;
@@ -123,7 +123,7 @@ pub(super) fn processes(a: SpacesArgs) -> Result<()> {
 /// `vtrace analyze stats`: instruction statistics and routine counts.
 pub(super) fn stats(a: StatsArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "stats");
+    let bar = StepsBar::new(&trace, &a.trace, "stats");
     let filter = task_filter(&trace, &a.tasks)?;
     let s = collect_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
     bar.finish();
@@ -135,7 +135,7 @@ pub(super) fn stats(a: StatsArgs) -> Result<()> {
 /// `vtrace analyze flame`: a flame graph (SVG or folded stacks).
 pub(super) fn flame(a: FlameArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "flame");
+    let bar = StepsBar::new(&trace, &a.trace, "flame");
     let filter = task_filter(&trace, &a.tasks)?;
     let folded = folded_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
     bar.finish();
@@ -165,7 +165,7 @@ pub(super) fn timeline(a: TimelineArgs) -> Result<()> {
         require_steps(&trace)?;
     }
     let symbols = symbols(&trace, &a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "timeline");
+    let bar = StepsBar::new(&trace, &a.trace, "timeline");
     let mut out = create(&a.output)?;
     let filter = task_filter(&trace, &a.tasks)?;
     let events = write_timeline(
@@ -284,7 +284,7 @@ pub(super) fn samples_of(a: SamplesArgs) -> Result<()> {
 /// `vtrace analyze report`: the HTML report.
 pub(super) fn report(a: ReportArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "report");
+    let bar = StepsBar::new(&trace, &a.trace, "report");
     let mut out = create(&a.output)?;
     write_report(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
         bar.update(d)

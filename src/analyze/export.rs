@@ -69,7 +69,7 @@ fn export_destination(a: &ExportArgs) -> Result<(ExportFormat, Destination)> {
 pub(super) fn export(a: ExportArgs) -> Result<()> {
     let (format, destination) = export_destination(&a)?;
     let (trace, symbols) = open(&a.trace)?;
-    let bar = Progress::new(&trace, &a.trace, "export");
+    let bar = StepsBar::new(&trace, &a.trace, "export");
     let started = Instant::now();
     let report = vtrace_analyzer::export(&trace, &symbols, format, &destination, &|d, _| {
         bar.update(d)
@@ -113,7 +113,7 @@ fn diff_side(path: &Path, a: &DiffArgs, what: &str) -> Result<vtrace_analyzer::S
         quiet: a.quiet,
     };
     let (trace, symbols) = open(&args)?;
-    let bar = Progress::new(&trace, &args, what);
+    let bar = StepsBar::new(&trace, &args, what);
     let s = collect_stats(
         &trace,
         &symbols,

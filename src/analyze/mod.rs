@@ -35,14 +35,14 @@ const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);
 /// work has taken a second: how long an analysis takes depends on what it
 /// does per step (a listing formats every one, a nest diagram mostly
 /// counts), so elapsed time decides, not the trace's length.
-struct Progress {
+struct StepsBar {
     bar: ProgressBar,
     started: Instant,
     enabled: bool,
 }
 
-impl Progress {
-    fn new(trace: &Trace, args: &TraceArgs, what: &str) -> Progress {
+impl StepsBar {
+    fn new(trace: &Trace, args: &TraceArgs, what: &str) -> StepsBar {
         let bar = ProgressBar::with_draw_target(Some(trace.steps()), ProgressDrawTarget::hidden());
         bar.set_style(
             ProgressStyle::with_template(
@@ -58,7 +58,7 @@ impl Progress {
             .progress_chars("=> "),
         );
         bar.set_message(what.to_string());
-        Progress {
+        StepsBar {
             bar,
             started: Instant::now(),
             enabled: !args.quiet && std::io::stderr().is_terminal(),
@@ -269,7 +269,7 @@ fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> R
         },
     };
     let label = option.map(|o| format!("{o}: ")).unwrap_or_default();
-    let progress = Progress::new(trace, args, "finding user programs");
+    let progress = StepsBar::new(trace, args, "finding user programs");
     let maps = recorded_maps(trace, &|done, _| progress.update(done))?;
     progress.finish();
     if maps.is_empty() {
