@@ -1,0 +1,281 @@
+//! The house rules, checked on the source itself: inside a crate no two
+//! modules use each other (directly or around a circle), no source file is
+//! over 700 lines before its tests, and no function is over 100 lines.
+//! Tests are left out of all three; the end-to-end tests in `tests/` are
+//! scenarios (one guest run, many checks) and left out of the last two.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The crates' source folders, from the workspace root.
+const CRATES: [&str; 8] = [
+    "src",
+    "vmm/src",
+    "trap/src",
+    "storage/src",
+    "analyzer/src",
+    "image/src",
+    "session/src",
+    "guest-kit/src",
+];
+
+const MAX_FILE_LINES: usize = 700;
+const MAX_FUNCTION_LINES: usize = 100;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The text before the file's unit tests (`#[cfg(test)]`, perhaps more
+/// attributes, then `mod tests`).
+fn before_tests(text: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = text[from..].find("#[cfg(test)]\n") {
+        let at = from + at;
+        let after = text[at..].lines().skip(1).find(|l| !l.starts_with("#["));
+        if after.is_some_and(|l| l.starts_with("mod tests")) {
+            return &text[..at];
+        }
+        from = at + 1;
+    }
+    text
+}
+
+/// A file's module path in its crate: `run_loop/exit.rs` is
+/// `["run_loop", "exit"]`, `run_loop/mod.rs` is `["run_loop"]`.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap_or(file).with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts
+        .last()
+        .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+    {
+        parts.pop();
+    }
+    parts
+}
+
+/// The paths written after each `prefix` (`crate::a::b`), as segments.
+fn paths_after(text: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + prefix.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        let path: Vec<String> = rest[..end]
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Edges between sibling modules (at every level) of the crate at `src`.
+fn module_edges(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_path(src, f), f.clone()))
+        .collect();
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).unwrap();
+        let text = before_tests(&text);
+        let parent = &module[..module.len().saturating_sub(1)];
+        let mut refs = paths_after(text, "crate::");
+        refs.extend(paths_after(text, "super::").into_iter().map(|p| {
+            let mut full = parent.to_vec();
+            full.extend(p);
+            full
+        }));
+        for r in refs {
+            let Some(target) = (1..=r.len())
+                .rev()
+                .map(|k| r[..k].to_vec())
+                .find(|p| modules.contains_key(p))
+            else {
+                continue;
+            };
+            let common = module
+                .iter()
+                .zip(&target)
+                .take_while(|(a, b)| a == b)
+                .count();
+            // Parent and child use each other by design (a module and
+            // its rooms); the rule is about siblings.
+            if common == module.len() || common == target.len() {
+                continue;
+            }
+            edges
+                .entry(module[..=common].to_vec())
+                .or_default()
+                .insert(target[..=common].to_vec());
+        }
+    }
+    edges
+}
+
+/// A circle among the modules, if there is one.
+fn find_cycle(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &Vec<String>,
+        edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        on_path: &mut Vec<Vec<String>>,
+        done: &mut BTreeSet<Vec<String>>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = on_path.iter().position(|n| n == node) {
+            let mut circle: Vec<String> = on_path[at..].iter().map(|m| m.join("::")).collect();
+            circle.push(node.join("::"));
+            return Some(circle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        on_path.push(node.clone());
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, on_path, done) {
+                return Some(c);
+            }
+        }
+        on_path.pop();
+        done.insert(node.clone());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in edges.keys() {
+        if let Some(c) = visit(node, edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_module_uses_another_that_uses_it() {
+    for krate in CRATES {
+        let src = root().join(krate);
+        if let Some(circle) = find_cycle(&module_edges(&src)) {
+            panic!("{krate}: modules use each other: {}", circle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_loop_finder_finds_a_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "mod a;\nmod b;\n").unwrap();
+    std::fs::write(dir.path().join("a.rs"), "use crate::b::B;\npub struct A;\n").unwrap();
+    std::fs::write(dir.path().join("b.rs"), "pub struct B(crate::a::A);\n").unwrap();
+    let circle = find_cycle(&module_edges(dir.path())).expect("a and b use each other");
+    assert!(circle.contains(&"a".to_string()) && circle.contains(&"b".to_string()));
+    std::fs::write(dir.path().join("b.rs"), "pub struct B;\n").unwrap();
+    assert_eq!(find_cycle(&module_edges(dir.path())), None);
+}
+
+/// The functions of `text` over `limit` lines, as (first line, name, lines).
+fn long_functions(text: &str, limit: usize) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = trimmed
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("pub ")
+            .trim_start_matches("const ")
+            .trim_start_matches("unsafe ");
+        let Some(rest) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // A body on the signature's line is one line long.
+        if trimmed.contains('{') && trimmed.trim_end().ends_with('}') {
+            continue;
+        }
+        // A declaration without a body (a trait's) ends with `;` first.
+        let opens = lines[i..]
+            .iter()
+            .position(|l| l.trim_end().ends_with('{') || l.trim_end().ends_with(';'));
+        if opens.is_none_or(|o| lines[i + o].trim_end().ends_with(';')) {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(len) = lines[i + 1..].iter().position(|l| *l == close) {
+            if len + 2 > limit {
+                out.push((i + 1, name, len + 2));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_file_over_700_lines_and_no_function_over_100() {
+    let mut found = Vec::new();
+    for krate in CRATES {
+        let mut files = Vec::new();
+        rust_files(&root().join(krate), &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let text = before_tests(&text);
+            let name = file.strip_prefix(root()).unwrap_or(&file).display();
+            let lines = text.lines().count();
+            if lines > MAX_FILE_LINES {
+                found.push(format!("{name}: {lines} lines before its tests"));
+            }
+            for (line, function, length) in long_functions(text, MAX_FUNCTION_LINES) {
+                found.push(format!("{name}:{line}: {function} is {length} lines"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "over the house's sizes:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_size_check_measures_functions() {
+    let body = "    x += 1;\n".repeat(120);
+    let text = format!(
+        "trait T {{\n    fn f(&self);\n    fn g(&self) {{}}\n}}\n\npub fn long() {{\n{body}}}\n"
+    );
+    let found = long_functions(&text, MAX_FUNCTION_LINES);
+    assert_eq!(found, vec![(6, "long".to_string(), 122)]);
+    let tested =
+        format!("fn a() {{}}\n#[cfg(test)]\n#[allow(dead_code)]\nmod tests {{\n{text}}}\n");
+    assert_eq!(before_tests(&tested), "fn a() {}\n");
+}
