@@ -196,6 +196,7 @@ fn lz4_legacy(payload: &[u8], out: &mut Vec<u8>) -> Result<(), DecompressError> 
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use std::io::Write;

@@ -15,6 +15,10 @@
 //! - [`initramfs`] and [`user_routine`]: programs in an initramfs, and
 //!   places inside them.
 
+// Every number in a kernel image, symbol file or initramfs is the file's
+// to choose: a cast that could cut one short must be a checked conversion.
+#![warn(clippy::cast_possible_truncation)]
+
 pub mod bzimage;
 pub mod decompress;
 pub mod initramfs;

@@ -14,8 +14,9 @@ use crate::memory::{BadAddress, GuestRam, GuestVirtualMemory, LinearMemory};
 /// entry: no DR7 reads as this (bit 10 is fixed at 1). See `cpu::echo`.
 pub(crate) const NOT_REPORTED_DR7: u64 = 0;
 
-const KVMIO: u32 = 0xAE;
-ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
+// kvm-ioctls wraps no KVM_INTERRUPT (it assumes an in-kernel irqchip);
+// the number is built from kvm-bindings' KVMIO as KVM's headers do.
+ioctl_iow_nr!(KVM_INTERRUPT, kvm_bindings::KVMIO, 0x86, kvm_interrupt);
 
 /// The vCPU and the registers KVM hands over at every exit.
 ///

@@ -324,6 +324,7 @@ pub fn recover(image: &[u8], origin: &str) -> Result<SymbolTable, SymbolError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

@@ -110,7 +110,8 @@ pub fn read_symbol_file(path: &Path) -> Result<Vec<u8>, SymbolError> {
             limit: MAX_SYMBOL_FILE,
         });
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // At most MAX_SYMBOL_FILE (checked above): a capacity hint.
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
     // take(): the file may grow while it is read.
     file.take(MAX_SYMBOL_FILE)
         .read_to_end(&mut bytes)
@@ -173,6 +174,12 @@ pub type FuncId = u32;
 /// The routine of code no source covers.
 pub const UNKNOWN_FUNC: FuncId = u32::MAX;
 
+/// A routine's index in its table as an id offset (tables hold fewer than
+/// 4 G routines; see `Symbolizer::add`).
+fn id(index: usize) -> FuncId {
+    FuncId::try_from(index).unwrap_or(UNKNOWN_FUNC)
+}
+
 /// What an address resolved to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resolved<'a> {
@@ -215,10 +222,12 @@ impl Symbolizer {
         lines: Option<LineTable>,
     ) {
         let first_id = self.total;
-        self.total += table.len() as u32;
+        // Ids run out only past 4 G routines, which no symbol file of at
+        // most MAX_SYMBOL_FILE bytes holds.
+        self.total = self.total.saturating_add(id(table.len()));
         for (i, s) in table.symbols().iter().enumerate() {
             if let Some(kind) = thunk_kind(&s.name) {
-                self.thunks.insert(first_id + i as u32, kind);
+                self.thunks.insert(first_id.saturating_add(id(i)), kind);
             }
         }
         self.sources.push(Source {
@@ -349,7 +358,7 @@ impl Symbolizer {
                     .or(source.table.range().map(|r| r.1))
                     .unwrap_or(addr + 1);
                 return Some(Resolved {
-                    func: source.first_id + i as u32,
+                    func: source.first_id.saturating_add(id(i)),
                     name: &sym.name,
                     offset: addr - sym.start,
                     start: sym.start,
@@ -384,11 +393,10 @@ impl Symbolizer {
 
     /// The name of a routine id ("?" for [`UNKNOWN_FUNC`]).
     pub fn name(&self, func: FuncId) -> &str {
-        let Some(source) = self
-            .sources
-            .iter()
-            .rev()
-            .find(|s| s.first_id <= func && func < s.first_id + s.table.len() as u32)
+        let Some(source) =
+            self.sources.iter().rev().find(|s| {
+                s.first_id <= func && func < s.first_id.saturating_add(id(s.table.len()))
+            })
         else {
             return "?";
         };
