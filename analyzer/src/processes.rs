@@ -1,8 +1,7 @@
 //! The process table of a Linux trace: per task (thread), its process, its
 //! name, the steps it ran in user and kernel mode, its system calls,
 //! interrupts and switches in, from the task events `vtrace run` records
-//! where the kernel switches and renames tasks (the old tracer's
-//! per-process table). Steps before the trace names a task, or of a trace
+//! where the kernel switches and renames tasks. Steps before the trace names a task, or of a trace
 //! that names none, go to a row without ids.
 
 use std::fmt::Write as _;

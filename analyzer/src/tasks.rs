@@ -1,6 +1,5 @@
 //! Which Linux task ran each step, followed through the trace's task
-//! events, and which tasks an analysis looks at (`--pid`, `--comm`: the
-//! old tracer's pid filter).
+//! events, and which tasks an analysis looks at (`--pid`, `--comm`).
 //!
 //! Every segment of a trace that names tasks opens with the task running
 //! there ([`Event::Running`]), so per-segment work knows whose steps it

@@ -14,7 +14,7 @@ const VERSION: u16 = 1;
 /// here), so this trades the writer thread's time against disk only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compression {
-    /// zstd level 3: about 500 MB/s of raw records on this project's hosts;
+    /// zstd level 3: about 500 MB/s of raw records on one x86-64 core;
     /// the demo OS's trace takes 1.38 bytes a step.
     Fast,
     /// zstd level 17: about 11 MB/s of raw records, some 60 times what

@@ -1,6 +1,6 @@
 //! Captures (`vtrace run --capture`): when execution reaches a place,
 //! guest memory at the address a register holds is copied into the trace,
-//! as the old tracer's "own-coding" table did.
+//! a table of places and what to copy at each.
 //!
 //! While tracing, every step's pc is checked against the places; while
 //! not, the places take the debug registers left over (see

@@ -1,8 +1,8 @@
 //! REP string instructions, one step per iteration on every host.
 //!
 //! A CPU that steps with the trap flag traps after every iteration of a
-//! `rep` string instruction. KVM's instruction emulator (this project's
-//! paravirtual hosts) runs up to 1,024 iterations before it exits. From the
+//! `rep` string instruction. KVM's instruction emulator (on a paravirtual
+//! host that emulates kernel code) runs up to 1,024 iterations before it exits. From the
 //! registers before and after such an exit, and guest memory, this module
 //! rebuilds the registers after each iteration, so the trace has the same
 //! steps wherever it was taken.

@@ -307,7 +307,7 @@ impl Engine {
 
     /// STI, MOV SS and POP SS hold the single-step trap back for one
     /// instruction on AMD-V (as their interrupt shadow does), and fences
-    /// and SWAPGS on this project's paravirtual hosts, so the exit comes
+    /// and SWAPGS on the paravirtual hosts, so the exit comes
     /// after the instruction that follows (after a run of those, the first
     /// that is not one). Every step is rebuilt exactly: the held instructions'
     /// registers follow from the ones before them, the last one's are
