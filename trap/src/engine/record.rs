@@ -167,11 +167,11 @@ impl Engine {
         next: u64,
         sink: &mut S,
     ) -> Directive {
-        match p.decoded {
+        let folded = match p.decoded {
             // Only some instructions change the privilege level; after any
             // other, a new CPL means the CPU went somewhere unseen.
             Some(d) if d.explains(p.pc, next) && (d.changes_privilege || sregs.cpl() == p.cpl) => {
-                self.record_explained(&p, d, completion, cpu, regs, sregs, next, sink)
+                return self.record_explained(&p, d, completion, cpu, regs, sregs, next, sink);
             }
             Some(d) if d.shadow.is_some() || completion.mmio_store => {
                 // A MOV store that completed an MMIO exit may not trap on
@@ -181,15 +181,13 @@ impl Engine {
                     shadow: d.shadow.or(Some(Shadow::NoTrapAfter)),
                     ..d
                 };
-                match self.after_shadow(&p, d, cpu, sregs, regs, next, sink) {
-                    Some(folded) => self.after_step(folded, cpu, sregs, regs, sink),
-                    None => {
-                        self.fault_or_gap(&p, completion.here, cpu, regs, sregs, next, sink);
-                        Directive::Continue
-                    }
-                }
+                self.after_shadow(&p, d, cpu, sregs, regs, next, sink)
             }
-            _ => {
+            _ => None,
+        };
+        match folded {
+            Some(folded) => self.after_step(folded, cpu, sregs, regs, sink),
+            None => {
                 self.fault_or_gap(&p, completion.here, cpu, regs, sregs, next, sink);
                 Directive::Continue
             }

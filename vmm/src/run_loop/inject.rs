@@ -21,7 +21,7 @@ impl Run<'_> {
             stepping: self.vm.step.stepping,
             io_pending: self.vm.step.io_pending,
             window_open,
-            plan: self.plan(),
+            plan: self.monitor.plan_entry(),
         };
         let how = decide::injection(state);
         let run = self.vm.machine.vcpu.run_page();

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::frontends::{waker, Wake};
 use crate::kick::Kicker;
-use crate::monitor::{Breakpoints, EntryPlan, ExitAnswer, ExitView, Monitor};
+use crate::monitor::{Breakpoints, ExitAnswer, ExitView, Monitor};
 use crate::peep::{PeepMessage, PeepReport};
 use crate::signals;
 use crate::vm::Vm;
@@ -290,10 +290,5 @@ impl Run<'_> {
     /// Passes an exit to the monitor.
     fn tell(&mut self, exit: ExitView) -> ExitAnswer {
         self.monitor.on_exit(&exit, &mut self.vm.cpu_view())
-    }
-
-    /// The monitor's plan for the next entry.
-    fn plan(&self) -> EntryPlan {
-        self.monitor.plan_entry()
     }
 }
