@@ -38,7 +38,10 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
             ),
         },
         None => BootSource::Kernel {
-            kernel: Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
+            kernel: match args.cpus {
+                1 => Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),
+                _ => Image::embedded("built-in demo OS (SMP)", vtrace_demo::DEMO_OS_SMP_ELF),
+            },
             initrd: None,
             cmdline: command_line(
                 args.cmdline.clone().unwrap_or_default(),
@@ -216,6 +219,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     signals::catch()?;
     let mut builder = SessionBuilder::new(boot_source(&args)?)
         .memory(args.memory)
+        .cpus(args.cpus)
         .cpu(cpu_profile(&args))
         .console(match args.no_input {
             true => ConsoleMode::OutputOnly,

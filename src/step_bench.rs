@@ -89,6 +89,7 @@ fn config(boot: &BootSource) -> VmConfig {
     VmConfig {
         boot: boot.clone(),
         memory: 256 << 20,
+        cpus: 1,
         cpu: CpuProfile::Baseline,
         console: ConsoleMode::OutputOnly,
         kvm_device: vtrace_vmm::KVM_DEVICE.into(),

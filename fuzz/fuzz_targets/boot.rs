@@ -39,10 +39,11 @@ fuzz_target!(|data: &[u8]| {
         initrd: Some(initrd(&data[..data.len().min(64)])),
         cmdline: "console=ttyS0".into(),
     };
-    let _ = load(&RAM, &kernel);
+    let _ = load(&RAM, &kernel, 1);
+    let _ = load(&RAM, &kernel, 4);
     let real = BootSource::RealMode {
         image: image(data),
         load_addr: 0x7c00,
     };
-    let _ = load(&RAM, &real);
+    let _ = load(&RAM, &real, 1);
 });

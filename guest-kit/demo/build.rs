@@ -59,12 +59,24 @@ fn prefix_map() -> String {
     format!("-ffile-prefix-map={manifest}=guest-kit/demo")
 }
 
-fn build_demo_os(src: &Path, include: &Path, out: &Path) {
+/// What the SMP build adds (and it defines `DEMO_SMP`).
+const DEMO_SMP_SOURCES: &[&str] = &["smp.c", "smp_entry.S"];
+
+/// Builds `name`.elf from the demo's sources; `smp` builds its SMP mode.
+fn build_demo_os(src: &Path, include: &Path, out: &Path, name: &str, smp: bool) {
     let mut objects = Vec::new();
-    for file in DEMO_SOURCES {
-        let obj = out.join(format!("{file}.o"));
+    let extra = if smp { DEMO_SMP_SOURCES } else { &[] };
+    for file in DEMO_SOURCES.iter().chain(extra) {
+        // The one-CPU build's objects keep their plain names: gas writes
+        // the object's name into the image's debug info, and traces name
+        // the demo OS by a hash of the image.
+        let obj = match smp {
+            false => out.join(format!("{file}.o")),
+            true => out.join(format!("{name}-{file}.o")),
+        };
         run(Command::new(cc())
             .args(GUEST_CFLAGS)
+            .args(smp.then_some("-DDEMO_SMP"))
             .arg(prefix_map())
             .arg("-I")
             .arg(include)
@@ -84,7 +96,7 @@ fn build_demo_os(src: &Path, include: &Path, out: &Path) {
         ])
         .args(&objects)
         .arg("-o")
-        .arg(out.join("demo-os.elf")));
+        .arg(out.join(format!("{name}.elf"))));
 }
 
 /// Assembles one source file of a small guest; returns the object.
@@ -129,7 +141,8 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets this"));
     let include = manifest.join("../include");
     let os = manifest.join("os");
-    build_demo_os(&os, &include, &out);
+    build_demo_os(&os, &include, &out, "demo-os", false);
+    build_demo_os(&os, &include, &out, "demo-os-smp", true);
     build_flat_binary(
         &manifest.join("realmode/hello.S"),
         &include,

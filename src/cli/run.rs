@@ -94,6 +94,14 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = CpuArg::Baseline, help_heading = "Guest")]
     pub cpu: CpuArg,
 
+    /// CPUs of the guest. Above 1 the machine gets a local APIC per CPU
+    /// and an ACPI MADT listing them, CPU 0 starts the others with INIT
+    /// and STARTUP IPIs, and the built-in demo OS runs its SMP mode. The
+    /// CPUs take turns on one host thread. So far: PVH kernels only, and
+    /// untraced.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), help_heading = "Guest")]
+    pub cpus: u8,
+
     /// Do not read stdin or change the terminal; the guest's output is
     /// still shown. For scripts.
     #[arg(long, help_heading = "Console")]

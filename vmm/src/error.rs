@@ -80,6 +80,14 @@ pub enum Error {
     /// The memory size asked for cannot be used.
     #[error("invalid guest memory size {0} bytes: {1}")]
     MemorySize(u64, &'static str),
+    /// The CPU count asked for is out of range.
+    #[error("a VM has 1 to {most} CPUs, not {asked}")]
+    CpuCount {
+        /// What was asked.
+        asked: u8,
+        /// The most there may be.
+        most: u8,
+    },
     /// Guest RAM could not be reserved on the host.
     #[error("cannot reserve guest memory: {0}")]
     Reserve(#[source] vm_memory::mmap::FromRangesError),

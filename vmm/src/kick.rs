@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
-/// `immediate_exit` byte of the one vCPU's `kvm_run` (one VM per process).
+/// `immediate_exit` byte of the `kvm_run` of the vCPU on stage (one VM per
+/// process, its vCPUs entered from one thread).
 static IMMEDIATE_EXIT: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLER: Once = Once::new();
 
@@ -119,6 +120,13 @@ impl Kicker {
             shared,
             timer: Some(timer),
         })
+    }
+
+    /// Kicks go to the vCPU whose `kvm_run.immediate_exit` byte this is
+    /// from now on: the one on stage (see `crate::cpus`), which runs on the
+    /// same thread.
+    pub fn retarget(&self, immediate_exit: *mut u8) {
+        IMMEDIATE_EXIT.store(immediate_exit, Ordering::Relaxed);
     }
 
     /// Kick after `delay` of host time, replacing any earlier deadline.

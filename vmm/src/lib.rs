@@ -1,6 +1,6 @@
 //! `vtrace-vmm`: the thin KVM virtual machine monitor under vtrace.
 //!
-//! One vCPU, guest RAM through vm-memory, images loaded with linux-loader,
+//! One or more vCPUs, guest RAM through vm-memory, images loaded with linux-loader,
 //! and every device in user space (no in-kernel irqchip or PIT) so that the
 //! VMM decides when interrupts reach the guest. A [`Monitor`] observes and
 //! steers the run; the tracer is one.
@@ -16,6 +16,7 @@
 //!     serial_out: Box::new(std::io::stdout()),
 //!     clock: vtrace_vmm::ClockMode::Wall,
 //!     control: None,
+//!     cpus: 1,
 //! };
 //! let outcome = Vm::new(config)?.run(&mut NoMonitor)?;
 //! println!("{:?}", outcome.exit);
@@ -27,6 +28,7 @@ mod clock;
 mod console;
 mod control;
 mod cpu;
+mod cpus;
 mod devices;
 mod diagnostics;
 mod error;
@@ -54,7 +56,7 @@ pub use cpu::cpuid::CpuProfile;
 pub use error::{Error, KvmLack, LayoutFault, PeepError, Result};
 pub use frontends::ConsoleMode;
 pub use run_loop::{Finish, GuestExit, RunOutcome};
-pub use vm::{Vm, VmConfig, KVM_DEVICE};
+pub use vm::{Vm, VmConfig, KVM_DEVICE, MAX_CPUS};
 
 // The seam to a tracer.
 pub use devices::hypercall::Hypercall;

@@ -36,10 +36,12 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
-    /// Creates vCPU 0 with registers and system registers synced through
+    /// Creates vCPU `id` with registers and system registers synced through
     /// `kvm_run` on every exit (no per-exit GET_REGS/GET_SREGS ioctls).
-    pub fn new(vm: &VmFd) -> Result<Vcpu> {
-        let mut fd = vm.create_vcpu(0).map_err(Error::kvm("KVM_CREATE_VCPU"))?;
+    pub fn new(vm: &VmFd, id: u8) -> Result<Vcpu> {
+        let mut fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(Error::kvm("KVM_CREATE_VCPU"))?;
         fd.set_sync_valid_reg(SyncReg::Register);
         fd.set_sync_valid_reg(SyncReg::SystemRegister);
         Ok(Vcpu {
@@ -287,6 +289,19 @@ impl Vcpu {
         }
     }
 
+    /// Writes the result of a pending MMIO read exit (the bytes land in the
+    /// destination on the next `KVM_RUN`).
+    pub fn complete_mmio_read(&mut self, data: &[u8]) {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: only called right after a KVM_EXIT_MMIO read exit, so the
+        // `mmio` member of the union is the live one; its data is 8 bytes.
+        unsafe {
+            let mmio = &mut run.__bindgen_anon_1.mmio;
+            let len = (mmio.len as usize).min(data.len()).min(mmio.data.len());
+            mmio.data[..len].copy_from_slice(&data[..len]);
+        }
+    }
+
     /// Writes the result of a pending `IN` exit (the bytes land in the
     /// guest's register on the next `KVM_RUN`).
     pub fn complete_io_in(&mut self, data: &[u8]) {
@@ -374,7 +389,7 @@ mod tests {
     fn vcpu_on_kvm() -> Option<(VmFd, Vcpu)> {
         let kvm = kvm_ioctls::Kvm::new().ok()?;
         let vm = kvm.create_vm().ok()?;
-        let vcpu = Vcpu::new(&vm).ok()?;
+        let vcpu = Vcpu::new(&vm, 0).ok()?;
         Some((vm, vcpu))
     }
 

@@ -8,6 +8,7 @@ use kvm_ioctls::{Cap, Kvm, VmFd};
 use crate::boot::{self, BootPlan, BootSource};
 use crate::clock::{ClockMode, VirtualClock};
 use crate::cpu::{cpuid, cpuid::CpuProfile, entry};
+use crate::cpus::{Cpus, StepState};
 use crate::devices::hypercall::HypercallPort;
 use crate::devices::Devices;
 use crate::diagnostics::ExitHistory;
@@ -38,7 +39,15 @@ pub struct VmConfig {
     pub clock: ClockMode,
     /// Control socket for `vtrace ctl`, if any.
     pub control: Option<crate::control::ControlServer>,
+    /// CPUs, 1 to [`MAX_CPUS`]. With more than one, the machine has a local
+    /// APIC per CPU and ACPI tables that list them, and CPU 0 starts the
+    /// others with INIT and STARTUP IPIs.
+    pub cpus: u8,
 }
+
+/// The most CPUs a VM may have: the local APIC IDs of the xAPIC that
+/// vtrace models are 8 bits, and 0xff means "every CPU".
+pub const MAX_CPUS: u8 = 254;
 
 impl std::fmt::Debug for VmConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,7 +78,10 @@ impl std::fmt::Debug for Vm {
 
 /// The guest's machine, and what the VMM counts of it.
 pub(crate) struct Machine {
+    /// The vCPU on stage: the one the run loop enters (see `crate::cpus`).
     pub(crate) vcpu: Vcpu,
+    /// The machine's CPUs: those off stage, and whose turn it is.
+    pub(crate) cpus: Cpus,
     pub(crate) ram: GuestRam,
     /// `ram`'s region at 0, for the monitor's reads.
     pub(crate) low_ram: Option<LowRam>,
@@ -83,22 +95,6 @@ pub(crate) struct Machine {
     pub(crate) history: ExitHistory,
     /// Instructions the VMM completed for KVM's emulator.
     pub(crate) completed_by_vmm: u64,
-}
-
-/// Single-stepping as KVM has it, and the exit in flight.
-#[derive(Default)]
-pub(crate) struct StepState {
-    /// KVM single-steps the vCPU.
-    pub(crate) stepping: bool,
-    /// The hardware breakpoints KVM has.
-    pub(crate) breakpoints: crate::monitor::Breakpoints,
-    /// An I/O or MMIO read completes on the next entry.
-    pub(crate) io_pending: bool,
-    /// The step of an OUT that completes on the next entry was counted at
-    /// its I/O exit.
-    pub(crate) out_counted: bool,
-    /// Single-step exits that ran nothing (see `cpu::echo`).
-    pub(crate) echo: crate::cpu::echo::EchoWatch,
 }
 
 /// Gives KVM the guest's RAM, one memory slot per region. The caller keeps
@@ -165,24 +161,37 @@ impl Vm {
         let _ = vm.set_tss_address(0xfffb_d000);
         let _ = vm.set_identity_map_address(0xfffb_c000);
 
+        if !(1..=MAX_CPUS).contains(&config.cpus) {
+            return Err(Error::CpuCount {
+                asked: config.cpus,
+                most: MAX_CPUS,
+            });
+        }
         let ram = create_guest_ram(config.memory)?;
         register_ram(&vm, &ram)?;
 
-        let boot = boot::load(&ram, &config.boot)?;
-        let mut vcpu = Vcpu::new(&vm)?;
+        let boot = boot::load(&ram, &config.boot, config.cpus)?;
         let cpuid = cpuid::build(&kvm, config.cpu)?;
+        let mut vcpu = Vcpu::new(&vm, 0)?;
         vcpu.set_cpuid(cpuid.entries())?;
         entry::apply(&mut vcpu, &ram, boot.entry)?;
+        let mut others = Vec::new();
+        for id in 1..config.cpus {
+            let ap = Vcpu::new(&vm, id)?;
+            ap.set_cpuid(&cpuid.for_cpu(id)?)?;
+            others.push(ap);
+        }
 
         Ok(Vm {
             _kvm: kvm,
             _vm: vm,
             machine: Machine {
                 vcpu,
+                cpus: Cpus::new(others),
                 low_ram: LowRam::of(&ram),
                 ram,
                 cpuid,
-                devices: Devices::new(config.serial_out, host_unix_time()),
+                devices: Devices::new(config.serial_out, host_unix_time(), config.cpus),
                 hypercalls: HypercallPort::new(),
                 clock: VirtualClock::new(config.clock),
                 history: ExitHistory::default(),

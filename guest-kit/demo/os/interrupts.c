@@ -67,6 +67,21 @@ void idt_init(void)
     __asm__ volatile("lidt %0" : : "m"(p));
 }
 
+#ifdef DEMO_SMP
+void idt_set_gate(int vec, u64 handler)
+{
+    idt_set(vec, handler, 0);
+}
+
+/* Another CPU loads the same IDT and GDT (no TSS: one TSS cannot be busy
+ * on two CPUs, and the other CPUs change no privilege level). */
+void idt_load(void)
+{
+    struct table_ptr p = { sizeof idt - 1, (u64)idt };
+    __asm__ volatile("lidt %0" : : "m"(p));
+}
+#endif
+
 void pic_init(void)
 {
     outb(0x20, 0x11); outb(0xa0, 0x11);   /* ICW1: edge, cascade, ICW4 */
@@ -110,6 +125,10 @@ struct frame *trap(struct frame *f)
         yield_traps++;
         return syscall_switch(f);
     }
+#ifdef DEMO_SMP
+    if (f->vector >= 0xf0)
+        return smp_interrupt(f);
+#endif
     if (f->vector == 14 && page_fault(read_cr2(), f->error))
         return f;
     if (f->vector >= 33 && f->vector < 48) {

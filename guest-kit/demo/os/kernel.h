@@ -89,4 +89,14 @@ void yield_trap(void);
 /* tasks.c */
 void tasks_spawn(void);
 
+#ifdef DEMO_SMP
+/* interrupts.c */
+void idt_set_gate(int vec, u64 handler);
+void idt_load(void);
+/* smp.c */
+void smp_init(u64 rsdp_paddr);
+void smp_finish(void);
+struct frame *smp_interrupt(struct frame *f);
+#endif
+
 #endif

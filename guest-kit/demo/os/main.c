@@ -40,12 +40,18 @@ void kmain(const struct hvm_start_info *si)
     pic_init();
     pit_init();
     mm_init(ram);
+#ifdef DEMO_SMP
+    smp_init(si->rsdp_paddr);
+#endif
     sched_init();
     tasks_spawn();
     kprintf("starting 3 tasks\n");
     vtrace_mark(1, 0);
     sched_run();
     vtrace_mark(2, ticks);
+#ifdef DEMO_SMP
+    smp_finish();
+#endif
 
     sched_print_outputs();
     kprintf("page faults: %lu, system calls: %lu\n", page_faults, syscalls);

@@ -5,6 +5,12 @@
 /// symbols and DWARF line tables left in for the analyzer.
 pub const DEMO_OS_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/demo-os.elf"));
 
+/// The demo OS in its SMP mode (`vtrace run --cpus N`): the same kernel,
+/// and CPU 0 also finds the other CPUs in the ACPI MADT, starts them with
+/// INIT and STARTUP IPIs, and shares a queue of work items with them
+/// under a spinlock; they report each item done with an IPI.
+pub const DEMO_OS_SMP_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/demo-os-smp.elf"));
+
 /// A 16-bit real-mode guest: prints `hello from real mode`, then exits with
 /// status 186 (the sum 1..=100 modulo 256). Load it at 0x7c00.
 pub const REAL_MODE_HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/realmode-hello.bin"));

@@ -5,13 +5,16 @@
 //! `poweroff` into a halt with interrupts off.
 //!
 //! Not hardware-reduced ACPI: Linux then drops the legacy PIC and PIT that
-//! vtrace's interrupts go through. No MADT either: the guest has no local
-//! or I/O APIC (the default command line says `nolapic noapic`).
+//! vtrace's interrupts go through. A machine with several CPUs also gets a
+//! MADT naming each CPU's local APIC (how a guest counts its CPUs and finds
+//! whom to send INIT and STARTUP); a one-CPU machine has no local APIC, and
+//! no MADT (the default command line says `nolapic noapic`).
 //!
 //! The tables sit in the BIOS area below 1 MiB, which the memory map
 //! reserves, with the RSDP at the start of the range Linux scans for it
 //! (and its address also in `boot_params`).
 
+use acpi_tables::madt::{EnabledStatus, LocalInterruptController, ProcessorLocalApic, MADT};
 use acpi_tables::{aml, facs::FACS, fadt, rsdp::Rsdp, sdt::Sdt, xsdt::XSDT, Aml};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -27,6 +30,8 @@ const FADT_ADDR: u64 = RSDP_ADDR + 0x100;
 /// The FACS must be 64-byte aligned.
 const FACS_ADDR: u64 = RSDP_ADDR + 0x240;
 const DSDT_ADDR: u64 = RSDP_ADDR + 0x280;
+/// Room for 255 local APIC entries (8 bytes each) after its 44-byte header.
+const MADT_ADDR: u64 = RSDP_ADDR + 0x400;
 /// The tables end below this (the reserved BIOS area ends at 1 MiB).
 const TABLES_END: u64 = RSDP_ADDR + 0x1000;
 
@@ -35,8 +40,9 @@ const OEM_TABLE_ID: [u8; 8] = *b"VTRACEVM";
 /// ISA IRQ of the SCI: no event ever raises it, but the FADT must name one.
 const SCI_IRQ: u16 = 9;
 
-/// The tables as (guest-physical address, bytes).
-fn tables() -> Vec<(u64, Vec<u8>)> {
+/// The tables as (guest-physical address, bytes), for a machine of `cpus`
+/// CPUs.
+fn tables(cpus: u8) -> Vec<(u64, Vec<u8>)> {
     let mut dsdt = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, 1);
     let s5 = acpi_pm::SLP_TYP_S5 as u8;
     let mut body = Vec::new();
@@ -62,24 +68,49 @@ fn tables() -> Vec<(u64, Vec<u8>)> {
 
     let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, 1);
     xsdt.add_entry(FADT_ADDR);
+    let madt = (cpus > 1).then(|| {
+        xsdt.add_entry(MADT_ADDR);
+        madt(cpus)
+    });
 
     let bytes = |t: &dyn Aml| {
         let mut v = Vec::new();
         t.to_aml_bytes(&mut v);
         v
     };
-    vec![
+    let mut all = vec![
         (RSDP_ADDR, bytes(&Rsdp::new(OEM_ID, XSDT_ADDR))),
         (XSDT_ADDR, bytes(&xsdt)),
         (FADT_ADDR, bytes(&fadt)),
         (FACS_ADDR, bytes(&FACS::new())),
         (DSDT_ADDR, dsdt.as_slice().to_vec()),
-    ]
+    ];
+    if let Some(madt) = madt {
+        all.push((MADT_ADDR, bytes(&madt)));
+    }
+    all
 }
 
-/// Writes the tables into guest memory; returns the RSDP's address.
-pub fn write(ram: &GuestRam) -> Result<u64> {
-    let all = tables();
+/// The MADT: every CPU's local APIC, APIC ID = ACPI processor ID = CPU
+/// number, all enabled.
+fn madt(cpus: u8) -> MADT {
+    let base = u32::try_from(crate::devices::lapic::BASE).unwrap_or(u32::MAX);
+    let mut madt = MADT::new(
+        OEM_ID,
+        OEM_TABLE_ID,
+        1,
+        LocalInterruptController::Address(base),
+    );
+    for cpu in 0..cpus {
+        madt.add_structure(ProcessorLocalApic::new(cpu, cpu, EnabledStatus::Enabled));
+    }
+    madt
+}
+
+/// Writes the tables of a machine of `cpus` CPUs into guest memory;
+/// returns the RSDP's address.
+pub fn write(ram: &GuestRam, cpus: u8) -> Result<u64> {
+    let all = tables(cpus);
     for (i, (addr, bytes)) in all.iter().enumerate() {
         let next = all.get(i + 1).map_or(TABLES_END, |(a, _)| *a);
         // A table that grew past the next one is a bug here, not the guest's.
@@ -110,7 +141,7 @@ mod tests {
 
     #[test]
     fn tables_have_valid_checksums_and_fit() {
-        let all = tables();
+        let all = tables(1);
         for (i, (addr, b)) in all.iter().enumerate() {
             let next = all.get(i + 1).map_or(TABLES_END, |(a, _)| *a);
             assert!(addr + b.len() as u64 <= next, "table at {addr:#x} overlaps");
@@ -124,7 +155,7 @@ mod tests {
 
     #[test]
     fn dsdt_names_s5_with_the_devices_sleep_type() {
-        let (_, dsdt) = tables().pop().unwrap();
+        let (_, dsdt) = tables(1).pop().unwrap();
         assert_eq!(&dsdt[..4], b"DSDT");
         let at = dsdt.windows(4).position(|w| w == b"_S5_").expect("_S5_");
         // NameOp, "_S5_", PackageOp, length, 2 elements, BytePrefix 5, BytePrefix 5.
@@ -134,7 +165,7 @@ mod tests {
 
     #[test]
     fn fadt_points_at_the_pm1a_registers_and_the_dsdt() {
-        let (_, fadt) = &tables()[2];
+        let (_, fadt) = &tables(1)[2];
         assert_eq!(&fadt[..4], b"FACP");
         let u32_at = |o: usize| u32::from_le_bytes(fadt[o..o + 4].try_into().unwrap());
         // Offsets from the ACPI specification's FADT layout.
@@ -147,5 +178,32 @@ mod tests {
             DSDT_ADDR
         );
         assert_eq!(u32_at(112) & (1 << 20), 0, "not hardware-reduced");
+    }
+
+    #[test]
+    fn several_cpus_get_a_madt_in_the_xsdt_one_cpu_none() {
+        assert!(tables(1).iter().all(|(_, t)| &t[..4] != b"APIC"));
+        let all = tables(4);
+        let (at, madt) = all.last().unwrap();
+        assert_eq!(&madt[..4], b"APIC");
+        assert!(sums_to_zero(madt));
+        assert!(at + madt.len() as u64 <= TABLES_END);
+        // Header (36), local APIC address, flags; then one 8-byte entry a CPU.
+        assert_eq!(&madt[36..40], &0xfee0_0000u32.to_le_bytes());
+        assert_eq!(madt.len(), 44 + 4 * 8);
+        for cpu in 0..4u8 {
+            let e = &madt[44 + 8 * usize::from(cpu)..][..8];
+            assert_eq!(
+                e,
+                &[0, 8, cpu, cpu, 1, 0, 0, 0],
+                "type 0, length 8, uid, id, enabled"
+            );
+        }
+        let (_, xsdt) = &all[1];
+        assert_eq!(&xsdt[36 + 8..36 + 16], &MADT_ADDR.to_le_bytes());
+        assert!(tables(255)
+            .last()
+            .map(|(a, t)| a + t.len() as u64 <= TABLES_END)
+            .unwrap());
     }
 }

@@ -84,7 +84,7 @@ pub fn boot(
         };
     }
     params.e820_entries = map.len() as u8;
-    params.acpi_rsdp_addr = super::acpi::write(ram)?;
+    params.acpi_rsdp_addr = super::acpi::write(ram, 1)?;
 
     LinuxBootConfigurator::write_bootparams(
         &BootParams::new(&params, GuestAddress(layout::ZERO_PAGE)),

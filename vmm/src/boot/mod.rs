@@ -289,10 +289,22 @@ fn load_initrd(ram: &GuestRam, initrd: &Initrd, kernel_end: u64, limit: u64) -> 
     Ok((addr, len))
 }
 
-/// Loads `source` into `ram` and says how to enter it.
-pub fn load(ram: &GuestRam, source: &BootSource) -> Result<BootPlan> {
+/// Loads `source` into `ram` for a machine of `cpus` CPUs and says how to
+/// enter it.
+pub fn load(ram: &GuestRam, source: &BootSource, cpus: u8) -> Result<BootPlan> {
+    // Where a guest has no way to learn of more CPUs, or no way to use them.
+    let one_cpu_only = |image: &Image, what: &str| match cpus {
+        0 | 1 => Ok(()),
+        n => Err(image.format_error(format!(
+            "it is {what}, and a machine of {n} CPUs boots only PVH kernels (the \
+             built-in demo OS among them) so far; run it with --cpus 1"
+        ))),
+    };
     match source {
-        BootSource::RealMode { image, load_addr } => realmode::load(ram, image, *load_addr),
+        BootSource::RealMode { image, load_addr } => {
+            one_cpu_only(image, "a real-mode image")?;
+            realmode::load(ram, image, *load_addr)
+        }
         BootSource::Kernel {
             kernel,
             initrd,
@@ -305,24 +317,36 @@ pub fn load(ram: &GuestRam, source: &BootSource) -> Result<BootPlan> {
                     .load(ram, kernel)?;
                 match elf.pvh_entry {
                     Some(entry) => {
-                        pvh::boot(ram, kernel, &elf.info, entry, initrd.as_ref(), cmdline)
+                        let guest = pvh::Guest {
+                            kernel,
+                            elf: &elf.info,
+                            entry,
+                            initrd: initrd.as_ref(),
+                            cmdline,
+                            cpus,
+                        };
+                        pvh::boot(ram, &guest)
                     }
-                    None => linux::boot(
-                        ram,
-                        linux::LoadedKernel {
-                            entry: elf.info.entry,
-                            end: elf.info.phys_end,
-                            header: None,
-                            description: format!(
+                    None => {
+                        one_cpu_only(kernel, "a Linux kernel (64-bit ELF)")?;
+                        linux::boot(
+                            ram,
+                            linux::LoadedKernel {
+                                entry: elf.info.entry,
+                                end: elf.info.phys_end,
+                                header: None,
+                                description: format!(
                                 "{}: 64-bit ELF at {:#x}..{:#x}, Linux boot protocol entry {:#x}",
                                 kernel.name, elf.info.phys_start, elf.info.phys_end, elf.info.entry
                             ),
-                        },
-                        initrd.as_ref(),
-                        cmdline,
-                    ),
+                            },
+                            initrd.as_ref(),
+                            cmdline,
+                        )
+                    }
                 }
             } else if vtrace_image::bzimage::is_bzimage(bytes) {
+                one_cpu_only(kernel, "a Linux kernel (bzImage)")?;
                 bzimage::load(ram, kernel, initrd.as_ref(), cmdline)
             } else {
                 Err(kernel.format_error(
@@ -410,8 +434,24 @@ mod tests {
             initrd: None,
             cmdline: String::new(),
         };
-        match load(&ram, &source) {
+        match load(&ram, &source, 1) {
             Err(Error::ImageFormat { reason, .. }) => assert!(reason.contains("neither")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn several_cpus_boot_pvh_kernels_only() {
+        let ram = create_guest_ram(16 << 20).unwrap();
+        let real = BootSource::RealMode {
+            image: Image::embedded("boot sector", &[0xf4; 16]),
+            load_addr: 0x7c00,
+        };
+        assert!(load(&ram, &real, 1).is_ok());
+        match load(&ram, &real, 2) {
+            Err(Error::ImageFormat { reason, .. }) => {
+                assert!(reason.contains("a real-mode image") && reason.contains("--cpus 1"))
+            }
             other => panic!("{other:?}"),
         }
     }

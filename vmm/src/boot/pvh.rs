@@ -17,14 +17,27 @@ use super::{load_initrd, memory_map, write_cmdline, BootPlan, Image, Initrd};
 
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 
-pub fn boot(
-    ram: &GuestRam,
-    kernel: &Image,
-    elf: &ElfInfo,
-    entry: u64,
-    initrd: Option<&Initrd>,
-    cmdline: &str,
-) -> Result<BootPlan> {
+/// A PVH kernel loaded, and the machine it boots on.
+pub struct Guest<'a> {
+    pub kernel: &'a Image,
+    pub elf: &'a ElfInfo,
+    pub entry: u64,
+    pub initrd: Option<&'a Initrd>,
+    pub cmdline: &'a str,
+    /// CPUs of the machine: above one, the start info points at ACPI
+    /// tables whose MADT names them.
+    pub cpus: u8,
+}
+
+pub fn boot(ram: &GuestRam, guest: &Guest) -> Result<BootPlan> {
+    let Guest {
+        kernel,
+        elf,
+        entry,
+        initrd,
+        cmdline,
+        cpus,
+    } = *guest;
     write_cmdline(ram, cmdline, layout::CMDLINE_MAX)?;
     let memmap: Vec<hvm_memmap_table_entry> = memory_map(ram)
         .iter()
@@ -41,6 +54,10 @@ pub fn boot(
         cmdline_paddr: layout::CMDLINE,
         memmap_paddr: layout::PVH_MEMMAP,
         memmap_entries: memmap.len() as u32,
+        rsdp_paddr: match cpus {
+            0 | 1 => 0,
+            n => super::acpi::write(ram, n)?,
+        },
         ..Default::default()
     };
     let mut params = BootParams::new(&start_info, GuestAddress(layout::PVH_START_INFO));

@@ -44,7 +44,7 @@ impl CpuidTable {
             CpuProfile::Baseline => baseline::build(supported),
             CpuProfile::Host => (supported.to_vec(), Vec::new()),
         };
-        // One vCPU: APIC ID 0, one logical processor.
+        // APIC ID 0 (see `for_cpu`), one logical processor a package.
         for e in entries.iter_mut().filter(|e| e.function == 1) {
             e.ebx &= 0x0000_ffff;
             e.ebx |= 1 << 16;
@@ -61,6 +61,22 @@ impl CpuidTable {
     /// The entries, for `KVM_SET_CPUID2`.
     pub fn entries(&self) -> &CpuId {
         &self.entries
+    }
+
+    /// The entries as CPU `apic_id` sees them: its initial APIC ID in leaf
+    /// 1 (EBX bits 24-31) and in the x2APIC topology leaves (EDX of 0xB
+    /// and 0x1F). CPU 0's are [`entries`](Self::entries).
+    pub fn for_cpu(&self, apic_id: u8) -> Result<CpuId> {
+        let mut entries = self.entries.as_slice().to_vec();
+        for e in &mut entries {
+            match e.function {
+                1 => e.ebx = (e.ebx & 0x00ff_ffff) | (u32::from(apic_id) << 24),
+                0xb | 0x1f => e.edx = u32::from(apic_id),
+                _ => {}
+            }
+        }
+        CpuId::from_entries(&entries)
+            .map_err(|e| Error::KvmUnsupported(crate::error::KvmLack::CpuidTable(e)))
     }
 
     /// Features of the baseline CPU this host's KVM cannot run, and so

@@ -17,6 +17,10 @@ pub enum EntryState {
     /// Linux 64-bit boot protocol: long mode on an identity map of the first
     /// 1 GiB, RSI = `boot_params`.
     Long64 { entry: u64, boot_params: u64 },
+    /// An application processor that took a STARTUP IPI: real mode, CS
+    /// `vector << 8` (base `vector << 12`), IP 0, paging and long mode off
+    /// (SDM vol. 3A, 9.4.4 and table 10-1).
+    Startup { vector: u8 },
 }
 
 use crate::x86::{cr0, cr4, efer};
@@ -144,6 +148,26 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
             }
             sregs.cr0 = cr0::ET;
             regs.rip = ip;
+        }
+        EntryState::Startup { vector } => {
+            sregs.cs = real_segment(u16::from(vector) << 8, true);
+            for seg in [
+                &mut sregs.ds,
+                &mut sregs.es,
+                &mut sregs.fs,
+                &mut sregs.gs,
+                &mut sregs.ss,
+            ] {
+                *seg = real_segment(0, false);
+            }
+            sregs.gdt.base = 0;
+            sregs.gdt.limit = 0xffff;
+            sregs.idt.base = 0;
+            sregs.idt.limit = 0xffff;
+            sregs.cr0 = cr0::ET;
+            sregs.cr3 = 0;
+            sregs.cr4 = 0;
+            sregs.efer = 0;
         }
         EntryState::Protected32 { entry, start_info } => {
             write_gdt_idt(mem, &mut sregs)?;

@@ -6,6 +6,7 @@ pub mod acpi_pm;
 mod bus;
 pub mod cmos;
 pub mod hypercall;
+pub mod lapic;
 pub mod pic;
 pub mod pit;
 pub mod reset;
@@ -19,6 +20,7 @@ use crate::clock::VirtualNanos;
 use self::acpi_pm::AcpiPm;
 use self::bus::{PortBus, PortDevice};
 use self::cmos::Cmos;
+use self::lapic::LocalApic;
 use self::pic::Pic;
 use self::pit::Pit;
 use self::reset::ResetController;
@@ -26,6 +28,10 @@ use self::serial::{SerialPort, COM1_BASE, COM1_IRQ};
 
 /// ISA IRQ of the PIT's channel 0.
 pub const TIMER_IRQ: u8 = 0;
+
+/// What [`Devices::acknowledge`] gives as the IRQ of an interrupt from a
+/// CPU's local APIC (its timer or an IPI), which no ISA line carries.
+pub const LOCAL_APIC_IRQ: u8 = 0xfe;
 
 /// Every device on the port bus.
 pub struct Devices {
@@ -35,6 +41,9 @@ pub struct Devices {
     pub cmos: Cmos,
     pub reset: ResetController,
     pub acpi_pm: AcpiPm,
+    /// Each CPU's local APIC, by CPU number; none on a one-CPU machine,
+    /// which keeps the machine every one-CPU trace was taken on.
+    pub lapics: Vec<LocalApic>,
     /// Which device answers at which port.
     bus: PortBus,
     /// Ports nobody answers, noted once each for the debug log.
@@ -89,8 +98,9 @@ fn port_bus() -> PortBus {
 
 impl Devices {
     /// All devices in their power-on state; COM1 output goes to `console`,
-    /// and the RTC starts at `rtc_base_unix`.
-    pub fn new(console: Box<dyn Write + Send>, rtc_base_unix: i64) -> Self {
+    /// and the RTC starts at `rtc_base_unix`. `cpus` local APICs (APIC ID =
+    /// CPU number) where there are several CPUs.
+    pub fn new(console: Box<dyn Write + Send>, rtc_base_unix: i64, cpus: u8) -> Self {
         Devices {
             pic: Pic::new(),
             pit: Pit::new(),
@@ -98,6 +108,10 @@ impl Devices {
             cmos: Cmos::new(rtc_base_unix),
             reset: ResetController::default(),
             acpi_pm: AcpiPm::default(),
+            lapics: match cpus {
+                0 | 1 => Vec::new(),
+                n => (0..n).map(LocalApic::new).collect(),
+            },
             bus: port_bus(),
             unclaimed: BTreeSet::new(),
             timer_edges: 0,
@@ -172,11 +186,37 @@ impl Devices {
         if self.serial.take_irq() {
             self.pic.raise(COM1_IRQ);
         }
+        for apic in &mut self.lapics {
+            apic.update(now);
+        }
     }
 
-    /// Virtual time at which a device will next want the CPU's attention.
+    /// Virtual time at which a device will next want a CPU's attention.
     pub fn next_deadline(&self) -> Option<VirtualNanos> {
-        self.pit.next_irq0()
+        let timers = self.lapics.iter().filter_map(LocalApic::next_deadline);
+        self.pit.next_irq0().into_iter().chain(timers).min()
+    }
+
+    /// The vector CPU `cpu` would take now: the PIC's (wired to CPU 0
+    /// through LINT0, the virtual-wire mode every PC starts in), else its
+    /// local APIC's.
+    pub fn pending_vector(&self, cpu: usize) -> Option<u8> {
+        let pic = if cpu == 0 {
+            self.pic.pending_vector()
+        } else {
+            None
+        };
+        pic.or_else(|| self.lapics.get(cpu).and_then(LocalApic::pending_vector))
+    }
+
+    /// CPU `cpu` takes its pending interrupt: the vector, and the ISA IRQ
+    /// it came from ([`LOCAL_APIC_IRQ`] for its local APIC's).
+    pub fn acknowledge(&mut self, cpu: usize) -> Option<(u8, u8)> {
+        if cpu == 0 && self.pic.pending_vector().is_some() {
+            return self.pic.acknowledge();
+        }
+        let vector = self.lapics.get_mut(cpu)?.acknowledge()?;
+        Some((vector, LOCAL_APIC_IRQ))
     }
 }
 
@@ -222,7 +262,7 @@ mod tests {
 
     #[test]
     fn a_port_nobody_claims_reads_all_ones() {
-        let mut d = Devices::new(Box::new(std::io::sink()), 0);
+        let mut d = Devices::new(Box::new(std::io::sink()), 0, 1);
         let mut data = [0u8; 4];
         d.pio_read(0x1234, &mut data, 0);
         assert_eq!(data, [0xff; 4]);

@@ -102,7 +102,7 @@ impl Machine {
         write_tables(&ram)?;
         write(&ram, KERNEL_CODE, kernel)?;
         write(&ram, USER_CODE, user)?;
-        let mut vcpu = Vcpu::new(&vm)?;
+        let mut vcpu = Vcpu::new(&vm, 0)?;
         let cpuid = cpuid::build(kvm, profile)?;
         let xsave = cpuid
             .entries()

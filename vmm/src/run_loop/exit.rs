@@ -29,8 +29,12 @@ impl Run<'_> {
             } => self.io_out(port, &data[..size.min(data.len())], completed),
             Exit::MmioRead { addr, size } => {
                 self.vm.note("mmio", addr);
-                // Nothing is mapped as MMIO: reads float high.
-                let value = u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8)));
+                let value = if self.is_local_apic(addr) {
+                    self.local_apic_read(addr, size)
+                } else {
+                    // Nothing else is mapped as MMIO: reads float high.
+                    u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8)))
+                };
                 self.tell(ExitView::Mmio {
                     addr,
                     size,
@@ -41,6 +45,9 @@ impl Run<'_> {
             }
             Exit::MmioWrite { addr, size, value } => {
                 self.vm.note("mmio", addr);
+                if self.is_local_apic(addr) {
+                    self.local_apic_write(addr, value)?;
+                }
                 self.tell(ExitView::Mmio {
                     addr,
                     size,

@@ -1,10 +1,12 @@
 //! The guest idles in HLT: wait for the next device event, console
-//! input, a `vtrace ctl` request or a stop signal.
+//! input, a `vtrace ctl` request or a stop signal. On a machine of several
+//! CPUs only the halted CPU idles, until every CPU does.
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use crate::clock::VirtualNanos;
+use crate::cpus::{self, Power, Turn};
 use crate::error::{Error, Result};
 use crate::signals;
 
@@ -14,7 +16,19 @@ impl Run<'_> {
     /// The guest executed HLT: wait (in host time) until a device has
     /// something for it, serving console input meanwhile.
     pub(super) fn halt(&mut self) -> Result<Next> {
-        if self.vm.machine.vcpu.run_page().if_flag == 0 {
+        let if_flag = self.vm.machine.vcpu.run_page().if_flag != 0;
+        let several = self.vm.machine.cpus.count() > 1;
+        if several {
+            // This CPU sits out its turns; the machine waits only when every
+            // CPU does.
+            let cpu = self.vm.machine.cpus.on_stage();
+            let power = if if_flag {
+                Power::Halted
+            } else {
+                Power::Stopped
+            };
+            self.vm.machine.cpus.set_power(cpu, power);
+        } else if !if_flag {
             return Err(Error::GuestFailure {
                 reason: "the guest halted with interrupts disabled, so nothing can wake it \
                          (a guest that is done should use the EXIT hypercall)"
@@ -28,7 +42,25 @@ impl Run<'_> {
             if let Some(end) = self.vm.machine.devices.machine_end() {
                 return Ok(Next::Stop(end));
             }
-            if self.vm.machine.devices.pic.pending_vector().is_some() {
+            if several {
+                let machine = &self.vm.machine;
+                let devices = &machine.devices;
+                let (power, cpu) = (machine.cpus.power(), machine.cpus.on_stage());
+                let wakes = |c| devices.pending_vector(c).is_some();
+                if cpus::next_turn(power, wakes, cpu) != Turn::AllIdle {
+                    // The loop gives it its turn.
+                    return Ok(Next::Continue);
+                }
+                if !power.contains(&Power::Halted) {
+                    return Err(Error::GuestFailure {
+                        reason: "every CPU halted with interrupts disabled or waits for a \
+                                 STARTUP IPI, so nothing can wake the machine (a guest \
+                                 that is done should use the EXIT hypercall)"
+                            .into(),
+                        report: Box::new(self.vm.crash_report(None)),
+                    });
+                }
+            } else if self.vm.pending_vector().is_some() {
                 self.inject()?;
                 return Ok(Next::Continue);
             }

@@ -11,13 +11,14 @@ use super::decide::{self, InjectionState};
 use super::Run;
 
 impl Run<'_> {
-    /// Delivers the PIC's pending interrupt if the guest can take it now,
+    /// Delivers the on-stage CPU's pending interrupt (the PIC's, or its local
+    /// APIC's) if it can take it now,
     /// else asks KVM to exit as soon as it can (see [`decide::injection`]).
     pub(super) fn inject(&mut self) -> Result<()> {
         let run = self.vm.machine.vcpu.run_page();
         let window_open = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
         let state = InjectionState {
-            pending: self.vm.machine.devices.pic.pending_vector().is_some(),
+            pending: self.vm.pending_vector().is_some(),
             stepping: self.vm.step.stepping,
             io_pending: self.vm.step.io_pending,
             window_open,
@@ -36,8 +37,8 @@ impl Run<'_> {
         match how {
             decide::Injection::ThroughIdt => {
                 if let Some(handler) = self.vm.deliver_through_idt()? {
-                    if let Some((vector, irq)) = self.vm.machine.devices.pic.acknowledge() {
-                        self.irqs[usize::from(irq)] += 1;
+                    if let Some((vector, irq)) = self.vm.acknowledge() {
+                        self.count(irq);
                         let how = Injection::Delivered { handler };
                         self.monitor
                             .on_inject(vector, irq, how, &mut self.vm.cpu_view());
@@ -52,11 +53,11 @@ impl Run<'_> {
         }
     }
 
-    /// Queues the PIC's interrupt with `KVM_INTERRUPT`.
+    /// Queues the pending interrupt with `KVM_INTERRUPT`.
     fn queue(&mut self) -> Result<()> {
-        if let Some((vector, irq)) = self.vm.machine.devices.pic.acknowledge() {
+        if let Some((vector, irq)) = self.vm.acknowledge() {
             self.vm.machine.vcpu.interrupt(vector)?;
-            self.irqs[usize::from(irq)] += 1;
+            self.count(irq);
             self.monitor
                 .on_inject(vector, irq, Injection::Queued, &mut self.vm.cpu_view());
         }
@@ -90,6 +91,15 @@ impl Run<'_> {
         Ok(true)
     }
 
+    /// Counts an interrupt by its ISA IRQ line (local APIC interrupts in
+    /// `local_apic_interrupts`).
+    fn count(&mut self, irq: u8) {
+        match self.irqs.get_mut(usize::from(irq)) {
+            Some(n) => *n += 1,
+            None => self.local_apic_interrupts += 1,
+        }
+    }
+
     /// Delivers an exception the monitor foresaw, through the guest's IDT,
     /// and tells the monitor. Where the VMM does not model the delivery
     /// (see `soft_int`), the instruction runs and the CPU delivers it.
@@ -116,12 +126,24 @@ impl Run<'_> {
 }
 
 impl Vm {
-    /// Delivers the PIC's pending vector through the guest IDT in the VMM.
+    /// The vector the CPU on stage would take now.
+    pub(super) fn pending_vector(&self) -> Option<u8> {
+        let cpu = self.machine.cpus.on_stage();
+        self.machine.devices.pending_vector(cpu)
+    }
+
+    /// The CPU on stage takes its pending interrupt: vector and IRQ.
+    fn acknowledge(&mut self) -> Option<(u8, u8)> {
+        let cpu = self.machine.cpus.on_stage();
+        self.machine.devices.acknowledge(cpu)
+    }
+
+    /// Delivers the pending vector through the guest IDT in the VMM.
     /// Returns the handler address, or None where the VMM does not model
     /// the delivery (not 64-bit mode at CPL 0 or 3, a bad gate): the caller
     /// then queues the interrupt with KVM instead.
     fn deliver_through_idt(&mut self) -> Result<Option<u64>> {
-        let Some(vector) = self.machine.devices.pic.pending_vector() else {
+        let Some(vector) = self.pending_vector() else {
             return Ok(None);
         };
         self.deliver_vector(vector)

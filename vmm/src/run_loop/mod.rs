@@ -7,8 +7,10 @@
 //! `decide` the pure decisions they act on, `inject` delivers interrupts
 //! and foreseen exceptions, `halt` waits while the guest idles, `failure`
 //! reports what stopped the guest, `requests` answers the console's
-//! hotkeys and `vtrace ctl`, and `cpu_view` is the monitor's view of the
-//! vCPU. This file holds the loop itself and what the rooms share.
+//! hotkeys and `vtrace ctl`, `cpu_view` is the monitor's view of the
+//! vCPU, and `turns` serves a machine of several CPUs (whose turn, the
+//! local APICs, IPIs). This file holds the loop itself and what the rooms
+//! share.
 
 mod cpu_view;
 mod decide;
@@ -18,6 +20,7 @@ mod failure;
 mod halt;
 mod inject;
 mod requests;
+mod turns;
 
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
@@ -29,6 +32,10 @@ use crate::monitor::{Breakpoints, ExitAnswer, ExitView, Monitor};
 use crate::peep::{PeepMessage, PeepReport};
 use crate::signals;
 use crate::vm::Vm;
+
+/// Host time a CPU runs untraced before the next one's turn, on a machine
+/// of several CPUs (one thread enters them all, see `crate::cpus`).
+const TIME_SLICE: Duration = Duration::from_millis(1);
 
 /// How a run ended, when it ended the way a guest may end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +81,8 @@ pub struct RunOutcome {
     pub host_time: Duration,
     /// Interrupts injected, by ISA IRQ line.
     pub irqs: [u64; 16],
+    /// Interrupts injected from the CPUs' local APICs (timers and IPIs).
+    pub local_apic_interrupts: u64,
     /// VM exits served.
     pub exits: u64,
     /// Guest lines (LOG, rejected calls) not printed: over the rate limit.
@@ -107,6 +116,8 @@ pub(super) struct Run<'a> {
     kicker: &'a Kicker,
     /// Interrupts injected, by ISA IRQ line.
     irqs: [u64; 16],
+    /// Interrupts injected from local APICs.
+    local_apic_interrupts: u64,
 }
 
 impl Vm {
@@ -129,9 +140,10 @@ impl Vm {
             wakes: &rx,
             kicker: &kicker,
             irqs: [0; 16],
+            local_apic_interrupts: 0,
         };
         let result = run.until_stop();
-        let irqs = run.irqs;
+        let (irqs, local_apic_interrupts) = (run.irqs, run.local_apic_interrupts);
         // The guest's time when it stopped: a wall-driven clock would run
         // on while the run is wound up (the peeper joined, the trace
         // flushed); the final sample and the summary tell the same moment.
@@ -155,6 +167,7 @@ impl Vm {
             virtual_time: Duration::from_nanos(stopped_at),
             host_time: started.elapsed(),
             irqs,
+            local_apic_interrupts,
             exits: self.machine.history.total(),
             guest_lines_not_shown: self.machine.hypercalls.lines_not_shown(),
             completed_by_vmm: self.machine.completed_by_vmm,
@@ -243,21 +256,29 @@ impl Run<'_> {
             if let Next::Stop(exit) = self.serve(exit)? {
                 return Ok(exit);
             }
+            if self.vm.machine.cpus.count() > 1 {
+                self.next_turn();
+            }
         }
     }
 
     /// Untraced, the kicker cuts `KVM_RUN` short when the next device
-    /// event is due (no exit would come for it); stepping exits after
-    /// every instruction anyway.
+    /// event is due (no exit would come for it), and at the end of the
+    /// CPU's time slice where others wait for their turn; stepping exits
+    /// after every instruction anyway.
     fn arm_kicker(&mut self) {
         let stepping = self.vm.step.stepping;
         self.kicker.set_quiet(stepping);
         let machine = &self.vm.machine;
+        let slice = (machine.cpus.count() > 1).then_some(TIME_SLICE);
         match machine
             .devices
             .next_deadline()
-            .filter(|_| !stepping)
             .and_then(|d| machine.clock.host_delay_until(d))
+            .into_iter()
+            .chain(slice)
+            .min()
+            .filter(|_| !stepping)
         {
             Some(delay) => self.kicker.kick_after(delay),
             None => self.kicker.cancel(),
