@@ -15,6 +15,7 @@ fn reason(r: Option<&vtrace_storage::TraceReason>) -> String {
 fn json(s: &TraceSummary) -> serde_json::Value {
     serde_json::json!({
         "steps": s.steps,
+        "steps_by_cpu": s.steps_by_cpu,
         "gaps": s.gaps,
         "events": s.events,
         "first_pc": s.first_pc,
@@ -54,6 +55,14 @@ pub fn info(args: InfoArgs) -> Result<i32> {
         let _ = writeln!(out, "  {line}");
     }
     let _ = writeln!(out, "steps:          {}", s.steps);
+    if s.steps_by_cpu.len() > 1 {
+        let by_cpu: Vec<String> = s
+            .steps_by_cpu
+            .iter()
+            .map(|(cpu, n)| format!("CPU {cpu} {n}"))
+            .collect();
+        let _ = writeln!(out, "steps by CPU:   {}", by_cpu.join(", "));
+    }
     let _ = writeln!(out, "gaps:           {}", s.gaps);
     let events: Vec<String> = s.events.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(out, "events:         {}", events.join(", "));

@@ -117,12 +117,170 @@ fn several_cpus_refuse_what_cannot_use_them_yet() {
         "--no-input",
         "--cpus",
         "2",
-        "--trace",
+        "--trace-function",
+        "take_work",
         "--disk",
         disk.to_str().unwrap(),
     ]);
     assert_ne!(out.status.code(), Some(0));
     let log = stderr(&out);
-    assert!(log.contains("not built yet"), "{log}");
+    assert!(
+        log.contains("--trace-function") && log.contains("--cpus 1"),
+        "{log}"
+    );
     assert!(!disk.exists(), "no disk made for a run that cannot trace");
+}
+
+/// `vtrace info --json` of `disk`.
+fn info(disk: &std::path::Path) -> serde_json::Value {
+    let out = run(&["info", "--json", disk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Traces the SMP demo on `cpus` CPUs into `disk`.
+fn trace_smp_demo(cpus: u8, disk: &std::path::Path) -> serde_json::Value {
+    let n = cpus.to_string();
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--quiet",
+        "--cpus",
+        &n,
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let console = stdout(&out);
+    assert!(
+        console.contains(&format!("SMP: {cpus} CPUs up")),
+        "{console}"
+    );
+    info(disk)
+}
+
+/// The SMP demo traced twice: the same trace, every CPU's steps in it,
+/// no gap; each CPU's share as `analyze stats --cpu all` tells it.
+fn traced_twice(cpus: u8) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.vtd"), dir.path().join("b.vtd"));
+    let first = trace_smp_demo(cpus, &a);
+    let second = trace_smp_demo(cpus, &b);
+    assert_eq!(first["gaps"], 0, "{first}");
+    assert_eq!(
+        first["digest"], second["digest"],
+        "the step clock fixes the CPUs' order: the same trace twice"
+    );
+    let by_cpu = first["steps_by_cpu"].as_object().unwrap();
+    assert_eq!(by_cpu.len(), usize::from(cpus), "{first}");
+    let mut sum = 0;
+    for cpu in 0..cpus {
+        let steps = by_cpu[&cpu.to_string()].as_u64().unwrap();
+        // CPU 0 boots and runs the tasks; each other CPU at least starts
+        // in real mode and takes its share of the work items.
+        assert!(steps > 10_000, "CPU {cpu}: {steps} steps");
+        sum += steps;
+    }
+    assert_eq!(sum, first["steps"].as_u64().unwrap());
+
+    let out = run(&[
+        "analyze",
+        "stats",
+        "--cpu",
+        "all",
+        "--json",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shares = stats["cpus"].as_array().unwrap();
+    assert_eq!(shares.len(), usize::from(cpus));
+    for share in shares {
+        let cpu = share["cpu"].as_u64().unwrap().to_string();
+        assert_eq!(share["steps"], by_cpu[&cpu], "stats and info agree");
+    }
+    // CPU 0 waits for each other CPU to come up with PAUSE (smp_init).
+    let spins = stats["spinning"].as_array().unwrap();
+    assert!(
+        spins
+            .iter()
+            .any(|s| s["cpu"] == 0 && s["routine"].as_str().unwrap().starts_with("smp_init")),
+        "{stats}"
+    );
+
+    // The listing names each step's CPU; --cpu 1 lists CPU 1's steps only.
+    let out = run(&[
+        "analyze",
+        "listing",
+        "--cpu",
+        "1",
+        "--count",
+        "400000",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listing = stdout(&out);
+    let steps: Vec<&str> = listing
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("--"))
+        .collect();
+    assert!(!steps.is_empty(), "{listing}");
+    for line in &steps {
+        let cpu = line.split_whitespace().nth(1);
+        assert_eq!(cpu, Some("1"), "{line}");
+    }
+    // CPU 1's first instruction is the STARTUP IPI's: real mode at 0x10000.
+    assert!(steps[0].contains("0x10000"), "{}", steps[0]);
+
+    // A nest diagram follows one CPU.
+    let out = run(&["analyze", "nest", a.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("--cpu N"), "{}", stderr(&out));
+    let out = run(&["analyze", "nest", "--cpu", "1", a.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("ap_main"), "{}", stdout(&out));
+}
+
+#[test]
+fn the_smp_demo_on_two_cpus_traces_the_same_twice() {
+    if kvm_available() {
+        traced_twice(2);
+    }
+}
+
+#[test]
+fn the_smp_demo_on_four_cpus_traces_the_same_twice() {
+    if kvm_available() {
+        traced_twice(4);
+    }
+}
+
+/// A machine of one CPU is the machine every trace so far was taken on:
+/// `--cpus 1` is no option at all.
+#[test]
+fn one_cpu_traces_as_without_the_option() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let digest = |extra: &[&str], name: &str| {
+        let disk = dir.path().join(name);
+        let mut args = vec!["run", "--no-input", "--quiet", "--max-steps", "300000"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--trace", "--disk", disk.to_str().unwrap()]);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let i = info(&disk);
+        assert!(
+            i["metadata"].as_str().is_some_and(|m| !m.contains("cpus:")),
+            "{i}"
+        );
+        assert_eq!(i["events"].get("cpu"), None, "no CPU events: {i}");
+        i["digest"].clone()
+    };
+    assert_eq!(
+        digest(&[], "plain.vtd"),
+        digest(&["--cpus", "1"], "one.vtd")
+    );
 }

@@ -29,6 +29,26 @@ pub enum AnalyzeError {
     /// The trace holds no step the analysis could read.
     #[error("the trace has no readable steps")]
     NoSteps,
+    /// The analysis follows one CPU's calls and returns, and the trace
+    /// holds several CPUs' steps.
+    #[error(
+        "the trace holds the steps of {cpus} CPUs, and this analysis follows one CPU's calls \
+         and returns: name it with --cpu N (0 to {last}); `vtrace analyze stats --cpu all` shows \
+         each CPU's share",
+        last = cpus - 1
+    )]
+    ChooseCpu {
+        /// The trace's CPUs.
+        cpus: u32,
+    },
+    /// The CPU asked for is not in the trace.
+    #[error("the trace holds CPUs 0 to {last}, not CPU {asked}", last = cpus - 1)]
+    NoSuchCpu {
+        /// The CPU asked for.
+        asked: u32,
+        /// The trace's CPUs.
+        cpus: u32,
+    },
     /// A listing window starts past the trace's end.
     #[error("step {from} is past the trace's last step ({last})")]
     WindowOutside {

@@ -93,6 +93,7 @@ pub fn describe_event(e: &Event) -> String {
             format!("segment begins in task {comm:?} pid {pid} tid {tid}")
         }
         Event::Runnable { count } => format!("{count} tasks runnable"),
+        Event::Cpu(cpu) => format!("on CPU {cpu}"),
         Event::TaskExit { tid, code } => {
             format!("task {tid} {}", Exit::from_code(*code))
         }

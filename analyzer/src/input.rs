@@ -85,6 +85,9 @@ pub struct Trace {
     pub problems: Vec<String>,
     /// What the analyses found while reading (see [`Trace::damage_found`]).
     found: DamageLog,
+    /// The one CPU whose records the analyses read (see
+    /// [`Trace::select_cpu`]).
+    cpu: Option<u32>,
 }
 
 impl std::fmt::Debug for Trace {
@@ -176,6 +179,7 @@ impl Trace {
             segments,
             problems,
             found: DamageLog::default(),
+            cpu: None,
         })
     }
 
@@ -184,6 +188,34 @@ impl Trace {
     /// damage are left out of what those analyses show.
     pub fn damage_found(&self) -> DamageLog {
         Arc::clone(&self.found)
+    }
+
+    /// Reads only CPU `cpu`'s records from now on (the analyses that
+    /// follow calls and returns, and the listing); an error where the
+    /// trace has no such CPU.
+    pub fn select_cpu(&mut self, cpu: u32) -> Result<()> {
+        let cpus = self.metadata.cpu_count();
+        if cpu >= cpus {
+            return Err(crate::error::AnalyzeError::NoSuchCpu { asked: cpu, cpus });
+        }
+        self.cpu = Some(cpu);
+        Ok(())
+    }
+
+    /// The CPU [`Trace::select_cpu`] chose.
+    pub fn selected_cpu(&self) -> Option<u32> {
+        self.cpu
+    }
+
+    /// For an analysis that follows one CPU's calls and returns: the CPU
+    /// whose records to read (`None`: the trace has one CPU), or the error
+    /// that asks the user to choose.
+    pub fn one_cpu(&self) -> Result<Option<u32>> {
+        match (self.cpu, self.metadata.cpu_count()) {
+            (Some(cpu), _) => Ok(Some(cpu)),
+            (None, 0 | 1) => Ok(None),
+            (None, cpus) => Err(crate::error::AnalyzeError::ChooseCpu { cpus }),
+        }
     }
 
     /// The trace's path.

@@ -10,6 +10,7 @@
 //! is `vtrace-image`'s, re-exported here under the same names.
 
 mod captures;
+mod cpus;
 mod diff;
 mod error;
 mod event_text;
@@ -54,6 +55,7 @@ pub use levels::{
 
 // The analyses.
 pub use captures::{captures, format_table as format_captures, Capture};
+pub use cpus::{collect as collect_cpus, CpuShare, CpuStats, SpinSite};
 pub use diff::{compare, write_flame as write_diff_flame, Diff};
 pub use event_text::describe_event;
 pub use export::{export, Destination, ExportFormat, ExportReport, ExportedFile};

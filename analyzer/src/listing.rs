@@ -37,6 +37,11 @@ pub struct ListingOptions {
     pub tasks: TaskFilter,
     /// Pid and comm columns (for traces that name tasks).
     pub task_columns: bool,
+    /// A CPU column (for traces of several CPUs); set from the trace.
+    pub cpu_column: bool,
+    /// Only this CPU's steps (and the events between them); set from the
+    /// trace's [`Trace::select_cpu`].
+    pub cpu: Option<u32>,
 }
 
 /// `rax=0x1 rsp=0x7ff0` for the registers that differ; everything after a
@@ -135,11 +140,14 @@ impl<'a> LineFormatter<'a> {
 
 /// The column legend, the first line of a listing (and of each file).
 pub fn header(options: &ListingOptions) -> String {
-    let task = if options.task_columns {
-        format!("{:>7} {:<15} ", "pid", "comm")
+    let mut task = if options.cpu_column {
+        format!("{:>3} ", "cpu")
     } else {
         String::new()
     };
+    if options.task_columns {
+        task.push_str(&format!("{:>7} {:<15} ", "pid", "comm"));
+    }
     format!(
         "# {:>8} {task}{:>12} {:>18} {:<32} {:<30} {:<44}{} | registers changed (events between steps: --)\n",
         "step",
@@ -154,16 +162,49 @@ pub fn header(options: &ListingOptions) -> String {
 
 /// A segment formatted, but for its first step's register changes.
 struct SegmentText {
-    /// The first shown step: its line up to the registers, and its
-    /// registers, to finish once the registers before it are known.
-    first: Option<(String, Regs)>,
+    /// The first shown step: its line up to the registers, its registers
+    /// and its CPU, to finish once the registers before it are known.
+    first: Option<(String, Regs, u32)>,
     /// Lines after the first step's; each line's step number and byte
     /// offset in `rest` (`u64::MAX` for event lines).
     rest: String,
     index: Vec<(u64, usize)>,
-    last_regs: Option<Regs>,
+    /// Each CPU's registers after its last step here.
+    last_regs: FxHashMap<u32, Regs>,
     /// Steps it shows.
     shown: u64,
+}
+
+/// A step the listing shows.
+struct Shown<'a> {
+    number: u64,
+    cpu: u32,
+    regs: &'a Regs,
+    /// The registers of its CPU's step before, where known.
+    before: Option<&'a Regs>,
+}
+
+impl SegmentText {
+    /// Adds a step's line (up to its registers: `line`), after the
+    /// events before it.
+    fn push_step(&mut self, info: &SegmentInfo, step: Shown<'_>, line: String, events: &str) {
+        self.shown += 1;
+        if step.number == info.first_step {
+            // Its registers are finished once the segment before is known.
+            self.first = Some((line, *step.regs, step.cpu));
+            if !events.is_empty() {
+                self.index.push((u64::MAX, 0));
+                self.rest.push_str(events);
+            }
+            return;
+        }
+        if !events.is_empty() {
+            self.index.push((u64::MAX, self.rest.len()));
+            self.rest.push_str(events);
+        }
+        self.index.push((step.number, self.rest.len()));
+        let _ = writeln!(self.rest, "{line} {}", changed(step.before, step.regs));
+    }
 }
 
 /// The pid and comm columns of the running task.
@@ -171,6 +212,17 @@ fn task_columns(task: Option<&TaskId>) -> String {
     match task {
         Some(t) => format!("{:>7} {:<15} ", t.pid, t.comm.as_str()),
         None => format!("{:>7} {:<15} ", "-", "-"),
+    }
+}
+
+/// Whether the listing shows event `e` of a CPU it shows (`on_cpu`) or
+/// another's: tracing starts and stops on every CPU at once; a
+/// [`Event::Running`] is where the recorder cut segments, not what ran.
+fn shows_event(e: &Event, on_cpu: bool) -> bool {
+    match e {
+        Event::Running { .. } => false,
+        Event::TraceStart(_) | Event::TraceStop(_) => true,
+        _ => on_cpu,
     }
 }
 
@@ -190,10 +242,12 @@ fn format_segment(
         first: None,
         rest: String::new(),
         index: Vec::new(),
-        last_regs: None,
+        last_regs: FxHashMap::default(),
         shown: 0,
     };
-    let mut prev: Option<Regs> = None;
+    // Registers are compared with the same CPU's step before.
+    let mut prev: FxHashMap<u32, Regs> = FxHashMap::default();
+    let mut cpu = 0u32;
     let mut number = info.first_step;
     let mut pending_events = String::new();
     let mut tasks = Selection::new(&options.tasks);
@@ -203,13 +257,17 @@ fn format_segment(
         String::new()
     };
     while let Some(r) = records.next_record() {
+        let on_cpu = options.cpu.is_none_or(|c| c == cpu);
         match r {
+            RecordRef::Event(Event::Cpu(c)) => {
+                // The CPU column says it.
+                cpu = *c;
+            }
             RecordRef::Event(e) => {
                 if tasks.follow(e) && options.task_columns {
                     columns = task_columns(tasks.current());
                 }
-                // Where the recorder cut segments, not what ran.
-                if tasks.selected() && !matches!(e, Event::Running { .. }) {
+                if tasks.selected() && shows_event(e, on_cpu) {
                     let _ = writeln!(
                         pending_events,
                         "{:>10} -- {}",
@@ -217,38 +275,38 @@ fn format_segment(
                         crate::event_text::describe_event(e)
                     );
                 }
-                if matches!(e, Event::Gap { .. } | Event::TraceStop(_)) {
-                    prev = None;
+                match e {
+                    Event::TraceStop(_) => prev.clear(),
+                    Event::Gap { .. } => {
+                        prev.remove(&cpu);
+                    }
+                    _ => {}
                 }
+            }
+            RecordRef::Step(_) if !on_cpu => {
+                pending_events.clear();
+                number = number.saturating_add(1);
             }
             RecordRef::Step(_) if !tasks.selected() => {
                 // Another task's: the next shown step lists every register.
-                prev = None;
+                prev.remove(&cpu);
                 pending_events.clear();
                 number = number.saturating_add(1);
             }
             RecordRef::Step(s) => {
                 if in_window(options, number) {
-                    out.shown += 1;
-                    let text = f.describe(s);
-                    if number == info.first_step {
-                        out.first = Some((format!("{number:>10} {columns}{text}"), s.regs));
-                        if !pending_events.is_empty() {
-                            out.index.push((u64::MAX, 0));
-                            out.rest.push_str(&pending_events);
-                        }
-                    } else {
-                        if !pending_events.is_empty() {
-                            out.index.push((u64::MAX, out.rest.len()));
-                            out.rest.push_str(&pending_events);
-                        }
-                        out.index.push((number, out.rest.len()));
-                        let _ = writeln!(
-                            out.rest,
-                            "{number:>10} {columns}{text} {}",
-                            changed(prev.as_ref(), &s.regs)
-                        );
-                    }
+                    let cpu_column = match options.cpu_column {
+                        true => format!("{cpu:>3} "),
+                        false => String::new(),
+                    };
+                    let line = format!("{number:>10} {cpu_column}{columns}{}", f.describe(s));
+                    let shown = Shown {
+                        number,
+                        cpu,
+                        regs: &s.regs,
+                        before: prev.get(&cpu),
+                    };
+                    out.push_step(info, shown, line, &pending_events);
                 }
                 pending_events.clear();
                 if let Some(n) = syscalls::number_of(s) {
@@ -259,7 +317,7 @@ fn format_segment(
                         syscalls::name(n)
                     );
                 }
-                prev = Some(s.regs);
+                prev.insert(cpu, s.regs);
                 number = number.saturating_add(1);
             }
         }
@@ -306,22 +364,24 @@ fn run(
     let mut shown = 0u64;
     let options = &ListingOptions {
         from: Some(from),
+        cpu_column: options.cpu_column || trace.metadata.cpu_count() > 1,
+        cpu: trace.selected_cpu(),
         ..options.clone()
     };
-    let mut carried: Option<Regs> = None;
+    let mut carried: FxHashMap<u32, Regs> = FxHashMap::default();
     let mut expected: Option<u64> = None;
     trace.for_each_ordered(
         &segments,
         |info, records| format_segment(info, records, symbols, options),
         |chunk| {
             if expected.is_some_and(|e| e != chunk.info.first_step) {
-                carried = None;
+                carried.clear();
             }
             expected = Some(chunk.info.first_step.saturating_add(chunk.info.steps));
             let text = match chunk.result {
                 Ok(t) => t,
                 Err(why) => {
-                    carried = None;
+                    carried.clear();
                     return emit(
                         None,
                         &format!(
@@ -340,10 +400,10 @@ fn run(
                 emit(None, &text.rest[..end])?;
                 index.next();
             }
-            if let Some((prefix, regs)) = &text.first {
+            if let Some((prefix, regs, cpu)) = &text.first {
                 emit(
                     Some(chunk.info.first_step),
-                    &format!("{prefix} {}\n", changed(carried.as_ref(), regs)),
+                    &format!("{prefix} {}\n", changed(carried.get(cpu), regs)),
                 )?;
             }
             let offsets: Vec<&(u64, usize)> = index.collect();

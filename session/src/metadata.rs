@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use vtrace_image::linux_tasks::{task_layout, TaskLayout};
-use vtrace_storage::{image_id, TraceMetadata, BUILTIN_DEMO};
+use vtrace_storage::{image_id, TraceMetadata, BUILTIN_DEMO, BUILTIN_DEMO_SMP};
 use vtrace_vmm::BootSource;
 
 /// The metadata of a trace of `guest` booted from `boot`, written by
@@ -30,6 +30,7 @@ pub fn for_boot(guest: &str, boot: &BootSource, version: &str) -> TraceMetadata 
         guest: guest.to_string(),
         kernel: Some(match &image.path {
             Some(path) => absolute(path),
+            None if *image.bytes == *vtrace_demo::DEMO_OS_SMP_ELF => BUILTIN_DEMO_SMP.to_string(),
             None => BUILTIN_DEMO.to_string(),
         }),
         kernel_id: Some(image_id(&image.bytes)),

@@ -15,10 +15,17 @@ use crate::SessionError;
 
 type Result<T> = std::result::Result<T, SessionError>;
 
-/// Kernel images vtrace carries itself: the built-in demo OS.
+/// Kernel images vtrace carries itself: the built-in demo OS, and its SMP
+/// mode.
 pub fn builtin_kernels() -> KernelImages<'static> {
     KernelImages {
-        builtin: &[(vtrace_storage::BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF)],
+        builtin: &[
+            (vtrace_storage::BUILTIN_DEMO, vtrace_demo::DEMO_OS_ELF),
+            (
+                vtrace_storage::BUILTIN_DEMO_SMP,
+                vtrace_demo::DEMO_OS_SMP_ELF,
+            ),
+        ],
     }
 }
 

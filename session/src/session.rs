@@ -165,19 +165,30 @@ impl SessionBuilder {
         self
     }
 
+    /// What a machine of several CPUs cannot trace yet.
+    fn check_cpus(&self) -> Result<(), SessionError> {
+        if let Some(request) = self.trace.as_ref().filter(|_| self.cpus > 1) {
+            if !request.functions.is_empty() {
+                // A window follows one routine's call on one CPU to its
+                // return; the windows do not tell the CPUs apart yet.
+                return Err(SessionError::request(format!(
+                    "--trace-function traces one CPU's call of a routine, and does not yet \
+                     tell the CPUs of a machine of {} CPUs apart: use --start-at and \
+                     --stop-at, or --cpus 1",
+                    self.cpus
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Makes the VM, and where tracing is asked the trace disk and the
     /// tracer. Every place, probe and variable is found before the disk is
     /// made: a misspelt routine leaves no file behind.
     pub fn build(self) -> Result<Session, SessionError> {
         let mut notes = Vec::new();
         let traced = self.trace.is_some();
-        if traced && self.cpus > 1 {
-            return Err(SessionError::request(format!(
-                "tracing a machine of {} CPUs is not built yet: each CPU's steps need \
-                 their CPU in the trace; run it untraced, or trace it with --cpus 1",
-                self.cpus
-            )));
-        }
+        self.check_cpus()?;
         let clock = self.clock.unwrap_or(match traced {
             true => ClockMode::Steps(1),
             false => ClockMode::Wall,
@@ -243,6 +254,7 @@ impl SessionBuilder {
                         .filter(|p| !p.variables.is_empty())
                         .map(|p| SampleVariable::list_text(&p.variables)),
                     sample_pc: peep.as_ref().is_some_and(|p| p.plan.pc),
+                    cpus: (self.cpus > 1).then_some(u32::from(self.cpus)),
                     ..metadata_base
                 };
                 let parts = TracerParts {

@@ -15,6 +15,9 @@ pub(super) fn listing(a: ListingArgs) -> Result<()> {
         lines: !a.no_lines,
         tasks: task_filter(&trace, &a.tasks)?,
         task_columns: trace.metadata.names_tasks(),
+        // Both from the trace (its CPUs, and --cpu N).
+        cpu_column: false,
+        cpu: None,
     };
     let bar = StepsBar::new(&trace, &a.trace, "listing");
     let progress = |done, _| bar.update(done);
@@ -123,6 +126,13 @@ pub(super) fn processes(a: SpacesArgs) -> Result<()> {
 /// `vtrace analyze stats`: instruction statistics and routine counts.
 pub(super) fn stats(a: StatsArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
+    if a.trace.cpu == Some(CpuChoice::Each) {
+        let bar = StepsBar::new(&trace, &a.trace, "stats");
+        let s = vtrace_analyzer::collect_cpus(&trace, &symbols, &|d, _| bar.update(d))?;
+        bar.finish();
+        print_to(Some(&a.to), a.json, &s, || s.to_text(a.top))?;
+        return Ok(());
+    }
     let bar = StepsBar::new(&trace, &a.trace, "stats");
     let filter = task_filter(&trace, &a.tasks)?;
     let s = collect_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;

@@ -111,6 +111,7 @@ fn diff_side(path: &Path, a: &DiffArgs, what: &str) -> Result<vtrace_analyzer::S
         sysroot: None,
         initramfs: None,
         quiet: a.quiet,
+        cpu: None,
     };
     let (trace, symbols) = open(&args)?;
     let bar = StepsBar::new(&trace, &args, what);

@@ -22,9 +22,9 @@ use vtrace_analyzer::SelectedTasks;
 use vtrace_analyzer::TaskFilter;
 
 use crate::cli::{
-    AnalyzeArgs, AnalyzeCommand, CapturesArgs, DiffArgs, ExportArgs, ExportFormatArg, FlameArgs,
-    ListingArgs, NestArgs, OutputArgs, ProbesTraceArgs, ReportArgs, SamplesArgs, SpacesArgs,
-    StatsArgs, SyntaxArg, TaskArgs, TimelineArgs, TraceArgs,
+    AnalyzeArgs, AnalyzeCommand, CapturesArgs, CpuChoice, DiffArgs, ExportArgs, ExportFormatArg,
+    FlameArgs, ListingArgs, NestArgs, OutputArgs, ProbesTraceArgs, ReportArgs, SamplesArgs,
+    SpacesArgs, StatsArgs, SyntaxArg, TaskArgs, TimelineArgs, TraceArgs,
 };
 use vtrace_analyzer::{Destination, ExportFormat};
 
@@ -80,8 +80,11 @@ impl StepsBar {
 /// Opens the trace and gathers its symbols, telling the user what was
 /// found and what was not.
 fn open(args: &TraceArgs) -> Result<(Trace, Symbolizer)> {
-    let trace = open_trace(&args.trace)?;
+    let mut trace = open_trace(&args.trace)?;
     require_steps(&trace)?;
+    if let Some(CpuChoice::One(cpu)) = args.cpu {
+        trace.select_cpu(cpu)?;
+    }
     let symbols = symbols(&trace, args)?;
     Ok((trace, symbols))
 }

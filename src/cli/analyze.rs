@@ -44,6 +44,32 @@ pub struct TraceArgs {
     /// No progress bar, even on a terminal.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// A trace of several CPUs (`vtrace run --cpus`): `--cpu N` reads only
+    /// CPU N's steps and events (the nest diagram, statistics and flame
+    /// graphs follow one CPU's calls, so they need it); `stats --cpu all`
+    /// shows each CPU's share of the work and where each spun waiting.
+    /// The listing has a CPU column either way.
+    #[arg(long, value_name = "N|all", value_parser = parse_cpu)]
+    pub cpu: Option<CpuChoice>,
+}
+
+/// What `--cpu` chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuChoice {
+    /// `--cpu all`: every CPU, each on its own.
+    Each,
+    /// `--cpu N`.
+    One(u32),
+}
+
+fn parse_cpu(text: &str) -> Result<CpuChoice, String> {
+    match text {
+        "all" => Ok(CpuChoice::Each),
+        n => n
+            .parse()
+            .map(CpuChoice::One)
+            .map_err(|_| format!("{n:?} is neither a CPU number (0, 1, ...) nor `all`")),
+    }
 }
 
 /// Where a text or JSON output goes.

@@ -2,12 +2,14 @@
 //! however the records were cut into segments or compressed.
 
 use crate::codec::SegmentEncoder;
-use crate::record::{Record, REG_COUNT};
+use crate::record::{Event, Record, REG_COUNT};
 
 /// Accumulates records into a BLAKE3 digest.
 pub struct TraceDigest {
     hasher: blake3::Hasher,
     scratch: SegmentEncoder,
+    /// The CPU of the records now (see [`TraceDigest::segment_start`]).
+    cpu: u32,
 }
 
 impl std::fmt::Debug for TraceDigest {
@@ -28,11 +30,29 @@ impl TraceDigest {
         TraceDigest {
             hasher: blake3::Hasher::new(),
             scratch: SegmentEncoder::new(),
+            cpu: 0,
         }
     }
 
-    /// Adds a record.
+    /// A segment starts: its records are CPU 0's until an
+    /// [`Event::Cpu`] says otherwise.
+    pub fn segment_start(&mut self) {
+        self.cpu = 0;
+    }
+
+    /// Adds a record. Where the CPUs' records interleave is in the digest,
+    /// not where segments begin: the CPU events are not hashed, and each
+    /// record of a CPU other than 0 is hashed with its CPU number (a trace
+    /// of one CPU hashes as it always did).
     pub fn update(&mut self, record: &Record) {
+        if let Record::Event(Event::Cpu(cpu)) = record {
+            self.cpu = *cpu;
+            return;
+        }
+        if self.cpu != 0 {
+            self.hasher.update(&[0xff]);
+            self.hasher.update(&self.cpu.to_le_bytes());
+        }
         match record {
             Record::Step(s) => {
                 // Full state, not deltas: independent of segment boundaries.

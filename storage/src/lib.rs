@@ -32,12 +32,14 @@ pub use disk::{
     DiskError, DiskScan, DiskWriter, FoundSegment, Superblock, DEFAULT_SEGMENT_SIZE, SUPERBLOCK_LEN,
 };
 pub use metadata::{
-    image_id, SampleType, SampleVariable, TraceMetadata, BUILTIN_DEMO, LINUX_TASKS,
+    image_id, SampleType, SampleVariable, TraceMetadata, BUILTIN_DEMO, BUILTIN_DEMO_SMP,
+    LINUX_TASKS,
 };
 pub use reader::{SegmentEntry, SegmentError, SegmentState, TraceReader};
 pub use record::{
     CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, Record, RecordRef, Regs,
-    Step, TraceReason, HOST_MARK, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_COUNT, REG_NAMES,
+    Step, TraceReason, HOST_MARK, MAX_CPUS, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES, REG_COUNT,
+    REG_NAMES,
 };
 pub use segment::{seal, unseal, Compression, SegmentHeader, HEADER_LEN};
 pub use summary::{summarize, TraceSummary};

@@ -32,6 +32,9 @@ pub struct TraceMetadata {
     pub samples: Option<String>,
     /// Whether samples carry the running pc (`--sample-pc`).
     pub sample_pc: bool,
+    /// CPUs of the machine, where more than one (`vtrace run --cpus`):
+    /// its records name their CPU ([`Event::Cpu`](crate::Event::Cpu)).
+    pub cpus: Option<u32>,
 }
 
 /// How a sampled variable's bytes are read.
@@ -138,6 +141,9 @@ pub const LINUX_TASKS: &str = "linux";
 /// The `kernel` value of traces of the embedded demo OS.
 pub const BUILTIN_DEMO: &str = "builtin:demo";
 
+/// [`TraceMetadata::kernel`] of the built-in demo OS in its SMP mode.
+pub const BUILTIN_DEMO_SMP: &str = "builtin:demo-smp";
+
 /// A short, stable fingerprint of an image (the first 16 hex digits of its
 /// BLAKE3 hash). ELF build ids would do for Linux, but the demo OS and many
 /// hand-built kernels have none, and this works for every format.
@@ -167,6 +173,9 @@ impl TraceMetadata {
         if self.sample_pc {
             out.push_str("\nsample-pc: yes");
         }
+        if let Some(cpus) = self.cpus {
+            out.push_str(&format!("\ncpus: {cpus}"));
+        }
         out
     }
 
@@ -190,10 +199,16 @@ impl TraceMetadata {
                 "peep" => m.peep = Some(value),
                 "samples" => m.samples = Some(value),
                 "sample-pc" => m.sample_pc = value == "yes",
+                "cpus" => m.cpus = value.parse().ok(),
                 _ => {}
             }
         }
         m
+    }
+
+    /// CPUs of the machine the trace was taken on.
+    pub fn cpu_count(&self) -> u32 {
+        self.cpus.unwrap_or(1)
     }
 
     /// Whether the trace names Linux tasks.

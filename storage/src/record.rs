@@ -327,6 +327,9 @@ pub const HOST_MARK: u64 = u64::MAX;
 /// registers; a `fn:` probe the six argument registers of the x86-64 ABI).
 pub const MAX_PROBE_ARGS: usize = 6;
 
+/// CPU numbers in a trace are below this.
+pub const MAX_CPUS: u32 = 256;
+
 /// Most values one [`Event::Sample`] holds.
 pub const MAX_SAMPLE_VALUES: usize = 16;
 
@@ -484,6 +487,12 @@ pub enum Event {
         /// Its name.
         comm: String,
     },
+    /// The steps and events that follow ran on this CPU (below
+    /// [`MAX_CPUS`]), until the next such event. A trace without one is
+    /// CPU 0's; the recorder repeats the current CPU at the start of every
+    /// segment where it is not 0, so a segment decodes on its own. Not a
+    /// switch where it repeats the CPU already current.
+    Cpu(u32),
     /// Tasks runnable on the CPU's run queue (the running one included),
     /// read where the kernel switches tasks, recorded when it changed.
     Runnable {

@@ -12,6 +12,8 @@ use crate::segment::SegmentHeader;
 pub struct TraceSummary {
     /// Steps read.
     pub steps: u64,
+    /// Steps read, by CPU (one entry, CPU 0, for a trace of one CPU).
+    pub steps_by_cpu: BTreeMap<u32, u64>,
     /// Events read, by kind.
     pub events: BTreeMap<&'static str, u64>,
     /// Gap events among them.
@@ -82,6 +84,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::Runnable { .. } => "runnable",
         Event::TaskExit { .. } => "task_exit",
         Event::Mappings { .. } => "mappings",
+        Event::Cpu(_) => "cpu",
     }
 }
 
@@ -161,11 +164,23 @@ impl TraceSummary {
                 h.seq, h.steps
             ));
         }
+        ends.digest.segment_start();
+        let mut cpu = 0;
         for r in records {
             // Where the recorder cut segments, not what the guest did:
             // left out of the digest and the counts.
-            if matches!(r, Record::Event(Event::Running { .. })) {
-                continue;
+            match r {
+                Record::Event(Event::Running { .. }) => continue,
+                Record::Event(Event::Cpu(c)) => {
+                    ends.digest.update(r);
+                    if *c != cpu {
+                        cpu = *c;
+                        *self.events.entry("cpu").or_default() += 1;
+                    }
+                    continue;
+                }
+                Record::Step(_) => *self.steps_by_cpu.entry(cpu).or_default() += 1,
+                Record::Event(_) => {}
             }
             ends.digest.update(r);
             ends.ends_with_stop = matches!(r, Record::Event(Event::TraceStop(_)));

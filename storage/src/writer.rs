@@ -75,6 +75,9 @@ pub struct Recorder {
     /// The running task as the events so far name it, to open every chunk
     /// with ([`Event::Running`]).
     running: Option<Event>,
+    /// The CPU of the records (see [`Event::Cpu`]), to open every chunk
+    /// with where it is not 0.
+    cpu: u32,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -120,6 +123,7 @@ impl Recorder {
             next_step: 0,
             chunk_first_step: 0,
             running: None,
+            cpu: 0,
         }
     }
 
@@ -135,8 +139,20 @@ impl Recorder {
         }
     }
 
-    /// Records an event.
+    /// Records an event. An [`Event::Cpu`] that names the CPU already
+    /// current is left out.
     pub fn event(&mut self, event: &Event) {
+        if let Event::Cpu(cpu) = event {
+            if *cpu == self.cpu {
+                return;
+            }
+            self.cpu = *cpu;
+            if self.encoder.is_empty() {
+                // The chunk opens with it.
+                self.open_chunk();
+                return;
+            }
+        }
         if self.encoder.is_empty() {
             self.open_chunk();
         }
@@ -155,8 +171,12 @@ impl Recorder {
         }
     }
 
-    /// Starts a chunk with the running task, where one is known.
+    /// Starts a chunk with the current CPU where it is not 0, and the
+    /// running task where one is known.
     fn open_chunk(&mut self) {
+        if self.cpu != 0 {
+            self.encoder.push_event(&Event::Cpu(self.cpu));
+        }
         if let Some(running) = &self.running {
             self.encoder.push_event(running);
         }

@@ -185,6 +185,112 @@ fn every_segment_names_the_task_it_begins_in() {
     assert!(!sa.events.contains_key("running"));
 }
 
+/// `records(n)` on three CPUs: the CPU changes every 1 to 5 steps, in a
+/// fixed pseudo-random pattern, each CPU in its own address space.
+fn records_on_cpus(n: u64) -> Vec<Record> {
+    let mut out = Vec::new();
+    let (mut cpu, mut steps) = (0u32, 0u64);
+    for r in records(n) {
+        match r {
+            Record::Step(mut step) => {
+                if steps % 5 == 0 || steps % 7 == 3 {
+                    cpu = (cpu + 1 + (steps % 2) as u32) % 3;
+                    out.push(Record::Event(Event::Cpu(cpu)));
+                }
+                step.cr3 = 0x9000 + u64::from(cpu) * 0x1000;
+                step.regs.gpr[2] = u64::from(cpu);
+                steps += 1;
+                out.push(Record::Step(step));
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_segment_names_the_cpu_it_begins_on_and_the_digest_does_not_care() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = records_on_cpus(60_000);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    write(&a, 16 << 20, 16 << 10, false, &recs);
+    write(&b, 16 << 20, 64 << 10, false, &recs);
+
+    // Each segment decodes on its own: its steps' CPU is known from its
+    // own records (step registers say which CPU ran them here), CPU 0
+    // where none is named.
+    let reader = TraceReader::open(&a).unwrap();
+    assert!(reader.segments().len() > 4);
+    let mut all = Vec::new();
+    for i in 0..reader.segments().len() {
+        let mut cpu = 0;
+        all.push(Record::Event(Event::Cpu(0)));
+        for r in reader.decode(i).unwrap() {
+            match &r {
+                Record::Event(Event::Cpu(c)) => cpu = *c,
+                Record::Step(step) => assert_eq!(step.regs.gpr[2], u64::from(cpu), "segment {i}"),
+                _ => {}
+            }
+            all.push(r);
+        }
+    }
+    // The records as given, but for the CPU events that change nothing:
+    // one that repeats the CPU, one that another follows at once.
+    let switches_only = |records: &[Record]| {
+        let mut current = None;
+        let mut out: Vec<Record> = Vec::new();
+        for r in records {
+            if let Record::Event(Event::Cpu(c)) = r {
+                if let Some(Record::Event(Event::Cpu(_))) = out.last() {
+                    out.pop();
+                    current = out.iter().rev().find_map(|r| match r {
+                        Record::Event(Event::Cpu(c)) => Some(*c),
+                        _ => None,
+                    });
+                }
+                if current == Some(*c) {
+                    continue;
+                }
+                current = Some(*c);
+            }
+            out.push(r.clone());
+        }
+        out
+    };
+    let mut given = vec![Record::Event(Event::Cpu(0))];
+    given.extend(recs.iter().cloned());
+    let (all, given) = (switches_only(&all), switches_only(&given));
+    let first_difference = all.iter().zip(&given).position(|(a, b)| a != b);
+    assert!(
+        all.len() == given.len() && first_difference.is_none(),
+        "{} records read, {} given; first difference at {first_difference:?}: {:?}",
+        all.len(),
+        given.len(),
+        first_difference.map(|i| (&all[i - 2..i + 2], &given[i - 2..i + 2]))
+    );
+
+    let summary = |p: &Path| summarize(&TraceReader::open(p).unwrap(), |_, _| {});
+    let (sa, sb) = (summary(&a), summary(&b));
+    assert_eq!(
+        sa.digest, sb.digest,
+        "the digest ignores where segments begin"
+    );
+    assert_eq!(sa.steps_by_cpu, sb.steps_by_cpu);
+    assert_eq!(sa.steps_by_cpu.values().sum::<u64>(), 60_000);
+    assert_eq!(sa.steps_by_cpu.len(), 3);
+    // The same steps on other CPUs are another trace.
+    let moved: Vec<Record> = recs
+        .iter()
+        .map(|r| match r {
+            Record::Event(Event::Cpu(c)) => Record::Event(Event::Cpu((c + 1) % 3)),
+            other => other.clone(),
+        })
+        .collect();
+    let c = dir.path().join("c");
+    write(&c, 16 << 20, 16 << 10, false, &moved);
+    assert_ne!(summary(&c).digest, sa.digest);
+}
+
 #[test]
 fn wrap_keeps_the_newest_records() {
     let dir = tempfile::tempdir().unwrap();

@@ -224,8 +224,10 @@ pub struct ExitAnswer {
     /// How many instructions a single-step or HLT exit covered, for the
     /// step clock: one, except where the host ran REP iterations in a
     /// batch, held the trap back (STI shadow) or exited once more only to
-    /// move past a finished REP. The same guest then sees the same virtual
-    /// time at the same instruction on every host.
+    /// move past a finished REP. At an MMIO exit, the instructions that ran
+    /// before the access without a trap of their own (REP iterations, a
+    /// store the host ran on from): usually none. The same guest then sees
+    /// the same virtual time at the same instruction on every host.
     pub instructions: u64,
 }
 
@@ -343,8 +345,16 @@ pub trait Monitor {
         ExitAnswer::CONTINUE
     }
 
-    /// The VMM injected external interrupt `vector` (from ISA `irq`, or
-    /// `u8::MAX` for one it took back from KVM where tracing starts).
+    /// On a machine of several CPUs, the run loop turns to CPU `cpu`: the
+    /// exits, injections and entries that follow are that CPU's, until the
+    /// next call. The turns go round in CPU order (see [`EntryPlan`]: each
+    /// CPU gets its own debug configuration when its turn comes). Never
+    /// called on a machine of one CPU.
+    fn on_cpu(&mut self, _cpu: usize) {}
+
+    /// The VMM injected external interrupt `vector` (from ISA `irq`,
+    /// 0xfe for one from the CPU's local APIC, or `u8::MAX` for one it
+    /// took back from KVM where tracing starts).
     fn on_inject(&mut self, _vector: u8, _irq: u8, _how: Injection, _cpu: &mut dyn CpuView) {}
 
     /// A hypercall the VMM does not serve itself (the tracing commands).

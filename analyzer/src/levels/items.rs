@@ -300,6 +300,12 @@ impl<'a> ItemBuilder<'a> {
         self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((cr3, func));
     }
 
+    /// Counts a step left out (another CPU's): the steps after it keep
+    /// their numbers in the trace.
+    pub fn pass_over_step(&mut self) {
+        self.step = self.step.saturating_add(1);
+    }
+
     /// Adds one record.
     pub fn record(&mut self, record: SegmentRecord<'_>) {
         match record {

@@ -8,6 +8,7 @@ use super::sink::LevelSink;
 use crate::input::SegmentInfo;
 use crate::insn::InsnCache;
 use crate::symbols::{FuncId, Symbolizer};
+use vtrace_storage::{Event, RecordRef};
 
 /// Work done on each segment in the same pass over its records as the
 /// level items (see [`run_with`]).
@@ -100,22 +101,13 @@ fn run_inner<P: SegmentPass, const FOLLOW: bool>(
     mut merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
+    let only = trace.one_cpu()?;
     let mut engine = LevelEngine::new();
     let mut expected: Option<u64> = None;
     let mut runs: Vec<RoutineRun> = Vec::new();
     let read = trace.for_each_ordered(
         &trace.segments,
-        |info, records| {
-            let mut cache = InsnCache::default();
-            let mut items = ItemBuilder::new(info, symbols);
-            let mut extra = pass(info);
-            while let Some(r) = records.next_record() {
-                let r = SegmentRecord::new(r, &mut cache);
-                items.record(r);
-                extra.record(r);
-            }
-            (items.finish_with_notes(), extra.finish())
-        },
+        |info, records| segment_items(info, records, symbols, &pass, only),
         |chunk| {
             if expected.is_some_and(|e| e != chunk.info.first_step) {
                 engine.push(Item::Break, sink);
@@ -185,4 +177,43 @@ enum Halt {
     SinkStopped,
     /// Merging a segment's work failed.
     Failed(crate::error::AnalyzeError),
+}
+
+/// One segment's items and its pass's result; where `only` names a CPU,
+/// of that CPU's records alone.
+fn segment_items<P: SegmentPass>(
+    info: &SegmentInfo,
+    records: &mut crate::input::Records<'_>,
+    symbols: &Symbolizer,
+    pass: &(impl Fn(&SegmentInfo) -> P + Sync),
+    only: Option<u32>,
+) -> ((Vec<Item>, Vec<String>), P::Output) {
+    let mut cache = InsnCache::default();
+    let mut items = ItemBuilder::new(info, symbols);
+    let mut extra = pass(info);
+    // A segment's records are CPU 0's until one names another.
+    let mut cpu = 0;
+    while let Some(r) = records.next_record() {
+        if let Some(only) = only {
+            match r {
+                RecordRef::Event(Event::Cpu(c)) => {
+                    cpu = *c;
+                    continue;
+                }
+                // Another CPU's step keeps its number.
+                RecordRef::Step(_) if cpu != only => {
+                    items.pass_over_step();
+                    continue;
+                }
+                // Tracing starts and stops on every CPU at once.
+                RecordRef::Event(Event::TraceStart(_) | Event::TraceStop(_)) => {}
+                RecordRef::Event(_) if cpu != only => continue,
+                _ => {}
+            }
+        }
+        let r = SegmentRecord::new(r, &mut cache);
+        items.record(r);
+        extra.record(r);
+    }
+    (items.finish_with_notes(), extra.finish())
 }

@@ -143,7 +143,7 @@ fn builtin(
         d.warnings.push(format!(
             "this trace ran a different build of the {} than this vtrace embeds \
              (vtrace {} wrote it): symbols may be wrong",
-            if kernel == BUILTIN_DEMO {
+            if kernel.starts_with(BUILTIN_DEMO) {
                 "demo OS"
             } else {
                 kernel

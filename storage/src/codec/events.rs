@@ -4,7 +4,8 @@
 //! its constant.
 
 use crate::record::{
-    Event, FunctionEdge, InterruptSource, Mapping, TraceReason, MAX_PROBE_ARGS, MAX_SAMPLE_VALUES,
+    Event, FunctionEdge, InterruptSource, Mapping, TraceReason, MAX_CPUS, MAX_PROBE_ARGS,
+    MAX_SAMPLE_VALUES,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -49,6 +50,8 @@ pub(super) const EV_PROBE: u8 = 0x92;
 /// follow, as varints), value count (byte, at most
 /// [`MAX_SAMPLE_VALUES`]), the values (varints).
 pub(super) const EV_SAMPLE: u8 = 0x93;
+/// CPU number (varint, below [`MAX_CPUS`]).
+pub(super) const EV_CPU: u8 = 0x94;
 
 /// Appends `event`, its tag first.
 pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
@@ -126,6 +129,10 @@ pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
         | Event::Capture { .. }
         | Event::Probe { .. }
         | Event::Sample { .. } => put_annotation(o, event),
+        Event::Cpu(cpu) => {
+            o.push(EV_CPU);
+            varint::put(o, u64::from(*cpu));
+        }
         Event::Task { .. }
         | Event::Running { .. }
         | Event::Runnable { .. }
@@ -336,6 +343,10 @@ impl SegmentDecoder<'_> {
             },
             EV_PROBE => self.probe()?,
             EV_SAMPLE => self.sample()?,
+            EV_CPU => match self.var_u32()? {
+                cpu if cpu < MAX_CPUS => Event::Cpu(cpu),
+                _ => return Err(self.err("CPU number too large")),
+            },
             EV_CONTROL => Event::ControlRegister {
                 reg: self.byte()?,
                 value: self.var()?,

@@ -14,11 +14,18 @@
 //! and an empty code cache, so the first step of every segment is a
 //! keyframe and a segment decodes on its own.
 //!
+//! A trace of several CPUs names the CPU of the records that follow with
+//! an [`Event::Cpu`]; each CPU's steps are delta-coded against that CPU's
+//! previous step (its first in a segment is a keyframe), and the code
+//! cache is shared.
+//!
 //! The code cache is direct-mapped by pc (a fixed table, no allocation per
 //! step): encoder and decoder update it identically, so a collision costs
 //! the instruction bytes again, never a wrong decode.
 
-use crate::record::{CpuMode, Event, InsnBytes, Record, RecordRef, Regs, Step, REG_COUNT};
+use crate::record::{
+    CpuMode, Event, InsnBytes, Record, RecordRef, Regs, Step, MAX_CPUS, REG_COUNT,
+};
 use crate::varint::{self, unzigzag, zigzag};
 
 mod events;
@@ -53,12 +60,27 @@ fn slot(pc: u64) -> usize {
 }
 
 /// Delta-coding state shared, in mirror image, by encoder and decoder.
+/// The deltas of a step are against the previous step of its CPU: the
+/// registers, context and predicted pc here are the current CPU's, the
+/// other CPUs' wait in `parked` (the code cache is shared).
 #[derive(Clone)]
 struct State {
     regs: Regs,
     context: Option<(u64, CpuMode, u8)>,
     predicted_pc: u64,
     code: Vec<(u64, InsnBytes)>,
+    cpu: u32,
+    /// By CPU number, as far as a CPU was named; the current CPU's entry
+    /// is stale.
+    parked: Vec<CpuDelta>,
+}
+
+/// One CPU's delta base, while another CPU's steps are coded.
+#[derive(Clone, Copy, Default)]
+struct CpuDelta {
+    regs: Regs,
+    context: Option<(u64, CpuMode, u8)>,
+    predicted_pc: u64,
 }
 
 impl State {
@@ -68,7 +90,31 @@ impl State {
             context: None,
             predicted_pc: 0,
             code: vec![(u64::MAX, InsnBytes::default()); CODE_CACHE_SLOTS],
+            cpu: 0,
+            parked: Vec::new(),
         }
+    }
+
+    /// The steps that follow are CPU `cpu`'s (at most [`MAX_CPUS`]): its
+    /// delta base comes back, or a keyframe's where it has none yet.
+    fn switch_cpu(&mut self, cpu: u32) {
+        if cpu == self.cpu || cpu >= MAX_CPUS {
+            return;
+        }
+        let needed = usize::try_from(cpu.max(self.cpu)).unwrap_or(0) + 1;
+        if self.parked.len() < needed {
+            self.parked.resize(needed, CpuDelta::default());
+        }
+        let here = usize::try_from(self.cpu).unwrap_or(0);
+        self.parked[here] = CpuDelta {
+            regs: self.regs,
+            context: self.context,
+            predicted_pc: self.predicted_pc,
+        };
+        let there = self.parked[usize::try_from(cpu).unwrap_or(0)];
+        (self.regs, self.context, self.predicted_pc) =
+            (there.regs, there.context, there.predicted_pc);
+        self.cpu = cpu;
     }
 }
 
@@ -209,6 +255,9 @@ impl SegmentEncoder {
 
     /// Appends an event.
     pub fn push_event(&mut self, event: &Event) {
+        if let Event::Cpu(cpu) = event {
+            self.state.switch_cpu(*cpu);
+        }
         events::put_event(&mut self.out, event);
         self.events += 1;
     }
@@ -283,6 +332,13 @@ impl<'a> SegmentDecoder<'a> {
                 self.step(tag).map(|()| true)
             } else {
                 self.event = self.event(tag)?;
+                if let Event::Cpu(cpu) = self.event {
+                    // The registers of the decoder's delta base live in
+                    // `step`.
+                    self.state.regs = self.step.regs;
+                    self.state.switch_cpu(cpu);
+                    self.step.regs = self.state.regs;
+                }
                 Ok(false)
             }
         });
@@ -521,6 +577,8 @@ mod tests {
                 comm: "sh".into(),
             },
             Event::Runnable { count: 3 },
+            Event::Cpu(3),
+            Event::Cpu(0),
             Event::TaskExit {
                 tid: 7,
                 code: 0x100,
@@ -616,6 +674,52 @@ mod tests {
             first.len() > second.len(),
             "the second step of the first segment was a delta"
         );
+    }
+
+    #[test]
+    fn each_cpu_is_delta_coded_against_its_own_last_step() {
+        // Two CPUs in lockstep, each in its own loop with its own
+        // registers: interleaved, each step still costs what it would alone.
+        let mut records = Vec::new();
+        for i in 0..500u64 {
+            records.push(Record::Event(Event::Cpu(0)));
+            records.push(Record::Step(step(0x1000, &[0x48, 0xff, 0xc0], i, 0x202)));
+            records.push(Record::Event(Event::Cpu(1)));
+            let mut other = step(0x9000 + (i % 2) * 3, &[0x48, 0xff, 0xc0], 1 << 40, 0x46);
+            other.regs.gpr[4] = 0x8000 + i;
+            other.cr3 = 0x5000;
+            records.push(Record::Step(other));
+        }
+        let payload = round_trip(&records);
+        let steps = 1000.0;
+        // A CPU event (2 bytes) and a step (tag, mask and a delta or two)
+        // a step; against one stream of the two, each would carry its pc,
+        // CR3 and three full registers.
+        let per_step = payload.len() as f64 / steps;
+        assert!(per_step < 8.0, "{per_step} bytes per step");
+    }
+
+    #[test]
+    fn a_cpus_first_step_in_a_segment_is_a_keyframe() {
+        let mut enc = SegmentEncoder::new();
+        enc.push_step(&step(0x1000, &[0x90], 5, 2));
+        enc.push_event(&Event::Cpu(2));
+        let mut on_two = step(0x2000, &[0x90], 7, 2);
+        on_two.cr3 = 0x9000;
+        enc.push_step(&on_two);
+        let payload = enc.take();
+        let decoded: Vec<Record> = SegmentDecoder::new(&payload).map(|r| r.unwrap()).collect();
+        assert_eq!(
+            decoded[2],
+            Record::Step(on_two),
+            "CR3 and registers in full"
+        );
+        // A CPU number from a crafted file cannot make the decoder
+        // allocate its way to a gigabyte.
+        let mut crafted = vec![events::EV_CPU];
+        varint::put(&mut crafted, u64::from(MAX_CPUS));
+        let err = SegmentDecoder::new(&crafted).next().unwrap().unwrap_err();
+        assert_eq!(err.what, "CPU number too large");
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::rep::{ReadLinear, RepString, Unreadable};
 use crate::walker::Walker;
 
 mod interrupts;
+mod mmio;
 mod record;
 mod trap_flag;
 
@@ -93,6 +94,20 @@ pub struct EngineStats {
     /// tracer's TF, correcting a CPUID result): the guest may see the
     /// tracer there.
     pub failed_writes: u64,
+}
+
+impl std::ops::AddAssign for EngineStats {
+    /// Adds another CPU's counts.
+    fn add_assign(&mut self, other: EngineStats) {
+        self.steps += other.steps;
+        self.gaps += other.gaps;
+        self.injected += other.injected;
+        self.exceptions += other.exceptions;
+        self.folded_after_iret += other.folded_after_iret;
+        self.folded_before_interrupt += other.folded_before_interrupt;
+        self.folded_after_shadow += other.folded_after_shadow;
+        self.failed_writes += other.failed_writes;
+    }
 }
 
 /// See the module documentation.
@@ -487,34 +502,6 @@ impl Engine {
         }
     }
 
-    /// Every iteration of a REP string instruction that touches MMIO exits
-    /// (on every host), and the registers then show the iterations done:
-    /// those become steps now, each followed by the events of its own
-    /// exits, so an instruction of millions of iterations (`rep stosb` to
-    /// a frame buffer) holds neither its steps nor its events, and the
-    /// trace is the one a host that traps each iteration gives. The rest
-    /// are rebuilt where the instruction ends.
-    fn iterations_before_mmio(&mut self, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
-        let Some(p) = self.pending else {
-            return;
-        };
-        if !p.decoded.is_some_and(|d| d.flow == Flow::Repeat) {
-            return;
-        }
-        let regs = cpu.regs();
-        let sregs = cpu.sregs();
-        let in_its_midst = linear_pc(&sregs, regs.rip) == p.pc;
-        // None done since the last: nothing to give yet.
-        if !in_its_midst || self.emit_repeat(&p, true, cpu, &sregs, &regs, sink) == 0 {
-            return;
-        }
-        for e in self.deferred.drain(..) {
-            sink.event(&e);
-        }
-        self.last = regs;
-        self.mid_rep = true;
-    }
-
     /// Instructions the last exit covered: the steps it recorded (see
     /// [`vtrace_vmm::ExitAnswer::instructions`]).
     pub fn steps_at_exit(&self) -> u64 {
@@ -637,21 +624,7 @@ impl Engine {
                     write,
                     value,
                 };
-                // Reads and writes alike complete on the next entry, which
-                // then steps the instruction: the event follows that step.
-                // In a REP string instruction's midst the registers show a
-                // store's iteration done, not a load's (its value is to
-                // come): the store's event goes with the steps given now.
-                if write {
-                    self.deferred.push(event);
-                    self.iterations_before_mmio(cpu, sink);
-                } else {
-                    self.iterations_before_mmio(cpu, sink);
-                    self.deferred.push(event);
-                }
-                self.completing = true;
-                self.mmio_store = write;
-                Directive::Continue
+                self.mmio(event, write, cpu, sink)
             }
             ExitView::FaultDelivered { vector, error_code } => {
                 self.fault_delivered(vector, error_code, cpu, sink);
@@ -1214,6 +1187,39 @@ mod tests {
             })
             .collect();
         assert_eq!(regs, vec![0, 1]);
+    }
+
+    #[test]
+    fn two_mmio_stores_in_a_row_and_the_instruction_after_them() {
+        // mov [rdi], al; mov [rsi], al; inc eax; nop: as a local APIC's
+        // ICR is written (high, then low). The first store's exit, then
+        // the second's with RIP past it (this project's hosts ran both),
+        // then the trap after the inc.
+        let mut cpu = machine(&[0x88, 0x07, 0x88, 0x06, 0xff, 0xc0, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        let store = |value| ExitView::Mmio {
+            addr: 0xfee0_0300,
+            size: 1,
+            write: true,
+            value,
+        };
+        e.exit(&store(1), &mut cpu, &mut out);
+        assert_eq!(e.steps_at_exit(), 0);
+        cpu.regs.rip = CODE + 4;
+        e.exit(&store(2), &mut cpu, &mut out);
+        assert_eq!(e.steps_at_exit(), 2, "both stores, for the step clock");
+        cpu.regs.rax += 1;
+        debug_exit(&mut e, &mut cpu, CODE + 6, &mut out);
+        assert_eq!(steps(&out), vec![CODE, CODE + 2, CODE + 4]);
+        let events: Vec<usize> = out
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Record::Event(Event::Mmio { .. })))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(events, vec![1, 3], "each store's event after its step");
+        assert_eq!(e.stats().gaps, 0);
     }
 
     #[test]

@@ -96,13 +96,9 @@ impl Engine {
         // This exit may be the completion of an IN: an interrupt queued at
         // its I/O exit arrives only on the entry after this one.
         let completing = std::mem::take(&mut self.completing);
-        let mmio_store = std::mem::take(&mut self.mmio_store)
-            && self.pending.and_then(|p| p.decoded).is_some_and(|d| {
-                // A plain store changes no general register, so its step
-                // is the registers before it.
-                d.insn.mnemonic() == iced_x86::Mnemonic::Mov
-                    && d.insn.op0_kind() == iced_x86::OpKind::Memory
-            });
+        // A plain store changes no general register, so its step is the
+        // registers before it.
+        let mmio_store = std::mem::take(&mut self.mmio_store) && self.pending_is_plain_store();
         let mid_rep = std::mem::take(&mut self.mid_rep);
         let injected = match here || completing {
             true => None,

@@ -7,6 +7,7 @@
 //! hypercalls, `requests` the user's hotkeys and `vtrace ctl`. This file
 //! holds the tracer's state, starting and stopping, and the hooks.
 
+mod cpus;
 mod guest;
 mod options;
 mod requests;
@@ -33,7 +34,11 @@ use crate::window::Windows;
 
 /// Tracing state and the recorder it writes to.
 pub struct Tracer {
+    /// The engine of the CPU on stage (the one the VMM enters).
     engine: Engine,
+    /// The CPU on stage, and the other CPUs' engines (see `cpus`).
+    cpu: usize,
+    parked_engines: Vec<Engine>,
     recorder: Recorder,
     options: TraceOptions,
     active: bool,
@@ -50,9 +55,9 @@ pub struct Tracer {
     breakpoints: Breakpoints,
     /// The start address waits for its breakpoint.
     start_armed: bool,
-    /// Untraced, the vCPU steps over the instruction at this capture place
+    /// Untraced, this CPU steps over the instruction at this capture place
     /// before its breakpoint is armed again.
-    stepping_over: Option<u64>,
+    stepping_over: Option<(usize, u64)>,
     captures: Captures,
     windows: Windows,
     probes: Probes,
@@ -107,6 +112,8 @@ impl Tracer {
         }
         let mut tracer = Tracer {
             engine: Engine::new(),
+            cpu: 0,
+            parked_engines: Vec::new(),
             recorder,
             options,
             active: false,
@@ -127,11 +134,7 @@ impl Tracer {
             unsure_trigger: false,
             samples: SampleCount::default(),
         };
-        tracer.engine.set_step_limit(tracer.options.max_steps);
-        // Needed where stepping rides on TF (the CPU would run handlers
-        // unstepped); done on every host so that the same guest gives the
-        // same records everywhere. Its cost here is within noise.
-        tracer.engine.set_foresee_faults(true);
+        tracer.engine = tracer.new_engine();
         tracer.arm();
         if tracer.options.from_start {
             tracer.start(TraceReason::CommandLine);
@@ -160,6 +163,8 @@ impl Tracer {
         if announced(&reason) {
             (self.announce)(&format!("vtrace: tracing started by {reason}"));
         }
+        // Where tracing stopped on another CPU, the records name this one.
+        self.recorder.event(&Event::Cpu(self.cpu_number()));
         self.recorder.event(&Event::TraceStart(reason));
         self.active = true;
         self.stepping_over = None;
@@ -199,7 +204,7 @@ impl Tracer {
         }
         self.stop_reason = Some(reason);
         self.active = false;
-        self.engine.end();
+        self.end_engines();
         self.handlers.clear();
         self.arm();
         true
@@ -207,7 +212,7 @@ impl Tracer {
 
     /// Flushes everything to the disk and reports.
     pub fn finish(self) -> Result<TraceReport, vtrace_storage::DiskError> {
-        let engine = self.engine.stats();
+        let engine = self.engine_stats();
         let stop_reason = self.stop_reason.clone();
         let captures = self.captures.counts();
         let windows = self.windows.counts();
@@ -254,7 +259,9 @@ impl Tracer {
         if !self.active {
             // Whatever ended the step (the step itself, an I/O exit, an
             // interrupt), the instruction has run or will run unwatched.
-            if self.stepping_over.is_some() && !matches!(exit, ExitView::Interrupted) {
+            if self.stepping_over.is_some_and(|(c, _)| c == self.cpu)
+                && !matches!(exit, ExitView::Interrupted)
+            {
                 self.stepped_over();
             }
             if let ExitView::Debug { breakpoint: true } = exit {
@@ -331,7 +338,7 @@ impl Tracer {
     /// Whether the vCPU steps: while tracing, and to step over a place
     /// whose breakpoint fired untraced.
     fn stepping(&self) -> bool {
-        self.active || self.stepping_over.is_some()
+        self.active || self.stepping_over.is_some_and(|(c, _)| c == self.cpu)
     }
 }
 
@@ -362,9 +369,10 @@ impl Monitor for Tracer {
         ExitAnswer {
             directive,
             // For the step clock (see `ExitAnswer`).
-            instructions: match self.active {
-                true => self.engine.steps_at_exit(),
-                false => 1,
+            instructions: match (self.active, exit) {
+                (true, _) => self.engine.steps_at_exit(),
+                (false, ExitView::Mmio { .. }) => 0,
+                (false, _) => 1,
             },
         }
     }
@@ -474,6 +482,10 @@ impl Monitor for Tracer {
 
     fn help(&self) -> Help {
         Tracer::help_text()
+    }
+
+    fn on_cpu(&mut self, cpu: usize) {
+        self.turn_to(cpu);
     }
 }
 

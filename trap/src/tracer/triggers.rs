@@ -61,7 +61,7 @@ impl Tracer {
                 breakpoints.push(*handler);
             }
         } else {
-            let over = self.stepping_over;
+            let over = self.stepping_over.map(|(_, place)| place);
             let places = self
                 .windows
                 .entries()
@@ -135,7 +135,7 @@ impl Tracer {
             // a KVM that emulates kernel code fires again regardless (48
             // million times in a row, measured): step over it instead, and
             // arm the place again after.
-            self.stepping_over = Some(pc);
+            self.stepping_over = Some((self.cpu, pc));
             self.arm();
         }
     }

@@ -35,7 +35,7 @@ impl Run<'_> {
                     // Nothing else is mapped as MMIO: reads float high.
                     u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8)))
                 };
-                self.tell(ExitView::Mmio {
+                self.mmio_told(ExitView::Mmio {
                     addr,
                     size,
                     write: false,
@@ -45,15 +45,17 @@ impl Run<'_> {
             }
             Exit::MmioWrite { addr, size, value } => {
                 self.vm.note("mmio", addr);
-                if self.is_local_apic(addr) {
-                    self.local_apic_write(addr, value)?;
-                }
-                self.tell(ExitView::Mmio {
+                // Told first: the device sees the time after what ran
+                // before the store (see `mmio_told`).
+                self.mmio_told(ExitView::Mmio {
                     addr,
                     size,
                     write: true,
                     value,
                 });
+                if self.is_local_apic(addr) {
+                    self.local_apic_write(addr, value)?;
+                }
                 Ok(Next::Continue)
             }
             Exit::Halt => self.hlt(),
@@ -86,6 +88,16 @@ impl Run<'_> {
                 reason: format!("KVM stopped the guest: unexpected exit {what}"),
                 report: Box::new(self.vm.crash_report(None)),
             }),
+        }
+    }
+
+    /// Tells the monitor of an MMIO access and counts on the step clock
+    /// the instructions that ran before it without a trap of their own
+    /// (see [`crate::ExitAnswer`]).
+    fn mmio_told(&mut self, view: ExitView) {
+        let answer = self.tell(view);
+        if self.vm.step.stepping && answer.instructions > 0 {
+            self.vm.machine.clock.steps(answer.instructions);
         }
     }
 

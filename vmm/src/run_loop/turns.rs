@@ -31,6 +31,7 @@ impl Run<'_> {
         {
             let immediate_exit = &mut machine.vcpu.run_page().immediate_exit as *mut u8;
             self.kicker.retarget(immediate_exit);
+            self.monitor.on_cpu(cpu);
         }
     }
 

@@ -1,0 +1,70 @@
+//! A machine of several CPUs: an engine per CPU, since each CPU has its own
+//! instruction about to run, registers and interrupt in flight. The engine
+//! of the CPU the VMM enters is `Tracer::engine`, as on one CPU; the
+//! others wait in `parked_engines` and trade places on the VMM's turns.
+//! The records name the CPU they ran on with `Event::Cpu`.
+
+use vtrace_storage::Event;
+
+use crate::engine::{Engine, EngineStats};
+
+use super::Tracer;
+
+impl Tracer {
+    /// An engine as this tracer's options want it.
+    pub(super) fn new_engine(&self) -> Engine {
+        let mut engine = Engine::new();
+        engine.set_step_limit(self.options.max_steps);
+        // Needed where stepping rides on TF (the CPU would run handlers
+        // unstepped); done on every host so that the same guest gives the
+        // same records everywhere. Its cost here is within noise.
+        engine.set_foresee_faults(true);
+        engine
+    }
+
+    /// The CPU on stage, as the trace numbers it.
+    pub(super) fn cpu_number(&self) -> u32 {
+        u32::try_from(self.cpu).unwrap_or(u32::MAX)
+    }
+
+    /// The VMM turned to CPU `cpu`: its engine goes on stage, and while
+    /// tracing, the records that follow say they are that CPU's.
+    pub(super) fn turn_to(&mut self, cpu: usize) {
+        if cpu == self.cpu {
+            return;
+        }
+        let needed = cpu.max(self.cpu) + 1;
+        while self.parked_engines.len() < needed {
+            let engine = self.new_engine();
+            self.parked_engines.push(engine);
+        }
+        // The slot of the CPU on stage holds a spare engine: it takes
+        // the engine that leaves, and the one that comes leaves the spare
+        // in its own slot.
+        std::mem::swap(&mut self.engine, &mut self.parked_engines[self.cpu]);
+        std::mem::swap(&mut self.engine, &mut self.parked_engines[cpu]);
+        self.cpu = cpu;
+        if self.active {
+            self.recorder.event(&Event::Cpu(self.cpu_number()));
+        }
+    }
+
+    /// Every CPU's engine's counts, added up.
+    pub(super) fn engine_stats(&self) -> EngineStats {
+        let mut total = self.engine.stats();
+        for (cpu, engine) in self.parked_engines.iter().enumerate() {
+            if cpu != self.cpu {
+                total += engine.stats();
+            }
+        }
+        total
+    }
+
+    /// Tracing stopped: every CPU's engine lets go of its CPU.
+    pub(super) fn end_engines(&mut self) {
+        self.engine.end();
+        for engine in &mut self.parked_engines {
+            engine.end();
+        }
+    }
+}
