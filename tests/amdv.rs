@@ -154,6 +154,44 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert_same_trace(&here, &there);
 }
 
+/// The SMP demo on two CPUs, traced on the AMD-V machine: the same trace
+/// as here, CPU for CPU and step for step. There each CPU's local APIC,
+/// INIT and STARTUP are the VMM's as here, and KVM's SVM steps each vCPU
+/// in its turn.
+#[test]
+fn smp_demo_traced_on_amdv_matches_this_host() {
+    if !amdv_available() || !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().join("here.vtd");
+    let o = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--cpus",
+        "2",
+        "--trace",
+        "--disk",
+        here.to_str().unwrap(),
+        "--disk-size",
+        "32M",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = amdv(
+        &[],
+        "vtrace run --no-input -q --cpus 2 --trace --disk /out/smp.vtd --disk-size 32M",
+    );
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    assert!(m.output.contains("SMP: 2 CPUs up"), "{}", m.output);
+    let there = m.file("smp.vtd");
+    let (ih, ia) = (info_json(&here), info_json(&there));
+    assert_eq!(ih["gaps"], 0, "{ih}");
+    assert_eq!(ia["gaps"], 0, "{ia}");
+    assert_eq!(ih["steps_by_cpu"], ia["steps_by_cpu"], "{ia}");
+    assert_same_trace(&here, &there);
+}
+
 /// Linux boots to a busybox userspace under vtrace on the AMD-V machine,
 /// and `vtrace ctl start` / `stop` from another process trace it while
 /// userspace loops on a system call. Every system call is followed from

@@ -254,6 +254,7 @@ mod tests {
             peep: Some("100us".into()),
             samples: Some("ticks:u64@0x10a040, x:i64@0x8".into()),
             sample_pc: true,
+            cpus: Some(4),
         };
         let text = format!("{}\nfuture-key: x", m.to_text());
         assert_eq!(TraceMetadata::parse(&text), m);

@@ -349,6 +349,23 @@ fn is_string_op(m: Mnemonic) -> bool {
 }
 
 impl Decoded {
+    /// Whether a CPU's turn goes on past this instruction (a machine of
+    /// several CPUs): where some host runs on to the next instruction
+    /// without a trap, so that turns end at the same instructions on every
+    /// host. A MOV store (an MMIO store, on this project's paravirtual
+    /// hosts), PAUSE (QEMU's SVM), the instructions whose shadow holds
+    /// the trap (STI, MOV SS, POP SS) and those that may set IF (IRET to
+    /// a shadow, POPF; this project's hosts trap after the instruction
+    /// after them there).
+    pub fn holds_turn(&self) -> bool {
+        use iced_x86::{Mnemonic, OpKind};
+        let m = self.insn.mnemonic();
+        self.shadow.is_some()
+            || self.enables_interrupts
+            || m == Mnemonic::Pause
+            || (m == Mnemonic::Mov && self.insn.op0_kind() == OpKind::Memory)
+    }
+
     /// Whether execution going from `pc` to `next` is what this instruction does.
     pub fn explains(&self, pc: u64, next: u64) -> bool {
         let fall = pc.wrapping_add(u64::from(self.len));

@@ -23,6 +23,10 @@ pub(crate) struct StepState {
     pub(crate) breakpoints: crate::monitor::Breakpoints,
     /// An I/O or MMIO read completes on the next entry.
     pub(crate) io_pending: bool,
+    /// That is an MMIO read: KVM's emulator completes it, and writes
+    /// RFLAGS back without the trap flag where RIP moved from where
+    /// stepping was armed (AMD-V), so stepping is armed again after it.
+    pub(crate) mmio_read_pending: bool,
     /// The step of an OUT that completes on the next entry was counted at
     /// its I/O exit.
     pub(crate) out_counted: bool,

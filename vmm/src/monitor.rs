@@ -352,6 +352,15 @@ pub trait Monitor {
     /// called on a machine of one CPU.
     fn on_cpu(&mut self, _cpu: usize) {}
 
+    /// On a machine of several CPUs, asked after each exit: whether the CPU
+    /// on stage may hand the turn on now. A tracer keeps it where the
+    /// hosts differ (between a REP's iterations, after an instruction a
+    /// host runs on from without a trap), so that the CPUs interleave the
+    /// same way on every host; the VMM moves on from a halted CPU anyway.
+    fn turn_may_end(&self) -> bool {
+        true
+    }
+
     /// The VMM injected external interrupt `vector` (from ISA `irq`,
     /// 0xfe for one from the CPU's local APIC, or `u8::MAX` for one it
     /// took back from KVM where tracing starts).

@@ -21,6 +21,27 @@ impl Engine {
         self.foreseen.take()
     }
 
+    /// An interrupt or exception entered its handler with its frame's RIP
+    /// at `slot`: the flags undefined now are undefined in the frame.
+    pub(super) fn note_frame(&mut self, slot: u64) {
+        const FRAMES: usize = 64;
+        self.frame_flags.retain(|(s, _)| *s != slot);
+        if self.frame_flags.len() == FRAMES {
+            self.frame_flags.remove(0);
+        }
+        if self.undefined_flags != 0 {
+            self.frame_flags.push((slot, self.undefined_flags));
+        }
+    }
+
+    /// The undefined flags of the frame at `slot`, which an IRETQ pops.
+    pub(super) fn take_frame_flags(&mut self, slot: u64) -> u64 {
+        match self.frame_flags.iter().position(|(s, _)| *s == slot) {
+            Some(i) => self.frame_flags.swap_remove(i).1,
+            None => 0,
+        }
+    }
+
     /// The VMM delivered the foreseen fault: the pending instruction did
     /// not run; the handler is stepped from its first instruction.
     pub(super) fn fault_delivered(
@@ -39,6 +60,7 @@ impl Engine {
             source: InterruptSource::DeliveredByVmm,
         });
         let regs = cpu.regs();
+        self.note_frame(regs.rsp + if error_code.is_some() { 8 } else { 0 });
         let sregs = cpu.sregs();
         self.last = regs;
         self.last_cr2 = sregs.cr2;
@@ -110,6 +132,7 @@ impl Engine {
             error_code,
             source: InterruptSource::ReportedByKvm,
         });
+        self.note_frame(regs.rsp + if error_code.is_some() { 8 } else { 0 });
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
@@ -155,6 +178,7 @@ impl Engine {
             error_code: None,
             source: InterruptSource::Injected,
         });
+        self.note_frame(regs.rsp);
         let sregs = cpu.sregs();
         self.last = regs;
         self.fetch_pending(cpu, &sregs, handler);

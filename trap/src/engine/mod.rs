@@ -137,6 +137,11 @@ pub struct Engine {
     last_exception: Option<u8>,
     /// See [`Engine::mid_rep`].
     mid_rep: bool,
+    /// The last step recorded does not end a CPU's turn (see
+    /// [`Engine::turn_may_end`]).
+    holds_turn: bool,
+    /// Steps recorded when the CPU's turn began.
+    turn_start: u64,
     /// Whether to foresee exceptions (see `fault`).
     foresee: bool,
     /// Steps recorded before the current exit.
@@ -160,6 +165,11 @@ pub struct Engine {
     /// CPUs clear it), so the trace records them as 0: the same guest
     /// gives the same trace on every host.
     undefined_flags: u64,
+    /// The flags undefined where an interrupt or exception came, by the
+    /// address of its frame's RIP slot: the IRETQ that pops the frame
+    /// restores them, and they stay undefined (what the hosts leave in
+    /// them differs). The newest few frames.
+    frame_flags: Vec<(u64, u64)>,
     /// What [`Engine::carry_trap_flag`] put into guest state for the
     /// pending instruction, to be taken back.
     carried: Carried,
@@ -390,6 +400,9 @@ impl Engine {
         if let Some(d) = p.decoded {
             self.undefined_flags =
                 (self.undefined_flags & !u64::from(d.defines_flags)) | u64::from(d.undefines_flags);
+            if d.iretq {
+                self.undefined_flags |= self.take_frame_flags(self.last.rsp);
+            }
         }
         if self
             .step_limit
@@ -398,6 +411,7 @@ impl Engine {
             return;
         }
         if let Some(bytes) = p.bytes {
+            self.holds_turn = p.decoded.is_some_and(|d| d.holds_turn());
             let mut regs = to_regs(regs);
             regs.rflags &= !self.undefined_flags;
             sink.step(&Step {
@@ -506,6 +520,22 @@ impl Engine {
     /// [`vtrace_vmm::ExitAnswer::instructions`]).
     pub fn steps_at_exit(&self) -> u64 {
         self.stats.steps - self.steps_before_exit
+    }
+
+    /// A turn of the CPU this engine follows begins (a machine of several
+    /// CPUs).
+    pub fn start_turn(&mut self) {
+        self.turn_start = self.stats.steps;
+    }
+
+    /// Whether the CPU's turn may end here: it recorded a step since the
+    /// turn began, not one between a REP string instruction's iterations
+    /// nor one that some host runs on from without a trap (see
+    /// [`Decoded::holds_turn`]). Turns then end at the same instructions
+    /// on every host, whatever each folds into one exit, and the CPUs
+    /// interleave the same way.
+    pub fn turn_may_end(&self) -> bool {
+        self.stats.steps > self.turn_start && !self.mid_rep && !self.holds_turn
     }
 
     /// Whether a REP string instruction stopped between iterations at the
@@ -691,6 +721,42 @@ mod tests {
     ) -> Directive {
         cpu.regs.rip = rip;
         engine.exit(&ExitView::Debug { breakpoint: false }, cpu, sink)
+    }
+
+    #[test]
+    fn a_turn_ends_after_a_whole_step_but_not_after_a_store_or_pause() {
+        // mov [rdi], al; pause; nop; nop
+        let mut cpu = machine(&[0x88, 0x07, 0xf3, 0x90, 0x90, 0x90]);
+        let (mut e, mut out) = (Engine::new(), Vec::new());
+        e.begin(&mut cpu);
+        e.start_turn();
+        assert!(!e.turn_may_end(), "nothing ran in this turn yet");
+        debug_exit(&mut e, &mut cpu, CODE + 2, &mut out);
+        assert!(!e.turn_may_end(), "a store: some host runs on from it");
+        debug_exit(&mut e, &mut cpu, CODE + 4, &mut out);
+        assert!(!e.turn_may_end(), "PAUSE: QEMU's SVM runs on from it");
+        debug_exit(&mut e, &mut cpu, CODE + 5, &mut out);
+        assert!(e.turn_may_end());
+        e.start_turn();
+        assert!(!e.turn_may_end(), "a new turn");
+    }
+
+    #[test]
+    fn flags_undefined_where_an_interrupt_came_stay_undefined_after_its_iretq() {
+        let mut e = Engine::new();
+        // AF undefined (after an IMUL, say) where the interrupt came.
+        e.undefined_flags = 0x10;
+        e.note_frame(0x7f00);
+        e.undefined_flags = 0;
+        e.note_frame(0x6f00);
+        assert_eq!(e.take_frame_flags(0x6f00), 0);
+        assert_eq!(e.take_frame_flags(0x7f00), 0x10);
+        assert_eq!(e.take_frame_flags(0x7f00), 0, "popped once");
+        for slot in 0..100 {
+            e.undefined_flags = 1;
+            e.note_frame(slot * 8);
+        }
+        assert_eq!(e.frame_flags.len(), 64, "the newest frames only");
     }
 
     /// Where stepping rides on TF, a SYSCALL from user mode runs with TF

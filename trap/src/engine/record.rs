@@ -169,10 +169,17 @@ impl Engine {
             Some(d) if d.explains(p.pc, next) && (d.changes_privilege || sregs.cpl() == p.cpl) => {
                 return self.record_explained(&p, d, completion, cpu, regs, sregs, next, sink);
             }
-            Some(d) if d.shadow.is_some() || completion.mmio_store => {
+            Some(d)
+                if d.shadow.is_some()
+                    || completion.mmio_store
+                    || d.insn.mnemonic() == iced_x86::Mnemonic::Pause =>
+            {
                 // A MOV store that completed an MMIO exit may not trap on
-                // its own (the paravirtual hosts): the instruction after it
-                // ran too, as after a fence.
+                // its own (the paravirtual hosts), nor may PAUSE (QEMU's
+                // SVM, the AMD-V test machine: its PAUSE ends the
+                // translation block without the trap): the instruction
+                // after it ran too, as after a fence. Neither changes a
+                // register, so its step is exact.
                 let d = Decoded {
                     shadow: d.shadow.or(Some(Shadow::NoTrapAfter)),
                     ..d

@@ -44,6 +44,7 @@ impl Tracer {
         std::mem::swap(&mut self.engine, &mut self.parked_engines[self.cpu]);
         std::mem::swap(&mut self.engine, &mut self.parked_engines[cpu]);
         self.cpu = cpu;
+        self.engine.start_turn();
         if self.active {
             self.recorder.event(&Event::Cpu(self.cpu_number()));
         }

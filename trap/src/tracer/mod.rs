@@ -487,6 +487,10 @@ impl Monitor for Tracer {
     fn on_cpu(&mut self, cpu: usize) {
         self.turn_to(cpu);
     }
+
+    fn turn_may_end(&self) -> bool {
+        !self.active || self.engine.turn_may_end()
+    }
 }
 
 #[cfg(test)]

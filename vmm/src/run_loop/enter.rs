@@ -96,6 +96,7 @@ impl Vm {
     /// One `KVM_RUN`, its exit copied out.
     fn enter_once(&mut self) -> Exit {
         let entry_rip = self.machine.vcpu.rip();
+        let completes_mmio_read = self.step.mmio_read_pending;
         let exit = match self.machine.vcpu.run() {
             Ok(VcpuExit::IoIn(port, data)) => Exit::IoIn {
                 port,
@@ -162,6 +163,7 @@ impl Vm {
             Exit::IoOut { completed, .. } => *completed = self.machine.vcpu.rip() != entry_rip,
             // KVM's emulator ran the access and rewrote RFLAGS without TF.
             Exit::MmioRead { .. } | Exit::MmioWrite { .. } => self.machine.vcpu.mark_step_stale(),
+            _ if completes_mmio_read => self.machine.vcpu.mark_step_stale(),
             _ => {}
         }
         exit

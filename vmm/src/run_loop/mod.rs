@@ -253,10 +253,11 @@ impl Run<'_> {
             self.monitor.before_entry(&mut self.vm.cpu_view());
             let exit = self.vm.enter();
             self.vm.step.io_pending = exit.completes_on_next_entry();
+            self.vm.step.mmio_read_pending = matches!(exit, enter::Exit::MmioRead { .. });
             if let Next::Stop(exit) = self.serve(exit)? {
                 return Ok(exit);
             }
-            if self.vm.machine.cpus.count() > 1 {
+            if self.vm.machine.cpus.count() > 1 && self.turn_ends() {
                 self.next_turn();
             }
         }

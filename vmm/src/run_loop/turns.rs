@@ -35,6 +35,13 @@ impl Run<'_> {
         }
     }
 
+    /// Whether the on-stage CPU's turn ends after this exit: where the
+    /// monitor lets it, or where the CPU cannot run on.
+    pub(super) fn turn_ends(&self) -> bool {
+        let cpus = &self.vm.machine.cpus;
+        cpus.power()[cpus.on_stage()] != Power::Running || self.monitor.turn_may_end()
+    }
+
     /// Whether the on-stage CPU's local APIC answers at `addr`.
     pub(super) fn is_local_apic(&self, addr: u64) -> bool {
         !self.vm.machine.devices.lapics.is_empty()
