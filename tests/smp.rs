@@ -233,6 +233,12 @@ fn traced_twice(cpus: u8) {
     // CPU 1's first instruction is the STARTUP IPI's: real mode at 0x10000.
     assert!(steps[0].contains("0x10000"), "{}", steps[0]);
 
+    // Its export: CPU 1's steps, each with its number in the trace (on
+    // four CPUs, where CPU 1's share, as JSON, is the smaller).
+    if cpus == 4 {
+        export_of_cpu_1(&a, dir.path(), by_cpu, steps[0]);
+    }
+
     // A nest diagram follows one CPU.
     let out = run(&["analyze", "nest", a.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0));
@@ -283,4 +289,41 @@ fn one_cpu_traces_as_without_the_option() {
         digest(&[], "plain.vtd"),
         digest(&["--cpus", "1"], "one.vtd")
     );
+}
+
+/// `analyze export --cpu 1` of `trace`: a row per step of CPU 1, numbered
+/// as the listing numbers it (`first_listed`: the listing's first line).
+fn export_of_cpu_1(
+    trace: &std::path::Path,
+    dir: &std::path::Path,
+    by_cpu: &serde_json::Map<String, serde_json::Value>,
+    first_listed: &str,
+) {
+    let out_dir = dir.join("export");
+    let out = run(&[
+        "analyze",
+        "export",
+        "--cpu",
+        "1",
+        "--format",
+        "jsonl",
+        "-o",
+        out_dir.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut rows = 0;
+    let mut first_step = None;
+    for file in std::fs::read_dir(&out_dir).unwrap() {
+        let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+        for line in text.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(row["cpu"], 1, "{row}");
+            first_step = first_step.or(row["step"].as_u64());
+            rows += 1;
+        }
+    }
+    assert_eq!(Some(rows), by_cpu["1"].as_u64(), "a row per CPU 1 step");
+    let listed = first_listed.split_whitespace().next().unwrap().parse().ok();
+    assert_eq!(first_step, listed, "the same step numbers as the listing's");
 }

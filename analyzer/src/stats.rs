@@ -210,6 +210,10 @@ impl<'a> SegmentCounter<'a> {
 impl SegmentPass for SegmentCounter<'_> {
     type Output = Part;
 
+    fn pass_over_step(&mut self) {
+        self.number = self.number.saturating_add(1);
+    }
+
     fn record(&mut self, record: SegmentRecord<'_>) {
         let (s, info) = match record {
             SegmentRecord::Step(_, _) if !self.tasks.selected() => {

@@ -44,8 +44,8 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
     let mut syscalls = rows.syscalls.iter().peekable();
     let mut interrupts = rows.interrupts.iter().peekable();
     for row in 0..rows.len() {
-        let step = rows.first_step.saturating_add(row as u64);
-        let _ = write!(out, "{{\"step\":{step}");
+        let step = rows.steps[row];
+        let _ = write!(out, "{{\"step\":{step},\"cpu\":{}", ctx.cpu);
         if let Some(ns) = ctx.ns_per_step.and_then(|ns| step.checked_mul(ns)) {
             let _ = write!(out, ",\"virtual_ns\":{ns}");
         }

@@ -118,6 +118,8 @@ impl ExportReport {
 struct Context<'a> {
     symbols: &'a Symbolizer,
     ns_per_step: Option<u64>,
+    /// The CPU of every row: `--cpu N`'s (0 on a trace of one CPU).
+    cpu: u32,
     schema: arrow_schema::SchemaRef,
     trace_path: String,
     /// Facts of the trace for the Parquet footer (`vtrace.KEY`).
@@ -202,8 +204,10 @@ fn write_part(
     let mut steps = 0u64;
     let written = (|| {
         for rows in rx {
-            let end = rows.first_step.saturating_add(rows.len() as u64);
-            range = Some((range.map_or(rows.first_step, |r| r.0), end));
+            if let (Some(first), Some(last)) = (rows.steps.first(), rows.steps.last()) {
+                let end = last.saturating_add(1);
+                range = Some((range.map_or(*first, |r| r.0), end));
+            }
             steps = steps.saturating_add(rows.len() as u64);
             writer.write(&rows)?;
         }
@@ -342,6 +346,7 @@ fn context<'a>(trace: &Trace, symbols: &'a Symbolizer) -> Context<'a> {
     Context {
         symbols,
         ns_per_step: m.ns_per_step(),
+        cpu: trace.selected_cpu().unwrap_or(0),
         schema: parquet::schema(),
         trace_path: trace.path().display().to_string(),
         about,

@@ -10,7 +10,8 @@ use arrow_array::builder::{
 };
 use arrow_array::types::Int32Type;
 use arrow_array::{
-    ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt64Array, UInt8Array,
+    ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+    UInt8Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
@@ -42,6 +43,7 @@ fn list_of(item: DataType) -> DataType {
 pub(super) fn schema() -> SchemaRef {
     let mut fields = vec![
         Field::new("step", DataType::UInt64, false),
+        Field::new("cpu", DataType::UInt32, false),
         Field::new("virtual_ns", DataType::UInt64, true),
         Field::new("cr3", DataType::UInt64, false),
         Field::new("cpl", DataType::UInt8, false),
@@ -85,9 +87,7 @@ fn key(index: usize) -> i32 {
 /// One segment's rows as a record batch of [`schema`].
 pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
     let n = rows.len();
-    let steps: Vec<u64> = (0..n as u64)
-        .map(|i| rows.first_step.saturating_add(i))
-        .collect();
+    let steps = rows.steps.clone();
     let virtual_ns: UInt64Array = steps
         .iter()
         .map(|s| ctx.ns_per_step.and_then(|ns| s.checked_mul(ns)))
@@ -99,6 +99,7 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
     let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from(steps)),
+        Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
         Arc::new(virtual_ns),
         Arc::new(UInt64Array::from(rows.cr3.clone())),
         Arc::new(UInt8Array::from(rows.cpl.clone())),

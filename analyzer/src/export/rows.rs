@@ -30,9 +30,10 @@ pub(super) struct InsnText {
     pub disassembly: String,
 }
 
-/// The columns of one segment's steps; row `i` is step `first_step + i`.
+/// The columns of one segment's steps (of one CPU's, with `--cpu N`).
 pub(super) struct SegmentRows {
-    pub first_step: u64,
+    /// Each row's step number.
+    pub steps: Vec<u64>,
     pub cr3: Vec<u64>,
     pub cpl: Vec<u8>,
     pub bitness: Vec<u8>,
@@ -104,15 +105,14 @@ impl SegmentRows {
         }
         self.first_events = carried;
         self.routine = vec![UNKNOWN_FUNC; self.len()];
+        // A run's steps are consecutive, and so are its rows.
         for run in runs {
-            let Some(from) = run.first.checked_sub(self.first_step) else {
-                continue;
-            };
-            let from = usize::try_from(from).unwrap_or(usize::MAX).min(self.len());
-            let to = usize::try_from(run.steps)
-                .map_or(self.len(), |n| from.saturating_add(n))
-                .min(self.len());
-            self.routine[from..to].fill(run.func);
+            let from = self.steps.partition_point(|s| *s < run.first);
+            let end = run.first.saturating_add(run.steps);
+            let to = self.steps.partition_point(|s| *s < end);
+            if from < to {
+                self.routine[from..to].fill(run.func);
+            }
         }
     }
 
@@ -191,6 +191,8 @@ pub(super) struct RowBuilder {
     before: Option<Regs>,
     tracker: TaskTracker,
     task: u32,
+    /// The next step's number.
+    step: u64,
     texts: FxHashMap<(u64, InsnBytes, u8), u32>,
     formatter: IntelFormatter,
     pending: Vec<String>,
@@ -201,7 +203,7 @@ impl RowBuilder {
     pub fn new(first_step: u64) -> Self {
         RowBuilder {
             rows: SegmentRows {
-                first_step,
+                steps: Vec::new(),
                 cr3: Vec::new(),
                 cpl: Vec::new(),
                 bitness: Vec::new(),
@@ -235,6 +237,7 @@ impl RowBuilder {
             before: None,
             tracker: TaskTracker::default(),
             task: NO_TASK,
+            step: first_step,
             texts: FxHashMap::default(),
             formatter: crate::insn::intel_formatter(),
             pending: Vec::new(),
@@ -265,6 +268,10 @@ impl RowBuilder {
 
 impl SegmentPass for RowBuilder {
     type Output = SegmentRows;
+
+    fn pass_over_step(&mut self) {
+        self.step = self.step.saturating_add(1);
+    }
 
     fn record(&mut self, record: SegmentRecord<'_>) {
         let (s, info) = match record {
@@ -297,6 +304,8 @@ impl SegmentPass for RowBuilder {
         let bitness = s.mode.bitness() as u8;
         let text = self.text(s.pc, s.bytes, bitness, info);
         let rows = &mut self.rows;
+        rows.steps.push(self.step);
+        self.step = self.step.saturating_add(1);
         rows.cr3.push(cr3_root(s.cr3));
         rows.cpl.push(s.cpl);
         rows.bitness.push(bitness);

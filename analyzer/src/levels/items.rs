@@ -304,6 +304,8 @@ impl<'a> ItemBuilder<'a> {
     /// their numbers in the trace.
     pub fn pass_over_step(&mut self) {
         self.step = self.step.saturating_add(1);
+        // A run holds consecutive steps only.
+        self.open = None;
     }
 
     /// Adds one record.

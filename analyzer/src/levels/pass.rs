@@ -17,6 +17,9 @@ pub trait SegmentPass {
     type Output: Send;
     /// Sees each record in order.
     fn record(&mut self, record: SegmentRecord<'_>);
+    /// A step another CPU ran, left out (`--cpu N`): the next step's
+    /// number is one more.
+    fn pass_over_step(&mut self) {}
     /// What it made of the segment.
     fn finish(self) -> Self::Output;
 }
@@ -203,6 +206,7 @@ fn segment_items<P: SegmentPass>(
                 // Another CPU's step keeps its number.
                 RecordRef::Step(_) if cpu != only => {
                     items.pass_over_step();
+                    extra.pass_over_step();
                     continue;
                 }
                 // Tracing starts and stops on every CPU at once.
