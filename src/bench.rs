@@ -23,6 +23,11 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         let _ = std::fs::remove_dir_all(&dir);
         return result;
     }
+    if args.cpus > 1 {
+        let result = crate::cpus_bench::run(&dir, &args);
+        let _ = std::fs::remove_dir_all(&dir);
+        return result;
+    }
     // clap holds it to 1..=100.
     let runs = args.runs;
     let measured = (1..=runs)
@@ -41,7 +46,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
                     "vtrace bench: stepping {what} bare, tracing them, and stepping them bare again{of}..."
                 );
             }
-            let r = crate::step_bench::run(&boot, &dir, args.max_steps)?;
+            let r = crate::step_bench::run(&boot, &dir, args.max_steps, 1)?;
             // A gigabyte, preallocated: gone before the next run makes its
             // own (the AMD-V test machine keeps its files in RAM).
             let _ = std::fs::remove_file(dir.join(crate::step_bench::TRACE_NAME));
@@ -208,7 +213,7 @@ fn bench_trace(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<(Trace
             args.steps
         );
     }
-    crate::step_bench::run(boot, dir, None)?;
+    crate::step_bench::run(boot, dir, None, 1)?;
     let big = args
         .keep
         .clone()

@@ -4,6 +4,7 @@
 mod analyze;
 mod bench;
 mod cli;
+mod cpus_bench;
 mod ctl;
 mod doctor;
 mod exit_status;

@@ -80,16 +80,20 @@ impl BenchReport {
     pub fn ratio(&self) -> f64 {
         self.traced_exits_per_s() / self.bare_exits_per_s()
     }
+    /// Steps recorded per second of the traced run.
+    pub fn traced_steps_per_s(&self) -> f64 {
+        self.traced_steps as f64 / self.traced_time.as_secs_f64()
+    }
     pub fn bytes_per_step(&self) -> f64 {
         self.trace_bytes as f64 / self.traced_steps.max(1) as f64
     }
 }
 
-fn config(boot: &BootSource) -> VmConfig {
+fn config(boot: &BootSource, cpus: u8) -> VmConfig {
     VmConfig {
         boot: boot.clone(),
         memory: 256 << 20,
-        cpus: 1,
+        cpus,
         cpu: CpuProfile::Baseline,
         console: ConsoleMode::OutputOnly,
         kvm_device: vtrace_vmm::KVM_DEVICE.into(),
@@ -108,10 +112,11 @@ pub const TRACE_NAME: &str = "bench.vtd";
 /// host whose speed drifts during the benchmark (a machine warming up, a
 /// neighbour's load; on the AMD-V test machine single runs swung by 5 %)
 /// weighs on both sides of the ratio alike.
-pub fn run(boot: &BootSource, dir: &Path, max_steps: Option<u64>) -> Result<BenchReport> {
+/// `cpus` CPUs (the guest must be able to use them).
+pub fn run(boot: &BootSource, dir: &Path, max_steps: Option<u64>, cpus: u8) -> Result<BenchReport> {
     let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     let bare = || {
-        Vm::new(config(boot))?.run(&mut BareStepper {
+        Vm::new(config(boot, cpus))?.run(&mut BareStepper {
             rearm: trap_flag_host,
             exits: 0,
             limit: max_steps,
@@ -140,7 +145,7 @@ pub fn run(boot: &BootSource, dir: &Path, max_steps: Option<u64>) -> Result<Benc
             ..TraceOptions::default()
         },
     );
-    let traced = Vm::new(config(boot))?.run(&mut tracer);
+    let traced = Vm::new(config(boot, cpus))?.run(&mut tracer);
     let report = tracer.finish()?;
     let traced = traced?;
     let after = bare()?;

@@ -327,3 +327,26 @@ fn export_of_cpu_1(
     let listed = first_listed.split_whitespace().next().unwrap().parse().ok();
     assert_eq!(first_step, listed, "the same step numbers as the listing's");
 }
+
+/// `vtrace bench --cpus 2` measures what each traced CPU gets against one
+/// CPU alone (a few thousand steps: the figure, not its value, is tested).
+#[test]
+fn bench_compares_a_traced_cpu_of_two_with_one_cpu_alone() {
+    if !kvm_available() {
+        return;
+    }
+    let out = run(&["bench", "--cpus", "2", "--max-steps", "300000", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["cpus"], 2, "{json}");
+    let (one, all, each) = (
+        json["one_cpu_steps_per_s"].as_f64().unwrap(),
+        json["steps_per_s"].as_f64().unwrap(),
+        json["per_cpu_steps_per_s"].as_f64().unwrap(),
+    );
+    assert!(one > 0.0 && all > 0.0, "{json}");
+    assert!((each * 2.0 - all).abs() < 1.0, "{json}");
+    let ratio = json["per_cpu_ratio"].as_f64().unwrap();
+    assert!((ratio - each / one).abs() < 1e-9, "{json}");
+    assert_eq!(json["traced_steps"], 300_000, "{json}");
+}

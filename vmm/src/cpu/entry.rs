@@ -91,6 +91,19 @@ fn real_segment(selector: u16, code: bool) -> kvm_segment {
     }
 }
 
+/// Loads `seg` into DS, ES, FS, GS and SS.
+fn data_segments(sregs: &mut kvm_sregs, seg: kvm_segment) {
+    for s in [
+        &mut sregs.ds,
+        &mut sregs.es,
+        &mut sregs.fs,
+        &mut sregs.gs,
+        &mut sregs.ss,
+    ] {
+        *s = seg;
+    }
+}
+
 fn write(mem: &GuestRam, addr: u64, bytes: &[u8]) -> Result<()> {
     mem.write_slice(bytes, GuestAddress(addr))
         .map_err(|source| Error::GuestWrite {
@@ -137,29 +150,13 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
                 ((load_addr >> 4) as u16, load_addr & 0xf)
             };
             sregs.cs = real_segment(cs, true);
-            for seg in [
-                &mut sregs.ds,
-                &mut sregs.es,
-                &mut sregs.fs,
-                &mut sregs.gs,
-                &mut sregs.ss,
-            ] {
-                *seg = real_segment(0, false);
-            }
+            data_segments(&mut sregs, real_segment(0, false));
             sregs.cr0 = cr0::ET;
             regs.rip = ip;
         }
         EntryState::Startup { vector } => {
             sregs.cs = real_segment(u16::from(vector) << 8, true);
-            for seg in [
-                &mut sregs.ds,
-                &mut sregs.es,
-                &mut sregs.fs,
-                &mut sregs.gs,
-                &mut sregs.ss,
-            ] {
-                *seg = real_segment(0, false);
-            }
+            data_segments(&mut sregs, real_segment(0, false));
             sregs.gdt.base = 0;
             sregs.gdt.limit = 0xffff;
             sregs.idt.base = 0;
@@ -172,15 +169,7 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
         EntryState::Protected32 { entry, start_info } => {
             write_gdt_idt(mem, &mut sregs)?;
             sregs.cs = segment(CODE32);
-            for seg in [
-                &mut sregs.ds,
-                &mut sregs.es,
-                &mut sregs.fs,
-                &mut sregs.gs,
-                &mut sregs.ss,
-            ] {
-                *seg = segment(DATA);
-            }
+            data_segments(&mut sregs, segment(DATA));
             sregs.tr.type_ = 0xb;
             sregs.tr.present = 1;
             sregs.cr0 = cr0::PE | cr0::ET;
@@ -193,15 +182,7 @@ pub fn apply(vcpu: &mut Vcpu, mem: &GuestRam, state: EntryState) -> Result<()> {
             write_gdt_idt(mem, &mut sregs)?;
             write_identity_map(mem)?;
             sregs.cs = segment(CODE64);
-            for seg in [
-                &mut sregs.ds,
-                &mut sregs.es,
-                &mut sregs.fs,
-                &mut sregs.gs,
-                &mut sregs.ss,
-            ] {
-                *seg = segment(DATA);
-            }
+            data_segments(&mut sregs, segment(DATA));
             sregs.tr.type_ = 0xb;
             sregs.tr.present = 1;
             sregs.cr3 = layout::PML4;

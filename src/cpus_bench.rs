@@ -1,0 +1,74 @@
+//! `vtrace bench --cpus N`: what a traced CPU of an SMP guest gets. The
+//! demo OS's SMP mode on N CPUs and the one-CPU demo are each traced (and
+//! stepped bare, as `vtrace bench` does); the figure is the steps per
+//! second each of the N CPUs got against the one CPU's. The CPUs take
+//! turns on one host thread, so it is about 1/N today; the goal is 0.8.
+
+use std::path::Path;
+
+use anyhow::Result;
+use vtrace_session::SessionBuilder;
+
+use crate::cli::BenchArgs;
+use crate::step_bench::{self, BenchReport, TRACE_NAME};
+
+/// The two benchmark runs, one CPU first.
+fn measure(dir: &Path, args: &BenchArgs) -> Result<(BenchReport, BenchReport)> {
+    let mut one_then_many = Vec::new();
+    for (boot, cpus) in [
+        (SessionBuilder::demo(), 1),
+        (SessionBuilder::demo_smp(), args.cpus),
+    ] {
+        if !args.json {
+            eprintln!("vtrace bench: stepping and tracing the demo OS on {cpus} CPU(s)...");
+        }
+        one_then_many.push(step_bench::run(&boot, dir, args.max_steps, cpus)?);
+        // A gigabyte, preallocated: gone before the next run makes its own.
+        let _ = std::fs::remove_file(dir.join(TRACE_NAME));
+    }
+    let many = one_then_many.pop();
+    let one = one_then_many.pop();
+    match (one, many) {
+        (Some(one), Some(many)) => Ok((one, many)),
+        _ => anyhow::bail!("a benchmark run is missing"),
+    }
+}
+
+/// Runs the comparison and prints it; the exit status.
+pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
+    let (one, many) = measure(dir, args)?;
+    let cpus = f64::from(args.cpus);
+    let per_cpu = many.traced_steps_per_s() / cpus;
+    let ratio = per_cpu / one.traced_steps_per_s();
+    if args.json {
+        let json = serde_json::json!({
+            "cpus": args.cpus,
+            "one_cpu_steps_per_s": one.traced_steps_per_s(),
+            "steps_per_s": many.traced_steps_per_s(),
+            "per_cpu_steps_per_s": per_cpu,
+            "per_cpu_ratio": ratio,
+            "bare_exits_per_s": many.bare_exits_per_s(),
+            "one_cpu_bare_exits_per_s": one.bare_exits_per_s(),
+            "traced_steps": many.traced_steps,
+            "bytes_per_step": many.bytes_per_step(),
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(0);
+    }
+    println!(
+        "one CPU:           {} steps traced in {:.2} s = {:.0} steps/s",
+        one.traced_steps,
+        one.traced_time.as_secs_f64(),
+        one.traced_steps_per_s()
+    );
+    println!(
+        "{} CPUs:            {} steps traced in {:.2} s = {:.0} steps/s, {per_cpu:.0} a CPU",
+        args.cpus,
+        many.traced_steps,
+        many.traced_time.as_secs_f64(),
+        many.traced_steps_per_s()
+    );
+    println!("per-CPU ratio:     {ratio:.2} (goal >= 0.8; the CPUs take turns on one host thread)");
+    println!("bytes per step:    {:.2}", many.bytes_per_step());
+    Ok(0)
+}
