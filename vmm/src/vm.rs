@@ -171,7 +171,10 @@ impl Vm {
         register_ram(&vm, &ram)?;
 
         let boot = boot::load(&ram, &config.boot, config.cpus)?;
-        let cpuid = cpuid::build(&kvm, config.cpu)?;
+        let cpuid = match config.cpus {
+            1 => cpuid::build(&kvm, config.cpu)?,
+            _ => cpuid::build(&kvm, config.cpu)?.with_local_apics()?,
+        };
         let mut vcpu = Vcpu::new(&vm, 0)?;
         vcpu.set_cpuid(cpuid.entries())?;
         entry::apply(&mut vcpu, &ram, boot.entry)?;

@@ -69,14 +69,31 @@ impl CpuidTable {
     pub fn for_cpu(&self, apic_id: u8) -> Result<CpuId> {
         let mut entries = self.entries.as_slice().to_vec();
         for e in &mut entries {
-            match e.function {
-                1 => e.ebx = (e.ebx & 0x00ff_ffff) | (u32::from(apic_id) << 24),
-                0xb | 0x1f => e.edx = u32::from(apic_id),
-                _ => {}
-            }
+            let mut regs = [e.eax, e.ebx, e.ecx, e.edx];
+            place_apic_id(e.function, apic_id, &mut regs);
+            [e.eax, e.ebx, e.ecx, e.edx] = regs;
         }
         CpuId::from_entries(&entries)
             .map_err(|e| Error::KvmUnsupported(crate::error::KvmLack::CpuidTable(e)))
+    }
+
+    /// The machine has local APICs (several CPUs): leaf 1 says so (EDX
+    /// bit 9), which the baseline CPU, without one, does not.
+    pub fn with_local_apics(mut self) -> Result<Self> {
+        let mut entries = self.entries.as_slice().to_vec();
+        for e in entries.iter_mut().filter(|e| e.function == 1) {
+            e.edx |= 1 << 9;
+        }
+        self.entries = CpuId::from_entries(&entries)
+            .map_err(|e| Error::KvmUnsupported(crate::error::KvmLack::CpuidTable(e)))?;
+        Ok(self)
+    }
+
+    /// [`as_given`](Self::as_given) on the CPU of APIC ID `apic_id`.
+    pub fn as_given_on(&self, apic_id: u8, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
+        let mut given = self.as_given(function, index, seen);
+        place_apic_id(function, apic_id, &mut given);
+        given
     }
 
     /// Features of the baseline CPU this host's KVM cannot run, and so
@@ -99,6 +116,17 @@ impl CpuidTable {
             CpuProfile::Baseline => baseline::answer(self.entries.as_slice(), function),
             CpuProfile::Host => host_as_given(&self.entries, function, index, seen),
         }
+    }
+}
+
+/// Puts APIC ID `id` where CPUID leaf `function`'s result (EAX, EBX, ECX,
+/// EDX) gives the CPU's own: leaf 1's EBX bits 24-31, the x2APIC ID in
+/// EDX of leaves 0xB and 0x1F.
+fn place_apic_id(function: u32, id: u8, regs: &mut [u32; 4]) {
+    match function {
+        1 => regs[1] = (regs[1] & 0x00ff_ffff) | (u32::from(id) << 24),
+        0xb | 0x1f => regs[3] = u32::from(id),
+        _ => {}
     }
 }
 
@@ -174,6 +202,37 @@ mod tests {
             [0x800f12, 0x20800, bit(0) | bit(27), bit(0) | bit(9)]
         );
         assert_eq!(table.as_given(0xb, 0, seen), seen, "not a feature leaf");
+    }
+
+    #[test]
+    fn each_cpu_of_several_sees_its_apic_id_and_an_apic() {
+        let table = CpuidTable::new(
+            &[
+                entry(1, 0, [0x800f12, 0x10800, 0, 0]),
+                entry(0xb, 0, [1, 1, 0x100, 0]),
+            ],
+            CpuProfile::Host,
+        )
+        .unwrap()
+        .with_local_apics()
+        .unwrap();
+        let three = table.for_cpu(3).unwrap();
+        let leaf = |f: u32| {
+            three
+                .as_slice()
+                .iter()
+                .find(|e| e.function == f)
+                .copied()
+                .unwrap()
+        };
+        assert_eq!(leaf(1).ebx >> 24, 3);
+        assert_eq!(leaf(1).edx & bit(9), bit(9), "APIC");
+        assert_eq!(leaf(0xb).edx, 3);
+        // What the tracer corrects a CPUID to on CPU 3, where KVM had the
+        // host answer: CPU 3's APIC ID, not CPU 0's.
+        let given = table.as_given_on(3, 1, 0, [0x800f12, 0x10800, 0, bit(9)]);
+        assert_eq!(given[1] >> 24, 3);
+        assert_eq!(table.as_given_on(0, 1, 0, given)[1] >> 24, 0);
     }
 
     #[test]

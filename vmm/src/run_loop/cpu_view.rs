@@ -15,6 +15,7 @@ impl Vm {
             vcpu: &mut self.machine.vcpu,
             ram: &self.machine.ram,
             cpuid: &self.machine.cpuid,
+            apic_id: u8::try_from(self.machine.cpus.on_stage()).unwrap_or(u8::MAX),
         }
     }
 }
@@ -26,6 +27,8 @@ pub(crate) struct KvmCpuView<'a> {
     vcpu: &'a mut Vcpu,
     ram: &'a GuestRam,
     cpuid: &'a crate::cpu::cpuid::CpuidTable,
+    /// The CPU's APIC ID (its number), which its CPUID gives.
+    apic_id: u8,
 }
 
 impl CpuView for KvmCpuView<'_> {
@@ -65,7 +68,7 @@ impl CpuView for KvmCpuView<'_> {
     }
 
     fn cpuid_as_given(&self, function: u32, index: u32, seen: [u32; 4]) -> [u32; 4] {
-        self.cpuid.as_given(function, index, seen)
+        self.cpuid.as_given_on(self.apic_id, function, index, seen)
     }
 
     fn read_msr(&mut self, index: u32) -> Option<u64> {
