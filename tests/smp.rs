@@ -239,6 +239,33 @@ fn traced_twice(cpus: u8) {
         export_of_cpu_1(&a, dir.path(), by_cpu, steps[0]);
     }
 
+    // The timeline gives each CPU a Perfetto process of its own.
+    let timeline = dir.path().join("t.json");
+    let out = run(&[
+        "analyze",
+        "timeline",
+        "-o",
+        timeline.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&timeline).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let process = |cpu: u8| {
+        events
+            .iter()
+            .find(|e| e["name"] == "process_name" && e["args"]["name"] == format!("CPU {cpu}"))
+            .map(|e| e["pid"].clone())
+    };
+    for cpu in 0..cpus {
+        let pid = process(cpu).unwrap_or_else(|| panic!("no process for CPU {cpu}"));
+        assert!(
+            events.iter().any(|e| e["ph"] == "X" && e["pid"] == pid),
+            "CPU {cpu}'s routine calls are on its tracks"
+        );
+    }
+
     // A nest diagram follows one CPU.
     let out = run(&["analyze", "nest", a.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0));

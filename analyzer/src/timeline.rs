@@ -41,6 +41,9 @@ const NO_TASK_PID: u32 = 5_000_000;
 const RUN_QUEUE_PID: u32 = 5_000_001;
 /// The Perfetto process holding the peeper's counters.
 const SAMPLES_PID: u32 = 5_000_002;
+/// The Perfetto process of CPU 0 in a trace of several CPUs (CPU n's is
+/// this + n), each with a track per address space.
+const CPU_PID: u32 = 5_000_100;
 
 /// A Perfetto (process, thread) pair.
 type Track = (u32, u32);
@@ -59,6 +62,9 @@ struct TimelineSink<'a, W: Write> {
     process_names: FxHashMap<u32, Comm>,
     /// The running task, for marks.
     running: Option<TaskId>,
+    /// The process of the CPU whose records are read, in a trace of
+    /// several CPUs given a process each.
+    cpu_pid: Option<u32>,
     events: u64,
     error: Option<std::io::Error>,
 }
@@ -76,7 +82,11 @@ impl<W: Write> TimelineSink<'_, W> {
                 (t.pid, t.tid)
             }
             None => {
-                let pid = if self.named { NO_TASK_PID } else { 1 };
+                let pid = match (self.cpu_pid, self.named) {
+                    (Some(pid), _) => pid,
+                    (None, true) => NO_TASK_PID,
+                    (None, false) => 1,
+                };
                 (pid, self.space_track(pid, cr3))
             }
         }
@@ -252,6 +262,7 @@ pub fn write(
         names: FxHashMap::default(),
         process_names: FxHashMap::default(),
         running: None,
+        cpu_pid: None,
         events: 0,
         error: None,
     };
@@ -261,21 +272,48 @@ pub fn write(
     } else {
         (1, "guest")
     };
-    sink.inner.emit(&serde_json::json!({
-        "ph": "M", "name": "process_name", "pid": no_task.0, "args": { "name": no_task.1 }
-    }));
+    let cpus = trace.metadata.cpu_count();
+    let per_cpu = cpus > 1 && trace.selected_cpu().is_none();
+    if !per_cpu {
+        sink.inner.emit(&serde_json::json!({
+            "ph": "M", "name": "process_name", "pid": no_task.0, "args": { "name": no_task.1 }
+        }));
+    }
     let mut runnable: Vec<(u64, u32)> = Vec::new();
-    run_with(
-        trace,
-        symbols,
-        &mut sink,
-        |info| RunQueue {
-            step: info.first_step,
-            counts: Vec::new(),
-        },
-        |counts| runnable.extend(counts),
-        progress,
-    )?;
+    let run_queue = |info: &crate::input::SegmentInfo| RunQueue {
+        step: info.first_step,
+        counts: Vec::new(),
+    };
+    if per_cpu {
+        // A process per CPU, its address spaces as threads: one pass each.
+        for cpu in 0..cpus {
+            let pid = CPU_PID.saturating_add(cpu);
+            sink.inner.cpu_pid = Some(pid);
+            sink.inner.spaces.clear();
+            sink.inner.emit(&serde_json::json!({
+                "ph": "M", "name": "process_name", "pid": pid,
+                "args": { "name": format!("CPU {cpu}") }
+            }));
+            crate::levels::run_with_on_cpu(
+                trace,
+                cpu,
+                symbols,
+                &mut sink,
+                run_queue,
+                |counts| runnable.extend(counts),
+                progress,
+            )?;
+        }
+    } else {
+        run_with(
+            trace,
+            symbols,
+            &mut sink,
+            run_queue,
+            |counts| runnable.extend(counts),
+            progress,
+        )?;
+    }
     let mut sink = sink.inner;
     if !runnable.is_empty() {
         sink.emit(&serde_json::json!({

@@ -51,11 +51,39 @@ pub fn run_with<P: SegmentPass>(
     symbols: &Symbolizer,
     sink: &mut impl LevelSink,
     pass: impl Fn(&SegmentInfo) -> P + Sync,
+    merge: impl FnMut(P::Output),
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    let only = trace.one_cpu()?;
+    run_with_only(trace, only, symbols, sink, pass, merge, progress)
+}
+
+/// [`run_with`] on CPU `cpu`'s records alone, whatever the trace's own
+/// choice (a timeline that gives each CPU its own tracks).
+pub fn run_with_on_cpu<P: SegmentPass>(
+    trace: &crate::input::Trace,
+    cpu: u32,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
+    merge: impl FnMut(P::Output),
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    run_with_only(trace, Some(cpu), symbols, sink, pass, merge, progress)
+}
+
+fn run_with_only<P: SegmentPass>(
+    trace: &crate::input::Trace,
+    only: Option<u32>,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
     mut merge: impl FnMut(P::Output),
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
     run_inner::<P, false>(
         trace,
+        only,
         symbols,
         sink,
         pass,
@@ -91,20 +119,28 @@ pub fn run_following<P: SegmentPass>(
     merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
-    run_inner::<P, true>(trace, symbols, sink, pass, merge, progress)
+    run_inner::<P, true>(
+        trace,
+        trace.one_cpu()?,
+        symbols,
+        sink,
+        pass,
+        merge,
+        progress,
+    )
 }
 
 /// The pass; `FOLLOW` says whether routines are gathered per step, so the
 /// analyses that do not want them pay nothing for them.
 fn run_inner<P: SegmentPass, const FOLLOW: bool>(
     trace: &crate::input::Trace,
+    only: Option<u32>,
     symbols: &Symbolizer,
     sink: &mut impl LevelSink,
     pass: impl Fn(&SegmentInfo) -> P + Sync,
     mut merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
-    let only = trace.one_cpu()?;
     let mut engine = LevelEngine::new();
     let mut expected: Option<u64> = None;
     let mut runs: Vec<RoutineRun> = Vec::new();
