@@ -232,6 +232,50 @@ impl SegmentPass for RunQueue {
     }
 }
 
+impl<W: Write> TimelineSink<'_, W> {
+    /// The runnable-tasks counter: (step, count) where it changed.
+    fn emit_run_queue(&mut self, runnable: Vec<(u64, u32)>) {
+        if !runnable.is_empty() {
+            self.emit(&serde_json::json!({
+                "ph": "M", "name": "process_name", "pid": RUN_QUEUE_PID,
+                "args": { "name": "run queue" }
+            }));
+        }
+        for (step, count) in runnable {
+            let event = serde_json::json!({
+                "name": "runnable tasks", "ph": "C", "ts": self.us(step), "pid": RUN_QUEUE_PID,
+                "args": { "runnable": count }
+            });
+            self.emit(&event);
+        }
+    }
+
+    /// The peeper's samples, a counter per variable.
+    fn emit_samples(&mut self, trace: &Trace) -> Result<()> {
+        let samples = crate::samples::samples(trace, &crate::input::no_progress)?;
+        if !samples.samples.is_empty() {
+            self.emit(&serde_json::json!({
+                "ph": "M", "name": "process_name", "pid": SAMPLES_PID,
+                "args": { "name": "samples (guest virtual time since boot)" }
+            }));
+        }
+        for (i, variable) in samples.variables.iter().enumerate() {
+            for s in &samples.samples {
+                let Some(&raw) = s.values.get(i) else {
+                    continue;
+                };
+                // Counter values are doubles in the trace-event format.
+                let value = variable.kind.number(raw) as f64;
+                self.emit(&serde_json::json!({
+                    "name": variable.name, "ph": "C", "ts": s.virtual_ns as f64 / 1000.0,
+                    "pid": SAMPLES_PID, "args": { variable.name.as_str(): value }
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Writes the timeline; returns how many events it holds.
 pub fn write(
     trace: &Trace,
@@ -315,39 +359,8 @@ pub fn write(
         )?;
     }
     let mut sink = sink.inner;
-    if !runnable.is_empty() {
-        sink.emit(&serde_json::json!({
-            "ph": "M", "name": "process_name", "pid": RUN_QUEUE_PID,
-            "args": { "name": "run queue" }
-        }));
-    }
-    for (step, count) in runnable {
-        let event = serde_json::json!({
-            "name": "runnable tasks", "ph": "C", "ts": sink.us(step), "pid": RUN_QUEUE_PID,
-            "args": { "runnable": count }
-        });
-        sink.emit(&event);
-    }
-    let samples = crate::samples::samples(trace, &crate::input::no_progress)?;
-    if !samples.samples.is_empty() {
-        sink.emit(&serde_json::json!({
-            "ph": "M", "name": "process_name", "pid": SAMPLES_PID,
-            "args": { "name": "samples (guest virtual time since boot)" }
-        }));
-    }
-    for (i, variable) in samples.variables.iter().enumerate() {
-        for s in &samples.samples {
-            let Some(&raw) = s.values.get(i) else {
-                continue;
-            };
-            // Counter values are doubles in the trace-event format.
-            let value = variable.kind.number(raw) as f64;
-            sink.emit(&serde_json::json!({
-                "name": variable.name, "ph": "C", "ts": s.virtual_ns as f64 / 1000.0,
-                "pid": SAMPLES_PID, "args": { variable.name.as_str(): value }
-            }));
-        }
-    }
+    sink.emit_run_queue(runnable);
+    sink.emit_samples(trace)?;
     if let Some(e) = sink.error.take() {
         return Err(e.into());
     }
