@@ -85,9 +85,13 @@ fn summary(outcome: &RunOutcome) -> String {
         0 => String::new(),
         n => format!(", {n} guest lines not shown (rate limit)"),
     };
+    let apic = match outcome.local_apic_interrupts {
+        0 => String::new(),
+        n => format!(", {n} local APIC interrupts (timers, IPIs)"),
+    };
     format!(
-        "vtrace: {how} after {:.2} s (virtual time {:.3} s): {} timer interrupts, {} exits{rss}\
-         {hidden}",
+        "vtrace: {how} after {:.2} s (virtual time {:.3} s): {} timer interrupts{apic}, {} \
+         exits{rss}{hidden}",
         outcome.host_time.as_secs_f64(),
         outcome.virtual_time.as_secs_f64(),
         outcome.timer_interrupts(),
