@@ -26,6 +26,7 @@ Exit status:
          passed over (--allow-damage: 0)
   2      bad command-line arguments, or values that mean nothing for the
          trace at hand (a step past its end, --pid on a trace without tasks)
+         or the guest (--cpus above 1 for a Linux or real-mode image)
   65     the kernel is not a format vtrace boots, or its command line is invalid;
          a file given as a trace (or symbols) is not one, or holds nothing to
          analyze
@@ -162,6 +163,7 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
     }
     match vmm_error(error) {
         Some(Error::ImageFormat { .. } | Error::CommandLine { .. }) => 65,
+        Some(Error::SeveralCpus { .. }) => 2,
         Some(Error::ImageUnreadable { .. }) => 66,
         Some(Error::KvmUnavailable { source, .. })
             if source.kind() == std::io::ErrorKind::PermissionDenied =>

@@ -104,7 +104,7 @@ fn several_cpus_refuse_what_cannot_use_them_yet() {
         "--real-mode",
         image.to_str().unwrap(),
     ]);
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(2), "arguments that go not together");
     let log = stderr(&out);
     assert!(
         log.contains("a real-mode image") && log.contains("--cpus 1"),

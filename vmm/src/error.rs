@@ -80,6 +80,20 @@ pub enum Error {
     /// The memory size asked for cannot be used.
     #[error("invalid guest memory size {0} bytes: {1}")]
     MemorySize(u64, &'static str),
+    /// The image cannot run on a machine of several CPUs yet.
+    #[error(
+        "{path}: {what} does not run on a machine of {cpus} CPUs yet: several CPUs boot PVH \
+         kernels only (the built-in demo OS among them; Linux needs the I/O APIC, not built \
+         yet); run it with --cpus 1"
+    )]
+    SeveralCpus {
+        /// The image.
+        path: PathBuf,
+        /// What kind of image it is.
+        what: &'static str,
+        /// The CPUs asked for.
+        cpus: u8,
+    },
     /// The CPU count asked for is out of range.
     #[error("a VM has 1 to {most} CPUs, not {asked}")]
     CpuCount {

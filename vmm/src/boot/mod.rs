@@ -293,12 +293,16 @@ fn load_initrd(ram: &GuestRam, initrd: &Initrd, kernel_end: u64, limit: u64) -> 
 /// enter it.
 pub fn load(ram: &GuestRam, source: &BootSource, cpus: u8) -> Result<BootPlan> {
     // Where a guest has no way to learn of more CPUs, or no way to use them.
-    let one_cpu_only = |image: &Image, what: &str| match cpus {
+    let one_cpu_only = |image: &Image, what: &'static str| match cpus {
         0 | 1 => Ok(()),
-        n => Err(image.format_error(format!(
-            "it is {what}, and a machine of {n} CPUs boots only PVH kernels (the \
-             built-in demo OS among them) so far; run it with --cpus 1"
-        ))),
+        cpus => Err(Error::SeveralCpus {
+            path: image
+                .path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(&image.name)),
+            what,
+            cpus,
+        }),
     };
     match source {
         BootSource::RealMode { image, load_addr } => {
@@ -449,8 +453,9 @@ mod tests {
         };
         assert!(load(&ram, &real, 1).is_ok());
         match load(&ram, &real, 2) {
-            Err(Error::ImageFormat { reason, .. }) => {
-                assert!(reason.contains("a real-mode image") && reason.contains("--cpus 1"))
+            Err(e @ Error::SeveralCpus { what, cpus: 2, .. }) => {
+                assert_eq!(what, "a real-mode image");
+                assert!(e.to_string().contains("--cpus 1"), "{e}");
             }
             other => panic!("{other:?}"),
         }
