@@ -19,7 +19,7 @@ use vtrace_storage::Event;
 
 use crate::levels::SelectedTasks;
 use crate::levels::{
-    run_with, BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink, SegmentPass, SegmentRecord,
+    BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink, SegmentPass, SegmentRecord,
 };
 use crate::naming::{routine_name, vector_name};
 use crate::symbols::Symbolizer;
@@ -328,9 +328,14 @@ pub fn write(
         step: info.first_step,
         counts: Vec::new(),
     };
-    if per_cpu {
-        // A process per CPU, its address spaces as threads: one pass each.
-        for cpu in 0..cpus {
+    // A trace of several CPUs: a process per CPU, its address spaces as
+    // threads, one pass each.
+    let passes: Vec<Option<u32>> = match per_cpu {
+        true => (0..cpus).map(Some).collect(),
+        false => vec![trace.one_cpu()?],
+    };
+    for only in passes {
+        if let Some(cpu) = only.filter(|_| per_cpu) {
             let pid = CPU_PID.saturating_add(cpu);
             sink.inner.cpu_pid = Some(pid);
             sink.inner.spaces.clear();
@@ -338,19 +343,10 @@ pub fn write(
                 "ph": "M", "name": "process_name", "pid": pid,
                 "args": { "name": format!("CPU {cpu}") }
             }));
-            crate::levels::run_with_on_cpu(
-                trace,
-                cpu,
-                symbols,
-                &mut sink,
-                run_queue,
-                |counts| runnable.extend(counts),
-                progress,
-            )?;
         }
-    } else {
-        run_with(
+        crate::levels::run_with_on(
             trace,
+            only,
             symbols,
             &mut sink,
             run_queue,

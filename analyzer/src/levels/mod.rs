@@ -19,7 +19,7 @@ mod sink;
 
 pub use engine::{LevelCounts, LevelEngine};
 pub use items::{FuncResolver, Item, SegmentRecord};
-pub use pass::{run, run_following, run_with, run_with_on_cpu, RoutineRun, SegmentPass};
+pub use pass::{run, run_following, run_with, run_with_on, RoutineRun, SegmentPass};
 pub use select::SelectedTasks;
 pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 

@@ -55,24 +55,13 @@ pub fn run_with<P: SegmentPass>(
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
     let only = trace.one_cpu()?;
-    run_with_only(trace, only, symbols, sink, pass, merge, progress)
+    run_with_on(trace, only, symbols, sink, pass, merge, progress)
 }
 
-/// [`run_with`] on CPU `cpu`'s records alone, whatever the trace's own
-/// choice (a timeline that gives each CPU its own tracks).
-pub fn run_with_on_cpu<P: SegmentPass>(
-    trace: &crate::input::Trace,
-    cpu: u32,
-    symbols: &Symbolizer,
-    sink: &mut impl LevelSink,
-    pass: impl Fn(&SegmentInfo) -> P + Sync,
-    merge: impl FnMut(P::Output),
-    progress: crate::input::Progress<'_>,
-) -> crate::error::Result<LevelEngine> {
-    run_with_only(trace, Some(cpu), symbols, sink, pass, merge, progress)
-}
-
-fn run_with_only<P: SegmentPass>(
+/// [`run_with`] on CPU `only`'s records alone (`None`: every record),
+/// whatever the trace's own choice (a timeline that gives each CPU its
+/// own tracks).
+pub fn run_with_on<P: SegmentPass>(
     trace: &crate::input::Trace,
     only: Option<u32>,
     symbols: &Symbolizer,
