@@ -33,7 +33,7 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
             cmdline: command_line(
                 args.cmdline
                     .clone()
-                    .unwrap_or_else(|| default_linux_cmdline(cpu_profile(args))),
+                    .unwrap_or_else(|| default_linux_cmdline(cpu_profile(args), args.cpus)),
                 args.append.as_deref(),
             ),
         },

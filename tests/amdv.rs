@@ -226,6 +226,71 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     assert_user_mode_traced_whole(&m.file("l.vtd"));
 }
 
+/// Linux on two CPUs boots to a busybox userspace on the AMD-V machine,
+/// where two shells loop on a system call; a trace started and stopped
+/// from the host holds user and kernel steps of both CPUs with no gap,
+/// every system call followed into the kernel and back on its CPU, and
+/// `analyze processes` names the task of every step, on each CPU.
+#[test]
+fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    // A shell's background job opens /dev/null.
+    let initrd = busybox_initramfs(
+        dir.path(),
+        &format!("mount -t devtmpfs dev /dev; ({SYSCALL_LOOP}) & ({SYSCALL_LOOP}) & wait"),
+    );
+    let script = linux_up("--cpus 2 --disk /out/l.vtd --disk-size 256M --exit-after-trace")
+        + "sleep 2; vtrace ctl start; sleep 5; vtrace ctl stop; \
+           wait $pid; s=$?; cat /tmp/log; exit $s";
+    let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    assert!(m.output.contains("l2: userspace up"), "{}", m.output);
+    assert!(
+        m.output.contains("smp: Brought up 1 node, 2 CPUs"),
+        "{}",
+        m.output
+    );
+    let trace = m.file("l.vtd");
+    let info = info_json(&trace);
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert_eq!(info["problems"], serde_json::json!([]), "{info}");
+    for cpu in 0..2u32 {
+        let steps = info["steps_by_cpu"][cpu.to_string()].as_u64().unwrap_or(0);
+        assert!(steps > 1000, "CPU {cpu}: {info}");
+        // On each CPU: user and kernel steps, system calls followed both
+        // ways (the step after a SYSCALL is the same CPU's next).
+        let lines = listing_of_cpu(&trace, cpu);
+        let (listed, _) = assert_system_calls_followed(&lines, 1);
+        assert_eq!(listed as u64, steps, "CPU {cpu}");
+    }
+    let table = processes(&trace);
+    let rows = table["processes"].as_array().unwrap();
+    assert!(
+        rows.iter().all(|r| !r["tid"].is_null()),
+        "every step's task named: {table}"
+    );
+    for cpu in ["0", "1"] {
+        let user: u64 = rows
+            .iter()
+            .filter_map(|r| {
+                let on = r["cpus"][cpu].as_u64()?;
+                (r["user_steps"].as_u64()? > 0).then_some(on)
+            })
+            .sum();
+        assert!(user > 0, "no user task on CPU {cpu}: {table}");
+    }
+    let shells: u64 = rows
+        .iter()
+        .filter(|r| r["comm"] == "init")
+        .map(|r| r["syscalls"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(shells > 0, "{table}");
+}
+
 /// Tracing started and stopped from the host again and again while Linux
 /// userspace runs: wherever a stop lands (also on an instruction for which
 /// the tracer put TF into guest state: a SYSCALL, SYSRETQ, IRETQ), the

@@ -89,7 +89,7 @@ fn run_help_is_in_sections_and_says_its_defaults() {
     assert!(help.contains("[default: 1G]"), "{help}");
     // The default kernel command line, which --append adds to, as it is
     // (the help wraps it, so word by word).
-    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline);
+    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline, 1);
     let words: Vec<&str> = help.split_whitespace().collect();
     let wanted: Vec<&str> = default.split_whitespace().collect();
     assert!(

@@ -128,7 +128,7 @@ fn linux_clears_every_feature_the_default_line_names() {
             stderr(&out)
         )
     });
-    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline);
+    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline, 1);
     let names = default
         .split_whitespace()
         .find_map(|w| w.strip_prefix("clearcpuid="))
@@ -733,7 +733,7 @@ fn append_adds_to_the_default_command_line_and_cmdline_replaces_it() {
             .unwrap_or_default()
             .to_string()
     };
-    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline);
+    let default = vtrace_vmm::default_linux_cmdline(vtrace_vmm::CpuProfile::Baseline, 1);
     assert_eq!(booted("default.vtd", &[]), default);
     assert_eq!(
         booted("append.vtd", &["--append", "quiet vtrace.test=1"]),

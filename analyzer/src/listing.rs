@@ -259,9 +259,12 @@ fn format_segment(
     while let Some(r) = records.next_record() {
         let on_cpu = options.cpu.is_none_or(|c| c == cpu);
         match r {
-            RecordRef::Event(Event::Cpu(c)) => {
-                // The CPU column says it.
+            RecordRef::Event(e @ Event::Cpu(c)) => {
+                // The CPU column says it; the task columns say what it runs.
                 cpu = *c;
+                if tasks.follow(e) && options.task_columns {
+                    columns = task_columns(tasks.current());
+                }
             }
             RecordRef::Event(e) => {
                 if tasks.follow(e) && options.task_columns {
@@ -364,8 +367,6 @@ fn run(
     let mut shown = 0u64;
     let options = &ListingOptions {
         from: Some(from),
-        cpu_column: options.cpu_column || trace.metadata.cpu_count() > 1,
-        cpu: trace.selected_cpu(),
         ..options.clone()
     };
     let mut carried: FxHashMap<u32, Regs> = FxHashMap::default();
@@ -423,6 +424,16 @@ fn run(
     Ok(shown)
 }
 
+/// `options` as `trace` settles them: a CPU column where it has several
+/// CPUs (or `options` ask for one), and `--cpu N`'s CPU alone.
+fn for_trace(options: &ListingOptions, trace: &Trace) -> ListingOptions {
+    ListingOptions {
+        cpu_column: options.cpu_column || trace.metadata.cpu_count() > 1,
+        cpu: trace.selected_cpu(),
+        ..options.clone()
+    }
+}
+
 /// Writes the listing (or its window) to `out`; returns how many steps it
 /// shows.
 pub fn write(
@@ -432,6 +443,7 @@ pub fn write(
     out: &mut impl Write,
     progress: Progress<'_>,
 ) -> Result<u64> {
+    let options = &for_trace(options, trace);
     out.write_all(header(options).as_bytes())?;
     run(trace, symbols, options, progress, |_, text| {
         out.write_all(text.as_bytes())?;
@@ -453,6 +465,7 @@ pub fn write_files(
         path: dir.to_path_buf(),
         source,
     })?;
+    let options = &for_trace(options, trace);
     let mut file: Option<(std::io::BufWriter<std::fs::File>, u64)> = None;
     let mut files = 0;
     let shown = run(trace, symbols, options, progress, |step, text| {

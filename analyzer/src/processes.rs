@@ -36,6 +36,10 @@ pub struct Process {
     pub interrupts: u64,
     /// Times the kernel switched to it.
     pub switches_in: u64,
+    /// Its steps by CPU, on a trace of several CPUs (empty on one CPU).
+    pub cpus: BTreeMap<u32, u64>,
+    /// Times it ran on another CPU than the one it ran on before.
+    pub migrations: u64,
     /// Page-table roots (CR3) it ran in.
     pub address_spaces: Vec<u64>,
     /// Its system calls by name (see [`crate::syscalls`]), with counts.
@@ -97,6 +101,9 @@ struct Acc {
     syscalls: u64,
     interrupts: u64,
     switches_in: u64,
+    /// Steps by CPU.
+    by_cpu: Vec<u64>,
+    migrations: u64,
     spaces: FxHashSet<u64>,
     calls: FxHashMap<u64, u64>,
 }
@@ -108,69 +115,128 @@ impl Acc {
         self.syscalls += other.syscalls;
         self.interrupts += other.interrupts;
         self.switches_in += other.switches_in;
+        if self.by_cpu.len() < other.by_cpu.len() {
+            self.by_cpu.resize(other.by_cpu.len(), 0);
+        }
+        for (mine, theirs) in self.by_cpu.iter_mut().zip(other.by_cpu) {
+            *mine += theirs;
+        }
+        self.migrations += other.migrations;
         self.spaces.extend(other.spaces);
         for (n, c) in other.calls {
             *self.calls.entry(n).or_default() += c;
         }
+    }
+
+    fn step(&mut self, s: &vtrace_storage::Step, cpu: usize) {
+        if s.cpl == 0 {
+            self.kernel += 1;
+        } else {
+            self.user += 1;
+            if let Some(n) = syscalls::number_of(s) {
+                self.syscalls += 1;
+                *self.calls.entry(n).or_default() += 1;
+            }
+        }
+        if self.by_cpu.len() <= cpu {
+            self.by_cpu.resize(cpu + 1, 0);
+        }
+        self.by_cpu[cpu] += 1;
+        self.spaces.insert(cr3_root(s.cr3));
     }
 }
 
 /// A name the trace gave, in order: (tid, pid where a switch told it, comm).
 type Naming = (u32, Option<u32>, String);
 
-/// One segment's counts. Steps before its first task event belong to
-/// whichever task ran when the segment began, known only in order.
+/// One segment's counts. Steps of a CPU before the segment names its
+/// task belong to whichever task that CPU ran when the segment began,
+/// known only in order.
 #[derive(Default)]
 struct Part {
-    inherited: Acc,
+    /// By CPU.
+    inherited: BTreeMap<u32, Acc>,
     tasks: FxHashMap<u32, Acc>,
     names: Vec<Naming>,
     /// Maps recorded, in order: (pid, map).
     maps: Vec<(u32, Vec<Mapping>)>,
     /// Exits, in order: (tid, code).
     exits: Vec<(u32, u32)>,
-    last: Option<u32>,
+    /// Each CPU's task at the segment's end.
+    last: BTreeMap<u32, u32>,
+    /// Each task's first CPU in the segment, and its last.
+    first_cpu: FxHashMap<u32, u32>,
+    last_cpu: FxHashMap<u32, u32>,
 }
 
-fn count_segment(records: &mut Records<'_>) -> Part {
+impl Part {
+    /// The counts of what `cpu` runs now.
+    fn running(&mut self, cpu: u32) -> &mut Acc {
+        match self.last.get(&cpu) {
+            Some(tid) => self.tasks.entry(*tid).or_default(),
+            None => self.inherited.entry(cpu).or_default(),
+        }
+    }
+
+    /// Task `tid` runs on `cpu` from here: a migration where it last ran
+    /// on another.
+    fn runs_on(&mut self, tid: u32, cpu: u32) {
+        match self.last_cpu.insert(tid, cpu) {
+            Some(before) if before != cpu => self.tasks.entry(tid).or_default().migrations += 1,
+            Some(_) => {}
+            None => {
+                self.first_cpu.insert(tid, cpu);
+            }
+        }
+        self.last.insert(cpu, tid);
+    }
+}
+
+/// Counts one segment; with `only`, the steps and interrupts of that CPU
+/// alone.
+fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
     let mut part = Part::default();
-    let mut current: Option<u32> = None;
-    let mut just_started = false;
+    let mut cpu = 0u32;
+    // Since tracing (re)started, the CPUs that ran a step: a task named on
+    // another CPU is named where its tracing starts, not switched to.
+    let mut started = false;
+    let mut stepped: Vec<u32> = Vec::new();
     while let Some(r) = records.next_record() {
-        let acc = match current {
-            Some(tid) => part.tasks.entry(tid).or_default(),
-            None => &mut part.inherited,
-        };
+        if let RecordRef::Event(Event::Cpu(n)) = r {
+            cpu = *n;
+            continue;
+        }
+        let counted = only.is_none_or(|o| o == cpu);
         match r {
             RecordRef::Step(s) => {
-                just_started = false;
-                if s.cpl == 0 {
-                    acc.kernel += 1;
-                } else {
-                    acc.user += 1;
-                    if let Some(n) = syscalls::number_of(s) {
-                        acc.syscalls += 1;
-                        *acc.calls.entry(n).or_default() += 1;
-                    }
+                if started && !stepped.contains(&cpu) {
+                    stepped.push(cpu);
                 }
-                acc.spaces.insert(cr3_root(s.cr3));
+                if counted {
+                    // The decoder keeps CPU numbers below `MAX_CPUS`.
+                    part.running(cpu).step(s, cpu as usize);
+                }
             }
-            RecordRef::Event(Event::Interrupt { .. }) => acc.interrupts += 1,
-            RecordRef::Event(Event::TraceStart(_)) => just_started = true,
+            RecordRef::Event(Event::Interrupt { .. }) if counted => {
+                part.running(cpu).interrupts += 1
+            }
+            RecordRef::Event(Event::TraceStart(_)) => {
+                started = true;
+                stepped.clear();
+            }
             RecordRef::Event(Event::Task { tid, pid, comm }) => {
                 let next = part.tasks.entry(*tid).or_default();
-                // Where tracing starts the task is named, not switched to.
-                if !just_started {
+                if !started || stepped.contains(&cpu) {
                     next.switches_in += 1;
                 }
                 part.names.push((*tid, Some(*pid), comm.clone()));
-                current = Some(*tid);
+                part.runs_on(*tid, cpu);
             }
             RecordRef::Event(Event::Running { tid, pid, comm }) => {
                 // The segment begins in this task: named, not switched to.
                 part.tasks.entry(*tid).or_default();
                 part.names.push((*tid, Some(*pid), comm.clone()));
-                current = Some(*tid);
+                part.runs_on(*tid, cpu);
             }
             RecordRef::Event(Event::TaskName { tid, comm }) => {
                 part.names.push((*tid, None, comm.clone()));
@@ -182,32 +248,43 @@ fn count_segment(records: &mut Records<'_>) -> Part {
             RecordRef::Event(_) => {}
         }
     }
-    part.last = current;
     part
 }
 
-/// Reads the trace and builds the table.
+/// Reads the trace and builds the table (of the CPU `--cpu` chose, or of
+/// all).
 pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
+    let only = trace.selected_cpu();
     let mut unnamed = Acc::default();
     let mut tasks: FxHashMap<u32, Acc> = FxHashMap::default();
     let mut names: FxHashMap<u32, (Option<u32>, String)> = FxHashMap::default();
-    let mut current: Option<u32> = None;
+    // Each CPU's running task, and each task's last CPU.
+    let mut current: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut last_cpu: FxHashMap<u32, u32> = FxHashMap::default();
     let mut maps: FxHashMap<u32, Vec<Mapping>> = FxHashMap::default();
     let mut exits: FxHashMap<u32, u32> = FxHashMap::default();
     trace.for_each_ordered(
         &trace.segments,
-        |_: &SegmentInfo, records| count_segment(records),
+        |_: &SegmentInfo, records| count_segment(records, only),
         |chunk| {
             let Ok(part) = chunk.result else {
                 return Ok::<(), crate::error::AnalyzeError>(());
             };
-            match current {
-                Some(tid) => tasks.entry(tid).or_default().merge(part.inherited),
-                None => unnamed.merge(part.inherited),
+            for (cpu, inherited) in part.inherited {
+                match current.get(&cpu) {
+                    Some(tid) => tasks.entry(*tid).or_default().merge(inherited),
+                    None => unnamed.merge(inherited),
+                }
             }
             for (tid, acc) in part.tasks {
                 tasks.entry(tid).or_default().merge(acc);
             }
+            for (tid, first) in part.first_cpu {
+                if last_cpu.get(&tid).is_some_and(|&before| before != first) {
+                    tasks.entry(tid).or_default().migrations += 1;
+                }
+            }
+            last_cpu.extend(part.last_cpu);
             for (tid, pid, comm) in part.names {
                 let entry = names.entry(tid).or_insert((None, String::new()));
                 entry.0 = pid.or(entry.0);
@@ -215,11 +292,12 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
             }
             maps.extend(part.maps);
             exits.extend(part.exits);
-            current = part.last.or(current);
+            current.extend(part.last);
             Ok(())
         },
         progress,
     )?;
+    let several_cpus = trace.metadata.cpu_count() > 1;
     let tasks_named = !names.is_empty();
     let row = |pid: Option<u32>, tid, comm: String, a: Acc| {
         let mut spaces: Vec<u64> = a.spaces.into_iter().collect();
@@ -242,6 +320,14 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
             syscalls: a.syscalls,
             interrupts: a.interrupts,
             switches_in: a.switches_in,
+            cpus: match several_cpus {
+                true => (0u32..)
+                    .zip(a.by_cpu)
+                    .filter(|&(_, steps)| steps > 0)
+                    .collect(),
+                false => BTreeMap::new(),
+            },
+            migrations: a.migrations,
             address_spaces: spaces,
             system_calls,
             mappings,
@@ -319,6 +405,21 @@ impl ProcessTable {
             for m in &p.mappings {
                 let _ = writeln!(out, "{:17}maps {} {:#x}-{:#x}", "", m.path, m.start, m.end);
             }
+            if !p.cpus.is_empty() {
+                let cpus: Vec<String> = p
+                    .cpus
+                    .iter()
+                    .map(|(cpu, steps)| format!("CPU {cpu} {steps} steps"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "{:17}on {}; {} migration{}",
+                    "",
+                    cpus.join(", "),
+                    p.migrations,
+                    if p.migrations == 1 { "" } else { "s" }
+                );
+            }
             if let Some(exit) = &p.exit {
                 let _ = writeln!(out, "{:17}{exit}", "");
             }
@@ -389,9 +490,9 @@ mod tests {
             comm: "sh".into(),
         });
         let payload = enc.take();
-        let part = count_segment(&mut Records::new(&payload));
+        let part = count_segment(&mut Records::new(&payload), None);
 
-        assert_eq!((part.inherited.kernel, part.inherited.user), (1, 1));
+        assert_eq!((part.inherited[&0].kernel, part.inherited[&0].user), (1, 1));
         let init = &part.tasks[&1];
         assert_eq!((init.user, init.kernel, init.syscalls), (1, 1, 1));
         // Named where tracing started, then switched to once.
@@ -399,7 +500,7 @@ mod tests {
         let kthreadd = &part.tasks[&2];
         assert_eq!((kthreadd.kernel, kthreadd.interrupts), (1, 1));
         assert_eq!(kthreadd.switches_in, 1);
-        assert_eq!(part.last, Some(1));
+        assert_eq!(part.last.get(&0), Some(&1));
         assert_eq!(part.names.last(), Some(&(1, None, "sh".to_string())));
 
         // A segment that opens with the running task: its steps are that
@@ -413,9 +514,47 @@ mod tests {
         step(&mut enc, &[0x90], 0);
         enc.push_event(&Event::TaskExit { tid: 2, code: 0 });
         let payload = enc.take();
-        let part = count_segment(&mut Records::new(&payload));
-        assert_eq!(part.inherited.kernel, 0);
+        let part = count_segment(&mut Records::new(&payload), None);
+        assert!(part.inherited.is_empty());
         assert_eq!((part.tasks[&2].kernel, part.tasks[&2].switches_in), (1, 0));
         assert_eq!(part.exits, vec![(2, 0)]);
+    }
+
+    #[test]
+    fn each_cpu_runs_its_own_task_and_a_move_is_a_migration() {
+        let mut enc = SegmentEncoder::new();
+        enc.push_event(&Event::TraceStart(TraceReason::Control));
+        enc.push_event(&task(1, "a"));
+        step(&mut enc, &[0x90], 3);
+        enc.push_event(&Event::Cpu(1));
+        // Named where CPU 1's tracing starts: not a switch.
+        enc.push_event(&task(2, "b"));
+        step(&mut enc, &[0x90], 3);
+        step(&mut enc, &[0x90], 0);
+        enc.push_event(&Event::Cpu(0));
+        step(&mut enc, &[0x90], 3);
+        enc.push_event(&task(3, "idle"));
+        enc.push_event(&Event::Cpu(1));
+        // Task 1 moves to CPU 1.
+        enc.push_event(&task(1, "a"));
+        step(&mut enc, &[0x90], 0);
+        let payload = enc.take();
+        let part = count_segment(&mut Records::new(&payload), None);
+        let a = &part.tasks[&1];
+        assert_eq!((a.user, a.kernel), (2, 1));
+        assert_eq!(a.by_cpu, vec![2, 1]);
+        assert_eq!((a.migrations, a.switches_in), (1, 1));
+        let b = &part.tasks[&2];
+        assert_eq!((b.user, b.kernel, b.switches_in), (1, 1, 0));
+        assert_eq!(b.by_cpu, vec![0, 2]);
+        assert_eq!(part.tasks[&3].switches_in, 1);
+        assert_eq!(part.last.get(&0), Some(&3));
+        assert_eq!(part.last.get(&1), Some(&1));
+        assert_eq!((part.first_cpu[&1], part.last_cpu[&1]), (0, 1));
+
+        // `--cpu 1`: only CPU 1's steps are counted.
+        let part = count_segment(&mut Records::new(&payload), Some(1));
+        assert_eq!(part.tasks[&1].user + part.tasks[&1].kernel, 1);
+        assert_eq!(part.tasks[&2].by_cpu, vec![0, 2]);
     }
 }

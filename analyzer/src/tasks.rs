@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use vtrace_storage::Event;
+use vtrace_storage::{Event, MAX_CPUS};
 
 /// `TASK_COMM_LEN`: the kernel keeps 15 bytes of a task's name and a NUL.
 const COMM_LEN: usize = 16;
@@ -78,39 +78,60 @@ impl fmt::Display for TaskId {
     }
 }
 
-/// The running task, as the events read so far name it.
-#[derive(Clone, Copy, Debug, Default)]
+/// The running task, as the events read so far name it: each CPU's (a
+/// trace of several CPUs names the CPU of the records that follow with
+/// [`Event::Cpu`]), the current CPU's answered.
+#[derive(Clone, Debug, Default)]
 pub struct TaskTracker {
-    current: Option<TaskId>,
+    /// The CPU of the records now.
+    cpu: usize,
+    /// Each CPU's running task, by CPU.
+    current: Vec<Option<TaskId>>,
 }
 
 impl TaskTracker {
-    /// The running task; `None` before the records name one.
+    /// The running task of the current CPU; `None` before the records
+    /// name one.
     pub fn current(&self) -> Option<&TaskId> {
-        self.current.as_ref()
+        self.current.get(self.cpu).and_then(Option::as_ref)
     }
 
     /// Follows one event; true when it changed the running task or its
-    /// name.
+    /// name (a change of CPU changes the task where the other CPU runs
+    /// another).
     pub fn follow(&mut self, event: &Event) -> bool {
-        let next = match event {
-            Event::Task { tid, pid, comm } | Event::Running { tid, pid, comm } => TaskId {
-                tid: *tid,
-                pid: *pid,
-                comm: Comm::new(comm),
-            },
-            Event::TaskName { tid, comm } => match self.current {
-                Some(t) if t.tid == *tid => TaskId {
+        let before = self.current().copied();
+        match event {
+            Event::Cpu(cpu) => {
+                self.cpu = usize::try_from(*cpu).unwrap_or(usize::MAX);
+            }
+            Event::Task { tid, pid, comm } | Event::Running { tid, pid, comm } => {
+                let next = TaskId {
+                    tid: *tid,
+                    pid: *pid,
                     comm: Comm::new(comm),
-                    ..t
-                },
-                _ => return false,
-            },
+                };
+                // The decoder keeps CPU numbers below `MAX_CPUS`; a tracker
+                // fed other events grows no further.
+                if self.current.len() <= self.cpu && self.cpu < MAX_CPUS as usize {
+                    self.current.resize(self.cpu + 1, None);
+                }
+                if let Some(slot) = self.current.get_mut(self.cpu) {
+                    *slot = Some(next);
+                }
+            }
+            Event::TaskName { tid, comm } => {
+                // A task runs on one CPU at a time; the others' copies
+                // of it are renamed too for when they run it again.
+                for task in self.current.iter_mut().flatten() {
+                    if task.tid == *tid {
+                        task.comm = Comm::new(comm);
+                    }
+                }
+            }
             _ => return false,
-        };
-        let changed = self.current != Some(next);
-        self.current = Some(next);
-        changed
+        }
+        self.current().copied() != before
     }
 }
 
@@ -153,7 +174,7 @@ impl TaskFilter {
 /// The running task followed through a segment's records, and whether a
 /// filter selects it: what per-segment work needs to skip other tasks'
 /// steps.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Selection<'a> {
     filter: &'a TaskFilter,
     tracker: TaskTracker,
@@ -219,6 +240,28 @@ mod tests {
         );
         // 15 ASCII bytes then a two-byte character: cut before it.
         assert_eq!(Comm::new("aaaaaaaaaaaaaaaé").as_str(), "aaaaaaaaaaaaaaa");
+    }
+
+    #[test]
+    fn the_tracker_keeps_each_cpus_task() {
+        let mut t = TaskTracker::default();
+        t.follow(&task(1, 1, "a"));
+        assert!(t.follow(&Event::Cpu(1)), "CPU 1 runs nothing named yet");
+        assert!(t.current().is_none());
+        assert!(t.follow(&task(2, 2, "b")));
+        assert!(t.follow(&Event::Cpu(0)));
+        assert_eq!(t.current().map(|c| c.tid), Some(1));
+        assert!(!t.follow(&Event::Cpu(0)), "no change");
+        // A rename reaches the task on whichever CPU it runs.
+        assert!(!t.follow(&Event::TaskName {
+            tid: 2,
+            comm: "c".into()
+        }));
+        assert!(t.follow(&Event::Cpu(1)));
+        assert_eq!(t.current().map(|c| c.comm.as_str()), Some("c"));
+        // A CPU number past any trace's keeps no task.
+        t.follow(&Event::Cpu(u32::MAX));
+        assert!(!t.follow(&task(3, 3, "d")) && t.current().is_none());
     }
 
     #[test]

@@ -96,9 +96,11 @@ pub struct RunArgs {
 
     /// CPUs of the guest. Above 1 the machine gets a local APIC per CPU
     /// and an ACPI MADT listing them, CPU 0 starts the others with INIT
-    /// and STARTUP IPIs, and the built-in demo OS runs its SMP mode. The
-    /// CPUs take turns on one host thread. So far: PVH kernels only, and
-    /// untraced.
+    /// and STARTUP IPIs, the built-in demo OS runs its SMP mode, and
+    /// Linux's default command line keeps the local APIC (still
+    /// `noapic`: there is no I/O APIC). The CPUs take turns on one host
+    /// thread, one instruction a turn while tracing. A real-mode image
+    /// runs on one CPU only.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), help_heading = "Guest")]
     pub cpus: u8,
 
@@ -288,7 +290,7 @@ fn append_help() -> String {
          The default for a Linux kernel with --cpu baseline:\n  {}\nwith --cpu host:\n  {}\n\
          The switches after noapic keep Linux off what the baseline CPU hides (on some hosts \
          the CPU's own bits reach an untraced guest). The built-in demo OS has no default.",
-        default_linux_cmdline(CpuProfile::Baseline),
-        default_linux_cmdline(CpuProfile::Host)
+        default_linux_cmdline(CpuProfile::Baseline, 1),
+        default_linux_cmdline(CpuProfile::Host, 1)
     )
 }

@@ -72,9 +72,9 @@ pub struct Recorder {
     seq: u64,
     next_step: u64,
     chunk_first_step: u64,
-    /// The running task as the events so far name it, to open every chunk
-    /// with ([`Event::Running`]).
-    running: Option<Event>,
+    /// Each CPU's running task as the events so far name it, by CPU, to
+    /// open every chunk with ([`Event::Running`]).
+    running: Vec<Option<Event>>,
     /// The CPU of the records (see [`Event::Cpu`]), to open every chunk
     /// with where it is not 0.
     cpu: u32,
@@ -122,7 +122,7 @@ impl Recorder {
             seq: 0,
             next_step: 0,
             chunk_first_step: 0,
-            running: None,
+            running: Vec::new(),
             cpu: 0,
         }
     }
@@ -171,36 +171,57 @@ impl Recorder {
         }
     }
 
-    /// Starts a chunk with the current CPU where it is not 0, and the
-    /// running task where one is known.
+    /// Starts a chunk with each CPU's running task where one is known,
+    /// the other CPUs' each after its CPU event, then the current CPU
+    /// where it is not 0 or another was named, and its running task. A
+    /// one-CPU trace opens a chunk with its running task only.
     fn open_chunk(&mut self) {
-        if self.cpu != 0 {
+        let current = usize::try_from(self.cpu).unwrap_or(usize::MAX);
+        let mut named_another = false;
+        for (cpu, running) in self.running.iter().enumerate() {
+            let (Some(running), Ok(number)) = (running, u32::try_from(cpu)) else {
+                continue;
+            };
+            if cpu != current {
+                self.encoder.push_event(&Event::Cpu(number));
+                self.encoder.push_event(running);
+                named_another = true;
+            }
+        }
+        if self.cpu != 0 || named_another {
             self.encoder.push_event(&Event::Cpu(self.cpu));
         }
-        if let Some(running) = &self.running {
+        if let Some(Some(running)) = self.running.get(current) {
             self.encoder.push_event(running);
         }
     }
 
-    /// Keeps [`Recorder::running`] up to date.
+    /// Keeps [`Recorder::running`] up to date: a switch names the current
+    /// CPU's task, a rename renames the task wherever it runs.
     fn follow_task(&mut self, event: &Event) {
         match event {
-            Event::Task { tid, pid, comm } => {
-                self.running = Some(Event::Running {
+            Event::Task { tid, pid, comm } if self.cpu < crate::record::MAX_CPUS => {
+                let slot = self.cpu as usize;
+                if self.running.len() <= slot {
+                    self.running.resize(slot + 1, None);
+                }
+                self.running[slot] = Some(Event::Running {
                     tid: *tid,
                     pid: *pid,
                     comm: comm.clone(),
                 });
             }
             Event::TaskName { tid, comm } => {
-                if let Some(Event::Running {
-                    tid: running,
-                    comm: name,
-                    ..
-                }) = &mut self.running
-                {
-                    if running == tid {
-                        name.clone_from(comm);
+                for running in self.running.iter_mut().flatten() {
+                    if let Event::Running {
+                        tid: runs,
+                        comm: name,
+                        ..
+                    } = running
+                    {
+                        if runs == tid {
+                            name.clone_from(comm);
+                        }
                     }
                 }
             }

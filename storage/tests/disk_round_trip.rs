@@ -291,6 +291,77 @@ fn every_segment_names_the_cpu_it_begins_on_and_the_digest_does_not_care() {
     assert_ne!(summary(&c).digest, sa.digest);
 }
 
+/// Where each CPU runs its own tasks, every segment opens with the task
+/// each CPU ran there: a per-segment reader knows, for every CPU, whose
+/// steps it reads.
+#[test]
+fn every_segment_names_the_task_of_each_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut recs = Vec::new();
+    let mut steps = 0u64;
+    for r in records_on_cpus(60_000) {
+        if let Record::Step(_) = r {
+            // Now and then the CPU just named switches: task 10 × CPU + k.
+            if steps % 997 == 7 {
+                let cpu = recs
+                    .iter()
+                    .rev()
+                    .find_map(|r| match r {
+                        Record::Event(Event::Cpu(c)) => Some(*c),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                let tid = 10 * cpu + (steps / 997 % 4) as u32;
+                recs.push(Record::Event(Event::Task {
+                    tid,
+                    pid: tid,
+                    comm: format!("t{tid}"),
+                }));
+            }
+            steps += 1;
+        }
+        recs.push(r);
+    }
+    let path = dir.path().join("t.vtd");
+    write(&path, 16 << 20, 16 << 10, false, &recs);
+    let reader = TraceReader::open(&path).unwrap();
+    assert!(reader.segments().len() > 4);
+    // Each CPU's task as the records so far named it.
+    let mut expected: std::collections::BTreeMap<u32, u32> = Default::default();
+    let mut named_all = false;
+    for i in 0..reader.segments().len() {
+        let segment = reader.decode(i).unwrap();
+        let mut opened: std::collections::BTreeMap<u32, u32> = Default::default();
+        let mut cpu = 0;
+        let mut head = true;
+        for r in &segment {
+            match r {
+                Record::Event(Event::Cpu(c)) => cpu = *c,
+                Record::Event(Event::Running { tid, .. }) => {
+                    assert!(head, "segment {i}: a Running event after its first step");
+                    opened.insert(cpu, *tid);
+                }
+                Record::Event(Event::Task { tid, .. }) => {
+                    expected.insert(cpu, *tid);
+                }
+                Record::Step(step) => {
+                    if head {
+                        // The head holds only Running events: `expected`
+                        // is still as the segments before left it.
+                        assert_eq!(opened, expected, "segment {i}");
+                    }
+                    head = false;
+                    assert_eq!(step.regs.gpr[2], u64::from(cpu), "segment {i}");
+                }
+                _ => {}
+            }
+        }
+        named_all |= opened.len() == 3;
+    }
+    assert_eq!(expected.len(), 3, "each CPU ran tasks: {expected:?}");
+    assert!(named_all, "some segment opens with all three CPUs' tasks");
+}
+
 #[test]
 fn wrap_keeps_the_newest_records() {
     let dir = tempfile::tempdir().unwrap();

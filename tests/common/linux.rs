@@ -134,6 +134,14 @@ pub fn listing(trace: &Path) -> Vec<String> {
     stdout(&o).lines().map(str::to_owned).collect()
 }
 
+/// The listing of CPU `cpu`'s steps of a trace of several CPUs.
+pub fn listing_of_cpu(trace: &Path, cpu: u32) -> Vec<String> {
+    let cpu = cpu.to_string();
+    let o = run(&["analyze", "listing", "--cpu", &cpu, trace.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o).lines().map(str::to_owned).collect()
+}
+
 /// `vtrace analyze processes --json` of a trace.
 pub fn processes(trace: &Path) -> serde_json::Value {
     let o = run(&["analyze", "processes", "--json", trace.to_str().unwrap()]);
@@ -166,17 +174,57 @@ pub fn assert_user_mode_traced_whole(trace: &Path) {
     let info = info_json(trace);
     assert_eq!(info["gaps"], 0, "{info}");
 
-    // Listing columns of a Linux trace: step, pid, comm, address space,
-    // pc, routine+offset, bytes, mnemonic.
     let lines = listing(trace);
-    // Each step's fields, with its line's index.
+    let (_, user_syscalls) = assert_system_calls_followed(&lines, 0);
+
+    // The only user process is the shell the kernel ran as /init: pid 1,
+    // named "init" by its exec. Tracing started in its user mode, where
+    // the running task is found through the kernel's saved GS base; every
+    // user step and every SYSCALL of the window is its.
+    let table = processes(trace);
+    let rows = table["processes"].as_array().unwrap();
+    let init = rows
+        .iter()
+        .find(|r| r["tid"] == 1)
+        .unwrap_or_else(|| panic!("no task 1: {table}"));
+    assert_eq!(
+        (&init["pid"], &init["comm"]),
+        (&1.into(), &"init".into()),
+        "{table}"
+    );
+    assert_eq!(init["user_steps"], user, "{table}");
+    assert_eq!(init["syscalls"], user_syscalls, "{table}");
+    assert!(
+        rows.iter().all(|r| !r["tid"].is_null()),
+        "unnamed steps: {table}"
+    );
+}
+
+/// Checks a listing of one CPU's steps of a Linux trace (`skip` columns,
+/// the CPU's, before the pid): every user-mode SYSCALL followed into the
+/// kernel and every SYSRETQ back to user mode, and some of each. Gives
+/// the steps and the user-mode SYSCALLs.
+pub fn assert_system_calls_followed(lines: &[String], skip: usize) -> (usize, usize) {
+    // Listing columns of a Linux trace: step, (CPU), pid, comm, address
+    // space, pc, routine+offset, bytes, mnemonic.
     let steps: Vec<(usize, Vec<&str>)> = lines
         .iter()
         .enumerate()
-        .map(|(i, l)| (i, l.split_whitespace().collect::<Vec<_>>()))
-        .filter(|(_, f)| f.len() > 7 && f[0].parse::<u64>().is_ok())
+        .map(|(i, l)| {
+            (
+                i,
+                l.split_whitespace().skip(1).skip(skip).collect::<Vec<_>>(),
+            )
+        })
+        .filter(|(i, f)| {
+            f.len() > 6
+                && lines[*i]
+                    .split_whitespace()
+                    .next()
+                    .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
         .collect();
-    let kernel = |f: &[&str]| f[4].starts_with("0xffff");
+    let kernel = |f: &[&str]| f[3].starts_with("0xffff");
     let (mut syscalls, mut sysrets) = (0, 0);
     for w in steps.windows(2) {
         let ((at, this), (next_at, next)) = (&w[0], &w[1]);
@@ -185,7 +233,7 @@ pub fn assert_user_mode_traced_whole(trace: &Path) {
         let interrupted = lines[at + 1..*next_at]
             .iter()
             .any(|l| l.trim_start().starts_with("-- interrupt"));
-        match this[7] {
+        match this[6] {
             "syscall" if !kernel(this) => {
                 syscalls += 1;
                 assert!(
@@ -208,30 +256,9 @@ pub fn assert_user_mode_traced_whole(trace: &Path) {
         "{syscalls} syscalls, {sysrets} sysrets in {} steps",
         steps.len()
     );
-
-    // The only user process is the shell the kernel ran as /init: pid 1,
-    // named "init" by its exec. Tracing started in its user mode, where
-    // the running task is found through the kernel's saved GS base; every
-    // user step and every SYSCALL of the window is its.
-    let table = processes(trace);
-    let rows = table["processes"].as_array().unwrap();
-    let init = rows
-        .iter()
-        .find(|r| r["tid"] == 1)
-        .unwrap_or_else(|| panic!("no task 1: {table}"));
-    assert_eq!(
-        (&init["pid"], &init["comm"]),
-        (&1.into(), &"init".into()),
-        "{table}"
-    );
-    assert_eq!(init["user_steps"], user, "{table}");
     let user_syscalls = steps
         .iter()
-        .filter(|(_, f)| f[7] == "syscall" && !kernel(f))
+        .filter(|(_, f)| f[6] == "syscall" && !kernel(f))
         .count();
-    assert_eq!(init["syscalls"], user_syscalls, "{table}");
-    assert!(
-        rows.iter().all(|r| !r["tid"].is_null()),
-        "unnamed steps: {table}"
-    );
+    (steps.len(), user_syscalls)
 }

@@ -40,24 +40,34 @@ struct Task {
     comm: String,
 }
 
-/// Follows the running task of a Linux guest.
+/// Follows the running task of a Linux guest, on each of its CPUs.
 pub struct TaskWatch {
     layout: TaskLayout,
+    /// What the CPU on stage runs.
+    on: OnCpu,
+    /// The CPU on stage, and the others' states (see [`TaskWatch::turn_to`]).
+    cpu: usize,
+    parked: Vec<OnCpu>,
+    maps: Option<MapWatch>,
+}
+
+/// What one CPU runs, as the trace last named it.
+#[derive(Clone, Debug, Default)]
+struct OnCpu {
     /// The task the last event named.
     current: Option<Task>,
     /// Where its `task_struct` is.
     current_at: u64,
-    maps: Option<MapWatch>,
-    /// The run-queue length last recorded.
+    /// The length of this CPU's run queue last recorded.
     runnable: Option<u32>,
+    /// The running process's map is to be read where its system call
+    /// returns.
+    maps_pending: bool,
 }
 
 /// Follows the memory maps of a Linux guest's processes.
 struct MapWatch {
     layout: MapLayout,
-    /// The running process's map is to be read where its system call
-    /// returns.
-    pending: bool,
     /// The map last recorded per process, in this tracing window.
     recorded: HashMap<u32, Vec<Mapping>>,
 }
@@ -68,13 +78,34 @@ impl TaskWatch {
         TaskWatch {
             maps: layout.maps.map(|layout| MapWatch {
                 layout,
-                pending: false,
                 recorded: HashMap::new(),
             }),
             layout,
-            current: None,
-            current_at: 0,
-            runnable: None,
+            on: OnCpu::default(),
+            cpu: 0,
+            parked: Vec::new(),
+        }
+    }
+
+    /// The VMM turned to CPU `cpu`: what it runs comes on stage.
+    pub fn turn_to(&mut self, cpu: usize) {
+        if cpu == self.cpu {
+            return;
+        }
+        let needed = cpu.max(self.cpu) + 1;
+        if self.parked.len() < needed {
+            self.parked.resize_with(needed, OnCpu::default);
+        }
+        // As the tracer's engines trade places (see `tracer::cpus`).
+        std::mem::swap(&mut self.on, &mut self.parked[self.cpu]);
+        std::mem::swap(&mut self.on, &mut self.parked[cpu]);
+        self.cpu = cpu;
+    }
+
+    /// A tracing window opens: it names every process's map again.
+    pub fn new_window(&mut self) {
+        if let Some(maps) = &mut self.maps {
+            maps.recorded.clear();
         }
     }
 
@@ -83,16 +114,13 @@ impl TaskWatch {
     /// SWAPGS in user mode), and what the first instruction does to it
     /// (tracing may start on a switch: `--start-at __switch_to`).
     pub fn begin(&mut self, engine: &mut Engine, cpu: &mut dyn CpuView, sink: &mut dyn RecordSink) {
-        self.current = None;
-        self.runnable = None;
-        if let Some(maps) = &mut self.maps {
-            // A window of its own: it names every process's map again.
-            maps.recorded.clear();
+        self.on = OnCpu {
             // In user mode the kernel's half may not be mapped (page-table
             // isolation): where the map cannot be read now, it is read
             // where the next system call returns.
-            maps.pending = true;
-        }
+            maps_pending: self.maps.is_some(),
+            ..OnCpu::default()
+        };
         self.name_running(engine, cpu, sink);
         if let Some(pc) = engine.next_pc() {
             self.before(pc, engine, cpu, sink);
@@ -153,23 +181,23 @@ impl TaskWatch {
             let Some(comm) = read_text(engine, cpu, regs.rsi, COMM_LEN - 1) else {
                 return;
             };
-            if let Some(current) = self.current.as_mut().filter(|c| c.tid == tid) {
+            if let Some(current) = self.on.current.as_mut().filter(|c| c.tid == tid) {
                 current.comm.clone_from(&comm);
             }
             sink.event(&Event::TaskName { tid, comm });
-            if let (Some(maps), true) = (&mut self.maps, regs.rdx & 0xff != 0) {
+            if self.maps.is_some() && regs.rdx & 0xff != 0 {
                 // An exec: the new program is mapped by the time it returns.
-                maps.pending = true;
+                self.on.maps_pending = true;
             }
         } else if Some(pc) == self.layout.exit {
             self.exit(engine, cpu, sink);
-        } else if let Some(maps) = &mut self.maps {
+        } else if let Some(maps) = &self.maps {
             if pc == maps.layout.syscall_entry {
                 if MAP_SYSCALLS.contains(&cpu.regs().rax) {
-                    maps.pending = true;
+                    self.on.maps_pending = true;
                 }
-            } else if maps.pending && pc == maps.layout.syscall_exit {
-                maps.pending = false;
+            } else if self.on.maps_pending && pc == maps.layout.syscall_exit {
+                self.on.maps_pending = false;
                 self.map_current(engine, cpu, sink);
             }
         }
@@ -216,10 +244,10 @@ impl TaskWatch {
         }
         let count = u32::from_le_bytes(bytes);
         // More runnable tasks than there can be pids is not a count.
-        if count > PID_MAX || self.runnable == Some(count) {
+        if count > PID_MAX || self.on.runnable == Some(count) {
             return;
         }
-        self.runnable = Some(count);
+        self.on.runnable = Some(count);
         sink.event(&Event::Runnable { count });
     }
 
@@ -230,7 +258,7 @@ impl TaskWatch {
         cpu: &mut dyn CpuView,
         sink: &mut dyn RecordSink,
     ) {
-        let (Some(maps), Some(task)) = (&self.maps, &self.current) else {
+        let (Some(maps), Some(task)) = (&self.maps, &self.on.current) else {
             return;
         };
         if !maps.recorded.contains_key(&task.pid) {
@@ -245,10 +273,10 @@ impl TaskWatch {
         cpu: &mut dyn CpuView,
         sink: &mut dyn RecordSink,
     ) {
-        let (Some(maps), Some(task)) = (&mut self.maps, &self.current) else {
+        let (Some(maps), Some(task)) = (&mut self.maps, &self.on.current) else {
             return;
         };
-        let Some(now) = read_maps(&maps.layout, engine, cpu, self.current_at) else {
+        let Some(now) = read_maps(&maps.layout, engine, cpu, self.on.current_at) else {
             return;
         };
         let pid = task.pid;
@@ -266,8 +294,8 @@ impl TaskWatch {
     }
 
     fn switch(&mut self, task: Task, at: u64, sink: &mut dyn RecordSink) {
-        self.current_at = at;
-        if self.current.as_ref() == Some(&task) {
+        self.on.current_at = at;
+        if self.on.current.as_ref() == Some(&task) {
             return;
         }
         sink.event(&Event::Task {
@@ -275,7 +303,7 @@ impl TaskWatch {
             pid: task.pid,
             comm: task.comm.clone(),
         });
-        self.current = Some(task);
+        self.on.current = Some(task);
     }
 
     /// The task whose `task_struct` is at `at`, if it reads as one.

@@ -80,11 +80,11 @@ pub enum Error {
     /// The memory size asked for cannot be used.
     #[error("invalid guest memory size {0} bytes: {1}")]
     MemorySize(u64, &'static str),
-    /// The image cannot run on a machine of several CPUs yet.
+    /// The image cannot run on a machine of several CPUs.
     #[error(
-        "{path}: {what} does not run on a machine of {cpus} CPUs yet: several CPUs boot PVH \
-         kernels only (the built-in demo OS among them; Linux needs the I/O APIC, not built \
-         yet); run it with --cpus 1"
+        "{path}: {what} does not run on a machine of {cpus} CPUs: several CPUs boot kernels \
+         only (the built-in demo OS, a PVH kernel or Linux), which learn of the other CPUs \
+         from the ACPI tables; run it with --cpus 1"
     )]
     SeveralCpus {
         /// The image.

@@ -1,7 +1,8 @@
 //! A machine of several CPUs: an engine per CPU, since each CPU has its own
 //! instruction about to run, registers and interrupt in flight. The engine
 //! of the CPU the VMM enters is `Tracer::engine`, as on one CPU; the
-//! others wait in `parked_engines` and trade places on the VMM's turns.
+//! others wait in `parked_engines` and trade places on the VMM's turns;
+//! so does what the task watch knows of the task each CPU runs.
 //! The records name the CPU they ran on with `Event::Cpu`.
 
 use vtrace_storage::Event;
@@ -44,6 +45,9 @@ impl Tracer {
         std::mem::swap(&mut self.engine, &mut self.parked_engines[self.cpu]);
         std::mem::swap(&mut self.engine, &mut self.parked_engines[cpu]);
         self.cpu = cpu;
+        if let Some(tasks) = &mut self.tasks {
+            tasks.turn_to(cpu);
+        }
         self.engine.start_turn();
         if self.active {
             self.recorder.event(&Event::Cpu(self.cpu_number()));

@@ -166,6 +166,9 @@ impl Tracer {
         // Where tracing stopped on another CPU, the records name this one.
         self.recorder.event(&Event::Cpu(self.cpu_number()));
         self.recorder.event(&Event::TraceStart(reason));
+        if let Some(tasks) = &mut self.tasks {
+            tasks.new_window();
+        }
         self.active = true;
         self.stepping_over = None;
         self.guest.tracing_started();

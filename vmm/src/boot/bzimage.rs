@@ -29,6 +29,7 @@ pub fn load(
     kernel: &Image,
     initrd: Option<&Initrd>,
     cmdline: &str,
+    cpus: u8,
 ) -> Result<BootPlan> {
     let bytes: &[u8] = &kernel.bytes;
     let header =
@@ -74,6 +75,7 @@ pub fn load(
                 },
                 initrd,
                 cmdline,
+                cpus,
             )
         }
         Some(Ok(_)) => {
@@ -117,6 +119,7 @@ pub fn load(
                 },
                 initrd,
                 cmdline,
+                cpus,
             )
         }
     }

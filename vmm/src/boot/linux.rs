@@ -32,12 +32,14 @@ pub struct LoadedKernel {
     pub description: String,
 }
 
-/// Writes `boot_params` and returns the plan to enter `kernel`.
+/// Writes `boot_params` (and the ACPI tables of a machine of `cpus` CPUs)
+/// and returns the plan to enter `kernel`.
 pub fn boot(
     ram: &GuestRam,
     kernel: LoadedKernel,
     initrd: Option<&Initrd>,
     cmdline: &str,
+    cpus: u8,
 ) -> Result<BootPlan> {
     let mut params = boot_params::default();
     if let Some(header) = kernel.header {
@@ -84,7 +86,7 @@ pub fn boot(
         };
     }
     params.e820_entries = map.len() as u8;
-    params.acpi_rsdp_addr = super::acpi::write(ram, 1)?;
+    params.acpi_rsdp_addr = super::acpi::write(ram, cpus)?;
 
     LinuxBootConfigurator::write_bootparams(
         &BootParams::new(&params, GuestAddress(layout::ZERO_PAGE)),

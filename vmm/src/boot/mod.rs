@@ -151,9 +151,16 @@ pub struct BootPlan {
 /// serial console (and the early one, so a kernel that stops early still
 /// says something), reboot through the keyboard controller, a panic that
 /// reboots (a failing kernel ends the run instead of spinning), no PCI, and
-/// no local or I/O APIC, which vtrace does not emulate.
+/// no local or I/O APIC: a one-CPU machine has neither.
 pub const DEFAULT_LINUX_CMDLINE: &str =
     "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off nolapic noapic";
+
+/// [`DEFAULT_LINUX_CMDLINE`] for a machine of several CPUs: each has its
+/// local APIC, which Linux needs to start and signal the others. Still
+/// `noapic`: there is no I/O APIC, so Linux keeps the PIC in virtual-wire
+/// mode, its interrupts reaching CPU 0 through LINT0.
+pub const DEFAULT_LINUX_SMP_CMDLINE: &str =
+    "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off noapic";
 
 /// Added to [`DEFAULT_LINUX_CMDLINE`] with the baseline CPU profile. On some
 /// KVM hosts (those that emulate kernel code) CPUID masks only partly reach
@@ -166,11 +173,16 @@ pub const BASELINE_LINUX_FLAGS: &str = "noxsave nosmap nofsgsbase nopku \
      clearcpuid=popcnt,cx16,movbe,aes,smap,umip,rdtscp,rdpid,pku,fsgsbase,rdrand,\
      pni,pclmulqdq,ssse3,sse4_1,sse4_2,f16c";
 
-/// The command line to give a Linux kernel when the user gives none.
-pub fn default_linux_cmdline(cpu: crate::CpuProfile) -> String {
+/// The command line to give a Linux kernel on a machine of `cpus` CPUs
+/// when the user gives none.
+pub fn default_linux_cmdline(cpu: crate::CpuProfile, cpus: u8) -> String {
+    let base = match cpus {
+        0 | 1 => DEFAULT_LINUX_CMDLINE,
+        _ => DEFAULT_LINUX_SMP_CMDLINE,
+    };
     match cpu {
-        crate::CpuProfile::Baseline => format!("{DEFAULT_LINUX_CMDLINE} {BASELINE_LINUX_FLAGS}"),
-        crate::CpuProfile::Host => DEFAULT_LINUX_CMDLINE.to_string(),
+        crate::CpuProfile::Baseline => format!("{base} {BASELINE_LINUX_FLAGS}"),
+        crate::CpuProfile::Host => base.to_string(),
     }
 }
 
@@ -331,27 +343,24 @@ pub fn load(ram: &GuestRam, source: &BootSource, cpus: u8) -> Result<BootPlan> {
                         };
                         pvh::boot(ram, &guest)
                     }
-                    None => {
-                        one_cpu_only(kernel, "a Linux kernel (64-bit ELF)")?;
-                        linux::boot(
-                            ram,
-                            linux::LoadedKernel {
-                                entry: elf.info.entry,
-                                end: elf.info.phys_end,
-                                header: None,
-                                description: format!(
+                    None => linux::boot(
+                        ram,
+                        linux::LoadedKernel {
+                            entry: elf.info.entry,
+                            end: elf.info.phys_end,
+                            header: None,
+                            description: format!(
                                 "{}: 64-bit ELF at {:#x}..{:#x}, Linux boot protocol entry {:#x}",
                                 kernel.name, elf.info.phys_start, elf.info.phys_end, elf.info.entry
                             ),
-                            },
-                            initrd.as_ref(),
-                            cmdline,
-                        )
-                    }
+                        },
+                        initrd.as_ref(),
+                        cmdline,
+                        cpus,
+                    ),
                 }
             } else if vtrace_image::bzimage::is_bzimage(bytes) {
-                one_cpu_only(kernel, "a Linux kernel (bzImage)")?;
-                bzimage::load(ram, kernel, initrd.as_ref(), cmdline)
+                bzimage::load(ram, kernel, initrd.as_ref(), cmdline, cpus)
             } else {
                 Err(kernel.format_error(
                     "it is neither an ELF kernel (PVH or 64-bit vmlinux) nor a Linux bzImage \

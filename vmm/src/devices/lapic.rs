@@ -264,7 +264,11 @@ impl LocalApic {
     }
 
     /// Fires the timer if its time has come (at most once per call: a
-    /// periodic timer that fell behind catches up without a burst).
+    /// periodic timer that fell behind catches up without a burst). A
+    /// periodic timer keeps its phase: it fires next at the first whole
+    /// period after `now`, not a period after it was served, so over time
+    /// it counts as many periods as the PIT counts its own (Linux checks
+    /// the one against the other before it trusts this timer).
     pub fn update(&mut self, now: VirtualNanos) {
         let Some(c) = self.countdown else { return };
         if now < c.fires_at {
@@ -274,9 +278,13 @@ impl LocalApic {
         if lvt & LVT_MASKED == 0 {
             self.accept(lvt.to_le_bytes()[0]);
         }
-        self.countdown = (lvt & LVT_PERIODIC != 0).then(|| Countdown {
-            fires_at: now.saturating_add(c.period),
-            period: c.period,
+        self.countdown = (lvt & LVT_PERIODIC != 0).then(|| {
+            // `period` is not 0: a countdown of 0 is never made.
+            let periods = (now - c.fires_at) / c.period.max(1) + 1;
+            Countdown {
+                fires_at: c.fires_at.saturating_add(periods.saturating_mul(c.period)),
+                period: c.period,
+            }
         });
     }
 
@@ -453,6 +461,26 @@ mod tests {
         apic.update(21_600);
         assert_eq!(apic.next_deadline(), Some(23_200), "periodic");
         assert_eq!(apic.pending_vector(), Some(0x41));
+    }
+
+    #[test]
+    fn a_periodic_timer_served_late_keeps_its_phase_and_skips_no_burst() {
+        let mut apic = enabled(0);
+        apic.write(REG_TIMER_DIVIDE, 0xb, 0); // divide by 1
+        apic.write(REG_LVT_TIMER, LVT_PERIODIC | 0x40, 0);
+        apic.write(REG_TIMER_INITIAL, 100, 0); // a period of 1000 ns
+                                               // Served 300 ns late: the next one is still at 2000, not 2300,
+                                               // so ten periods take ten periods' time, as the PIT's do.
+        apic.update(1_300);
+        assert_eq!(apic.next_deadline(), Some(2_000));
+        // Served 3.5 periods late: one interrupt, the next on the grid.
+        apic.acknowledge();
+        apic.write(REG_EOI, 0, 1_300);
+        apic.update(5_500);
+        assert_eq!(apic.acknowledge(), Some(0x40));
+        apic.update(5_500);
+        assert_eq!(apic.pending_vector(), None, "no burst");
+        assert_eq!(apic.next_deadline(), Some(6_000));
     }
 
     #[test]
