@@ -21,6 +21,7 @@ fn json(s: &TraceSummary) -> serde_json::Value {
         "first_pc": s.first_pc,
         "last_pc": s.last_pc,
         "start_reasons": s.start_reasons.iter().map(|r| r.token()).collect::<Vec<_>>(),
+        "start_cpus": s.start_cpus,
         "stop_reason": s.stop_reason().map(|r| r.token()),
         "disk_size": s.disk_size,
         "disk_used": s.disk_used,
@@ -70,7 +71,17 @@ pub fn info(args: InfoArgs) -> Result<i32> {
         let _ = writeln!(out, "first step:     {a:#x}");
         let _ = writeln!(out, "last step:      {b:#x}");
     }
-    let starts: Vec<String> = s.start_reasons.iter().map(|r| r.to_string()).collect();
+    // On several CPUs, each start names the CPU its trigger fired on.
+    let several = s.steps_by_cpu.len() > 1;
+    let starts: Vec<String> = s
+        .start_reasons
+        .iter()
+        .enumerate()
+        .map(|(i, r)| match s.start_cpus.get(i).filter(|_| several) {
+            Some(cpu) => format!("{r} (on CPU {cpu})"),
+            None => r.to_string(),
+        })
+        .collect();
     let _ = writeln!(out, "started by:     {}", starts.join(", "));
     let _ = writeln!(out, "stopped by:     {}", reason(s.stop_reason()));
     let _ = writeln!(

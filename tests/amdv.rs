@@ -289,6 +289,37 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
         .map(|r| r["syscalls"].as_u64().unwrap_or(0))
         .sum();
     assert!(shells > 0, "{table}");
+
+    // The timeline's track of each CPU shows the tasks that ran on it:
+    // the same tasks the process table puts on that CPU.
+    let timeline = dir.path().join("t.json");
+    let o = run(&[
+        "analyze",
+        "timeline",
+        "-q",
+        "-o",
+        timeline.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&timeline).unwrap()).unwrap();
+    for cpu in 0..2u64 {
+        let on_track: std::collections::BTreeSet<u64> = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "task" && e["pid"] == 5_000_100 + cpu)
+            .filter_map(|e| e["args"]["tid"].as_u64())
+            .collect();
+        let in_table: std::collections::BTreeSet<u64> = rows
+            .iter()
+            .filter(|r| r["cpus"][cpu.to_string()].as_u64().is_some())
+            .filter_map(|r| r["tid"].as_u64())
+            .collect();
+        assert!(!on_track.is_empty(), "CPU {cpu}'s track");
+        assert_eq!(on_track, in_table, "CPU {cpu}: {table}");
+    }
 }
 
 /// Tracing started and stopped from the host again and again while Linux

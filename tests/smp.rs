@@ -318,6 +318,60 @@ fn one_cpu_traces_as_without_the_option() {
     );
 }
 
+/// A trigger that fires on an application processor starts tracing on
+/// every CPU at once, and the trace says which CPU it fired on.
+#[test]
+fn a_trigger_on_cpu_1_traces_every_cpu_and_names_where_it_fired() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("ap.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--quiet",
+        "--cpus",
+        "2",
+        "--start-at",
+        "ap_main",
+        "--max-steps",
+        "20000",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let i = info(&disk);
+    // Only the APs run ap_main.
+    assert_eq!(i["start_cpus"][0], 1, "{i}");
+    assert!(
+        i["start_reasons"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("address:"),
+        "{i}"
+    );
+    for cpu in ["0", "1"] {
+        assert!(i["steps_by_cpu"][cpu].as_u64() > Some(0), "CPU {cpu}: {i}");
+    }
+    let o = run(&["info", disk.to_str().unwrap()]);
+    assert!(stdout(&o).contains("(on CPU 1)"), "{}", stdout(&o));
+    // The first step is CPU 1's, at ap_main.
+    let o = run(&["analyze", "listing", "--count", "1", disk.to_str().unwrap()]);
+    let first = stdout(&o)
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let fields: Vec<&str> = first.split_whitespace().collect();
+    assert_eq!(fields.get(1), Some(&"1"), "{first}");
+    assert!(first.contains("ap_main"), "{first}");
+}
+
 /// `analyze export --cpu 1` of `trace`: a row per step of CPU 1, numbered
 /// as the listing numbers it (`first_listed`: the listing's first line).
 fn export_of_cpu_1(

@@ -1,12 +1,15 @@
 //! The address-space table: each CR3 seen, its steps, the switches into
 //! it, the code it ran (as address ranges) and its busiest routines (the
-//! old analyzer's per-process table).
+//! old analyzer's per-process table). On a trace of several CPUs, of all
+//! CPUs or of `--cpu N`'s, a switch being one CPU's.
 
 use std::fmt::Write as _;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use vtrace_storage::RecordRef;
+use std::collections::BTreeMap;
+
+use vtrace_storage::{Event, RecordRef};
 
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
@@ -73,15 +76,25 @@ struct Acc {
 
 struct Part {
     spaces: FxHashMap<u64, Acc>,
-    first_cr3: Option<u64>,
-    last_cr3: Option<u64>,
+    /// Each CPU's first and last address space in the segment.
+    first_cr3: BTreeMap<u32, u64>,
+    last_cr3: BTreeMap<u32, u64>,
 }
 
-fn count_segment(info: &SegmentInfo, records: &mut Records<'_>, symbols: &Symbolizer) -> Part {
+/// Counts one segment: of CPU `only`'s steps where it names one. A switch
+/// is a CPU's move from one address space to another (CPUs taking turns
+/// in different ones switch nothing).
+fn count_segment(
+    info: &SegmentInfo,
+    records: &mut Records<'_>,
+    symbols: &Symbolizer,
+    only: Option<u32>,
+) -> Part {
     let mut spaces: FxHashMap<u64, Acc> = FxHashMap::default();
     let mut funcs = FuncResolver::new(symbols);
-    let mut prev: Option<u64> = None;
-    let mut first_cr3 = None;
+    let mut prev: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut first_cr3 = BTreeMap::new();
+    let mut cpu = 0u32;
     let mut number = info.first_step;
     // Consecutive steps mostly share a page and a routine: count those
     // runs once rather than touch two hash tables every step.
@@ -95,7 +108,18 @@ fn count_segment(info: &SegmentInfo, records: &mut Records<'_>, symbols: &Symbol
         }
     };
     while let Some(r) = records.next_record() {
-        let RecordRef::Step(s) = r else { continue };
+        let s = match r {
+            RecordRef::Step(s) => s,
+            RecordRef::Event(Event::Cpu(c)) => {
+                cpu = *c;
+                continue;
+            }
+            RecordRef::Event(_) => continue,
+        };
+        if only.is_some_and(|o| o != cpu) {
+            number = number.saturating_add(1);
+            continue;
+        }
         let root = cr3_root(s.cr3);
         let a = spaces.entry(root).or_insert_with(|| Acc {
             first: number,
@@ -111,7 +135,7 @@ fn count_segment(info: &SegmentInfo, records: &mut Records<'_>, symbols: &Symbol
             a.pages.insert(page);
             last_page = Some((root, page));
         }
-        if prev.is_some_and(|p| p != root) {
+        if prev.get(&cpu).is_some_and(|&p| p != root) {
             a.switches_in += 1;
         }
         let func = funcs.func(s.pc, s.cr3);
@@ -119,8 +143,8 @@ fn count_segment(info: &SegmentInfo, records: &mut Records<'_>, symbols: &Symbol
             Some((r, f, steps)) if *r == root && *f == func => *steps += 1,
             _ => flush(&mut spaces, run.replace((root, func, 1))),
         }
-        first_cr3.get_or_insert(root);
-        prev = Some(root);
+        first_cr3.entry(cpu).or_insert(root);
+        prev.insert(cpu, root);
         number = number.saturating_add(1);
     }
     flush(&mut spaces, run);
@@ -146,21 +170,23 @@ fn ranges(pages: &FxHashSet<u64>) -> Vec<(u64, u64)> {
 
 /// Reads the trace and builds the table.
 pub fn collect(trace: &Trace, symbols: &Symbolizer, progress: Progress<'_>) -> Result<SpaceTable> {
+    let only = trace.selected_cpu();
     let mut all: FxHashMap<u64, Acc> = FxHashMap::default();
-    let mut last: Option<u64> = None;
+    // Each CPU's address space where the segments so far left it.
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
     trace.for_each_ordered(
         &trace.segments,
-        |info, records| count_segment(info, records, symbols),
+        |info, records| count_segment(info, records, symbols, only),
         |chunk| {
             let Ok(part) = chunk.result else {
                 return Ok::<(), crate::error::AnalyzeError>(());
             };
-            if let (Some(a), Some(b)) = (last, part.first_cr3) {
-                if a != b {
-                    all.entry(b).or_default().switches_in += 1;
+            for (cpu, first) in &part.first_cr3 {
+                if last.get(cpu).is_some_and(|before| before != first) {
+                    all.entry(*first).or_default().switches_in += 1;
                 }
             }
-            last = part.last_cr3.or(last);
+            last.extend(part.last_cr3);
             for (cr3, p) in part.spaces {
                 let a = all.entry(cr3).or_insert_with(|| Acc {
                     first: p.first,
@@ -262,5 +288,56 @@ impl SpaceTable {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vtrace_storage::{CpuMode, InsnBytes, Regs, SegmentEncoder, Step};
+
+    fn step(enc: &mut SegmentEncoder, cr3: u64) {
+        enc.push_step(&Step {
+            pc: 0x1000,
+            bytes: InsnBytes::new(&[0x90]).expect("short"),
+            cr3,
+            mode: CpuMode::Long64,
+            cpl: 0,
+            regs: Regs::default(),
+        });
+    }
+
+    #[test]
+    fn a_switch_is_one_cpus_move_to_another_address_space() {
+        let mut enc = SegmentEncoder::new();
+        // CPUs 0 and 1 take turns, each in its own space: no switch.
+        for _ in 0..3 {
+            enc.push_event(&Event::Cpu(0));
+            step(&mut enc, 0x1000);
+            enc.push_event(&Event::Cpu(1));
+            step(&mut enc, 0x2000);
+        }
+        // CPU 0 moves into CPU 1's space: one switch.
+        enc.push_event(&Event::Cpu(0));
+        step(&mut enc, 0x2000);
+        let payload = enc.take();
+        let info = SegmentInfo {
+            index: 0,
+            first_step: 10,
+            steps: 7,
+        };
+        let symbols = Symbolizer::new();
+        let all = count_segment(&info, &mut Records::new(&payload), &symbols, None);
+        assert_eq!(all.spaces[&0x1000].switches_in, 0);
+        assert_eq!(all.spaces[&0x2000].switches_in, 1);
+        assert_eq!(all.spaces[&0x2000].steps, 4);
+        assert_eq!(all.last_cr3.get(&0), Some(&0x2000));
+        assert_eq!(all.first_cr3.get(&1), Some(&0x2000));
+
+        // `--cpu 1`: its steps alone, numbered as in the trace.
+        let one = count_segment(&info, &mut Records::new(&payload), &symbols, Some(1));
+        assert!(!one.spaces.contains_key(&0x1000));
+        let space = &one.spaces[&0x2000];
+        assert_eq!((space.steps, space.first, space.last), (3, 11, 15));
     }
 }

@@ -65,6 +65,12 @@ struct TimelineSink<'a, W: Write> {
     /// The process of the CPU whose records are read, in a trace of
     /// several CPUs given a process each.
     cpu_pid: Option<u32>,
+    /// On that CPU, the task running since this step (a slice on the
+    /// CPU's own track once another runs).
+    on_cpu: Option<(TaskId, u64)>,
+    /// The last step of a routine left so far: where the last task's
+    /// slice on a CPU's track ends.
+    last_step: u64,
     events: u64,
     error: Option<std::io::Error>,
 }
@@ -150,6 +156,7 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
     }
 
     fn exit(&mut self, frame: &FrameView, how: ExitKind) {
+        self.last_step = self.last_step.max(frame.last_step);
         let steps = frame.last_step + 1 - frame.entry_step;
         if steps < self.min_steps {
             return;
@@ -203,8 +210,32 @@ impl<W: Write> LevelSink for TimelineSink<'_, W> {
         self.emit(&event);
     }
 
-    fn task(&mut self, task: &TaskId) {
+    fn task(&mut self, step: u64, task: &TaskId) {
         self.running = Some(*task);
+        if self.cpu_pid.is_some() {
+            self.end_on_cpu(step);
+            self.on_cpu = Some((*task, step));
+        }
+    }
+}
+
+impl<W: Write> TimelineSink<'_, W> {
+    /// Ends the slice of the task running on the CPU, on the CPU's
+    /// track (thread 0 of its process, "tasks"), before `step`.
+    fn end_on_cpu(&mut self, step: u64) {
+        let (Some(pid), Some((task, from))) = (self.cpu_pid, self.on_cpu.take()) else {
+            return;
+        };
+        if step <= from {
+            return;
+        }
+        let event = serde_json::json!({
+            "name": task.to_string(), "cat": "task", "ph": "X",
+            "ts": self.us(from), "dur": ((step - from) * self.ns_per_step) as f64 / 1000.0,
+            "pid": pid, "tid": 0,
+            "args": { "pid": task.pid, "tid": task.tid, "first step": from }
+        });
+        self.emit(&event);
     }
 }
 
@@ -307,6 +338,8 @@ pub fn write(
         process_names: FxHashMap::default(),
         running: None,
         cpu_pid: None,
+        on_cpu: None,
+        last_step: 0,
         events: 0,
         error: None,
     };
@@ -343,6 +376,13 @@ pub fn write(
                 "ph": "M", "name": "process_name", "pid": pid,
                 "args": { "name": format!("CPU {cpu}") }
             }));
+            if named {
+                sink.inner.emit(&serde_json::json!({
+                    "ph": "M", "name": "thread_name", "pid": pid, "tid": 0,
+                    "args": { "name": "tasks" }
+                }));
+            }
+            sink.inner.last_step = 0;
         }
         crate::levels::run_with_on(
             trace,
@@ -353,6 +393,8 @@ pub fn write(
             |counts| runnable.extend(counts),
             progress,
         )?;
+        let end = sink.inner.last_step.saturating_add(1);
+        sink.inner.end_on_cpu(end);
     }
     let mut sink = sink.inner;
     sink.emit_run_queue(runnable);

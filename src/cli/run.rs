@@ -289,7 +289,8 @@ fn append_help() -> String {
         "Added to the kernel command line, after the default one (or after --cmdline's). \
          The default for a Linux kernel with --cpu baseline:\n  {}\nwith --cpu host:\n  {}\n\
          The switches after noapic keep Linux off what the baseline CPU hides (on some hosts \
-         the CPU's own bits reach an untraced guest). The built-in demo OS has no default.",
+         the CPU's own bits reach an untraced guest). With --cpus above 1 `nolapic` is left \
+         out: each CPU has a local APIC. The built-in demo OS has no default.",
         default_linux_cmdline(CpuProfile::Baseline, 1),
         default_linux_cmdline(CpuProfile::Host, 1)
     )

@@ -24,6 +24,9 @@ pub struct TraceSummary {
     pub last_pc: Option<u64>,
     /// Why each traced stretch started, in order.
     pub start_reasons: Vec<TraceReason>,
+    /// The CPU each traced stretch started on (where its trigger fired),
+    /// in order.
+    pub start_cpus: Vec<u32>,
     /// Why each traced stretch stopped, in order.
     pub stop_reasons: Vec<TraceReason>,
     /// Bytes the disk holds (its size).
@@ -185,7 +188,10 @@ impl TraceSummary {
             ends.digest.update(r);
             ends.ends_with_stop = matches!(r, Record::Event(Event::TraceStop(_)));
             match r {
-                Record::Event(Event::TraceStart(_)) => ends.stretch_open = true,
+                Record::Event(Event::TraceStart(_)) => {
+                    ends.stretch_open = true;
+                    self.start_cpus.push(cpu);
+                }
                 Record::Event(Event::TraceStop(_)) => ends.stretch_open = false,
                 // A ring may have overwritten the stretch's start.
                 Record::Step(_) => ends.stretch_open = true,

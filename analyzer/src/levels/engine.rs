@@ -482,7 +482,8 @@ impl LevelEngine {
             Item::SystemCallNumber(number) => self.syscall_number = Some(number),
             Item::Task(task) => {
                 if self.task.replace(task) != Some(task) {
-                    sink.task(&task);
+                    let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
+                    sink.task(next, &task);
                 }
             }
             // Their text is with the segment's items: see `note`.

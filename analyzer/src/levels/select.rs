@@ -66,8 +66,8 @@ impl<S: LevelSink> LevelSink for SelectedTasks<'_, S> {
             self.inner.note(step, depth, text);
         }
     }
-    fn task(&mut self, task: &TaskId) {
+    fn task(&mut self, step: u64, task: &TaskId) {
         self.on = self.filter.admits(Some(task));
-        self.inner.task(task);
+        self.inner.task(step, task);
     }
 }

@@ -197,7 +197,7 @@ pub trait LevelSink {
     /// A note between steps (a capture), at call depth `depth`; `step` is
     /// the number of the next step.
     fn note(&mut self, _step: u64, _depth: usize, _text: &str) {}
-    /// From the next step on, `task` runs (or the running task was
-    /// renamed).
-    fn task(&mut self, _task: &TaskId) {}
+    /// From `step` (the number of the next step) on, `task` runs (or the
+    /// running task was renamed).
+    fn task(&mut self, _step: u64, _task: &TaskId) {}
 }

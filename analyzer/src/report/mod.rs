@@ -91,8 +91,8 @@ impl<W: Write> LevelSink for NestAndFirsts<'_, W> {
     fn note(&mut self, step: u64, depth: usize, text: &str) {
         self.nest.note(step, depth, text);
     }
-    fn task(&mut self, task: &TaskId) {
-        self.nest.task(task);
+    fn task(&mut self, step: u64, task: &TaskId) {
+        self.nest.task(step, task);
     }
 }
 
