@@ -89,6 +89,12 @@ impl BenchReport {
     }
 }
 
+/// Runs `boot` on `cpus` CPUs untraced, to its end; the host time it took.
+pub fn untraced(boot: &BootSource, cpus: u8) -> Result<std::time::Duration> {
+    let outcome = Vm::new(config(boot, cpus))?.run(&mut vtrace_vmm::NoMonitor)?;
+    Ok(outcome.host_time)
+}
+
 fn config(boot: &BootSource, cpus: u8) -> VmConfig {
     VmConfig {
         boot: boot.clone(),

@@ -226,9 +226,10 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     assert_user_mode_traced_whole(&m.file("l.vtd"));
 }
 
-/// Linux on two CPUs boots to a busybox userspace on the AMD-V machine,
-/// where two shells loop on a system call; a trace started and stopped
-/// from the host holds user and kernel steps of both CPUs with no gap,
+/// Linux on two CPUs boots to a busybox userspace on the AMD-V machine
+/// (untraced, the CPUs run in parallel), where two shells loop on a
+/// system call, one on each CPU; a trace started from the host (and
+/// ended by --max-steps) holds user and kernel steps of both CPUs with no gap,
 /// every system call followed into the kernel and back on its CPU, and
 /// `analyze processes` names the task of every step, on each CPU.
 #[test]
@@ -238,14 +239,12 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
     }
     let dir = tempfile::tempdir().unwrap();
     let kernel = test_kernel();
-    // A shell's background job opens /dev/null.
-    let initrd = busybox_initramfs(
-        dir.path(),
-        &format!("mount -t devtmpfs dev /dev; ({SYSCALL_LOOP}) & ({SYSCALL_LOOP}) & wait"),
-    );
-    let script = linux_up("--cpus 2 --disk /out/l.vtd --disk-size 256M --exit-after-trace")
-        + "sleep 2; vtrace ctl start; sleep 5; vtrace ctl stop; \
-           wait $pid; s=$?; cat /tmp/log; exit $s";
+    let initrd = busybox_initramfs(dir.path(), &two_pinned_loops());
+    // A count of steps, not a time: on a loaded host a few seconds may
+    // hold too few for a system call on each CPU.
+    let script = linux_up(
+        "--cpus 2 --disk /out/l.vtd --disk-size 256M --max-steps 150000 --exit-after-trace",
+    ) + "sleep 2; vtrace ctl start; wait $pid; s=$?; cat /tmp/log; exit $s";
     let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(m.output.contains("l2: userspace up"), "{}", m.output);
@@ -283,12 +282,15 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
             .sum();
         assert!(user > 0, "no user task on CPU {cpu}: {table}");
     }
-    let shells: u64 = rows
-        .iter()
-        .filter(|r| r["comm"] == "init")
-        .map(|r| r["syscalls"].as_u64().unwrap_or(0))
-        .sum();
-    assert!(shells > 0, "{table}");
+    // The loops are shells (`sh -c`), pinned one to a CPU.
+    for cpu in ["0", "1"] {
+        let shell = rows.iter().any(|r| {
+            r["comm"] == "sh"
+                && r["syscalls"].as_u64() > Some(0)
+                && r["cpus"][cpu].as_u64() > Some(0)
+        });
+        assert!(shell, "no shell's system calls on CPU {cpu}: {table}");
+    }
 
     // The timeline's track of each CPU shows the tasks that ran on it:
     // the same tasks the process table puts on that CPU.
@@ -319,6 +321,77 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
             .collect();
         assert!(!on_track.is_empty(), "CPU {cpu}'s track");
         assert_eq!(on_track, in_table, "CPU {cpu}: {table}");
+    }
+}
+
+/// A shell loop on each of two CPUs, pinned (left to the scheduler, both
+/// may share one), each reading /proc/uptime again and again; the loop
+/// on CPU 1 says every 100 rounds that it is alive. The other stays
+/// silent: a write to the serial console is thousands of steps, and a
+/// short trace could find a CPU in nothing else. A shell's background
+/// job opens /dev/null, so devtmpfs is mounted first.
+fn two_pinned_loops() -> String {
+    "mount -t devtmpfs dev /dev; \
+     taskset -c 0 sh -c 'while :; do read -r up < /proc/uptime; done' & \
+     taskset -c 1 sh -c 'i=0; while :; do read -r up < /proc/uptime; i=$((i+1)); \
+     case $i in *00) echo \"l2: alive $i\";; esac; done' & wait"
+        .to_string()
+}
+
+/// Linux on two CPUs traced from the host again and again: each start
+/// calls the CPUs back from their threads to take turns, each stop lets
+/// them run in parallel again. Both loops run on after the last stop, no
+/// window has a gap, and Ctrl-C while tracing ends the run with the trace
+/// written to its end.
+#[test]
+fn linux_on_two_cpus_runs_on_after_many_host_stops_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    let initrd = busybox_initramfs(dir.path(), &two_pinned_loops());
+    let script = linux_up("--cpus 2 --disk /out/s.vtd --disk-size 128M")
+        + "for n in 1 2 3 4 5 6; do vtrace ctl start; sleep 0.5; vtrace ctl stop; sleep 0.2; done; \
+           a=$(grep -c alive /tmp/log); sleep 4; b=$(grep -c alive /tmp/log); \
+           vtrace ctl start; sleep 1; kill -INT $pid; wait $pid; echo $? > /out/status; \
+           cat /tmp/log; echo \"$a $b\" > /out/alive";
+    let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
+    assert!(
+        m.output.contains("smp: Brought up 1 node, 2 CPUs"),
+        "{}\n{}",
+        m.output,
+        m.stderr
+    );
+    for bad in ["Trace/breakpoint trap", "Kernel panic", "traps: "] {
+        assert!(!m.output.contains(bad), "{bad}:\n{}", m.output);
+    }
+    let counts = std::fs::read_to_string(m.file("alive"))
+        .unwrap_or_else(|e| panic!("the script's counts: {e}\n{}\n{}", m.output, m.stderr));
+    let (a, b) = counts.trim().split_once(' ').unwrap();
+    let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+    assert!(
+        b > a,
+        "userspace stopped after the last stop: {counts}\n{}",
+        m.output
+    );
+    let status = std::fs::read_to_string(m.file("status")).unwrap_or_default();
+    assert_eq!(status.trim(), "130", "{}", m.output);
+    let info = info_json(&m.file("s.vtd"));
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert_eq!(
+        info["start_reasons"].as_array().map(Vec::len),
+        Some(7),
+        "{info}"
+    );
+    assert_eq!(info["stop_reason"], "signal:SIGINT", "{info}");
+    assert_eq!(info["clean_end"], true, "{info}");
+    assert_eq!(info["problems"], serde_json::json!([]), "{info}");
+    for cpu in ["0", "1"] {
+        assert!(
+            info["steps_by_cpu"][cpu].as_u64() > Some(100),
+            "CPU {cpu}: {info}"
+        );
     }
 }
 

@@ -410,7 +410,8 @@ fn export_of_cpu_1(
 }
 
 /// `vtrace bench --cpus 2` measures what each traced CPU gets against one
-/// CPU alone (a few thousand steps: the figure, not its value, is tested).
+/// CPU alone (a few thousand steps: the figure, not its value, is tested),
+/// and how much faster two CPUs do the SMP demo's work untraced.
 #[test]
 fn bench_compares_a_traced_cpu_of_two_with_one_cpu_alone() {
     if !kvm_available() {
@@ -430,4 +431,12 @@ fn bench_compares_a_traced_cpu_of_two_with_one_cpu_alone() {
     let ratio = json["per_cpu_ratio"].as_f64().unwrap();
     assert!((ratio - each / one).abs() < 1e-9, "{json}");
     assert_eq!(json["traced_steps"], 300_000, "{json}");
+    // Untraced, the same work on one CPU and on two, each CPU on a thread.
+    let (alone, together) = (
+        json["untraced_one_cpu_s"].as_f64().unwrap(),
+        json["untraced_s"].as_f64().unwrap(),
+    );
+    assert!(alone > 0.0 && together > 0.0, "{json}");
+    let speedup = json["untraced_speedup"].as_f64().unwrap();
+    assert!((speedup - alone / together).abs() < 1e-9, "{json}");
 }

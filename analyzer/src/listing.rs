@@ -217,10 +217,11 @@ fn task_columns(task: Option<&TaskId>) -> String {
 
 /// Whether the listing shows event `e` of a CPU it shows (`on_cpu`) or
 /// another's: tracing starts and stops on every CPU at once; a
-/// [`Event::Running`] is where the recorder cut segments, not what ran.
+/// [`Event::Running`] is where the recorder cut segments, not what ran,
+/// and the CPU column says what an [`Event::Cpu`] does.
 fn shows_event(e: &Event, on_cpu: bool) -> bool {
     match e {
-        Event::Running { .. } => false,
+        Event::Running { .. } | Event::Cpu(_) => false,
         Event::TraceStart(_) | Event::TraceStop(_) => true,
         _ => on_cpu,
     }
@@ -259,14 +260,12 @@ fn format_segment(
     while let Some(r) = records.next_record() {
         let on_cpu = options.cpu.is_none_or(|c| c == cpu);
         match r {
-            RecordRef::Event(e @ Event::Cpu(c)) => {
-                // The CPU column says it; the task columns say what it runs.
-                cpu = *c;
-                if tasks.follow(e) && options.task_columns {
-                    columns = task_columns(tasks.current());
-                }
-            }
             RecordRef::Event(e) => {
+                // A CPU event: the CPU column says it, the task columns
+                // what it runs.
+                if let Event::Cpu(c) = e {
+                    cpu = *c;
+                }
                 if tasks.follow(e) && options.task_columns {
                     columns = task_columns(tasks.current());
                 }

@@ -128,6 +128,17 @@ impl Acc {
         }
     }
 
+    /// Its steps by CPU where the trace has `several` CPUs, else none.
+    fn steps_by_cpu(&self, several: bool) -> BTreeMap<u32, u64> {
+        match several {
+            true => (0u32..)
+                .zip(self.by_cpu.iter().copied())
+                .filter(|&(_, steps)| steps > 0)
+                .collect(),
+            false => BTreeMap::new(),
+        }
+    }
+
     fn step(&mut self, s: &vtrace_storage::Step, cpu: usize) {
         if s.cpl == 0 {
             self.kernel += 1;
@@ -300,6 +311,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
     let several_cpus = trace.metadata.cpu_count() > 1;
     let tasks_named = !names.is_empty();
     let row = |pid: Option<u32>, tid, comm: String, a: Acc| {
+        let cpus = a.steps_by_cpu(several_cpus);
         let mut spaces: Vec<u64> = a.spaces.into_iter().collect();
         spaces.sort_unstable();
         let system_calls = a
@@ -320,13 +332,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
             syscalls: a.syscalls,
             interrupts: a.interrupts,
             switches_in: a.switches_in,
-            cpus: match several_cpus {
-                true => (0u32..)
-                    .zip(a.by_cpu)
-                    .filter(|&(_, steps)| steps > 0)
-                    .collect(),
-                false => BTreeMap::new(),
-            },
+            cpus,
             migrations: a.migrations,
             address_spaces: spaces,
             system_calls,

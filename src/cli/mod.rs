@@ -228,8 +228,11 @@ pub struct BenchArgs {
     pub max_steps: Option<u64>,
     /// Trace the demo OS's SMP mode on N CPUs and the one-CPU demo, and
     /// compare the steps per second each CPU gets with the one CPU's (goal:
-    /// 0.8 or more). With --json: cpus, one_cpu_steps_per_s, steps_per_s,
-    /// per_cpu_steps_per_s, per_cpu_ratio.
+    /// 0.8 or more); then run the SMP demo's work untraced on one CPU and
+    /// on N and compare the times (goal: near N times faster, as far as
+    /// the host has cores). With --json: cpus, one_cpu_steps_per_s,
+    /// steps_per_s, per_cpu_steps_per_s, per_cpu_ratio,
+    /// untraced_one_cpu_s, untraced_s, untraced_speedup.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), conflicts_with_all = ["analyzer", "runs"])]
     pub cpus: u8,
     /// Print JSON (keys: bare_exits_per_s, traced_exits_per_s, ratio,

@@ -98,9 +98,10 @@ pub struct RunArgs {
     /// and an ACPI MADT listing them, CPU 0 starts the others with INIT
     /// and STARTUP IPIs, the built-in demo OS runs its SMP mode, and
     /// Linux's default command line keeps the local APIC (still
-    /// `noapic`: there is no I/O APIC). The CPUs take turns on one host
-    /// thread, one instruction a turn while tracing. A real-mode image
-    /// runs on one CPU only.
+    /// `noapic`: there is no I/O APIC). Untraced, each CPU runs on a host
+    /// thread of its own; while tracing (or with a breakpoint armed) they
+    /// take turns on one, an instruction a turn. A real-mode image runs on
+    /// one CPU only.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), help_heading = "Guest")]
     pub cpus: u8,
 

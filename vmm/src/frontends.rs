@@ -33,6 +33,10 @@ pub(crate) enum Wake {
     Signal,
     /// The peeper has samples, or asks for one with the pc.
     Peep(PeepMessage),
+    /// CPU `cpu`, entered on a thread of its own while the CPUs run in
+    /// parallel, left `KVM_RUN`: with an exit in its `kvm_run` (`errno` 0)
+    /// or with this error number.
+    CpuExit { cpu: usize, errno: i32 },
 }
 
 /// What `Ctrl-A h` lists before the monitor's own keys.

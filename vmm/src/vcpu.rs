@@ -254,6 +254,21 @@ impl Vcpu {
         result
     }
 
+    /// What another thread needs to enter this vCPU itself (see
+    /// `run_loop::parallel`): the vCPU's file descriptor and its `kvm_run`
+    /// mapping, both alive as long as the vCPU.
+    pub(crate) fn raw_parts(&mut self) -> (std::os::unix::io::RawFd, *mut kvm_run) {
+        use std::os::unix::io::AsRawFd;
+        let run: *mut kvm_run = self.fd.get_kvm_run();
+        (self.fd.as_raw_fd(), run)
+    }
+
+    /// Another thread entered the vCPU (`KVM_RUN` with [`Vcpu::raw_parts`]);
+    /// `ok` where it returned an exit, which filled the sync registers.
+    pub(crate) fn ran_elsewhere(&mut self, ok: bool) {
+        self.synced = ok;
+    }
+
     /// Clears `kvm_run.immediate_exit` after a kick.
     pub fn clear_immediate_exit(&mut self) {
         self.fd.set_kvm_immediate_exit(0);

@@ -94,7 +94,7 @@ void tasks_spawn(void);
 void idt_set_gate(int vec, u64 handler);
 void idt_load(void);
 /* smp.c */
-void smp_init(u64 rsdp_paddr);
+void smp_init(u64 rsdp_paddr, const char *cmdline);
 void smp_finish(void);
 struct frame *smp_interrupt(struct frame *f);
 #endif

@@ -41,7 +41,7 @@ void kmain(const struct hvm_start_info *si)
     pit_init();
     mm_init(ram);
 #ifdef DEMO_SMP
-    smp_init(si->rsdp_paddr);
+    smp_init(si->rsdp_paddr, cmdline);
 #endif
     sched_init();
     tasks_spawn();

@@ -105,13 +105,18 @@ static void spin_unlock(volatile int *lock)
     __atomic_store_n(lock, 0, __ATOMIC_RELEASE);
 }
 
-/* The MADT's enabled local APICs, CPU 0 (this one) first. */
+/* The MADT's enabled local APICs, CPU 0 (this one) first. A machine
+ * without ACPI tables has one CPU (vtrace gives a one-CPU machine none),
+ * which then does all the work itself. */
 static void find_cpus(u64 rsdp_paddr)
 {
-    apic_ids[0] = (u8)this_cpu_id();
+    apic_ids[0] = 0;
     ncpus = 1;
+    if (!rsdp_paddr)
+        return;
+    apic_ids[0] = (u8)this_cpu_id();
     const struct rsdp *rsdp = (const void *)rsdp_paddr;
-    if (!rsdp || rsdp->revision < 2)
+    if (rsdp->revision < 2)
         panic("SMP mode needs ACPI 2.0 tables (PVH start_info.rsdp_paddr)", NULL);
     const struct sdt *xsdt = (const void *)rsdp->xsdt;
     const u64 *entry = (const u64 *)(xsdt + 1);
@@ -201,8 +206,28 @@ struct frame *smp_interrupt(struct frame *f)
     return f;
 }
 
-void smp_init(u64 rsdp_paddr)
+/* The work's size: `smp_work=N` on the command line multiplies each
+ * item's range (1 to 1000; 1 without it), for `vtrace bench --cpus`. */
+static u64 work_scale(const char *cmdline)
 {
+    static const char key[] = "smp_work=";
+    for (const char *p = cmdline; *p; p++) {
+        int i = 0;
+        while (key[i] && p[i] == key[i])
+            i++;
+        if (key[i])
+            continue;
+        u64 n = 0;
+        for (p += i; *p >= '0' && *p <= '9' && n <= 1000; p++)
+            n = n * 10 + (u64)(*p - '0');
+        return n >= 1 && n <= 1000 ? n : 1;
+    }
+    return 1;
+}
+
+void smp_init(u64 rsdp_paddr, const char *cmdline)
+{
+    u64 scale = work_scale(cmdline);
     map_lapic();
     find_cpus(rsdp_paddr);
     idt_set_gate(VEC_WAKE, (u64)isr240);
@@ -222,7 +247,7 @@ void smp_init(u64 rsdp_paddr)
         kprintf(" %d", apic_ids[i]);
     kprintf(")\n");
     for (int i = 0; i < WORK_ITEMS; i++)
-        work[i].n = 200 + 40 * (u64)i;
+        work[i].n = (200 + 40 * (u64)i) * scale;
     if (ncpus > 1)
         lapic_write(LAPIC_ICR_LOW, 0xc0000 | 0x4000 | VEC_WAKE);  /* all but self */
 }

@@ -177,6 +177,96 @@ impl Vm {
 }
 
 impl Exit {
+    /// The exit another thread's `KVM_RUN` left in `run` (`errno` 0), or
+    /// its error. kvm-ioctls reads `kvm_run` only inside `VcpuFd::run`,
+    /// on the thread that enters the vCPU; a CPU running in parallel is
+    /// entered by a thread that only enters it (see `parallel`), so the
+    /// loop reads what it left here, for the exits an untraced guest
+    /// makes, as kvm-ioctls does.
+    pub(super) fn from_run_page(run: &mut kvm_bindings::kvm_run, errno: i32) -> Exit {
+        use kvm_bindings::*;
+        match errno {
+            0 => {}
+            libc::EINTR | libc::EAGAIN => return Exit::Interrupted,
+            e => {
+                let error = std::io::Error::from_raw_os_error(e);
+                return Exit::Other(format!("KVM_RUN failed: {error}"));
+            }
+        }
+        let base = (run as *mut kvm_run).cast::<u8>();
+        // SAFETY: each arm reads the union member `exit_reason` names, as
+        // KVM filled it; the I/O data lies inside the kvm_run mapping at
+        // `data_offset` (KVM's layout, which kvm-ioctls reads the same way).
+        unsafe {
+            match run.exit_reason {
+                KVM_EXIT_IO => {
+                    let io = run.__bindgen_anon_1.io;
+                    let size = (usize::from(io.size) * io.count as usize).min(8);
+                    if u32::from(io.direction) == KVM_EXIT_IO_IN {
+                        return Exit::IoIn {
+                            port: io.port,
+                            size,
+                        };
+                    }
+                    let mut data = [0u8; 8];
+                    let from = base.add(io.data_offset as usize);
+                    std::ptr::copy_nonoverlapping(from, data.as_mut_ptr(), size);
+                    Exit::IoOut {
+                        port: io.port,
+                        data,
+                        size,
+                        // Set from RIP by the caller.
+                        completed: true,
+                    }
+                }
+                KVM_EXIT_MMIO => {
+                    let mmio = &mut run.__bindgen_anon_1.mmio;
+                    let len = (mmio.len as usize).min(8);
+                    if mmio.is_write != 0 {
+                        let mut value = [0u8; 8];
+                        value[..len].copy_from_slice(&mmio.data[..len]);
+                        Exit::MmioWrite {
+                            addr: mmio.phys_addr,
+                            size: len as u8,
+                            value: u64::from_le_bytes(value),
+                        }
+                    } else {
+                        // Nothing is mapped as MMIO: reads float high.
+                        mmio.data[..len].fill(0xff);
+                        Exit::MmioRead {
+                            addr: mmio.phys_addr,
+                            size: len as u8,
+                        }
+                    }
+                }
+                KVM_EXIT_HLT => Exit::Halt,
+                KVM_EXIT_IRQ_WINDOW_OPEN => Exit::IrqWindow,
+                KVM_EXIT_INTR => Exit::Interrupted,
+                KVM_EXIT_SHUTDOWN => Exit::Shutdown,
+                KVM_EXIT_INTERNAL_ERROR => Exit::InternalError {
+                    suberror: run.__bindgen_anon_1.internal.suberror,
+                },
+                KVM_EXIT_FAIL_ENTRY => Exit::FailEntry {
+                    reason: run
+                        .__bindgen_anon_1
+                        .fail_entry
+                        .hardware_entry_failure_reason,
+                },
+                KVM_EXIT_SYSTEM_EVENT => Exit::SystemEvent {
+                    kind: run.__bindgen_anon_1.system_event.type_,
+                },
+                KVM_EXIT_DEBUG => {
+                    let arch = run.__bindgen_anon_1.debug.arch;
+                    Exit::Debug {
+                        breakpoint: decide::breakpoint_hit(arch.dr6),
+                        from_cpu: echo::raised_by_cpu(arch.dr7),
+                    }
+                }
+                other => Exit::Other(format!("exit reason {other}")),
+            }
+        }
+    }
+
     /// Whether the next entry completes this exit's instruction (an IN, an
     /// MMIO read, an OUT on KVM's fast path): RIP must not move under it.
     pub(super) fn completes_on_next_entry(&self) -> bool {

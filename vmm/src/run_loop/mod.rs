@@ -19,10 +19,11 @@ mod exit;
 mod failure;
 mod halt;
 mod inject;
+mod parallel;
 mod requests;
 mod turns;
 
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
@@ -113,6 +114,9 @@ pub(super) struct Run<'a> {
     monitor: &'a mut dyn Monitor,
     /// What wakes the loop between exits or from a halt.
     wakes: &'a Receiver<Wake>,
+    /// Where the loop's wakes come from, for the vCPU threads of
+    /// `parallel`.
+    tx: &'a Sender<Wake>,
     kicker: &'a Kicker,
     /// Interrupts injected, by ISA IRQ line.
     irqs: [u64; 16],
@@ -138,6 +142,7 @@ impl Vm {
             vm: self,
             monitor: &mut *monitor,
             wakes: &rx,
+            tx: &tx,
             kicker: &kicker,
             irqs: [0; 16],
             local_apic_interrupts: 0,
@@ -229,6 +234,13 @@ impl Run<'_> {
             let plan = self.monitor.plan_entry();
             if plan.done {
                 return Ok(GuestExit::MonitorDone);
+            }
+            let peeping = self.vm.frontends.peeper.is_some();
+            if parallel::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
+                match self.race()? {
+                    Some(exit) => return Ok(exit),
+                    None => continue,
+                }
             }
             let step = &self.vm.step;
             let plan = if plan.stepping && !step.stepping && !step.io_pending {

@@ -26,6 +26,12 @@ impl Run<'_> {
             // The loop checks `signals::caught` once it has drained its
             // wakes (service) or before it waits again (halt).
             Wake::Signal => Next::Continue,
+            // The parallel loop takes these itself; no CPU runs on a
+            // thread of its own anywhere else (see `parallel`).
+            Wake::CpuExit { cpu, .. } => {
+                tracing::debug!("CPU {cpu}'s exit came outside the parallel loop");
+                Next::Continue
+            }
             Wake::Peep(PeepMessage::Batch(batch)) => {
                 self.monitor.peeped(&batch.samples);
                 Next::Continue
