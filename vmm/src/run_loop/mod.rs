@@ -305,8 +305,20 @@ impl Run<'_> {
                 return Ok(Next::Stop(exit));
             }
         }
+        if let Some(end) = self.between_exits() {
+            return Ok(Next::Stop(end));
+        }
+        self.inject()?;
+        Ok(Next::Continue)
+    }
+
+    /// What happens between two exits on any machine: a stop signal ends
+    /// the run, `vtrace ctl` is answered, progress said, and the devices'
+    /// interrupt lines move as of now; the end of the run the guest asked
+    /// for, if it did.
+    fn between_exits(&mut self) -> Option<GuestExit> {
         if let Some(signal) = signals::caught() {
-            return Ok(Next::Stop(GuestExit::Signal(signal)));
+            return Some(GuestExit::Signal(signal));
         }
         self.serve_control();
         if self.vm.frontends.progress.is_some() {
@@ -314,11 +326,7 @@ impl Run<'_> {
         }
         let now = self.vm.machine.clock.now();
         self.vm.machine.devices.update_interrupts(now);
-        if let Some(end) = self.vm.machine.devices.machine_end() {
-            return Ok(Next::Stop(end));
-        }
-        self.inject()?;
-        Ok(Next::Continue)
+        self.vm.machine.devices.machine_end()
     }
 
     /// Passes an exit to the monitor.

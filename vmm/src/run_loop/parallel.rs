@@ -33,7 +33,6 @@ use crate::error::{Error, Result};
 use crate::frontends::Wake;
 use crate::monitor::EntryPlan;
 use crate::peep::PeepMessage;
-use crate::signals;
 
 use super::enter::Exit;
 use super::{GuestExit, Next, Run};
@@ -241,16 +240,7 @@ impl Run<'_> {
                 }
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
             }
-            if let Some(signal) = signals::caught() {
-                return Ok(Some(GuestExit::Signal(signal)));
-            }
-            self.serve_control();
-            if self.vm.frontends.progress.is_some() {
-                self.report_progress_if_due();
-            }
-            let now = self.vm.machine.clock.now();
-            self.vm.machine.devices.update_interrupts(now);
-            if let Some(end) = self.vm.machine.devices.machine_end() {
+            if let Some(end) = self.between_exits() {
                 return Ok(Some(end));
             }
             for cpu in 0..crew.members.len() {
