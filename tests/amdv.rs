@@ -234,22 +234,37 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
 /// `analyze processes` names the task of every step, on each CPU.
 #[test]
 fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
-    if !amdv_available() {
-        return;
+    if amdv_available() {
+        traced_from_the_host_on_cpus(2);
     }
+}
+
+/// The same on four CPUs.
+#[test]
+fn linux_on_four_cpus_traced_from_the_host_on_amdv() {
+    if amdv_available() {
+        traced_from_the_host_on_cpus(4);
+    }
+}
+
+/// Boots Linux on `cpus` CPUs on the AMD-V machine, a shell loop pinned
+/// to each, traces 75,000 steps a CPU from the host and checks the trace.
+fn traced_from_the_host_on_cpus(cpus: u32) {
     let dir = tempfile::tempdir().unwrap();
     let kernel = test_kernel();
-    let initrd = busybox_initramfs(dir.path(), &two_pinned_loops());
+    let initrd = busybox_initramfs(dir.path(), &pinned_loops(cpus));
     // A count of steps, not a time: on a loaded host a few seconds may
     // hold too few for a system call on each CPU.
-    let script = linux_up(
-        "--cpus 2 --disk /out/l.vtd --disk-size 256M --max-steps 150000 --exit-after-trace",
-    ) + "sleep 2; vtrace ctl start; wait $pid; s=$?; cat /tmp/log; exit $s";
+    let script = linux_up(&format!(
+        "--cpus {cpus} --disk /out/l.vtd --disk-size 256M --max-steps {} --exit-after-trace",
+        75_000 * cpus
+    )) + "sleep 2; vtrace ctl start; wait $pid; s=$?; cat /tmp/log; exit $s";
     let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(m.output.contains("l2: userspace up"), "{}", m.output);
     assert!(
-        m.output.contains("smp: Brought up 1 node, 2 CPUs"),
+        m.output
+            .contains(&format!("smp: Brought up 1 node, {cpus} CPUs")),
         "{}",
         m.output
     );
@@ -257,7 +272,7 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
     let info = info_json(&trace);
     assert_eq!(info["gaps"], 0, "{info}");
     assert_eq!(info["problems"], serde_json::json!([]), "{info}");
-    for cpu in 0..2u32 {
+    for cpu in 0..cpus {
         let steps = info["steps_by_cpu"][cpu.to_string()].as_u64().unwrap_or(0);
         assert!(steps > 1000, "CPU {cpu}: {info}");
         // On each CPU: user and kernel steps, system calls followed both
@@ -272,7 +287,8 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
         rows.iter().all(|r| !r["tid"].is_null()),
         "every step's task named: {table}"
     );
-    for cpu in ["0", "1"] {
+    for cpu in (0..cpus).map(|c| c.to_string()) {
+        let cpu = cpu.as_str();
         let user: u64 = rows
             .iter()
             .filter_map(|r| {
@@ -283,7 +299,8 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
         assert!(user > 0, "no user task on CPU {cpu}: {table}");
     }
     // The loops are shells (`sh -c`), pinned one to a CPU.
-    for cpu in ["0", "1"] {
+    for cpu in (0..cpus).map(|c| c.to_string()) {
+        let cpu = cpu.as_str();
         let shell = rows.iter().any(|r| {
             r["comm"] == "sh"
                 && r["syscalls"].as_u64() > Some(0)
@@ -306,7 +323,7 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
     assert!(o.status.success(), "{}", stderr(&o));
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&timeline).unwrap()).unwrap();
-    for cpu in 0..2u64 {
+    for cpu in 0..u64::from(cpus) {
         let on_track: std::collections::BTreeSet<u64> = json["traceEvents"]
             .as_array()
             .unwrap()
@@ -324,18 +341,24 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
     }
 }
 
-/// A shell loop on each of two CPUs, pinned (left to the scheduler, both
-/// may share one), each reading /proc/uptime again and again; the loop
-/// on CPU 1 says every 100 rounds that it is alive. The other stays
+/// A shell loop on each of `cpus` CPUs, pinned (left to the scheduler,
+/// two may share one), each reading /proc/uptime again and again; the
+/// loop on CPU 1 says every 100 rounds that it is alive. The others stay
 /// silent: a write to the serial console is thousands of steps, and a
 /// short trace could find a CPU in nothing else. A shell's background
 /// job opens /dev/null, so devtmpfs is mounted first.
-fn two_pinned_loops() -> String {
-    "mount -t devtmpfs dev /dev; \
-     taskset -c 0 sh -c 'while :; do read -r up < /proc/uptime; done' & \
-     taskset -c 1 sh -c 'i=0; while :; do read -r up < /proc/uptime; i=$((i+1)); \
-     case $i in *00) echo \"l2: alive $i\";; esac; done' & wait"
-        .to_string()
+fn pinned_loops(cpus: u32) -> String {
+    let mut script = String::from("mount -t devtmpfs dev /dev; ");
+    for cpu in 0..cpus {
+        let say = match cpu {
+            1 => "i=$((i+1)); case $i in *00) echo \"l2: alive $i\";; esac; ",
+            _ => "",
+        };
+        script.push_str(&format!(
+            "taskset -c {cpu} sh -c 'i=0; while :; do read -r up < /proc/uptime; {say}done' & "
+        ));
+    }
+    script + "wait"
 }
 
 /// Linux on two CPUs traced from the host again and again: each start
@@ -350,7 +373,7 @@ fn linux_on_two_cpus_runs_on_after_many_host_stops_on_amdv() {
     }
     let dir = tempfile::tempdir().unwrap();
     let kernel = test_kernel();
-    let initrd = busybox_initramfs(dir.path(), &two_pinned_loops());
+    let initrd = busybox_initramfs(dir.path(), &pinned_loops(2));
     let m = amdv(
         &[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")],
         &host_stops_script("--cpus 2", 6),
