@@ -239,14 +239,6 @@ fn linux_on_two_cpus_traced_from_the_host_on_amdv() {
     }
 }
 
-/// The same on four CPUs.
-#[test]
-fn linux_on_four_cpus_traced_from_the_host_on_amdv() {
-    if amdv_available() {
-        traced_from_the_host_on_cpus(4);
-    }
-}
-
 /// Boots Linux on `cpus` CPUs on the AMD-V machine, a shell loop pinned
 /// to each, traces 75,000 steps a CPU from the host and checks the trace.
 fn traced_from_the_host_on_cpus(cpus: u32) {
