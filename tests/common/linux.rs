@@ -175,7 +175,7 @@ pub fn assert_user_mode_traced_whole(trace: &Path) {
     assert_eq!(info["gaps"], 0, "{info}");
 
     let lines = listing(trace);
-    let (_, user_syscalls) = assert_system_calls_followed(&lines, 0);
+    let (_, user_syscalls) = assert_system_calls_followed(&lines, 0, "the trace");
 
     // The only user process is the shell the kernel ran as /init: pid 1,
     // named "init" by its exec. Tracing started in its user mode, where
@@ -203,8 +203,9 @@ pub fn assert_user_mode_traced_whole(trace: &Path) {
 /// Checks a listing of one CPU's steps of a Linux trace (`skip` columns,
 /// the CPU's, before the pid): every user-mode SYSCALL followed into the
 /// kernel and every SYSRETQ back to user mode, and some of each. Gives
-/// the steps and the user-mode SYSCALLs.
-pub fn assert_system_calls_followed(lines: &[String], skip: usize) -> (usize, usize) {
+/// the steps and the user-mode SYSCALLs. `what` names the listing in
+/// failures.
+pub fn assert_system_calls_followed(lines: &[String], skip: usize, what: &str) -> (usize, usize) {
     // Listing columns of a Linux trace: step, (CPU), pid, comm, address
     // space, pc, routine+offset, bytes, mnemonic.
     let steps: Vec<(usize, Vec<&str>)> = lines
@@ -238,14 +239,14 @@ pub fn assert_system_calls_followed(lines: &[String], skip: usize) -> (usize, us
                 syscalls += 1;
                 assert!(
                     kernel(next),
-                    "SYSCALL not followed into the kernel: {this:?} {next:?}"
+                    "{what}: SYSCALL not followed into the kernel: {this:?} {next:?}"
                 );
             }
             "sysretq" => {
                 sysrets += 1;
                 assert!(
                     !kernel(next) || interrupted,
-                    "SYSRETQ not followed to user mode: {next:?}"
+                    "{what}: SYSRETQ not followed to user mode: {next:?}"
                 );
             }
             _ => {}
@@ -253,7 +254,7 @@ pub fn assert_system_calls_followed(lines: &[String], skip: usize) -> (usize, us
     }
     assert!(
         syscalls > 0 && sysrets > 0,
-        "{syscalls} syscalls, {sysrets} sysrets in {} steps",
+        "{what}: {syscalls} syscalls, {sysrets} sysrets in {} steps",
         steps.len()
     );
     let user_syscalls = steps
