@@ -159,14 +159,21 @@ impl Vm {
             Err(e) => Exit::Other(format!("KVM_RUN failed: {e}")),
         };
         let mut exit = exit;
-        match &mut exit {
+        self.settle(&mut exit, entry_rip, completes_mmio_read);
+        exit
+    }
+
+    /// What an exit says of the vCPU entered at `entry_rip`: an OUT that
+    /// moved RIP completed at its exit; MMIO (and the entry that completed
+    /// an MMIO read, `completes_mmio_read`) went through KVM's emulator,
+    /// which rewrote RFLAGS without TF.
+    pub(super) fn settle(&mut self, exit: &mut Exit, entry_rip: u64, completes_mmio_read: bool) {
+        match exit {
             Exit::IoOut { completed, .. } => *completed = self.machine.vcpu.rip() != entry_rip,
-            // KVM's emulator ran the access and rewrote RFLAGS without TF.
             Exit::MmioRead { .. } | Exit::MmioWrite { .. } => self.machine.vcpu.mark_step_stale(),
             _ if completes_mmio_read => self.machine.vcpu.mark_step_stale(),
             _ => {}
         }
-        exit
     }
 
     /// Keeps the exit for crash reports.

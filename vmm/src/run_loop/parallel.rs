@@ -304,16 +304,12 @@ impl Run<'_> {
         let vcpu = &mut self.vm.machine.vcpu;
         vcpu.ran_elsewhere(errno == 0);
         let mut exit = Exit::from_run_page(vcpu.run_page(), errno);
-        match &mut exit {
-            Exit::IoOut { completed, .. } => *completed = vcpu.rip() != entry_rip,
-            Exit::MmioRead { .. } | Exit::MmioWrite { .. } => vcpu.mark_step_stale(),
-            _ if self.vm.step.mmio_read_pending => vcpu.mark_step_stale(),
-            _ => {}
-        }
-        self.vm.step.io_pending = exit.completes_on_next_entry();
-        self.vm.step.mmio_read_pending = matches!(exit, Exit::MmioRead { .. });
         // A kick's `immediate_exit` may outlive a real exit that came first.
         vcpu.clear_immediate_exit();
+        let completes_mmio_read = self.vm.step.mmio_read_pending;
+        self.vm.settle(&mut exit, entry_rip, completes_mmio_read);
+        self.vm.step.io_pending = exit.completes_on_next_entry();
+        self.vm.step.mmio_read_pending = matches!(exit, Exit::MmioRead { .. });
         self.serve(exit)
     }
 
