@@ -3,6 +3,8 @@
 use std::fmt::Write as _;
 
 use anyhow::Result;
+use vtrace_analyzer::{name_address, AddressQuery};
+use vtrace_image::symbols::{discover, Symbolizer};
 use vtrace_storage::{summarize, TraceReader, TraceSummary};
 
 use crate::cli::InfoArgs;
@@ -33,6 +35,31 @@ fn json(s: &TraceSummary) -> serde_json::Value {
         "digest": s.digest,
         "metadata": s.metadata,
     })
+}
+
+/// The traced kernel's symbols, found as the analyses find them; none
+/// (quietly: `info` is about the trace) where they cannot be.
+fn kernel_symbols(s: &TraceSummary) -> Symbolizer {
+    let mut names = Symbolizer::new();
+    let metadata = vtrace_storage::TraceMetadata::parse(&s.metadata);
+    discover(&metadata, &vtrace_session::builtin_kernels(), &mut names);
+    names
+}
+
+/// ` (routine+0xoff)` of a kernel address, or nothing where no symbol
+/// names it (a user program's: its address space is not known here).
+fn routine_of(names: &Symbolizer, pc: u64) -> String {
+    let named = name_address(
+        names,
+        AddressQuery {
+            addr: pc,
+            space: None,
+        },
+    );
+    match named.routine {
+        Some(_) => format!(" ({})", named.routine_text()),
+        None => String::new(),
+    }
 }
 
 pub fn info(args: InfoArgs) -> Result<i32> {
@@ -68,8 +95,9 @@ pub fn info(args: InfoArgs) -> Result<i32> {
     let events: Vec<String> = s.events.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(out, "events:         {}", events.join(", "));
     if let (Some(a), Some(b)) = (s.first_pc, s.last_pc) {
-        let _ = writeln!(out, "first step:     {a:#x}");
-        let _ = writeln!(out, "last step:      {b:#x}");
+        let names = kernel_symbols(&s);
+        let _ = writeln!(out, "first step:     {a:#x}{}", routine_of(&names, a));
+        let _ = writeln!(out, "last step:      {b:#x}{}", routine_of(&names, b));
     }
     // On several CPUs, each start names the CPU its trigger fired on.
     let several = s.steps_by_cpu.len() > 1;

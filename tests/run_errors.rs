@@ -141,6 +141,18 @@ fn guest_triple_fault_is_reported_with_registers() {
     assert_eq!(out.status.code(), Some(80), "{log}");
     assert!(log.contains("shut down (triple fault)"), "{log}");
     assert!(log.contains("(ud2)"), "the faulting instruction: {log}");
+    // RIP named from the guest's own symbol table: `start` plus the
+    // distance the report's RIP is from it.
+    let rip = log
+        .split("CS:RIP 0008:")
+        .nth(1)
+        .and_then(|t| u64::from_str_radix(&t[..16], 16).ok())
+        .unwrap_or_else(|| panic!("no RIP: {log}"));
+    let start = common::guest_symbol(vtrace_demo::test_guests::TRIPLE_FAULT, "start");
+    assert!(
+        log.contains(&format!("RIP is in: start+{:#x}\n", rip - start)),
+        "{log}"
+    );
     assert!(
         log.contains("idt 0000000000000000+0"),
         "the empty IDT that caused it: {log}"

@@ -375,6 +375,26 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
         "{text}\n{}",
         stderr(&listing)
     );
+    // `symbolize` names that pc the same from the trace and from the
+    // kernel image given as --symbols (its kallsyms, recovered).
+    let cols: Vec<&str> = first.unwrap().split_whitespace().collect();
+    let at = cols.iter().position(|c| *c == "start_kernel").unwrap();
+    let pc = cols[at - 1];
+    let disk_arg = format!("--trace={}", disk.display());
+    let image = format!("--symbols={}", kernel.display());
+    for how in [
+        vec![disk_arg.as_str()],
+        vec![image.as_str(), "--no-kernel-symbols"],
+    ] {
+        let o = run(&[&["analyze", "symbolize"], &how[..], &[pc]].concat());
+        assert!(o.status.success(), "{how:?}: {}", stderr(&o));
+        assert_eq!(
+            stdout(&o).split_whitespace().nth(1),
+            Some("start_kernel"),
+            "{how:?}: {}",
+            stdout(&o)
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

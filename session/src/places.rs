@@ -29,6 +29,23 @@ pub fn builtin_kernels() -> KernelImages<'static> {
     }
 }
 
+/// `routine+0xoff at file:line` of `addr` in the kernel `metadata` names
+/// (what a crash report adds to a bare RIP), where its symbols are found.
+pub(crate) fn routine_at(
+    metadata: &vtrace_storage::TraceMetadata,
+    addr: u64,
+    cr3: u64,
+) -> Option<String> {
+    let mut symbols = Symbolizer::new();
+    discover(metadata, &builtin_kernels(), &mut symbols);
+    let named = symbols.format(addr, cr3);
+    symbols.resolve(addr, cr3)?;
+    Some(match symbols.line(addr, cr3) {
+        Some(line) => format!("{named} at {line}"),
+        None => named,
+    })
+}
+
 /// A trigger's place.
 #[derive(Clone, Debug)]
 pub struct Place {

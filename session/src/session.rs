@@ -206,6 +206,7 @@ impl SessionBuilder {
             None => (None, Vec::new(), None),
         };
         let metadata_base = crate::metadata::for_boot("", &self.boot, &self.version);
+        let metadata_base_kernel = metadata_base.clone();
         let control = match traced {
             true => {
                 let path = match self.control.clone() {
@@ -270,6 +271,7 @@ impl SessionBuilder {
         };
         Ok(Session {
             vm,
+            kernel: metadata_base_kernel,
             tracer,
             peep,
             notes,
@@ -344,6 +346,9 @@ fn tracer(
 /// A VM ready to boot, with its tracer where one was asked for.
 pub struct Session {
     vm: Vm,
+    /// What the trace would say of the kernel: where a crash report's
+    /// RIP is named from.
+    kernel: vtrace_storage::TraceMetadata,
     tracer: Option<Tracer>,
     peep: Option<PeepSetup>,
     notes: Vec<String>,
@@ -403,10 +408,14 @@ impl Session {
     /// disk flushed and closed) whatever became of the guest; an error of
     /// the run is returned after that.
     pub fn run(mut self) -> Result<SessionOutcome, SessionError> {
-        let outcome = match self.tracer.as_mut() {
+        let mut outcome = match self.tracer.as_mut() {
             Some(t) => self.vm.run(t),
             None => self.vm.run(&mut NoMonitor),
         };
+        if let Some(report) = outcome.as_mut().err().and_then(|e| e.crash_report_mut()) {
+            report.rip_named =
+                crate::places::routine_at(&self.kernel, report.regs.rip, report.sregs.cr3);
+        }
         let trace = self.tracer.map(Tracer::finish).transpose()?;
         let kernel_panic = self
             .panic_line

@@ -2,6 +2,7 @@
 
 mod commands;
 mod export;
+mod symbolize;
 
 use crate::exit_status::{BadArgument, BadData, Unreadable};
 use std::io::{BufWriter, IsTerminal, Write};
@@ -103,19 +104,7 @@ fn require_steps(trace: &Trace) -> Result<()> {
 /// The symbols `args` asks for, and the traced kernel's.
 fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
     let mut symbols = Symbolizer::new();
-    for spec in &args.symbols {
-        let (file, scope) = match spec.rsplit_once('@') {
-            Some((file, aspace)) => (file, Scope::parse(aspace)?),
-            None => (spec.as_str(), Scope::Any),
-        };
-        let bytes = vtrace_image::symbols::read_symbol_file(Path::new(file))?;
-        match vtrace_image::bzimage::vmlinux_inside(&bytes) {
-            Some(vmlinux) => {
-                symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?
-            }
-            None => symbols.add_bytes(&bytes, file, scope)?,
-        }
-    }
+    add_symbol_files(&mut symbols, &args.symbols)?;
     user_programs(trace, args, &mut symbols)?;
     if !args.no_kernel_symbols {
         let found = discover(
@@ -132,6 +121,25 @@ fn symbols(trace: &Trace, args: &TraceArgs) -> Result<Symbolizer> {
         }
     }
     Ok(symbols)
+}
+
+/// Adds the symbol files of `--symbols FILE[@ASPACE]` (a bzImage's
+/// vmlinux where the file is one).
+fn add_symbol_files(symbols: &mut Symbolizer, specs: &[String]) -> Result<()> {
+    for spec in specs {
+        let (file, scope) = match spec.rsplit_once('@') {
+            Some((file, aspace)) => (file, Scope::parse(aspace)?),
+            None => (spec.as_str(), Scope::Any),
+        };
+        let bytes = vtrace_image::symbols::read_symbol_file(Path::new(file))?;
+        match vtrace_image::bzimage::vmlinux_inside(&bytes) {
+            Some(vmlinux) => {
+                symbols.add_bytes(&vmlinux, &format!("{file} (vmlinux inside)"), scope)?
+            }
+            None => symbols.add_bytes(&bytes, file, scope)?,
+        }
+    }
+    Ok(())
 }
 
 /// Opens the trace, warning of what cannot be read.
@@ -432,5 +440,6 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         AnalyzeCommand::Probes(a) => probes_of(a),
         AnalyzeCommand::Samples(a) => samples_of(a),
         AnalyzeCommand::Report(a) => report(a),
+        AnalyzeCommand::Symbolize(a) => symbolize::symbolize(a),
     }
 }

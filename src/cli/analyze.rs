@@ -156,11 +156,64 @@ pub enum AnalyzeCommand {
     /// interrupt and the events before it, as Parquet or JSON lines.
     #[command(after_help = EXPORT_EXAMPLES)]
     Export(ExportArgs),
+    /// Addresses to names, as addr2line: per address its routine and
+    /// offset (`routine+0x1f`) and, where the image has line tables, its
+    /// source file and line. Addresses come from the command line or, one
+    /// or more a line, from standard input; the trace's kernel and
+    /// programs name them, with --symbols as elsewhere.
+    #[command(after_help = SYMBOLIZE_EXAMPLES)]
+    Symbolize(SymbolizeArgs),
     /// Two traces side by side (two kernels, two configurations): steps
     /// per routine in each (self and total) by the size of the change,
     /// routines only one of them ran, the instruction mix and interrupts,
     /// and with --flame a differential flame graph.
     Diff(DiffArgs),
+}
+
+const SYMBOLIZE_EXAMPLES: &str = "Examples:
+  vtrace analyze symbolize --trace linux.vtd 0xffffffff81c8a1f0
+  vtrace analyze symbolize --symbols demo.elf 0x1008a3 0x100f00
+  vtrace analyze symbolize --trace linux.vtd 0x401136@0x7b1c000  (a user program's address, in
+                                                                  the address space the listing names)
+  grep -o 'rip [0-9a-f]*' crash.txt | cut -d' ' -f2 | vtrace analyze symbolize --trace t.vtd";
+
+#[derive(Debug, Args)]
+pub struct SymbolizeArgs {
+    /// Addresses, hex (`0xffffffff81000000` or `401136`), each optionally
+    /// `@CR3` for a user program's, in the address space the listing's
+    /// second column names. None: read them from standard input.
+    #[arg(value_name = "ADDR[@CR3]", value_parser = parse_address)]
+    pub addresses: Vec<vtrace_analyzer::AddressQuery>,
+    /// The trace whose kernel and programs name the addresses (default:
+    /// ./vtrace.vtd where it exists; none is needed with --symbols).
+    #[arg(long, value_name = "TRACE")]
+    pub trace: Option<PathBuf>,
+    /// Symbols: an ELF image (with its line tables), System.map, `nm`
+    /// output or a kallsyms dump, for every address space or, with @CR3
+    /// (hex), for one. Repeatable; these come before the kernel's own.
+    #[arg(long = "symbols", value_name = "FILE[@ASPACE]")]
+    pub symbols: Vec<String>,
+    /// Do not look for the traced kernel's symbols.
+    #[arg(long)]
+    pub no_kernel_symbols: bool,
+    /// The guest's root file system, where the trace's programs are looked
+    /// up (as the other analyses' --sysroot).
+    #[arg(long, value_name = "DIR")]
+    pub sysroot: Option<PathBuf>,
+    /// The initramfs to look the trace's programs up in.
+    #[arg(long, value_name = "FILE", conflicts_with = "sysroot")]
+    pub initramfs: Option<PathBuf>,
+    /// Print JSON lines: address, space, routine, offset, file, line,
+    /// source (null where unknown).
+    #[arg(long)]
+    pub json: bool,
+    /// Write to FILE instead of standard output (`-` is standard output).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+fn parse_address(text: &str) -> Result<vtrace_analyzer::AddressQuery, String> {
+    vtrace_analyzer::AddressQuery::parse(text)
 }
 
 #[derive(Debug, Args)]

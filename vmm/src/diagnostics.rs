@@ -61,6 +61,10 @@ pub struct CrashReport {
     pub recent_exits: Vec<ExitNote>,
     /// What the user can do about it.
     pub hint: Option<String>,
+    /// RIP's routine and source line (`start_kernel+0x12 at
+    /// init/main.c:950`), where whoever reports the crash knows the
+    /// guest's symbols.
+    pub rip_named: Option<String>,
 }
 
 impl CrashReport {
@@ -102,6 +106,9 @@ impl fmt::Display for CrashReport {
             s.cs.selector,
             r.rip
         )?;
+        if let Some(named) = &self.rip_named {
+            writeln!(f, "  RIP is in: {named}")?;
+        }
         if let Some(code) = &self.code {
             let bytes: Vec<String> = code.iter().take(15).map(|b| format!("{b:02x}")).collect();
             write!(f, "  code at RIP: {}", bytes.join(" "))?;
@@ -236,6 +243,7 @@ mod tests {
             code: Some(code.to_vec()),
             recent_exits: vec![],
             hint: None,
+            rip_named: None,
         };
         report.sregs.cr0 = 1;
         report.sregs.efer = 0x500;

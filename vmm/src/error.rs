@@ -224,6 +224,17 @@ pub enum LayoutFault {
 }
 
 impl Error {
+    /// The guest's state where the error is a guest's death, for a caller
+    /// that knows more of the guest than the VMM (its symbols) to add to.
+    pub fn crash_report_mut(&mut self) -> Option<&mut CrashReport> {
+        match self {
+            Error::GuestShutdown(report)
+            | Error::EmulationFailure(report)
+            | Error::GuestFailure { report, .. } => Some(report),
+            _ => None,
+        }
+    }
+
     pub(crate) fn kvm(call: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
         move |source| Error::Kvm { call, source }
     }

@@ -57,15 +57,22 @@ impl LineTable {
     /// `file:line` of `addr`, with the file name shortened to its last two
     /// components (a listing line has no room for build paths).
     pub fn locate(&self, addr: u64) -> Option<String> {
-        let context = self.context.lock().ok()?;
-        let loc = context.find_location(addr).ok()??;
-        let file = loc.file?;
+        let (file, line) = self.location(addr)?;
         let short: Vec<&str> = file.rsplit('/').take(2).collect();
         let short = short.into_iter().rev().collect::<Vec<_>>().join("/");
-        Some(match loc.line {
+        Some(match line {
             Some(line) => format!("{short}:{line}"),
             None => short,
         })
+    }
+
+    /// The source file of `addr` as the line table names it (the whole
+    /// path, as `addr2line` prints it) and its line, where known: the
+    /// innermost location, as the line table's row for `addr` says.
+    pub fn location(&self, addr: u64) -> Option<(String, Option<u32>)> {
+        let context = self.context.lock().ok()?;
+        let loc = context.find_location(addr).ok()??;
+        Some((loc.file?.to_string(), loc.line))
     }
 }
 

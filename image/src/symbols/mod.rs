@@ -422,6 +422,21 @@ impl Symbolizer {
             .filter(|s| s.table.lookup(addr).is_some())
             .find_map(|s| s.lines.as_ref()?.locate(addr))
     }
+
+    /// The source file (whole path) and line of `addr`, from the first
+    /// source with lines covering it.
+    pub fn location(&self, addr: u64, cr3: u64) -> Option<(String, Option<u32>)> {
+        self.candidates(cr3)
+            .filter(|s| s.table.lookup(addr).is_some())
+            .find_map(|s| s.lines.as_ref()?.location(addr))
+    }
+
+    /// Where the routine `addr` resolved to came from (a source's origin).
+    pub fn origin_of(&self, addr: u64, cr3: u64) -> Option<&str> {
+        self.candidates(cr3)
+            .find(|s| s.table.lookup(addr).is_some())
+            .map(|s| &s.origin[..])
+    }
 }
 
 #[cfg(test)]

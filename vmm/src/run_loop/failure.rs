@@ -63,6 +63,7 @@ impl Vm {
             code,
             recent_exits: self.machine.history.recent(),
             hint,
+            rip_named: None,
         }
     }
 }
