@@ -56,7 +56,7 @@ fn main() {
     let status = match cli.command {
         cli::Command::Run(args) => run::run(*args),
         cli::Command::Info(args) => info::info(args),
-        cli::Command::Analyze(args) => analyze::analyze(args),
+        cli::Command::Analyze(args) => analyze::analyze(*args),
         cli::Command::Bench(args) => bench::bench(args),
         cli::Command::Ctl(args) => ctl::ctl(args),
         cli::Command::Probes(args) => probes::probes(args),

@@ -395,6 +395,23 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
             stdout(&o)
         );
     }
+    // Every routine of this kernel starts with `call __fentry__`
+    // (ftrace's hook; a `ret` until tracing is on): the nest diagram hides
+    // it unless asked.
+    let nest = |extra: &[&str]| {
+        let o = run(&[&["analyze", "nest", disk.to_str().unwrap()], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let hooks = nest(&["--show-hooks"]);
+    assert!(hooks.matches("__fentry__();").count() > 10, "{hooks}");
+    let plain = nest(&[]);
+    assert!(!plain.contains("__fentry__"), "{plain}");
+    let routines = |text: &str| text.lines().filter(|l| l.contains("()")).count();
+    assert_eq!(
+        routines(&plain),
+        routines(&hooks) - hooks.matches("__fentry__();").count()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

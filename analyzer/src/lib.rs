@@ -25,6 +25,7 @@ mod nest;
 mod probes;
 mod processes;
 mod report;
+mod routine_filter;
 mod samples;
 mod spaces;
 mod stats;
@@ -60,12 +61,16 @@ pub use cpus::{collect as collect_cpus, CpuShare, CpuStats, SpinSite};
 pub use diff::{compare, write_flame as write_diff_flame, Diff};
 pub use event_text::describe_event;
 pub use export::{export, Destination, ExportFormat, ExportReport, ExportedFile};
-pub use flame::{folded_lines, write_svg as write_flame, write_svg_of as write_flame_of};
+pub use flame::{
+    filter_stacks, folded_lines, write_svg as write_flame, write_svg_of as write_flame_of,
+    StackFilter,
+};
 pub use listing::{write as write_listing, write_files as write_listing_files, ListingOptions};
-pub use nest::{NestOptions, NestWriter, DIVIDED};
+pub use nest::{format_return_value, NestOptions, NestWriter, DIVIDED};
 pub use probes::{format_quantize, format_table as format_probes, probes, ProbeTally};
 pub use processes::{collect as collect_processes, ProcessTable};
 pub use report::write as write_report;
+pub use routine_filter::{BadPattern, RoutineFilter, HIDDEN_BY_DEFAULT};
 pub use samples::{format_profile, samples, Samples};
 pub use spaces::{collect as collect_spaces, SpaceTable};
 pub use stats::{collect as collect_stats, folded as folded_stats, Stats};

@@ -16,6 +16,7 @@ use crate::levels::{
     BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink,
 };
 use crate::naming::{routine_name, vector_name};
+use crate::routine_filter::RoutineFilter;
 use crate::symbols::{Symbolizer, UNKNOWN_FUNC};
 use crate::syscalls;
 
@@ -49,7 +50,19 @@ struct Line {
     step: u64,
     depth: usize,
     counts: Option<(u64, u64)>,
+    /// What the routine returned, on its leaf or close line (`--retval`).
+    returned: Option<u64>,
     text: Text,
+}
+
+/// A return value as ftrace's funcgraph-retval prints it: an error number
+/// (-1 to -4095, Linux's `IS_ERR_VALUE` range) in signed decimal, anything
+/// else in hex.
+pub fn format_return_value(value: u64) -> String {
+    match value as i64 {
+        -4095..=-1 => (value as i64).to_string(),
+        _ => format!("{value:#x}"),
+    }
 }
 
 type FrameKey = (u64, Option<u32>, usize, u64);
@@ -83,6 +96,16 @@ pub struct NestOptions {
     /// Only the big levels that run in this address space (its
     /// page-table root).
     pub space: Option<u64>,
+    /// Routines left out with all they call and the interrupts taken
+    /// meanwhile (their steps still count in their callers' totals).
+    pub exclude: RoutineFilter,
+    /// Leave out calls of fewer total steps than this, with all they
+    /// called (uftrace's `-t`). A routine still open when its block ends
+    /// (interrupted, switched away from) is shown whatever it costs.
+    pub min_steps: Option<u64>,
+    /// Print each routine's return value (RAX after its `ret`) on its leaf
+    /// or close line, as ftrace's funcgraph-retval.
+    pub retval: bool,
 }
 
 impl NestOptions {
@@ -105,6 +128,8 @@ pub struct NestWriter<'a, W: Write> {
     space_shown: bool,
     /// Per stack, the depth of the `--function` routine it is inside.
     inside: FxHashMap<StackId, usize>,
+    /// Per stack, the depth of the `--exclude`d routine it is inside.
+    hidden: FxHashMap<StackId, usize>,
     /// A big level's line (its step, text and nesting), held back while
     /// the routines its boundary ended (at earlier steps) are closed, so
     /// step numbers only grow down the page.
@@ -139,6 +164,7 @@ impl<'a, W: Write> NestWriter<'a, W> {
             stack: (0, None),
             space_shown: true,
             inside: FxHashMap::default(),
+            hidden: FxHashMap::default(),
             pending: None,
             block: Vec::new(),
             open: FxHashMap::default(),
@@ -209,6 +235,7 @@ impl<'a, W: Write> NestWriter<'a, W> {
     fn showing(&self) -> bool {
         self.space_shown
             && (self.options.function.is_none() || self.inside.contains_key(&self.stack))
+            && !self.hidden.contains_key(&self.stack)
     }
 
     fn write(&mut self, text: &str) {
@@ -260,7 +287,10 @@ impl<'a, W: Write> NestWriter<'a, W> {
                     if !*leaf {
                         collapsed = Some(line.depth);
                     }
-                    format!("{name}();{tag}")
+                    match line.returned {
+                        Some(v) => format!("{name}();{tag} /* = {} */", format_return_value(v)),
+                        None => format!("{name}();{tag}"),
+                    }
                 }
                 Text::Entry { name, tag, .. } => format!("{name}() {{{tag}"),
                 Text::Close { .. } if collapsed == Some(line.depth) => {
@@ -268,7 +298,10 @@ impl<'a, W: Write> NestWriter<'a, W> {
                     continue;
                 }
                 Text::Close { name, how } => match how {
-                    ExitKind::Return => format!("}} /* {name} */"),
+                    ExitKind::Return => match line.returned {
+                        Some(v) => format!("}} /* {name} = {} */", format_return_value(v)),
+                        None => format!("}} /* {name} */"),
+                    },
                     ExitKind::Unwound => format!("}} /* {name}, unwound */"),
                     ExitKind::JumpedAway => format!("}} /* {name}, jumped away */"),
                     ExitKind::TraceEnd => format!("}} /* {name}, open at trace end */"),
@@ -429,6 +462,14 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             EntryKind::Interrupt { vector } => format!("  [{}]", vector_name(vector)),
             EntryKind::SystemCall => "  [system call]".into(),
         };
+        if !self.hidden.contains_key(&self.stack)
+            && self
+                .options
+                .exclude
+                .excludes(self.symbols, frame.func, frame.entry_pc)
+        {
+            self.hidden.insert(self.stack, frame.depth);
+        }
         let name = routine_name(self.symbols, frame.func, frame.entry_pc);
         if self.options.function.as_deref() == Some(name.as_str())
             && self.space_shown
@@ -444,6 +485,7 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             step: frame.entry_step,
             depth: frame.depth,
             counts: None,
+            returned: None,
             text: Text::Entry {
                 name,
                 tag,
@@ -453,6 +495,11 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
     }
 
     fn exit(&mut self, frame: &FrameView, how: ExitKind) {
+        // Leaving the excluded routine: lines go on after it.
+        if self.hidden.get(&self.stack) == Some(&frame.depth) {
+            self.hidden.remove(&self.stack);
+            return;
+        }
         if !self.showing() {
             return;
         }
@@ -471,6 +518,7 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             step,
             depth,
             counts: None,
+            returned: None,
             text: Text::Note(text.to_string()),
         });
     }
@@ -484,6 +532,7 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             step,
             depth,
             counts: None,
+            returned: None,
             text: Text::Mark(what.describe()),
         });
     }
@@ -494,10 +543,20 @@ impl<W: Write> NestWriter<'_, W> {
     /// the block, else a close line.
     fn push_exit(&mut self, frame: &FrameView, how: ExitKind) {
         let counts = Some((frame.total_steps, frame.self_steps));
+        let returned = frame.return_value.filter(|_| self.options.retval);
+        let short = self
+            .options
+            .min_steps
+            .is_some_and(|m| frame.total_steps < m);
         if let Some(i) = self.open.remove(&frame_key(frame)) {
+            if short {
+                self.drop_call(i, frame.last_step);
+                return;
+            }
             let last = i + 1 == self.block.len();
             if let Some(line) = self.block.get_mut(i) {
                 line.counts = counts;
+                line.returned = returned;
                 if let Text::Entry { leaf, .. } = &mut line.text {
                     *leaf = last;
                 }
@@ -523,7 +582,20 @@ impl<W: Write> NestWriter<'_, W> {
             step: frame.last_step,
             depth: frame.depth,
             counts,
+            returned,
             text: Text::Close { name, how },
         });
+    }
+
+    /// Leaves out a call too short to show (`--min-steps`): its entry line
+    /// at `entry` and everything after it, which all ran inside it, but
+    /// the marks of the irregular flow that is ending it (after its
+    /// `last_step`), which belong to what comes next.
+    fn drop_call(&mut self, entry: usize, last_step: u64) {
+        let tail = self.block.split_off(entry.min(self.block.len()));
+        self.block.extend(
+            tail.into_iter()
+                .filter(|l| matches!(l.text, Text::Mark(_)) && l.step > last_step),
+        );
     }
 }

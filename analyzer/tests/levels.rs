@@ -219,3 +219,106 @@ fn an_interrupt_nests_inside_what_it_interrupted_and_returns_to_it() {
     assert!(text.contains("c();  [irq 0 (timer)]"), "{text}");
     assert!(text.contains("==> return from interrupt"), "{text}");
 }
+
+/// The nest diagram of `items` with `options`, body lines only (the
+/// routine column, indentation kept).
+fn nest_with(items: &[Item], options: vtrace_analyzer::NestOptions) -> Vec<String> {
+    let symbols = symbols();
+    let mut engine = LevelEngine::new();
+    let mut nest = NestWriter::with_options(Vec::new(), &symbols, options);
+    for item in items {
+        engine.push(*item, &mut nest);
+    }
+    engine.finish(&mut nest);
+    let text = String::from_utf8(nest.finish().unwrap()).unwrap();
+    text.lines()
+        .map(|l| {
+            l.get(2 + 10 + 1 + 10 + 1 + 8 + 2..)
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect()
+}
+
+/// a calls b (which calls c) and c, an interrupt (handler c) lands in the
+/// first b, and each routine returns RAX = its address's page.
+fn calls_with_an_interrupt() -> Vec<Item> {
+    let symbols = symbols();
+    let mut items = steps(
+        &symbols,
+        &[
+            (0x1000, Flow::Call, 5),            // 0: a calls b
+            (0x2000, Flow::Call, 5),            // 1: b calls c
+            (0x3000, Flow::Return, 1),          // 2: c returns
+            (0x2005, Flow::Next, 1),            // 3: (the interrupt comes after it)
+            (0x3010, Flow::InterruptReturn, 2), // 4: the handler, in c
+            (0x2006, Flow::Return, 1),          // 5: b returns
+            (0x1005, Flow::Call, 5),            // 6: a calls c
+            (0x3000, Flow::Return, 1),          // 7: c returns
+            (0x100a, Flow::Next, 1),            // 8
+        ],
+    );
+    // RAX before each ret (the builder puts it there from the records).
+    for (at, value) in [(7, 0x3), (5, 0x2), (2, 0xffff_ffff_ffff_ffea)] {
+        items.insert(at, Item::ReturnValue(value));
+    }
+    let interrupt = items
+        .iter()
+        .position(|i| matches!(i, Item::Step { step: 4, .. }))
+        .unwrap();
+    items.insert(interrupt, Item::Interrupt { vector: 32 });
+    items
+}
+
+#[test]
+fn excluded_routines_go_with_all_they_call_and_their_interrupts() {
+    let items = calls_with_an_interrupt();
+    let all = nest_with(&items, Default::default());
+    assert!(all.iter().any(|l| l.contains("==> interrupt")), "{all:#?}");
+    let options = vtrace_analyzer::NestOptions {
+        exclude: vtrace_analyzer::RoutineFilter::new(&["b".into()], false).unwrap(),
+        ..Default::default()
+    };
+    let lines = nest_with(&items, options);
+    // b, the c it called and the interrupt taken in it are gone; a's
+    // counts still hold b's steps, and a's own call of c stays.
+    let body: Vec<&str> = lines.iter().map(|l| l.trim_end()).collect();
+    assert_eq!(
+        body,
+        [
+            "==> trace start (address space 0x1000)",
+            "a() {",
+            "  c();",
+            "} /* a, open at trace end */"
+        ],
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn short_calls_drop_with_their_callees_and_return_values_show_as_ftrace_s() {
+    let items = calls_with_an_interrupt();
+    let options = vtrace_analyzer::NestOptions {
+        retval: true,
+        ..Default::default()
+    };
+    let lines = nest_with(&items, options);
+    let text = lines.join("\n");
+    // An error number in decimal, other values in hex; an interrupt's
+    // handler returns nothing.
+    assert!(text.contains("  c(); /* = -22 */"), "{text}");
+    assert!(text.contains("} /* b = 0x2 */"), "{text}");
+    assert!(text.contains("  c(); /* = 0x3 */"), "{text}");
+    assert!(text.contains("c();  [irq 0 (timer)]"), "{text}");
+    assert!(!text.contains("[irq 0 (timer)] /*"), "{text}");
+
+    // Calls of fewer than 2 steps go: both calls of c (1 step each) and
+    // the handler; b (5 steps with the interrupt) stays.
+    let options = vtrace_analyzer::NestOptions {
+        min_steps: Some(2),
+        ..Default::default()
+    };
+    let lines = nest_with(&items, options);
+    assert!(!lines.iter().any(|l| l.contains("c()")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("b() {")), "{lines:#?}");
+}

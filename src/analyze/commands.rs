@@ -4,6 +4,7 @@
 //! wrote.
 
 use super::*;
+use vtrace_analyzer::{filter_stacks, StackFilter};
 
 /// `vtrace analyze listing`: every step, as text or into files.
 pub(super) fn listing(a: ListingArgs) -> Result<()> {
@@ -57,13 +58,22 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
             );
         }
     }
+    let ns_per_step = trace.metadata.ns_per_step();
+    let min_steps = match (a.min_steps, a.min_time) {
+        (Some(steps), _) => Some(steps),
+        (None, Some(time)) => Some(min_time_in_steps(&trace, time, ns_per_step)?),
+        (None, None) => None,
+    };
     let options = NestOptions {
-        ns_per_step: trace.metadata.ns_per_step(),
+        ns_per_step,
         depth: a.depth.and_then(|d| usize::try_from(d).ok()),
         function: a.function.clone(),
         from: a.from,
         to: a.to,
         space: a.space,
+        exclude: a.calls.filter().map_err(|e| BadArgument(e.to_string()))?,
+        min_steps,
+        retval: a.retval,
     };
     let mut writer = NestWriter::with_options(out, &symbols, options);
     let only = if filter.is_everything() {
@@ -101,6 +111,20 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--min-time` as steps of the trace's clock: the fewest steps that last
+/// at least `time`.
+fn min_time_in_steps(trace: &Trace, time: Duration, ns_per_step: Option<u64>) -> Result<u64> {
+    let Some(ns) = ns_per_step.filter(|ns| *ns > 0) else {
+        return Err(BadArgument(format!(
+            "--min-time needs a trace whose clock turns steps into time, and {} was made with              the host's clock (`vtrace info` shows it); give --min-steps",
+            trace.path().display()
+        ))
+        .into());
+    };
+    let time = u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
+    Ok(time.div_ceil(ns))
 }
 
 /// `vtrace analyze spaces`: the address spaces and what ran in each.
@@ -148,6 +172,12 @@ pub(super) fn flame(a: FlameArgs) -> Result<()> {
     let bar = StepsBar::new(&trace, &a.trace, "flame");
     let filter = task_filter(&trace, &a.tasks)?;
     let folded = folded_stats(&trace, &symbols, &filter, &|d, _| bar.update(d))?;
+    let stacks = StackFilter {
+        exclude: a.calls.filter().map_err(|e| BadArgument(e.to_string()))?,
+        depth: a.depth.and_then(|d| usize::try_from(d).ok()),
+        function: a.function.clone(),
+    };
+    let folded = filter_stacks(&folded, &stacks);
     bar.finish();
     warn_if_nothing(&filter, folded.iter().map(|f| f.1).sum());
     let mut out = create(&a.output)?;
@@ -295,8 +325,16 @@ pub(super) fn samples_of(a: SamplesArgs) -> Result<()> {
 pub(super) fn report(a: ReportArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
     let bar = StepsBar::new(&trace, &a.trace, "report");
+    let calls = NestOptions {
+        depth: a.depth.and_then(|d| usize::try_from(d).ok()),
+        function: a.function.clone(),
+        exclude: a.calls.filter().map_err(|e| BadArgument(e.to_string()))?,
+        min_steps: a.min_steps,
+        retval: a.retval,
+        ..NestOptions::default()
+    };
     let mut out = create(&a.output)?;
-    write_report(&trace, &symbols, a.nest_lines, &mut out, &|d, _| {
+    write_report(&trace, &symbols, a.nest_lines, &calls, &mut out, &|d, _| {
         bar.update(d)
     })?;
     out.flush()?;

@@ -382,9 +382,26 @@ pub struct NestArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub depth: Option<u64>,
     /// Only the calls of this routine, with all they call and the
-    /// interrupts taken meanwhile (uftrace's -F).
-    #[arg(long, value_name = "NAME")]
+    /// interrupts taken meanwhile (uftrace's -F, ftrace's
+    /// set_graph_function).
+    #[arg(long, visible_alias = "only", value_name = "NAME")]
     pub function: Option<String>,
+    #[command(flatten)]
+    pub calls: CallFilterArgs,
+    /// Leave out calls of fewer steps than this (their total, callees and
+    /// interrupts included), with all they called (uftrace's -t).
+    #[arg(long, value_name = "STEPS", conflicts_with = "min_time")]
+    pub min_steps: Option<u64>,
+    /// Leave out calls shorter than this in virtual time (`10us`, `1ms`;
+    /// the trace's clock turns steps into time), with all they called.
+    #[arg(long, value_name = "TIME", value_parser = crate::units::parse_interval)]
+    pub min_time: Option<std::time::Duration>,
+    /// Each routine's return value (RAX after its `ret`) on its leaf or
+    /// close line, as ftrace's funcgraph-retval: `/* = 0x1 */`, an error
+    /// number in decimal (`/* = -22 */`). A routine that returns nothing
+    /// shows whatever RAX held.
+    #[arg(long)]
+    pub retval: bool,
     /// Only lines from this step on.
     #[arg(long, value_name = "STEP")]
     pub from: Option<u64>,
@@ -398,6 +415,29 @@ pub struct NestArgs {
     /// Write to FILE instead of standard output (`-` is standard output).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+}
+
+/// Routines a call-graph view leaves out.
+#[derive(Debug, Args)]
+pub struct CallFilterArgs {
+    /// Leave out the routines matching this glob (`rcu_*`, `*spin_lock*`)
+    /// with all they call and the interrupts taken meanwhile, as ftrace's
+    /// set_graph_notrace and uftrace's -N; their steps still count in
+    /// their callers'. Repeatable.
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Show the routines hidden by default: the hooks every traced kernel
+    /// function calls first (`__fentry__`, `mcount`) and the return and
+    /// indirect-branch thunks.
+    #[arg(long)]
+    pub show_hooks: bool,
+}
+
+impl CallFilterArgs {
+    /// The filter these options ask for.
+    pub fn filter(&self) -> Result<vtrace_analyzer::RoutineFilter, vtrace_analyzer::BadPattern> {
+        vtrace_analyzer::RoutineFilter::new(&self.exclude, !self.show_hooks)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -441,6 +481,15 @@ pub struct FlameArgs {
     /// speedscope, inferno and flamegraph.pl's difffolded read.
     #[arg(long)]
     pub folded: bool,
+    #[command(flatten)]
+    pub calls: CallFilterArgs,
+    /// Keep this many routine levels below each stack's root; deeper
+    /// steps count in the routine at the last level kept.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub depth: Option<u64>,
+    /// Only the stacks through this routine.
+    #[arg(long, visible_alias = "only", value_name = "NAME")]
+    pub function: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -469,6 +518,22 @@ pub struct ReportArgs {
     /// note); `vtrace analyze nest` has them all.
     #[arg(long, default_value_t = 20_000, value_name = "LINES")]
     pub nest_lines: usize,
+    #[command(flatten)]
+    pub calls: CallFilterArgs,
+    /// Call levels of the nest diagram and the flame graph (as `nest
+    /// --depth` and `flame --depth`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub depth: Option<u64>,
+    /// Only the calls of this routine in the nest diagram, and the stacks
+    /// through it in the flame graph.
+    #[arg(long, visible_alias = "only", value_name = "NAME")]
+    pub function: Option<String>,
+    /// Leave out of the nest diagram calls of fewer steps than this.
+    #[arg(long, value_name = "STEPS")]
+    pub min_steps: Option<u64>,
+    /// Return values on the nest diagram's return lines (as `nest --retval`).
+    #[arg(long)]
+    pub retval: bool,
 }
 
 /// A hex number, with or without `0x`.

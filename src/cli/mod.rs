@@ -54,7 +54,7 @@ pub enum Command {
     /// HTML report, a per-step export (Parquet, JSON lines) and diffs of
     /// two traces. Symbols of the traced kernel are found from what the
     /// trace records; --symbols adds more.
-    Analyze(AnalyzeArgs),
+    Analyze(Box<AnalyzeArgs>),
     /// Measure the tracer: full tracing of the demo OS against the bare
     /// single-step loop run before and after it, in one process (build with
     /// --release for real figures).

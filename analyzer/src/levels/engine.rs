@@ -35,6 +35,8 @@ struct Prev {
     pc: u64,
     len: u8,
     flow: Flow,
+    /// RAX after it, for a `ret`: what the routine it leaves returned.
+    value: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -93,6 +95,10 @@ pub struct LevelEngine {
     prev: Option<Prev>,
     prev_step: Option<u64>,
     pending_interrupt: Option<u8>,
+    /// RAX after the next step, a `ret` ([`Item::ReturnValue`]).
+    return_value: Option<u64>,
+    /// What the frame a `ret` is popping returned.
+    returned: Option<u64>,
     /// The number of the system call the next step makes.
     syscall_number: Option<u64>,
     after_break: bool,
@@ -134,6 +140,8 @@ impl LevelEngine {
             prev: None,
             prev_step: None,
             pending_interrupt: None,
+            return_value: None,
+            returned: None,
             syscall_number: None,
             after_break: false,
             first_run: false,
@@ -251,6 +259,7 @@ impl LevelEngine {
             total_steps: 0,
             recursive: self.stack.iter().any(|f| f.view.func == func),
             last_step: step,
+            return_value: None,
         };
         sink.enter(&view);
         self.stack.push(Frame {
@@ -264,6 +273,9 @@ impl LevelEngine {
     fn pop_frame(&mut self, sink: &mut impl LevelSink, how: ExitKind) -> Option<Frame> {
         let mut frame = self.stack.pop()?;
         frame.view.total_steps += frame.view.self_steps;
+        if how == ExitKind::Return {
+            frame.view.return_value = self.returned.take();
+        }
         sink.exit(&frame.view, how);
         if let Some(parent) = self.stack.last_mut() {
             parent.view.total_steps += frame.view.total_steps;
@@ -424,6 +436,7 @@ impl LevelEngine {
                         if skipped > 0 {
                             self.irregular(sink, step, i, Irregular::ReturnPastFrames { skipped });
                         }
+                        self.returned = prev.value;
                         self.unwind_to(sink, i);
                         self.arrive(sink, func, pc, step);
                     }
@@ -504,7 +517,12 @@ impl LevelEngine {
                     top.view.last_step = step;
                 }
                 self.counts.steps += u64::from(steps);
-                self.prev = Some(Prev { pc, len, flow });
+                self.prev = Some(Prev {
+                    pc,
+                    len,
+                    flow,
+                    value: self.return_value.take(),
+                });
                 self.prev_step = Some(step);
             }
             Item::Break => {
@@ -516,7 +534,8 @@ impl LevelEngine {
             Item::Restart if self.cr3.is_none() => {}
             Item::Restart => {
                 self.counts.breaks += 1;
-                if self.prev.is_some_and(|p| p.flow == Flow::Return) {
+                if let Some(prev) = self.prev.filter(|p| p.flow == Flow::Return) {
+                    self.returned = prev.value;
                     self.pop_frame(sink, ExitKind::Return);
                 }
                 self.finish(sink);
@@ -531,7 +550,23 @@ impl LevelEngine {
                 func,
                 flow,
                 len,
-            } => self.step(sink, step, pc, cr3, func, Prev { pc, len, flow }),
+            } => {
+                let value = self.return_value.take();
+                self.step(
+                    sink,
+                    step,
+                    pc,
+                    cr3,
+                    func,
+                    Prev {
+                        pc,
+                        len,
+                        flow,
+                        value,
+                    },
+                )
+            }
+            Item::ReturnValue(value) => self.return_value = Some(value),
         }
     }
 
@@ -628,6 +663,7 @@ impl LevelEngine {
                 pc: 0,
                 len: 0,
                 flow: Flow::Jump,
+                value: None,
             })),
         );
     }

@@ -86,6 +86,9 @@ pub enum Item {
         /// Its value.
         value: u64,
     },
+    /// The next step is a `ret` and this is RAX after it: the value the
+    /// routine it leaves returns (`funcgraph-retval`).
+    ReturnValue(u64),
     /// Steps the trace does not have: a gap, a `--trace-function`
     /// routine's task switched out and in again, or a damaged segment
     /// skipped. The call stack holds across it.
@@ -300,6 +303,16 @@ impl<'a> ItemBuilder<'a> {
         self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((cr3, func));
     }
 
+    /// Before a `ret`: the value it returns. The `ret` then starts an
+    /// item of its own rather than ending a run, so the value stays next
+    /// to it.
+    fn return_value(&mut self, flow: Flow, step: &Step) {
+        if flow == Flow::Return {
+            self.out.push(Item::ReturnValue(step.regs.gpr[0]));
+            self.open = None;
+        }
+    }
+
     /// Counts a step left out (another CPU's): the steps after it keep
     /// their numbers in the trace.
     pub fn pass_over_step(&mut self) {
@@ -342,11 +355,13 @@ impl<'a> ItemBuilder<'a> {
                         // address again: only its `ret` returns, from the
                         // owner.
                         let flow = if flow == Flow::Call { Flow::Jump } else { flow };
+                        self.return_value(flow, s);
                         self.push_step(step, s.pc, s.cr3, owner, flow, len);
                     }
                     None => {
                         self.flush_transit(Some(func));
                         self.behind = Some(func);
+                        self.return_value(flow, s);
                         self.push_step(step, s.pc, s.cr3, func, flow, len);
                     }
                 }

@@ -68,6 +68,10 @@ pub struct FrameView {
     pub recursive: bool,
     /// Last step executed in it (valid at exit).
     pub last_step: u64,
+    /// At an [`ExitKind::Return`] exit: RAX after its `ret`, what it
+    /// returned (or whatever RAX held, for a routine that returns
+    /// nothing, as ftrace's funcgraph-retval warns).
+    pub return_value: Option<u64>,
 }
 
 /// Irregular control flow, marked `## divided level ##` in nest diagrams.

@@ -3,7 +3,7 @@
 use super::items::ItemBuilder;
 use super::*;
 use crate::input::SegmentInfo;
-use crate::insn::InsnCache;
+use crate::insn::{Flow, InsnCache};
 use crate::symbols::{Scope, Symbol, SymbolTable, Symbolizer, UNKNOWN_FUNC};
 use vtrace_storage::{CpuMode, Event, InsnBytes, Record, Regs, Step, TraceReason};
 
@@ -238,6 +238,56 @@ fn an_srso_return_thunk_is_one_return() {
     }
 }
 
+/// RAX after a `ret` is what the routine it leaves returned, whether the
+/// `ret` ends a run or an interrupt comes between it and where it lands;
+/// the frames a `ret` unwinds past returned nothing.
+#[test]
+fn a_return_carries_rax_after_its_ret_to_the_routine_it_leaves() {
+    let symbols = symbols();
+    let with_rax = |pc, bytes: &[u8], rax| match step(pc, bytes) {
+        Record::Step(mut s) => {
+            s.regs.gpr[0] = rax;
+            Record::Step(s)
+        }
+        other => other,
+    };
+    let records = vec![
+        step(0x1000, &[0xe8, 0xfb, 0x0f, 0, 0]), // call 0x2000
+        step(0x2000, NOP),
+        with_rax(0x2001, &[0xc3], 42), // ret to 0x1005, after a run
+        step(0x1005, &[0xe8, 0xf6, 0x1f, 0, 0]), // call 0x3000
+        with_rax(0x3000, &[0xc3], 0xffff_ffff_ffff_ffea), // ret to 0x100a
+        Record::Event(Event::Interrupt {
+            vector: 32,
+            error_code: None,
+            source: vtrace_storage::InterruptSource::Injected,
+        }),
+        step(0x2010, &[0x48, 0xcf]), // iretq to 0x100a
+        step(0x100a, NOP),
+    ];
+    let (log, counts) = feed(&items(&symbols, &records));
+    let exits = |kind: &str| -> Vec<&String> {
+        log.iter()
+            .filter(|l| l.starts_with("exit") && l.contains(kind))
+            .collect()
+    };
+    let calls = exits("kind: Call");
+    assert_eq!(calls.len(), 2, "{log:#?}");
+    assert!(calls[0].contains("func: 1,") && calls[0].contains("return_value: Some(42)"));
+    assert!(
+        calls[1].contains("func: 2,")
+            && calls[1].contains("return_value: Some(18446744073709551594)"),
+        "{log:#?}"
+    );
+    // The interrupt's frame, left by iretq, returned no value.
+    let interrupt = exits("kind: Interrupt");
+    assert!(
+        interrupt.len() == 1 && interrupt[0].contains("return_value: None"),
+        "{log:#?}"
+    );
+    assert_eq!(counts.irregular, 0);
+}
+
 #[test]
 fn folded_runs_change_nothing_the_sinks_see() {
     let symbols = symbols();
@@ -253,6 +303,9 @@ fn folded_runs_change_nothing_the_sinks_see() {
             Record::Step(s) => {
                 if std::mem::take(&mut restarted) {
                     plain.push(Item::Restart);
+                }
+                if cache.get(&s).flow == Flow::Return {
+                    plain.push(Item::ReturnValue(s.regs.gpr[0]));
                 }
                 plain.push(Item::Step {
                     step: number,

@@ -353,11 +353,14 @@ fn environment() -> Result<minijinja::Environment<'static>> {
 
 /// Writes the report. Reads the trace a few times (statistics, places,
 /// the nest diagram, a listing window per busiest routine);
-/// `nest_lines` caps the diagram's lines in the page.
+/// `nest_lines` caps the diagram's lines in the page, and `calls` says
+/// which calls the diagram and the flame graph show (its `ns_per_step` is
+/// the trace's).
 pub fn write(
     trace: &Trace,
     symbols: &Symbolizer,
     nest_lines: usize,
+    calls: &NestOptions,
     out: &mut impl Write,
     progress: Progress<'_>,
 ) -> Result<()> {
@@ -367,8 +370,13 @@ pub fn write(
         &crate::tasks::TaskFilter::default(),
         progress,
     )?;
-    let (flame, flame_height) = flame_document(&stats)?;
-    let nest = nest_part(trace, symbols, nest_lines, progress)?;
+    let stacks = crate::flame::StackFilter {
+        exclude: calls.exclude.clone(),
+        depth: calls.depth,
+        function: calls.function.clone(),
+    };
+    let (flame, flame_height) = flame_document(&stats, &stacks)?;
+    let nest = nest_part(trace, symbols, nest_lines, calls, progress)?;
     let (listings, anchors) = listing_windows(trace, symbols, &stats, &nest.first);
     let charts = charts(trace, symbols, &stats, &anchors)?;
     let facts = facts(trace, &stats, nest.breaks);
@@ -432,10 +440,10 @@ const ROUTINE_ROWS: usize = 60;
 /// The flame graph as a document of its own (it goes in an iframe:
 /// inferno's script finds "the" SVG as the first in its document, which in
 /// the page would be a chart), and its height.
-fn flame_document(stats: &Stats) -> Result<(String, u64)> {
+fn flame_document(stats: &Stats, filter: &crate::flame::StackFilter) -> Result<(String, u64)> {
     let mut svg = Vec::new();
     crate::flame::write_svg_with(
-        &stats.folded,
+        &crate::flame::filter_stacks(&stats.folded, filter),
         "steps by call stack",
         "steps",
         Some(FLAME_WIDTH),
@@ -466,6 +474,7 @@ fn nest_part(
     trace: &Trace,
     symbols: &Symbolizer,
     nest_lines: usize,
+    calls: &NestOptions,
     progress: Progress<'_>,
 ) -> Result<NestPart> {
     let mut capped = Capped {
@@ -480,7 +489,7 @@ fn nest_part(
             symbols,
             NestOptions {
                 ns_per_step: trace.metadata.ns_per_step(),
-                ..NestOptions::default()
+                ..calls.clone()
             },
         ),
         first: FxHashMap::default(),
