@@ -4,7 +4,7 @@
 //! analysis can use it without tying itself to another.
 
 use serde::Serialize;
-use vtrace_storage::{Event, HOST_MARK};
+use vtrace_storage::{Event, ProbeField, ProbeValue, HOST_MARK};
 
 use crate::naming;
 
@@ -68,6 +68,7 @@ pub fn describe_event(e: &Event) -> String {
             bytes,
         } => describe_capture(name, *addr, *length, bytes),
         Event::Probe { name, pc, args } => describe_probe(name, *pc, args),
+        Event::ProbeValues(fields) => describe_probe_values(fields),
         Event::Sample {
             virtual_ns,
             values,
@@ -149,6 +150,42 @@ pub fn describe_probe(name: &str, pc: u64, args: &[u64]) -> String {
     format!("probe {name}({}) at {pc:#x}", args.join(", "))
 }
 
+/// A typed probe value as text: an integer in decimal (signed where its
+/// type is), a pointer in hex, text quoted with C's escapes (`...` where
+/// cut), and `<unavailable at 0x...>` where the memory was not there.
+pub fn probe_value_text(value: &ProbeValue) -> String {
+    match value {
+        ProbeValue::Int {
+            value,
+            size,
+            signed: true,
+        } => {
+            // Sign-extend from its width.
+            let shift = 64 - 8 * u32::from((*size).clamp(1, 8));
+            (((*value << shift) as i64) >> shift).to_string()
+        }
+        ProbeValue::Int { value, .. } => value.to_string(),
+        ProbeValue::Pointer(addr) => format!("{addr:#x}"),
+        ProbeValue::Text { bytes, complete } => {
+            format!(
+                "\"{}\"{}",
+                text_of(bytes),
+                if *complete { "" } else { "..." }
+            )
+        }
+        ProbeValue::Unavailable { addr } => format!("<unavailable at {addr:#x}>"),
+    }
+}
+
+/// A probe's typed values as a line: `values: dfd=-100 filename="/init"`.
+pub fn describe_probe_values(fields: &[ProbeField]) -> String {
+    let parts: Vec<String> = fields
+        .iter()
+        .map(|f| format!("{}={}", f.name, probe_value_text(&f.value)))
+        .collect();
+    format!("values: {}", parts.join(" "))
+}
+
 /// How a task ended: the kernel's exit code, as `wait` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Exit {
@@ -200,6 +237,53 @@ mod tests {
         assert_eq!(text_of(b"ticks: %lu\n\0junk"), "ticks: %lu\\n");
         assert_eq!(text_of(&[0x90, b'a', b'\'', b'"']), "\\x90a'\\\"");
         assert_eq!(text_of(b""), "");
+    }
+
+    #[test]
+    fn typed_probe_values_read_as_their_types() {
+        let f = |name: &str, value| ProbeField {
+            name: name.into(),
+            value,
+        };
+        let line = describe_probe_values(&[
+            f(
+                "dfd",
+                ProbeValue::Int {
+                    value: 0xffff_ff9c,
+                    size: 4,
+                    signed: true,
+                },
+            ),
+            f(
+                "flags",
+                ProbeValue::Int {
+                    value: 0x8000,
+                    size: 4,
+                    signed: false,
+                },
+            ),
+            f(
+                "filename",
+                ProbeValue::Text {
+                    bytes: b"/dev/console".to_vec(),
+                    complete: true,
+                },
+            ),
+            f(
+                "cut",
+                ProbeValue::Text {
+                    bytes: b"ab\n".to_vec(),
+                    complete: false,
+                },
+            ),
+            f("how", ProbeValue::Pointer(0xffff_c900_0001_3e40)),
+            f("p->x", ProbeValue::Unavailable { addr: 0x10 }),
+        ]);
+        assert_eq!(
+            line,
+            "values: dfd=-100 flags=32768 filename=\"/dev/console\" cut=\"ab\\n\"... \
+             how=0xffffc90000013e40 p->x=<unavailable at 0x10>"
+        );
     }
 
     #[test]

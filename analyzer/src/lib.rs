@@ -67,7 +67,10 @@ pub use flame::{
 };
 pub use listing::{write as write_listing, write_files as write_listing_files, ListingOptions};
 pub use nest::{format_return_value, NestOptions, NestWriter, DIVIDED};
-pub use probes::{format_quantize, format_table as format_probes, probes, ProbeTally};
+pub use probes::{
+    fires as probe_fires, format_quantize, format_table as format_probes, probes, FieldValues,
+    Fire, ProbeTally, Quantize, QuantizeOn, ValueCount,
+};
 pub use processes::{collect as collect_processes, ProcessTable};
 pub use report::write as write_report;
 pub use routine_filter::{BadPattern, RoutineFilter, HIDDEN_BY_DEFAULT};

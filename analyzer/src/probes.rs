@@ -2,8 +2,12 @@
 //! and, for one argument, its power-of-two histogram as DTrace's
 //! `quantize()` prints it.
 
+use std::collections::{BTreeMap, HashMap};
+
 use serde::Serialize;
-use vtrace_storage::{Event, RecordRef};
+use vtrace_storage::{Event, ProbeField, ProbeValue, RecordRef};
+
+use crate::event_text::probe_value_text;
 
 use crate::error::Result;
 use crate::input::{Progress, Trace};
@@ -18,17 +22,58 @@ pub struct ProbeTally {
     /// The histogram asked for (`--quantize`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantize: Option<Quantize>,
+    /// A typed probe's values (`fn:ROUTINE(filename:string)`): per value
+    /// it fetched, how often each value came.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<FieldValues>,
 }
+
+/// How often each value of one typed probe value came.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FieldValues {
+    /// The value as the probe named it (`how->flags`).
+    pub field: String,
+    /// Each value as text, most frequent first (at most
+    /// [`DISTINCT_VALUES`]).
+    pub counts: Vec<ValueCount>,
+    /// Fires whose value was not among those kept.
+    pub others: u64,
+}
+
+/// One value and how often it came.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ValueCount {
+    /// As text (`"/dev/console"`, `-100`, `0xffff888003c1e000`).
+    pub value: String,
+    /// Fires that had it.
+    pub count: u64,
+}
+
+/// Distinct values kept per typed value: memory stays bounded whatever
+/// a probe fetched (a pointer differs every fire).
+pub const DISTINCT_VALUES: usize = 1000;
 
 /// A power-of-two histogram of one argument, as a signed 64-bit number.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Quantize {
     /// The argument (0 is the first, DTrace's `arg0`).
     pub arg: usize,
+    /// Or the typed value, by the name the probe gave it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
     /// The buckets that hold values, lowest first.
     pub buckets: Vec<Bucket>,
-    /// Fires that passed fewer arguments.
+    /// Fires that passed fewer arguments (or no integer of that name).
     pub without: u64,
+}
+
+/// What `--quantize` takes: an argument's number, or a typed value's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuantizeOn {
+    /// Argument N (0 is the first).
+    Arg(usize),
+    /// The typed value of this name.
+    Field(String),
 }
 
 /// Values from `value` up to the next bucket's (0; 1; 2 to 3; 4 to 7...;
@@ -52,72 +97,237 @@ fn bucket_of(v: i64) -> i64 {
     }
 }
 
-/// Counts every probe's fires (and quantizes argument `quantize` of each),
-/// sorted by name.
-pub fn probes(
-    trace: &Trace,
-    quantize: Option<usize>,
-    progress: Progress<'_>,
-) -> Result<Vec<ProbeTally>> {
-    let mut tallies: Vec<(ProbeTally, std::collections::BTreeMap<i64, u64>)> = Vec::new();
+/// One fire, with its typed values where the probe has them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Fire {
+    /// The step it came before.
+    pub step: u64,
+    /// The probe.
+    pub probe: String,
+    /// Its arguments (registers, for a `fn:` probe).
+    pub args: Vec<u64>,
+    /// Its typed values, as text, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<(String, String)>,
+}
+
+/// What one segment held of probes, in order.
+enum Seen {
+    Fire(Fire),
+    Values(Vec<ProbeField>),
+}
+
+/// Every fire of the trace, in order, with its typed values.
+pub fn fires(trace: &Trace, progress: Progress<'_>) -> Result<Vec<Fire>> {
+    let mut all: Vec<Fire> = Vec::new();
+    read_fires(trace, progress, |seen| match seen {
+        Seen::Fire(f) => all.push(f),
+        // Values belong to the fire just before them.
+        Seen::Values(fields) => {
+            if let Some(last) = all.last_mut() {
+                last.values = fields
+                    .iter()
+                    .map(|f| (f.name.clone(), probe_value_text(&f.value)))
+                    .collect();
+            }
+        }
+    })?;
+    Ok(all)
+}
+
+fn read_fires(trace: &Trace, progress: Progress<'_>, mut each: impl FnMut(Seen)) -> Result<()> {
     trace.for_each_ordered(
         &trace.segments,
-        |_, records| {
-            let mut fires = Vec::new();
+        |info, records| {
+            let mut seen = Vec::new();
+            let mut step = info.first_step;
             while let Some(r) = records.next_record() {
-                if let RecordRef::Event(Event::Probe { name, args, .. }) = r {
-                    let arg = quantize.map(|i| args.get(i).map(|&a| a as i64));
-                    fires.push((name.clone(), arg));
+                match r {
+                    RecordRef::Step(_) => step = step.saturating_add(1),
+                    RecordRef::Event(Event::Probe { name, args, .. }) => {
+                        seen.push(Seen::Fire(Fire {
+                            step,
+                            probe: name.clone(),
+                            args: args.clone(),
+                            values: Vec::new(),
+                        }))
+                    }
+                    RecordRef::Event(Event::ProbeValues(fields)) => {
+                        seen.push(Seen::Values(fields.clone()))
+                    }
+                    RecordRef::Event(_) => {}
                 }
             }
-            fires
+            seen
         },
         |chunk| {
             // A damaged segment's fires are lost with it; the trace's
             // problems say which.
-            for (name, arg) in chunk.result.into_iter().flatten() {
-                let i = match tallies.iter().position(|(t, _)| t.probe == name) {
-                    Some(i) => i,
-                    None => {
-                        let quantize = quantize.map(|arg| Quantize {
-                            arg,
-                            ..Quantize::default()
-                        });
-                        let tally = ProbeTally {
-                            probe: name,
-                            count: 0,
-                            quantize,
-                        };
-                        tallies.push((tally, Default::default()));
-                        tallies.len() - 1
-                    }
-                };
-                let (tally, buckets) = &mut tallies[i];
-                tally.count += 1;
-                match (arg, tally.quantize.as_mut()) {
-                    (Some(Some(v)), _) => *buckets.entry(bucket_of(v)).or_default() += 1,
-                    (Some(None), Some(q)) => q.without += 1,
-                    _ => {}
-                }
+            for s in chunk.result.into_iter().flatten() {
+                each(s);
             }
             Ok::<(), crate::error::AnalyzeError>(())
         },
         progress,
-    )?;
-    let mut out: Vec<ProbeTally> = tallies
-        .into_iter()
-        .map(|(mut tally, buckets)| {
-            if let Some(q) = tally.quantize.as_mut() {
-                q.buckets = buckets
-                    .into_iter()
-                    .map(|(value, count)| Bucket { value, count })
-                    .collect();
+    )
+}
+
+/// Counts every probe's fires (and quantizes what `quantize` names of
+/// each, and counts each typed value's values), sorted by name.
+pub fn probes(
+    trace: &Trace,
+    quantize: Option<QuantizeOn>,
+    progress: Progress<'_>,
+) -> Result<Vec<ProbeTally>> {
+    let mut tallies: Vec<Tally> = Vec::new();
+    // The tally of the last fire: its values come next.
+    let mut last: Option<usize> = None;
+    read_fires(trace, progress, |seen| match seen {
+        Seen::Fire(fire) => {
+            let i = match tallies.iter().position(|t| t.tally.probe == fire.probe) {
+                Some(i) => i,
+                None => {
+                    tallies.push(Tally::new(fire.probe.clone(), quantize.as_ref()));
+                    tallies.len() - 1
+                }
+            };
+            tallies[i].fire(&fire.args, quantize.as_ref());
+            last = Some(i);
+        }
+        Seen::Values(fields) => {
+            if let Some(t) = last.take().and_then(|i| tallies.get_mut(i)) {
+                t.values(&fields, quantize.as_ref());
             }
-            tally
-        })
-        .collect();
+        }
+    })?;
+    let mut out: Vec<ProbeTally> = tallies.into_iter().map(Tally::finish).collect();
     out.sort_by(|a, b| a.probe.cmp(&b.probe));
     Ok(out)
+}
+
+/// One probe's tally while the trace is read.
+struct Tally {
+    tally: ProbeTally,
+    buckets: BTreeMap<i64, u64>,
+    /// Per typed value: its name, and counts by value text.
+    fields: Vec<(String, HashMap<String, u64>, u64)>,
+}
+
+impl Tally {
+    fn new(probe: String, quantize: Option<&QuantizeOn>) -> Tally {
+        let quantize = quantize.map(|q| match q {
+            QuantizeOn::Arg(arg) => Quantize {
+                arg: *arg,
+                ..Quantize::default()
+            },
+            QuantizeOn::Field(name) => Quantize {
+                field: Some(name.clone()),
+                ..Quantize::default()
+            },
+        });
+        Tally {
+            tally: ProbeTally {
+                probe,
+                count: 0,
+                quantize,
+                values: Vec::new(),
+            },
+            buckets: BTreeMap::new(),
+            fields: Vec::new(),
+        }
+    }
+
+    fn fire(&mut self, args: &[u64], quantize: Option<&QuantizeOn>) {
+        self.tally.count += 1;
+        match quantize {
+            Some(QuantizeOn::Arg(i)) => match args.get(*i) {
+                Some(&a) => *self.buckets.entry(bucket_of(a as i64)).or_default() += 1,
+                None => self.without(),
+            },
+            // Counted as without until its value comes.
+            Some(QuantizeOn::Field(_)) => self.without(),
+            None => {}
+        }
+    }
+
+    fn without(&mut self) {
+        if let Some(q) = self.tally.quantize.as_mut() {
+            q.without += 1;
+        }
+    }
+
+    fn values(&mut self, fields: &[ProbeField], quantize: Option<&QuantizeOn>) {
+        for f in fields {
+            let i = match self.fields.iter().position(|(n, _, _)| *n == f.name) {
+                Some(i) => i,
+                None => {
+                    self.fields.push((f.name.clone(), HashMap::new(), 0));
+                    self.fields.len() - 1
+                }
+            };
+            let (_, counts, others) = &mut self.fields[i];
+            let text = probe_value_text(&f.value);
+            let room = counts.len() < DISTINCT_VALUES;
+            match counts.get_mut(&text) {
+                Some(c) => *c += 1,
+                None if room => {
+                    counts.insert(text, 1);
+                }
+                None => *others += 1,
+            }
+            if matches!(quantize, Some(QuantizeOn::Field(n)) if *n == f.name) {
+                if let Some(v) = signed_value(&f.value) {
+                    *self.buckets.entry(bucket_of(v)).or_default() += 1;
+                    if let Some(q) = self.tally.quantize.as_mut() {
+                        q.without = q.without.saturating_sub(1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(mut self) -> ProbeTally {
+        if let Some(q) = self.tally.quantize.as_mut() {
+            q.buckets = self
+                .buckets
+                .into_iter()
+                .map(|(value, count)| Bucket { value, count })
+                .collect();
+        }
+        self.tally.values = self
+            .fields
+            .into_iter()
+            .map(|(field, counts, others)| {
+                let mut counts: Vec<ValueCount> = counts
+                    .into_iter()
+                    .map(|(value, count)| ValueCount { value, count })
+                    .collect();
+                counts.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.value.cmp(&b.value)));
+                FieldValues {
+                    field,
+                    counts,
+                    others,
+                }
+            })
+            .collect();
+        self.tally
+    }
+}
+
+/// An integer value as its type reads it (sign-extended where signed).
+fn signed_value(value: &ProbeValue) -> Option<i64> {
+    match value {
+        ProbeValue::Int {
+            value,
+            size,
+            signed: true,
+        } => {
+            let shift = 64 - 8 * u32::from((*size).clamp(1, 8));
+            Some(((*value << shift) as i64) >> shift)
+        }
+        ProbeValue::Int { value, .. } | ProbeValue::Pointer(value) => Some(*value as i64),
+        _ => None,
+    }
 }
 
 /// The counts as a table, and each histogram after its probe's line.
@@ -132,6 +342,27 @@ pub fn format_table(tallies: &[ProbeTally]) -> String {
     let mut out = format!("{:width$}  {:>12}\n", "probe", "count");
     for t in tallies {
         let _ = writeln!(out, "{:width$}  {:>12}", t.probe, t.count);
+        for f in &t.values {
+            let top: Vec<String> = f
+                .counts
+                .iter()
+                .take(TOP_VALUES)
+                .map(|v| format!("{} ({})", v.value, v.count))
+                .collect();
+            let more = f.counts.len().saturating_sub(TOP_VALUES);
+            let _ = write!(out, "  {}: {}", f.field, top.join(", "));
+            if more > 0 {
+                let _ = write!(out, ", and {more} more value(s)");
+            }
+            if f.others > 0 {
+                let _ = write!(
+                    out,
+                    " (and {} fire(s) of values past the first {DISTINCT_VALUES})",
+                    f.others
+                );
+            }
+            out.push('\n');
+        }
         if let Some(q) = &t.quantize {
             out.push_str(&format_quantize(q));
         }
@@ -139,14 +370,18 @@ pub fn format_table(tallies: &[ProbeTally]) -> String {
     out
 }
 
+/// Values per typed value the table shows (`--json` has them all).
+const TOP_VALUES: usize = 5;
+
 /// A histogram as DTrace prints `quantize()`: a row per power of two, from
 /// the bucket below the lowest that holds values to the one above the
 /// highest, each with a bar of 40 `@` for all fires.
 pub fn format_quantize(q: &Quantize) -> String {
     use std::fmt::Write as _;
+    let what = q.field.clone().unwrap_or_else(|| format!("arg{}", q.arg));
     let mut out = format!(
-        "\n  arg{}\n{:>16}  ------------- Distribution ------------- count\n",
-        q.arg, "value"
+        "\n  {what}\n{:>16}  ------------- Distribution ------------- count\n",
+        "value"
     );
     let total: u64 = q.buckets.iter().map(|b| b.count).sum();
     if let (Some(first), Some(last)) = (q.buckets.first(), q.buckets.last()) {
@@ -173,11 +408,7 @@ pub fn format_quantize(q: &Quantize) -> String {
         }
     }
     if q.without > 0 {
-        let _ = writeln!(
-            out,
-            "{:>16}  ({} fires passed no arg{})",
-            "", q.without, q.arg
-        );
+        let _ = writeln!(out, "{:>16}  ({} fires passed no {what})", "", q.without);
     }
     out.push('\n');
     out
@@ -234,6 +465,7 @@ mod tests {
     fn a_histogram_prints_as_dtrace_does() {
         let q = Quantize {
             arg: 1,
+            field: None,
             buckets: vec![Bucket { value: 1, count: 1 }, Bucket { value: 4, count: 3 }],
             without: 0,
         };

@@ -12,6 +12,7 @@
 //!   metadata.
 //! - [`sdt`]: static probe sites (`stapsdt` notes).
 //! - [`linux_tasks`]: where a Linux kernel keeps its running task (BTF).
+//! - [`probe_fetch`]: typed `fn:` probe arguments, planned from BTF.
 //! - [`initramfs`] and [`user_routine`]: programs in an initramfs, and
 //!   places inside them.
 
@@ -23,6 +24,7 @@ pub mod bzimage;
 pub mod decompress;
 pub mod initramfs;
 pub mod linux_tasks;
+pub mod probe_fetch;
 pub mod sdt;
 pub mod symbols;
 pub mod user_routine;

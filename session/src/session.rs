@@ -19,7 +19,8 @@ use crate::peep::PeepSetup;
 use crate::places::Places;
 use crate::request::TraceRequest;
 use crate::triggers::{
-    capture_note, capture_sites, find_place, function_probes, function_sites, static_probe_sites,
+    capture_note, capture_sites, find_place, function_probes, function_sites, probe_name,
+    static_probe_sites,
 };
 use crate::SessionError;
 
@@ -193,6 +194,10 @@ impl SessionBuilder {
             true => ClockMode::Steps(1),
             false => ClockMode::Wall,
         });
+        let probe_types = match &self.trace {
+            Some(request) => crate::triggers::probe_types(&request.probes, &self.boot),
+            None => None,
+        };
         let (tasks, probe_sites, peep) = match &self.trace {
             Some(request) => (
                 crate::metadata::linux_tasks(&self.boot, &mut notes),
@@ -263,6 +268,7 @@ impl SessionBuilder {
                     initrd: initrd.as_deref(),
                     tasks,
                     probe_sites,
+                    probe_types,
                 };
                 let tracer = tracer(&request, parts, &mut notes)?;
                 (Some(tracer), Some(request.disk))
@@ -288,6 +294,8 @@ struct TracerParts<'a> {
     initrd: Option<&'a Path>,
     tasks: Option<vtrace_image::linux_tasks::TaskLayout>,
     probe_sites: Vec<vtrace_trap::StaticSite>,
+    /// The kernel's types, where a typed `fn:` probe needs them.
+    probe_types: Option<vtrace_image::probe_fetch::Btf>,
 }
 
 /// Finds the request's places, then creates the trace disk and the
@@ -302,6 +310,7 @@ fn tracer(
         initrd,
         tasks,
         probe_sites,
+        probe_types,
     } = parts;
     let mut places = Places::new(&metadata, initrd, tasks.is_some());
     let start_at = find_place(&mut places, &request.start_at, "--start-at", notes)?;
@@ -309,7 +318,13 @@ fn tracer(
     let captures = capture_sites(&request.captures, &mut places, notes)?;
     let functions = function_sites(&request.functions, &mut places, start_at.is_some(), notes)?;
     let taken = usize::from(start_at.is_some()) + functions.len();
-    let function_probes = function_probes(&request.probes, &mut places, taken, notes)?;
+    let function_probes = function_probes(
+        &request.probes,
+        &mut places,
+        probe_types.as_ref(),
+        taken,
+        notes,
+    )?;
     // Breakpoints while tracing is off go to the start place first, then
     // the routines' entries, the fn: probes, then the captures.
     let taken = taken + function_probes.len();
@@ -338,7 +353,7 @@ fn tracer(
         functions,
         probe_sites,
         function_probes,
-        probes_enabled: request.probes.clone(),
+        probes_enabled: request.probes.iter().map(|p| probe_name(p)).collect(),
     };
     Ok(Tracer::new(Recorder::start(disk), options).on_announce(user_message))
 }

@@ -2,6 +2,7 @@
 //! `--trace-function` routines and probes, each at a place found in the
 //! guest's images, within the CPU's four breakpoints.
 
+use vtrace_image::probe_fetch;
 use vtrace_image::sdt::{self, ProbeSite};
 use vtrace_trap::{CaptureSite, FunctionProbe, FunctionSite, StaticSite, MAX_CAPTURES};
 use vtrace_vmm::x86::dr::BREAKPOINTS;
@@ -179,9 +180,38 @@ pub(crate) fn static_probe_sites(
 
 /// The `fn:ROUTINE` probes among `probes`, found as triggers' places are;
 /// each takes a breakpoint while tracing is off, after the `taken` ones.
+/// A probe's name: a typed `fn:` probe's without its argument list
+/// (`fn:filp_open(filename:string)` is `fn:filp_open`).
+pub(crate) fn probe_name(probe: &str) -> String {
+    match probe.strip_prefix("fn:") {
+        Some(rest) => format!("fn:{}", rest.split('(').next().unwrap_or(rest).trim()),
+        None => probe.to_string(),
+    }
+}
+
+/// The kernel's types, where a typed `fn:` probe needs them (its BTF:
+/// the vmlinux inside a bzImage, or an ELF kernel's own).
+pub(crate) fn probe_types(probes: &[String], boot: &BootSource) -> Option<probe_fetch::Btf> {
+    let typed = probes
+        .iter()
+        .any(|p| p.starts_with("fn:") && p.contains('('));
+    let BootSource::Kernel { kernel, .. } = boot else {
+        return None;
+    };
+    if !typed {
+        return None;
+    }
+    match vtrace_image::bzimage::vmlinux_inside(&kernel.bytes) {
+        Some(vmlinux) => probe_fetch::read_btf(&vmlinux),
+        None => probe_fetch::read_btf(&kernel.bytes),
+    }
+}
+
+/// The `fn:` probes' places and typed fetches.
 pub(crate) fn function_probes(
     probes: &[String],
     places: &mut Places<'_>,
+    types: Option<&probe_fetch::Btf>,
     taken: usize,
     notes: &mut Vec<String>,
 ) -> Result<Vec<FunctionProbe>> {
@@ -198,7 +228,10 @@ pub(crate) fn function_probes(
         )));
     }
     let mut found = Vec::with_capacity(wanted.len());
-    for routine in wanted {
+    for text in wanted {
+        let (routine, specs) = probe_fetch::parse_probe(text)
+            .map_err(|e| SessionError::request(format!("--probe fn:{e}")))?;
+        let routine = routine.trim();
         if routine.contains(['*', '?']) {
             return Err(SessionError::request(format!(
                 "--probe fn:{routine}: a fn: probe names one routine (each takes a breakpoint)"
@@ -207,6 +240,20 @@ pub(crate) fn function_probes(
         let option = format!("--probe fn:{routine}");
         let location =
             parse_location(routine).map_err(|e| SessionError::request(format!("{option}: {e}")))?;
+        let fetches = match (&location, types) {
+            (_, _) if specs.is_empty() => Ok(Vec::new()),
+            // The kernel's types name a kernel routine's parameters.
+            (
+                Location::Symbol {
+                    program: None,
+                    name,
+                    offset: 0,
+                },
+                Some(btf),
+            ) => probe_fetch::plan(btf, name, &specs),
+            _ => probe_fetch::plan_untyped(routine, &specs),
+        }
+        .map_err(|e| SessionError::request(format!("--probe {e}")))?;
         let Some(place) = find_place(places, &Some(location), &option, notes)? else {
             continue;
         };
@@ -214,6 +261,7 @@ pub(crate) fn function_probes(
             probe: format!("fn:{routine}"),
             entry: place.address,
             task: place.task,
+            fetches,
         });
     }
     Ok(found)

@@ -252,8 +252,16 @@ pub(super) fn captures_of(a: CapturesArgs) -> Result<()> {
 pub(super) fn probes_of(a: ProbesTraceArgs) -> Result<()> {
     // Probes recorded with tracing off make a trace without steps.
     let trace = open_trace(&a.trace)?;
-    let quantize = a.quantize.map(usize::from);
-    let found = probes(&trace, quantize, &vtrace_analyzer::no_progress)?;
+    if a.fires {
+        let fires = vtrace_analyzer::probe_fires(&trace, &vtrace_analyzer::no_progress)?;
+        return print_to(
+            Some(&a.to),
+            a.json,
+            &serde_json::json!({ "fires": &fires }),
+            || fires_text(&fires),
+        );
+    }
+    let found = probes(&trace, a.quantize.clone(), &vtrace_analyzer::no_progress)?;
     if found.is_empty() && !a.json {
         eprintln!(
             "vtrace: {} holds no probe fires (`vtrace run --probe` records them)",
@@ -268,6 +276,28 @@ pub(super) fn probes_of(a: ProbesTraceArgs) -> Result<()> {
         || format_probes(&found),
     )?;
     Ok(())
+}
+
+/// One line a fire: step, probe, arguments, and typed values where it
+/// has them (with the trace's text escaped: a guest wrote it).
+fn fires_text(fires: &[vtrace_analyzer::Fire]) -> String {
+    let mut out = String::new();
+    for f in fires {
+        let line = match f.values.is_empty() {
+            true => {
+                let args: Vec<String> = f.args.iter().map(|a| (*a as i64).to_string()).collect();
+                format!("{:>12}  {}({})", f.step, f.probe, args.join(", "))
+            }
+            false => {
+                let values: Vec<String> =
+                    f.values.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                format!("{:>12}  {} {}", f.step, f.probe, values.join(" "))
+            }
+        };
+        out.push_str(&vtrace_vmm::escape_within_line(&line));
+        out.push('\n');
+    }
+    out
 }
 
 /// `vtrace analyze samples`: the peeper's samples.

@@ -212,6 +212,15 @@ pub struct SymbolizeArgs {
     pub output: Option<PathBuf>,
 }
 
+fn parse_quantize(text: &str) -> Result<vtrace_analyzer::QuantizeOn, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n < 6 => Ok(vtrace_analyzer::QuantizeOn::Arg(n)),
+        Ok(n) => Err(format!("argument {n}: a probe passes arguments 0 to 5")),
+        Err(_) if !text.is_empty() => Ok(vtrace_analyzer::QuantizeOn::Field(text.to_string())),
+        Err(_) => Err("give an argument's number or a typed value's name".into()),
+    }
+}
+
 fn parse_address(text: &str) -> Result<vtrace_analyzer::AddressQuery, String> {
     vtrace_analyzer::AddressQuery::parse(text)
 }
@@ -314,11 +323,18 @@ pub struct ProbesTraceArgs {
     #[arg(default_value = DEFAULT_TRACE)]
     pub trace: PathBuf,
     /// Histogram of this argument of each probe (0 is the first, DTrace's
-    /// arg0), as a signed number.
-    #[arg(long, value_name = "ARG", value_parser = clap::value_parser!(u8).range(0..6))]
-    pub quantize: Option<u8>,
+    /// arg0), as a signed number; or of a typed probe's value by its name
+    /// (`--quantize how->flags`).
+    #[arg(long, value_name = "ARG|NAME", value_parser = parse_quantize)]
+    pub quantize: Option<vtrace_analyzer::QuantizeOn>,
+    /// Every fire instead of the counts: its step, probe, arguments and
+    /// typed values, one a line.
+    #[arg(long)]
+    pub fires: bool,
     /// Print JSON: a list of objects with keys probe and count (and
-    /// quantize: arg, buckets of value and count, without).
+    /// quantize: arg or field, buckets of value and count, without; and a
+    /// typed probe's values: field, counts of value and count, others);
+    /// with --fires, fires of step, probe, args and values.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -226,13 +226,16 @@ pub struct RunArgs {
     /// a routine of the kernel's symbols with its six argument registers
     /// (a place as --start-at takes it; while tracing is off through the
     /// CPU's breakpoints, which hold 4 with --trace-function and
-    /// --start-at). Fires are counted (`vtrace ctl status`, the run's
+    /// --start-at); or a typed fn: probe, 'fn:ROUTINE(dfd,
+    /// filename:string, how->flags)', whose values are read by the
+    /// parameters' names and types in the kernel's BTF (arg1 to arg6
+    /// without it; types string, u8..u64, s8..s64, x). Fires are counted (`vtrace ctl status`, the run's
     /// summary) and recorded in the trace disk (--disk, default
     /// vtrace.vtd) with their arguments, traced or not; `vtrace analyze
     /// probes` counts them. Repeatable.
     #[arg(
         long = "probe",
-        value_name = "PATTERN",
+        value_name = "PATTERN|fn:ROUTINE[(ARGS)]",
         help_heading = "Probes, captures and peeping"
     )]
     pub probes: Vec<String>,

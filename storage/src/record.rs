@@ -327,6 +327,52 @@ pub const HOST_MARK: u64 = u64::MAX;
 /// registers; a `fn:` probe the six argument registers of the x86-64 ABI).
 pub const MAX_PROBE_ARGS: usize = 6;
 
+/// Most typed values one [`Event::ProbeValues`] holds.
+pub const MAX_PROBE_FIELDS: usize = 8;
+
+/// Most bytes of text a typed probe value holds.
+pub const MAX_PROBE_TEXT: usize = 256;
+
+/// One typed value a probe fetched (`fn:filp_open(filename:string)`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ProbeField {
+    /// The fetch as the probe named it (`filename`, `how->flags`).
+    pub name: String,
+    /// What it found.
+    pub value: ProbeValue,
+}
+
+/// What a typed probe fetch found.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeValue {
+    /// An integer of `size` bytes (1, 2, 4 or 8).
+    Int {
+        /// Its bits, zero-extended.
+        value: u64,
+        /// Its width in bytes.
+        size: u8,
+        /// Whether its type is signed.
+        signed: bool,
+    },
+    /// An address (a pointer the fetch did not follow).
+    Pointer(u64),
+    /// Text from guest memory: up to its NUL, at most
+    /// [`MAX_PROBE_TEXT`] bytes.
+    Text {
+        /// The bytes, without the NUL.
+        bytes: Vec<u8>,
+        /// Whether the NUL was found (not cut at the limit or at a page
+        /// that was not present).
+        complete: bool,
+    },
+    /// Memory the fetch needed was not present at this address (a page
+    /// not mapped, a bad pointer): nothing is invented.
+    Unavailable {
+        /// The address it could not read.
+        addr: u64,
+    },
+}
+
 /// CPU numbers in a trace are below this.
 pub const MAX_CPUS: u32 = 256;
 
@@ -409,6 +455,10 @@ pub enum Event {
         /// The probe's arguments, at most [`MAX_PROBE_ARGS`].
         args: Vec<u64>,
     },
+    /// The typed values of the [`Event::Probe`] just before it
+    /// (`--probe 'fn:ROUTINE(arg, name:string, p->field)'`), at most
+    /// [`MAX_PROBE_FIELDS`].
+    ProbeValues(Vec<ProbeField>),
     /// A sample of guest variables taken by the peeper (`vtrace run
     /// --peep`) while the guest ran on. Its place among the steps is
     /// where the vCPU next exited, not where it was taken: its times say

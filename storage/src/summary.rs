@@ -75,6 +75,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::Log(_) => "log",
         Event::Capture { .. } => "capture",
         Event::Probe { .. } => "probe",
+        Event::ProbeValues(_) => "probe values",
         Event::Sample { .. } => "sample",
         Event::ControlRegister { .. } => "control_register",
         Event::Gap { .. } => "gap",

@@ -37,6 +37,9 @@ pub struct FunctionProbe {
     pub entry: u64,
     /// Fires only in tasks of this name (a user program's routine).
     pub task: Option<String>,
+    /// Typed values to read at each fire (`fn:ROUTINE(filename:string)`),
+    /// recorded as an [`Event::ProbeValues`] after the fire.
+    pub fetches: Vec<vtrace_image::probe_fetch::Fetch>,
 }
 
 /// How often one probe fired.
@@ -247,16 +250,30 @@ impl Probes {
     }
 
     /// Fires `fn:` probe `i` with the vCPU at its entry: its arguments are
-    /// the six argument registers of the x86-64 System V ABI.
-    pub(crate) fn fire_function(&mut self, i: usize, cpu: &mut dyn CpuView) -> Event {
-        let r = cpu.regs();
+    /// the six argument registers of the x86-64 System V ABI; a typed
+    /// probe's values follow, read through `read`.
+    pub(crate) fn fire_function(
+        &mut self,
+        i: usize,
+        r: &vtrace_vmm::x86::Registers,
+        read: &mut crate::probe_values::ReadMemory<'_>,
+    ) -> (Event, Option<Event>) {
         let probe = self.function_probe[i];
         self.counts[probe].count += 1;
-        Event::Probe {
+        let fire = Event::Probe {
             name: self.counts[probe].probe.clone(),
             pc: self.functions[i].entry,
             args: vec![r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9],
-        }
+        };
+        let fetches = &self.functions[i].fetches;
+        let values = (!fetches.is_empty()).then(|| {
+            Event::ProbeValues(crate::probe_values::fetch_values(
+                fetches,
+                &crate::engine::to_regs(r),
+                read,
+            ))
+        });
+        (fire, values)
     }
 
     /// Every probe's count, in the order first named.
@@ -354,6 +371,7 @@ mod tests {
             probe: "fn:schedule".into(),
             entry: 0x500,
             task: None,
+            fetches: Vec::new(),
         };
         let mut p = Probes::new(Vec::new(), vec![f]);
         assert!(!p.function_at(0x500), "not before it is enabled");

@@ -417,6 +417,13 @@ impl<'a> ItemBuilder<'a> {
                     self.boundary(Item::Note { index });
                 }
             }
+            SegmentRecord::Event(Event::ProbeValues(fields)) => {
+                if let Ok(index) = u32::try_from(self.notes.len()) {
+                    self.notes
+                        .push(crate::event_text::describe_probe_values(fields));
+                    self.boundary(Item::Note { index });
+                }
+            }
             SegmentRecord::Event(_) => {}
         }
     }

@@ -4,8 +4,8 @@
 //! its constant.
 
 use crate::record::{
-    Event, FunctionEdge, InterruptSource, Mapping, TraceReason, MAX_CPUS, MAX_PROBE_ARGS,
-    MAX_SAMPLE_VALUES,
+    Event, FunctionEdge, InterruptSource, Mapping, ProbeField, ProbeValue, TraceReason, MAX_CPUS,
+    MAX_PROBE_ARGS, MAX_PROBE_FIELDS, MAX_PROBE_TEXT, MAX_SAMPLE_VALUES,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -52,6 +52,12 @@ pub(super) const EV_PROBE: u8 = 0x92;
 pub(super) const EV_SAMPLE: u8 = 0x93;
 /// CPU number (varint, below [`MAX_CPUS`]).
 pub(super) const EV_CPU: u8 = 0x94;
+/// field count (byte, at most [`MAX_PROBE_FIELDS`]), then per field: name
+/// (length, bytes), a kind byte and its value: 0 integer (size byte: 1, 2,
+/// 4 or 8; signed byte; value varint), 1 pointer (varint), 2 text
+/// (complete byte; length, bytes: at most [`MAX_PROBE_TEXT`]), 3
+/// unavailable (address varint).
+pub(super) const EV_PROBE_VALUES: u8 = 0x95;
 
 /// Appends `event`, its tag first.
 pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
@@ -128,6 +134,7 @@ pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
         | Event::Log(_)
         | Event::Capture { .. }
         | Event::Probe { .. }
+        | Event::ProbeValues(_)
         | Event::Sample { .. } => put_annotation(o, event),
         Event::Cpu(cpu) => {
             o.push(EV_CPU);
@@ -139,6 +146,39 @@ pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
         | Event::TaskExit { .. }
         | Event::TaskName { .. }
         | Event::Mappings { .. } => put_task_event(o, event),
+    }
+}
+
+/// Appends typed probe values; more than the decoder takes are cut here
+/// rather than written undecodable.
+fn put_probe_values(o: &mut Vec<u8>, fields: &[ProbeField]) {
+    o.push(EV_PROBE_VALUES);
+    let fields = &fields[..fields.len().min(MAX_PROBE_FIELDS)];
+    o.push(u8::try_from(fields.len()).unwrap_or(u8::MAX));
+    for f in fields {
+        put_bytes(o, f.name.as_bytes());
+        match &f.value {
+            ProbeValue::Int {
+                value,
+                size,
+                signed,
+            } => {
+                o.extend_from_slice(&[0, *size, u8::from(*signed)]);
+                varint::put(o, *value);
+            }
+            ProbeValue::Pointer(addr) => {
+                o.push(1);
+                varint::put(o, *addr);
+            }
+            ProbeValue::Text { bytes, complete } => {
+                o.extend_from_slice(&[2, u8::from(*complete)]);
+                put_bytes(o, &bytes[..bytes.len().min(MAX_PROBE_TEXT)]);
+            }
+            ProbeValue::Unavailable { addr } => {
+                o.push(3);
+                varint::put(o, *addr);
+            }
+        }
     }
 }
 
@@ -179,6 +219,7 @@ fn put_annotation(o: &mut Vec<u8>, event: &Event) {
                 varint::put(o, *a);
             }
         }
+        Event::ProbeValues(fields) => put_probe_values(o, fields),
         Event::Sample {
             virtual_ns,
             host_ns,
@@ -342,6 +383,7 @@ impl SegmentDecoder<'_> {
                 bytes: self.bytes()?,
             },
             EV_PROBE => self.probe()?,
+            EV_PROBE_VALUES => self.probe_values()?,
             EV_SAMPLE => self.sample()?,
             EV_CPU => match self.var_u32()? {
                 cpu if cpu < MAX_CPUS => Event::Cpu(cpu),
@@ -413,6 +455,44 @@ impl SegmentDecoder<'_> {
         }
         let args = (0..count).map(|_| self.var()).collect::<Result<_, _>>()?;
         Ok(Event::Probe { name, pc, args })
+    }
+
+    fn probe_values(&mut self) -> Result<Event, DecodeError> {
+        let count = usize::from(self.byte()?);
+        if count > MAX_PROBE_FIELDS {
+            return Err(self.err("probe with more than 8 typed values"));
+        }
+        let mut fields = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = self.text()?;
+            let value = match self.byte()? {
+                0 => {
+                    let size = self.byte()?;
+                    if !matches!(size, 1 | 2 | 4 | 8) {
+                        return Err(self.err("probe integer of a size not 1, 2, 4 or 8"));
+                    }
+                    let signed = self.byte()? != 0;
+                    ProbeValue::Int {
+                        value: self.var()?,
+                        size,
+                        signed,
+                    }
+                }
+                1 => ProbeValue::Pointer(self.var()?),
+                2 => {
+                    let complete = self.byte()? != 0;
+                    let bytes = self.bytes()?;
+                    if bytes.len() > MAX_PROBE_TEXT {
+                        return Err(self.err("probe text longer than 256 bytes"));
+                    }
+                    ProbeValue::Text { bytes, complete }
+                }
+                3 => ProbeValue::Unavailable { addr: self.var()? },
+                _ => return Err(self.err("unknown probe value kind")),
+            };
+            fields.push(ProbeField { name, value });
+        }
+        Ok(Event::ProbeValues(fields))
     }
 
     fn sample(&mut self) -> Result<Event, DecodeError> {

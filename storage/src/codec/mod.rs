@@ -541,6 +541,32 @@ mod tests {
                 pc: 0x10_0200,
                 args: Vec::new(),
             },
+            Event::ProbeValues(vec![
+                crate::ProbeField {
+                    name: "dfd".into(),
+                    value: crate::ProbeValue::Int {
+                        value: 0xffff_ff9c,
+                        size: 4,
+                        signed: true,
+                    },
+                },
+                crate::ProbeField {
+                    name: "filename".into(),
+                    value: crate::ProbeValue::Text {
+                        bytes: b"/init".to_vec(),
+                        complete: true,
+                    },
+                },
+                crate::ProbeField {
+                    name: "how".into(),
+                    value: crate::ProbeValue::Pointer(u64::MAX),
+                },
+                crate::ProbeField {
+                    name: "how->flags".into(),
+                    value: crate::ProbeValue::Unavailable { addr: 0x18 },
+                },
+            ]),
+            Event::ProbeValues(Vec::new()),
             Event::Sample {
                 virtual_ns: 1_000_000,
                 host_ns: 2_000_000_000,
@@ -720,6 +746,27 @@ mod tests {
         varint::put(&mut crafted, u64::from(MAX_CPUS));
         let err = SegmentDecoder::new(&crafted).next().unwrap().unwrap_err();
         assert_eq!(err.what, "CPU number too large");
+    }
+
+    /// Typed probe values from a crafted file: each bound is checked
+    /// before anything is built on it.
+    #[test]
+    fn crafted_probe_values_are_refused_with_the_reason() {
+        let decode = |bytes: &[u8]| SegmentDecoder::new(bytes).next().unwrap().unwrap_err().what;
+        let ev = events::EV_PROBE_VALUES;
+        assert_eq!(decode(&[ev, 9]), "probe with more than 8 typed values");
+        assert_eq!(
+            decode(&[ev, 1, 1, b'x', 0, 3, 0, 5]),
+            "probe integer of a size not 1, 2, 4 or 8"
+        );
+        assert_eq!(decode(&[ev, 1, 1, b'x', 7]), "unknown probe value kind");
+        let mut long = vec![ev, 1, 1, b'x', 2, 1];
+        varint::put(&mut long, 257);
+        long.extend(std::iter::repeat_n(b'a', 257));
+        assert_eq!(decode(&long), "probe text longer than 256 bytes");
+        let mut huge = vec![ev, 1, 1, b'x', 2, 1];
+        varint::put(&mut huge, u64::MAX);
+        assert_eq!(decode(&huge), "length past the end");
     }
 
     #[test]

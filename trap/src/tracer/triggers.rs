@@ -91,8 +91,16 @@ impl Tracer {
         if probed {
             for (i, task) in self.probes.functions_at(pc) {
                 if self.runs_in(task.as_deref(), cpu) {
-                    let event = self.probes.fire_function(i, cpu);
-                    self.windows.route(&mut self.recorder).event(&event);
+                    let regs = cpu.regs();
+                    let engine = &mut self.engine;
+                    let mut read =
+                        |addr: u64, buf: &mut [u8]| engine.read_linear_prefix(&mut *cpu, addr, buf);
+                    let (fire, values) = self.probes.fire_function(i, &regs, &mut read);
+                    let mut to = self.windows.route(&mut self.recorder);
+                    to.event(&fire);
+                    if let Some(values) = values {
+                        to.event(&values);
+                    }
                 }
             }
         }
