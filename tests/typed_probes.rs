@@ -246,3 +246,96 @@ fn numbered_arguments_work_where_the_kernel_has_no_types() {
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("no type `float`"), "{}", stderr(&bad));
 }
+
+/// `fnret:` fires where a call returns: its return value is RAX after the
+/// matching `ret` (as the nest diagram reads it from the recorded
+/// registers), and its steps are the distance from the routine's first
+/// instruction to that `ret` (the nest diagram's total for the call, and
+/// the listing's own step numbers).
+#[test]
+fn fnret_gives_the_return_value_and_the_steps_of_each_call() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("ret.vtd");
+    let d = disk.to_str().unwrap();
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--probe",
+        "fnret:kprintf",
+        "--probe",
+        "fnret:frame_alloc",
+        "--disk",
+        d,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("fnret: probes fire while instructions are traced"));
+    let all = fires(&disk);
+    assert!(all.len() >= 15, "{all:?}");
+    let nest = stdout(&run(&["analyze", "nest", d, "--retval"]));
+    let listing = |from: u64| {
+        let text = stdout(&run(&[
+            "analyze",
+            "listing",
+            d,
+            "--from",
+            &from.to_string(),
+            "--count",
+            "1",
+        ]));
+        text.lines()
+            .find(|l| !l.starts_with('#'))
+            .unwrap_or("")
+            .to_string()
+    };
+    for (step, probe, values) in all.iter().take(12) {
+        let routine = probe.strip_prefix("fnret:").unwrap();
+        let retval: i64 = value(values, "retval").parse().unwrap();
+        let steps: u64 = value(values, "steps").parse().unwrap();
+        // The step before the fire is the `ret`; `steps` before that
+        // ret's step + 1 is the routine's first instruction.
+        let ret = listing(step - 1);
+        assert!(ret.contains(" ret"), "{ret}");
+        let first = listing(step - steps);
+        assert!(first.contains(&format!(" {routine} ")), "{first}");
+        // The nest diagram's line of that call: its total and return value.
+        let line = nest
+            .lines()
+            .find(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.first()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .is_some_and(|s| {
+                        (s == step - steps && l.contains(&format!("{routine}();")))
+                            || (s == step - 1 && l.contains(&format!("}} /* {routine} =")))
+                    })
+            })
+            .unwrap_or_else(|| {
+                panic!("no nest line for the call of {routine} returning at {step}")
+            });
+        let total: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(total, steps, "{line}");
+        let shown = line.rsplit("= ").next().unwrap().trim_end_matches(" */");
+        let shown = match shown.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).unwrap() as i64,
+            None => shown.parse().unwrap(),
+        };
+        assert_eq!(shown, retval, "{line}");
+    }
+    let bad = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--probe",
+        "fnret:kprintf(arg1)",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("takes no values to fetch"),
+        "{}",
+        stderr(&bad)
+    );
+}

@@ -123,7 +123,10 @@ pub(crate) fn static_probe_sites(
     boot: &BootSource,
     notes: &mut Vec<String>,
 ) -> Result<Vec<StaticSite>> {
-    let patterns: Vec<&String> = probes.iter().filter(|p| !p.starts_with("fn:")).collect();
+    let patterns: Vec<&String> = probes
+        .iter()
+        .filter(|p| !p.starts_with("fn:") && !p.starts_with("fnret:"))
+        .collect();
     let kernel = match boot {
         BootSource::Kernel { kernel, .. } => kernel,
         BootSource::RealMode { .. } => {
@@ -183,9 +186,11 @@ pub(crate) fn static_probe_sites(
 /// A probe's name: a typed `fn:` probe's without its argument list
 /// (`fn:filp_open(filename:string)` is `fn:filp_open`).
 pub(crate) fn probe_name(probe: &str) -> String {
-    match probe.strip_prefix("fn:") {
-        Some(rest) => format!("fn:{}", rest.split('(').next().unwrap_or(rest).trim()),
-        None => probe.to_string(),
+    match probe.split_once(':') {
+        Some((kind @ ("fn" | "fnret"), rest)) => {
+            format!("{kind}:{}", rest.split('(').next().unwrap_or(rest).trim())
+        }
+        _ => probe.to_string(),
     }
 }
 
@@ -215,29 +220,42 @@ pub(crate) fn function_probes(
     taken: usize,
     notes: &mut Vec<String>,
 ) -> Result<Vec<FunctionProbe>> {
-    let wanted: Vec<&str> = probes
+    // (kind, routine and values), fnret: probes firing at the return.
+    let wanted: Vec<(&str, &str)> = probes
         .iter()
-        .filter_map(|p| p.strip_prefix("fn:"))
+        .filter_map(|p| {
+            p.strip_prefix("fn:")
+                .map(|r| ("fn", r))
+                .or_else(|| p.strip_prefix("fnret:").map(|r| ("fnret", r)))
+        })
         .collect();
+    // An fnret: probe fires only while tracing: it takes no breakpoint.
+    let breakpoints = wanted.iter().filter(|(kind, _)| *kind == "fn").count();
     let room = BREAKPOINTS.saturating_sub(taken);
-    if wanted.len() > room {
+    if breakpoints > room {
         return Err(SessionError::request(format!(
-            "{} fn: probes given; the CPU's breakpoints watch {room} more beside --start-at \
-             and --trace-function",
-            wanted.len()
+            "{breakpoints} fn: probes given; the CPU's breakpoints watch {room} more beside \
+             --start-at and --trace-function",
         )));
     }
     let mut found = Vec::with_capacity(wanted.len());
-    for text in wanted {
+    for (kind, text) in wanted {
         let (routine, specs) = probe_fetch::parse_probe(text)
-            .map_err(|e| SessionError::request(format!("--probe fn:{e}")))?;
+            .map_err(|e| SessionError::request(format!("--probe {kind}:{e}")))?;
         let routine = routine.trim();
         if routine.contains(['*', '?']) {
             return Err(SessionError::request(format!(
-                "--probe fn:{routine}: a fn: probe names one routine (each takes a breakpoint)"
+                "--probe {kind}:{routine}: a {kind}: probe names one routine (each is watched \
+                 at its address)"
             )));
         }
-        let option = format!("--probe fn:{routine}");
+        if kind == "fnret" && !specs.is_empty() {
+            return Err(SessionError::request(format!(
+                "--probe fnret:{text}: an fnret: probe takes no values to fetch; it gives the \
+                 return value (retval) and the steps since the entry (steps)"
+            )));
+        }
+        let option = format!("--probe {kind}:{routine}");
         let location =
             parse_location(routine).map_err(|e| SessionError::request(format!("{option}: {e}")))?;
         let fetches = match (&location, types) {
@@ -258,11 +276,19 @@ pub(crate) fn function_probes(
             continue;
         };
         found.push(FunctionProbe {
-            probe: format!("fn:{routine}"),
+            probe: format!("{kind}:{routine}"),
             entry: place.address,
             task: place.task,
             fetches,
+            at_return: kind == "fnret",
         });
+    }
+    if found.iter().any(|f| f.at_return) {
+        notes.push(
+            "vtrace: fnret: probes fire while instructions are traced (a call is seen to \
+             return step by step)"
+                .to_string(),
+        );
     }
     Ok(found)
 }

@@ -229,13 +229,15 @@ pub struct RunArgs {
     /// --start-at); or a typed fn: probe, 'fn:ROUTINE(dfd,
     /// filename:string, how->flags)', whose values are read by the
     /// parameters' names and types in the kernel's BTF (arg1 to arg6
-    /// without it; types string, u8..u64, s8..s64, x). Fires are counted (`vtrace ctl status`, the run's
+    /// without it; types string, u8..u64, s8..s64, x); or fnret:ROUTINE,
+    /// which fires where each call returns with its return value and
+    /// steps since the entry, while tracing. Fires are counted (`vtrace ctl status`, the run's
     /// summary) and recorded in the trace disk (--disk, default
     /// vtrace.vtd) with their arguments, traced or not; `vtrace analyze
     /// probes` counts them. Repeatable.
     #[arg(
         long = "probe",
-        value_name = "PATTERN|fn:ROUTINE[(ARGS)]",
+        value_name = "PATTERN|fn:ROUTINE[(ARGS)]|fnret:ROUTINE",
         help_heading = "Probes, captures and peeping"
     )]
     pub probes: Vec<String>,

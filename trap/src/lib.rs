@@ -9,6 +9,7 @@ mod fault;
 mod flow;
 mod idt;
 mod maple;
+mod probe_returns;
 mod probe_values;
 mod probes;
 mod rep;

@@ -40,6 +40,9 @@ pub struct FunctionProbe {
     /// Typed values to read at each fire (`fn:ROUTINE(filename:string)`),
     /// recorded as an [`Event::ProbeValues`] after the fire.
     pub fetches: Vec<vtrace_image::probe_fetch::Fetch>,
+    /// An `fnret:` probe: it fires where the call returns, with the
+    /// return value and the steps since the entry, while tracing.
+    pub at_return: bool,
 }
 
 /// How often one probe fired.
@@ -116,7 +119,11 @@ pub(crate) struct Probes {
     function_probe: Vec<usize>,
     /// The entries of the enabled function probes, sorted (the per-step
     /// search: one emptiness test when there are none).
+    watched: Vec<u64>,
+    /// Those of `fn:` probes, which also fire untraced (breakpoints).
     entries: Vec<u64>,
+    /// `fnret:` probes' calls in flight.
+    returns: crate::probe_returns::ReturnWatch,
     /// Semaphore writes not yet made: (guest-physical address, value).
     writes: Vec<(u64, u16)>,
     troubles: ProbeTroubles,
@@ -147,7 +154,9 @@ impl Probes {
             by_pc,
             functions,
             function_probe,
+            watched: Vec::new(),
             entries: Vec::new(),
+            returns: Default::default(),
             writes: Vec::new(),
             troubles: ProbeTroubles::default(),
         }
@@ -175,15 +184,19 @@ impl Probes {
                 }
             }
         }
-        self.entries = self
-            .functions
-            .iter()
-            .zip(&self.function_probe)
-            .filter(|(_, &p)| self.counts[p].enabled)
-            .map(|(f, _)| f.entry)
-            .collect();
-        self.entries.sort_unstable();
-        self.entries.dedup();
+        let enabled = |untraced: bool| {
+            let mut at: Vec<u64> = self
+                .functions
+                .iter()
+                .zip(&self.function_probe)
+                .filter(|(f, &p)| self.counts[p].enabled && !(untraced && f.at_return))
+                .map(|(f, _)| f.entry)
+                .collect();
+            at.sort_unstable();
+            at.dedup();
+            at
+        };
+        (self.watched, self.entries) = (enabled(false), enabled(true));
         matched
     }
 
@@ -228,10 +241,69 @@ impl Probes {
         })
     }
 
-    /// Whether an enabled `fn:` probe is at `pc` (on the per-step path).
+    /// Whether an enabled `fn:` or `fnret:` probe's entry, or the return
+    /// of an `fnret:` probe's call, is at `pc` (on the per-step path).
     #[inline]
     pub(crate) fn function_at(&self, pc: u64) -> bool {
-        !self.entries.is_empty() && self.entries.binary_search(&pc).is_ok()
+        (!self.watched.is_empty() && self.watched.binary_search(&pc).is_ok()) || self.returns.at(pc)
+    }
+
+    /// Whether function probe `i` fires at its routine's return.
+    pub(crate) fn at_return(&self, i: usize) -> bool {
+        self.functions.get(i).is_some_and(|f| f.at_return)
+    }
+
+    /// `fnret:` probe `i`'s routine was entered (see
+    /// [`crate::probe_returns::ReturnWatch::entered`]).
+    pub(crate) fn call_entered(&mut self, i: usize, ret: u64, sp: u64, cr3: u64, steps: u64) {
+        self.returns.entered(i, ret, sp, cr3, steps);
+    }
+
+    /// Fires the `fnret:` probes whose calls returned with the vCPU at
+    /// `regs`, in address space `cr3`, the trace at step count `steps`:
+    /// each fire's arguments are the return value and the steps from the
+    /// routine's first instruction to its `ret`, both counted, and its
+    /// typed values the same by name.
+    pub(crate) fn fire_returns(
+        &mut self,
+        regs: &vtrace_vmm::x86::Registers,
+        cr3: u64,
+        steps: u64,
+    ) -> Vec<(Event, Event)> {
+        let mut out = Vec::new();
+        for (i, entered) in self.returns.returned(regs.rip, regs.rsp, cr3) {
+            let probe = self.function_probe[i];
+            self.counts[probe].count += 1;
+            let took = steps.saturating_sub(entered);
+            let fire = Event::Probe {
+                name: self.counts[probe].probe.clone(),
+                pc: regs.rip,
+                args: vec![regs.rax, took],
+            };
+            let int = |value| vtrace_storage::ProbeValue::Int {
+                value,
+                size: 8,
+                signed: true,
+            };
+            let values = Event::ProbeValues(vec![
+                vtrace_storage::ProbeField {
+                    name: "retval".into(),
+                    value: int(regs.rax),
+                },
+                vtrace_storage::ProbeField {
+                    name: "steps".into(),
+                    value: int(took),
+                },
+            ]);
+            out.push((fire, values));
+        }
+        out
+    }
+
+    /// Forgets the `fnret:` calls in flight (tracing stopped: their
+    /// returns go unseen).
+    pub(crate) fn forget_calls(&mut self) {
+        self.returns.clear();
     }
 
     /// The distinct entries of enabled `fn:` probes, for breakpoints.
@@ -372,6 +444,7 @@ mod tests {
             entry: 0x500,
             task: None,
             fetches: Vec::new(),
+            at_return: false,
         };
         let mut p = Probes::new(Vec::new(), vec![f]);
         assert!(!p.function_at(0x500), "not before it is enabled");

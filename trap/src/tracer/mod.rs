@@ -186,6 +186,7 @@ impl Tracer {
         if !self.windows.abandon() {
             self.recorder.event(&Event::TraceStop(reason.clone()));
         }
+        self.probes.forget_calls();
         // Sealed now, not when the chunk fills: the guest may run on for
         // long after (a Linux boot, for minutes where kernel code is
         // emulated), and a user who ends the run with a kill must not lose

@@ -89,8 +89,20 @@ impl Tracer {
             }
         }
         if probed {
+            self.returns_at(cpu);
             for (i, task) in self.probes.functions_at(pc) {
-                if self.runs_in(task.as_deref(), cpu) {
+                if !self.runs_in(task.as_deref(), cpu) {
+                    continue;
+                }
+                if self.probes.at_return(i) {
+                    // Only while tracing: the entry's step and the return
+                    // are the trace's.
+                    if self.active {
+                        self.call_entered(i, cpu);
+                    }
+                    continue;
+                }
+                {
                     let regs = cpu.regs();
                     let engine = &mut self.engine;
                     let mut read =
@@ -105,6 +117,30 @@ impl Tracer {
             }
         }
         captured || probed
+    }
+
+    /// An `fnret:` probe's routine entered with the vCPU at its first
+    /// instruction: where its `ret` will go is on top of the stack.
+    fn call_entered(&mut self, i: usize, cpu: &mut dyn CpuView) {
+        let regs = cpu.regs();
+        let mut ret = [0u8; 8];
+        if self.engine.read_linear_prefix(cpu, regs.rsp, &mut ret) == ret.len() {
+            let cr3 = cpu.sregs().cr3;
+            let steps = self.recorder.steps();
+            self.probes
+                .call_entered(i, u64::from_le_bytes(ret), regs.rsp, cr3, steps);
+        }
+    }
+
+    /// Fires the `fnret:` probes whose calls returned to where the vCPU
+    /// stands.
+    fn returns_at(&mut self, cpu: &mut dyn CpuView) {
+        let (regs, cr3) = (cpu.regs(), cpu.sregs().cr3);
+        for (fire, values) in self.probes.fire_returns(&regs, cr3, self.recorder.steps()) {
+            let mut to = self.windows.route(&mut self.recorder);
+            to.event(&fire);
+            to.event(&values);
+        }
     }
 
     /// A breakpoint while not tracing: the start address, a
