@@ -71,6 +71,15 @@ if ! python3 -c "import duckdb" >/dev/null 2>&1; then
         python3 -m pip install --quiet --disable-pip-version-check --break-system-packages duckdb
 fi
 
+# Perfetto's Python package carries Perfetto's own trace message
+# definitions: tests/timeline.rs decodes the protobuf timeline with them.
+if ! python3 -c "from perfetto.protos.perfetto.trace import perfetto_trace_pb2" >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing perfetto for Python (decodes the protobuf timeline in the tests)"
+    python3 -m pip install --quiet --disable-pip-version-check perfetto protobuf 2>/dev/null ||
+        python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+            perfetto protobuf
+fi
+
 # cargo fuzz (fuzz/): its targets build with the stable toolchain and no
 # sanitizer.
 if ! command -v cargo-fuzz >/dev/null 2>&1; then

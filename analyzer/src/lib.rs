@@ -22,6 +22,7 @@ mod levels;
 mod listing;
 mod naming;
 mod nest;
+mod perfetto;
 mod probes;
 mod processes;
 mod report;
@@ -33,6 +34,7 @@ mod symbolize;
 mod syscalls;
 mod tasks;
 mod timeline;
+mod timeline_out;
 mod user_programs;
 
 // The crate's API. The modules are private: each item is named here,
@@ -78,5 +80,5 @@ pub use samples::{format_profile, samples, Samples};
 pub use spaces::{collect as collect_spaces, SpaceTable};
 pub use stats::{collect as collect_stats, folded as folded_stats, Stats};
 pub use symbolize::{name_address, AddressQuery, Named};
-pub use timeline::{write as write_timeline, TimelineOptions};
+pub use timeline::{write as write_timeline, TimelineFormat, TimelineOptions};
 pub use user_programs::{add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles};

@@ -33,8 +33,8 @@ pub struct ProbeTally {
 pub struct FieldValues {
     /// The value as the probe named it (`how->flags`).
     pub field: String,
-    /// Each value as text, most frequent first (at most
-    /// [`DISTINCT_VALUES`]).
+    /// Each value as text, most frequent first (at most 1000: a pointer
+    /// differs every fire, and memory stays bounded).
     pub counts: Vec<ValueCount>,
     /// Fires whose value was not among those kept.
     pub others: u64,

@@ -4,7 +4,8 @@
 //! wrote.
 
 use super::*;
-use vtrace_analyzer::{filter_stacks, StackFilter};
+use crate::cli::TimelineFormatArg;
+use vtrace_analyzer::{filter_stacks, StackFilter, TimelineFormat};
 
 /// `vtrace analyze listing`: every step, as text or into files.
 pub(super) fn listing(a: ListingArgs) -> Result<()> {
@@ -208,23 +209,39 @@ pub(super) fn timeline(a: TimelineArgs) -> Result<()> {
     let bar = StepsBar::new(&trace, &a.trace, "timeline");
     let mut out = create(&a.output)?;
     let filter = task_filter(&trace, &a.tasks)?;
+    let format = match a.format {
+        Some(TimelineFormatArg::Json) => TimelineFormat::Json,
+        Some(TimelineFormatArg::Perfetto) => TimelineFormat::Perfetto,
+        None => timeline_format_of(&a.output),
+    };
     let events = write_timeline(
         &trace,
         &symbols,
         &TimelineOptions {
             min_steps: a.min_steps,
             tasks: filter,
+            format,
         },
         &mut out,
         &|d, _| bar.update(d),
     )?;
     out.flush()?;
     bar.finish();
-    wrote(
-        &a.output,
-        &format!(" ({events} events; open it in ui.perfetto.dev or chrome://tracing)"),
-    );
+    let open_in = match format {
+        TimelineFormat::Perfetto => "open it in ui.perfetto.dev",
+        TimelineFormat::Json => "open it in ui.perfetto.dev or chrome://tracing",
+    };
+    wrote(&a.output, &format!(" ({events} events; {open_in})"));
     Ok(())
+}
+
+/// The timeline format an output's name asks for: Perfetto's own
+/// extensions mean protobuf.
+fn timeline_format_of(path: &Path) -> TimelineFormat {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("pftrace" | "perfetto-trace" | "pb") => TimelineFormat::Perfetto,
+        _ => TimelineFormat::Json,
+    }
 }
 
 /// `vtrace analyze captures`: the captures taken.

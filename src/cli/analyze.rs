@@ -521,6 +521,21 @@ pub struct TimelineArgs {
     /// file small enough for the viewer).
     #[arg(long, default_value_t = 1, value_name = "STEPS")]
     pub min_steps: u64,
+    /// The file's format: Perfetto's own protobuf trace (smaller, and what
+    /// the Perfetto UI opens fastest: the one for millions of calls) or
+    /// Chrome's trace-event JSON. By default the output's name decides:
+    /// `.pftrace`, `.perfetto-trace` or `.pb` protobuf, anything else JSON.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<TimelineFormatArg>,
+}
+
+/// `analyze timeline --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TimelineFormatArg {
+    /// Chrome's trace-event JSON.
+    Json,
+    /// Perfetto's protobuf trace.
+    Perfetto,
 }
 
 #[derive(Debug, Args)]

@@ -397,34 +397,29 @@ impl<'a> ItemBuilder<'a> {
                     }
                 }
             }
-            SegmentRecord::Event(Event::Capture {
+            SegmentRecord::Event(
+                e @ (Event::Capture { .. } | Event::Probe { .. } | Event::ProbeValues(_)),
+            ) => self.note_event(e),
+            SegmentRecord::Event(_) => {}
+        }
+    }
+
+    /// A capture, a probe fire or its values: a note between steps.
+    fn note_event(&mut self, e: &Event) {
+        let text = match e {
+            Event::Capture {
                 name,
                 addr,
                 length,
                 bytes,
-            }) => {
-                if let Ok(index) = u32::try_from(self.notes.len()) {
-                    self.notes.push(crate::event_text::describe_capture(
-                        name, *addr, *length, bytes,
-                    ));
-                    self.boundary(Item::Note { index });
-                }
-            }
-            SegmentRecord::Event(Event::Probe { name, pc, args }) => {
-                if let Ok(index) = u32::try_from(self.notes.len()) {
-                    self.notes
-                        .push(crate::event_text::describe_probe(name, *pc, args));
-                    self.boundary(Item::Note { index });
-                }
-            }
-            SegmentRecord::Event(Event::ProbeValues(fields)) => {
-                if let Ok(index) = u32::try_from(self.notes.len()) {
-                    self.notes
-                        .push(crate::event_text::describe_probe_values(fields));
-                    self.boundary(Item::Note { index });
-                }
-            }
-            SegmentRecord::Event(_) => {}
+            } => crate::event_text::describe_capture(name, *addr, *length, bytes),
+            Event::Probe { name, pc, args } => crate::event_text::describe_probe(name, *pc, args),
+            Event::ProbeValues(fields) => crate::event_text::describe_probe_values(fields),
+            _ => return,
+        };
+        if let Ok(index) = u32::try_from(self.notes.len()) {
+            self.notes.push(text);
+            self.boundary(Item::Note { index });
         }
     }
 
