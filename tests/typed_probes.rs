@@ -223,6 +223,29 @@ fn numbered_arguments_work_where_the_kernel_has_no_types() {
     let texts = capture_texts(&disk);
     let typed: Vec<&str> = all.iter().map(|f| value(&f.2, "arg1")).collect();
     assert_eq!(typed, texts);
+    // A typed value's histogram, by its name: every fire in a bucket.
+    let q = run(&[
+        "analyze",
+        "probes",
+        disk.to_str().unwrap(),
+        "--quantize",
+        "arg2",
+        "--json",
+    ]);
+    let q: serde_json::Value = serde_json::from_slice(&q.stdout).unwrap();
+    let q = &q["probes"][0]["quantize"];
+    assert_eq!(q["field"], "arg2");
+    let counted: u64 = q["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        (counted, q["without"].as_u64()),
+        (all.len() as u64, Some(0)),
+        "{q}"
+    );
 
     let named = run(&[
         "run",

@@ -155,15 +155,9 @@ pub fn describe_probe(name: &str, pc: u64, args: &[u64]) -> String {
 /// cut), and `<unavailable at 0x...>` where the memory was not there.
 pub fn probe_value_text(value: &ProbeValue) -> String {
     match value {
-        ProbeValue::Int {
-            value,
-            size,
-            signed: true,
-        } => {
-            // Sign-extend from its width.
-            let shift = 64 - 8 * u32::from((*size).clamp(1, 8));
-            (((*value << shift) as i64) >> shift).to_string()
-        }
+        ProbeValue::Int { signed: true, .. } => probe_number(value)
+            .map(|v| v.to_string())
+            .unwrap_or_default(),
         ProbeValue::Int { value, .. } => value.to_string(),
         ProbeValue::Pointer(addr) => format!("{addr:#x}"),
         ProbeValue::Text { bytes, complete } => {
@@ -174,6 +168,24 @@ pub fn probe_value_text(value: &ProbeValue) -> String {
             )
         }
         ProbeValue::Unavailable { addr } => format!("<unavailable at {addr:#x}>"),
+    }
+}
+
+/// A typed probe value as a number: an integer as its type reads it
+/// (sign-extended from its width where signed), a pointer's bits; none
+/// for text or what was unavailable.
+pub fn probe_number(value: &ProbeValue) -> Option<i64> {
+    match value {
+        ProbeValue::Int {
+            value,
+            size,
+            signed: true,
+        } => {
+            let shift = 64 - 8 * u32::from((*size).clamp(1, 8));
+            Some(((*value << shift) as i64) >> shift)
+        }
+        ProbeValue::Int { value, .. } | ProbeValue::Pointer(value) => Some(*value as i64),
+        _ => None,
     }
 }
 

@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use vtrace_storage::{Event, ProbeField, ProbeValue, RecordRef};
+use vtrace_storage::{Event, ProbeField, RecordRef};
 
-use crate::event_text::probe_value_text;
+use crate::event_text::{probe_number, probe_value_text};
 
 use crate::error::Result;
 use crate::input::{Progress, Trace};
@@ -276,7 +276,7 @@ impl Tally {
                 None => *others += 1,
             }
             if matches!(quantize, Some(QuantizeOn::Field(n)) if *n == f.name) {
-                if let Some(v) = signed_value(&f.value) {
+                if let Some(v) = probe_number(&f.value) {
                     *self.buckets.entry(bucket_of(v)).or_default() += 1;
                     if let Some(q) = self.tally.quantize.as_mut() {
                         q.without = q.without.saturating_sub(1);
@@ -311,22 +311,6 @@ impl Tally {
             })
             .collect();
         self.tally
-    }
-}
-
-/// An integer value as its type reads it (sign-extended where signed).
-fn signed_value(value: &ProbeValue) -> Option<i64> {
-    match value {
-        ProbeValue::Int {
-            value,
-            size,
-            signed: true,
-        } => {
-            let shift = 64 - 8 * u32::from((*size).clamp(1, 8));
-            Some(((*value << shift) as i64) >> shift)
-        }
-        ProbeValue::Int { value, .. } | ProbeValue::Pointer(value) => Some(*value as i64),
-        _ => None,
     }
 }
 
