@@ -132,3 +132,66 @@ fn the_protobuf_timeline_holds_what_the_json_one_does() {
         "{pb_len} bytes of protobuf, {json_len} of JSON"
     );
 }
+
+/// Probe fires are instants on a track per probe, with their typed values
+/// as the event's arguments, in both formats.
+#[test]
+fn probe_fires_are_instants_on_their_probes_tracks() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("p.vtd");
+    let d = disk.to_str().unwrap();
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--trace",
+        "--probe",
+        "fnret:kprintf",
+        "--probe",
+        "fn:kprintf(arg1:string)",
+        "--disk",
+        d,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let counts = run(&["analyze", "probes", d, "--json"]);
+    let counts: serde_json::Value = serde_json::from_slice(&counts.stdout).unwrap();
+    let fired = |probe: &str| {
+        counts["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["probe"] == probe)
+            .unwrap()["count"]
+            .as_u64()
+            .unwrap()
+    };
+    let pb = dir.path().join("p.pftrace");
+    let json = dir.path().join("p.json");
+    for out in [&pb, &json] {
+        let o = run(&["analyze", "timeline", d, "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let decoded = Command::new("python3")
+        .args(["-c", DECODE])
+        .arg(&pb)
+        .output()
+        .unwrap();
+    assert!(decoded.status.success(), "{}", stderr(&decoded));
+    let got: serde_json::Value = serde_json::from_slice(&decoded.stdout).unwrap();
+    let instants = got["instants"].as_array().unwrap();
+    for probe in ["fn:kprintf", "fnret:kprintf"] {
+        let n = instants.iter().filter(|i| i[0] == probe).count() as u64;
+        assert_eq!(n, fired(probe), "{probe}");
+    }
+    let text = std::fs::read_to_string(&json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let first = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "fn:kprintf")
+        .unwrap();
+    assert_eq!(first["args"]["arg1"], "\"vtrace demo OS\\n\"", "{first}");
+}

@@ -260,7 +260,7 @@ impl<W: Write> ProtoOut<W> {
         kind: i32,
         name: Option<&str>,
         cat: Option<&str>,
-        args: &[(&'static str, Arg<'_>)],
+        args: &[(&str, Arg<'_>)],
     ) -> std::io::Result<()> {
         let (name_iid, interned) = match name {
             Some(n) => {

@@ -56,6 +56,8 @@ const NO_TASK_PID: u32 = 5_000_000;
 const RUN_QUEUE_PID: u32 = 5_000_001;
 /// The Perfetto process holding the peeper's counters.
 const SAMPLES_PID: u32 = 5_000_002;
+/// The Perfetto process holding the probes' fires, a thread per probe.
+const PROBES_PID: u32 = 5_000_003;
 /// The Perfetto process of CPU 0 in a trace of several CPUs (CPU n's is
 /// this + n), each with a track per address space.
 const CPU_PID: u32 = 5_000_100;
@@ -302,6 +304,53 @@ impl<O: TimelineOut> TimelineSink<'_, O> {
         }
     }
 
+    /// The probes' fires (`run --probe`), an instant each on its
+    /// probe's track, with its typed values (or its arguments).
+    fn emit_probes(&mut self, trace: &Trace) -> Result<()> {
+        let fires = crate::probes::fires(trace, &crate::input::no_progress)?;
+        if !fires.is_empty() {
+            self.put(|o| o.process(PROBES_PID, "probes"));
+        }
+        let mut tracks: FxHashMap<String, u32> = FxHashMap::default();
+        for fire in &fires {
+            let tid = match tracks.get(&fire.probe) {
+                Some(t) => *t,
+                None => {
+                    let t = tracks.len() as u32 + 1;
+                    tracks.insert(fire.probe.clone(), t);
+                    self.put(|o| o.thread(PROBES_PID, t, &fire.probe));
+                    t
+                }
+            };
+            let numbered: Vec<(String, u64)> = fire
+                .args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (format!("arg{i}"), *a))
+                .collect();
+            let mut args: Vec<(&str, Arg<'_>)> = vec![("step", Arg::U64(fire.step))];
+            match fire.values.is_empty() {
+                true => args.extend(numbered.iter().map(|(n, a)| (n.as_str(), Arg::U64(*a)))),
+                false => args.extend(
+                    fire.values
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), Arg::Text(v.as_str()))),
+                ),
+            }
+            let instant = Instant {
+                pid: PROBES_PID,
+                tid,
+                name: &fire.probe,
+                cat: "probe",
+                ts_ns: self.ns(fire.step),
+                global: false,
+                args: &args,
+            };
+            self.put(|o| o.instant(&instant));
+        }
+        Ok(())
+    }
+
     /// The peeper's samples, a counter per variable.
     fn emit_samples(&mut self, trace: &Trace) -> Result<()> {
         let samples = crate::samples::samples(trace, &crate::input::no_progress)?;
@@ -433,6 +482,7 @@ fn write_to<O: TimelineOut>(
     let mut sink = sink.inner;
     sink.emit_run_queue(runnable);
     sink.emit_samples(trace)?;
+    sink.emit_probes(trace)?;
     if let Some(e) = sink.error.take() {
         return Err(e.into());
     }

@@ -22,7 +22,7 @@ pub(crate) struct Slice<'a> {
     pub(crate) cat: &'static str,
     pub(crate) ts_ns: u64,
     pub(crate) dur_ns: u64,
-    pub(crate) args: &'a [(&'static str, Arg<'a>)],
+    pub(crate) args: &'a [(&'a str, Arg<'a>)],
 }
 
 /// A moment: an interrupt, a system call, a mark.
@@ -35,7 +35,7 @@ pub(crate) struct Instant<'a> {
     pub(crate) ts_ns: u64,
     /// On the process's track rather than the thread's.
     pub(crate) global: bool,
-    pub(crate) args: &'a [(&'static str, Arg<'a>)],
+    pub(crate) args: &'a [(&'a str, Arg<'a>)],
 }
 
 /// Where the timeline goes: trace-event JSON, or Perfetto's protobuf.
@@ -72,7 +72,7 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-fn json_args(args: &[(&'static str, Arg<'_>)]) -> serde_json::Value {
+fn json_args(args: &[(&str, Arg<'_>)]) -> serde_json::Value {
     let map: serde_json::Map<String, serde_json::Value> = args
         .iter()
         .map(|(k, v)| {
