@@ -107,6 +107,8 @@ struct TrackEvent {
 /// `DebugAnnotation`: a named argument of an event.
 #[derive(Clone, PartialEq, Message)]
 struct DebugAnnotation {
+    #[prost(uint64, optional, tag = "1")]
+    name_iid: Option<u64>,
     #[prost(uint64, optional, tag = "3")]
     uint_value: Option<u64>,
     #[prost(string, optional, tag = "6")]
@@ -120,6 +122,17 @@ struct DebugAnnotation {
 struct InternedData {
     #[prost(message, repeated, tag = "2")]
     event_names: Vec<EventName>,
+    #[prost(message, repeated, tag = "3")]
+    debug_annotation_names: Vec<DebugAnnotationName>,
+}
+
+/// `DebugAnnotationName`.
+#[derive(Clone, PartialEq, Message)]
+struct DebugAnnotationName {
+    #[prost(uint64, optional, tag = "1")]
+    iid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    name: Option<String>,
 }
 
 /// `EventName`.
@@ -151,6 +164,8 @@ pub(crate) struct ProtoOut<W: Write> {
     tracks: FxHashSet<u64>,
     /// Interned event names.
     names: FxHashMap<String, u64>,
+    /// Interned argument names.
+    arg_names: FxHashMap<String, u64>,
     /// Whether the first packet (which clears the sequence's state) is
     /// written.
     started: bool,
@@ -163,6 +178,7 @@ impl<W: Write> ProtoOut<W> {
             out,
             tracks: FxHashSet::default(),
             names: FxHashMap::default(),
+            arg_names: FxHashMap::default(),
             started: false,
         }
     }
@@ -236,21 +252,33 @@ impl<W: Write> ProtoOut<W> {
         Ok(uuid)
     }
 
-    /// The interned id of `name`, and the interned data that defines it
-    /// where this is its first use.
-    fn intern(&mut self, name: &str) -> (u64, Option<InternedData>) {
+    /// The interned id of event name `name`, added to `data` where this
+    /// is its first use.
+    fn intern(&mut self, name: &str, data: &mut InternedData) -> u64 {
         if let Some(iid) = self.names.get(name) {
-            return (*iid, None);
+            return *iid;
         }
         let iid = self.names.len() as u64 + 1;
         self.names.insert(name.to_string(), iid);
-        let data = InternedData {
-            event_names: vec![EventName {
-                iid: Some(iid),
-                name: Some(name.to_string()),
-            }],
-        };
-        (iid, Some(data))
+        data.event_names.push(EventName {
+            iid: Some(iid),
+            name: Some(name.to_string()),
+        });
+        iid
+    }
+
+    /// The interned id of argument name `name`, as [`Self::intern`].
+    fn intern_arg(&mut self, name: &str, data: &mut InternedData) -> u64 {
+        if let Some(iid) = self.arg_names.get(name) {
+            return *iid;
+        }
+        let iid = self.arg_names.len() as u64 + 1;
+        self.arg_names.insert(name.to_string(), iid);
+        data.debug_annotation_names.push(DebugAnnotationName {
+            iid: Some(iid),
+            name: Some(name.to_string()),
+        });
+        iid
     }
 
     fn event(
@@ -262,17 +290,13 @@ impl<W: Write> ProtoOut<W> {
         cat: Option<&str>,
         args: &[(&str, Arg<'_>)],
     ) -> std::io::Result<()> {
-        let (name_iid, interned) = match name {
-            Some(n) => {
-                let (iid, data) = self.intern(n);
-                (Some(iid), data)
-            }
-            None => (None, None),
-        };
+        let mut interned = InternedData::default();
+        let name_iid = name.map(|n| self.intern(n, &mut interned));
         let debug_annotations = args
             .iter()
             .map(|(key, value)| DebugAnnotation {
-                name: Some(key.to_string()),
+                name_iid: Some(self.intern_arg(key, &mut interned)),
+                name: None,
                 uint_value: match value {
                     Arg::U64(v) => Some(*v),
                     Arg::Text(_) => None,
@@ -286,7 +310,7 @@ impl<W: Write> ProtoOut<W> {
         self.packet(TracePacket {
             timestamp: Some(ts),
             sequence_flags: Some(NEEDS_INCREMENTAL_STATE),
-            interned_data: interned,
+            interned_data: (interned != InternedData::default()).then_some(interned),
             track_event: Some(TrackEvent {
                 r#type: Some(kind),
                 track_uuid: Some(track),
