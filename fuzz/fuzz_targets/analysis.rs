@@ -1,13 +1,15 @@
 //! The analyses over a trace disk: statistics (through the level engine),
-//! the listing, the HTML report and the per-step export, with their
-//! arithmetic on what the headers claim.
+//! the listing, the HTML report (with the nest filters and return values),
+//! the Perfetto protobuf timeline, the probes' typed values and the
+//! per-step export, with their arithmetic on what the headers claim.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use vtrace_analyzer::symbols::Symbolizer;
 use vtrace_analyzer::{
-    collect_stats, export, write_listing, write_report, Destination, ExportFormat, ListingOptions,
-    TaskFilter,
+    collect_stats, export, probe_fires, probes, write_listing, write_report, write_timeline,
+    Destination, ExportFormat, ListingOptions, NestOptions, QuantizeOn, RoutineFilter, TaskFilter,
+    TimelineFormat, TimelineOptions,
 };
 
 #[path = "disk_file.rs"]
@@ -30,7 +32,33 @@ fuzz_target!(|data: &[u8]| {
             ..Default::default()
         };
         let _ = write_listing(&trace, &symbols, &options, &mut std::io::sink(), &|_, _| {});
-        let _ = write_report(&trace, &symbols, 1000, &mut std::io::sink(), &|_, _| {});
+        let calls = NestOptions {
+            exclude: RoutineFilter::new(&["[a-m]*".into()], true).unwrap_or_default(),
+            min_steps: Some(3),
+            retval: true,
+            ..Default::default()
+        };
+        let _ = write_report(
+            &trace,
+            &symbols,
+            1000,
+            &calls,
+            &mut std::io::sink(),
+            &|_, _| {},
+        );
+        let timeline = TimelineOptions {
+            format: TimelineFormat::Perfetto,
+            ..Default::default()
+        };
+        let _ = write_timeline(
+            &trace,
+            &symbols,
+            &timeline,
+            &mut std::io::sink(),
+            &|_, _| {},
+        );
+        let _ = probe_fires(&trace, &|_, _| {});
+        let _ = probes(&trace, Some(QuantizeOn::Field("x".into())), &|_, _| {});
         // The export writes real files: Parquet, and JSON lines in a
         // directory of files of few steps.
         let dir = std::env::temp_dir().join(format!("vtrace-fuzz-export-{}", std::process::id()));
