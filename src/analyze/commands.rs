@@ -290,7 +290,14 @@ pub(super) fn probes_of(a: ProbesTraceArgs) -> Result<()> {
         Some(&a.to),
         a.json,
         &serde_json::json!({ "probes": &found }),
-        || format_probes(&found),
+        // Probe and value names are the trace's: a crafted one must not
+        // steer the terminal.
+        || {
+            format_probes(&found)
+                .lines()
+                .map(|l| format!("{}\n", vtrace_vmm::escape_within_line(l)))
+                .collect()
+        },
     )?;
     Ok(())
 }

@@ -181,7 +181,7 @@ const SYMBOLIZE_EXAMPLES: &str = "Examples:
 pub struct SymbolizeArgs {
     /// Addresses, hex (`0xffffffff81000000` or `401136`), each optionally
     /// `@CR3` for a user program's, in the address space the listing's
-    /// second column names. None: read them from standard input.
+    /// cr3 column names. None: read them from standard input.
     #[arg(value_name = "ADDR[@CR3]", value_parser = parse_address)]
     pub addresses: Vec<vtrace_analyzer::AddressQuery>,
     /// The trace whose kernel and programs name the addresses (default:
