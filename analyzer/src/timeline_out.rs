@@ -131,6 +131,12 @@ impl<W: Write> TimelineOut for JsonOut<W> {
         ts_ns: u64,
         value: f64,
     ) -> std::io::Result<()> {
+        // A whole number (a count, an integer variable) stays one: JSON
+        // readers take `2.0` as a float.
+        let value = match value.fract() == 0.0 && value.abs() < 9.0e15 {
+            true => serde_json::Value::from(value as i64),
+            false => serde_json::Value::from(value),
+        };
         self.emit(&serde_json::json!({
             "name": name, "ph": "C", "ts": us(ts_ns), "pid": pid, "args": { key: value }
         }))
