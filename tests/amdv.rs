@@ -258,7 +258,11 @@ fn traced_from_the_host_on_cpus(cpus: u32) {
     let script = linux_up(&format!(
         "--cpus {cpus} --disk /out/l.vtd --disk-size 256M --max-steps {} --exit-after-trace",
         75_000 * cpus
-    )) + "sleep 2; vtrace ctl start; wait $pid; s=$?; cat /tmp/log; exit $s";
+    )) + &format!(
+        "for i in $(seq 600); do [ $(grep -c 'l2: loop [0-9]* up' /tmp/log) -ge {cpus} ] \
+         && break; sleep 0.5; done; sleep 1; vtrace ctl start; wait $pid; s=$?; \
+         cat /tmp/log; exit $s"
+    );
     let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
     assert!(m.output.contains("l2: userspace up"), "{}", m.output);
@@ -344,7 +348,7 @@ fn traced_from_the_host_on_cpus(cpus: u32) {
 /// A shell loop on each of `cpus` CPUs, pinned (left to the scheduler,
 /// two may share one), each reading /proc/uptime again and again. With
 /// `alive`, the loop on CPU 1 says every 100 rounds that it is alive;
-/// else all are silent: a write to the serial console waits for the
+/// else, once each has said it runs (`l2: loop N up`), all are silent: a write to the serial console waits for the
 /// UART, whose interrupt CPU 0 takes, and a short trace could find the
 /// writer's CPU idle the whole time. A shell's background job opens
 /// /dev/null, so devtmpfs is mounted first.
@@ -355,8 +359,11 @@ fn pinned_loops(cpus: u32, alive: bool) -> String {
             1 if alive => "i=$((i+1)); case $i in *00) echo \"l2: alive $i\";; esac; ",
             _ => "",
         };
+        // Each says once that it runs: the host starts tracing only when
+        // all do (a loaded host boots the guest's userspace slowly).
         script.push_str(&format!(
-            "taskset -c {cpu} sh -c 'i=0; while :; do read -r up < /proc/uptime; {say}done' & "
+            "taskset -c {cpu} sh -c 'echo \"l2: loop {cpu} up\"; i=0; \
+             while :; do read -r up < /proc/uptime; {say}done' & "
         ));
     }
     script + "wait"
