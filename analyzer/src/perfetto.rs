@@ -233,9 +233,9 @@ impl<W: Write> ProtoOut<W> {
         }
         self.describe_process(pid, None)?;
         self.tracks.insert(uuid);
-        // Perfetto's threads need a tid of their own: a track that is not
-        // a guest thread (an address space, a CPU's tasks) takes one above
-        // every pid Linux gives.
+        // The uuid comes from (pid, tid): a thread number that stands in
+        // several processes (an address space's track 1 beside Linux's
+        // init) still makes a track of its own.
         self.packet(TracePacket {
             track_descriptor: Some(TrackDescriptor {
                 uuid: Some(uuid),
