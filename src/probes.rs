@@ -1,15 +1,40 @@
 //! `vtrace probes`.
 
 use anyhow::Result;
-use vtrace_image::sdt;
-use vtrace_session::kernel_probes;
+use serde::Serialize;
+use vtrace_image::sdt::{self, ProbeListing};
+use vtrace_image::tracepoints::{self, Tracepoint};
+use vtrace_session::{kernel_probes, kernel_tracepoints};
 
 use crate::cli::{ProbesArgs, ProbesCommand};
 use crate::exit_status::BadArgument;
 
+/// A tracepoint as `--json` lists it: the keys of a static probe's, and
+/// what only a tracepoint has.
+#[derive(Serialize)]
+struct TracepointListing<'a> {
+    probe: String,
+    arguments: usize,
+    sites: Vec<String>,
+    #[serde(flatten)]
+    tracepoint: &'a Tracepoint,
+    site_states: Vec<tracepoints::SiteState>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Listed<'a> {
+    Static(ProbeListing),
+    Tracepoint(TracepointListing<'a>),
+}
+
 pub fn probes(args: ProbesArgs) -> Result<i32> {
     match args.what {
-        ProbesCommand::List { kernel, json } => {
+        ProbesCommand::List {
+            kernel,
+            pattern,
+            json,
+        } => {
             let (bytes, what) = match &kernel {
                 Some(path) => (
                     std::fs::read(path)
@@ -21,16 +46,87 @@ pub fn probes(args: ProbesArgs) -> Result<i32> {
                     "the built-in demo OS".to_string(),
                 ),
             };
-            let listed = sdt::listing(&kernel_probes(&bytes, &what)?);
-            if listed.is_empty() && !json {
-                eprintln!(
-                    "vtrace: {what} has no static probes (guest-kit/include/vtrace-sdt.h makes \
-                     them; fn:ROUTINE probes need none)"
-                );
+            let wanted = |name: &str| {
+                pattern
+                    .as_deref()
+                    .is_none_or(|p| vtrace_trap::probe_matches(p, name))
+            };
+            let mut listed = sdt::listing(&kernel_probes(&bytes, &what)?);
+            listed.retain(|p| wanted(&p.probe));
+            let mut tps = match kernel.is_some() {
+                true => linux_tracepoints(&bytes, &what),
+                false => Vec::new(),
+            };
+            tps.retain(|t| wanted(&t.probe()));
+            if listed.is_empty() && tps.is_empty() && !json {
+                eprintln!("vtrace: {}", nothing_listed(&what, pattern.as_deref()));
                 return Ok(0);
             }
-            crate::analyze::print(json, &listed, || sdt::format_listing(&listed))?;
+            if json {
+                let all: Vec<Listed> = listed
+                    .into_iter()
+                    .map(Listed::Static)
+                    .chain(
+                        tps.iter()
+                            .map(|t| Listed::Tracepoint(tracepoint_listing(t))),
+                    )
+                    .collect();
+                crate::analyze::print(true, &all, String::new)?;
+                return Ok(0);
+            }
+            let mut text = String::new();
+            if !listed.is_empty() {
+                text.push_str(&sdt::format_listing(&listed));
+            }
+            if !tps.is_empty() {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                match pattern.is_some() {
+                    true => {
+                        let each: Vec<String> =
+                            tps.iter().map(tracepoints::format_detail).collect();
+                        text.push_str(&each.join("\n"));
+                    }
+                    false => text.push_str(&tracepoints::format_table(&tps)),
+                }
+            }
+            print!("{text}");
             Ok(0)
         }
+    }
+}
+
+/// The kernel's tracepoints, or none with a word why where it should
+/// have some.
+fn linux_tracepoints(bytes: &[u8], what: &str) -> Vec<Tracepoint> {
+    match kernel_tracepoints(bytes, what) {
+        Ok(t) => t,
+        Err(e) => {
+            if vtrace_image::bzimage::vmlinux_inside(bytes).is_some() {
+                eprintln!("vtrace: no tracepoints listed: {e}");
+            }
+            Vec::new()
+        }
+    }
+}
+
+fn tracepoint_listing(t: &Tracepoint) -> TracepointListing<'_> {
+    TracepointListing {
+        probe: t.probe(),
+        arguments: t.parameters.len(),
+        sites: t.sites.iter().map(|s| format!("{:#x}", s.pc)).collect(),
+        tracepoint: t,
+        site_states: t.sites.iter().map(|s| s.state).collect(),
+    }
+}
+
+fn nothing_listed(what: &str, pattern: Option<&str>) -> String {
+    match pattern {
+        Some(p) => format!("no probe of {what} matches {p}"),
+        None => format!(
+            "{what} has no static probes (guest-kit/include/vtrace-sdt.h makes them) and no \
+             tracepoints; fn:ROUTINE probes need none"
+        ),
     }
 }

@@ -417,6 +417,64 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Each fire of `tp:sched:sched_switch` on `disk` (at the tracepoint's
+/// NOP in `__schedule`, the guest's tracepoint off) names, as the event
+/// record does, the task switched out (the one the export says runs at
+/// the fire's step) and the task switched in (the next one that runs),
+/// by pid and comm. Fires past the last switch of the window are not
+/// checked: their next task is not in it.
+fn sched_switch_names_the_tasks_switched(disk: &Path) {
+    let export = run(&["analyze", "export", disk.to_str().unwrap(), "-o", "-"]);
+    assert!(export.status.success(), "{}", stderr(&export));
+    // (step, tid, comm) of every row.
+    let rows: Vec<(u64, u64, String)> = stdout(&export)
+        .lines()
+        .map(|l| {
+            let r: serde_json::Value = serde_json::from_str(l).unwrap();
+            let comm = r["comm"].as_str().unwrap_or_default().to_string();
+            (
+                r["step"].as_u64().unwrap(),
+                r["tid"].as_u64().unwrap(),
+                comm,
+            )
+        })
+        .collect();
+    let out = run(&[
+        "analyze",
+        "probes",
+        "--fires",
+        "--json",
+        disk.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fires = v["fires"].as_array().unwrap();
+    assert!(fires.len() >= 10, "a few switches in 300,000 steps: {v}");
+    let mut checked = 0;
+    for f in fires {
+        assert_eq!(f["probe"], "tp:sched:sched_switch", "{f}");
+        let value = |name: &str| {
+            let values = f["values"].as_array().unwrap();
+            let v = values
+                .iter()
+                .find(|p| p[0] == name)
+                .unwrap_or_else(|| panic!("{f}"));
+            v[1].as_str().unwrap().to_string()
+        };
+        let at = rows.partition_point(|r| r.0 < f["step"].as_u64().unwrap());
+        let (_, tid, comm) = &rows[at];
+        assert_eq!(value("prev_pid"), tid.to_string(), "{f}");
+        assert_eq!(value("prev_comm"), format!("\"{comm}\""), "{f}");
+        let Some((_, next, next_comm)) = rows[at..].iter().find(|r| r.1 != *tid) else {
+            continue;
+        };
+        assert_eq!(value("next_pid"), next.to_string(), "{f}");
+        assert_eq!(value("next_comm"), format!("\"{next_comm}\""), "{f}");
+        checked += 1;
+    }
+    assert!(checked + 1 >= fires.len(), "{checked} of {}", fires.len());
+}
+
 /// The trace of a booting Linux names its tasks, read from the kernel's
 /// own data (kallsyms and BTF; the guest is not changed). Traced from the
 /// kernel's first task switch (`__switch_to`, reached about two minutes in
@@ -426,6 +484,8 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
 /// still called "swapper/0" until it execs /init), kthreadd (pid 2, which
 /// names itself) and the first kernel threads kthreadd creates for init,
 /// named by their creator. Every fence in it is one step, with no gap.
+/// The kernel's `sched:sched_switch` tracepoint, probed, names the same
+/// tasks as they switch.
 #[test]
 fn a_linux_trace_names_its_tasks() {
     if !kvm_available() {
@@ -444,9 +504,12 @@ fn a_linux_trace_names_its_tasks() {
             "300000",
             "--disk-size",
             "64M",
+            "--probe",
+            "tp:sched:sched_switch",
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    sched_switch_names_the_tasks_switched(&disk);
     assert!(
         !stderr(&out).contains("tasks are not followed"),
         "{}",

@@ -13,6 +13,8 @@
 //! - [`sdt`]: static probe sites (`stapsdt` notes).
 //! - [`linux_tasks`]: where a Linux kernel keeps its running task (BTF).
 //! - [`probe_fetch`]: typed `fn:` probe arguments, planned from BTF.
+//! - [`tracepoints`]: the kernel's own tracepoints, their sites and
+//!   arguments.
 //! - [`initramfs`] and [`user_routine`]: programs in an initramfs, and
 //!   places inside them.
 
@@ -27,4 +29,5 @@ pub mod linux_tasks;
 pub mod probe_fetch;
 pub mod sdt;
 pub mod symbols;
+pub mod tracepoints;
 pub mod user_routine;

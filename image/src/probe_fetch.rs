@@ -42,13 +42,57 @@ pub enum FetchKind {
     },
 }
 
+/// Where an argument is when the probe fires: a routine's entry has it
+/// in its ABI register; a tracepoint's site wherever the code around it
+/// keeps it (found from the code it jumps to when enabled).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgSource {
+    /// The low `size` bytes (1, 2, 4 or 8) of a register (an index into
+    /// `Regs::gpr`).
+    Register {
+        /// Which one.
+        register: usize,
+        /// Bytes of it that count.
+        size: u8,
+    },
+    /// `size` bytes (1, 2, 4 or 8) of memory at a register's value plus
+    /// `disp` (at `disp` itself without a register), sign-extended where
+    /// `signed`.
+    Memory {
+        /// The base register, if any.
+        base: Option<usize>,
+        /// Added to it (wrapping).
+        disp: u64,
+        /// Bytes read.
+        size: u8,
+        /// Whether the value is sign-extended.
+        signed: bool,
+    },
+    /// A register's value plus `disp` (an address computed, `lea`).
+    Address {
+        /// Which register.
+        register: usize,
+        /// Added to it (wrapping).
+        disp: u64,
+    },
+    /// A value fixed in the code.
+    Constant(u64),
+}
+
+impl ArgSource {
+    /// A whole register.
+    pub fn register(register: usize) -> ArgSource {
+        ArgSource::Register { register, size: 8 }
+    }
+}
+
 /// One typed value to fetch at a routine's entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fetch {
     /// As the probe wrote it (`how->flags`).
     pub label: String,
-    /// The register holding the argument (an index into `Regs::gpr`).
-    pub register: usize,
+    /// Where the argument is.
+    pub source: ArgSource,
     /// Each `->` but the last: read the pointer at this offset from the
     /// address so far.
     pub loads: Vec<u64>,
@@ -196,7 +240,7 @@ pub fn plan_untyped(routine: &str, specs: &[FetchSpec]) -> Result<Vec<Fetch>, Fe
             };
             Ok(Fetch {
                 label: spec.label.clone(),
-                register: ARGUMENT_REGISTERS[index],
+                source: ArgSource::register(ARGUMENT_REGISTERS[index]),
                 loads: Vec::new(),
                 field: None,
                 kind,
@@ -234,41 +278,61 @@ pub fn plan(btf: &Btf, routine: &str, specs: &[FetchSpec]) -> Result<Vec<Fetch>,
 
 fn plan_inner(btf: &Btf, routine: &str, specs: &[FetchSpec]) -> Result<Vec<Fetch>, FetchError> {
     let params = parameters(btf, routine)?;
+    let what = format!("fn:{routine}");
+    plan_specs(btf, &what, routine, &params, specs, |index, spec| {
+        ARGUMENT_REGISTERS
+            .get(index)
+            .map(|&r| ArgSource::register(r))
+            .ok_or_else(|| {
+                FetchError(format!(
+                    "{what}({}): parameter {} is passed on the stack (only the first six are \
+                     in registers)",
+                    spec.label,
+                    index + 1
+                ))
+            })
+    })
+}
+
+/// The index of the parameter `spec` names among `params` (`argN`, or by
+/// name).
+pub(crate) fn parameter_index(params: &[(String, Type)], spec: &FetchSpec) -> Option<usize> {
+    numbered(&spec.parameter)
+        .or_else(|| params.iter().position(|(name, _)| *name == spec.parameter))
+}
+
+/// Plans `specs` over `params` (of `owner`, a probe `what`), each
+/// parameter `source_of` its index.
+pub(crate) fn plan_specs(
+    btf: &Btf,
+    what: &str,
+    owner: &str,
+    params: &[(String, Type)],
+    specs: &[FetchSpec],
+    mut source_of: impl FnMut(usize, &FetchSpec) -> Result<ArgSource, FetchError>,
+) -> Result<Vec<Fetch>, FetchError> {
     specs
         .iter()
         .map(|spec| {
-            let found = numbered(&spec.parameter)
-                .map(|i| (i, params.get(i).map(|p| p.1.clone())))
-                .or_else(|| {
-                    params
-                        .iter()
-                        .position(|(name, _)| *name == spec.parameter)
-                        .map(|i| (i, Some(params[i].1.clone())))
-                });
+            let found =
+                parameter_index(params, spec).map(|i| (i, params.get(i).map(|p| p.1.clone())));
             let Some((index, ty)) = found else {
                 let names: Vec<&str> = params.iter().map(|p| p.0.as_str()).collect();
                 return fail(format!(
-                    "fn:{routine}({}): {routine} has no parameter {} (it has: {})",
+                    "{what}({}): {owner} has no parameter {} (it has: {})",
                     spec.label,
                     spec.parameter,
                     names.join(", ")
                 ));
             };
-            let Some(&register) = ARGUMENT_REGISTERS.get(index) else {
-                return fail(format!(
-                    "fn:{routine}({}): parameter {} is passed on the stack (only the first \
-                     six are in registers)",
-                    spec.label,
-                    index + 1
-                ));
-            };
-            plan_one(btf, routine, spec, register, ty)
+            let source = source_of(index, spec)?;
+            plan_one(btf, what, spec, source, ty)
         })
         .collect()
 }
 
 /// The routine's parameters: names and types, in order.
-fn parameters(btf: &Btf, routine: &str) -> Result<Vec<(String, Type)>, FetchError> {
+pub(crate) fn parameters(btf: &Btf, routine: &str) -> Result<Vec<(String, Type)>, FetchError> {
     let missing = || {
         FetchError(format!(
             "fn:{routine}: the kernel's BTF has no routine {routine}"
@@ -301,7 +365,7 @@ fn parameters(btf: &Btf, routine: &str) -> Result<Vec<(String, Type)>, FetchErro
 }
 
 /// Strips typedefs and qualifiers (bounded: a crafted BTF may loop).
-fn underlying(btf: &Btf, mut ty: Type) -> Type {
+pub(crate) fn underlying(btf: &Btf, mut ty: Type) -> Type {
     for _ in 0..16 {
         let next = match &ty {
             Type::Typedef(t) => btf.resolve_chained_type(t as &dyn BtfType),
@@ -321,12 +385,12 @@ fn underlying(btf: &Btf, mut ty: Type) -> Type {
 
 fn plan_one(
     btf: &Btf,
-    routine: &str,
+    probe: &str,
     spec: &FetchSpec,
-    register: usize,
+    source: ArgSource,
     ty: Option<Type>,
 ) -> Result<Fetch, FetchError> {
-    let where_ = |what: String| FetchError(format!("fn:{routine}({}): {what}", spec.label));
+    let where_ = |what: String| FetchError(format!("{probe}({}): {what}", spec.label));
     let mut ty = ty.map(|t| underlying(btf, t));
     let mut loads = Vec::new();
     let mut field = None;
@@ -373,7 +437,7 @@ fn plan_one(
     };
     Ok(Fetch {
         label: spec.label.clone(),
-        register,
+        source,
         loads,
         field,
         kind,
@@ -382,7 +446,7 @@ fn plan_one(
 
 /// How a value of type `ty` shows by itself: integers and enums as
 /// integers, pointers in hex, `char` arrays as text.
-fn natural_kind(btf: &Btf, ty: &Type) -> Option<FetchKind> {
+pub(crate) fn natural_kind(btf: &Btf, ty: &Type) -> Option<FetchKind> {
     let size = |n: usize| u8::try_from(n).ok().filter(|s| matches!(s, 1 | 2 | 4 | 8));
     match ty {
         Type::Int(i) => Some(FetchKind::Int {
@@ -414,9 +478,21 @@ fn natural_kind(btf: &Btf, ty: &Type) -> Option<FetchKind> {
     }
 }
 
+/// The byte offset of member `member_name` of structure `name`
+/// (looking into anonymous members).
+pub(crate) fn struct_member_offset(btf: &Btf, name: &str, member_name: &str) -> Option<u64> {
+    btf.resolve_types_by_name(name)
+        .ok()?
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Struct(s) => member(btf, &s, member_name, 0).map(|(o, _)| o),
+            _ => None,
+        })
+}
+
 /// Field `name` of `s`: its byte offset and type, looking into anonymous
 /// structures and unions (`depth` bounds a crafted, cyclic BTF).
-fn member(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<(u64, Type)> {
+pub(crate) fn member(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<(u64, Type)> {
     if depth > 8 {
         return None;
     }
@@ -472,7 +548,7 @@ mod tests {
     fn without_btf_only_numbered_arguments_plan() {
         let (_, specs) = parse_probe("kprintf(arg1:string, arg2:u32, arg3)").unwrap();
         let plan = plan_untyped("kprintf", &specs).unwrap();
-        assert_eq!(plan[0].register, 7, "rdi");
+        assert_eq!(plan[0].source, ArgSource::register(7), "rdi");
         assert_eq!(plan[0].kind, FetchKind::TextAt);
         assert_eq!(
             plan[1].kind,
@@ -481,7 +557,7 @@ mod tests {
                 signed: false
             }
         );
-        assert_eq!(plan[2].register, 2, "rdx");
+        assert_eq!(plan[2].source, ArgSource::register(2), "rdx");
         let (_, named) = parse_probe("kprintf(fmt:string)").unwrap();
         let e = plan_untyped("kprintf", &named).unwrap_err();
         assert!(e.0.contains("no BTF"), "{e}");

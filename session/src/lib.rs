@@ -13,6 +13,7 @@ mod peep;
 mod places;
 mod request;
 mod session;
+mod tracepoint_probes;
 mod triggers;
 
 pub use error::SessionError;
@@ -21,4 +22,5 @@ pub use peep::PeepSetup;
 pub use places::builtin_kernels;
 pub use request::{CaptureRequest, PeepRequest, TraceRequest, DEFAULT_TRACE};
 pub use session::{Session, SessionBuilder, SessionOutcome};
+pub use tracepoint_probes::kernel_tracepoints;
 pub use triggers::kernel_probes;

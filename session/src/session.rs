@@ -194,21 +194,17 @@ impl SessionBuilder {
             true => ClockMode::Steps(1),
             false => ClockMode::Wall,
         });
-        let probe_types = match &self.trace {
-            Some(request) => crate::triggers::probe_types(&request.probes, &self.boot),
-            None => None,
-        };
-        let (tasks, probe_sites, peep) = match &self.trace {
+        let (tasks, kernel_probes, peep) = match &self.trace {
             Some(request) => (
                 crate::metadata::linux_tasks(&self.boot, &mut notes),
-                static_probe_sites(&request.probes, &self.boot, &mut notes)?,
+                KernelProbes::find(&request.probes, &self.boot, &mut notes)?,
                 request
                     .peep
                     .as_ref()
                     .map(|p| crate::peep::setup(p, &self.boot))
                     .transpose()?,
             ),
-            None => (None, Vec::new(), None),
+            None => (None, KernelProbes::default(), None),
         };
         let metadata_base = crate::metadata::for_boot("", &self.boot, &self.version);
         let metadata_base_kernel = metadata_base.clone();
@@ -267,8 +263,7 @@ impl SessionBuilder {
                     metadata,
                     initrd: initrd.as_deref(),
                     tasks,
-                    probe_sites,
-                    probe_types,
+                    kernel_probes,
                 };
                 let tracer = tracer(&request, parts, &mut notes)?;
                 (Some(tracer), Some(request.disk))
@@ -293,9 +288,33 @@ struct TracerParts<'a> {
     metadata: vtrace_storage::TraceMetadata,
     initrd: Option<&'a Path>,
     tasks: Option<vtrace_image::linux_tasks::TaskLayout>,
-    probe_sites: Vec<vtrace_trap::StaticSite>,
+    kernel_probes: KernelProbes,
+}
+
+/// What the probes asked for need of the kernel's image, found before the
+/// run.
+#[derive(Default)]
+struct KernelProbes {
+    /// Static probes' sites.
+    sites: Vec<vtrace_trap::StaticSite>,
     /// The kernel's types, where a typed `fn:` probe needs them.
-    probe_types: Option<vtrace_image::probe_fetch::Btf>,
+    types: Option<vtrace_image::probe_fetch::Btf>,
+    /// The `tp:` probes' sites.
+    tracepoints: Vec<vtrace_trap::FunctionProbe>,
+}
+
+impl KernelProbes {
+    fn find(
+        probes: &[String],
+        boot: &BootSource,
+        notes: &mut Vec<String>,
+    ) -> Result<Self, SessionError> {
+        Ok(KernelProbes {
+            sites: static_probe_sites(probes, boot, notes)?,
+            types: crate::triggers::probe_types(probes, boot),
+            tracepoints: crate::tracepoint_probes::tracepoint_probes(probes, boot, notes)?,
+        })
+    }
 }
 
 /// Finds the request's places, then creates the trace disk and the
@@ -309,8 +328,12 @@ fn tracer(
         metadata,
         initrd,
         tasks,
-        probe_sites,
-        probe_types,
+        kernel_probes:
+            KernelProbes {
+                sites: probe_sites,
+                types: probe_types,
+                tracepoints: tracepoint_probes,
+            },
     } = parts;
     let mut places = Places::new(&metadata, initrd, tasks.is_some());
     let start_at = find_place(&mut places, &request.start_at, "--start-at", notes)?;
@@ -318,7 +341,7 @@ fn tracer(
     let captures = capture_sites(&request.captures, &mut places, notes)?;
     let functions = function_sites(&request.functions, &mut places, start_at.is_some(), notes)?;
     let taken = usize::from(start_at.is_some()) + functions.len();
-    let function_probes = function_probes(
+    let mut function_probes = function_probes(
         &request.probes,
         &mut places,
         probe_types.as_ref(),
@@ -328,6 +351,8 @@ fn tracer(
     // Breakpoints while tracing is off go to the start place first, then
     // the routines' entries, the fn: probes, then the captures.
     let taken = taken + function_probes.len();
+    // Tracepoints' sites take none: they fire while tracing.
+    function_probes.extend(tracepoint_probes);
     notes.extend(capture_note(&captures, taken));
     let disk = DiskWriter::create_over(
         &request.disk,

@@ -125,7 +125,7 @@ pub(crate) fn static_probe_sites(
 ) -> Result<Vec<StaticSite>> {
     let patterns: Vec<&String> = probes
         .iter()
-        .filter(|p| !p.starts_with("fn:") && !p.starts_with("fnret:"))
+        .filter(|p| !p.starts_with("fn:") && !p.starts_with("fnret:") && !p.starts_with("tp:"))
         .collect();
     let kernel = match boot {
         BootSource::Kernel { kernel, .. } => kernel,
@@ -187,7 +187,7 @@ pub(crate) fn static_probe_sites(
 /// (`fn:filp_open(filename:string)` is `fn:filp_open`).
 pub(crate) fn probe_name(probe: &str) -> String {
     match probe.split_once(':') {
-        Some((kind @ ("fn" | "fnret"), rest)) => {
+        Some((kind @ ("fn" | "fnret" | "tp"), rest)) => {
             format!("{kind}:{}", rest.split('(').next().unwrap_or(rest).trim())
         }
         _ => probe.to_string(),
@@ -281,6 +281,7 @@ pub(crate) fn function_probes(
             task: place.task,
             fetches,
             at_return: kind == "fnret",
+            tracepoint: false,
         });
     }
     if found.iter().any(|f| f.at_return) {

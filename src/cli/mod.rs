@@ -95,14 +95,23 @@ pub struct ProbesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ProbesCommand {
-    /// List each probe (provider:name), how many arguments it passes and
-    /// the addresses of its sites.
+    /// List each static probe (provider:name), how many arguments it
+    /// passes and the addresses of its sites; then, for a Linux kernel, its
+    /// own tracepoints (tp:SYSTEM:NAME, from its kallsyms, jump table, event
+    /// data and BTF), with their sites and parameters.
     List {
         /// The kernel: an ELF or a bzImage (default: the built-in demo OS).
         #[arg(long, value_name = "FILE")]
         kernel: Option<PathBuf>,
+        /// Only the probes this glob matches ('tp:sched:*', 'fn' probes
+        /// are not listed); a tracepoint is then shown in full: its
+        /// parameters, its event's fields and where each is read from, and
+        /// what each site gives.
+        #[arg(value_name = "PATTERN")]
+        pattern: Option<String>,
         /// Print JSON: a list of objects with keys probe, arguments and
-        /// sites (addresses as hex text).
+        /// sites (addresses as hex text); a tracepoint's also system, name,
+        /// parameters, fields (name, type, from) and site_states.
         #[arg(long)]
         json: bool,
     },

@@ -231,13 +231,18 @@ pub struct RunArgs {
     /// parameters' names and types in the kernel's BTF (arg1 to arg6
     /// without it; types string, u8..u64, s8..s64, x); or fnret:ROUTINE,
     /// which fires where each call returns with its return value and
-    /// steps since the entry, while tracing. Fires are counted (`vtrace ctl status`, the run's
+    /// steps since the entry, while tracing; or tp:SYSTEM:NAME, the
+    /// kernel's own tracepoint ('tp:sched:*'; `vtrace probes list --kernel
+    /// FILE` lists them), which fires while tracing where a site's NOP
+    /// runs, with its event's fields read from its arguments
+    /// ('tp:sched:sched_switch(prev->comm, next->pid)' names its own),
+    /// the guest's tracepoint left off. Fires are counted (`vtrace ctl status`, the run's
     /// summary) and recorded in the trace disk (--disk, default
     /// vtrace.vtd) with their arguments, traced or not; `vtrace analyze
     /// probes` counts them. Repeatable.
     #[arg(
         long = "probe",
-        value_name = "PATTERN|fn:ROUTINE[(ARGS)]|fnret:ROUTINE",
+        value_name = "PATTERN|fn:ROUTINE[(ARGS)]|fnret:ROUTINE|tp:SYSTEM:NAME[(ARGS)]",
         help_heading = "Probes, captures and peeping"
     )]
     pub probes: Vec<String>,

@@ -3,7 +3,7 @@
 //! reads, each read bounded and only from pages that are present. What is
 //! not there is recorded as unavailable, never guessed.
 
-use vtrace_image::probe_fetch::{Fetch, FetchKind, MAX_TEXT};
+use vtrace_image::probe_fetch::{ArgSource, Fetch, FetchKind, MAX_TEXT};
 use vtrace_storage::{ProbeField, ProbeValue, Regs};
 
 /// Reads guest memory at a linear address into the buffer, up to the
@@ -25,8 +25,38 @@ pub(crate) fn fetch_values(
         .collect()
 }
 
+/// The argument's value from where `source` says it is, or the address
+/// that could not be read.
+fn argument(source: ArgSource, regs: &Regs, read: &mut ReadMemory<'_>) -> Result<u64, u64> {
+    let register = |r: usize| regs.gpr.get(r).copied().unwrap_or(0);
+    Ok(match source {
+        ArgSource::Register { register: r, size } => register(r) & mask(size),
+        ArgSource::Memory {
+            base,
+            disp,
+            size,
+            signed,
+        } => {
+            let addr = base.map_or(0, register).wrapping_add(disp);
+            let v = read_u64(addr, size, read).ok_or(addr)?;
+            match (signed, size) {
+                (true, 1..=7) => {
+                    let shift = 64 - 8 * u32::from(size);
+                    (((v << shift) as i64) >> shift) as u64
+                }
+                _ => v,
+            }
+        }
+        ArgSource::Address { register: r, disp } => register(r).wrapping_add(disp),
+        ArgSource::Constant(c) => c,
+    })
+}
+
 fn fetch(f: &Fetch, regs: &Regs, read: &mut ReadMemory<'_>) -> ProbeValue {
-    let mut value = regs.gpr.get(f.register).copied().unwrap_or(0);
+    let mut value = match argument(f.source, regs, read) {
+        Ok(v) => v,
+        Err(addr) => return ProbeValue::Unavailable { addr },
+    };
     for offset in &f.loads {
         let addr = value.wrapping_add(*offset);
         match read_u64(addr, 8, read) {
@@ -139,7 +169,7 @@ mod tests {
     fn fetch_of(label: &str, loads: &[u64], field: Option<u64>, kind: FetchKind) -> Fetch {
         Fetch {
             label: label.into(),
-            register: 7,
+            source: ArgSource::register(7),
             loads: loads.to_vec(),
             field,
             kind,
@@ -217,5 +247,71 @@ mod tests {
             }
         );
         assert_eq!(values[3].name, "p->next->count");
+    }
+
+    /// A tracepoint site's arguments: a register's low bytes, a stack slot
+    /// (`mov esi, [rbp-0x44]`), a sign-extended one, an address, a constant.
+    #[test]
+    fn arguments_come_from_where_the_site_keeps_them() {
+        let mut page = memory();
+        page[0x3bc..0x3c0].copy_from_slice(&(-3i32).to_le_bytes());
+        let mut regs = Regs::default();
+        regs.gpr[5] = 0x1400; // rbp
+        regs.gpr[12] = 0xdead_0000_0000_0007;
+        let int = |size, signed| FetchKind::Int { size, signed };
+        let at = |source, kind| Fetch {
+            label: "a".into(),
+            source,
+            loads: Vec::new(),
+            field: None,
+            kind,
+        };
+        let slot = |signed| ArgSource::Memory {
+            base: Some(5),
+            disp: (-0x44i64) as u64,
+            size: 4,
+            signed,
+        };
+        let fetches = [
+            at(
+                ArgSource::Register {
+                    register: 12,
+                    size: 4,
+                },
+                int(8, false),
+            ),
+            at(slot(false), int(8, false)),
+            at(slot(true), int(8, true)),
+            at(
+                ArgSource::Address {
+                    register: 5,
+                    disp: (-0x44i64) as u64,
+                },
+                FetchKind::Pointer,
+            ),
+            at(ArgSource::Constant(9), int(4, false)),
+            at(
+                ArgSource::Memory {
+                    base: None,
+                    disp: 0x9000,
+                    size: 8,
+                    signed: false,
+                },
+                int(8, false),
+            ),
+        ];
+        let values = fetch_values(&fetches, &regs, &mut read_from(&page));
+        let v: Vec<&ProbeValue> = values.iter().map(|f| &f.value).collect();
+        let int_of = |value, size, signed| ProbeValue::Int {
+            value,
+            size,
+            signed,
+        };
+        assert_eq!(v[0], &int_of(7, 8, false), "the register's low half");
+        assert_eq!(v[1], &int_of(0xffff_fffd, 8, false));
+        assert_eq!(v[2], &int_of(u64::MAX - 2, 8, true));
+        assert_eq!(v[3], &ProbeValue::Pointer(0x13bc));
+        assert_eq!(v[4], &int_of(9, 4, false));
+        assert_eq!(v[5], &ProbeValue::Unavailable { addr: 0x9000 });
     }
 }

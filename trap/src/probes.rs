@@ -43,6 +43,10 @@ pub struct FunctionProbe {
     /// An `fnret:` probe: it fires where the call returns, with the
     /// return value and the steps since the entry, while tracing.
     pub at_return: bool,
+    /// A `tp:` probe's site (`entry` is its NOP): it fires while tracing,
+    /// its arguments only as typed values (they are not in the ABI's
+    /// registers there).
+    pub tracepoint: bool,
 }
 
 /// How often one probe fired.
@@ -189,7 +193,9 @@ impl Probes {
                 .functions
                 .iter()
                 .zip(&self.function_probe)
-                .filter(|(f, &p)| self.counts[p].enabled && !(untraced && f.at_return))
+                .filter(|(f, &p)| {
+                    self.counts[p].enabled && !(untraced && (f.at_return || f.tracepoint))
+                })
                 .map(|(f, _)| f.entry)
                 .collect();
             at.sort_unstable();
@@ -251,6 +257,11 @@ impl Probes {
     /// Whether function probe `i` fires at its routine's return.
     pub(crate) fn at_return(&self, i: usize) -> bool {
         self.functions.get(i).is_some_and(|f| f.at_return)
+    }
+
+    /// Whether function probe `i` is a tracepoint's site.
+    pub(crate) fn at_tracepoint(&self, i: usize) -> bool {
+        self.functions.get(i).is_some_and(|f| f.tracepoint)
     }
 
     /// `fnret:` probe `i`'s routine was entered (see
@@ -322,8 +333,9 @@ impl Probes {
     }
 
     /// Fires `fn:` probe `i` with the vCPU at its entry: its arguments are
-    /// the six argument registers of the x86-64 System V ABI; a typed
-    /// probe's values follow, read through `read`.
+    /// the six argument registers of the x86-64 System V ABI (none for a
+    /// tracepoint's site); a typed probe's values follow, read through
+    /// `read`.
     pub(crate) fn fire_function(
         &mut self,
         i: usize,
@@ -335,7 +347,10 @@ impl Probes {
         let fire = Event::Probe {
             name: self.counts[probe].probe.clone(),
             pc: self.functions[i].entry,
-            args: vec![r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9],
+            args: match self.functions[i].tracepoint {
+                true => Vec::new(),
+                false => vec![r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9],
+            },
         };
         let fetches = &self.functions[i].fetches;
         let values = (!fetches.is_empty()).then(|| {
@@ -445,6 +460,7 @@ mod tests {
             task: None,
             fetches: Vec::new(),
             at_return: false,
+            tracepoint: false,
         };
         let mut p = Probes::new(Vec::new(), vec![f]);
         assert!(!p.function_at(0x500), "not before it is enabled");

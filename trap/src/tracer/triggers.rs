@@ -102,6 +102,11 @@ impl Tracer {
                     }
                     continue;
                 }
+                // A site's NOP is the trace's: it fires only while
+                // tracing.
+                if self.probes.at_tracepoint(i) && !self.active {
+                    continue;
+                }
                 {
                     let regs = cpu.regs();
                     let engine = &mut self.engine;
