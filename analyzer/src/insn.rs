@@ -352,7 +352,7 @@ pub fn decode(bytes: &[u8], pc: u64, bitness: u32) -> InsnInfo {
 }
 
 /// Index of a full 64-bit general register in [`Regs::gpr`].
-fn gpr_index(r: Register) -> Option<usize> {
+pub(crate) fn gpr_index(r: Register) -> Option<usize> {
     let full = r.full_register();
     let n = full as usize;
     let rax = Register::RAX as usize;

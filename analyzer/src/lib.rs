@@ -20,6 +20,7 @@ mod input;
 mod insn;
 mod levels;
 mod listing;
+mod memory_values;
 mod naming;
 mod nest;
 mod perfetto;

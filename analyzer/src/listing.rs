@@ -14,7 +14,8 @@ use vtrace_storage::{Event, RecordRef, Regs, Step, REG_NAMES};
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
-use crate::insn::InsnCache;
+use crate::insn::{InsnCache, InsnInfo};
+use crate::memory_values::{self, Access};
 use crate::symbols::{cr3_root, Symbolizer};
 use crate::syscalls;
 use crate::tasks::{Selection, TaskFilter, TaskId};
@@ -42,6 +43,9 @@ pub struct ListingOptions {
     /// Only this CPU's steps (and the events between them); set from the
     /// trace's [`Trace::select_cpu`].
     pub cpu: Option<u32>,
+    /// Each step's memory accesses and their values where exact
+    /// (`| mem w 0x7ff0:8=0x1005 r 0x7ff8:8=?`).
+    pub values: bool,
 }
 
 /// `rax=0x1 rsp=0x7ff0` for the registers that differ; everything after a
@@ -161,6 +165,7 @@ pub fn header(options: &ListingOptions) -> String {
 }
 
 /// A segment formatted, but for its first step's register changes.
+#[derive(Default)]
 struct SegmentText {
     /// The first shown step: its line up to the registers, its registers
     /// and its CPU, to finish once the registers before it are known.
@@ -173,6 +178,38 @@ struct SegmentText {
     last_regs: FxHashMap<u32, Regs>,
     /// Steps it shows.
     shown: u64,
+    /// With `--values`, the first step's instruction (its accesses are
+    /// known with the registers before it) and, where it branches through
+    /// memory, the next step's pc.
+    first_memory: Option<InsnInfo>,
+    first_target: Option<u64>,
+    /// A shown step's branch target read waiting for the next step.
+    waiting: Option<Awaiting>,
+}
+
+/// A shown step's branch target read, whose value is the next step's pc:
+/// `?` until it comes.
+struct Awaiting {
+    cpu: u32,
+    /// Where the `?` is in `rest` (none: the segment's first step).
+    at: Option<usize>,
+    size: u16,
+}
+
+/// `--values`: a step's accesses, writes first (a branch target's read
+/// comes last, to be filled in once the next step is known).
+fn memory_text(reads: &[Access], writes: &[Access]) -> String {
+    let mut out = String::new();
+    for (kind, list) in [("w", writes), ("r", reads)] {
+        for a in list {
+            let value = a.value.map_or("?".to_string(), |v| format!("{v:#x}"));
+            let _ = write!(out, " {kind} {:#x}:{}={value}", a.addr, a.size);
+        }
+    }
+    match out.is_empty() {
+        true => out,
+        false => format!(" | mem{out}"),
+    }
 }
 
 /// A step the listing shows.
@@ -185,9 +222,15 @@ struct Shown<'a> {
 }
 
 impl SegmentText {
-    /// Adds a step's line (up to its registers: `line`), after the
-    /// events before it.
-    fn push_step(&mut self, info: &SegmentInfo, step: Shown<'_>, line: String, events: &str) {
+    /// Adds a step's line (up to its registers: `line`; its memory text
+    /// after them), after the events before it.
+    fn push_step(
+        &mut self,
+        info: &SegmentInfo,
+        step: Shown<'_>,
+        (line, memory): (String, &str),
+        events: &str,
+    ) {
         self.shown += 1;
         if step.number == info.first_step {
             // Its registers are finished once the segment before is known.
@@ -203,7 +246,115 @@ impl SegmentText {
             self.rest.push_str(events);
         }
         self.index.push((step.number, self.rest.len()));
-        let _ = writeln!(self.rest, "{line} {}", changed(step.before, step.regs));
+        let _ = writeln!(
+            self.rest,
+            "{line} {}{memory}",
+            changed(step.before, step.regs)
+        );
+    }
+
+    /// `--values`: the memory text of shown step `s` (the registers
+    /// before it `before`), and whether its last value waits for the next
+    /// step's pc.
+    fn memory(
+        &mut self,
+        info: &SegmentInfo,
+        (number, cpu): (u64, u32),
+        insn: &InsnInfo,
+        s: &Step,
+        before: Option<&Regs>,
+    ) -> (String, Option<Awaiting>) {
+        if number == info.first_step {
+            self.first_memory = Some(insn.clone());
+            let awaits = memory_values::accesses(
+                insn,
+                (&s.regs, &s.regs),
+                None,
+                &mut Vec::new(),
+                &mut Vec::new(),
+            );
+            let waiting = awaits.map(|_| Awaiting {
+                cpu,
+                at: None,
+                size: 8,
+            });
+            return (String::new(), waiting);
+        }
+        let Some(before) = before else {
+            return (" | mem ? (the registers before are not known)".into(), None);
+        };
+        let (mut reads, mut writes) = (Vec::new(), Vec::new());
+        let awaits =
+            memory_values::accesses(insn, (before, &s.regs), None, &mut reads, &mut writes);
+        let text = memory_text(&reads, &writes);
+        // The `?` at the end of the line: its offset once it is pushed.
+        let waiting = awaits.and_then(|i| reads.get(i)).map(|a| Awaiting {
+            cpu,
+            at: Some(usize::MAX),
+            size: a.size,
+        });
+        (text, waiting)
+    }
+
+    /// Adds shown step `s` (`line` up to its registers), with its memory
+    /// text under `--values`.
+    fn show(
+        &mut self,
+        info: &SegmentInfo,
+        f: &mut LineFormatter<'_>,
+        s: &Step,
+        step: Shown<'_>,
+        line: String,
+        events: &str,
+    ) {
+        let (memory, awaits) = match f.options.values {
+            true => {
+                if let Some(w) = self.waiting.take_if(|w| w.cpu == step.cpu) {
+                    self.fill(w, s.pc);
+                }
+                let insn = f.insns.get(s);
+                self.memory(info, (step.number, step.cpu), insn, s, step.before)
+            }
+            false => (String::new(), None),
+        };
+        self.push_step(info, step, (line, &memory), events);
+        // The `?` the line ends with.
+        self.waiting = awaits.map(|w| Awaiting {
+            at: w.at.map(|_| self.rest.len() - 2),
+            ..w
+        });
+    }
+
+    /// An interrupt's delivery or a break in the trace: the next step on
+    /// `cpu` is not where a branch went.
+    fn forget_branch(&mut self, e: &Event, cpu: u32) {
+        if matches!(
+            e,
+            Event::Interrupt { .. } | Event::Gap { .. } | Event::TraceStop(_)
+        ) {
+            self.waiting = self.waiting.take().filter(|w| w.cpu != cpu);
+        }
+    }
+
+    /// The step after a branch through memory came to `pc` on the same
+    /// CPU with nothing between: its `?` becomes the target.
+    fn fill(&mut self, waiting: Awaiting, pc: u64) {
+        match waiting.at {
+            None => self.first_target = Some(pc),
+            Some(at) if self.rest.get(at..) == Some("?\n") => {
+                self.rest.truncate(at);
+                let target = memory_values::target_value(
+                    pc,
+                    &Access {
+                        addr: 0,
+                        size: waiting.size,
+                        value: None,
+                    },
+                );
+                let _ = writeln!(self.rest, "{target:#x}");
+            }
+            Some(_) => {}
+        }
     }
 }
 
@@ -239,13 +390,7 @@ fn format_segment(
     options: &ListingOptions,
 ) -> SegmentText {
     let mut f = LineFormatter::new(symbols, options);
-    let mut out = SegmentText {
-        first: None,
-        rest: String::new(),
-        index: Vec::new(),
-        last_regs: FxHashMap::default(),
-        shown: 0,
-    };
+    let mut out = SegmentText::default();
     // Registers are compared with the same CPU's step before.
     let mut prev: FxHashMap<u32, Regs> = FxHashMap::default();
     let mut cpu = 0u32;
@@ -284,6 +429,7 @@ fn format_segment(
                     }
                     _ => {}
                 }
+                out.forget_branch(e, cpu);
             }
             RecordRef::Step(_) if !on_cpu => {
                 pending_events.clear();
@@ -308,7 +454,7 @@ fn format_segment(
                         regs: &s.regs,
                         before: prev.get(&cpu),
                     };
-                    out.push_step(info, shown, line, &pending_events);
+                    out.show(info, &mut f, s, shown, line, &pending_events);
                 }
                 pending_events.clear();
                 if let Some(n) = syscalls::number_of(s) {
@@ -401,9 +547,26 @@ fn run(
                 index.next();
             }
             if let Some((prefix, regs, cpu)) = &text.first {
+                let before = carried.get(cpu);
+                let memory = match (&text.first_memory, before) {
+                    (Some(insn), Some(before)) => {
+                        let (mut reads, mut writes) = (Vec::new(), Vec::new());
+                        let around = (before, regs);
+                        memory_values::accesses(
+                            insn,
+                            around,
+                            text.first_target,
+                            &mut reads,
+                            &mut writes,
+                        );
+                        memory_text(&reads, &writes)
+                    }
+                    (Some(_), None) => " | mem ? (the registers before are not known)".into(),
+                    (None, _) => String::new(),
+                };
                 emit(
                     Some(chunk.info.first_step),
-                    &format!("{prefix} {}\n", changed(carried.get(cpu), regs)),
+                    &format!("{prefix} {}{memory}\n", changed(before, regs)),
                 )?;
             }
             let offsets: Vec<&(u64, usize)> = index.collect();

@@ -22,13 +22,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(trace) = vtrace_analyzer::Trace::open(path) {
         let symbols = Symbolizer::new();
         let _ = collect_stats(&trace, &symbols, &TaskFilter::default(), &|_, _| {});
-        // The listing through the task filter and its columns.
+        // The listing through the task filter and its columns, with the
+        // memory values.
         let options = ListingOptions {
             tasks: TaskFilter {
                 pids: vec![1],
                 comms: vec!["sh".into()],
             },
             task_columns: true,
+            values: true,
             ..Default::default()
         };
         let _ = write_listing(&trace, &symbols, &options, &mut std::io::sink(), &|_, _| {});

@@ -20,6 +20,7 @@ pub(super) fn listing(a: ListingArgs) -> Result<()> {
         // Both from the trace (its CPUs, and --cpu N).
         cpu_column: false,
         cpu: None,
+        values: a.values,
     };
     let bar = StepsBar::new(&trace, &a.trace, "listing");
     let progress = |done, _| bar.update(done);

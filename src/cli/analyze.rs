@@ -376,6 +376,13 @@ pub struct ListingArgs {
     /// Leave out file:line (faster on big traces).
     #[arg(long)]
     pub no_lines: bool,
+    /// Add each step's memory accesses after its registers, writes then
+    /// reads, as `| mem w ADDR:SIZE=VALUE r ADDR:SIZE=VALUE`: the value
+    /// where the recorded registers make it exact (moves, push, pop, call,
+    /// ret, leave, xchg, stos, lods), `?` where they do not (read-modify-
+    /// write, compares, movs, vector instructions).
+    #[arg(long)]
+    pub values: bool,
     #[command(flatten)]
     pub to: OutputArgs,
 }

@@ -10,6 +10,7 @@ use vtrace_storage::REG_NAMES;
 
 use super::rows::SegmentRows;
 use super::{Context, ExportError, PartWriter};
+use crate::memory_values::Access;
 use crate::naming::routine_label;
 
 /// A JSON string literal.
@@ -21,17 +22,45 @@ fn quoted(out: &mut String, text: &str) {
     }
 }
 
-fn addresses(out: &mut String, name: &str, known: bool, values: &[u64]) {
+/// `"reads":[...]` and the like: `part` of each access, `null` where
+/// the addresses are not known.
+fn accesses(out: &mut String, name: &str, known: bool, accesses: &[Access], part: AccessPart) {
     let _ = write!(out, ",\"{name}\":");
     if !known {
         out.push_str("null");
         return;
     }
     out.push('[');
-    for (i, v) in values.iter().enumerate() {
-        let _ = write!(out, "{}{v}", if i == 0 { "" } else { "," });
+    for (i, a) in accesses.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match part(a) {
+            Some(v) => {
+                let _ = write!(out, "{v}");
+            }
+            None => out.push_str("null"),
+        }
     }
     out.push(']');
+}
+
+/// What of an access a list holds: its address, size or value.
+type AccessPart = fn(&Access) -> Option<u64>;
+
+/// Every list of a row's accesses: addresses, sizes and values.
+fn access_lists(out: &mut String, known: bool, reads: &[Access], writes: &[Access]) {
+    let columns: [(&str, &[Access], AccessPart); 6] = [
+        ("reads", reads, |a| Some(a.addr)),
+        ("writes", writes, |a| Some(a.addr)),
+        ("read_sizes", reads, |a| Some(u64::from(a.size))),
+        ("write_sizes", writes, |a| Some(u64::from(a.size))),
+        ("read_values", reads, |a| a.value),
+        ("write_values", writes, |a| a.value),
+    ];
+    for (name, list, part) in columns {
+        accesses(out, name, known, list, part);
+    }
 }
 
 /// One segment's rows as JSON lines.
@@ -83,19 +112,12 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
         let known = rows.known[row];
         let (r_end, w_end) = (rows.reads_end[row] as usize, rows.writes_end[row] as usize);
         if row == 0 {
-            addresses(&mut out, "reads", known, &rows.first_reads);
-            addresses(&mut out, "writes", known, &rows.first_writes);
+            access_lists(&mut out, known, &rows.first_reads, &rows.first_writes);
         } else {
-            addresses(
+            access_lists(
                 &mut out,
-                "reads",
                 known,
                 rows.reads.get(reads_at..r_end).unwrap_or_default(),
-            );
-            addresses(
-                &mut out,
-                "writes",
-                known,
                 rows.writes.get(writes_at..w_end).unwrap_or_default(),
             );
         }

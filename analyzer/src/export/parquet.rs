@@ -6,7 +6,7 @@ use std::io::BufWriter;
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    BinaryBuilder, ListBuilder, StringBuilder, UInt32Builder, UInt64Builder,
+    BinaryBuilder, ListBuilder, StringBuilder, UInt16Builder, UInt32Builder, UInt64Builder,
 };
 use arrow_array::types::Int32Type;
 use arrow_array::{
@@ -28,6 +28,7 @@ use vtrace_storage::REG_NAMES;
 
 use super::rows::{SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
+use crate::memory_values::Access;
 use crate::naming::routine_label;
 
 fn text_dictionary() -> DataType {
@@ -65,6 +66,10 @@ pub(super) fn schema() -> SchemaRef {
     fields.extend([
         Field::new("reads", list_of(DataType::UInt64), true),
         Field::new("writes", list_of(DataType::UInt64), true),
+        Field::new("read_sizes", list_of(DataType::UInt16), true),
+        Field::new("write_sizes", list_of(DataType::UInt16), true),
+        Field::new("read_values", list_of(DataType::UInt64), true),
+        Field::new("write_values", list_of(DataType::UInt64), true),
         Field::new("syscall", DataType::UInt64, true),
         Field::new("interrupt", DataType::UInt8, true),
         Field::new("events", list_of(DataType::Utf8), false),
@@ -114,9 +119,19 @@ pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch
         dictionary(insn, disassembly)?,
     ];
     columns.extend(register_columns(rows));
+    let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
+    let writes = (
+        &rows.first_writes[..],
+        &rows.writes[..],
+        &rows.writes_end[..],
+    );
     columns.extend([
-        addresses(rows, &rows.first_reads, &rows.reads, &rows.reads_end),
-        addresses(rows, &rows.first_writes, &rows.writes, &rows.writes_end),
+        access_lists(rows, reads, |a| Some(a.addr)),
+        access_lists(rows, writes, |a| Some(a.addr)),
+        size_lists(rows, reads),
+        size_lists(rows, writes),
+        access_lists(rows, reads, |a| a.value),
+        access_lists(rows, writes, |a| a.value),
     ]);
     columns.extend(marker_columns(rows));
     columns.push(events_column(rows));
@@ -212,23 +227,58 @@ fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
 
 /// The memory addresses each step read or wrote (null where unknown):
 /// the first row's in `first`, the others' in `flat`, cut at `ends`.
-fn addresses(rows: &SegmentRows, first: &[u64], flat: &[u64], ends: &[u32]) -> ArrayRef {
-    let mut list = ListBuilder::with_capacity(UInt64Builder::new(), rows.len());
+/// A row's accesses: those of row 0, the rest, and where each row's end.
+type Accesses<'a> = (&'a [Access], &'a [Access], &'a [u32]);
+
+/// Each row's accesses (none where the registers before the step are
+/// not known).
+fn row_accesses<'a>(
+    rows: &'a SegmentRows,
+    (first, flat, ends): Accesses<'a>,
+) -> impl Iterator<Item = Option<&'a [Access]>> + 'a {
     let mut start = 0usize;
-    for (row, end) in ends.iter().enumerate() {
+    ends.iter().enumerate().map(move |(row, end)| {
         let end = *end as usize;
-        if rows.known[row] {
-            let values = if row == 0 {
-                first
-            } else {
-                flat.get(start..end).unwrap_or_default()
-            };
-            list.values().append_slice(values);
-            list.append(true);
-        } else {
-            list.append(false);
-        }
+        let list = match (rows.known[row], row) {
+            (true, 0) => Some(first),
+            (true, _) => Some(flat.get(start..end).unwrap_or_default()),
+            (false, _) => None,
+        };
         start = end;
+        list
+    })
+}
+
+/// A list of `part` of each access (an address, a value) per row.
+fn access_lists(
+    rows: &SegmentRows,
+    accesses: Accesses<'_>,
+    part: fn(&Access) -> Option<u64>,
+) -> ArrayRef {
+    let mut list = ListBuilder::with_capacity(UInt64Builder::new(), rows.len());
+    for row in row_accesses(rows, accesses) {
+        match row {
+            Some(row) => {
+                list.values().extend(row.iter().map(part));
+                list.append(true);
+            }
+            None => list.append(false),
+        }
+    }
+    Arc::new(list.finish())
+}
+
+/// Each access's size, a list per row.
+fn size_lists(rows: &SegmentRows, accesses: Accesses<'_>) -> ArrayRef {
+    let mut list = ListBuilder::with_capacity(UInt16Builder::new(), rows.len());
+    for row in row_accesses(rows, accesses) {
+        match row {
+            Some(row) => {
+                list.values().extend(row.iter().map(|a| Some(a.size)));
+                list.append(true);
+            }
+            None => list.append(false),
+        }
     }
     Arc::new(list.finish())
 }
@@ -309,7 +359,7 @@ impl<'a> ParquetPart<'a> {
         for name in &REG_NAMES[..16] {
             props = props.set_column_dictionary_enabled(ColumnPath::from(*name), false);
         }
-        for list in ["reads", "writes"] {
+        for list in ["reads", "writes", "read_values", "write_values"] {
             props = delta(
                 props,
                 ColumnPath::new(vec![list.into(), "list".into(), "item".into()]),

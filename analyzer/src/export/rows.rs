@@ -5,13 +5,14 @@
 //! the segment before, the routine of each step as the level engine sees
 //! it) is filled in, in trace order, by [`SegmentRows::finish`].
 
-use iced_x86::{Formatter, IntelFormatter, OpAccess};
+use iced_x86::{Formatter, IntelFormatter};
 use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::{Event, InsnBytes, Regs};
 
-use crate::insn::{memory_address, InsnInfo};
+use crate::insn::InsnInfo;
 use crate::levels::{RoutineRun, SegmentPass, SegmentRecord};
+use crate::memory_values::{accesses, target_value, Access};
 use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 use crate::tasks::{TaskId, TaskTracker};
 
@@ -56,14 +57,15 @@ pub(super) struct SegmentRows {
     /// Whether the registers before the step are known, and so the
     /// addresses it read and wrote.
     pub known: Vec<bool>,
-    /// Addresses read and written, row after row, with where each row's
-    /// end (row 0's are in `first_reads`/`first_writes`).
-    pub reads: Vec<u64>,
+    /// Memory read and written (addresses, sizes, values where exact),
+    /// row after row, with where each row's end (row 0's are in
+    /// `first_reads`/`first_writes`).
+    pub reads: Vec<Access>,
     pub reads_end: Vec<u32>,
-    pub writes: Vec<u64>,
+    pub writes: Vec<Access>,
     pub writes_end: Vec<u32>,
-    pub first_reads: Vec<u64>,
-    pub first_writes: Vec<u64>,
+    pub first_reads: Vec<Access>,
+    pub first_writes: Vec<Access>,
     /// Events before each step, in words, with where each row's end (row
     /// 0's are `first_events`, then the start of `events`).
     pub events: Vec<String>,
@@ -100,7 +102,16 @@ impl SegmentRows {
             let interrupted = self.interrupts.first().is_some_and(|(row, _)| *row == 0);
             self.known[0] = !interrupted;
             if let Some(info) = self.first_memory.as_ref().filter(|_| !interrupted) {
-                push_addresses(info, before, &mut self.first_reads, &mut self.first_writes);
+                // The next row's pc is the branch target where it came
+                // straight after.
+                let next_pc = self.pc.get(1).copied().filter(|_| self.known[1]);
+                accesses(
+                    info,
+                    (before, after),
+                    next_pc,
+                    &mut self.first_reads,
+                    &mut self.first_writes,
+                );
             }
         }
         self.first_events = carried;
@@ -151,40 +162,6 @@ fn changed_mask(before: Option<&Regs>, after: &Regs) -> u32 {
         .fold(0, |m, i| m | 1 << i)
 }
 
-fn reads(access: OpAccess) -> bool {
-    matches!(
-        access,
-        OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-    )
-}
-
-fn writes(access: OpAccess) -> bool {
-    matches!(
-        access,
-        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-    )
-}
-
-/// Appends the addresses `info` read and wrote with the registers
-/// `before` it.
-fn push_addresses(
-    info: &InsnInfo,
-    before: &Regs,
-    reads_to: &mut Vec<u64>,
-    writes_to: &mut Vec<u64>,
-) {
-    for m in &info.memory {
-        if let Some(addr) = memory_address(m, before) {
-            if reads(m.access()) {
-                reads_to.push(addr);
-            }
-            if writes(m.access()) {
-                writes_to.push(addr);
-            }
-        }
-    }
-}
-
 /// Builds a segment's rows, a record at a time.
 pub(super) struct RowBuilder {
     rows: SegmentRows,
@@ -197,6 +174,9 @@ pub(super) struct RowBuilder {
     formatter: IntelFormatter,
     pending: Vec<String>,
     interrupt: Option<u8>,
+    /// The read in `rows.reads` of a branch's target, waiting for the next
+    /// step's pc.
+    awaiting: Option<usize>,
 }
 
 impl RowBuilder {
@@ -242,6 +222,7 @@ impl RowBuilder {
             formatter: crate::insn::intel_formatter(),
             pending: Vec::new(),
             interrupt: None,
+            awaiting: None,
         }
     }
 
@@ -333,8 +314,20 @@ impl SegmentPass for RowBuilder {
             // interrupted step's.
             let before = self.before.as_ref().filter(|_| self.interrupt.is_none());
             rows.known.push(before.is_some());
+            // The step before branched here, with nothing between.
+            if let Some(access) = self.awaiting.take().and_then(|i| rows.reads.get_mut(i)) {
+                if before.is_some() {
+                    access.value = Some(target_value(s.pc, access));
+                }
+            }
             if let Some(before) = before {
-                push_addresses(info, before, &mut rows.reads, &mut rows.writes);
+                self.awaiting = accesses(
+                    info,
+                    (before, &s.regs),
+                    None,
+                    &mut rows.reads,
+                    &mut rows.writes,
+                );
             }
         }
         rows.reads_end.push(Self::end_of(rows.reads.len()));
@@ -416,7 +409,14 @@ mod tests {
         assert_eq!(rows.register(1, REG_COUNT, 4), Some(0x7ff8));
         assert_eq!(rows.register(1, REG_COUNT, 0), None);
         // push writes at the new rsp, from the registers before it.
-        assert_eq!(&rows.writes[..rows.writes_end[1] as usize], &[0x7ff8]);
+        assert_eq!(
+            rows.writes[..rows.writes_end[1] as usize],
+            [Access {
+                addr: 0x7ff8,
+                size: 8,
+                value: Some(1)
+            }]
+        );
         // The handler's first step: changes known, addresses not.
         assert!(!rows.known[2]);
         assert_eq!(rows.changed[2], 1 << 4);

@@ -5,9 +5,9 @@
 //! entries of `__jump_table` whose static key is the tracepoint's `key`:
 //! a 5-byte NOP in the code that calls it. Its parameters are those of
 //! `__traceiter_NAME` after `__data` (BTF); its system and record fields
-//! come from `event_NAME` ([`events`]). A probe `tp:SYSTEM:NAME` fires
+//! come from `event_NAME` (`events.rs`). A probe `tp:SYSTEM:NAME` fires
 //! where a traced step runs a site's NOP, with the arguments where the
-//! site's out-of-line block would load them ([`site_args`]): the guest's
+//! site's out-of-line block would load them (`site_args.rs`): the guest's
 //! tracepoint stays disabled and its code unchanged. The event's fields
 //! that name a parameter (`prev_state`) or a parameter's member
 //! (`prev_comm` is `prev->comm`) are fetched from it; fields the kernel

@@ -1,0 +1,367 @@
+//! The values a step loaded from memory and stored to it, where the
+//! recorded registers make them exact.
+//!
+//! The trace records each step's registers after it, not the memory it
+//! touched. A value is derived only where the instruction's semantics tie
+//! it to a register or to its own bytes:
+//!
+//! | instruction | load | store |
+//! |---|---|---|
+//! | `mov r, [m]`, `movzx`/`movsx`/`movsxd r, [m]` | `r` after (its low bytes) | |
+//! | `mov [m], r` / `mov [m], imm` | | `r` before / the immediate |
+//! | `push r` / `push imm` | | `r` before / the immediate |
+//! | `pop r` (not `rsp`) | `r` after | |
+//! | `call` | the target, for `call [m]` (the next step's pc) | the return address |
+//! | `ret`, `jmp [m]` | the next step's pc | |
+//! | `leave` | `rbp` after | |
+//! | `stos` / `lods` (each step of a `rep`) | `lods`: `rax` after | `stos`: `rax` before |
+//! | `pushf` | | `rflags` before |
+//! | `xchg [m], r` | `r` after | `r` before |
+//!
+//! Everything else (read-modify-write arithmetic, compares, `movs` and
+//! `cmps`, vector instructions, `iret`) has its
+//! addresses but no value: none is guessed. A branch's target is the next
+//! step's pc only where nothing came between them (an interrupt's
+//! delivery, a break in the trace).
+
+use iced_x86::{Mnemonic, OpAccess, OpKind, Register, UsedMemory};
+use vtrace_storage::Regs;
+
+use crate::insn::{gpr_index, memory_address, InsnInfo};
+
+/// One memory access of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Linear address (segment bases count as 0).
+    pub addr: u64,
+    /// Bytes accessed (0 where iced-x86 gives no size).
+    pub size: u16,
+    /// The value, where the trace makes it exact (accesses of at most 8
+    /// bytes only).
+    pub value: Option<u64>,
+}
+
+/// The low `size` bytes of `v`.
+fn low(v: u64, size: u16) -> u64 {
+    match size {
+        0 => 0,
+        1..=7 => v & ((1u64 << (8 * u32::from(size))) - 1),
+        _ => v,
+    }
+}
+
+/// The value of `reg` (any width, `ah`..`bh` too) in `regs`.
+fn register(regs: &Regs, reg: Register) -> Option<u64> {
+    let v = regs.gpr[gpr_index(reg)?];
+    Some(match reg {
+        Register::AH | Register::CH | Register::DH | Register::BH => (v >> 8) & 0xff,
+        _ => low(v, u16::try_from(reg.size()).ok()?),
+    })
+}
+
+/// What a step loaded and stored: for each memory operand whose address
+/// is known, its read and its write (pushed to `reads`, `writes`), with
+/// the value where it is exact. `before` and `after` are the registers
+/// around the step; `next_pc` the next step's pc where nothing came
+/// between. Without `next_pc`, returns the index in `reads` of a branch's
+/// target read, left without its value for the caller to give once the
+/// next step is known.
+pub fn accesses(
+    info: &InsnInfo,
+    around: (&Regs, &Regs),
+    next_pc: Option<u64>,
+    reads: &mut Vec<Access>,
+    writes: &mut Vec<Access>,
+) -> Option<usize> {
+    let (before, after) = around;
+    let mut awaiting = None;
+    for m in &info.memory {
+        let Some(addr) = memory_address(m, before) else {
+            continue;
+        };
+        // A `rep` string instruction's operand has no size in iced-x86 (the
+        // count is not known); a step is one element.
+        let size = match u16::try_from(m.memory_size().size()).unwrap_or(0) {
+            0 => string_element(info.mnemonic).unwrap_or(0),
+            size => size,
+        };
+        let fits = (1..=8).contains(&size);
+        let (load, store) = match values(info, m, before, after) {
+            Value::Load(v) => (v, None),
+            Value::Store(v) => (None, v),
+            Value::Both(l, s) => (l, s),
+            Value::Target => {
+                if next_pc.is_none() && fits {
+                    awaiting = Some(reads.len());
+                }
+                (next_pc, None)
+            }
+        };
+        let within = |v: Option<u64>| v.filter(|_| fits).map(|v| low(v, size));
+        if reads_memory(m.access()) {
+            reads.push(Access {
+                addr,
+                size,
+                value: within(load),
+            });
+        }
+        if writes_memory(m.access()) {
+            writes.push(Access {
+                addr,
+                size,
+                value: within(store),
+            });
+        }
+    }
+    awaiting
+}
+
+/// The element size of a string instruction.
+fn string_element(mnemonic: Mnemonic) -> Option<u16> {
+    use Mnemonic::*;
+    match mnemonic {
+        Stosb | Lodsb | Movsb | Cmpsb | Scasb | Insb | Outsb => Some(1),
+        Stosw | Lodsw | Movsw | Cmpsw | Scasw | Insw | Outsw => Some(2),
+        Stosd | Lodsd | Movsd | Cmpsd | Scasd | Insd | Outsd => Some(4),
+        Stosq | Lodsq | Movsq | Cmpsq | Scasq => Some(8),
+        _ => None,
+    }
+}
+
+/// The low `size` bytes of `pc`: a branch target read, once known.
+pub fn target_value(pc: u64, access: &Access) -> u64 {
+    low(pc, access.size)
+}
+
+fn reads_memory(access: OpAccess) -> bool {
+    matches!(
+        access,
+        OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+fn writes_memory(access: OpAccess) -> bool {
+    matches!(
+        access,
+        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+/// What the trace says of one memory operand's value.
+enum Value {
+    Load(Option<u64>),
+    Store(Option<u64>),
+    Both(Option<u64>, Option<u64>),
+    /// A branch's target: the next step's pc.
+    Target,
+}
+
+/// The value of memory operand `m` of the step.
+fn values(info: &InsnInfo, m: &UsedMemory, before: &Regs, after: &Regs) -> Value {
+    let i = &info.instruction;
+    let op = |n: u32| i.op_kind(n);
+    // Operand `n`'s register, where it is one.
+    let reg = |n: u32| (op(n) == OpKind::Register).then(|| i.op_register(n));
+    let immediate = || {
+        (0..i.op_count())
+            .find(|&n| {
+                matches!(
+                    op(n),
+                    OpKind::Immediate8
+                        | OpKind::Immediate16
+                        | OpKind::Immediate32
+                        | OpKind::Immediate64
+                        | OpKind::Immediate8to16
+                        | OpKind::Immediate8to32
+                        | OpKind::Immediate8to64
+                        | OpKind::Immediate32to64
+                )
+            })
+            .map(|n| i.immediate(n))
+    };
+    let explicit = (0..i.op_count()).any(|n| op(n) == OpKind::Memory);
+    let stack_write = writes_memory(m.access());
+    match i.mnemonic() {
+        Mnemonic::Mov if op(0) == OpKind::Memory => Value::Store(match reg(1) {
+            Some(r) => register(before, r),
+            None => immediate(),
+        }),
+        // A destination of 8 or 16 bits keeps the rest of the register:
+        // its low bytes are still the value loaded.
+        Mnemonic::Mov | Mnemonic::Movzx | Mnemonic::Movsx | Mnemonic::Movsxd
+            if op(1) == OpKind::Memory =>
+        {
+            Value::Load(reg(0).and_then(|r| register(after, r)))
+        }
+        Mnemonic::Push if !explicit => Value::Store(match reg(0) {
+            Some(r) => register(before, r),
+            None => immediate(),
+        }),
+        Mnemonic::Pop if !explicit => Value::Load(
+            reg(0)
+                .filter(|r| gpr_index(*r) != Some(4))
+                .and_then(|r| register(after, r)),
+        ),
+        // The stack slot gets the return address; `call [m]` reads its
+        // target.
+        Mnemonic::Call if stack_write => Value::Store(Some(i.next_ip())),
+        Mnemonic::Call | Mnemonic::Ret | Mnemonic::Jmp
+            if explicit || i.mnemonic() == Mnemonic::Ret =>
+        {
+            Value::Target
+        }
+        Mnemonic::Leave => Value::Load(Some(after.gpr[5])),
+        // `rep` or not, each step stores or loads one element of rax.
+        Mnemonic::Stosb | Mnemonic::Stosw | Mnemonic::Stosd | Mnemonic::Stosq => {
+            Value::Store(Some(before.gpr[0]))
+        }
+        Mnemonic::Lodsb | Mnemonic::Lodsw | Mnemonic::Lodsd | Mnemonic::Lodsq => {
+            Value::Load(Some(after.gpr[0]))
+        }
+        Mnemonic::Pushf | Mnemonic::Pushfd | Mnemonic::Pushfq => Value::Store(Some(before.rflags)),
+        Mnemonic::Xchg if explicit => {
+            let r = reg(0).or_else(|| reg(1));
+            Value::Both(
+                r.and_then(|r| register(after, r)),
+                r.and_then(|r| register(before, r)),
+            )
+        }
+        _ => Value::Load(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::insn::decode;
+
+    const RSP: u64 = 0x8000;
+
+    fn regs(rax: u64, rsp: u64) -> Regs {
+        let mut r = Regs::default();
+        r.gpr[0] = rax;
+        r.gpr[4] = rsp;
+        r.gpr[3] = 0x5000; // rbx: the memory operands' base
+        r.gpr[5] = 0x9000; // rbp
+        r
+    }
+
+    /// (reads, writes, awaiting) of `bytes` at 0x1000 between `before`
+    /// and `after`.
+    fn run(
+        bytes: &[u8],
+        before: Regs,
+        after: Regs,
+        next_pc: Option<u64>,
+    ) -> (Vec<Access>, Vec<Access>, Option<usize>) {
+        let info = decode(bytes, 0x1000, 64);
+        let (mut r, mut w) = (Vec::new(), Vec::new());
+        let awaiting = accesses(&info, (&before, &after), next_pc, &mut r, &mut w);
+        (r, w, awaiting)
+    }
+
+    fn access(addr: u64, size: u16, value: Option<u64>) -> Access {
+        Access { addr, size, value }
+    }
+
+    #[test]
+    fn moves_give_the_register_or_immediate_they_move() {
+        // mov [rbx+8], eax: the low 4 bytes of rax before.
+        let (r, w, _) = run(
+            &[0x89, 0x43, 0x08],
+            regs(0x1_2345_6789, RSP),
+            regs(0, RSP),
+            None,
+        );
+        assert!(r.is_empty());
+        assert_eq!(w, [access(0x5008, 4, Some(0x2345_6789))]);
+        // mov rax, [rbx]: rax after.
+        let (r, w, _) = run(&[0x48, 0x8b, 0x03], regs(0, RSP), regs(0xfeed, RSP), None);
+        assert_eq!(r, [access(0x5000, 8, Some(0xfeed))]);
+        assert!(w.is_empty());
+        // movsx rax, byte [rbx]: the byte loaded is rax's low byte.
+        let (r, _, _) = run(
+            &[0x48, 0x0f, 0xbe, 0x03],
+            regs(0, RSP),
+            regs(u64::MAX - 1, RSP),
+            None,
+        );
+        assert_eq!(r, [access(0x5000, 1, Some(0xfe))]);
+        // mov qword [rbx], -2 (imm32 sign-extended).
+        let (_, w, _) = run(
+            &[0x48, 0xc7, 0x03, 0xfe, 0xff, 0xff, 0xff],
+            regs(0, RSP),
+            regs(0, RSP),
+            None,
+        );
+        assert_eq!(w, [access(0x5000, 8, Some(u64::MAX - 1))]);
+        // mov byte [rbx], ah.
+        let (_, w, _) = run(&[0x88, 0x23], regs(0xab12, RSP), regs(0, RSP), None);
+        assert_eq!(w, [access(0x5000, 1, Some(0xab))]);
+    }
+
+    #[test]
+    fn the_stack_gets_pushed_registers_and_return_addresses() {
+        // push rax
+        let (_, w, _) = run(&[0x50], regs(7, RSP), regs(7, RSP - 8), None);
+        assert_eq!(w, [access(RSP - 8, 8, Some(7))]);
+        // pop rcx: rcx after (rcx is gpr 1).
+        let mut after = regs(0, RSP + 8);
+        after.gpr[1] = 0x77;
+        let (r, _, _) = run(&[0x59], regs(0, RSP), after, None);
+        assert_eq!(r, [access(RSP, 8, Some(0x77))]);
+        // call rel32 at 0x1000 (5 bytes): the return address 0x1005.
+        let (_, w, _) = run(&[0xe8, 0, 1, 0, 0], regs(0, RSP), regs(0, RSP - 8), None);
+        assert_eq!(w, [access(RSP - 8, 8, Some(0x1005))]);
+        // ret: the target is the next step's pc, once known.
+        let (r, _, awaiting) = run(&[0xc3], regs(0, RSP), regs(0, RSP + 8), None);
+        assert_eq!(r, [access(RSP, 8, None)]);
+        assert_eq!(awaiting, Some(0));
+        let (r, _, awaiting) = run(&[0xc3], regs(0, RSP), regs(0, RSP + 8), Some(0x4242));
+        assert_eq!(r, [access(RSP, 8, Some(0x4242))]);
+        assert_eq!(awaiting, None);
+        // call [rbx]: reads the target, writes the return address.
+        let (r, w, awaiting) = run(&[0xff, 0x13], regs(0, RSP), regs(0, RSP - 8), None);
+        assert_eq!(r, [access(0x5000, 8, None)]);
+        assert_eq!(awaiting, Some(0));
+        assert_eq!(w, [access(RSP - 8, 8, Some(0x1002))]);
+        // leave: reads the saved rbp at the old rbp.
+        let mut after = regs(0, 0x9010);
+        after.gpr[5] = 0xa000;
+        let (r, _, _) = run(&[0xc9], regs(0, RSP), after, None);
+        assert_eq!(r, [access(0x9000, 8, Some(0xa000))]);
+    }
+
+    #[test]
+    fn what_the_registers_do_not_say_has_no_value() {
+        // add [rbx], eax: read and written, neither known.
+        let (r, w, _) = run(&[0x01, 0x03], regs(1, RSP), regs(1, RSP), None);
+        assert_eq!(r, [access(0x5000, 4, None)]);
+        assert_eq!(w, [access(0x5000, 4, None)]);
+        // cmp rax, [rbx]
+        let (r, _, _) = run(&[0x48, 0x3b, 0x03], regs(1, RSP), regs(1, RSP), None);
+        assert_eq!(r, [access(0x5000, 8, None)]);
+        // xchg [rbx], rax: the old value is rax after, the new rax before.
+        let (r, w, _) = run(&[0x48, 0x87, 0x03], regs(5, RSP), regs(9, RSP), None);
+        assert_eq!(r, [access(0x5000, 8, Some(9))]);
+        assert_eq!(w, [access(0x5000, 8, Some(5))]);
+        // stosb: al before, at rdi (rdi is gpr 7).
+        let mut before = regs(0x1234, RSP);
+        before.gpr[7] = 0x6000;
+        let (_, w, _) = run(&[0xaa], before, regs(0x1234, RSP), None);
+        assert_eq!(w, [access(0x6000, 1, Some(0x34))]);
+        // rep stosq: one element of rax a step.
+        let mut before = regs(0x1122_3344_5566_7788, RSP);
+        before.gpr[7] = 0x6000;
+        let (_, w, _) = run(&[0xf3, 0x48, 0xab], before, regs(0, RSP), None);
+        assert_eq!(w, [access(0x6000, 8, Some(0x1122_3344_5566_7788))]);
+        // movsb: read and written, the value not in a register.
+        let mut before = regs(0, RSP);
+        (before.gpr[6], before.gpr[7]) = (0x6000, 0x7000);
+        let (r, w, _) = run(&[0xa4], before, regs(0, RSP), None);
+        assert_eq!((r[0].value, w[0].value), (None, None));
+        // movdqu xmm0, [rbx]: 16 bytes, more than a value holds.
+        let (r, _, _) = run(&[0xf3, 0x0f, 0x6f, 0x03], regs(0, RSP), regs(0, RSP), None);
+        assert_eq!(r, [access(0x5000, 16, None)]);
+    }
+}
