@@ -1,7 +1,8 @@
 //! Symbol sources as `--symbols` and the trace's kernel give them: ELF
 //! (symbols and DWARF lines), System.map, nm output, kallsyms, and a
 //! bzImage's vmlinux; and what `run --probe` and `run --sample` read of a
-//! kernel: its stapsdt notes, its variables' places and its tracepoints
+//! kernel: its stapsdt notes, its variables' places, typed probes' plans
+//! from DWARF and its tracepoints
 //! (with kallsyms found in the input, or a crafted symbol list over it).
 #![no_main]
 
@@ -17,6 +18,14 @@ fuzz_target!(|data: &[u8]| {
     let _ = vtrace_image::sdt::probe_sites(data);
     let _ = vtrace_image::symbols::find_variable(data, "jiffies");
     let _ = vtrace_image::symbols::physical_of(data, 0xffff_ffff_8100_0000);
+    // A typed probe planned from the image's DWARF.
+    if let Some(dwarf) = vtrace_image::probe_dwarf::DwarfTypes::from_elf(data) {
+        if let Ok((routine, specs)) =
+            vtrace_image::probe_fetch::parse_probe("main(argv->x->y, arg2:string, c)")
+        {
+            let _ = dwarf.plan(routine, &specs);
+        }
+    }
     let kallsyms = vtrace_image::symbols::all_kallsyms(data, "fuzz").unwrap_or_default();
     let btf = vtrace_image::probe_fetch::read_btf(data);
     let _ = vtrace_image::tracepoints::tracepoints(data, &kallsyms, btf.as_ref());

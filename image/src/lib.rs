@@ -26,6 +26,7 @@ pub mod bzimage;
 pub mod decompress;
 pub mod initramfs;
 pub mod linux_tasks;
+pub mod probe_dwarf;
 pub mod probe_fetch;
 pub mod sdt;
 pub mod symbols;

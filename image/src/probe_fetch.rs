@@ -188,7 +188,7 @@ fn parse_fetch(arg: &str) -> Result<FetchSpec, FetchError> {
 }
 
 /// The integer kind of a cast (`u32`, `s64`, `x`).
-fn cast_kind(cast: &str) -> Option<FetchKind> {
+pub(crate) fn cast_kind(cast: &str) -> Option<FetchKind> {
     let (signed, bits) = match cast.split_at_checked(1)? {
         ("u", bits) => (false, bits),
         ("s", bits) => (true, bits),

@@ -169,6 +169,15 @@ impl<'a> Places<'a> {
         })
     }
 
+    /// The DWARF of user program `program`, where it has some.
+    pub(crate) fn program_types(
+        &self,
+        program: &str,
+    ) -> Option<vtrace_image::probe_dwarf::DwarfTypes> {
+        let found = self.program(program).ok()?;
+        vtrace_image::probe_dwarf::DwarfTypes::from_elf(&found.bytes)
+    }
+
     /// The program's file: in the initramfs the run boots, by file name
     /// or path, else a file of the host.
     fn program(&self, program: &str) -> std::result::Result<Program, UserRoutineError> {

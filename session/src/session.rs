@@ -298,7 +298,7 @@ struct KernelProbes {
     /// Static probes' sites.
     sites: Vec<vtrace_trap::StaticSite>,
     /// The kernel's types, where a typed `fn:` probe needs them.
-    types: Option<vtrace_image::probe_fetch::Btf>,
+    types: Option<crate::triggers::ProbeTypes>,
     /// The `tp:` probes' sites.
     tracepoints: Vec<vtrace_trap::FunctionProbe>,
 }

@@ -2,6 +2,7 @@
 //! `--trace-function` routines and probes, each at a place found in the
 //! guest's images, within the CPU's four breakpoints.
 
+use vtrace_image::probe_dwarf::DwarfTypes;
 use vtrace_image::probe_fetch;
 use vtrace_image::sdt::{self, ProbeSite};
 use vtrace_trap::{CaptureSite, FunctionProbe, FunctionSite, StaticSite, MAX_CAPTURES};
@@ -194,9 +195,31 @@ pub(crate) fn probe_name(probe: &str) -> String {
     }
 }
 
-/// The kernel's types, where a typed `fn:` probe needs them (its BTF:
-/// the vmlinux inside a bzImage, or an ELF kernel's own).
-pub(crate) fn probe_types(probes: &[String], boot: &BootSource) -> Option<probe_fetch::Btf> {
+/// Where a kernel's types come from.
+pub(crate) enum ProbeTypes {
+    /// Its BTF (Linux).
+    Btf(probe_fetch::Btf),
+    /// Its DWARF (an ELF kernel built with `-g`, such as the demo OS).
+    Dwarf(Box<DwarfTypes>),
+}
+
+impl ProbeTypes {
+    fn plan(
+        &self,
+        routine: &str,
+        specs: &[probe_fetch::FetchSpec],
+    ) -> std::result::Result<Vec<probe_fetch::Fetch>, probe_fetch::FetchError> {
+        match self {
+            ProbeTypes::Btf(btf) => probe_fetch::plan(btf, routine, specs),
+            ProbeTypes::Dwarf(dwarf) => dwarf.plan(routine, specs),
+        }
+    }
+}
+
+/// The kernel's types, where a typed `fn:` probe needs them: its BTF (the
+/// vmlinux inside a bzImage, or an ELF kernel's own), else an ELF
+/// kernel's DWARF.
+pub(crate) fn probe_types(probes: &[String], boot: &BootSource) -> Option<ProbeTypes> {
     let typed = probes
         .iter()
         .any(|p| p.starts_with("fn:") && p.contains('('));
@@ -206,9 +229,13 @@ pub(crate) fn probe_types(probes: &[String], boot: &BootSource) -> Option<probe_
     if !typed {
         return None;
     }
-    match vtrace_image::bzimage::vmlinux_inside(&kernel.bytes) {
+    let btf = match vtrace_image::bzimage::vmlinux_inside(&kernel.bytes) {
         Some(vmlinux) => probe_fetch::read_btf(&vmlinux),
         None => probe_fetch::read_btf(&kernel.bytes),
+    };
+    match btf {
+        Some(btf) => Some(ProbeTypes::Btf(btf)),
+        None => DwarfTypes::from_elf(&kernel.bytes).map(|d| ProbeTypes::Dwarf(Box::new(d))),
     }
 }
 
@@ -216,7 +243,7 @@ pub(crate) fn probe_types(probes: &[String], boot: &BootSource) -> Option<probe_
 pub(crate) fn function_probes(
     probes: &[String],
     places: &mut Places<'_>,
-    types: Option<&probe_fetch::Btf>,
+    types: Option<&ProbeTypes>,
     taken: usize,
     notes: &mut Vec<String>,
 ) -> Result<Vec<FunctionProbe>> {
@@ -267,8 +294,20 @@ pub(crate) fn function_probes(
                     name,
                     offset: 0,
                 },
-                Some(btf),
-            ) => probe_fetch::plan(btf, name, &specs),
+                Some(types),
+            ) => types.plan(name, &specs),
+            // A user program's own DWARF, where it was built with -g.
+            (
+                Location::Symbol {
+                    program: Some(program),
+                    name,
+                    offset: 0,
+                },
+                _,
+            ) => match places.program_types(program) {
+                Some(dwarf) => dwarf.plan(name, &specs),
+                None => probe_fetch::plan_untyped(routine, &specs),
+            },
             _ => probe_fetch::plan_untyped(routine, &specs),
         }
         .map_err(|e| SessionError::request(format!("--probe {e}")))?;
