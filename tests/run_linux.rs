@@ -420,22 +420,28 @@ fn tracing_starts_at_a_linux_routine_named_on_the_command_line() {
 /// Each fire of `tp:sched:sched_switch` on `disk` (at the tracepoint's
 /// NOP in `__schedule`, the guest's tracepoint off) names, as the event
 /// record does, the task switched out (the one the export says runs at
-/// the fire's step) and the task switched in (the next one that runs),
-/// by pid and comm. Fires past the last switch of the window are not
-/// checked: their next task is not in it.
+/// the fire's step, the NOP) and the task switched in (the next one that
+/// runs), by pid and comm. Fires past the last switch of the window are
+/// not checked: their next task is not in it. The first switch, before
+/// tracing starts in the `__switch_to` it leads to, fires through a
+/// breakpoint: the boot's idle task (pid 0) switching to the first task
+/// the trace shows.
 fn sched_switch_names_the_tasks_switched(disk: &Path) {
     let export = run(&["analyze", "export", disk.to_str().unwrap(), "-o", "-"]);
     assert!(export.status.success(), "{}", stderr(&export));
-    // (step, tid, comm) of every row.
-    let rows: Vec<(u64, u64, String)> = stdout(&export)
+    // (step, tid, comm, mnemonic) of every row.
+    type Row = (u64, u64, String, String);
+    let rows: Vec<Row> = stdout(&export)
         .lines()
         .map(|l| {
             let r: serde_json::Value = serde_json::from_str(l).unwrap();
-            let comm = r["comm"].as_str().unwrap_or_default().to_string();
+            let text = |key: &str| r[key].as_str().unwrap_or_default().to_string();
+            let number = |key: &str| r[key].as_u64().unwrap();
             (
-                r["step"].as_u64().unwrap(),
-                r["tid"].as_u64().unwrap(),
-                comm,
+                number("step"),
+                number("tid"),
+                text("comm"),
+                text("mnemonic"),
             )
         })
         .collect();
@@ -450,7 +456,7 @@ fn sched_switch_names_the_tasks_switched(disk: &Path) {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let fires = v["fires"].as_array().unwrap();
     assert!(fires.len() >= 10, "a few switches in 300,000 steps: {v}");
-    let mut checked = 0;
+    let (mut checked, mut untraced) = (0, 0);
     for f in fires {
         assert_eq!(f["probe"], "tp:sched:sched_switch", "{f}");
         let value = |name: &str| {
@@ -462,17 +468,24 @@ fn sched_switch_names_the_tasks_switched(disk: &Path) {
             v[1].as_str().unwrap().to_string()
         };
         let at = rows.partition_point(|r| r.0 < f["step"].as_u64().unwrap());
-        let (_, tid, comm) = &rows[at];
+        let (_, tid, comm, mnemonic) = &rows[at];
+        if mnemonic != "nop" {
+            assert_eq!((at, value("prev_pid")), (0, "0".to_string()), "{f}");
+            assert_eq!(value("next_pid"), tid.to_string(), "{f}");
+            untraced += 1;
+            continue;
+        }
         assert_eq!(value("prev_pid"), tid.to_string(), "{f}");
         assert_eq!(value("prev_comm"), format!("\"{comm}\""), "{f}");
-        let Some((_, next, next_comm)) = rows[at..].iter().find(|r| r.1 != *tid) else {
+        let Some((_, next, next_comm, _)) = rows[at..].iter().find(|r| r.1 != *tid) else {
             continue;
         };
         assert_eq!(value("next_pid"), next.to_string(), "{f}");
         assert_eq!(value("next_comm"), format!("\"{next_comm}\""), "{f}");
         checked += 1;
     }
-    assert!(checked + 1 >= fires.len(), "{checked} of {}", fires.len());
+    assert_eq!(untraced, 1, "{v}");
+    assert!(checked + 2 >= fires.len(), "{checked} of {}", fires.len());
 }
 
 /// The trace of a booting Linux names its tasks, read from the kernel's

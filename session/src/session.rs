@@ -349,9 +349,13 @@ fn tracer(
         notes,
     )?;
     // Breakpoints while tracing is off go to the start place first, then
-    // the routines' entries, the fn: probes, then the captures.
-    let taken = taken + function_probes.len();
-    // Tracepoints' sites take none: they fire while tracing.
+    // the routines' entries, the fn: probes, the tracepoints' sites where
+    // all fit, then the captures.
+    let taken = taken + function_probes.iter().filter(|p| p.untraced).count();
+    let mut tracepoint_probes = tracepoint_probes;
+    let room = vtrace_vmm::x86::dr::BREAKPOINTS.saturating_sub(taken);
+    let taken =
+        taken + crate::tracepoint_probes::place_breakpoints(&mut tracepoint_probes, room, notes);
     function_probes.extend(tracepoint_probes);
     notes.extend(capture_note(&captures, taken));
     let disk = DiskWriter::create_over(

@@ -94,6 +94,7 @@ pub(crate) fn tracepoint_probes(
                 fetches,
                 at_return: false,
                 tracepoint: true,
+                untraced: false,
             }));
         }
         match (silent.as_slice(), pattern.contains(['*', '?'])) {
@@ -111,12 +112,42 @@ pub(crate) fn tracepoint_probes(
             )),
         }
     }
-    notes.push(
-        "vtrace: tp: probes fire while instructions are traced, at each site's NOP (the \
-         kernel's tracepoint stays off and its code unchanged)"
-            .to_string(),
-    );
     Ok(found)
+}
+
+/// Gives the `tp:` probes' sites breakpoints, so they fire while tracing
+/// is off too, where all fit in the `room` the CPU has left; returns how
+/// many they take.
+pub(crate) fn place_breakpoints(
+    probes: &mut [FunctionProbe],
+    room: usize,
+    notes: &mut Vec<String>,
+) -> usize {
+    if probes.is_empty() {
+        return 0;
+    }
+    let mut sites: Vec<u64> = probes.iter().map(|p| p.entry).collect();
+    sites.sort_unstable();
+    sites.dedup();
+    let fit = sites.len() <= room;
+    for p in probes.iter_mut() {
+        p.untraced = fit;
+    }
+    notes.push(match fit {
+        true => "vtrace: tp: probes fire at each site's NOP, through a breakpoint while tracing \
+                 is off (the kernel's tracepoint stays off and its code unchanged)"
+            .to_string(),
+        false => format!(
+            "vtrace: tp: probes fire at each site's NOP while instructions are traced: their {} \
+             sites are more than the {room} breakpoints left for while tracing is off",
+            sites.len()
+        ),
+    });
+    if fit {
+        sites.len()
+    } else {
+        0
+    }
 }
 
 /// The tracepoints `pattern` (`tp:sched:sched_switch`, `tp:sched:*`)

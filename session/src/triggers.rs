@@ -321,6 +321,7 @@ pub(crate) fn function_probes(
             fetches,
             at_return: kind == "fnret",
             tracepoint: false,
+            untraced: kind == "fn",
         });
     }
     if found.iter().any(|f| f.at_return) {

@@ -233,8 +233,9 @@ pub struct RunArgs {
     /// which fires where each call returns with its return value and
     /// steps since the entry, while tracing; or tp:SYSTEM:NAME, the
     /// kernel's own tracepoint ('tp:sched:*'; `vtrace probes list --kernel
-    /// FILE` lists them), which fires while tracing where a site's NOP
-    /// runs, with its event's fields read from its arguments
+    /// FILE` lists them), which fires where a site's NOP runs (while
+    /// tracing, and through breakpoints while not where its sites fit),
+    /// with its event's fields read from its arguments
     /// ('tp:sched:sched_switch(prev->comm, next->pid)' names its own),
     /// the guest's tracepoint left off. Fires are counted (`vtrace ctl status`, the run's
     /// summary) and recorded in the trace disk (--disk, default

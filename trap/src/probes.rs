@@ -43,10 +43,12 @@ pub struct FunctionProbe {
     /// An `fnret:` probe: it fires where the call returns, with the
     /// return value and the steps since the entry, while tracing.
     pub at_return: bool,
-    /// A `tp:` probe's site (`entry` is its NOP): it fires while tracing,
-    /// its arguments only as typed values (they are not in the ABI's
-    /// registers there).
+    /// A `tp:` probe's site (`entry` is its NOP): its arguments are only
+    /// its typed values (they are not in the ABI's registers there).
     pub tracepoint: bool,
+    /// It also fires while tracing is off, through a breakpoint (an
+    /// `fnret:` probe never does).
+    pub untraced: bool,
 }
 
 /// How often one probe fired.
@@ -193,9 +195,7 @@ impl Probes {
                 .functions
                 .iter()
                 .zip(&self.function_probe)
-                .filter(|(f, &p)| {
-                    self.counts[p].enabled && !(untraced && (f.at_return || f.tracepoint))
-                })
+                .filter(|(f, &p)| self.counts[p].enabled && (f.untraced || !untraced))
                 .map(|(f, _)| f.entry)
                 .collect();
             at.sort_unstable();
@@ -259,9 +259,9 @@ impl Probes {
         self.functions.get(i).is_some_and(|f| f.at_return)
     }
 
-    /// Whether function probe `i` is a tracepoint's site.
-    pub(crate) fn at_tracepoint(&self, i: usize) -> bool {
-        self.functions.get(i).is_some_and(|f| f.tracepoint)
+    /// Whether function probe `i` fires while tracing is off.
+    pub(crate) fn untraced(&self, i: usize) -> bool {
+        self.functions.get(i).is_some_and(|f| f.untraced)
     }
 
     /// `fnret:` probe `i`'s routine was entered (see
@@ -461,6 +461,7 @@ mod tests {
             fetches: Vec::new(),
             at_return: false,
             tracepoint: false,
+            untraced: true,
         };
         let mut p = Probes::new(Vec::new(), vec![f]);
         assert!(!p.function_at(0x500), "not before it is enabled");

@@ -102,9 +102,8 @@ impl Tracer {
                     }
                     continue;
                 }
-                // A site's NOP is the trace's: it fires only while
-                // tracing.
-                if self.probes.at_tracepoint(i) && !self.active {
+                // A probe without a breakpoint fires only while tracing.
+                if !self.active && !self.probes.untraced(i) {
                     continue;
                 }
                 {
