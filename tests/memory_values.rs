@@ -271,7 +271,7 @@ fn listing_says_the_same(disk: &Path, rows: &[Row]) {
             continue;
         };
         let row = by_step[&step];
-        let shown = line.split(" | mem").nth(1).unwrap_or_default();
+        let shown = line.split("| mem").nth(1).unwrap_or_default();
         let mut expected = String::new();
         for (kind, list) in [("w", &row.writes), ("r", &row.reads)] {
             for (addr, size, value) in list.iter().flatten() {

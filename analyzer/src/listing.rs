@@ -196,6 +196,15 @@ struct Awaiting {
     size: u16,
 }
 
+/// The registers changed, then the memory text (` | mem ...`; `mem ...`
+/// alone where no register changed, after the line's own `|`).
+fn with_memory(registers: String, memory: &str) -> String {
+    match (registers.is_empty(), memory.strip_prefix(" | ")) {
+        (true, Some(memory)) => memory.to_string(),
+        _ => registers + memory,
+    }
+}
+
 /// `--values`: a step's accesses, writes first (a branch target's read
 /// comes last, to be filled in once the next step is known).
 fn memory_text(reads: &[Access], writes: &[Access]) -> String {
@@ -246,11 +255,8 @@ impl SegmentText {
             self.rest.push_str(events);
         }
         self.index.push((step.number, self.rest.len()));
-        let _ = writeln!(
-            self.rest,
-            "{line} {}{memory}",
-            changed(step.before, step.regs)
-        );
+        let after = with_memory(changed(step.before, step.regs), memory);
+        let _ = writeln!(self.rest, "{line} {after}");
     }
 
     /// `--values`: the memory text of shown step `s` (the registers
@@ -566,7 +572,7 @@ fn run(
                 };
                 emit(
                     Some(chunk.info.first_step),
-                    &format!("{prefix} {}{memory}\n", changed(before, regs)),
+                    &format!("{prefix} {}\n", with_memory(changed(before, regs), &memory)),
                 )?;
             }
             let offsets: Vec<&(u64, usize)> = index.collect();
