@@ -13,6 +13,7 @@ use arrow_array::{
     ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
     UInt8Array,
 };
+use arrow_buffer::{BooleanBufferBuilder, NullBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
@@ -209,24 +210,40 @@ fn bytes_column(rows: &SegmentRows) -> ArrayRef {
 /// A column per register: its value after each step.
 fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
     let n = rows.len();
-    let mut registers: Vec<UInt64Builder> = (0..REG_COUNT)
-        .map(|_| UInt64Builder::with_capacity(n))
+    // Filled a changed register at a time (a step changes two or three),
+    // not a builder call per register and row.
+    let mut values = vec![vec![0u64; n]; REG_COUNT];
+    let mut valid: Vec<BooleanBufferBuilder> = (0..REG_COUNT)
+        .map(|_| {
+            let mut b = BooleanBufferBuilder::new(n);
+            b.append_n(n, false);
+            b
+        })
         .collect();
     let mut cursor = 0usize;
     for row in 0..n {
-        for (reg, column) in registers.iter_mut().enumerate() {
-            column.append_option(rows.register(row, cursor, reg));
+        let mut bits = rows.changed[row];
+        while bits != 0 {
+            let reg = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let (Some(v), Some(column)) = (rows.register(row, cursor, reg), values.get_mut(reg))
+            {
+                column[row] = v;
+                valid[reg].set_bit(row, true);
+            }
         }
         cursor += rows.stored(row);
     }
-    registers
-        .iter_mut()
-        .map(|b| Arc::new(b.finish()) as ArrayRef)
+    values
+        .into_iter()
+        .zip(valid.iter_mut())
+        .map(|(v, valid)| {
+            let nulls = NullBuffer::new(valid.finish());
+            Arc::new(UInt64Array::new(v.into(), Some(nulls))) as ArrayRef
+        })
         .collect()
 }
 
-/// The memory addresses each step read or wrote (null where unknown):
-/// the first row's in `first`, the others' in `flat`, cut at `ends`.
 /// A row's accesses: those of row 0, the rest, and where each row's end.
 type Accesses<'a> = (&'a [Access], &'a [Access], &'a [u32]);
 
