@@ -82,6 +82,12 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
     assert_eq!(field("next_pid")["from"], "next->pid");
     assert_eq!(field("prev_pid")["type"], "pid_t");
     assert_eq!(switch["site_states"], serde_json::json!(["fires"]));
+    assert_eq!(switch["gated"], false);
+    // kernel/entry/common.c calls trace_sys_enter() only for a task whose
+    // syscall work has SYSCALL_WORK_SYSCALL_TRACEPOINT, which the
+    // tracepoint's regfunc sets when a probe registers.
+    let enter = listing(&["tp:raw_syscalls:sys_enter"]);
+    assert_eq!(enter[0]["gated"], true, "{enter}");
 
     // The site, symbolized with the kernel's own symbols.
     let site = switch["sites"][0].as_str().unwrap();
@@ -144,6 +150,10 @@ fn tracepoint_probes_that_name_nothing_are_refused() {
     refused("tp:sched:sched_sw*(prev->comm)", "names one tracepoint");
     refused("tp:sched:sched_switch(prev->nothing)", "no field nothing");
     refused("tp:sched:sched_switch(other)", "has no parameter other");
+    refused(
+        "tp:raw_syscalls:sys_enter",
+        "only while a probe is registered in the guest",
+    );
     // The demo OS has no kallsyms to find tracepoints by.
     let out = run(&[
         "run",

@@ -188,6 +188,9 @@ fn matching<'a>(all: &'a [Tracepoint], pattern: &str, kernel: &str) -> Result<Ve
 /// Why a tracepoint named alone cannot fire.
 fn silent_reason(tp: &Tracepoint) -> String {
     let why = match tp.sites.first().map(|s| s.state) {
+        _ if tp.gated => "its callers reach its sites only while a probe is registered in the \
+                          guest (it has a regfunc: a flag or key of its own is set then)"
+            .to_string(),
         None => "the kernel never calls it (no site in its jump table)".to_string(),
         Some(_) if tp.sites.iter().all(|s| s.state == SiteState::Guard) => {
             "each site only guards code that computes its arguments".to_string()

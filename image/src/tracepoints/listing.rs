@@ -56,6 +56,7 @@ pub fn format_detail(t: &Tracepoint) -> String {
     for (i, s) in t.sites.iter().enumerate() {
         let label = if i == 0 { "  sites:" } else { "" };
         let state = match s.state {
+            _ if t.gated => "gated: does not fire".to_string(),
             SiteState::Fires => "fires".to_string(),
             SiteState::FiresPartly => {
                 let missing: Vec<&str> = t
@@ -76,6 +77,13 @@ pub fn format_detail(t: &Tracepoint) -> String {
     }
     if t.sites.is_empty() {
         let _ = writeln!(out, "  sites:      none (the kernel never calls it)");
+    }
+    if t.gated {
+        let _ = writeln!(
+            out,
+            "  gated:      its callers reach its sites only while a probe is registered in \
+             the guest (it has a regfunc): it does not fire"
+        );
     }
     out
 }

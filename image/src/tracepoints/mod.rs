@@ -109,6 +109,11 @@ pub struct Tracepoint {
     /// Where it is called.
     #[serde(skip)]
     pub sites: Vec<Site>,
+    /// Its callers reach its sites only while a probe is registered in
+    /// the guest: it has a `regfunc` that sets what they check (a task's
+    /// syscall work flag for `raw_syscalls:*`, a static key of its own for
+    /// `exceptions:page_fault_*`). It never fires here.
+    pub gated: bool,
 }
 
 impl Tracepoint {
@@ -121,11 +126,11 @@ impl Tracepoint {
         }
     }
 
-    /// The sites that fire.
+    /// The sites that fire (none where it is gated).
     pub fn firing_sites(&self) -> impl Iterator<Item = &Site> {
         self.sites
             .iter()
-            .filter(|s| matches!(s.state, SiteState::Fires | SiteState::FiresPartly))
+            .filter(|s| !self.gated && matches!(s.state, SiteState::Fires | SiteState::FiresPartly))
     }
 }
 
@@ -149,6 +154,9 @@ pub fn tracepoints(
         probe_fetch::struct_member_offset(b, "tracepoint", "key")
     })
     .unwrap_or(8);
+    let regfunc_offset = guarded(btf, |b| {
+        probe_fetch::struct_member_offset(b, "tracepoint", "regfunc")
+    });
     let layout = guarded(btf, EventLayout::from_btf);
     let sites = jump_sites(&image, &find);
     let code = |addr: u64| {
@@ -200,12 +208,16 @@ pub fn tracepoints(
                     field,
                 })
                 .collect();
+            let gated = regfunc_offset
+                .and_then(|o| image.u64_at(tp.checked_add(o)?))
+                .is_some_and(|f| f != 0);
             Tracepoint {
                 system: info.system,
                 name: name.to_string(),
                 parameters: parameters.into_iter().map(|(p, _)| p).collect(),
                 fields,
                 sites,
+                gated,
             }
         })
         .collect();
