@@ -349,14 +349,7 @@ impl SegmentText {
             None => self.first_target = Some(pc),
             Some(at) if self.rest.get(at..) == Some("?\n") => {
                 self.rest.truncate(at);
-                let target = memory_values::target_value(
-                    pc,
-                    &Access {
-                        addr: 0,
-                        size: waiting.size,
-                        value: None,
-                    },
-                );
+                let target = memory_values::target_value(pc, waiting.size);
                 let _ = writeln!(self.rest, "{target:#x}");
             }
             Some(_) => {}

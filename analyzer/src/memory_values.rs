@@ -128,9 +128,10 @@ fn string_element(mnemonic: Mnemonic) -> Option<u16> {
     }
 }
 
-/// The low `size` bytes of `pc`: a branch target read, once known.
-pub fn target_value(pc: u64, access: &Access) -> u64 {
-    low(pc, access.size)
+/// The low `size` bytes of `pc`: a branch target read of that size, once
+/// known.
+pub fn target_value(pc: u64, size: u16) -> u64 {
+    low(pc, size)
 }
 
 fn reads_memory(access: OpAccess) -> bool {
@@ -205,11 +206,8 @@ fn values(info: &InsnInfo, m: &UsedMemory, before: &Regs, after: &Regs) -> Value
         // The stack slot gets the return address; `call [m]` reads its
         // target.
         Mnemonic::Call if stack_write => Value::Store(Some(i.next_ip())),
-        Mnemonic::Call | Mnemonic::Ret | Mnemonic::Jmp
-            if explicit || i.mnemonic() == Mnemonic::Ret =>
-        {
-            Value::Target
-        }
+        Mnemonic::Ret => Value::Target,
+        Mnemonic::Call | Mnemonic::Jmp if explicit => Value::Target,
         Mnemonic::Leave => Value::Load(Some(after.gpr[5])),
         // `rep` or not, each step stores or loads one element of rax.
         Mnemonic::Stosb | Mnemonic::Stosw | Mnemonic::Stosd | Mnemonic::Stosq => {

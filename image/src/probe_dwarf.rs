@@ -5,20 +5,16 @@
 //! `->field`'s offset through pointers to structures (anonymous members
 //! looked into, bitfields refused), and how to show the value.
 
-use std::borrow::Cow;
-use std::sync::Arc;
-
 use addr2line::gimli;
 use gimli::{AttributeValue, DwTag, Reader as _, Unit, UnitOffset};
-use object::{Object, ObjectSection};
+use object::Object;
 
-use crate::probe_fetch::{ArgSource, Fetch, FetchError, FetchKind, FetchSpec, MAX_TEXT};
+use crate::probe_fetch::{
+    argument_register, numbered, ArgSource, Fetch, FetchError, FetchKind, FetchSpec, MAX_TEXT,
+};
+use crate::symbols::load_dwarf;
 
-type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
-
-/// General registers of the first six integer arguments (as in
-/// `probe_fetch`).
-const ARGUMENT_REGISTERS: [usize; 6] = [7, 6, 2, 1, 8, 9];
+use crate::symbols::DwarfReader as Reader;
 
 /// Typedefs and qualifiers followed, and anonymous members looked into,
 /// at most (a crafted image may loop).
@@ -47,18 +43,7 @@ impl DwarfTypes {
     pub fn from_elf(bytes: &[u8]) -> Option<DwarfTypes> {
         let file = object::File::parse(bytes).ok()?;
         file.section_by_name(".debug_info")?;
-        let endian = match file.is_little_endian() {
-            true => gimli::RunTimeEndian::Little,
-            false => gimli::RunTimeEndian::Big,
-        };
-        let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
-            let data = file
-                .section_by_name(id.name())
-                .and_then(|s| s.uncompressed_data().ok())
-                .unwrap_or(Cow::Borrowed(&[]));
-            Ok(Reader::new(Arc::from(&*data), endian))
-        };
-        let dwarf = gimli::Dwarf::load(load).ok()?;
+        let dwarf = load_dwarf(&file).ok()?;
         Some(DwarfTypes { dwarf })
     }
 
@@ -87,14 +72,7 @@ impl DwarfTypes {
                         names.join(", ")
                     ));
                 };
-                let Some(&register) = ARGUMENT_REGISTERS.get(index) else {
-                    return fail(format!(
-                        "fn:{routine}({}): parameter {} is passed on the stack (only the first \
-                         six are in registers)",
-                        spec.label,
-                        index + 1
-                    ));
-                };
+                let register = argument_register(&format!("fn:{routine}"), index, spec)?;
                 let ty = params.get(index).and_then(|p| p.1);
                 t.plan_one(routine, spec, register, ty)
             })
@@ -153,12 +131,6 @@ impl DwarfTypes {
         }
         declared
     }
-}
-
-/// `argN` (1 to 6): the argument's index.
-fn numbered(parameter: &str) -> Option<usize> {
-    let n: usize = parameter.strip_prefix("arg")?.parse().ok()?;
-    (1..=6).contains(&n).then(|| n - 1)
 }
 
 /// Reads the types of one unit.

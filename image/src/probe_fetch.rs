@@ -206,7 +206,7 @@ pub(crate) fn cast_kind(cast: &str) -> Option<FetchKind> {
 }
 
 /// `argN` (1 to 6): the argument's index.
-fn numbered(parameter: &str) -> Option<usize> {
+pub(crate) fn numbered(parameter: &str) -> Option<usize> {
     let n: usize = parameter.strip_prefix("arg")?.parse().ok()?;
     (1..=6).contains(&n).then(|| n - 1)
 }
@@ -280,17 +280,24 @@ fn plan_inner(btf: &Btf, routine: &str, specs: &[FetchSpec]) -> Result<Vec<Fetch
     let params = parameters(btf, routine)?;
     let what = format!("fn:{routine}");
     plan_specs(btf, &what, routine, &params, specs, |index, spec| {
-        ARGUMENT_REGISTERS
-            .get(index)
-            .map(|&r| ArgSource::register(r))
-            .ok_or_else(|| {
-                FetchError(format!(
-                    "{what}({}): parameter {} is passed on the stack (only the first six are \
-                     in registers)",
-                    spec.label,
-                    index + 1
-                ))
-            })
+        argument_register(&what, index, spec).map(ArgSource::register)
+    })
+}
+
+/// The ABI register of parameter `index` (0-based) of probe `what`, or
+/// why there is none.
+pub(crate) fn argument_register(
+    what: &str,
+    index: usize,
+    spec: &FetchSpec,
+) -> Result<usize, FetchError> {
+    ARGUMENT_REGISTERS.get(index).copied().ok_or_else(|| {
+        FetchError(format!(
+            "{what}({}): parameter {} is passed on the stack (only the first six are in \
+             registers)",
+            spec.label,
+            index + 1
+        ))
     })
 }
 

@@ -27,13 +27,24 @@ pub fn kernel_tracepoints(bytes: &[u8], what: &str) -> Result<Vec<Tracepoint>> {
             &unpacked
         }
     };
+    Ok(vmlinux_tracepoints(vmlinux, what)?.0)
+}
+
+/// The tracepoints of `vmlinux`, and its BTF.
+fn vmlinux_tracepoints(
+    vmlinux: &[u8],
+    what: &str,
+) -> Result<(Vec<Tracepoint>, Option<probe_fetch::Btf>)> {
     let symbols = vtrace_image::symbols::all_kallsyms(vmlinux, what).map_err(|e| {
         SessionError::request(format!(
             "the tracepoints of {what} are named by its kallsyms, which vtrace cannot read: {e}"
         ))
     })?;
     let btf = probe_fetch::read_btf(vmlinux);
-    Ok(tracepoints::tracepoints(vmlinux, &symbols, btf.as_ref()))
+    Ok((
+        tracepoints::tracepoints(vmlinux, &symbols, btf.as_ref()),
+        btf,
+    ))
 }
 
 /// The `tp:` probes among `probes`, a place per site that fires.
@@ -60,8 +71,8 @@ pub(crate) fn tracepoint_probes(
         false => vtrace_image::bzimage::vmlinux_inside(&kernel.bytes),
     };
     let vmlinux = unpacked.as_deref().unwrap_or(&kernel.bytes);
-    let all = kernel_tracepoints(vmlinux, &kernel.name)?;
-    let btf = probe_fetch::read_btf(vmlinux).ok_or_else(|| {
+    let (all, btf) = vmlinux_tracepoints(vmlinux, &kernel.name)?;
+    let btf = btf.ok_or_else(|| {
         SessionError::request(format!(
             "--probe tp:{}: {} has no BTF to read its tracepoints' arguments by",
             wanted[0], kernel.name

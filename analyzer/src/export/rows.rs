@@ -317,7 +317,7 @@ impl SegmentPass for RowBuilder {
             // The step before branched here, with nothing between.
             if let Some(access) = self.awaiting.take().and_then(|i| rows.reads.get_mut(i)) {
                 if before.is_some() {
-                    access.value = Some(target_value(s.pc, access));
+                    access.value = Some(target_value(s.pc, access.size));
                 }
             }
             if let Some(before) = before {

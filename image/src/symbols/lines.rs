@@ -8,13 +8,34 @@ use object::{Object, ObjectSection};
 
 use super::SymbolError;
 
-type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+/// How vtrace reads DWARF: sections shared, so units outlive the file.
+pub type DwarfReader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+
+/// The DWARF sections of an ELF image (empty where it lacks one).
+pub(crate) fn load_dwarf(
+    file: &object::File<'_>,
+) -> Result<gimli::Dwarf<DwarfReader>, gimli::Error> {
+    let endian = if file.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
+    gimli::Dwarf::load(
+        |id: gimli::SectionId| -> Result<DwarfReader, gimli::Error> {
+            let data = file
+                .section_by_name(id.name())
+                .and_then(|s| s.uncompressed_data().ok())
+                .unwrap_or(Cow::Borrowed(&[]));
+            Ok(DwarfReader::new(Arc::from(&*data), endian))
+        },
+    )
+}
 
 /// The line table of one ELF image. addr2line parses units lazily through
 /// interior cells, so the context is not `Sync`; a mutex shares it between
 /// the listing's workers, which cache lines per address and rarely ask.
 pub struct LineTable {
-    context: std::sync::Mutex<addr2line::Context<Reader>>,
+    context: std::sync::Mutex<addr2line::Context<DwarfReader>>,
 }
 
 impl std::fmt::Debug for LineTable {
@@ -34,19 +55,7 @@ impl LineTable {
         if file.section_by_name(".debug_line").is_none() {
             return Ok(None);
         }
-        let endian = if file.is_little_endian() {
-            gimli::RunTimeEndian::Little
-        } else {
-            gimli::RunTimeEndian::Big
-        };
-        let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
-            let data = file
-                .section_by_name(id.name())
-                .and_then(|s| s.uncompressed_data().ok())
-                .unwrap_or(Cow::Borrowed(&[]));
-            Ok(Reader::new(Arc::from(&*data), endian))
-        };
-        let dwarf = gimli::Dwarf::load(load).map_err(|e| err(format!("DWARF: {e}")))?;
+        let dwarf = load_dwarf(&file).map_err(|e| err(format!("DWARF: {e}")))?;
         let context =
             addr2line::Context::from_dwarf(dwarf).map_err(|e| err(format!("DWARF: {e}")))?;
         Ok(Some(LineTable {

@@ -177,7 +177,6 @@ pub fn tracepoints(
             let key = tp.wrapping_add(key_offset);
             let mut own: Vec<(u64, u64)> = sites.get(&key).cloned().unwrap_or_default();
             own.truncate(MAX_SITES);
-            let pcs: Vec<u64> = own.iter().map(|s| s.0).collect();
             let calls: Vec<u64> = [
                 format!("__SCT__tp_func_{name}"),
                 format!("__traceiter_{name}"),
@@ -185,7 +184,7 @@ pub fn tracepoints(
             .iter()
             .filter_map(|c| find(c))
             .collect();
-            let mut sorted = pcs.clone();
+            let mut sorted: Vec<u64> = own.iter().map(|s| s.0).collect();
             sorted.sort_unstable();
             let sites = own
                 .iter()
