@@ -50,6 +50,14 @@ if [ ${#missing[@]} -gt 0 ]; then
         "${missing[@]}" >/dev/null
 fi
 
+# gdb drives `vtrace analyze gdb` in tests/gdb.rs, as a user would.
+if ! command -v gdb >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing gdb (the debugger tests drive it)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        gdb >/dev/null
+fi
+
 # Headless Chromium renders `vtrace analyze report` pages in tests/analyze.rs.
 if ! command -v chromium >/dev/null 2>&1; then
     echo "scripts/test.sh: installing chromium (renders the HTML report in the tests)"

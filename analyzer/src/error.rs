@@ -49,6 +49,9 @@ pub enum AnalyzeError {
         /// The trace's CPUs.
         cpus: u32,
     },
+    /// A segment a look-up needs does not decode.
+    #[error("a segment of the trace does not decode: {0}")]
+    Segment(#[from] vtrace_storage::SegmentError),
     /// A listing window starts past the trace's end.
     #[error("step {from} is past the trace's last step ({last})")]
     WindowOutside {

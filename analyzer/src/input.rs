@@ -250,6 +250,26 @@ impl Trace {
         }
     }
 
+    /// Runs `work` on the records of one segment: a look-up that decodes
+    /// only the segment it needs. `Err` where they do not decode whole.
+    pub fn read_segment<T>(
+        &self,
+        info: &SegmentInfo,
+        work: impl FnOnce(&mut Records<'_>) -> T,
+    ) -> Result<T, SegmentError> {
+        let payload = self.reader.payload(info.index)?;
+        let mut records = Records::new(&payload);
+        let out = work(&mut records);
+        match records.error() {
+            None => Ok(out),
+            Some(e) => {
+                let e = SegmentError::Decode(e.clone());
+                self.note_damage(info, &e);
+                Err(e)
+            }
+        }
+    }
+
     /// Runs `work` on the records of each of `segments` in parallel and
     /// hands the results to `consume` in trace order. At most a few
     /// segments are in flight, as payloads and results, so memory does not

@@ -26,6 +26,7 @@ mod nest;
 mod perfetto;
 mod probes;
 mod processes;
+mod replay;
 mod report;
 mod routine_filter;
 mod samples;
@@ -75,6 +76,10 @@ pub use probes::{
     Fire, ProbeTally, Quantize, QuantizeOn, ValueCount,
 };
 pub use processes::{collect as collect_processes, ProcessTable};
+pub use replay::{
+    space_of, Before, Direction, MemoryIndex, Observation, Point, Points, Position, ReadOnlyImage,
+    Replay, Spaces, State,
+};
 pub use report::write as write_report;
 pub use routine_filter::{BadPattern, RoutineFilter, HIDDEN_BY_DEFAULT};
 pub use samples::{format_profile, samples, Samples};

@@ -2,6 +2,7 @@
 
 mod commands;
 mod export;
+mod gdb;
 mod symbolize;
 
 use crate::exit_status::{BadArgument, BadData, Unreadable};
@@ -441,5 +442,6 @@ fn dispatch(args: AnalyzeArgs) -> Result<()> {
         AnalyzeCommand::Samples(a) => samples_of(a),
         AnalyzeCommand::Report(a) => report(a),
         AnalyzeCommand::Symbolize(a) => symbolize::symbolize(a),
+        AnalyzeCommand::Gdb(a) => gdb::serve(a),
     }
 }

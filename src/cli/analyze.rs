@@ -168,6 +168,13 @@ pub enum AnalyzeCommand {
     /// routines only one of them ran, the instruction mix and interrupts,
     /// and with --flame a differential flame graph.
     Diff(DiffArgs),
+    /// Serve the trace to gdb, which then steps and continues through it
+    /// both ways: `stepi`, `reverse-stepi`, `continue`, `reverse-continue`
+    /// to breakpoints, `info registers` and memory at any step, as far as
+    /// the trace knows them (what it does not know gdb shows as
+    /// unavailable). In gdb: `target remote ADDR`; `monitor when` tells the
+    /// step, `monitor goto N` goes to one.
+    Gdb(GdbArgs),
 }
 
 const SYMBOLIZE_EXAMPLES: &str = "Examples:
@@ -581,4 +588,17 @@ fn parse_hex(text: &str) -> Result<u64, String> {
         .or_else(|| text.strip_prefix("0X"))
         .unwrap_or(text);
     u64::from_str_radix(digits, 16).map_err(|_| format!("{text:?} is not a hex number (0x103000)"))
+}
+
+#[derive(Debug, Args)]
+pub struct GdbArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Where gdb connects: a port (on 127.0.0.1), HOST:PORT (port 0: one
+    /// the system picks, printed), or a Unix socket's path (one with a /).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:1234")]
+    pub listen: String,
+    /// The step gdb finds the guest at (default: the trace's first).
+    #[arg(long, value_name = "STEP")]
+    pub at: Option<u64>,
 }

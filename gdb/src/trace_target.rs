@@ -1,0 +1,316 @@
+//! gdb over a recorded trace: stepping and continuing both ways, with
+//! breakpoints, registers and memory as the trace knows them at each step.
+
+use gdbstub::common::Signal;
+use gdbstub::outputln;
+use gdbstub::stub::SingleThreadStopReason;
+use gdbstub::target::ext::base::reverse_exec::{
+    ReplayLogPosition, ReverseCont, ReverseContOps, ReverseStep, ReverseStepOps,
+};
+use gdbstub::target::ext::base::singlethread::{
+    SingleThreadBase, SingleThreadResume, SingleThreadResumeOps, SingleThreadSingleStep,
+    SingleThreadSingleStepOps,
+};
+use gdbstub::target::ext::base::BaseOps;
+use gdbstub::target::ext::breakpoints::{
+    Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, SwBreakpoint, SwBreakpointOps,
+};
+use gdbstub::target::ext::monitor_cmd::{ConsoleOutput, MonitorCmd, MonitorCmdOps};
+use gdbstub::target::{Target, TargetError, TargetResult};
+use vtrace_analyzer::{AnalyzeError, Direction, Position, Replay};
+
+use crate::arch::{Reg, RegisterFile, X86_64Machine};
+
+/// What gdb asked for last, done when the stub waits for a stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Motion {
+    Continue,
+    Step,
+    ReverseContinue,
+    ReverseStep,
+}
+
+/// A trace as a gdb target: one thread, the CPU followed, standing at one
+/// of its steps.
+#[derive(Debug)]
+pub struct TraceTarget {
+    replay: Replay,
+    at: Position,
+    breakpoints: Vec<u64>,
+    motion: Option<Motion>,
+}
+
+impl TraceTarget {
+    /// A target standing at `at`.
+    pub fn new(replay: Replay, at: Position) -> TraceTarget {
+        TraceTarget {
+            replay,
+            at,
+            breakpoints: Vec::new(),
+            motion: None,
+        }
+    }
+
+    /// The step it stands at.
+    pub fn step(&mut self) -> Result<u64, AnalyzeError> {
+        self.replay.step_of(self.at)
+    }
+
+    /// Does what gdb asked for last: where it stops, and why.
+    pub fn run(&mut self) -> Result<SingleThreadStopReason<u64>, AnalyzeError> {
+        let Some(motion) = self.motion.take() else {
+            return Ok(SingleThreadStopReason::DoneStep);
+        };
+        let (found, direction) = match motion {
+            Motion::Step => (self.replay.next(self.at), Direction::Forward),
+            Motion::ReverseStep => (self.replay.prev(self.at), Direction::Backward),
+            Motion::Continue => (
+                self.replay
+                    .find(self.at, Direction::Forward, &self.breakpoints)?,
+                Direction::Forward,
+            ),
+            Motion::ReverseContinue => (
+                self.replay
+                    .find(self.at, Direction::Backward, &self.breakpoints)?,
+                Direction::Backward,
+            ),
+        };
+        let stepping = matches!(motion, Motion::Step | Motion::ReverseStep);
+        match (found, direction) {
+            (Some(at), _) => {
+                self.at = at;
+                Ok(if stepping {
+                    SingleThreadStopReason::DoneStep
+                } else {
+                    SingleThreadStopReason::SwBreak(())
+                })
+            }
+            // The end of the trace: where gdb stands is its last step
+            // (or first), and gdb says there is no more history.
+            (None, Direction::Forward) => {
+                if let Some(last) = self.replay.last() {
+                    self.at = last;
+                }
+                Ok(SingleThreadStopReason::ReplayLog {
+                    tid: None,
+                    pos: ReplayLogPosition::End,
+                })
+            }
+            (None, Direction::Backward) => {
+                if let Some(first) = self.replay.first() {
+                    self.at = first;
+                }
+                Ok(SingleThreadStopReason::ReplayLog {
+                    tid: None,
+                    pos: ReplayLogPosition::Begin,
+                })
+            }
+        }
+    }
+
+    fn registers(&mut self) -> Result<RegisterFile, AnalyzeError> {
+        let state = self.replay.state(self.at)?;
+        let mut file = RegisterFile::default();
+        for (n, value) in state.gpr.iter().enumerate() {
+            file.set(Reg::Gpr(n), *value);
+        }
+        file.set(Reg::Rip, Some(state.pc));
+        file.set(Reg::Eflags, state.rflags);
+        file.set(Reg::Cr0, state.cr0);
+        file.set(Reg::Cr3, Some(state.cr3));
+        file.set(Reg::Cr4, state.cr4);
+        file.set(Reg::Efer, state.efer);
+        Ok(file)
+    }
+
+    /// `monitor` commands: where in the trace gdb stands, and going to a
+    /// step.
+    fn monitor(&mut self, command: &str, out: &mut ConsoleOutput<'_>) -> Result<(), AnalyzeError> {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        match words.as_slice() {
+            ["when"] => {
+                let step = self.step()?;
+                outputln!(out, "step {step}");
+            }
+            ["goto", n] => match n.parse::<u64>() {
+                Ok(n) => match self.replay.at_step(n)? {
+                    Some(at) => {
+                        self.at = at;
+                        let step = self.step()?;
+                        outputln!(
+                            out,
+                            "at step {step}; run `maintenance flush register-cache` so gdb \
+                             reads the registers again"
+                        );
+                    }
+                    None => outputln!(out, "step {n} is past the trace's last step"),
+                },
+                Err(_) => outputln!(out, "`{n}` is not a step number"),
+            },
+            ["info"] => {
+                let (first, end) = self.replay.step_range();
+                let step = self.step()?;
+                outputln!(
+                    out,
+                    "trace {}: steps {first} to {}; at step {step}; {} memory accesses indexed",
+                    self.replay.trace().path().display(),
+                    end.saturating_sub(1),
+                    self.replay.accesses()
+                );
+            }
+            _ => outputln!(
+                out,
+                "vtrace monitor commands: `when` (the step gdb stands at), `goto N` (stand at \
+                 step N), `info` (the trace)"
+            ),
+        }
+        Ok(())
+    }
+}
+
+impl Target for TraceTarget {
+    type Arch = X86_64Machine;
+    type Error = AnalyzeError;
+
+    fn base_ops(&mut self) -> BaseOps<'_, Self::Arch, Self::Error> {
+        BaseOps::SingleThread(self)
+    }
+
+    fn support_breakpoints(&mut self) -> Option<BreakpointsOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_monitor_cmd(&mut self) -> Option<MonitorCmdOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl SingleThreadBase for TraceTarget {
+    fn read_registers(&mut self, regs: &mut RegisterFile) -> TargetResult<(), Self> {
+        *regs = self.registers().map_err(TargetError::Fatal)?;
+        Ok(())
+    }
+
+    fn write_registers(&mut self, _regs: &RegisterFile) -> TargetResult<(), Self> {
+        // A recorded trace cannot be changed.
+        Err(TargetError::NonFatal)
+    }
+
+    fn read_addrs(&mut self, start: u64, data: &mut [u8]) -> TargetResult<usize, Self> {
+        let known = self
+            .replay
+            .read_memory(self.at, start, data)
+            .map_err(TargetError::Fatal)?;
+        if known == 0 && !data.is_empty() {
+            // gdb: "Cannot access memory at address ...".
+            return Err(TargetError::NonFatal);
+        }
+        Ok(known)
+    }
+
+    fn write_addrs(&mut self, _start: u64, _data: &[u8]) -> TargetResult<(), Self> {
+        Err(TargetError::NonFatal)
+    }
+
+    fn support_resume(&mut self) -> Option<SingleThreadResumeOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl SingleThreadResume for TraceTarget {
+    fn resume(&mut self, _signal: Option<Signal>) -> Result<(), Self::Error> {
+        self.motion = Some(Motion::Continue);
+        Ok(())
+    }
+
+    fn support_single_step(&mut self) -> Option<SingleThreadSingleStepOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_reverse_step(&mut self) -> Option<ReverseStepOps<'_, (), Self>> {
+        Some(self)
+    }
+
+    fn support_reverse_cont(&mut self) -> Option<ReverseContOps<'_, (), Self>> {
+        Some(self)
+    }
+}
+
+impl SingleThreadSingleStep for TraceTarget {
+    fn step(&mut self, _signal: Option<Signal>) -> Result<(), Self::Error> {
+        self.motion = Some(Motion::Step);
+        Ok(())
+    }
+}
+
+impl ReverseStep<()> for TraceTarget {
+    fn reverse_step(&mut self, _tid: ()) -> Result<(), Self::Error> {
+        self.motion = Some(Motion::ReverseStep);
+        Ok(())
+    }
+}
+
+impl ReverseCont<()> for TraceTarget {
+    fn reverse_cont(&mut self) -> Result<(), Self::Error> {
+        self.motion = Some(Motion::ReverseContinue);
+        Ok(())
+    }
+}
+
+impl Breakpoints for TraceTarget {
+    fn support_sw_breakpoint(&mut self) -> Option<SwBreakpointOps<'_, Self>> {
+        Some(self)
+    }
+
+    fn support_hw_breakpoint(&mut self) -> Option<HwBreakpointOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl TraceTarget {
+    fn add(&mut self, addr: u64) -> bool {
+        if !self.breakpoints.contains(&addr) {
+            self.breakpoints.push(addr);
+        }
+        true
+    }
+
+    fn remove(&mut self, addr: u64) -> bool {
+        let had = self.breakpoints.len();
+        self.breakpoints.retain(|&a| a != addr);
+        self.breakpoints.len() != had
+    }
+}
+
+// In a trace a software and a hardware breakpoint are the same thing: a
+// step at the address.
+impl SwBreakpoint for TraceTarget {
+    fn add_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> TargetResult<bool, Self> {
+        Ok(self.add(addr))
+    }
+
+    fn remove_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> TargetResult<bool, Self> {
+        Ok(self.remove(addr))
+    }
+}
+
+impl HwBreakpoint for TraceTarget {
+    fn add_hw_breakpoint(&mut self, addr: u64, _kind: usize) -> TargetResult<bool, Self> {
+        Ok(self.add(addr))
+    }
+
+    fn remove_hw_breakpoint(&mut self, addr: u64, _kind: usize) -> TargetResult<bool, Self> {
+        Ok(self.remove(addr))
+    }
+}
+
+impl MonitorCmd for TraceTarget {
+    fn handle_monitor_cmd(
+        &mut self,
+        cmd: &[u8],
+        mut out: ConsoleOutput<'_>,
+    ) -> Result<(), Self::Error> {
+        let command = String::from_utf8_lossy(cmd);
+        self.monitor(&command, &mut out)
+    }
+}

@@ -1,0 +1,298 @@
+//! gdb over a recorded trace (`vtrace analyze gdb`), driven as a user
+//! drives it: Debian's gdb in batch mode on a demo OS trace, its answers
+//! checked against the trace's own export (registers accumulated from the
+//! changes each row records) and the demo's ELF.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+const REGISTERS: [&str; 17] = [
+    "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15", "rflags",
+];
+
+/// One export row: its step, pc, and every register after it.
+struct Row {
+    step: u64,
+    pc: u64,
+    after: [Option<u64>; 17],
+}
+
+/// The export's rows, each with the registers after it, accumulated from
+/// the changes rows record (a row after a break records all of them).
+fn rows(trace: &Path) -> Vec<Row> {
+    let out = run(&[
+        "analyze",
+        "export",
+        trace.to_str().unwrap(),
+        "-q",
+        "-o",
+        "-",
+        "--format",
+        "jsonl",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut regs = [None; 17];
+    stdout(&out)
+        .lines()
+        .map(|line| {
+            let row: Value = serde_json::from_str(line).unwrap();
+            for (i, name) in REGISTERS.iter().enumerate() {
+                if let Some(v) = row[*name].as_u64() {
+                    regs[i] = Some(v);
+                }
+            }
+            Row {
+                step: row["step"].as_u64().unwrap(),
+                pc: row["pc"].as_u64().unwrap(),
+                after: regs,
+            }
+        })
+        .collect()
+}
+
+/// `vtrace analyze gdb TRACE --listen 127.0.0.1:0 ARGS`, running, and the
+/// address it listens on.
+fn serve(trace: &Path, args: &[&str]) -> (Child, String) {
+    let mut child = vtrace()
+        .args([
+            "analyze",
+            "gdb",
+            trace.to_str().unwrap(),
+            "-q",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("vtrace analyze gdb");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("vtrace analyze gdb ended before it listened")
+            .unwrap();
+        if let Some(rest) = line.split("serving the trace to gdb at ").nth(1) {
+            break rest.split(',').next().unwrap().to_string();
+        }
+    };
+    // The rest of stderr is drained, so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (child, address)
+}
+
+/// gdb in batch mode on `address` (with the demo's ELF as its program):
+/// what it printed.
+fn gdb(address: &str, elf: &Path, commands: &[&str]) -> String {
+    let mut gdb = Command::new("timeout");
+    gdb.args([
+        "300",
+        "gdb",
+        "-batch",
+        "-nx",
+        "-ex",
+        "set pagination off",
+        "-ex",
+        "set confirm off",
+    ]);
+    gdb.args(["-ex", &format!("file {}", elf.display())]);
+    gdb.args(["-ex", &format!("target remote {address}")]);
+    for c in commands {
+        gdb.args(["-ex", c]);
+    }
+    let out = gdb.output().expect("gdb (scripts/test.sh installs it)");
+    format!("{}{}", stdout(&out), stderr(&out))
+}
+
+/// The numbers `monitor when` printed, in order.
+fn steps_said(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("step ")?.trim().parse().ok())
+        .collect()
+}
+
+/// The value gdb printed for `p/x $NAME` lines of the form `$N = 0x..`.
+fn printed(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| Some(l.strip_prefix('$')?.split_once(" = ")?.1.to_string()))
+        .collect()
+}
+
+#[test]
+fn gdb_steps_and_continues_both_ways_through_a_demo_trace() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
+    let trace = demo_trace();
+    let rows = rows(trace);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.step, i as u64, "the demo trace numbers its rows from 0");
+    }
+    let n = 500_000usize;
+    let schedule = demo_symbol("schedule");
+    let isr_common = demo_symbol("isr_common");
+
+    // gdb's names in the export's register order, as gdb prints them.
+    let gdb_names: Vec<&str> = REGISTERS
+        .iter()
+        .map(|r| if *r == "rflags" { "eflags" } else { r })
+        .collect();
+    let mut commands = vec!["monitor when".to_string(), "p/x $pc".to_string()];
+    commands.push("reverse-stepi".into());
+    commands.push("monitor when".into());
+    commands.push("p/x $pc".into());
+    commands.extend(gdb_names.iter().map(|r| format!("p/x ${r}")));
+    commands.push(format!("break *{schedule:#x}"));
+    commands.push("reverse-continue".into());
+    commands.push("monitor when".into());
+    commands.push("p/x *(unsigned long *)$rsp".into());
+    commands.push("bt".into());
+    commands.push("continue".into());
+    commands.push("monitor when".into());
+    commands.push("delete".into());
+    commands.push("stepi".into());
+    commands.push("monitor when".into());
+    commands.push("p/x *(unsigned long *)0x7ff0000".into());
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+
+    let (mut server, address) = serve(trace, &["--at", &n.to_string()]);
+    let said = gdb(&address, &elf, &commands);
+    let status = server.wait().unwrap();
+    assert!(
+        status.success(),
+        "the server ends when gdb detaches\n{said}"
+    );
+
+    let steps = steps_said(&said);
+    let values = printed(&said);
+    // Standing at step N: its pc.
+    assert_eq!(steps[0], n as u64, "{said}");
+    assert_eq!(values[0], format!("{:#x}", rows[n].pc), "{said}");
+    // reverse-stepi: step N-1, its pc, and every register as the steps
+    // before it left them.
+    assert_eq!(steps[1], n as u64 - 1, "{said}");
+    assert_eq!(values[1], format!("{:#x}", rows[n - 1].pc), "{said}");
+    for (i, name) in gdb_names.iter().enumerate() {
+        let mut want = rows[n - 2].after[i].expect("every register known by then");
+        if *name == "eflags" {
+            want &= 0xffff_ffff;
+        }
+        assert_eq!(
+            values[2 + i],
+            format!("{want:#x}"),
+            "${name} at step {}\n{said}",
+            n - 1
+        );
+    }
+    // reverse-continue to `schedule`: its last execution before step N-1.
+    let last = rows[..n - 1]
+        .iter()
+        .rposition(|r| r.pc == schedule)
+        .expect("schedule runs before step N");
+    assert_eq!(steps[2], last as u64, "{said}");
+    assert!(said.contains("Breakpoint 1, schedule"), "{said}");
+    // There the stack's top is the return address the call pushed: into
+    // the interrupt entry that calls schedule.
+    let ret = u64::from_str_radix(values[2 + 17].trim_start_matches("0x"), 16).unwrap();
+    assert!(
+        (isr_common..isr_common + 0x100).contains(&ret),
+        "return address {ret:#x} is not in isr_common ({isr_common:#x})\n{said}"
+    );
+    assert!(
+        said.contains("in isr_common"),
+        "bt names the caller\n{said}"
+    );
+    // continue: the next execution after it.
+    let next = rows[last + 1..]
+        .iter()
+        .position(|r| r.pc == schedule)
+        .map(|p| p + last + 1)
+        .expect("schedule runs again");
+    assert_eq!(steps[3], next as u64, "{said}");
+    assert_eq!(steps[4], next as u64 + 1, "stepi goes one step\n{said}");
+    // Memory no step touched is not invented.
+    assert!(
+        said.contains("Cannot access memory at address 0x7ff0000"),
+        "{said}"
+    );
+}
+
+#[test]
+fn the_ends_of_the_trace_and_what_it_does_not_know() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
+    let trace = demo_trace();
+    let (mut server, address) = serve(trace, &[]);
+    let said = gdb(
+        &address,
+        &elf,
+        &[
+            "monitor when",
+            // Before the first step no register is known but RIP.
+            "p $rax",
+            "reverse-stepi",
+            "monitor when",
+            "continue",
+            "monitor when",
+            "monitor goto 1000",
+            "maintenance flush register-cache",
+            "monitor when",
+            "p $rax",
+        ],
+    );
+    assert!(server.wait().unwrap().success(), "{said}");
+    let steps = steps_said(&said);
+    let last = info_json(trace)["steps"].as_u64().unwrap() - 1;
+    assert_eq!(steps, vec![0, 0, last, 1000], "{said}");
+    assert!(said.contains("$1 = <unavailable>"), "{said}");
+    assert_eq!(
+        said.matches("No more reverse-execution history.").count(),
+        2,
+        "both ends say so\n{said}"
+    );
+    assert!(said.contains("$2 = "), "{said}");
+    assert!(!said.contains("$2 = <unavailable>"), "{said}");
+}
+
+#[test]
+fn bad_addresses_and_steps_are_refused_with_what_to_do() {
+    let trace = demo_trace();
+    let out = run(&[
+        "analyze",
+        "gdb",
+        trace.to_str().unwrap(),
+        "--listen",
+        "nowhere",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("give a port"), "{}", stderr(&out));
+    let out = run(&[
+        "analyze",
+        "gdb",
+        trace.to_str().unwrap(),
+        "--listen",
+        "0",
+        "--at",
+        "99999999999",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("outside the trace"),
+        "{}",
+        stderr(&out)
+    );
+}
