@@ -239,12 +239,25 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(request) = trace_request(&args)? {
         builder = builder.trace(request);
     }
+    if let Some(addr) = &args.gdb {
+        let listen = vtrace_gdb::Listen::parse(addr).map_err(|e| BadArgument(e.to_string()))?;
+        builder = builder.gdb(listen, args.gdb_wait);
+    }
     let session = builder.build()?;
     if !args.quiet {
         for note in session.notes() {
             user_message(note);
         }
         user_message(&format!("vtrace: booting {}", session.boot_description()));
+        if let Some(address) = session.gdb_address() {
+            let when = match args.gdb_wait {
+                true => "; the guest waits for it before its first instruction",
+                false => "",
+            };
+            user_message(&format!(
+                "vtrace: gdb can attach at {address} (in gdb: `target remote {address}`){when}"
+            ));
+        }
         if let Some(path) = session.control_socket() {
             user_message(&format!(
                 "vtrace: control socket {} (vtrace ctl start|stop|mark|status)",

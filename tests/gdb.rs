@@ -296,3 +296,137 @@ fn bad_addresses_and_steps_are_refused_with_what_to_do() {
         stderr(&out)
     );
 }
+
+/// `vtrace run ARGS --gdb 127.0.0.1:0`, running, and the address gdb
+/// attaches at.
+fn run_with_gdb(args: &[&str]) -> (Child, String) {
+    let mut child = vtrace()
+        .args(["run", "--no-input", "--gdb", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("vtrace run --gdb");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("vtrace run ended before it listened for gdb")
+            .unwrap();
+        if let Some(rest) = line.split("gdb can attach at ").nth(1) {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, address)
+}
+
+/// What gdb says over a live demo OS: a breakpoint at `schedule`, its
+/// caller, a global, two single steps, then on to the guest's end.
+fn debug_the_demo(address: &str, elf: &Path) -> String {
+    gdb(
+        address,
+        elf,
+        &[
+            "break schedule",
+            "continue",
+            "bt",
+            "p ntasks",
+            "p/x $pc",
+            "stepi",
+            "p/x $pc",
+            "delete",
+            "continue",
+        ],
+    )
+}
+
+fn assert_debugged_the_demo(said: &str) {
+    let schedule = demo_symbol("schedule");
+    assert!(said.contains("Breakpoint 1, schedule"), "{said}");
+    assert!(said.contains("in isr_common"), "bt names the interrupt entry\n{said}");
+    // main.c creates three tasks before the first timer interrupt.
+    assert!(said.contains("$1 = 3"), "ntasks\n{said}");
+    assert!(said.contains(&format!("$2 = {schedule:#x}")), "{said}");
+    let stepped = said
+        .lines()
+        .find_map(|l| l.strip_prefix("$3 = 0x"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .expect("the pc after stepi");
+    assert!(
+        stepped > schedule && stepped < schedule + 16,
+        "one instruction on from {schedule:#x}: {stepped:#x}\n{said}"
+    );
+    assert!(said.contains("[Inferior 1 (process 1) exited normally]"), "{said}");
+}
+
+#[test]
+fn gdb_debugs_a_running_demo_os_to_its_end() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
+    let (mut run, address) = run_with_gdb(&["--gdb-wait"]);
+    let said = debug_the_demo(&address, &elf);
+    assert!(said.contains("pvh_start"), "it waited at its first instruction\n{said}");
+    assert_debugged_the_demo(&said);
+    assert!(run.wait().unwrap().success(), "{said}");
+}
+
+#[test]
+fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
+    let disk = dir.path().join("held.vtd");
+    let (mut run, address) = run_with_gdb(&[
+        "--gdb-wait",
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ]);
+    let said = debug_the_demo(&address, &elf);
+    assert_debugged_the_demo(&said);
+    assert!(run.wait().unwrap().success(), "{said}");
+    // Stopped, stepped and read under gdb, the guest ran as it runs alone:
+    // the same steps, the same digest.
+    let held = info_json(&disk);
+    let alone = info_json(demo_trace());
+    assert_eq!(held["steps"], alone["steps"]);
+    assert_eq!(held["digest"], alone["digest"]);
+    assert_eq!(held["gaps"], 0);
+
+    // Attached part way through a traced run (no --gdb-wait): gdb stops
+    // the guest where it is, and the trace is still the same.
+    let disk = dir.path().join("attached.vtd");
+    let (mut run, address) =
+        run_with_gdb(&["--trace", "--disk", disk.to_str().unwrap(), "--disk-size", "64M"]);
+    let said = gdb(&address, &elf, &["p/x $pc", "continue"]);
+    assert!(said.contains("$1 = 0x"), "{said}");
+    assert!(said.contains("exited normally"), "{said}");
+    assert!(run.wait().unwrap().success(), "{said}");
+    assert_eq!(info_json(&disk)["digest"], alone["digest"]);
+}
+
+#[test]
+fn gdb_requests_that_cannot_be_served_say_why() {
+    if !kvm_available() {
+        return;
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = run(&["run", "--no-input", "--gdb", &port]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("listening for gdb on 127.0.0.1:"), "{}", stderr(&out));
+    let out = run(&["run", "--no-input", "--gdb", "1234", "--cpus", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--cpus 1"), "{}", stderr(&out));
+    let out = run(&["run", "--no-input", "--gdb-wait"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

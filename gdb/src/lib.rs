@@ -1,15 +1,18 @@
 //! The GDB remote protocol for vtrace (with the `gdbstub` crate): x86-64
 //! as a whole machine (general, segment, control registers, FS and GS
-//! bases), and a recorded trace served as a target that runs both ways:
-//! `stepi`, `reverse-stepi`, `continue` and `reverse-continue` to
-//! breakpoints, registers and memory as the trace knows them at each step.
+//! bases); a running guest held for gdb (`vtrace run --gdb`); and a
+//! recorded trace served as a target that runs both ways: `stepi`,
+//! `reverse-stepi`, `continue` and `reverse-continue` to breakpoints,
+//! registers and memory as the trace knows them at each step.
 
 mod arch;
+mod live;
 mod serve;
 mod trace_target;
 
 pub use arch::{Reg, RegisterFile, X86_64Machine};
-pub use serve::{accept, serve_trace, Listen};
+pub use live::{GdbMonitor, LiveGdb};
+pub use serve::{serve_trace, Listen, Listener};
 pub use trace_target::TraceTarget;
 
 use std::path::PathBuf;

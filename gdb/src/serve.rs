@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use gdbstub::conn::{Connection, ConnectionExt};
 use gdbstub::stub::run_blocking::{BlockingEventLoop, Event, WaitForStopReasonError};
-use gdbstub::stub::{DisconnectReason, GdbStub, SingleThreadStopReason};
+use gdbstub::stub::{GdbStub, SingleThreadStopReason};
 use gdbstub::target::Target;
 
 use crate::trace_target::TraceTarget;
@@ -48,35 +48,82 @@ impl fmt::Display for Listen {
     }
 }
 
-type Conn = Box<dyn ConnectionExt<Error = std::io::Error>>;
+/// A connection to gdb.
+pub(crate) type Conn = Box<dyn ConnectionExt<Error = std::io::Error>>;
 
-/// Waits for gdb at `listen`; `bound` is told the address it listens on
-/// (a TCP port 0 becomes the port the system chose) before it waits.
-pub fn accept(listen: &Listen, bound: impl FnOnce(&str)) -> Result<Conn, GdbError> {
-    let io = |e| GdbError::Listen {
-        at: listen.to_string(),
-        source: e,
-    };
-    match listen {
-        Listen::Tcp(addr) => {
-            let listener = TcpListener::bind(addr).map_err(io)?;
-            let at = listener.local_addr().map_err(io)?;
-            bound(&at.to_string());
-            let (stream, _) = listener.accept().map_err(io)?;
-            // gdb's packets are small and each waits for its answer.
-            stream.set_nodelay(true).map_err(io)?;
-            Ok(Box::new(stream))
-        }
-        Listen::Unix(path) => {
-            if path.exists() {
-                return Err(GdbError::SocketExists(path.clone()));
+/// A bound address, waiting for gdb.
+#[derive(Debug)]
+pub struct Listener {
+    socket: Socket,
+    /// The address, as gdb names it in `target remote`.
+    address: String,
+}
+
+#[derive(Debug)]
+enum Socket {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds `listen` (a TCP port 0 becomes the port the system chose).
+    pub fn bind(listen: &Listen) -> Result<Listener, GdbError> {
+        let io = |e| GdbError::Listen {
+            at: listen.to_string(),
+            source: e,
+        };
+        match listen {
+            Listen::Tcp(addr) => {
+                let listener = TcpListener::bind(addr).map_err(io)?;
+                let address = listener.local_addr().map_err(io)?.to_string();
+                Ok(Listener {
+                    socket: Socket::Tcp(listener),
+                    address,
+                })
             }
-            let listener = UnixListener::bind(path).map_err(io)?;
-            bound(&path.display().to_string());
-            let accepted = listener.accept();
+            Listen::Unix(path) => {
+                if path.exists() {
+                    return Err(GdbError::SocketExists(path.clone()));
+                }
+                let listener = UnixListener::bind(path).map_err(io)?;
+                Ok(Listener {
+                    socket: Socket::Unix(listener, path.clone()),
+                    address: path.display().to_string(),
+                })
+            }
+        }
+    }
+
+    /// The address gdb connects to.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Waits for gdb to connect.
+    pub(crate) fn accept(&self) -> Result<Conn, GdbError> {
+        let io = |e| GdbError::Listen {
+            at: self.address.clone(),
+            source: e,
+        };
+        match &self.socket {
+            Socket::Tcp(listener) => {
+                let (stream, _) = listener.accept().map_err(io)?;
+                // gdb's packets are small and each waits for its answer.
+                stream.set_nodelay(true).map_err(io)?;
+                Ok(Box::new(stream))
+            }
+            Socket::Unix(listener, _) => {
+                let (stream, _) = listener.accept().map_err(io)?;
+                Ok(Box::new(stream))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Socket::Unix(_, path) = &self.socket {
             let _ = std::fs::remove_file(path);
-            let (stream, _) = accepted.map_err(io)?;
-            Ok(Box::new(stream))
         }
     }
 }
@@ -112,11 +159,12 @@ impl BlockingEventLoop for TraceLoop {
     }
 }
 
-/// Answers gdb on `conn` until it detaches or kills the session.
-pub fn serve_trace(target: &mut TraceTarget, conn: Conn) -> Result<(), GdbError> {
+/// Waits for gdb on `listener` and answers it until it detaches or kills
+/// the session.
+pub fn serve_trace(target: &mut TraceTarget, listener: &Listener) -> Result<(), GdbError> {
+    let conn = listener.accept()?;
     match GdbStub::new(conn).run_blocking::<TraceLoop>(target) {
-        Ok(DisconnectReason::Disconnect | DisconnectReason::Kill) => Ok(()),
-        Ok(DisconnectReason::TargetExited(_) | DisconnectReason::TargetTerminated(_)) => Ok(()),
+        Ok(_) => Ok(()),
         Err(e) => Err(GdbError::Protocol(e.to_string())),
     }
 }

@@ -17,6 +17,9 @@ pub enum SessionError {
     /// The control socket for `vtrace ctl` could not be made.
     #[error(transparent)]
     Control(#[from] vtrace_vmm::ControlError),
+    /// gdb's address could not be listened on.
+    #[error(transparent)]
+    Gdb(#[from] vtrace_gdb::GdbError),
     /// The static probes of a kernel image could not be read.
     #[error("cannot read the probes of {what}: {source}")]
     Probes {

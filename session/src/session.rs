@@ -11,7 +11,8 @@ use vtrace_storage::Recorder;
 use vtrace_storage::{SampleVariable, LINUX_TASKS};
 use vtrace_trap::{TraceOptions, TraceReport, Tracer};
 use vtrace_vmm::{
-    user_message, BootSource, ClockMode, ConsoleMode, ControlServer, CpuProfile, Image, NoMonitor,
+    user_message, BootSource, ClockMode, ConsoleMode, ControlServer, CpuProfile, Image, Monitor,
+    NoMonitor,
     RunOutcome, Vm, VmConfig,
 };
 
@@ -47,6 +48,7 @@ pub struct SessionBuilder {
     control: Option<PathBuf>,
     progress: Option<Duration>,
     trace: Option<TraceRequest>,
+    gdb: Option<(vtrace_gdb::Listen, bool)>,
     version: String,
 }
 
@@ -73,6 +75,7 @@ impl SessionBuilder {
             control: None,
             progress: None,
             trace: None,
+            gdb: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
@@ -160,6 +163,13 @@ impl SessionBuilder {
         self
     }
 
+    /// Serve gdb at `listen` while the guest runs; `wait`: hold the guest
+    /// at its first instruction until gdb attaches.
+    pub fn gdb(mut self, listen: vtrace_gdb::Listen, wait: bool) -> Self {
+        self.gdb = Some((listen, wait));
+        self
+    }
+
     /// The version the trace's metadata says wrote it.
     pub fn version(mut self, version: &str) -> Self {
         self.version = version.to_string();
@@ -168,6 +178,12 @@ impl SessionBuilder {
 
     /// What a machine of several CPUs cannot trace yet.
     fn check_cpus(&self) -> Result<(), SessionError> {
+        if self.gdb.is_some() && self.cpus > 1 {
+            return Err(SessionError::request(format!(
+                "--gdb debugs a machine of one CPU for now, not {}: use --cpus 1",
+                self.cpus
+            )));
+        }
         if let Some(request) = self.trace.as_ref().filter(|_| self.cpus > 1) {
             if !request.functions.is_empty() {
                 // A window follows one routine's call on one CPU to its
@@ -225,6 +241,12 @@ impl SessionBuilder {
         };
         let panic_line = crate::panic_watch::PanicLine::default();
         let serial_out = crate::panic_watch::PanicWatch::new(self.serial_out, panic_line.clone());
+        // Bound before the guest boots: a taken address fails at once.
+        let gdb = self
+            .gdb
+            .as_ref()
+            .map(|(listen, wait)| vtrace_gdb::LiveGdb::start(listen, *wait))
+            .transpose()?;
         let mut vm = Vm::new(VmConfig {
             boot: self.boot,
             memory: self.memory,
@@ -274,6 +296,7 @@ impl SessionBuilder {
             vm,
             kernel: metadata_base_kernel,
             tracer,
+            gdb,
             peep,
             notes,
             control: control_path,
@@ -394,6 +417,8 @@ pub struct Session {
     /// RIP is named from.
     kernel: vtrace_storage::TraceMetadata,
     tracer: Option<Tracer>,
+    /// gdb's server, where the run serves it.
+    gdb: Option<vtrace_gdb::LiveGdb>,
     peep: Option<PeepSetup>,
     notes: Vec<String>,
     control: Option<PathBuf>,
@@ -438,6 +463,11 @@ impl Session {
         self.control.as_deref()
     }
 
+    /// Where gdb connects, when the run serves it.
+    pub fn gdb_address(&self) -> Option<&str> {
+        self.gdb.as_ref().map(|g| g.address())
+    }
+
     /// The trace disk, when the run traces.
     pub fn trace_disk(&self) -> Option<&Path> {
         self.trace_disk.as_deref()
@@ -452,10 +482,30 @@ impl Session {
     /// disk flushed and closed) whatever became of the guest; an error of
     /// the run is returned after that.
     pub fn run(mut self) -> Result<SessionOutcome, SessionError> {
-        let mut outcome = match self.tracer.as_mut() {
-            Some(t) => self.vm.run(t),
-            None => self.vm.run(&mut NoMonitor),
+        let mut none = NoMonitor;
+        let monitor: &mut dyn Monitor = match self.tracer.as_mut() {
+            Some(t) => t,
+            None => &mut none,
         };
+        let mut outcome = match self.gdb.as_mut().and_then(|g| g.monitor(monitor)) {
+            Some(mut held) => {
+                let outcome = self.vm.run(&mut held);
+                if let Ok(o) = &outcome {
+                    held.exited(match o.exit {
+                        vtrace_vmm::GuestExit::Status(status) => status,
+                        _ => 0,
+                    });
+                }
+                outcome
+            }
+            None => match self.tracer.as_mut() {
+                Some(t) => self.vm.run(t),
+                None => self.vm.run(&mut NoMonitor),
+            },
+        };
+        if let Some(gdb) = self.gdb.take() {
+            gdb.finish();
+        }
         if let Some(report) = outcome.as_mut().err().and_then(|e| e.crash_report_mut()) {
             report.rip_named =
                 crate::places::routine_at(&self.kernel, report.regs.rip, report.sregs.cr3);

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use vtrace_analyzer::{ReadOnlyImage, Replay};
-use vtrace_gdb::{accept, serve_trace, Listen, TraceTarget};
+use vtrace_gdb::{serve_trace, Listen, Listener, TraceTarget};
 
 use super::{open_trace, require_steps, StepsBar};
 use crate::cli::{CpuChoice, GdbArgs};
@@ -48,14 +48,15 @@ fn serve_at(replay: Replay, at: Option<vtrace_analyzer::Position>, listen: &List
     };
     let mut target = TraceTarget::new(replay, at);
     let step = target.step()?;
-    let conn = accept(listen, |bound| {
-        // One line, flushed: scripts wait for it to start gdb.
-        vtrace_vmm::user_message(&format!(
-            "vtrace: serving the trace to gdb at {bound}, standing at step {step}: in gdb, \
-             `target remote {bound}`"
-        ));
-    })?;
-    serve_trace(&mut target, conn)?;
+    let listener = Listener::bind(listen)?;
+    // One line, flushed: scripts wait for it to start gdb.
+    vtrace_vmm::user_message(&format!(
+        "vtrace: serving the trace to gdb at {}, standing at step {step}: in gdb, `target \
+         remote {}`",
+        listener.address(),
+        listener.address()
+    ));
+    serve_trace(&mut target, &listener)?;
     Ok(())
 }
 

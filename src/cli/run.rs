@@ -277,6 +277,21 @@ pub struct RunArgs {
     #[arg(long, requires = "peep", help_heading = "Probes, captures and peeping")]
     pub sample_pc: bool,
 
+    /// Serve gdb (the GDB remote protocol) at ADDR while the guest runs: a
+    /// port (on 127.0.0.1), HOST:PORT, or a Unix socket's path (one with
+    /// a /). In gdb: `target remote ADDR`. gdb stops, steps and continues
+    /// the guest, with hardware breakpoints (the debug registers the
+    /// tracer leaves free), and reads registers and memory through the
+    /// guest's page tables. A step gdb takes while tracing is a step of
+    /// the trace.
+    #[arg(long, value_name = "ADDR", help_heading = "Debugger")]
+    pub gdb: Option<String>,
+
+    /// With --gdb: hold the guest at its first instruction until gdb
+    /// attaches.
+    #[arg(long, requires = "gdb", help_heading = "Debugger")]
+    pub gdb_wait: bool,
+
     /// Control socket for `vtrace ctl` (made when a trace disk is used;
     /// default vtrace-PID.sock in $XDG_RUNTIME_DIR, or else in a 0700
     /// directory of the user's own, /tmp/vtrace-UID).

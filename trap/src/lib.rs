@@ -26,6 +26,7 @@ pub use probes::{matches as probe_matches, FunctionProbe, ProbeCount, ProbeTroub
 pub use tracer::{
     parse_autostop, SampleCount, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP,
 };
+pub use walker::Walker;
 pub use window::{FunctionSite, WindowCount};
 
 // A sample the peeper takes must fit the trace's sample event.

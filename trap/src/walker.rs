@@ -48,6 +48,12 @@ pub struct Walker {
     cache: Box<[Entry; CACHE_SLOTS]>,
 }
 
+impl std::fmt::Debug for Walker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Walker").finish_non_exhaustive()
+    }
+}
+
 impl Default for Walker {
     fn default() -> Self {
         Walker {

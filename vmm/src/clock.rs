@@ -209,6 +209,15 @@ impl VirtualClock {
         self.publish();
     }
 
+    /// Host time `held` does not count for the guest (a debugger held it
+    /// still): a clock that follows the host's goes on from where it was.
+    pub fn leave_out(&mut self, held: Duration) {
+        if let Some(since) = self.since {
+            self.since = Some(since + held);
+            self.publish();
+        }
+    }
+
     /// One instruction was executed under single-step.
     #[inline]
     pub fn step(&mut self) {

@@ -336,6 +336,15 @@ pub trait Monitor {
         None
     }
 
+    /// Called between exits, before the next entry is planned: a debugger
+    /// holds the guest here while its user looks (registers and memory
+    /// through `cpu`) and decides what it plans next (a single step,
+    /// breakpoints). The VM stands still until it returns; it returns the
+    /// host time it held the guest, which the guest's clock does not count.
+    fn pause(&mut self, _cpu: &mut dyn CpuView) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Called right before every `KVM_RUN` (after stepping was armed for
     /// it): a tracer that just started notes the instruction about to run.
     fn before_entry(&mut self, _cpu: &mut dyn CpuView) {}

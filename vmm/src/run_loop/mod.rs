@@ -231,6 +231,10 @@ impl Run<'_> {
             if let Next::Stop(exit) = self.service()? {
                 return Ok(exit);
             }
+            let held = self.monitor.pause(&mut self.vm.cpu_view());
+            if !held.is_zero() {
+                self.vm.machine.clock.leave_out(held);
+            }
             let plan = self.monitor.plan_entry();
             if plan.done {
                 return Ok(GuestExit::MonitorDone);

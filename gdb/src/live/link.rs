@@ -1,0 +1,104 @@
+//! What the gdb thread and the vCPU thread say to each other while gdb
+//! debugs a running guest. The vCPU thread holds the guest; the gdb thread
+//! speaks the protocol and asks it.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+
+use crate::arch::RegisterFile;
+
+/// Why the guest stopped for gdb.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Before its first instruction (`--gdb-wait`), or where gdb attached.
+    Attached,
+    /// gdb's single step is done.
+    Step,
+    /// It reached one of gdb's breakpoints.
+    Breakpoint,
+    /// gdb interrupted it (Ctrl-C).
+    Interrupted,
+}
+
+/// What gdb asks of the stopped guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Its registers.
+    Registers,
+    /// `len` bytes of memory at linear address `addr`, through its page
+    /// tables.
+    Memory {
+        /// The first byte's address.
+        addr: u64,
+        /// How many.
+        len: usize,
+    },
+    /// The addresses to break at from now on.
+    Breakpoints(Vec<u64>),
+    /// Run on until the next stop.
+    Continue,
+    /// Run one instruction.
+    Step,
+    /// gdb is gone: run on, without its breakpoints.
+    Detach,
+    /// gdb killed the session: end the run.
+    Kill,
+}
+
+/// What the vCPU thread answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The guest stopped.
+    Stopped(Stop),
+    /// Its registers.
+    Registers(Box<RegisterFile>),
+    /// The bytes of memory that could be read (fewer than asked where a
+    /// page is not mapped).
+    Memory(Vec<u8>),
+    /// The breakpoints are set; or why not.
+    Breakpoints(Result<(), String>),
+    /// The guest ended with this status.
+    Exited(u8),
+}
+
+/// The vCPU thread's end.
+#[derive(Debug)]
+pub struct VcpuEnd {
+    /// gdb's requests.
+    pub requests: Receiver<Request>,
+    /// The answers.
+    pub replies: Sender<Reply>,
+    /// Set by the gdb thread to have the guest stop at its next exit.
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// The gdb thread's end.
+#[derive(Debug)]
+pub struct GdbEnd {
+    /// To the vCPU thread.
+    pub requests: Sender<Request>,
+    /// From it.
+    pub replies: Receiver<Reply>,
+    /// See [`VcpuEnd::interrupt`].
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// A connected pair.
+pub fn link() -> (VcpuEnd, GdbEnd) {
+    let (requests_tx, requests_rx) = std::sync::mpsc::channel();
+    let (replies_tx, replies_rx) = std::sync::mpsc::channel();
+    let interrupt = Arc::new(AtomicBool::new(false));
+    (
+        VcpuEnd {
+            requests: requests_rx,
+            replies: replies_tx,
+            interrupt: Arc::clone(&interrupt),
+        },
+        GdbEnd {
+            requests: requests_tx,
+            replies: replies_rx,
+            interrupt,
+        },
+    )
+}

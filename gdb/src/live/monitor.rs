@@ -1,0 +1,263 @@
+//! The guest held for gdb: a [`Monitor`] around the run's own (the tracer,
+//! or none) that stops the guest where gdb asked and answers gdb's
+//! questions from the vCPU while it stands.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use vtrace_trap::Walker;
+use vtrace_vmm::{
+    CpuView, EntryPlan, Exception, ExitAnswer, ExitView, Help, Hypercall, Injection,
+    Monitor, PeepSample,
+};
+
+use super::link::{Reply, Request, Stop, VcpuEnd};
+use crate::arch::{Reg, RegisterFile};
+
+/// A run's monitor with gdb in charge of stopping.
+pub struct GdbMonitor<'a> {
+    inner: &'a mut dyn Monitor,
+    end: VcpuEnd,
+    /// Where the guest stops at the next pause.
+    pending: Option<Stop>,
+    /// gdb asked for one instruction.
+    stepping: bool,
+    /// gdb's breakpoints.
+    breakpoints: Vec<u64>,
+    /// gdb is gone (detached, or its connection closed).
+    gone: bool,
+    /// gdb killed the session.
+    killed: bool,
+    walker: Walker,
+}
+
+impl std::fmt::Debug for GdbMonitor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GdbMonitor")
+            .field("pending", &self.pending)
+            .field("stepping", &self.stepping)
+            .field("breakpoints", &self.breakpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> GdbMonitor<'a> {
+    /// `inner` with gdb on `end`; `wait`: stop before the first
+    /// instruction until gdb attaches.
+    pub fn new(inner: &'a mut dyn Monitor, end: VcpuEnd, wait: bool) -> GdbMonitor<'a> {
+        GdbMonitor {
+            inner,
+            end,
+            pending: wait.then_some(Stop::Attached),
+            stepping: false,
+            breakpoints: Vec::new(),
+            gone: false,
+            killed: false,
+            walker: Walker::default(),
+        }
+    }
+
+    /// Tells gdb the guest ended with `status`.
+    pub fn exited(&mut self, status: u8) {
+        let _ = self.end.replies.send(Reply::Exited(status));
+    }
+
+    /// Serves gdb while the guest stands, until it says to run on.
+    fn serve(&mut self, stop: Stop, cpu: &mut dyn CpuView) {
+        if self.end.replies.send(Reply::Stopped(stop)).is_err() {
+            return self.let_go();
+        }
+        loop {
+            let Ok(request) = self.end.requests.recv() else {
+                return self.let_go();
+            };
+            let reply = match request {
+                Request::Registers => Reply::Registers(Box::new(registers(cpu))),
+                Request::Memory { addr, len } => {
+                    let sregs = cpu.sregs();
+                    let mut buf = vec![0; len];
+                    let read = self.walker.read(cpu, &sregs, addr, &mut buf);
+                    buf.truncate(read);
+                    Reply::Memory(buf)
+                }
+                Request::Breakpoints(addrs) => Reply::Breakpoints(self.set_breakpoints(addrs)),
+                Request::Continue => return,
+                Request::Step => {
+                    self.stepping = true;
+                    return;
+                }
+                Request::Detach => return self.let_go(),
+                Request::Kill => {
+                    self.killed = true;
+                    return self.let_go();
+                }
+            };
+            if self.end.replies.send(reply).is_err() {
+                return self.let_go();
+            }
+        }
+    }
+
+    /// gdb's breakpoints, where the debug registers the run's own monitor
+    /// leaves free hold them.
+    fn set_breakpoints(&mut self, addrs: Vec<u64>) -> Result<(), String> {
+        let mut plan = self.inner.plan_entry().breakpoints;
+        if !self.inner.plan_entry().stepping {
+            for &a in &addrs {
+                if !plan.push(a) {
+                    return Err(format!(
+                        "no debug register is free for a breakpoint at {a:#x} (4 in all, the \
+                         tracer's function probes take theirs)"
+                    ));
+                }
+            }
+        }
+        self.breakpoints = addrs;
+        Ok(())
+    }
+
+    /// gdb is gone: the guest runs on as if it had never come.
+    fn let_go(&mut self) {
+        self.gone = true;
+        self.stepping = false;
+        self.breakpoints.clear();
+        self.pending = None;
+    }
+}
+
+/// The registers gdb shows, read from the vCPU.
+fn registers(cpu: &mut dyn CpuView) -> RegisterFile {
+    let r = cpu.regs();
+    let s = cpu.sregs();
+    let mut file = RegisterFile::default();
+    let gprs = [
+        r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12,
+        r.r13, r.r14, r.r15,
+    ];
+    for (n, v) in gprs.into_iter().enumerate() {
+        file.set(Reg::Gpr(n), Some(v));
+    }
+    file.set(Reg::Rip, Some(r.rip));
+    file.set(Reg::Eflags, Some(r.rflags));
+    for (n, seg) in [s.cs, s.ss, s.ds, s.es, s.fs, s.gs].iter().enumerate() {
+        file.set(Reg::Segment(n), Some(u64::from(seg.selector)));
+    }
+    file.set(Reg::FsBase, Some(s.fs.base));
+    file.set(Reg::GsBase, Some(s.gs.base));
+    file.set(Reg::Cr0, Some(s.cr0));
+    file.set(Reg::Cr2, Some(s.cr2));
+    file.set(Reg::Cr3, Some(s.cr3));
+    file.set(Reg::Cr4, Some(s.cr4));
+    file.set(Reg::Cr8, Some(s.cr8));
+    file.set(Reg::Efer, Some(s.efer));
+    file
+}
+
+impl Monitor for GdbMonitor<'_> {
+    fn plan_entry(&self) -> EntryPlan {
+        let mut plan = self.inner.plan_entry();
+        plan.done |= self.killed;
+        if self.stepping {
+            plan.stepping = true;
+        }
+        // While the run steps anyway, a breakpoint is a pc compared after
+        // each step (see on_exit); else a debug register.
+        if !plan.stepping {
+            for &a in &self.breakpoints {
+                plan.breakpoints.push(a);
+            }
+        }
+        plan
+    }
+
+    fn pause(&mut self, cpu: &mut dyn CpuView) -> Duration {
+        if self.end.interrupt.swap(false, Ordering::Relaxed) && !self.gone {
+            self.pending.get_or_insert(Stop::Interrupted);
+        }
+        let mut held = Duration::ZERO;
+        if let Some(stop) = self.pending.take() {
+            let since = Instant::now();
+            self.serve(stop, cpu);
+            held = since.elapsed();
+        }
+        held + self.inner.pause(cpu)
+    }
+
+    fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> ExitAnswer {
+        let ExitView::Debug { breakpoint } = *exit else {
+            return self.inner.on_exit(exit, cpu);
+        };
+        let inner = self.inner.plan_entry();
+        let rip = cpu.regs().rip;
+        let ours_step = !breakpoint && self.stepping;
+        let at_ours = self.breakpoints.contains(&rip) && (breakpoint || inner.stepping);
+        let theirs = if breakpoint {
+            inner.breakpoints.contains(rip)
+        } else {
+            inner.stepping
+        };
+        if ours_step {
+            self.stepping = false;
+            self.pending = Some(Stop::Step);
+        } else if at_ours {
+            self.pending = Some(Stop::Breakpoint);
+        }
+        if theirs || !(ours_step || at_ours) {
+            self.inner.on_exit(exit, cpu)
+        } else {
+            ExitAnswer::CONTINUE
+        }
+    }
+
+    fn exception_before_entry(&mut self) -> Option<Exception> {
+        self.inner.exception_before_entry()
+    }
+
+    fn before_entry(&mut self, cpu: &mut dyn CpuView) {
+        self.inner.before_entry(cpu)
+    }
+
+    fn on_cpu(&mut self, cpu: usize) {
+        self.inner.on_cpu(cpu)
+    }
+
+    fn turn_may_end(&self) -> bool {
+        self.inner.turn_may_end()
+    }
+
+    fn on_inject(&mut self, vector: u8, irq: u8, how: Injection, cpu: &mut dyn CpuView) {
+        self.inner.on_inject(vector, irq, how, cpu)
+    }
+
+    fn hypercall(&mut self, call: &Hypercall) -> Option<i32> {
+        self.inner.hypercall(call)
+    }
+
+    fn guest_log(&mut self, text: &str) {
+        self.inner.guest_log(text)
+    }
+
+    fn peeped(&mut self, samples: &[PeepSample]) {
+        self.inner.peeped(samples)
+    }
+
+    fn on_finish(&mut self, cpu: &mut dyn CpuView, how: vtrace_vmm::Finish<'_>) {
+        self.inner.on_finish(cpu, how)
+    }
+
+    fn hotkey(&mut self, key: u8) -> Option<String> {
+        self.inner.hotkey(key)
+    }
+
+    fn control(&mut self, command: &str) -> Option<String> {
+        self.inner.control(command)
+    }
+
+    fn status(&self) -> Option<String> {
+        self.inner.status()
+    }
+
+    fn help(&self) -> Help {
+        self.inner.help()
+    }
+}
