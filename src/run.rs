@@ -217,6 +217,38 @@ fn trace_request(args: &RunArgs) -> Result<Option<TraceRequest>> {
     }))
 }
 
+/// What the user needs to know before the guest runs: notes, the boot
+/// line, where gdb and `vtrace ctl` connect. gdb's address is said even
+/// with --quiet: a port the system chose is known no other way.
+fn announce(session: &vtrace_session::Session, args: &RunArgs) {
+    if !args.quiet {
+        for note in session.notes() {
+            user_message(note);
+        }
+        user_message(&format!("vtrace: booting {}", session.boot_description()));
+    }
+    if let Some(address) = session.gdb_address() {
+        let when = match args.gdb_wait {
+            true => "; the guest waits for it before its first instruction",
+            false => "",
+        };
+        user_message(&format!(
+            "vtrace: gdb can attach at {address} (in gdb: `target remote {address}`){when}"
+        ));
+    }
+    if !args.quiet {
+        if let Some(path) = session.control_socket() {
+            user_message(&format!(
+                "vtrace: control socket {} (vtrace ctl start|stop|mark|status)",
+                path.display()
+            ));
+        }
+        if !args.no_input {
+            user_message("vtrace: Ctrl-A h for help, Ctrl-A x to quit");
+        }
+    }
+}
+
 pub fn run(args: RunArgs) -> Result<i32> {
     // From the start: a signal while the kernel loads or the disk is made
     // ends the run at its first exit, with the disk in order.
@@ -244,30 +276,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         builder = builder.gdb(listen, args.gdb_wait);
     }
     let session = builder.build()?;
-    if !args.quiet {
-        for note in session.notes() {
-            user_message(note);
-        }
-        user_message(&format!("vtrace: booting {}", session.boot_description()));
-        if let Some(address) = session.gdb_address() {
-            let when = match args.gdb_wait {
-                true => "; the guest waits for it before its first instruction",
-                false => "",
-            };
-            user_message(&format!(
-                "vtrace: gdb can attach at {address} (in gdb: `target remote {address}`){when}"
-            ));
-        }
-        if let Some(path) = session.control_socket() {
-            user_message(&format!(
-                "vtrace: control socket {} (vtrace ctl start|stop|mark|status)",
-                path.display()
-            ));
-        }
-        if !args.no_input {
-            user_message("vtrace: Ctrl-A h for help, Ctrl-A x to quit");
-        }
-    }
+    announce(&session, &args);
     let disk = session.trace_disk().map(PathBuf::from);
     let peep = session.peeping().cloned();
     let SessionOutcome {

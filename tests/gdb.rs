@@ -345,7 +345,10 @@ fn debug_the_demo(address: &str, elf: &Path) -> String {
 fn assert_debugged_the_demo(said: &str) {
     let schedule = demo_symbol("schedule");
     assert!(said.contains("Breakpoint 1, schedule"), "{said}");
-    assert!(said.contains("in isr_common"), "bt names the interrupt entry\n{said}");
+    assert!(
+        said.contains("in isr_common"),
+        "bt names the interrupt entry\n{said}"
+    );
     // main.c creates three tasks before the first timer interrupt.
     assert!(said.contains("$1 = 3"), "ntasks\n{said}");
     assert!(said.contains(&format!("$2 = {schedule:#x}")), "{said}");
@@ -358,7 +361,10 @@ fn assert_debugged_the_demo(said: &str) {
         stepped > schedule && stepped < schedule + 16,
         "one instruction on from {schedule:#x}: {stepped:#x}\n{said}"
     );
-    assert!(said.contains("[Inferior 1 (process 1) exited normally]"), "{said}");
+    assert!(
+        said.contains("[Inferior 1 (process 1) exited normally]"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -370,7 +376,10 @@ fn gdb_debugs_a_running_demo_os_to_its_end() {
     let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
     let (mut run, address) = run_with_gdb(&["--gdb-wait"]);
     let said = debug_the_demo(&address, &elf);
-    assert!(said.contains("pvh_start"), "it waited at its first instruction\n{said}");
+    assert!(
+        said.contains("pvh_start"),
+        "it waited at its first instruction\n{said}"
+    );
     assert_debugged_the_demo(&said);
     assert!(run.wait().unwrap().success(), "{said}");
 }
@@ -405,8 +414,13 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
     // Attached part way through a traced run (no --gdb-wait): gdb stops
     // the guest where it is, and the trace is still the same.
     let disk = dir.path().join("attached.vtd");
-    let (mut run, address) =
-        run_with_gdb(&["--trace", "--disk", disk.to_str().unwrap(), "--disk-size", "64M"]);
+    let (mut run, address) = run_with_gdb(&[
+        "--trace",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ]);
     let said = gdb(&address, &elf, &["p/x $pc", "continue"]);
     assert!(said.contains("$1 = 0x"), "{said}");
     assert!(said.contains("exited normally"), "{said}");
@@ -423,10 +437,138 @@ fn gdb_requests_that_cannot_be_served_say_why() {
     let port = taken.local_addr().unwrap().port().to_string();
     let out = run(&["run", "--no-input", "--gdb", &port]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("listening for gdb on 127.0.0.1:"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("listening for gdb on 127.0.0.1:"),
+        "{}",
+        stderr(&out)
+    );
     let out = run(&["run", "--no-input", "--gdb", "1234", "--cpus", "2"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--cpus 1"), "{}", stderr(&out));
     let out = run(&["run", "--no-input", "--gdb-wait"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// The routines open at step `n`, outermost first, from a nest diagram:
+/// the calls entered at or before it and not yet left. (A routine that
+/// jumped away is left; the one it jumped to, `[jmp]`, holds its frame.)
+fn open_calls(nest: &str, n: u64) -> Vec<String> {
+    let mut stack: Vec<String> = Vec::new();
+    for line in nest.lines() {
+        let mut words = line.split_whitespace();
+        let Some(step) = words.next().and_then(|w| w.parse::<u64>().ok()) else {
+            continue;
+        };
+        if step > n {
+            break;
+        }
+        let text = line.trim_end();
+        if let Some(closed) = text.split("} /* ").nth(1) {
+            let name = closed.split([' ', ',']).next().unwrap();
+            if let Some(at) = stack.iter().rposition(|s| s == name) {
+                stack.truncate(at);
+            }
+            continue;
+        }
+        let Some(total) = words.next().and_then(|w| w.parse::<u64>().ok()) else {
+            continue;
+        };
+        let Some(name) = text.split_whitespace().find(|w| w.contains("()")) else {
+            continue;
+        };
+        let name = name.split('(').next().unwrap().to_string();
+        if text.trim_end_matches("[jmp]").trim_end().ends_with('{') || step + total > n {
+            stack.push(name);
+        }
+    }
+    stack
+}
+
+#[test]
+fn gdb_gives_a_backtrace_at_a_step_of_a_linux_trace() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("linux.vtd");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--memory",
+        "256M",
+        "--start-at",
+        "start_kernel",
+        "--max-steps",
+        "400000",
+        "--exit-after-trace",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let nest = run(&["analyze", "nest", "-q", disk.to_str().unwrap()]);
+    assert!(nest.status.success(), "{}", stderr(&nest));
+    let nest = stdout(&nest);
+    // A step deep in a routine the nest diagram shows whole, five calls
+    // down or more, where the listing names the same routine (the nest
+    // diagram counts a retpoline's thunk as part of the call it makes).
+    let (n, expected) = nest
+        .lines()
+        .filter_map(|l| {
+            let step: u64 = l.split_whitespace().next()?.parse().ok()?;
+            let total: u64 = l.split_whitespace().nth(1)?.parse().ok()?;
+            (step > 200_000 && total > 10 && l.trim_end().ends_with(");"))
+                .then_some(step + total / 2)
+        })
+        .map(|n| (n, open_calls(&nest, n)))
+        .filter(|(_, stack)| stack.len() >= 5)
+        .take(20)
+        .find(|(n, stack)| {
+            let listing = run(&[
+                "analyze",
+                "listing",
+                "-q",
+                "--from",
+                &n.to_string(),
+                "--count",
+                "1",
+                disk.to_str().unwrap(),
+            ]);
+            let innermost = format!(" {} ", stack.last().unwrap());
+            let plus = format!(" {}+", stack.last().unwrap());
+            stdout(&listing)
+                .lines()
+                .any(|l| l.contains(&innermost) || l.contains(&plus))
+        })
+        .expect("a step five calls deep");
+    let (mut server, address) = serve(&disk, &["--at", &n.to_string()]);
+    // gdb gets the kernel's symbols from vtrace (kallsyms and ORC): no
+    // `file` command.
+    let mut gdb = Command::new("timeout");
+    gdb.args(["300", "gdb", "-batch", "-nx", "-ex", "set pagination off"]);
+    gdb.args(["-ex", &format!("target remote {address}"), "-ex", "bt"]);
+    let out = gdb.output().expect("gdb");
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(server.wait().unwrap().success(), "{said}");
+    assert!(said.contains("Reading symbols from"), "{said}");
+    let frames: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .filter_map(|l| l.split(" in ").nth(1)?.split_whitespace().next())
+        .collect();
+    let innermost_first: Vec<&str> = expected.iter().rev().map(String::as_str).collect();
+    assert!(
+        frames.len() >= innermost_first.len(),
+        "step {n}: gdb's frames {frames:?}, the nest diagram's {innermost_first:?}\n{said}"
+    );
+    assert_eq!(
+        &frames[..innermost_first.len()],
+        &innermost_first[..],
+        "step {n}: gdb's backtrace and the nest diagram's open calls\n{said}"
+    );
 }

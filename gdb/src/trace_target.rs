@@ -15,6 +15,7 @@ use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::breakpoints::{
     Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, SwBreakpoint, SwBreakpointOps,
 };
+use gdbstub::target::ext::exec_file::{ExecFile, ExecFileOps};
 use gdbstub::target::ext::monitor_cmd::{ConsoleOutput, MonitorCmd, MonitorCmdOps};
 use gdbstub::target::{Target, TargetError, TargetResult};
 use vtrace_analyzer::{AnalyzeError, Direction, Position, Replay};
@@ -38,6 +39,8 @@ pub struct TraceTarget {
     at: Position,
     breakpoints: Vec<u64>,
     motion: Option<Motion>,
+    /// The file gdb loads symbols from when it has none (its exec-file).
+    symbols: Option<std::path::PathBuf>,
 }
 
 impl TraceTarget {
@@ -48,7 +51,14 @@ impl TraceTarget {
             at,
             breakpoints: Vec::new(),
             motion: None,
+            symbols: None,
         }
+    }
+
+    /// Offers gdb `file` to load its symbols from, where it was given
+    /// none (gdb asks for the program it debugs as it connects).
+    pub fn offer_symbols(&mut self, file: std::path::PathBuf) {
+        self.symbols = Some(file);
     }
 
     /// The step it stands at.
@@ -182,6 +192,30 @@ impl Target for TraceTarget {
 
     fn support_monitor_cmd(&mut self) -> Option<MonitorCmdOps<'_, Self>> {
         Some(self)
+    }
+
+    fn support_exec_file(&mut self) -> Option<ExecFileOps<'_, Self>> {
+        self.symbols.is_some().then_some(self)
+    }
+}
+
+impl ExecFile for TraceTarget {
+    fn get_exec_file(
+        &self,
+        _pid: Option<gdbstub::common::Pid>,
+        offset: u64,
+        length: usize,
+        buf: &mut [u8],
+    ) -> TargetResult<usize, Self> {
+        let path = self.symbols.as_ref().ok_or(TargetError::NonFatal)?;
+        let name = path.as_os_str().as_encoded_bytes();
+        let from = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(name.len());
+        let part = &name[from..];
+        let n = part.len().min(length).min(buf.len());
+        buf[..n].copy_from_slice(&part[..n]);
+        Ok(n)
     }
 }
 

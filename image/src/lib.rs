@@ -17,6 +17,8 @@
 //!   arguments.
 //! - [`initramfs`] and [`user_routine`]: programs in an initramfs, and
 //!   places inside them.
+//! - [`orc`] and [`gdb_symbols`]: the kernel's unwind tables, and a symbol
+//!   file that lets gdb name and unwind a kernel that has no DWARF.
 
 // Every number in a kernel image, symbol file or initramfs is the file's
 // to choose: a cast that could cut one short must be a checked conversion.
@@ -24,8 +26,10 @@
 
 pub mod bzimage;
 pub mod decompress;
+pub mod gdb_symbols;
 pub mod initramfs;
 pub mod linux_tasks;
+pub mod orc;
 pub mod probe_dwarf;
 pub mod probe_fetch;
 pub mod sdt;

@@ -6,14 +6,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use vtrace_gdb::LiveGdb;
 use vtrace_storage::DiskWriter;
 use vtrace_storage::Recorder;
 use vtrace_storage::{SampleVariable, LINUX_TASKS};
 use vtrace_trap::{TraceOptions, TraceReport, Tracer};
 use vtrace_vmm::{
     user_message, BootSource, ClockMode, ConsoleMode, ControlServer, CpuProfile, Image, Monitor,
-    NoMonitor,
-    RunOutcome, Vm, VmConfig,
+    NoMonitor, RunOutcome, Vm, VmConfig,
 };
 
 use crate::peep::PeepSetup;
@@ -199,6 +199,18 @@ impl SessionBuilder {
         Ok(())
     }
 
+    /// The socket `vtrace ctl` talks to, where the run traces.
+    fn control_server(&self) -> Result<Option<ControlServer>, SessionError> {
+        if self.trace.is_none() {
+            return Ok(None);
+        }
+        let path = match self.control.clone() {
+            Some(path) => path,
+            None => vtrace_vmm::control_socket::default_path(std::process::id())?,
+        };
+        Ok(Some(ControlServer::bind(&path)?))
+    }
+
     /// Makes the VM, and where tracing is asked the trace disk and the
     /// tracer. Every place, probe and variable is found before the disk is
     /// made: a misspelt routine leaves no file behind.
@@ -224,16 +236,7 @@ impl SessionBuilder {
         };
         let metadata_base = crate::metadata::for_boot("", &self.boot, &self.version);
         let metadata_base_kernel = metadata_base.clone();
-        let control = match traced {
-            true => {
-                let path = match self.control.clone() {
-                    Some(path) => path,
-                    None => vtrace_vmm::control_socket::default_path(std::process::id())?,
-                };
-                Some(ControlServer::bind(&path)?)
-            }
-            false => None,
-        };
+        let control = self.control_server()?;
         let control_path = control.as_ref().map(|c| c.path().to_path_buf());
         let initrd = match &self.boot {
             BootSource::Kernel { initrd, .. } => initrd.as_ref().map(|i| i.path.clone()),
@@ -245,7 +248,7 @@ impl SessionBuilder {
         let gdb = self
             .gdb
             .as_ref()
-            .map(|(listen, wait)| vtrace_gdb::LiveGdb::start(listen, *wait))
+            .map(|(at, wait)| LiveGdb::start(at, *wait))
             .transpose()?;
         let mut vm = Vm::new(VmConfig {
             boot: self.boot,
@@ -418,7 +421,7 @@ pub struct Session {
     kernel: vtrace_storage::TraceMetadata,
     tracer: Option<Tracer>,
     /// gdb's server, where the run serves it.
-    gdb: Option<vtrace_gdb::LiveGdb>,
+    gdb: Option<LiveGdb>,
     peep: Option<PeepSetup>,
     notes: Vec<String>,
     control: Option<PathBuf>,

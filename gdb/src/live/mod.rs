@@ -68,7 +68,10 @@ impl LiveGdb {
     }
 
     /// The run's monitor with gdb in charge of stopping it (once).
-    pub fn monitor<'a>(&mut self, inner: &'a mut dyn vtrace_vmm::Monitor) -> Option<GdbMonitor<'a>> {
+    pub fn monitor<'a>(
+        &mut self,
+        inner: &'a mut dyn vtrace_vmm::Monitor,
+    ) -> Option<GdbMonitor<'a>> {
         let end = self.end.take()?;
         Some(GdbMonitor::new(inner, end, self.wait))
     }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use vtrace_trap::Walker;
 use vtrace_vmm::{
-    CpuView, EntryPlan, Exception, ExitAnswer, ExitView, Help, Hypercall, Injection,
-    Monitor, PeepSample,
+    CpuView, EntryPlan, Exception, ExitAnswer, ExitView, Help, Hypercall, Injection, Monitor,
+    PeepSample,
 };
 
 use super::link::{Reply, Request, Stop, VcpuEnd};

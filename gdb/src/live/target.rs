@@ -59,11 +59,10 @@ impl LiveTarget {
 
     /// Tells the vCPU thread to go on without gdb, or to end the run.
     pub fn leave(&self, kill: bool) {
-        let _ = self.end.requests.send(if kill {
-            Request::Kill
-        } else {
-            Request::Detach
-        });
+        let _ = self
+            .end
+            .requests
+            .send(if kill { Request::Kill } else { Request::Detach });
     }
 
     /// Waits for the guest's first stop (gdb talks to a stopped guest);
@@ -86,7 +85,9 @@ impl LiveTarget {
                 vtrace_vmm::user_message(&format!("vtrace: gdb: {why}"));
                 Ok(false)
             }
-            Ok(other) => Err(TargetError::Fatal(LiveError::Unexpected(format!("{other:?}")))),
+            Ok(other) => Err(TargetError::Fatal(LiveError::Unexpected(format!(
+                "{other:?}"
+            )))),
             Err(e) => Err(TargetError::Fatal(e)),
         }
     }
@@ -126,7 +127,9 @@ impl SingleThreadBase for LiveTarget {
                 *regs = *file;
                 Ok(())
             }
-            other => Err(TargetError::Fatal(LiveError::Unexpected(format!("{other:?}")))),
+            other => Err(TargetError::Fatal(LiveError::Unexpected(format!(
+                "{other:?}"
+            )))),
         }
     }
 
@@ -149,7 +152,9 @@ impl SingleThreadBase for LiveTarget {
                 data[..n].copy_from_slice(&bytes[..n]);
                 Ok(n)
             }
-            other => Err(TargetError::Fatal(LiveError::Unexpected(format!("{other:?}")))),
+            other => Err(TargetError::Fatal(LiveError::Unexpected(format!(
+                "{other:?}"
+            )))),
         }
     }
 
