@@ -69,13 +69,19 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn summary(outcome: &RunOutcome) -> String {
+/// The run's last line; `gdb`: gdb could end it (`kill`).
+fn summary(outcome: &RunOutcome, gdb: bool, exit_after_trace: bool) -> String {
     let how = match outcome.exit {
         GuestExit::Status(s) => format!("guest exited with status {s}"),
         GuestExit::Reset => "guest rebooted (reset the machine)".to_string(),
         GuestExit::PowerOff => "guest powered off".to_string(),
         GuestExit::UserQuit => "quit by the user".to_string(),
-        GuestExit::MonitorDone => "run ended when tracing stopped (--exit-after-trace)".to_string(),
+        GuestExit::MonitorDone => match (gdb, exit_after_trace) {
+            (true, false) => "run ended by gdb (kill)",
+            (true, true) => "run ended by gdb (kill), or when tracing stopped (--exit-after-trace)",
+            (false, _) => "run ended when tracing stopped (--exit-after-trace)",
+        }
+        .to_string(),
         GuestExit::Signal(signal) => format!("stopped by {}", signals::name(signal)),
     };
     let rss = peak_rss_bytes()
@@ -235,6 +241,12 @@ fn announce(session: &vtrace_session::Session, args: &RunArgs) {
         user_message(&format!(
             "vtrace: gdb can attach at {address} (in gdb: `target remote {address}`){when}"
         ));
+        if let Some((file, what)) = session.gdb_symbols().filter(|_| !args.quiet) {
+            user_message(&format!(
+                "vtrace: gdb loads the kernel's symbols from {} ({what})",
+                file.display()
+            ));
+        }
     }
     if !args.quiet {
         if let Some(path) = session.control_socket() {
@@ -288,7 +300,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
         user_message(&format!("vtrace: the guest kernel panicked: {line}"));
     }
     if !args.quiet {
-        user_message(&summary(&outcome));
+        user_message(&summary(
+            &outcome,
+            args.gdb.is_some(),
+            args.exit_after_trace,
+        ));
         if let (Some(r), Some(path)) = (&report, disk) {
             let stop = r
                 .stop_reason

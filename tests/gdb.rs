@@ -90,9 +90,9 @@ fn serve(trace: &Path, args: &[&str]) -> (Child, String) {
     (child, address)
 }
 
-/// gdb in batch mode on `address` (with the demo's ELF as its program):
-/// what it printed.
-fn gdb(address: &str, elf: &Path, commands: &[&str]) -> String {
+/// gdb in batch mode on `address`, with `elf` as its program (else the
+/// one vtrace offers it): what it printed.
+fn gdb(address: &str, elf: Option<&Path>, commands: &[&str]) -> String {
     let mut gdb = Command::new("timeout");
     gdb.args([
         "300",
@@ -104,7 +104,9 @@ fn gdb(address: &str, elf: &Path, commands: &[&str]) -> String {
         "-ex",
         "set confirm off",
     ]);
-    gdb.args(["-ex", &format!("file {}", elf.display())]);
+    if let Some(elf) = elf {
+        gdb.args(["-ex", &format!("file {}", elf.display())]);
+    }
     gdb.args(["-ex", &format!("target remote {address}")]);
     for c in commands {
         gdb.args(["-ex", c]);
@@ -132,8 +134,6 @@ fn gdb_steps_and_continues_both_ways_through_a_demo_trace() {
     if !kvm_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
     let trace = demo_trace();
     let rows = rows(trace);
     for (i, r) in rows.iter().enumerate() {
@@ -167,7 +167,8 @@ fn gdb_steps_and_continues_both_ways_through_a_demo_trace() {
     let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
 
     let (mut server, address) = serve(trace, &["--at", &n.to_string()]);
-    let said = gdb(&address, &elf, &commands);
+    // No `file`: gdb loads the symbols vtrace offers (the demo's ELF).
+    let said = gdb(&address, None, &commands);
     let status = server.wait().unwrap();
     assert!(
         status.success(),
@@ -239,7 +240,7 @@ fn the_ends_of_the_trace_and_what_it_does_not_know() {
     let (mut server, address) = serve(trace, &[]);
     let said = gdb(
         &address,
-        &elf,
+        Some(&elf),
         &[
             "monitor when",
             // Before the first step no register is known but RIP.
@@ -324,7 +325,7 @@ fn run_with_gdb(args: &[&str]) -> (Child, String) {
 
 /// What gdb says over a live demo OS: a breakpoint at `schedule`, its
 /// caller, a global, two single steps, then on to the guest's end.
-fn debug_the_demo(address: &str, elf: &Path) -> String {
+fn debug_the_demo(address: &str, elf: Option<&Path>) -> String {
     gdb(
         address,
         elf,
@@ -372,10 +373,9 @@ fn gdb_debugs_a_running_demo_os_to_its_end() {
     if !kvm_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
+    // No `file`: gdb loads the symbols vtrace offers (the demo's ELF).
     let (mut run, address) = run_with_gdb(&["--gdb-wait"]);
-    let said = debug_the_demo(&address, &elf);
+    let said = debug_the_demo(&address, None);
     assert!(
         said.contains("pvh_start"),
         "it waited at its first instruction\n{said}"
@@ -400,7 +400,7 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
         "--disk-size",
         "64M",
     ]);
-    let said = debug_the_demo(&address, &elf);
+    let said = debug_the_demo(&address, Some(&elf));
     assert_debugged_the_demo(&said);
     assert!(run.wait().unwrap().success(), "{said}");
     // Stopped, stepped and read under gdb, the guest ran as it runs alone:
@@ -421,7 +421,7 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
         "--disk-size",
         "64M",
     ]);
-    let said = gdb(&address, &elf, &["p/x $pc", "continue"]);
+    let said = gdb(&address, Some(&elf), &["p/x $pc", "continue"]);
     assert!(said.contains("$1 = 0x"), "{said}");
     assert!(said.contains("exited normally"), "{said}");
     assert!(run.wait().unwrap().success(), "{said}");
@@ -571,4 +571,39 @@ fn gdb_gives_a_backtrace_at_a_step_of_a_linux_trace() {
         &innermost_first[..],
         "step {n}: gdb's backtrace and the nest diagram's open calls\n{said}"
     );
+}
+
+#[test]
+fn gdb_unwinds_a_running_linux_kernel_and_kill_ends_the_run() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = test_kernel();
+    let (run, address) = run_with_gdb(&[
+        "--gdb-wait",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--memory",
+        "256M",
+    ]);
+    // The symbols gdb loads are the ones vtrace made from the kernel's
+    // kallsyms and ORC tables: a distribution kernel has no DWARF.
+    let said = gdb(
+        &address,
+        None,
+        &["break sort_r", "continue", "bt", "delete", "kill"],
+    );
+    assert!(said.contains("Breakpoint 1, "), "{said}");
+    let frames: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .filter_map(|l| l.split(" in ").nth(1)?.split_whitespace().next())
+        .collect();
+    // sort_r is first called by sort, well inside start_kernel; live, the
+    // whole stack is there to read, down to the boot code's first frame.
+    assert_eq!(frames.first(), Some(&"sort_r"), "{said}");
+    assert_eq!(frames.get(1), Some(&"sort"), "{said}");
+    assert!(frames.contains(&"start_kernel"), "{said}");
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{said}");
 }

@@ -8,11 +8,13 @@
 mod arch;
 mod live;
 mod serve;
+mod symbol_file;
 mod trace_target;
 
 pub use arch::{Reg, RegisterFile, X86_64Machine};
 pub use live::{GdbMonitor, LiveGdb};
 pub use serve::{serve_trace, Listen, Listener};
+pub use symbol_file::SymbolFile;
 pub use trace_target::TraceTarget;
 
 use std::path::PathBuf;
@@ -37,6 +39,9 @@ pub enum GdbError {
     /// The Unix socket's path is taken.
     #[error("{0} already exists: remove it, or name another socket")]
     SocketExists(PathBuf),
+    /// The symbol file for gdb could not be written.
+    #[error("writing the kernel's symbol file for gdb: {0}")]
+    SymbolFile(std::io::Error),
     /// The session with gdb failed.
     #[error("the session with gdb failed: {0}")]
     Protocol(String),

@@ -208,14 +208,7 @@ impl ExecFile for TraceTarget {
         buf: &mut [u8],
     ) -> TargetResult<usize, Self> {
         let path = self.symbols.as_ref().ok_or(TargetError::NonFatal)?;
-        let name = path.as_os_str().as_encoded_bytes();
-        let from = usize::try_from(offset)
-            .unwrap_or(usize::MAX)
-            .min(name.len());
-        let part = &name[from..];
-        let n = part.len().min(length).min(buf.len());
-        buf[..n].copy_from_slice(&part[..n]);
-        Ok(n)
+        Ok(crate::symbol_file::read_name(path, offset, length, buf))
     }
 }
 

@@ -245,11 +245,10 @@ impl SessionBuilder {
         let panic_line = crate::panic_watch::PanicLine::default();
         let serial_out = crate::panic_watch::PanicWatch::new(self.serial_out, panic_line.clone());
         // Bound before the guest boots: a taken address fails at once.
-        let gdb = self
-            .gdb
-            .as_ref()
-            .map(|(at, wait)| LiveGdb::start(at, *wait))
-            .transpose()?;
+        let gdb = match &self.gdb {
+            Some((at, wait)) => Some(LiveGdb::start(at, *wait, gdb_symbols(&self.boot)?)?),
+            None => None,
+        };
         let mut vm = Vm::new(VmConfig {
             boot: self.boot,
             memory: self.memory,
@@ -307,6 +306,18 @@ impl SessionBuilder {
             panic_line,
         })
     }
+}
+
+/// What gdb loads the kernel's symbols from: its own ELF where it has
+/// DWARF, else a file made from its kallsyms and ORC tables.
+fn gdb_symbols(boot: &BootSource) -> Result<Option<vtrace_gdb::SymbolFile>, SessionError> {
+    let BootSource::Kernel { kernel, .. } = boot else {
+        return Ok(None);
+    };
+    Ok(match vtrace_image::bzimage::vmlinux_inside(&kernel.bytes) {
+        Some(vmlinux) => vtrace_gdb::SymbolFile::for_kernel(&vmlinux, None)?,
+        None => vtrace_gdb::SymbolFile::for_kernel(&kernel.bytes, kernel.path.as_deref())?,
+    })
 }
 
 /// What the tracer is made of besides the request.
@@ -469,6 +480,12 @@ impl Session {
     /// Where gdb connects, when the run serves it.
     pub fn gdb_address(&self) -> Option<&str> {
         self.gdb.as_ref().map(|g| g.address())
+    }
+
+    /// The symbol file gdb is offered as it connects, and what it holds.
+    pub fn gdb_symbols(&self) -> Option<(&Path, &str)> {
+        let file = self.gdb.as_ref()?.symbols()?;
+        Some((file.path(), file.what.as_str()))
     }
 
     /// The trace disk, when the run traces.

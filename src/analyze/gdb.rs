@@ -1,10 +1,10 @@
 //! `vtrace analyze gdb`: a trace served to gdb.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use vtrace_analyzer::{ReadOnlyImage, Replay};
-use vtrace_gdb::{serve_trace, Listen, Listener, TraceTarget};
+use vtrace_gdb::{serve_trace, Listen, Listener, SymbolFile, TraceTarget};
 
 use super::{open_trace, require_steps, StepsBar};
 use crate::cli::{CpuChoice, GdbArgs};
@@ -21,7 +21,7 @@ pub fn serve(args: GdbArgs) -> Result<()> {
         }
         None => {}
     }
-    let (images, vmlinux) = images(&trace, &args.trace.symbols)?;
+    let (images, kernel) = images(&trace, &args.trace.symbols)?;
     let bar = StepsBar::new(&trace, &args.trace, "indexing the trace for gdb");
     let mut replay = Replay::open(trace, images, &|done, _| bar.update(done))?;
     bar.finish();
@@ -44,94 +44,67 @@ pub fn serve(args: GdbArgs) -> Result<()> {
     };
     let mut target = TraceTarget::new(replay, at);
     // Kept until gdb is done: gdb reads it as it connects.
-    let symbols = match vmlinux.filter(|_| !args.trace.no_kernel_symbols) {
-        Some(vmlinux) => kernel_symbols_for_gdb(&vmlinux)?,
+    let symbols = match kernel.filter(|_| !args.trace.no_kernel_symbols) {
+        Some((elf, path)) => SymbolFile::for_kernel(&elf, path.as_deref())?,
         None => None,
     };
     if let Some(file) = &symbols {
+        vtrace_vmm::user_message(&format!(
+            "vtrace: gdb loads the kernel's symbols from {} ({})",
+            file.path().display(),
+            file.what
+        ));
         target.offer_symbols(file.path().to_path_buf());
     }
-    serve_at(target, &listen)
-}
-
-/// Where the traced kernel has no DWARF of its own (a distribution's
-/// vmlinuz), a symbol file for gdb from its kallsyms and ORC tables.
-fn kernel_symbols_for_gdb(vmlinux: &[u8]) -> Result<Option<tempfile::NamedTempFile>> {
-    if vtrace_image::gdb_symbols::has_dwarf(vmlinux) {
-        return Ok(None);
-    }
-    let made = match vtrace_image::gdb_symbols::gdb_symbol_file(vmlinux, "the traced kernel") {
-        Ok(made) => made,
-        Err(e) => {
-            vtrace_vmm::user_message(&format!(
-                "vtrace: warning: no symbols for gdb from the traced kernel ({e}): load a \
-                 vmlinux with `file` in gdb"
-            ));
-            return Ok(None);
-        }
-    };
-    let mut file = tempfile::Builder::new()
-        .prefix("vtrace-gdb-kernel-")
-        .suffix(".elf")
-        .tempfile()
-        .context("making the kernel's symbol file for gdb")?;
-    std::io::Write::write_all(&mut file, &made.elf)
-        .context("writing the kernel's symbol file for gdb")?;
-    vtrace_vmm::user_message(&format!(
-        "vtrace: gdb loads the kernel's symbols from {} ({} routines and {} variables from its \
-         kallsyms, {} unwind rules from its ORC tables; types and lines need a debug vmlinux: \
-         `file` it in gdb)",
-        file.path().display(),
-        made.routines,
-        made.variables,
-        made.unwind_rules
-    ));
-    Ok(Some(file))
-}
-
-fn serve_at(mut target: TraceTarget, listen: &Listen) -> Result<()> {
+    let listener = Listener::bind(&listen)?;
     let step = target.step()?;
-    let listener = Listener::bind(listen)?;
     // One line, flushed: scripts wait for it to start gdb.
     vtrace_vmm::user_message(&format!(
-        "vtrace: serving the trace to gdb at {}, standing at step {step}: in gdb, `target \
-         remote {}`",
-        listener.address(),
-        listener.address()
+        "vtrace: serving the trace to gdb at {address}, standing at step {step}: in gdb, \
+         `target remote {address}`",
+        address = listener.address()
     ));
     serve_trace(&mut target, &listener)?;
     Ok(())
 }
 
+/// The traced kernel's ELF (a bzImage's vmlinux) and its path where the
+/// file is that ELF itself.
+type KernelElf = (Vec<u8>, Option<PathBuf>);
+
 /// Read-only memory: the images `--symbols` names (for every address
 /// space) and the traced kernel's, where it is found; and the traced
-/// kernel's ELF (a bzImage's vmlinux), for gdb's symbols.
+/// kernel, for gdb's symbols.
 fn images(
     trace: &vtrace_analyzer::Trace,
     symbols: &[String],
-) -> Result<(Vec<ReadOnlyImage>, Option<Vec<u8>>)> {
+) -> Result<(Vec<ReadOnlyImage>, Option<KernelElf>)> {
     let mut out = Vec::new();
     for spec in symbols.iter().filter(|s| !s.contains('@')) {
         let bytes = vtrace_image::symbols::read_symbol_file(Path::new(spec))
             .with_context(|| format!("reading {spec}"))?;
-        out.push(ReadOnlyImage::from_elf(&elf_of(bytes)));
+        out.push(ReadOnlyImage::from_elf(&elf_of(bytes).0));
     }
     let mut kernel = None;
     if let Some(name) = trace.metadata.kernel.as_deref() {
         let builtin = vtrace_session::builtin_kernels();
         if let Some((_, bytes)) = builtin.builtin.iter().find(|(k, _)| *k == name) {
             out.push(ReadOnlyImage::from_elf(bytes));
+            kernel = Some((bytes.to_vec(), None));
         } else if let Ok(bytes) = vtrace_image::symbols::read_symbol_file(Path::new(name)) {
-            let elf = elf_of(bytes);
+            let (elf, itself) = elf_of(bytes);
             out.push(ReadOnlyImage::from_elf(&elf));
-            kernel = Some(elf);
+            kernel = Some((elf, itself.then(|| PathBuf::from(name))));
         }
     }
     out.retain(|i| !i.is_empty());
     Ok((out, kernel))
 }
 
-/// An ELF image as it is, or a bzImage's vmlinux.
-fn elf_of(bytes: Vec<u8>) -> Vec<u8> {
-    vtrace_image::bzimage::vmlinux_inside(&bytes).unwrap_or(bytes)
+/// An ELF image as it is (true), or a bzImage's vmlinux (false).
+fn elf_of(bytes: Vec<u8>) -> (Vec<u8>, bool) {
+    match vtrace_image::bzimage::vmlinux_inside(&bytes) {
+        Some(vmlinux) => (vmlinux, false),
+        None => (bytes, true),
+    }
 }

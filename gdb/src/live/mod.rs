@@ -18,12 +18,15 @@ pub use monitor::GdbMonitor;
 use target::LiveTarget;
 
 use crate::serve::{Listen, Listener};
+use crate::symbol_file::SymbolFile;
 use crate::GdbError;
 
 /// gdb's side of a run: the thread that waits for gdb and talks to it.
 #[derive(Debug)]
 pub struct LiveGdb {
     end: Option<VcpuEnd>,
+    /// Kept while gdb may read it.
+    symbols: Option<SymbolFile>,
     wait: bool,
     address: String,
     /// Told when the gdb thread is done.
@@ -36,16 +39,22 @@ const LAST_WORDS: Duration = Duration::from_secs(5);
 impl LiveGdb {
     /// Listens at `listen` (binding now, so a taken address fails before
     /// the guest boots) and serves gdb from a thread once it connects;
-    /// `wait`: the guest waits for gdb before its first instruction.
-    pub fn start(listen: &Listen, wait: bool) -> Result<LiveGdb, GdbError> {
+    /// `wait`: the guest waits for gdb before its first instruction;
+    /// `symbols`: what gdb loads as it connects.
+    pub fn start(
+        listen: &Listen,
+        wait: bool,
+        symbols: Option<SymbolFile>,
+    ) -> Result<LiveGdb, GdbError> {
         let listener = Listener::bind(listen)?;
+        let offered = symbols.as_ref().map(|s| s.path().to_path_buf());
         let address = listener.address().to_string();
         let (vcpu, gdb) = link::link();
         let (done_tx, done) = channel();
         std::thread::Builder::new()
             .name("gdb".into())
             .spawn(move || {
-                if let Err(e) = serve(&listener, gdb, wait) {
+                if let Err(e) = serve(&listener, gdb, wait, offered) {
                     vtrace_vmm::user_message(&format!("vtrace: gdb: {e}"));
                 }
                 let _ = done_tx.send(());
@@ -56,6 +65,7 @@ impl LiveGdb {
             })?;
         Ok(LiveGdb {
             end: Some(vcpu),
+            symbols,
             wait,
             address,
             done,
@@ -65,6 +75,11 @@ impl LiveGdb {
     /// The address gdb connects to.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// The symbol file gdb is offered, where there is one.
+    pub fn symbols(&self) -> Option<&SymbolFile> {
+        self.symbols.as_ref()
     }
 
     /// The run's monitor with gdb in charge of stopping it (once).
@@ -84,9 +99,14 @@ impl LiveGdb {
 
 /// The gdb thread: one connection, served until gdb leaves or the guest
 /// ends.
-fn serve(listener: &Listener, end: GdbEnd, wait: bool) -> Result<(), GdbError> {
+fn serve(
+    listener: &Listener,
+    end: GdbEnd,
+    wait: bool,
+    symbols: Option<std::path::PathBuf>,
+) -> Result<(), GdbError> {
     let conn = listener.accept()?;
-    let mut target = LiveTarget::new(end);
+    let mut target = LiveTarget::new(end, symbols);
     target
         .first_stop(!wait)
         .map_err(|e| GdbError::Protocol(e.to_string()))?;

@@ -16,6 +16,7 @@ use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::breakpoints::{
     Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, SwBreakpoint, SwBreakpointOps,
 };
+use gdbstub::target::ext::exec_file::{ExecFile, ExecFileOps};
 use gdbstub::target::{Target, TargetError, TargetResult};
 
 use super::link::{GdbEnd, Reply, Request, Stop};
@@ -38,14 +39,17 @@ pub enum LiveError {
 pub struct LiveTarget {
     end: GdbEnd,
     breakpoints: Vec<u64>,
+    /// The file gdb loads symbols from when it has none.
+    symbols: Option<std::path::PathBuf>,
 }
 
 impl LiveTarget {
     /// A target whose guest the vCPU thread holds at the other end.
-    pub fn new(end: GdbEnd) -> LiveTarget {
+    pub fn new(end: GdbEnd, symbols: Option<std::path::PathBuf>) -> LiveTarget {
         LiveTarget {
             end,
             breakpoints: Vec::new(),
+            symbols,
         }
     }
 
@@ -117,6 +121,23 @@ impl Target for LiveTarget {
 
     fn support_breakpoints(&mut self) -> Option<BreakpointsOps<'_, Self>> {
         Some(self)
+    }
+
+    fn support_exec_file(&mut self) -> Option<ExecFileOps<'_, Self>> {
+        self.symbols.is_some().then_some(self)
+    }
+}
+
+impl ExecFile for LiveTarget {
+    fn get_exec_file(
+        &self,
+        _pid: Option<gdbstub::common::Pid>,
+        offset: u64,
+        length: usize,
+        buf: &mut [u8],
+    ) -> TargetResult<usize, Self> {
+        let path = self.symbols.as_ref().ok_or(TargetError::NonFatal)?;
+        Ok(crate::symbol_file::read_name(path, offset, length, buf))
     }
 }
 
