@@ -1,7 +1,8 @@
 //! The analyses over a trace disk: statistics (through the level engine),
 //! the listing, the HTML report (with the nest filters and return values),
-//! the Perfetto protobuf timeline, the probes' typed values and the
-//! per-step export, with their arithmetic on what the headers claim.
+//! the Perfetto protobuf timeline, the probes' typed values, the
+//! per-step export and the debugger's replay, with their arithmetic on what
+//! the headers claim.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -83,5 +84,26 @@ fuzz_target!(|data: &[u8]| {
             &|_, _| {},
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+    // A debugger standing at its steps: the index, then moves both ways,
+    // registers and memory.
+    if let Ok(trace) = vtrace_analyzer::Trace::open(path) {
+        if let Ok(mut replay) = vtrace_analyzer::Replay::open(trace, Vec::new(), &|_, _| {}) {
+            let mut at = replay.first();
+            for _ in 0..64 {
+                let Some(here) = at else { break };
+                let _ = replay.state(here);
+                let mut buf = [0u8; 16];
+                if let Ok(point) = replay.point(here) {
+                    let _ = replay.read_memory(here, point.after.gpr[4], &mut buf);
+                    let _ = replay.find(here, vtrace_analyzer::Direction::Backward, &[point.pc]);
+                }
+                at = replay.next(here);
+            }
+            if let Some(last) = replay.last() {
+                let _ = replay.prev(last).map(|p| replay.state(p));
+                let _ = replay.at_step(u64::MAX);
+            }
+        }
     }
 });

@@ -2,7 +2,7 @@
 //! (symbols and DWARF lines), System.map, nm output, kallsyms, and a
 //! bzImage's vmlinux; and what `run --probe` and `run --sample` read of a
 //! kernel: its stapsdt notes, its variables' places, typed probes' plans
-//! from DWARF and its tracepoints
+//! from DWARF, its tracepoints, and its ORC tables as gdb's symbol file
 //! (with kallsyms found in the input, or a crafted symbol list over it).
 #![no_main]
 
@@ -26,6 +26,9 @@ fuzz_target!(|data: &[u8]| {
             let _ = dwarf.plan(routine, &specs);
         }
     }
+    // The ORC unwind tables, and the symbol file gdb gets from them.
+    let _ = vtrace_image::orc::orc_table(data);
+    let _ = vtrace_image::gdb_symbols::gdb_symbol_file(data, "fuzz");
     let kallsyms = vtrace_image::symbols::all_kallsyms(data, "fuzz").unwrap_or_default();
     let btf = vtrace_image::probe_fetch::read_btf(data);
     let _ = vtrace_image::tracepoints::tracepoints(data, &kallsyms, btf.as_ref());
