@@ -5,7 +5,8 @@
 # See docs/amdv.md for what in it is KVM and what is QEMU.
 #
 #   scripts/amdv.sh [--vtrace BIN] [--file HOST[:GUEST]]... [--out DIR]
-#                   [--timeout SECONDS] [--memory SIZE] -- COMMAND [ARG]...
+#                   [--timeout SECONDS] [--memory SIZE] [--serial-port PORT]
+#                   -- COMMAND [ARG]...
 #
 # The command runs as root in /work inside the machine, with `vtrace` (BIN,
 # default target/release/vtrace) and busybox on PATH. Files named with
@@ -13,6 +14,11 @@
 # Whatever the command leaves in /out comes back into DIR. The command's
 # output is printed; the script exits with the command's exit status, or
 # 124 when the machine ran out of time, or 125 when it could not boot.
+# --serial-port PORT connects the machine's second serial port (ttyS1) to
+# TCP port PORT on the host's 127.0.0.1 (a host program such as gdb
+# connects there; in the machine, a bridge such as busybox nc carries it).
+# The command's output comes line by line as it runs, for a caller that
+# waits for a line.
 set -euo pipefail
 
 die() {
@@ -27,6 +33,7 @@ out=""
 timeout=600
 memory=3G
 files=()
+serial=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --vtrace) vtrace=$2; shift 2 ;;
@@ -34,8 +41,9 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift 2 ;;
         --timeout) timeout=$2; shift 2 ;;
         --memory) memory=$2; shift 2 ;;
+        --serial-port) serial=(-serial mon:stdio -serial "tcp:127.0.0.1:$2,server=on,wait=off"); shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -92,8 +100,8 @@ timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
     -accel tcg -cpu EPYC,+svm -m "$memory" -smp 1 -nographic -no-reboot \
     -kernel "$kernel" -initrd "$work/initramfs.cpio" \
     -append "console=ttyS0 quiet panic=-1 rdinit=/init" \
-    -drive "file=$disk,format=raw,if=virtio" \
-    </dev/null 2>"$work/qemu.err" | tr -d '\r' | tee "$log" | sed -n '/AMDV-START$/,/^AMDV-EXIT/{/AMDV-START$/d;/^AMDV-EXIT/d;p}'
+    -drive "file=$disk,format=raw,if=virtio" ${serial[@]+"${serial[@]}"} \
+    </dev/null 2>"$work/qemu.err" | stdbuf -oL tr -d '\r' | tee "$log" | sed -u -n '/AMDV-START$/,/^AMDV-EXIT/{/AMDV-START$/d;/^AMDV-EXIT/d;p}'
 qemu_status=${PIPESTATUS[0]}
 set -e
 # QEMU's warnings about CPUID bits TCG lacks are noise; anything else is not.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::amdv::{amdv, amdv_available};
+use common::amdv::{amdv, amdv_available, amdv_with_serial};
 use common::linux::*;
 use common::*;
 
@@ -882,5 +882,62 @@ fn a_running_linux_program_traced_by_name_on_amdv() {
     assert!(
         lines.iter().any(|l| l.contains("-- system call write (1)")),
         "no named write in the listing"
+    );
+}
+
+/// gdb on the host debugs the demo OS running under the AMD-V machine's
+/// KVM: the machine's second serial port carries gdb's connection to
+/// `vtrace run --gdb` inside (busybox nc bridges it to vtrace's port).
+/// The run traces its first 200,000 steps: QEMU's SVM does not let
+/// hardware breakpoints reach the VMM, so gdb's breakpoint is a pc
+/// compared after each step; past them the guest runs untraced to its end.
+#[test]
+fn gdb_debugs_the_demo_os_on_amdv() {
+    if !amdv_available() || !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
+    let script = "ip link set lo up; stty -F /dev/ttyS1 raw -echo; \
+        vtrace run --no-input --trace --max-steps 200000 --disk /out/g.vtd --disk-size 16M \
+        --gdb 127.0.0.1:1234 --gdb-wait > /out/run.out 2> /out/run.err & v=$!; \
+        until grep -q 'gdb can attach' /out/run.err; do sleep 1; done; \
+        nc 127.0.0.1 1234 < /dev/ttyS1 > /dev/ttyS1 & echo GDB-BRIDGE-UP; \
+        wait $v; s=$?; cat /out/run.err; exit $s";
+    let (m, said) = amdv_with_serial(script, "GDB-BRIDGE-UP", |port| {
+        let out = std::process::Command::new("timeout")
+            .args(["600", "gdb", "-batch", "-nx"])
+            .args(["-ex", "set pagination off", "-ex", "set remotetimeout 120"])
+            .args(["-ex", &format!("file {}", elf.display())])
+            .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
+            .args(["-ex", "break schedule", "-ex", "continue", "-ex", "bt"])
+            .args([
+                "-ex", "p ntasks", "-ex", "p/x $pc", "-ex", "stepi", "-ex", "p/x $pc",
+            ])
+            .args(["-ex", "delete", "-ex", "continue"])
+            .output()
+            .expect("gdb");
+        format!("{}{}", stdout(&out), stderr(&out))
+    });
+    assert_eq!(m.status, Some(0), "{}\n{}\n{said}", m.output, m.stderr);
+    let schedule = demo_symbol("schedule");
+    assert!(said.contains("Breakpoint 1, schedule"), "{said}");
+    assert!(said.contains("in isr_common"), "{said}");
+    assert!(said.contains("$1 = 3"), "ntasks\n{said}");
+    assert!(said.contains(&format!("$2 = {schedule:#x}")), "{said}");
+    let stepped = said
+        .lines()
+        .find_map(|l| l.strip_prefix("$3 = 0x"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .expect("the pc after stepi");
+    assert!(stepped > schedule && stepped < schedule + 16, "{said}");
+    assert!(
+        said.contains("[Inferior 1 (process 1) exited normally]"),
+        "{said}"
+    );
+    assert!(
+        m.output.contains("guest exited with status 0"),
+        "{}",
+        m.output
     );
 }

@@ -31,8 +31,69 @@ pub fn amdv_available() -> bool {
 /// other's nested guests, whose timers follow host time (a Linux boot
 /// hung once that way, a `vtrace ctl start` went unanswered once).
 pub fn amdv(files: &[(&Path, &str)], command: &str) -> MachineRun {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     // A test that failed while holding it does not stop the others.
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     run_in_machine("scripts/amdv.sh", &[], files, command)
+}
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Runs `command` in the AMD-V machine with its second serial port (ttyS1
+/// inside) on a TCP port of the host's 127.0.0.1; once the command prints
+/// the line `ready`, runs `host` with that port while the machine goes on.
+/// Returns the machine's run and what `host` returned.
+pub fn amdv_with_serial<T>(
+    command: &str,
+    ready: &str,
+    host: impl FnOnce(u16) -> T,
+) -> (MachineRun, T) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let out = tempfile::tempdir().expect("temp dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/amdv.sh");
+    let mut child = Command::new("bash")
+        .arg(script)
+        .args(["--vtrace", env!("CARGO_BIN_EXE_vtrace")])
+        .args(["--serial-port", &port.to_string()])
+        .arg("--out")
+        .arg(out.path())
+        .args(["--", "sh", "-c", command])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run scripts/amdv.sh");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut output = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap_or_default();
+        output.push_str(&line);
+        output.push('\n');
+        if line.trim() == ready {
+            break;
+        }
+    }
+    let result = host(port);
+    for line in lines {
+        output.push_str(&line.unwrap_or_default());
+        output.push('\n');
+    }
+    let status = child.wait().expect("scripts/amdv.sh");
+    let run = MachineRun {
+        status: status.code().filter(|c| *c != 124 && *c != 125),
+        output,
+        stderr: errors.join().unwrap_or_default(),
+        out,
+    };
+    (run, result)
 }
