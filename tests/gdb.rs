@@ -17,11 +17,13 @@ const REGISTERS: [&str; 17] = [
     "r14", "r15", "rflags",
 ];
 
-/// One export row: its step, pc, and every register after it.
+/// One export row: its step, pc, every register after it, and the
+/// addresses and sizes of its stores.
 struct Row {
     step: u64,
     pc: u64,
     after: [Option<u64>; 17],
+    writes: Vec<(u64, u64)>,
 }
 
 /// The export's rows, each with the registers after it, accumulated from
@@ -48,10 +50,20 @@ fn rows(trace: &Path) -> Vec<Row> {
                     regs[i] = Some(v);
                 }
             }
+            let list = |key: &str| -> Vec<u64> {
+                row[key]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+                    .unwrap_or_default()
+            };
             Row {
                 step: row["step"].as_u64().unwrap(),
                 pc: row["pc"].as_u64().unwrap(),
                 after: regs,
+                writes: list("writes")
+                    .into_iter()
+                    .zip(list("write_sizes"))
+                    .collect(),
             }
         })
         .collect()
@@ -606,4 +618,53 @@ fn gdb_unwinds_a_running_linux_kernel_and_kill_ends_the_run() {
     assert!(frames.contains(&"start_kernel"), "{said}");
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "{said}");
+}
+
+#[test]
+fn a_watchpoint_finds_the_stores_to_a_stack_slot_both_ways() {
+    if !kvm_available() {
+        return;
+    }
+    let trace = demo_trace();
+    let rows = rows(trace);
+    let schedule = demo_symbol("schedule");
+    // At a call of schedule, late in the run: the stack slot its stack
+    // pointer names.
+    let n = rows
+        .iter()
+        .rposition(|r| r.pc == schedule)
+        .expect("schedule runs");
+    let rsp = rows[n - 1].after[4].unwrap();
+    let stores = |r: &Row| r.writes.iter().any(|&(a, s)| a < rsp + 8 && a + s > rsp);
+    let last = rows[..n].iter().rposition(stores).expect("a store before");
+    let next = rows[n..].iter().position(stores).map(|p| p + n);
+
+    let (mut server, address) = serve(trace, &["--at", &n.to_string()]);
+    let said = gdb(
+        &address,
+        None,
+        &[
+            "watch -l *(long *)$rsp",
+            "reverse-continue",
+            "monitor when",
+            "continue",
+            "monitor when",
+            "continue",
+            "monitor when",
+        ],
+    );
+    assert!(server.wait().unwrap().success(), "{said}");
+    let steps = steps_said(&said);
+    // Back: gdb stands at the step that stored there, before it ran.
+    assert_eq!(steps.first(), Some(&(last as u64)), "{said}");
+    // On: just after that store, then just after the next one (none comes
+    // between it and step N), or at the trace's end.
+    assert_eq!(steps.get(1), Some(&(last as u64 + 1)), "{said}");
+    let end = rows.len() as u64 - 1;
+    assert_eq!(
+        steps.get(2),
+        Some(&next.map_or(end, |s| s as u64 + 1)),
+        "{said}"
+    );
+    assert!(said.contains("Hardware watchpoint 1"), "{said}");
 }

@@ -78,7 +78,7 @@ pub use probes::{
 pub use processes::{collect as collect_processes, ProcessTable};
 pub use replay::{
     space_of, Before, Direction, MemoryIndex, Observation, Point, Points, Position, ReadOnlyImage,
-    Replay, Spaces, State,
+    Replay, Spaces, State, Watch,
 };
 pub use report::write as write_report;
 pub use routine_filter::{BadPattern, RoutineFilter, HIDDEN_BY_DEFAULT};

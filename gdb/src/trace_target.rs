@@ -13,14 +13,24 @@ use gdbstub::target::ext::base::singlethread::{
 };
 use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::breakpoints::{
-    Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, SwBreakpoint, SwBreakpointOps,
+    Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, HwWatchpoint, HwWatchpointOps,
+    SwBreakpoint, SwBreakpointOps, WatchKind,
 };
 use gdbstub::target::ext::exec_file::{ExecFile, ExecFileOps};
 use gdbstub::target::ext::monitor_cmd::{ConsoleOutput, MonitorCmd, MonitorCmdOps};
 use gdbstub::target::{Target, TargetError, TargetResult};
-use vtrace_analyzer::{AnalyzeError, Direction, Position, Replay};
+use vtrace_analyzer::{AnalyzeError, Direction, Position, Replay, Watch};
 
 use crate::arch::{Reg, RegisterFile, X86_64Machine};
+
+/// Why a motion stopped.
+#[derive(Clone, Copy, Debug)]
+enum Stopped {
+    Step,
+    Breakpoint,
+    /// A watched access: the watch's address and kind.
+    Watch(u64, WatchKind),
+}
 
 /// What gdb asked for last, done when the stub waits for a stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +48,8 @@ pub struct TraceTarget {
     replay: Replay,
     at: Position,
     breakpoints: Vec<u64>,
+    /// gdb's watchpoints, each with the kind gdb asked for.
+    watches: Vec<(Watch, WatchKind)>,
     motion: Option<Motion>,
     /// The file gdb loads symbols from when it has none (its exec-file).
     symbols: Option<std::path::PathBuf>,
@@ -50,6 +62,7 @@ impl TraceTarget {
             replay,
             at,
             breakpoints: Vec::new(),
+            watches: Vec::new(),
             motion: None,
             symbols: None,
         }
@@ -72,27 +85,28 @@ impl TraceTarget {
             return Ok(SingleThreadStopReason::DoneStep);
         };
         let (found, direction) = match motion {
-            Motion::Step => (self.replay.next(self.at), Direction::Forward),
-            Motion::ReverseStep => (self.replay.prev(self.at), Direction::Backward),
-            Motion::Continue => (
-                self.replay
-                    .find(self.at, Direction::Forward, &self.breakpoints)?,
+            Motion::Step => (
+                self.replay.next(self.at).map(|p| (p, Stopped::Step)),
                 Direction::Forward,
             ),
-            Motion::ReverseContinue => (
-                self.replay
-                    .find(self.at, Direction::Backward, &self.breakpoints)?,
+            Motion::ReverseStep => (
+                self.replay.prev(self.at).map(|p| (p, Stopped::Step)),
                 Direction::Backward,
             ),
+            Motion::Continue => (self.run_to(Direction::Forward)?, Direction::Forward),
+            Motion::ReverseContinue => (self.run_to(Direction::Backward)?, Direction::Backward),
         };
-        let stepping = matches!(motion, Motion::Step | Motion::ReverseStep);
         match (found, direction) {
-            (Some(at), _) => {
+            (Some((at, why)), _) => {
                 self.at = at;
-                Ok(if stepping {
-                    SingleThreadStopReason::DoneStep
-                } else {
-                    SingleThreadStopReason::SwBreak(())
+                Ok(match why {
+                    Stopped::Step => SingleThreadStopReason::DoneStep,
+                    Stopped::Breakpoint => SingleThreadStopReason::SwBreak(()),
+                    Stopped::Watch(addr, kind) => SingleThreadStopReason::Watch {
+                        tid: (),
+                        kind,
+                        addr,
+                    },
                 })
             }
             // The end of the trace: where gdb stands is its last step
@@ -116,6 +130,35 @@ impl TraceTarget {
                 })
             }
         }
+    }
+
+    /// The nearest stop in `direction`: a breakpoint's step, or where a
+    /// watched access leaves the guest (going back: the accessing step).
+    fn run_to(
+        &mut self,
+        direction: Direction,
+    ) -> Result<Option<(Position, Stopped)>, AnalyzeError> {
+        let breakpoint = self.replay.find(self.at, direction, &self.breakpoints)?;
+        let watched = match self.watches.is_empty() {
+            true => None,
+            false => {
+                let watches: Vec<Watch> = self.watches.iter().map(|w| w.0).collect();
+                self.replay.find_access(self.at, direction, &watches)?
+            }
+        };
+        let Some((at, addr)) = watched else {
+            return Ok(breakpoint.map(|p| (p, Stopped::Breakpoint)));
+        };
+        let kind = self
+            .watches
+            .iter()
+            .find(|w| w.0.addr == addr)
+            .map_or(WatchKind::Write, |w| w.1);
+        let watch = (at, Stopped::Watch(addr, kind));
+        Ok(Some(match breakpoint {
+            Some(b) if (direction == Direction::Forward) == (b < at) => (b, Stopped::Breakpoint),
+            _ => watch,
+        }))
     }
 
     fn registers(&mut self) -> Result<RegisterFile, AnalyzeError> {
@@ -291,6 +334,45 @@ impl Breakpoints for TraceTarget {
 
     fn support_hw_breakpoint(&mut self) -> Option<HwBreakpointOps<'_, Self>> {
         Some(self)
+    }
+
+    fn support_hw_watchpoint(&mut self) -> Option<HwWatchpointOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+// A watchpoint is found in the trace's index of memory accesses: the
+// accesses whose address the registers before the step give (those of a
+// handler's first step, whose stack the interrupt moved, are not there).
+impl HwWatchpoint for TraceTarget {
+    fn add_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: WatchKind,
+    ) -> TargetResult<bool, Self> {
+        let watch = Watch {
+            addr,
+            len,
+            stores: matches!(kind, WatchKind::Write | WatchKind::ReadWrite),
+            loads: matches!(kind, WatchKind::Read | WatchKind::ReadWrite),
+        };
+        if !self.watches.contains(&(watch, kind)) {
+            self.watches.push((watch, kind));
+        }
+        Ok(true)
+    }
+
+    fn remove_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: WatchKind,
+    ) -> TargetResult<bool, Self> {
+        let had = self.watches.len();
+        self.watches
+            .retain(|(w, k)| !(w.addr == addr && w.len == len && *k == kind));
+        Ok(self.watches.len() != had)
     }
 }
 

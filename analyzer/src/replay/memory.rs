@@ -141,6 +141,50 @@ impl MemoryIndex {
         &self.seen[from..to]
     }
 
+    /// The step nearest `from` whose access touches `len` bytes at `addr`
+    /// in `space`: the first from `from` on (`forward`), else the last
+    /// before it. `stores` and `loads` say which accesses count.
+    pub fn nearest_access(
+        &self,
+        space: u64,
+        range: (u64, u64),
+        from: u64,
+        kinds: (bool, bool),
+        forward: bool,
+    ) -> Option<u64> {
+        let (addr, len) = range;
+        let (stores, loads) = kinds;
+        let end = addr.checked_add(len.max(1))?;
+        let counts = |o: &Observation| {
+            (if o.store { stores } else { loads })
+                && o.addr < end
+                && o.addr.saturating_add(u64::from(o.size)) > addr
+        };
+        let mut best: Option<u64> = None;
+        let mut start = addr.saturating_sub(7);
+        while start < end {
+            let runs = self.at(space, start);
+            let split = runs.partition_point(|o| o.step < from);
+            let found = match forward {
+                true => runs[split..].iter().find(|o| counts(o)).map(|o| o.step),
+                false => runs[..split]
+                    .iter()
+                    .rev()
+                    .find(|o| counts(o))
+                    .map(|o| o.step),
+            };
+            if let Some(step) = found {
+                best = Some(match (best, forward) {
+                    (None, _) => step,
+                    (Some(b), true) => b.min(step),
+                    (Some(b), false) => b.max(step),
+                });
+            }
+            start += 1;
+        }
+        best
+    }
+
     /// The byte at `addr` in `space` before step `n` runs: `Some(Some(v))`
     /// known, `Some(None)` touched in a way that leaves it unknown, `None`
     /// where the trace says nothing of it.
@@ -248,6 +292,44 @@ mod tests {
         assert_eq!(index.byte(0, 0x3000, 3), Some(None));
         let index = MemoryIndex::new(vec![store(0x3000, 9, 8, Some(1))], vec![]);
         assert_eq!(index.byte(0, 0x3000, 3), Some(None));
+    }
+
+    #[test]
+    fn the_nearest_store_to_a_range_is_found_both_ways() {
+        let index = MemoryIndex::new(
+            vec![
+                store(0x5000, 10, 8, Some(1)),
+                load(0x5004, 20, 4, 2),
+                store(0x5006, 30, 2, None),
+                store(0x5010, 40, 8, Some(3)),
+            ],
+            vec![],
+        );
+        let stores = (true, false);
+        // An 8-byte store at 0x5000 covers 0x5004.
+        assert_eq!(
+            index.nearest_access(0, (0x5004, 4), 0, stores, true),
+            Some(10)
+        );
+        assert_eq!(
+            index.nearest_access(0, (0x5004, 4), 11, stores, true),
+            Some(30)
+        );
+        assert_eq!(
+            index.nearest_access(0, (0x5004, 4), 30, stores, false),
+            Some(10)
+        );
+        assert_eq!(
+            index.nearest_access(0, (0x5004, 4), 31, stores, false),
+            Some(30)
+        );
+        assert_eq!(index.nearest_access(0, (0x5004, 4), 31, stores, true), None);
+        // Loads count where asked.
+        assert_eq!(
+            index.nearest_access(0, (0x5004, 1), 11, (false, true), true),
+            Some(20)
+        );
+        assert_eq!(index.nearest_access(1, (0x5004, 4), 0, stores, true), None);
     }
 
     #[test]

@@ -60,6 +60,20 @@ pub struct State {
     pub efer: Option<u64>,
 }
 
+/// Memory a debugger watches: `len` bytes at `addr`, for stores, loads or
+/// both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watch {
+    /// The first byte.
+    pub addr: u64,
+    /// How many.
+    pub len: u64,
+    /// Stores count.
+    pub stores: bool,
+    /// Loads count.
+    pub loads: bool,
+}
+
 /// Which way to search.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
@@ -360,6 +374,45 @@ impl Replay {
                 _ => return Ok(None),
             };
         }
+    }
+
+    /// The nearest step from `at` in `direction` whose memory access
+    /// touches one of `watches`, and that watch's address: going forward,
+    /// where the guest stands once the access is done (the next step);
+    /// backward, the accessing step itself (before it ran). `None` where
+    /// no step does.
+    pub fn find_access(
+        &mut self,
+        at: Position,
+        direction: Direction,
+        watches: &[Watch],
+    ) -> Result<Option<(Position, u64)>> {
+        let point = self.point(at)?;
+        let root = self.spaces.root(point.cr3);
+        let forward = direction == Direction::Forward;
+        let mut best: Option<(u64, u64)> = None;
+        for w in watches {
+            let space = space_of(root, w.addr);
+            let kinds = (w.stores, w.loads);
+            let Some(step) =
+                self.memory
+                    .nearest_access(space, (w.addr, w.len), point.step, kinds, forward)
+            else {
+                continue;
+            };
+            let nearer = best.is_none_or(|(b, _)| if forward { step < b } else { step > b });
+            if nearer {
+                best = Some((step, w.addr));
+            }
+        }
+        let Some((step, addr)) = best else {
+            return Ok(None);
+        };
+        let stand = match forward {
+            true => step.saturating_add(1),
+            false => step,
+        };
+        Ok(self.at_step(stand)?.map(|p| (p, addr)))
     }
 
     /// Reads memory at `addr` as it was before the step at `at` ran, into
