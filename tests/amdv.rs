@@ -920,21 +920,7 @@ fn gdb_debugs_the_demo_os_on_amdv() {
         format!("{}{}", stdout(&out), stderr(&out))
     });
     assert_eq!(m.status, Some(0), "{}\n{}\n{said}", m.output, m.stderr);
-    let schedule = demo_symbol("schedule");
-    assert!(said.contains("Breakpoint 1, schedule"), "{said}");
-    assert!(said.contains("in isr_common"), "{said}");
-    assert!(said.contains("$1 = 3"), "ntasks\n{said}");
-    assert!(said.contains(&format!("$2 = {schedule:#x}")), "{said}");
-    let stepped = said
-        .lines()
-        .find_map(|l| l.strip_prefix("$3 = 0x"))
-        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
-        .expect("the pc after stepi");
-    assert!(stepped > schedule && stepped < schedule + 16, "{said}");
-    assert!(
-        said.contains("[Inferior 1 (process 1) exited normally]"),
-        "{said}"
-    );
+    assert_gdb_debugged_the_demo(&said);
     assert!(
         m.output.contains("guest exited with status 0"),
         "{}",

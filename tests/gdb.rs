@@ -26,6 +26,12 @@ struct Row {
     writes: Vec<(u64, u64)>,
 }
 
+/// The demo trace's export rows, made once per test binary.
+fn demo_rows() -> &'static [Row] {
+    static ROWS: std::sync::OnceLock<Vec<Row>> = std::sync::OnceLock::new();
+    ROWS.get_or_init(|| rows(demo_trace()))
+}
+
 /// The export's rows, each with the registers after it, accumulated from
 /// the changes rows record (a row after a break records all of them).
 fn rows(trace: &Path) -> Vec<Row> {
@@ -147,7 +153,7 @@ fn gdb_steps_and_continues_both_ways_through_a_demo_trace() {
         return;
     }
     let trace = demo_trace();
-    let rows = rows(trace);
+    let rows = demo_rows();
     for (i, r) in rows.iter().enumerate() {
         assert_eq!(r.step, i as u64, "the demo trace numbers its rows from 0");
     }
@@ -355,31 +361,6 @@ fn debug_the_demo(address: &str, elf: Option<&Path>) -> String {
     )
 }
 
-fn assert_debugged_the_demo(said: &str) {
-    let schedule = demo_symbol("schedule");
-    assert!(said.contains("Breakpoint 1, schedule"), "{said}");
-    assert!(
-        said.contains("in isr_common"),
-        "bt names the interrupt entry\n{said}"
-    );
-    // main.c creates three tasks before the first timer interrupt.
-    assert!(said.contains("$1 = 3"), "ntasks\n{said}");
-    assert!(said.contains(&format!("$2 = {schedule:#x}")), "{said}");
-    let stepped = said
-        .lines()
-        .find_map(|l| l.strip_prefix("$3 = 0x"))
-        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
-        .expect("the pc after stepi");
-    assert!(
-        stepped > schedule && stepped < schedule + 16,
-        "one instruction on from {schedule:#x}: {stepped:#x}\n{said}"
-    );
-    assert!(
-        said.contains("[Inferior 1 (process 1) exited normally]"),
-        "{said}"
-    );
-}
-
 #[test]
 fn gdb_debugs_a_running_demo_os_to_its_end() {
     if !kvm_available() {
@@ -392,7 +373,7 @@ fn gdb_debugs_a_running_demo_os_to_its_end() {
         said.contains("pvh_start"),
         "it waited at its first instruction\n{said}"
     );
-    assert_debugged_the_demo(&said);
+    assert_gdb_debugged_the_demo(&said);
     assert!(run.wait().unwrap().success(), "{said}");
 }
 
@@ -413,7 +394,7 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
         "64M",
     ]);
     let said = debug_the_demo(&address, Some(&elf));
-    assert_debugged_the_demo(&said);
+    assert_gdb_debugged_the_demo(&said);
     assert!(run.wait().unwrap().success(), "{said}");
     // Stopped, stepped and read under gdb, the guest ran as it runs alone:
     // the same steps, the same digest.
@@ -626,7 +607,7 @@ fn a_watchpoint_finds_the_stores_to_a_stack_slot_both_ways() {
         return;
     }
     let trace = demo_trace();
-    let rows = rows(trace);
+    let rows = demo_rows();
     let schedule = demo_symbol("schedule");
     // At a call of schedule, late in the run: the stack slot its stack
     // pointer names.

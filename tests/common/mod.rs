@@ -465,3 +465,33 @@ pub fn mmio_traced_here(dir: &Path) -> (PathBuf, PathBuf) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     (guest, trace)
 }
+
+/// The demo OS commands gdb ran in the gdb tests (`break schedule`,
+/// `continue`, `bt`, `p ntasks`, `p/x $pc`, `stepi`, `p/x $pc`, `delete`,
+/// `continue`), checked in what it printed: the breakpoint hit, the
+/// interrupt entry as the caller, the global, one instruction stepped, the
+/// guest's clean end.
+pub fn assert_gdb_debugged_the_demo(said: &str) {
+    let schedule = demo_symbol("schedule");
+    assert!(said.contains("Breakpoint 1, schedule"), "{said}");
+    assert!(
+        said.contains("in isr_common"),
+        "bt names the interrupt entry\n{said}"
+    );
+    // main.c creates three tasks before the first timer interrupt.
+    assert!(said.contains("$1 = 3"), "ntasks\n{said}");
+    assert!(said.contains(&format!("$2 = {schedule:#x}")), "{said}");
+    let stepped = said
+        .lines()
+        .find_map(|l| l.strip_prefix("$3 = 0x"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .expect("the pc after stepi");
+    assert!(
+        stepped > schedule && stepped < schedule + 16,
+        "one instruction on from {schedule:#x}: {stepped:#x}\n{said}"
+    );
+    assert!(
+        said.contains("[Inferior 1 (process 1) exited normally]"),
+        "{said}"
+    );
+}
