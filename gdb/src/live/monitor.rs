@@ -101,10 +101,11 @@ impl<'a> GdbMonitor<'a> {
     /// gdb's breakpoints, where the debug registers the run's own monitor
     /// leaves free hold them.
     fn set_breakpoints(&mut self, addrs: Vec<u64>) -> Result<(), String> {
-        let mut plan = self.inner.plan_entry().breakpoints;
-        if !self.inner.plan_entry().stepping {
+        let plan = self.inner.plan_entry();
+        if !plan.stepping {
+            let mut taken = plan.breakpoints;
             for &a in &addrs {
-                if !plan.push(a) {
+                if !taken.push(a) {
                     return Err(format!(
                         "no debug register is free for a breakpoint at {a:#x} (4 in all, the \
                          tracer's function probes take theirs)"
