@@ -223,6 +223,7 @@ fn findings_json(f: &Findings, rows: &[(&str, String)]) -> serde_json::Value {
         "trap_flag_stepping": f.user_stepping.works(),
         "syscall_enters_kernel": f.syscall_enters_kernel,
         "breakpoints_exit": f.breakpoints_exit,
+        "watchpoints_exit": f.watchpoints_exit,
         "instructions": f.instructions.iter().map(|(n, e)| json!({
             "name": n,
             "result": ending(e),
@@ -287,6 +288,14 @@ fn print_findings(f: &Findings, rows: &[(&str, String)]) {
             "a hardware breakpoint stops the VMM"
         } else {
             "a hardware breakpoint does not stop the VMM"
+        }
+    );
+    println!(
+        "watchpoints:  {}",
+        if f.watchpoints_exit {
+            "a hardware data breakpoint stops the VMM after the store"
+        } else {
+            "a hardware data breakpoint does not stop the VMM"
         }
     );
     println!("instructions at CPL 0:");

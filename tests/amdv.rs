@@ -551,6 +551,7 @@ fn doctor_on_amdv_finds_trap_flag_stepping_and_no_breakpoints() {
     assert_eq!(d["trap_flag_stepping"], true, "{d}");
     assert_eq!(d["syscall_enters_kernel"], true, "{d}");
     assert_eq!(d["breakpoints_exit"], false, "{d}");
+    assert_eq!(d["watchpoints_exit"], false, "{d}");
     assert_eq!(d["emulator_lacks"], serde_json::json!([]), "{d}");
     assert_eq!(d["cpuid_leaks"], serde_json::json!([]), "{d}");
     assert!(d["step_rate"].as_f64() > Some(1000.0), "{d}");
@@ -888,7 +889,8 @@ fn a_running_linux_program_traced_by_name_on_amdv() {
 /// gdb on the host debugs the demo OS running under the AMD-V machine's
 /// KVM: the machine's second serial port carries gdb's connection to
 /// `vtrace run --gdb` inside (busybox nc bridges it to vtrace's port).
-/// The run traces its first 200,000 steps: QEMU's SVM does not let
+/// The run traces its first 260,000 steps (the stores the watchpoint
+/// catches are at steps 115,557 and 246,973): QEMU's SVM does not let
 /// hardware breakpoints reach the VMM, so gdb's breakpoint is a pc
 /// compared after each step; past them the guest runs untraced to its end.
 #[test]
@@ -899,7 +901,7 @@ fn gdb_debugs_the_demo_os_on_amdv() {
     let dir = tempfile::tempdir().unwrap();
     let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
     let script = "ip link set lo up; stty -F /dev/ttyS1 raw -echo; \
-        vtrace run --no-input --trace --max-steps 200000 --disk /out/g.vtd --disk-size 16M \
+        vtrace run --no-input --trace --max-steps 260000 --disk /out/g.vtd --disk-size 16M \
         --gdb 127.0.0.1:1234 --gdb-wait > /out/run.out 2> /out/run.err & v=$!; \
         until grep -q 'gdb can attach' /out/run.err; do sleep 1; done; \
         nc 127.0.0.1 1234 < /dev/ttyS1 > /dev/ttyS1 & echo GDB-BRIDGE-UP; \
@@ -910,17 +912,15 @@ fn gdb_debugs_the_demo_os_on_amdv() {
             .args(["-ex", "set pagination off", "-ex", "set remotetimeout 120"])
             .args(["-ex", &format!("file {}", elf.display())])
             .args(["-ex", &format!("target remote 127.0.0.1:{port}")])
-            .args(["-ex", "break schedule", "-ex", "continue", "-ex", "bt"])
-            .args([
-                "-ex", "p ntasks", "-ex", "p/x $pc", "-ex", "stepi", "-ex", "p/x $pc",
-            ])
-            .args(["-ex", "delete", "-ex", "continue"])
+            .args(demo_gdb_commands(true).iter().flat_map(|c| ["-ex", c]))
             .output()
             .expect("gdb");
         format!("{}{}", stdout(&out), stderr(&out))
     });
     assert_eq!(m.status, Some(0), "{}\n{}\n{said}", m.output, m.stderr);
     assert_gdb_debugged_the_demo(&said);
+    // Right after the same stores as on this host's trace of the demo.
+    assert_gdb_watched_the_demo(&said);
     assert!(
         m.output.contains("guest exited with status 0"),
         "{}",

@@ -36,6 +36,8 @@ fn doctor_reports_what_this_host_lets_a_tracer_see() {
         assert_eq!(d["user_stepping"]["works"], false, "{d}");
         assert_eq!(d["syscall_enters_kernel"], false, "{d}");
         assert_eq!(d["breakpoints_exit"], true, "{d}");
+        // A data breakpoint on a store KVM's emulator made: no exit.
+        assert_eq!(d["watchpoints_exit"], false, "{d}");
         let lacks = d["emulator_lacks"].as_array().unwrap();
         assert!(lacks.contains(&"int3".into()), "{d}");
         assert!(lacks.contains(&"cmpxchg16b".into()), "{d}");

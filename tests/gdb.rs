@@ -10,7 +10,6 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-use serde_json::Value;
 
 const REGISTERS: [&str; 17] = [
     "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8", "r9", "r10", "r11", "r12", "r13",
@@ -35,40 +34,22 @@ fn demo_rows() -> &'static [Row] {
 /// The export's rows, each with the registers after it, accumulated from
 /// the changes rows record (a row after a break records all of them).
 fn rows(trace: &Path) -> Vec<Row> {
-    let out = run(&[
-        "analyze",
-        "export",
-        trace.to_str().unwrap(),
-        "-q",
-        "-o",
-        "-",
-        "--format",
-        "jsonl",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     let mut regs = [None; 17];
-    stdout(&out)
-        .lines()
-        .map(|line| {
-            let row: Value = serde_json::from_str(line).unwrap();
+    export_rows(trace)
+        .into_iter()
+        .map(|row| {
             for (i, name) in REGISTERS.iter().enumerate() {
                 if let Some(v) = row[*name].as_u64() {
                     regs[i] = Some(v);
                 }
             }
-            let list = |key: &str| -> Vec<u64> {
-                row[key]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
-                    .unwrap_or_default()
-            };
             Row {
                 step: row["step"].as_u64().unwrap(),
                 pc: row["pc"].as_u64().unwrap(),
                 after: regs,
-                writes: list("writes")
+                writes: row_numbers(&row, "writes")
                     .into_iter()
-                    .zip(list("write_sizes"))
+                    .zip(row_numbers(&row, "write_sizes"))
                     .collect(),
             }
         })
@@ -318,7 +299,7 @@ fn bad_addresses_and_steps_are_refused_with_what_to_do() {
 
 /// `vtrace run ARGS --gdb 127.0.0.1:0`, running, and the address gdb
 /// attaches at.
-fn run_with_gdb(args: &[&str]) -> (Child, String) {
+fn run_with_gdb(args: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
     let mut child = vtrace()
         .args(["run", "--no-input", "--gdb", "127.0.0.1:0"])
         .args(args)
@@ -337,28 +318,18 @@ fn run_with_gdb(args: &[&str]) -> (Child, String) {
             break rest.split(' ').next().unwrap().to_string();
         }
     };
-    std::thread::spawn(move || for _ in lines {});
-    (child, address)
+    let rest = std::thread::spawn(move || {
+        lines
+            .map_while(Result::ok)
+            .map(|l| l + "\n")
+            .collect::<String>()
+    });
+    (child, address, rest)
 }
 
-/// What gdb says over a live demo OS: a breakpoint at `schedule`, its
-/// caller, a global, two single steps, then on to the guest's end.
-fn debug_the_demo(address: &str, elf: Option<&Path>) -> String {
-    gdb(
-        address,
-        elf,
-        &[
-            "break schedule",
-            "continue",
-            "bt",
-            "p ntasks",
-            "p/x $pc",
-            "stepi",
-            "p/x $pc",
-            "delete",
-            "continue",
-        ],
-    )
+/// What gdb says over a live demo OS ([`demo_gdb_commands`]).
+fn debug_the_demo(address: &str, elf: Option<&Path>, traced: bool) -> String {
+    gdb(address, elf, &demo_gdb_commands(traced))
 }
 
 #[test]
@@ -367,14 +338,25 @@ fn gdb_debugs_a_running_demo_os_to_its_end() {
         return;
     }
     // No `file`: gdb loads the symbols vtrace offers (the demo's ELF).
-    let (mut run, address) = run_with_gdb(&["--gdb-wait"]);
-    let said = debug_the_demo(&address, None);
+    let (mut run, address, said_by_run) = run_with_gdb(&["--gdb-wait"]);
+    let said = debug_the_demo(&address, None, false);
     assert!(
         said.contains("pvh_start"),
         "it waited at its first instruction\n{said}"
     );
     assert_gdb_debugged_the_demo(&said);
     assert!(run.wait().unwrap().success(), "{said}");
+    // Untraced, a watchpoint is refused (nothing steps the guest to
+    // compare its accesses), saying why; the session goes on.
+    assert!(
+        said.contains("Could not insert hardware watchpoint 2"),
+        "{said}"
+    );
+    let said_by_run = said_by_run.join().unwrap();
+    assert!(
+        said_by_run.contains("watchpoints need the run traced (--trace"),
+        "{said_by_run}"
+    );
 }
 
 #[test]
@@ -385,7 +367,7 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
     let disk = dir.path().join("held.vtd");
-    let (mut run, address) = run_with_gdb(&[
+    let (mut run, address, _) = run_with_gdb(&[
         "--gdb-wait",
         "--trace",
         "--disk",
@@ -393,11 +375,15 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
         "--disk-size",
         "64M",
     ]);
-    let said = debug_the_demo(&address, Some(&elf));
+    let said = debug_the_demo(&address, Some(&elf), true);
     assert_gdb_debugged_the_demo(&said);
     assert!(run.wait().unwrap().success(), "{said}");
-    // Stopped, stepped and read under gdb, the guest ran as it runs alone:
-    // the same steps, the same digest.
+    // The watchpoint stopped the guest right after each of the first two
+    // stores to context_switches after the first call of schedule: at the
+    // pc of the trace's next step.
+    assert_gdb_watched_the_demo(&said);
+    // Stopped, stepped, watched and read under gdb, the guest ran as it
+    // runs alone: the same steps, the same digest.
     let held = info_json(&disk);
     let alone = info_json(demo_trace());
     assert_eq!(held["steps"], alone["steps"]);
@@ -407,7 +393,7 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
     // Attached part way through a traced run (no --gdb-wait): gdb stops
     // the guest where it is, and the trace is still the same.
     let disk = dir.path().join("attached.vtd");
-    let (mut run, address) = run_with_gdb(&[
+    let (mut run, address, _) = run_with_gdb(&[
         "--trace",
         "--disk",
         disk.to_str().unwrap(),
@@ -419,6 +405,53 @@ fn gdb_on_a_traced_run_leaves_its_trace_as_it_was() {
     assert!(said.contains("exited normally"), "{said}");
     assert!(run.wait().unwrap().success(), "{said}");
     assert_eq!(info_json(&disk)["digest"], alone["digest"]);
+}
+
+/// Tracing ends (here by --max-steps) while gdb watches memory: the
+/// guest stops for gdb there, saying why, instead of running on unwatched.
+#[test]
+fn gdb_is_told_when_tracing_stops_under_its_watchpoints() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("w.vtd");
+    let (mut run, address, said_by_run) = run_with_gdb(&[
+        "--gdb-wait",
+        "--trace",
+        "--max-steps",
+        "200000",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "16M",
+    ]);
+    let said = gdb(
+        &address,
+        None,
+        &[
+            "break schedule",
+            "continue",
+            "delete",
+            "watch context_switches",
+            "continue",
+            "continue",
+            "delete",
+            "continue",
+        ],
+    );
+    assert!(run.wait().unwrap().success(), "{said}");
+    // The first store (step 115,557) is caught; the next is past the
+    // traced steps: gdb gets the guest back where tracing stopped.
+    assert_eq!(said.matches("New value = ").count(), 1, "{said}");
+    assert!(said.contains("received signal SIGINT"), "{said}");
+    assert!(said.contains("exited normally"), "{said}");
+    let said_by_run = said_by_run.join().unwrap();
+    assert!(
+        said_by_run.contains("tracing stopped, so gdb's watchpoints cannot fire"),
+        "{said_by_run}"
+    );
+    assert_eq!(info_json(&disk)["steps"], 200_000);
 }
 
 #[test]
@@ -572,7 +605,7 @@ fn gdb_unwinds_a_running_linux_kernel_and_kill_ends_the_run() {
         return;
     }
     let kernel = test_kernel();
-    let (run, address) = run_with_gdb(&[
+    let (run, address, _) = run_with_gdb(&[
         "--gdb-wait",
         "--kernel",
         kernel.to_str().unwrap(),

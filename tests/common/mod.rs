@@ -466,6 +466,117 @@ pub fn mmio_traced_here(dir: &Path) -> (PathBuf, PathBuf) {
     (guest, trace)
 }
 
+/// A gdb session over the demo OS: a breakpoint at `schedule`, its
+/// caller, a global, a single step, a watchpoint on `context_switches`
+/// (where the run is traced, it stops the guest twice, the pc printed
+/// after each; untraced, gdb cannot insert it); then on to the guest's end.
+pub fn demo_gdb_commands(traced: bool) -> Vec<&'static str> {
+    let mut commands = vec![
+        "break schedule",
+        "continue",
+        "bt",
+        "p ntasks",
+        "p/x $pc",
+        "stepi",
+        "p/x $pc",
+    ];
+    commands.extend(["delete", "watch context_switches", "continue"]);
+    if traced {
+        commands.extend(["p/x $pc", "continue", "p/x $pc"]);
+    }
+    commands.extend(["delete", "continue"]);
+    commands
+}
+
+/// The rows of `trace`'s JSON-lines export, one value each.
+pub fn export_rows(trace: &Path) -> Vec<serde_json::Value> {
+    let out = run(&[
+        "analyze",
+        "export",
+        trace.to_str().unwrap(),
+        "-q",
+        "-o",
+        "-",
+        "--format",
+        "jsonl",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A list of numbers in an export row (`writes`, `write_sizes`...).
+pub fn row_numbers(row: &serde_json::Value, key: &str) -> Vec<u64> {
+    row[key]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// The pcs of the steps right after the first `n` stores to the 8 bytes
+/// at `addr` that follow the first step at `from` in `trace` (from its
+/// export): where a watchpoint on them stops the guest.
+pub fn pcs_after_stores(trace: &Path, from: u64, addr: u64, n: usize) -> Vec<u64> {
+    let mut rows = export_rows(trace).into_iter().map(|row| {
+        let stores = row_numbers(&row, "writes")
+            .into_iter()
+            .zip(row_numbers(&row, "write_sizes"))
+            .any(|(a, s)| a < addr + 8 && a + s > addr);
+        (row["pc"].as_u64().unwrap(), stores)
+    });
+    rows.by_ref().find(|r| r.0 == from).expect("the pc runs");
+    let mut pcs = Vec::new();
+    let mut stored = false;
+    for (pc, stores) in rows {
+        if stored {
+            pcs.push(pc);
+            if pcs.len() == n {
+                break;
+            }
+        }
+        stored = stores;
+    }
+    pcs
+}
+
+/// Checks the watchpoint of [`demo_gdb_commands`]: gdb stopped after two
+/// stores to `context_switches`, each adding one (sched.c's `switch_to`),
+/// right after the first two stores after the first call of `schedule`:
+/// at the pcs of the next steps in this host's trace of the demo.
+pub fn assert_gdb_watched_the_demo(said: &str) {
+    assert!(
+        said.contains("Hardware watchpoint 2: context_switches"),
+        "{said}"
+    );
+    let values = |label: &str| -> Vec<u64> {
+        said.lines()
+            .filter_map(|l| l.strip_prefix(label)?.trim().parse().ok())
+            .collect()
+    };
+    let (old, new) = (values("Old value = "), values("New value = "));
+    assert_eq!(old.len(), 2, "{said}");
+    assert_eq!(new.len(), 2, "{said}");
+    for (o, n) in old.iter().zip(&new) {
+        assert_eq!(o + 1, *n, "one more context switch\n{said}");
+    }
+    assert_eq!(new[0], old[1], "the second stop is the next store\n{said}");
+    let pc = |n: &str| {
+        said.lines()
+            .find_map(|l| l.strip_prefix(&format!("${n} = 0x")))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap_or_else(|| panic!("${n} printed\n{said}"))
+    };
+    let after_stores = pcs_after_stores(
+        demo_trace(),
+        demo_symbol("schedule"),
+        demo_symbol("context_switches"),
+        2,
+    );
+    assert_eq!([pc("4"), pc("5")].as_slice(), after_stores, "{said}");
+}
+
 /// The demo OS commands gdb ran in the gdb tests (`break schedule`,
 /// `continue`, `bt`, `p ntasks`, `p/x $pc`, `stepi`, `p/x $pc`, `delete`,
 /// `continue`), checked in what it printed: the breakpoint hit, the

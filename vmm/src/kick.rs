@@ -5,6 +5,14 @@
 //! sends the vCPU thread a signal at the next device deadline. The signal
 //! handler sets `kvm_run.immediate_exit`, which closes the race of a signal
 //! landing just before `KVM_RUN` is entered (the documented KVM idiom).
+//!
+//! While the vCPU single-steps no kick is sent, with one exception: a
+//! `KVM_RUN` that has not returned after [`STEP_WATCHDOG`] lost its trap
+//! (a guest that cleared the trap flag KVM stepped it with runs on without
+//! exits), and without a kick it would never return: no `vtrace ctl`, no
+//! Ctrl-C could reach the run. The kick brings it out, the run loop arms
+//! stepping again and says so, and the tracer records the instructions it
+//! missed as a gap.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
@@ -41,6 +49,11 @@ struct Shared {
     quiet: AtomicBool,
     /// Host nanoseconds since `epoch` at which to kick; NO_DEADLINE if none.
     deadline: AtomicU64,
+    /// Bumped by the vCPU thread as it enters `KVM_RUN` and as it leaves
+    /// (odd: inside), for the stepping watchdog.
+    runs: AtomicU64,
+    /// The watchdog kicked the vCPU out of a stepping `KVM_RUN`.
+    watchdog_fired: AtomicBool,
     stop: AtomicBool,
     target: libc::pthread_t,
 }
@@ -50,6 +63,10 @@ impl Shared {
         if self.quiet.load(Ordering::Relaxed) {
             return;
         }
+        self.signal();
+    }
+
+    fn signal(&self) {
         // SAFETY: target is the live vCPU thread (the Kicker is dropped on
         // it before it exits); the signal has a handler installed.
         unsafe { libc::pthread_kill(self.target, kick_signal()) };
@@ -104,6 +121,8 @@ impl Kicker {
             epoch: Instant::now(),
             deadline: AtomicU64::new(NO_DEADLINE),
             quiet: AtomicBool::new(false),
+            runs: AtomicU64::new(0),
+            watchdog_fired: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             // SAFETY: pthread_self has no preconditions.
             target: unsafe { libc::pthread_self() },
@@ -150,16 +169,67 @@ impl Kicker {
         self.shared.deadline.store(NO_DEADLINE, Ordering::Relaxed);
     }
 
+    /// The vCPU thread enters `KVM_RUN` (`true`) or has left it.
+    pub fn in_run(&self, inside: bool) {
+        // One writer (this thread): a load and a store, no locked add, on
+        // the per-step path.
+        let n = self.shared.runs.load(Ordering::Relaxed);
+        if (n % 2 == 1) != inside {
+            self.shared.runs.store(n.wrapping_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the stepping watchdog kicked the vCPU since last asked.
+    pub fn take_watchdog(&self) -> bool {
+        self.shared.watchdog_fired.swap(false, Ordering::Relaxed)
+    }
+
     /// A handle for other threads (the console) to kick the vCPU.
     pub fn handle(&self) -> KickHandle {
         KickHandle(self.shared.clone())
     }
 }
 
+/// How long one stepping `KVM_RUN` may last before the watchdog kicks:
+/// far longer than any one instruction takes, even on an emulated VT-x.
+pub const STEP_WATCHDOG: Duration = Duration::from_secs(2);
+
+/// The stepping watchdog's view: which `KVM_RUN` it saw last, and since when.
+#[derive(Debug, Default)]
+struct Watchdog {
+    seen: u64,
+    since: Duration,
+}
+
+impl Watchdog {
+    /// At `now`, with the vCPU's run count `runs` and `stepping`: whether
+    /// one stepping `KVM_RUN` (an odd count) has lasted [`STEP_WATCHDOG`].
+    /// Once it fired, it fires again only after as long once more.
+    fn due(&mut self, stepping: bool, runs: u64, now: Duration) -> bool {
+        if runs != self.seen || !stepping || runs.is_multiple_of(2) {
+            self.seen = runs;
+            self.since = now;
+            return false;
+        }
+        if now.saturating_sub(self.since) < STEP_WATCHDOG {
+            return false;
+        }
+        self.since = now;
+        true
+    }
+}
+
 fn timer_loop(shared: &Shared) {
+    let mut watchdog = Watchdog::default();
     while !shared.stop.load(Ordering::Relaxed) {
         let deadline = shared.deadline.load(Ordering::Relaxed);
-        let now = shared.epoch.elapsed().as_nanos() as u64;
+        let elapsed = shared.epoch.elapsed();
+        let now = elapsed.as_nanos() as u64;
+        let stepping = shared.quiet.load(Ordering::Relaxed);
+        if watchdog.due(stepping, shared.runs.load(Ordering::Relaxed), elapsed) {
+            shared.watchdog_fired.store(true, Ordering::Relaxed);
+            shared.signal();
+        }
         if deadline != NO_DEADLINE && now >= deadline {
             // Kick once per deadline; the vCPU sets the next one.
             if shared
@@ -188,5 +258,37 @@ impl Drop for Kicker {
             let _ = t.join();
         }
         IMMEDIATE_EXIT.store(std::ptr::null_mut(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn the_watchdog_fires_only_inside_one_long_stepping_run() {
+        let mut w = Watchdog::default();
+        let limit = STEP_WATCHDOG.as_millis() as u64;
+        // Inside run 1 (odd), stepping: quiet until the limit, then once.
+        assert!(!w.due(true, 1, at(0)));
+        assert!(!w.due(true, 1, at(limit - 1)));
+        assert!(w.due(true, 1, at(limit)));
+        assert!(!w.due(true, 1, at(limit + 1)));
+        assert!(w.due(true, 1, at(2 * limit)));
+        // Runs that come and go never fire, however long it all takes.
+        for n in 2..100u64 {
+            assert!(!w.due(true, n, at(2 * limit + n * limit)));
+        }
+        // Outside KVM_RUN (an even count: the loop idles, gdb holds the
+        // guest), or not stepping (kicks work then), it never fires.
+        let mut w = Watchdog::default();
+        assert!(!w.due(true, 4, at(0)));
+        assert!(!w.due(true, 4, at(10 * limit)));
+        assert!(!w.due(false, 5, at(0)));
+        assert!(!w.due(false, 5, at(10 * limit)));
     }
 }

@@ -6,6 +6,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
+use gdbstub::target::ext::breakpoints::WatchKind;
+
+use super::watch::LiveWatch;
 use crate::arch::RegisterFile;
 
 /// Why the guest stopped for gdb.
@@ -17,6 +20,13 @@ pub enum Stop {
     Step,
     /// It reached one of gdb's breakpoints.
     Breakpoint,
+    /// The instruction just run touched one of gdb's watchpoints.
+    Watch {
+        /// The watchpoint's address.
+        addr: u64,
+        /// Its kind.
+        kind: WatchKind,
+    },
     /// gdb interrupted it (Ctrl-C).
     Interrupted,
 }
@@ -36,6 +46,8 @@ pub enum Request {
     },
     /// The addresses to break at from now on.
     Breakpoints(Vec<u64>),
+    /// The memory to watch from now on.
+    Watchpoints(Vec<LiveWatch>),
     /// Run on until the next stop.
     Continue,
     /// Run one instruction.
@@ -56,8 +68,8 @@ pub enum Reply {
     /// The bytes of memory that could be read (fewer than asked where a
     /// page is not mapped).
     Memory(Vec<u8>),
-    /// The breakpoints are set; or why not.
-    Breakpoints(Result<(), String>),
+    /// The breakpoints or watchpoints are set; or why not.
+    Set(Result<(), String>),
     /// The guest ended with this status.
     Exited(u8),
 }

@@ -7,6 +7,7 @@
 mod link;
 mod monitor;
 mod target;
+mod watch;
 
 use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;

@@ -12,6 +12,7 @@ use vtrace_vmm::{
 };
 
 use super::link::{Reply, Request, Stop, VcpuEnd};
+use super::watch::{LiveWatch, Watcher};
 use crate::arch::{Reg, RegisterFile};
 
 /// A run's monitor with gdb in charge of stopping.
@@ -24,6 +25,10 @@ pub struct GdbMonitor<'a> {
     stepping: bool,
     /// gdb's breakpoints.
     breakpoints: Vec<u64>,
+    /// gdb's watchpoints, checked at each step while the run steps.
+    watcher: Watcher,
+    /// Tracing stopped under gdb's watchpoints, and gdb was told.
+    watches_dormant: bool,
     /// gdb is gone (detached, or its connection closed).
     gone: bool,
     /// gdb killed the session.
@@ -37,6 +42,7 @@ impl std::fmt::Debug for GdbMonitor<'_> {
             .field("pending", &self.pending)
             .field("stepping", &self.stepping)
             .field("breakpoints", &self.breakpoints)
+            .field("watcher", &self.watcher)
             .finish_non_exhaustive()
     }
 }
@@ -51,6 +57,8 @@ impl<'a> GdbMonitor<'a> {
             pending: wait.then_some(Stop::Attached),
             stepping: false,
             breakpoints: Vec::new(),
+            watcher: Watcher::default(),
+            watches_dormant: false,
             gone: false,
             killed: false,
             walker: Walker::default(),
@@ -67,6 +75,8 @@ impl<'a> GdbMonitor<'a> {
         if self.end.replies.send(Reply::Stopped(stop)).is_err() {
             return self.let_go();
         }
+        // The guest may have changed its page tables since the last stop.
+        self.walker.flush();
         loop {
             let Ok(request) = self.end.requests.recv() else {
                 return self.let_go();
@@ -80,7 +90,8 @@ impl<'a> GdbMonitor<'a> {
                     buf.truncate(read);
                     Reply::Memory(buf)
                 }
-                Request::Breakpoints(addrs) => Reply::Breakpoints(self.set_breakpoints(addrs)),
+                Request::Breakpoints(addrs) => Reply::Set(self.set_breakpoints(addrs)),
+                Request::Watchpoints(watches) => Reply::Set(self.set_watches(watches)),
                 Request::Continue => return,
                 Request::Step => {
                     self.stepping = true;
@@ -117,11 +128,42 @@ impl<'a> GdbMonitor<'a> {
         Ok(())
     }
 
+    /// gdb's watchpoints, where the run steps: each step's memory operands
+    /// are compared with them.
+    fn set_watches(&mut self, watches: Vec<LiveWatch>) -> Result<(), String> {
+        if !watches.is_empty() && !self.inner.plan_entry().stepping {
+            return Err(
+                "watchpoints need the run traced (--trace, or start tracing with vtrace \
+                        ctl start): each traced step's memory operands are compared with them"
+                    .to_string(),
+            );
+        }
+        self.watcher.set(watches);
+        Ok(())
+    }
+
+    /// With watchpoints set: where tracing stopped (`--max-steps`, `vtrace
+    /// ctl stop`...), nothing compares the guest's accesses any more, so
+    /// the guest stops for gdb once, saying so, rather than run on as if
+    /// nothing it watches changed.
+    fn watch_tracing(&mut self) {
+        let traced = self.inner.plan_entry().stepping;
+        if !traced && !self.watches_dormant {
+            vtrace_vmm::user_message(
+                "vtrace: gdb: tracing stopped, so gdb's watchpoints cannot fire until it starts \
+                 again; the guest is stopped here for gdb",
+            );
+            self.pending.get_or_insert(Stop::Interrupted);
+        }
+        self.watches_dormant = !traced;
+    }
+
     /// gdb is gone: the guest runs on as if it had never come.
     fn let_go(&mut self) {
         self.gone = true;
         self.stepping = false;
         self.breakpoints.clear();
+        self.watcher.set(Vec::new());
         self.pending = None;
     }
 }
@@ -175,6 +217,9 @@ impl Monitor for GdbMonitor<'_> {
         if self.end.interrupt.swap(false, Ordering::Relaxed) && !self.gone {
             self.pending.get_or_insert(Stop::Interrupted);
         }
+        if !self.watcher.is_empty() {
+            self.watch_tracing();
+        }
         let mut held = Duration::ZERO;
         if let Some(stop) = self.pending.take() {
             let since = Instant::now();
@@ -197,7 +242,15 @@ impl Monitor for GdbMonitor<'_> {
         } else {
             inner.stepping
         };
-        if ours_step {
+        let watched = if breakpoint || self.watcher.is_empty() {
+            None
+        } else {
+            self.watcher.after_step()
+        };
+        if let Some((addr, kind)) = watched {
+            self.stepping = false;
+            self.pending = Some(Stop::Watch { addr, kind });
+        } else if ours_step {
             self.stepping = false;
             self.pending = Some(Stop::Step);
         } else if at_ours {
@@ -215,6 +268,9 @@ impl Monitor for GdbMonitor<'_> {
     }
 
     fn before_entry(&mut self, cpu: &mut dyn CpuView) {
+        if !self.watcher.is_empty() {
+            self.watcher.before(cpu);
+        }
         self.inner.before_entry(cpu)
     }
 

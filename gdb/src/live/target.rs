@@ -14,12 +14,14 @@ use gdbstub::target::ext::base::singlethread::{
 };
 use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::breakpoints::{
-    Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, SwBreakpoint, SwBreakpointOps,
+    Breakpoints, BreakpointsOps, HwBreakpoint, HwBreakpointOps, HwWatchpoint, HwWatchpointOps,
+    SwBreakpoint, SwBreakpointOps, WatchKind,
 };
 use gdbstub::target::ext::exec_file::{ExecFile, ExecFileOps};
 use gdbstub::target::{Target, TargetError, TargetResult};
 
 use super::link::{GdbEnd, Reply, Request, Stop};
+use super::watch::LiveWatch;
 use crate::arch::{RegisterFile, X86_64Machine};
 use crate::serve::Conn;
 
@@ -39,6 +41,7 @@ pub enum LiveError {
 pub struct LiveTarget {
     end: GdbEnd,
     breakpoints: Vec<u64>,
+    watches: Vec<LiveWatch>,
     /// The file gdb loads symbols from when it has none.
     symbols: Option<std::path::PathBuf>,
 }
@@ -49,6 +52,7 @@ impl LiveTarget {
         LiveTarget {
             end,
             breakpoints: Vec::new(),
+            watches: Vec::new(),
             symbols,
         }
     }
@@ -82,10 +86,12 @@ impl LiveTarget {
         }
     }
 
-    fn update_breakpoints(&mut self) -> TargetResult<bool, Self> {
-        match self.ask(Request::Breakpoints(self.breakpoints.clone())) {
-            Ok(Reply::Breakpoints(Ok(()))) => Ok(true),
-            Ok(Reply::Breakpoints(Err(why))) => {
+    /// Asks the vCPU thread to take gdb's breakpoints or watchpoints:
+    /// false (gdb says so) where it cannot.
+    fn update(&mut self, request: Request) -> TargetResult<bool, Self> {
+        match self.ask(request) {
+            Ok(Reply::Set(Ok(()))) => Ok(true),
+            Ok(Reply::Set(Err(why))) => {
                 vtrace_vmm::user_message(&format!("vtrace: gdb: {why}"));
                 Ok(false)
             }
@@ -103,9 +109,23 @@ impl LiveTarget {
         } else if !add {
             self.breakpoints.retain(|&a| a != addr);
         }
-        let done = self.update_breakpoints()?;
+        let done = self.update(Request::Breakpoints(self.breakpoints.clone()))?;
         if !done {
             self.breakpoints = before;
+        }
+        Ok(done)
+    }
+
+    fn change_watch(&mut self, watch: LiveWatch, add: bool) -> TargetResult<bool, Self> {
+        let before = self.watches.clone();
+        if add && !self.watches.contains(&watch) {
+            self.watches.push(watch);
+        } else if !add {
+            self.watches.retain(|w| *w != watch);
+        }
+        let done = self.update(Request::Watchpoints(self.watches.clone()))?;
+        if !done {
+            self.watches = before;
         }
         Ok(done)
     }
@@ -218,6 +238,30 @@ impl Breakpoints for LiveTarget {
     fn support_hw_breakpoint(&mut self) -> Option<HwBreakpointOps<'_, Self>> {
         Some(self)
     }
+
+    fn support_hw_watchpoint(&mut self) -> Option<HwWatchpointOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+impl HwWatchpoint for LiveTarget {
+    fn add_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: WatchKind,
+    ) -> TargetResult<bool, Self> {
+        self.change_watch(LiveWatch { addr, len, kind }, true)
+    }
+
+    fn remove_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: WatchKind,
+    ) -> TargetResult<bool, Self> {
+        self.change_watch(LiveWatch { addr, len, kind }, false)
+    }
 }
 
 // Both kinds are the debug registers (or, while the run steps, a pc
@@ -265,6 +309,11 @@ impl BlockingEventLoop for LiveLoop {
                     return Ok(Event::TargetStopped(match stop {
                         Stop::Step => SingleThreadStopReason::DoneStep,
                         Stop::Breakpoint => SingleThreadStopReason::HwBreak(()),
+                        Stop::Watch { addr, kind } => SingleThreadStopReason::Watch {
+                            tid: (),
+                            kind,
+                            addr,
+                        },
                         Stop::Attached | Stop::Interrupted => {
                             SingleThreadStopReason::Signal(Signal::SIGINT)
                         }

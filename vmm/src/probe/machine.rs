@@ -151,6 +151,20 @@ impl Machine {
         self.vcpu.set_guest_debug(&d)
     }
 
+    /// Sets hardware breakpoint 0 on writes of the eight bytes at `at`:
+    /// a data breakpoint, which traps after the store.
+    pub fn watch(&mut self, at: u64) -> Result<()> {
+        let mut d = kvm_guest_debug {
+            control: KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_USE_HW_BP,
+            ..Default::default()
+        };
+        self.stepping = false;
+        d.arch.debugreg[0] = at;
+        // L0; R/W 01: data writes; LEN 10: eight bytes.
+        d.arch.debugreg[7] = 0x401 | (0b01 << 16) | (0b10 << 18);
+        self.vcpu.set_guest_debug(&d)
+    }
+
     /// Runs until the code ends, an exception, a failure, or `max_exits`
     /// exits (or `max_time`). With `rearm`, stepping is armed again after
     /// every debug exit (what vtrace does where stepping rides on TF).

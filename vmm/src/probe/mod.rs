@@ -41,6 +41,9 @@ pub struct Findings {
     pub syscall_enters_kernel: Option<bool>,
     /// A hardware execution breakpoint made the VMM stop at it.
     pub breakpoints_exit: bool,
+    /// A hardware data breakpoint (writes of eight bytes) made the VMM
+    /// stop right after the store, at CPL 0.
+    pub watchpoints_exit: bool,
     /// How each probed instruction (by name) fared at CPL 0.
     pub instructions: Vec<(&'static str, Ending)>,
     /// CPUID bits the guest saw set though vtrace's baseline table clears
@@ -273,6 +276,17 @@ pub fn examine(device: &std::path::Path) -> Result<Findings> {
     m.debug(false, Some(out_at))?;
     let breakpoints_exit = m.run(1_000, PROBE_TIME, false).ending == Ending::Breakpoint(out_at);
 
+    // A data breakpoint on the store of `mov rax, SCRATCH; mov [rax], rcx`.
+    let mut code = vec![0x48, 0xb8];
+    code.extend(SCRATCH.to_le_bytes());
+    code.extend([0x48, 0x89, 0x08]);
+    let after_store = machine::KERNEL_CODE + code.len() as u64;
+    code.extend(done());
+    let mut m = Machine::new(kvm, CpuProfile::Baseline, &code, &[])?;
+    m.watch(SCRATCH)?;
+    let watchpoints_exit =
+        m.run(1_000, PROBE_TIME, false).ending == Ending::Breakpoint(after_store);
+
     let mut instructions = Vec::new();
     for (name, bytes) in INSTRUCTIONS {
         let mut code = bytes.to_vec();
@@ -329,6 +343,7 @@ pub fn examine(device: &std::path::Path) -> Result<Findings> {
         user_stepping,
         syscall_enters_kernel,
         breakpoints_exit,
+        watchpoints_exit,
         instructions,
         cpuid_leaks,
         baseline_dropped: table.dropped().to_vec(),

@@ -65,6 +65,9 @@ impl Run<'_> {
             }
             Exit::Interrupted => {
                 self.vm.machine.vcpu.clear_immediate_exit();
+                if self.kicker.take_watchdog() && self.vm.step.stepping {
+                    self.stepping_lost()?;
+                }
                 self.tell(ExitView::Interrupted);
                 Ok(Next::Continue)
             }
@@ -229,6 +232,20 @@ impl Run<'_> {
             self.monitor.guest_log(&text);
         }
         Ok(Next::Continue)
+    }
+
+    /// The stepping watchdog found a `KVM_RUN` that ran on without its
+    /// single-step exit (see `kick.rs`): arm stepping again and say so; the
+    /// tracer records what ran unseen as a gap.
+    fn stepping_lost(&mut self) -> Result<()> {
+        self.vm.note("stepping-lost", 0);
+        crate::console::user_message(&format!(
+            "vtrace: the guest ran {} s without a single-step exit (now at rip {:#x}): \
+             stepping is armed again, and the trace has a gap here",
+            crate::kick::STEP_WATCHDOG.as_secs(),
+            self.vm.machine.vcpu.rip()
+        ));
+        self.vm.rearm()
     }
 
     /// The EXIT hypercall. While stepping, the `in` completes, and steps,

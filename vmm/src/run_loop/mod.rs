@@ -267,7 +267,9 @@ impl Run<'_> {
             }
             self.arm_kicker();
             self.monitor.before_entry(&mut self.vm.cpu_view());
+            self.kicker.in_run(true);
             let exit = self.vm.enter();
+            self.kicker.in_run(false);
             self.vm.step.io_pending = exit.completes_on_next_entry();
             self.vm.step.mmio_read_pending = matches!(exit, enter::Exit::MmioRead { .. });
             if let Next::Stop(exit) = self.serve(exit)? {
