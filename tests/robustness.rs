@@ -591,6 +591,50 @@ fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
 }
 
+/// Once the trace holds --max-steps, a request to trace again says so
+/// and opens nothing (it once opened a window of no steps).
+#[test]
+fn ctl_start_after_max_steps_says_why_and_opens_no_window() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = write_guest(dir.path(), "idle.bin", vtrace_demo::test_guests::IDLE);
+    let disk = dir.path().join("idle.vtd");
+    let control = dir.path().join("c.sock");
+    let mut child = vtrace()
+        .args(["run", "--disk-size", "8M", "--trace", "--max-steps", "1"])
+        .args(["--real-mode"])
+        .arg(&image)
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&control);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = run(&["ctl", "--control", control.to_str().unwrap(), "start"]);
+    assert_eq!(
+        stdout(&out).trim(),
+        "tracing not started: --max-steps 1 reached",
+        "{}",
+        stderr(&out)
+    );
+    kill(&child, "INT");
+    let stdin = child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    let info = info_json(&disk);
+    assert_eq!(info["steps"], 1, "{info}");
+    assert_eq!(info["start_reasons"], serde_json::json!(["command_line"]));
+    assert_eq!(info["stop_reason"], "max_steps", "{info}");
+}
+
 #[test]
 fn files_that_are_not_traces_or_sockets_are_never_overwritten() {
     if !kvm_available() {

@@ -158,7 +158,8 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Trace disk")]
     pub wrap: bool,
 
-    /// Stop tracing after this many steps.
+    /// Stop tracing once the trace holds this many steps (in all its
+    /// windows); tracing does not start again after.
     #[arg(long, value_name = "N", help_heading = "Tracing")]
     pub max_steps: Option<u64>,
 

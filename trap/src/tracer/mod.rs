@@ -48,6 +48,8 @@ pub struct Tracer {
     marks: u64,
     /// The run is ending (`on_finish`): no guest runs on after a stop.
     ending: bool,
+    /// The user was told tracing cannot start again (see `spent`).
+    told_spent: bool,
     /// Tells the user of starts and stops they did not ask for at that
     /// moment (see [`Tracer::on_announce`]).
     announce: Box<dyn FnMut(&str) + Send>,
@@ -121,6 +123,7 @@ impl Tracer {
             guest: GuestRequests::new(obeyed),
             marks: 0,
             ending: false,
+            told_spent: false,
             announce: Box::new(|line| eprintln!("{line}")),
             breakpoints: Breakpoints::default(),
             start_armed,
@@ -158,6 +161,14 @@ impl Tracer {
     /// Starts tracing for `reason`; false if it was on already.
     pub fn start(&mut self, reason: TraceReason) -> bool {
         if self.active {
+            return false;
+        }
+        if let Some(why) = self.spent() {
+            // It would stop again at once: a window of no steps.
+            if announced(&reason) && !self.told_spent {
+                self.told_spent = true;
+                (self.announce)(&format!("vtrace: tracing not started by {reason}: {why}"));
+            }
             return false;
         }
         if announced(&reason) {
@@ -317,6 +328,19 @@ impl Tracer {
             }
         }
         directive
+    }
+
+    /// Why tracing cannot start again: the trace holds `--max-steps`
+    /// already, or its disk is full.
+    fn spent(&self) -> Option<String> {
+        let steps = self.recorder.steps();
+        match self.options.max_steps {
+            Some(max) if steps >= max => Some(format!("--max-steps {max} reached")),
+            _ if self.recorder.nearly_full() => {
+                Some(format!("the trace disk is full ({steps} steps)"))
+            }
+            _ => None,
+        }
     }
 
     fn check_limits(&mut self) {
@@ -715,6 +739,20 @@ mod tests {
                 bytes: vec![],
             }]
         );
+    }
+
+    #[test]
+    fn tracing_does_not_start_again_once_max_steps_is_reached() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = TraceOptions {
+            max_steps: Some(0),
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        assert!(!t.start(TraceReason::Control));
+        assert!(!t.active());
+        let answer = t.answer_control("start").unwrap_or_default();
+        assert!(answer.contains("--max-steps 0 reached"), "{answer}");
     }
 
     #[test]

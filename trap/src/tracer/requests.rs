@@ -17,10 +17,10 @@ impl Tracer {
                     self.recorder.steps()
                 ))
             }
-            b't' => {
-                self.start(TraceReason::Hotkey);
-                Some("vtrace: tracing started".into())
-            }
+            b't' => Some(match (self.start(TraceReason::Hotkey), self.spent()) {
+                (false, Some(why)) => format!("vtrace: tracing not started: {why}"),
+                _ => "vtrace: tracing started".into(),
+            }),
             b'm' => Some(format!("vtrace: {}", self.host_mark(None))),
             _ => None,
         }
@@ -31,9 +31,10 @@ impl Tracer {
     pub(super) fn answer_control(&mut self, command: &str) -> Option<String> {
         let mut words = command.split_whitespace();
         Some(match (words.next()?, words.next()) {
-            ("start", None) => match self.start(TraceReason::Control) {
-                true => "tracing started".into(),
-                false => "tracing was already on".into(),
+            ("start", None) => match (self.start(TraceReason::Control), self.spent()) {
+                (true, _) => "tracing started".into(),
+                (false, Some(why)) if !self.active => format!("tracing not started: {why}"),
+                (false, _) => "tracing was already on".into(),
             },
             ("stop", None) => match self.stop(TraceReason::Control) {
                 true => format!("tracing stopped after {} steps", self.recorder.steps()),
