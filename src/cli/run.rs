@@ -95,10 +95,10 @@ pub struct RunArgs {
     pub cpu: CpuArg,
 
     /// CPUs of the guest. Above 1 the machine gets a local APIC per CPU
-    /// and an ACPI MADT listing them, CPU 0 starts the others with INIT
-    /// and STARTUP IPIs, the built-in demo OS runs its SMP mode, and
-    /// Linux's default command line keeps the local APIC (still
-    /// `noapic`: there is no I/O APIC). Untraced, each CPU runs on a host
+    /// and an I/O APIC, an ACPI MADT listing them, CPU 0 starts the others
+    /// with INIT and STARTUP IPIs, the built-in demo OS runs its SMP mode,
+    /// and Linux's default command line keeps the local APICs and the I/O
+    /// APIC (no `nolapic noapic`). Untraced, each CPU runs on a host
     /// thread of its own; while tracing (or with a breakpoint armed) they
     /// take turns on one, an instruction a turn. A real-mode image runs on
     /// one CPU only.
@@ -317,8 +317,9 @@ fn append_help() -> String {
         "Added to the kernel command line, after the default one (or after --cmdline's). \
          The default for a Linux kernel with --cpu baseline:\n  {}\nwith --cpu host:\n  {}\n\
          The switches after noapic keep Linux off what the baseline CPU hides (on some hosts \
-         the CPU's own bits reach an untraced guest). With --cpus above 1 `nolapic` is left \
-         out: each CPU has a local APIC. The built-in demo OS has no default.",
+         the CPU's own bits reach an untraced guest). With --cpus above 1 `nolapic noapic` is \
+         left out: each CPU has a local APIC, and there is an I/O APIC. The built-in demo OS \
+         has no default.",
         default_linux_cmdline(CpuProfile::Baseline, 1),
         default_linux_cmdline(CpuProfile::Host, 1)
     )

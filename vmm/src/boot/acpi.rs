@@ -7,14 +7,16 @@
 //! Not hardware-reduced ACPI: Linux then drops the legacy PIC and PIT that
 //! vtrace's interrupts go through. A machine with several CPUs also gets a
 //! MADT naming each CPU's local APIC (how a guest counts its CPUs and finds
-//! whom to send INIT and STARTUP); a one-CPU machine has no local APIC, and
-//! no MADT (the default command line says `nolapic noapic`).
+//! whom to send INIT and STARTUP) and the I/O APIC; a one-CPU machine has
+//! neither, and no MADT (the default command line says `nolapic noapic`).
 //!
 //! The tables sit in the BIOS area below 1 MiB, which the memory map
 //! reserves, with the RSDP at the start of the range Linux scans for it
 //! (and its address also in `boot_params`).
 
-use acpi_tables::madt::{EnabledStatus, LocalInterruptController, ProcessorLocalApic, MADT};
+use acpi_tables::madt::{
+    EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT,
+};
 use acpi_tables::{aml, facs::FACS, fadt, rsdp::Rsdp, sdt::Sdt, xsdt::XSDT, Aml};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -104,6 +106,9 @@ fn madt(cpus: u8) -> MADT {
     for cpu in 0..cpus {
         madt.add_structure(ProcessorLocalApic::new(cpu, cpu, EnabledStatus::Enabled));
     }
+    // No interrupt source override: ISA IRQ n is pin n (the PIT's too).
+    let io_apic = u32::try_from(crate::devices::ioapic::BASE).unwrap_or(u32::MAX);
+    madt.add_structure(IoApic::new(crate::devices::io_apic_id(cpus), io_apic, 0));
     madt
 }
 
@@ -190,7 +195,7 @@ mod tests {
         assert!(at + madt.len() as u64 <= TABLES_END);
         // Header (36), local APIC address, flags; then one 8-byte entry a CPU.
         assert_eq!(&madt[36..40], &0xfee0_0000u32.to_le_bytes());
-        assert_eq!(madt.len(), 44 + 4 * 8);
+        assert_eq!(madt.len(), 44 + 4 * 8 + 12);
         for cpu in 0..4u8 {
             let e = &madt[44 + 8 * usize::from(cpu)..][..8];
             assert_eq!(
@@ -199,6 +204,12 @@ mod tests {
                 "type 0, length 8, uid, id, enabled"
             );
         }
+        // The I/O APIC: type 1, length 12, ID 4 (after the CPUs'), its
+        // address, GSI base 0.
+        assert_eq!(
+            &madt[44 + 4 * 8..],
+            &[1, 12, 4, 0, 0, 0, 0xc0, 0xfe, 0, 0, 0, 0]
+        );
         let (_, xsdt) = &all[1];
         assert_eq!(&xsdt[36 + 8..36 + 16], &MADT_ADDR.to_le_bytes());
         assert!(tables(255)

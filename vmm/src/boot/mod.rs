@@ -156,11 +156,10 @@ pub const DEFAULT_LINUX_CMDLINE: &str =
     "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off nolapic noapic";
 
 /// [`DEFAULT_LINUX_CMDLINE`] for a machine of several CPUs: each has its
-/// local APIC, which Linux needs to start and signal the others. Still
-/// `noapic`: there is no I/O APIC, so Linux keeps the PIC in virtual-wire
-/// mode, its interrupts reaching CPU 0 through LINT0.
+/// local APIC, which Linux needs to start and signal the others, and the
+/// I/O APIC routes the PIT's and the serial port's interrupts to them.
 pub const DEFAULT_LINUX_SMP_CMDLINE: &str =
-    "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off noapic";
+    "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off";
 
 /// Added to [`DEFAULT_LINUX_CMDLINE`] with the baseline CPU profile. On some
 /// KVM hosts (those that emulate kernel code) CPUID masks only partly reach

@@ -6,6 +6,7 @@ pub mod acpi_pm;
 mod bus;
 pub mod cmos;
 pub mod hypercall;
+pub mod ioapic;
 pub mod lapic;
 pub mod pic;
 pub mod pit;
@@ -20,6 +21,7 @@ use crate::clock::VirtualNanos;
 use self::acpi_pm::AcpiPm;
 use self::bus::{PortBus, PortDevice};
 use self::cmos::Cmos;
+use self::ioapic::IoApic;
 use self::lapic::LocalApic;
 use self::pic::Pic;
 use self::pit::Pit;
@@ -44,6 +46,8 @@ pub struct Devices {
     /// Each CPU's local APIC, by CPU number; none on a one-CPU machine,
     /// which keeps the machine every one-CPU trace was taken on.
     pub lapics: Vec<LocalApic>,
+    /// The I/O APIC, where there are local APICs.
+    pub ioapic: Option<IoApic>,
     /// Which device answers at which port.
     bus: PortBus,
     /// Ports nobody answers, noted once each for the debug log.
@@ -112,6 +116,7 @@ impl Devices {
                 0 | 1 => Vec::new(),
                 n => (0..n).map(LocalApic::new).collect(),
             },
+            ioapic: (cpus > 1).then(|| IoApic::new(io_apic_id(cpus))),
             bus: port_bus(),
             unclaimed: BTreeSet::new(),
             timer_edges: 0,
@@ -181,13 +186,58 @@ impl Devices {
     pub fn update_interrupts(&mut self, now: VirtualNanos) {
         if self.pit.poll_irq0(now) {
             self.timer_edges += 1;
-            self.pic.raise(TIMER_IRQ);
+            self.isa_edge(TIMER_IRQ);
         }
         if self.serial.take_irq() {
-            self.pic.raise(COM1_IRQ);
+            self.isa_edge(COM1_IRQ);
         }
         for apic in &mut self.lapics {
             apic.update(now);
+        }
+    }
+
+    /// An edge on ISA line `irq`: into the PIC, and into the I/O APIC's
+    /// pin of the same number, which sends it on to the local APICs its
+    /// entry names (the guest masks the path it does not use).
+    fn isa_edge(&mut self, irq: u8) {
+        self.pic.raise(irq);
+        let Some(delivery) = self.ioapic.as_ref().and_then(|io| io.edge(irq)) else {
+            return;
+        };
+        let ids: Vec<(u8, u8)> = self
+            .lapics
+            .iter()
+            .map(|a| (a.id(), a.logical_id()))
+            .collect();
+        let targets = crate::cpus::ipi_targets(delivery.destination, 0, &ids);
+        let take = if delivery.lowest_priority {
+            1
+        } else {
+            targets.len()
+        };
+        for cpu in targets.into_iter().take(take) {
+            if let Some(apic) = self.lapics.get_mut(cpu) {
+                apic.accept(delivery.vector);
+            }
+        }
+    }
+
+    /// Whether guest-physical `addr` is the I/O APIC's (where there is one).
+    pub fn is_io_apic(&self, addr: u64) -> bool {
+        self.ioapic.is_some() && (ioapic::BASE..ioapic::BASE + ioapic::SIZE).contains(&addr)
+    }
+
+    /// A read of the I/O APIC's register window.
+    pub fn io_apic_read(&self, addr: u64) -> u32 {
+        self.ioapic
+            .as_ref()
+            .map_or(u32::MAX, |io| io.read(addr.wrapping_sub(ioapic::BASE)))
+    }
+
+    /// A write to the I/O APIC's register window.
+    pub fn io_apic_write(&mut self, addr: u64, value: u32) {
+        if let Some(io) = &mut self.ioapic {
+            io.write(addr.wrapping_sub(ioapic::BASE), value);
         }
     }
 
@@ -218,6 +268,12 @@ impl Devices {
         let vector = self.lapics.get_mut(cpu)?.acknowledge()?;
         Some((vector, LOCAL_APIC_IRQ))
     }
+}
+
+/// The I/O APIC's ID on a machine of `cpus` CPUs: the first after the
+/// local APICs' (0 to cpus - 1), in its register's four bits.
+pub fn io_apic_id(cpus: u8) -> u8 {
+    cpus.min(15)
 }
 
 /// A port's offset in its device's range (COM1's eight registers).

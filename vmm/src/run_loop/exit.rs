@@ -31,6 +31,12 @@ impl Run<'_> {
                 self.vm.note("mmio", addr);
                 let value = if self.is_local_apic(addr) {
                     self.local_apic_read(addr, size)
+                } else if self.vm.machine.devices.is_io_apic(addr) {
+                    let machine = &mut self.vm.machine;
+                    let value = machine.devices.io_apic_read(addr).to_le_bytes();
+                    let size = usize::from(size).min(value.len());
+                    machine.vcpu.complete_mmio_read(&value[..size]);
+                    u64::from(le_u32(&value[..size]))
                 } else {
                     // Nothing else is mapped as MMIO: reads float high.
                     u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8)))
@@ -55,6 +61,9 @@ impl Run<'_> {
                 });
                 if self.is_local_apic(addr) {
                     self.local_apic_write(addr, value)?;
+                } else if self.vm.machine.devices.is_io_apic(addr) {
+                    let value = u32::try_from(value & 0xffff_ffff).unwrap_or(0);
+                    self.vm.machine.devices.io_apic_write(addr, value);
                 }
                 Ok(Next::Continue)
             }
