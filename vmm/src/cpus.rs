@@ -11,7 +11,6 @@
 //! What stays per CPU besides: its power state here, its local APIC in
 //! `Devices::lapics`.
 
-use crate::devices::lapic::Destination;
 use crate::vcpu::Vcpu;
 
 /// Single-stepping as KVM has it for one vCPU, and the exit in flight.
@@ -148,19 +147,6 @@ pub(crate) fn next_turn(power: &[Power], wakes: impl Fn(usize) -> bool, current:
         .map_or(Turn::AllIdle, Turn::Cpu)
 }
 
-/// The CPUs an IPI from `sender` reaches. `ids` gives each CPU's (APIC ID,
-/// logical ID); the flat logical model, as Linux and the demo use it.
-pub(crate) fn ipi_targets(destination: Destination, sender: usize, ids: &[(u8, u8)]) -> Vec<usize> {
-    let all = 0..ids.len();
-    match destination {
-        Destination::SelfOnly => vec![sender],
-        Destination::All | Destination::Physical(0xff) => all.collect(),
-        Destination::AllButSelf => all.filter(|&c| c != sender).collect(),
-        Destination::Physical(id) => all.filter(|&c| ids[c].0 == id).collect(),
-        Destination::Logical(mask) => all.filter(|&c| ids[c].1 & mask != 0).collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,20 +185,5 @@ mod tests {
     fn one_cpu_always_takes_its_own_turn() {
         assert_eq!(next_turn(&[Running], |c| [false][c], 0), Turn::Cpu(0));
         assert_eq!(next_turn(&[Halted], |c| [false][c], 0), Turn::AllIdle);
-    }
-
-    #[test]
-    fn ipis_reach_the_cpus_their_destination_names() {
-        let ids = [(0, 1), (1, 2), (2, 4), (3, 8)];
-        assert_eq!(ipi_targets(Destination::SelfOnly, 2, &ids), [2]);
-        assert_eq!(ipi_targets(Destination::All, 2, &ids), [0, 1, 2, 3]);
-        assert_eq!(ipi_targets(Destination::AllButSelf, 2, &ids), [0, 1, 3]);
-        assert_eq!(ipi_targets(Destination::Physical(3), 0, &ids), [3]);
-        assert_eq!(
-            ipi_targets(Destination::Physical(0xff), 0, &ids),
-            [0, 1, 2, 3]
-        );
-        assert!(ipi_targets(Destination::Physical(9), 0, &ids).is_empty());
-        assert_eq!(ipi_targets(Destination::Logical(0b1010), 0, &ids), [1, 3]);
     }
 }

@@ -79,6 +79,22 @@ pub enum Destination {
     AllButSelf,
 }
 
+impl Destination {
+    /// The CPUs it names, for an interrupt from `sender`. `ids` gives each
+    /// CPU's (APIC ID, logical ID); the flat logical model, as Linux and
+    /// the demo use it.
+    pub fn targets(self, sender: usize, ids: &[(u8, u8)]) -> Vec<usize> {
+        let all = 0..ids.len();
+        match self {
+            Destination::SelfOnly => vec![sender],
+            Destination::All | Destination::Physical(0xff) => all.collect(),
+            Destination::AllButSelf => all.filter(|&c| c != sender).collect(),
+            Destination::Physical(id) => all.filter(|&c| ids[c].0 == id).collect(),
+            Destination::Logical(mask) => all.filter(|&c| ids[c].1 & mask != 0).collect(),
+        }
+    }
+}
+
 /// An inter-processor interrupt a CPU sent by writing its ICR.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ipi {
@@ -490,5 +506,17 @@ mod tests {
         apic.write(REG_TIMER_INITIAL, 1, 0);
         apic.update(1_000_000);
         assert_eq!(apic.pending_vector(), None);
+    }
+
+    #[test]
+    fn ipis_reach_the_cpus_their_destination_names() {
+        let ids = [(0, 1), (1, 2), (2, 4), (3, 8)];
+        assert_eq!(Destination::SelfOnly.targets(2, &ids), [2]);
+        assert_eq!(Destination::All.targets(2, &ids), [0, 1, 2, 3]);
+        assert_eq!(Destination::AllButSelf.targets(2, &ids), [0, 1, 3]);
+        assert_eq!(Destination::Physical(3).targets(0, &ids), [3]);
+        assert_eq!(Destination::Physical(0xff).targets(0, &ids), [0, 1, 2, 3]);
+        assert!(Destination::Physical(9).targets(0, &ids).is_empty());
+        assert_eq!(Destination::Logical(0b1010).targets(0, &ids), [1, 3]);
     }
 }

@@ -209,7 +209,7 @@ impl Devices {
             .iter()
             .map(|a| (a.id(), a.logical_id()))
             .collect();
-        let targets = crate::cpus::ipi_targets(delivery.destination, 0, &ids);
+        let targets = delivery.destination.targets(0, &ids);
         let take = if delivery.lowest_priority {
             1
         } else {

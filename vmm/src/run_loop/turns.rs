@@ -95,7 +95,7 @@ impl Run<'_> {
             .map(|a| (a.id(), a.logical_id()))
             .collect();
         tracing::debug!("CPU {sender} sends {ipi:?}");
-        for target in cpus::ipi_targets(ipi.destination, sender, &ids) {
+        for target in ipi.destination.targets(sender, &ids) {
             let power = machine.cpus.power()[target];
             match ipi.kind {
                 IpiKind::Fixed(vector) => {
