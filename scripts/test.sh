@@ -145,7 +145,7 @@ echo "scripts/test.sh: tests passed ($SECONDS s so far)"
 # Each fuzz target for a short, bounded time from its seeds (real traces,
 # images and symbol files in fuzz/seeds); a crash fails the suite and
 # leaves its input in fuzz/artifacts/. VTRACE_FUZZ_SECONDS=0 skips this.
-seconds="${VTRACE_FUZZ_SECONDS:-20}"
+seconds="${VTRACE_FUZZ_SECONDS:-10}"
 if [ "$seconds" -gt 0 ]; then
     for target in $(cargo fuzz list); do
         echo "scripts/test.sh: fuzzing $target for $seconds s"
