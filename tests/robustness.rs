@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -548,19 +548,17 @@ fn a_listing_of_a_wrapped_trace_starts_where_the_trace_does() {
     assert_eq!(steps, vec![first, first + 1, first + 2], "{}", stdout(&out));
 }
 
-#[test]
-fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
-    if !kvm_available() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let image = write_guest(dir.path(), "idle.bin", vtrace_demo::test_guests::IDLE);
-    let disk = dir.path().join("idle.vtd");
-    let control = dir.path().join("c.sock");
-    // Console input stays open (a pipe nobody writes): the guest waits
-    // for it, and nothing else can wake it.
-    let mut child = vtrace()
-        .args(["run", "--disk-size", "8M", "--real-mode"])
+/// The idle guest (it waits for console input, which stays open: a pipe
+/// nobody writes, so nothing else can wake it) run with `args`, a trace
+/// disk and a control socket in `dir`, once its socket answers.
+fn run_idle(dir: &Path, args: &[&str]) -> (Child, PathBuf, PathBuf) {
+    let image = write_guest(dir, "idle.bin", vtrace_demo::test_guests::IDLE);
+    let disk = dir.join("idle.vtd");
+    let control = dir.join("c.sock");
+    let child = vtrace()
+        .args(["run", "--disk-size", "8M"])
+        .args(args)
+        .arg("--real-mode")
         .arg(&image)
         .arg("--disk")
         .arg(&disk)
@@ -573,6 +571,25 @@ fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
         .unwrap();
     wait_for(&control);
     std::thread::sleep(Duration::from_millis(300));
+    (child, disk, control)
+}
+
+/// Ends a [`run_idle`] run with Ctrl-C: its exit status is 130.
+fn interrupt_idle(mut child: Child) {
+    kill(&child, "INT");
+    let stdin = child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+}
+
+#[test]
+fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (child, _, control) = run_idle(dir.path(), &[]);
     for _ in 0..3 {
         let asked = Instant::now();
         let out = run(&["ctl", "--control", control.to_str().unwrap(), "status"]);
@@ -584,11 +601,7 @@ fn ctl_is_answered_while_the_guest_idles_with_no_timer() {
             asked.elapsed()
         );
     }
-    kill(&child, "INT");
-    let stdin = child.stdin.take();
-    let out = child.wait_with_output().unwrap();
-    drop(stdin);
-    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    interrupt_idle(child);
 }
 
 /// Once the trace holds --max-steps, a request to trace again says so
@@ -599,24 +612,7 @@ fn ctl_start_after_max_steps_says_why_and_opens_no_window() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let image = write_guest(dir.path(), "idle.bin", vtrace_demo::test_guests::IDLE);
-    let disk = dir.path().join("idle.vtd");
-    let control = dir.path().join("c.sock");
-    let mut child = vtrace()
-        .args(["run", "--disk-size", "8M", "--trace", "--max-steps", "1"])
-        .args(["--real-mode"])
-        .arg(&image)
-        .arg("--disk")
-        .arg(&disk)
-        .arg("--control")
-        .arg(&control)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for(&control);
-    std::thread::sleep(Duration::from_millis(300));
+    let (child, disk, control) = run_idle(dir.path(), &["--trace", "--max-steps", "1"]);
     let out = run(&["ctl", "--control", control.to_str().unwrap(), "start"]);
     assert_eq!(
         stdout(&out).trim(),
@@ -624,11 +620,7 @@ fn ctl_start_after_max_steps_says_why_and_opens_no_window() {
         "{}",
         stderr(&out)
     );
-    kill(&child, "INT");
-    let stdin = child.stdin.take();
-    let out = child.wait_with_output().unwrap();
-    drop(stdin);
-    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    interrupt_idle(child);
     let info = info_json(&disk);
     assert_eq!(info["steps"], 1, "{info}");
     assert_eq!(info["start_reasons"], serde_json::json!(["command_line"]));

@@ -204,12 +204,7 @@ impl Devices {
         let Some(delivery) = self.ioapic.as_ref().and_then(|io| io.edge(irq)) else {
             return;
         };
-        let ids: Vec<(u8, u8)> = self
-            .lapics
-            .iter()
-            .map(|a| (a.id(), a.logical_id()))
-            .collect();
-        let targets = delivery.destination.targets(0, &ids);
+        let targets = delivery.destination.targets(0, &self.apic_ids());
         let take = if delivery.lowest_priority {
             1
         } else {
@@ -220,6 +215,14 @@ impl Devices {
                 apic.accept(delivery.vector);
             }
         }
+    }
+
+    /// Each CPU's (APIC ID, logical ID), for [`lapic::Destination::targets`].
+    pub fn apic_ids(&self) -> Vec<(u8, u8)> {
+        self.lapics
+            .iter()
+            .map(|a| (a.id(), a.logical_id()))
+            .collect()
     }
 
     /// Whether guest-physical `addr` is the I/O APIC's (where there is one).

@@ -88,12 +88,7 @@ impl Run<'_> {
     fn send_ipi(&mut self, ipi: Ipi) -> Result<()> {
         let machine = &mut self.vm.machine;
         let sender = machine.cpus.on_stage();
-        let ids: Vec<(u8, u8)> = machine
-            .devices
-            .lapics
-            .iter()
-            .map(|a| (a.id(), a.logical_id()))
-            .collect();
+        let ids = machine.devices.apic_ids();
         tracing::debug!("CPU {sender} sends {ipi:?}");
         for target in ipi.destination.targets(sender, &ids) {
             let power = machine.cpus.power()[target];
