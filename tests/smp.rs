@@ -110,25 +110,72 @@ fn several_cpus_refuse_what_cannot_use_them_yet() {
         log.contains("a real-mode image") && log.contains("--cpus 1"),
         "{log}"
     );
+}
 
-    let disk = dir.path().join("t.vtd");
+/// `--trace-function` on two CPUs: each window is the call on the CPU
+/// whose breakpoint fired, from the routine's first instruction to its
+/// `ret`, and holds that CPU's steps only, though every CPU is stepped
+/// while it is open. The IPI handler runs on both: CPU 1 takes the wake
+/// IPI first, CPU 0 an IPI for each work item CPU 1 finishes.
+#[test]
+fn a_function_window_holds_the_calling_cpus_steps_only() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("w.vtd");
     let out = run(&[
         "run",
         "--no-input",
         "--cpus",
         "2",
         "--trace-function",
-        "take_work",
+        "smp_interrupt",
         "--disk",
         disk.to_str().unwrap(),
     ]);
-    assert_ne!(out.status.code(), Some(0));
     let log = stderr(&out);
-    assert!(
-        log.contains("--trace-function") && log.contains("--cpus 1"),
-        "{log}"
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let windows = run(&["analyze", "listing", disk.to_str().unwrap()]);
+    assert_eq!(windows.status.code(), Some(0), "{}", stderr(&windows));
+    // Each window's steps: (CPU, routine+offset, instruction) a line.
+    let mut calls: Vec<Vec<(String, String, String)>> = Vec::new();
+    for line in stdout(&windows).lines() {
+        let text = line.trim_start();
+        if text.starts_with("-- trace started by a call of smp_interrupt") {
+            calls.push(Vec::new());
+            continue;
+        }
+        let f: Vec<&str> = text.split_whitespace().collect();
+        if f.len() > 6 && f[0].parse::<u64>().is_ok() {
+            let call = calls.last_mut().expect("a step before any start");
+            let instruction = f[6..].join(" ");
+            call.push((f[1].into(), f[4].into(), instruction));
+        }
+    }
+    let summary = format!(
+        "--trace-function smp_interrupt: {} calls, {} returned",
+        calls.len(),
+        calls.len()
     );
-    assert!(!disk.exists(), "no disk made for a run that cannot trace");
+    assert!(log.contains(&summary), "{summary}: {log}");
+    let mut on = std::collections::BTreeSet::new();
+    for call in &calls {
+        let (cpu, first, _) = &call[0];
+        assert_eq!(first, "smp_interrupt", "{call:?}");
+        let (_, _, last) = call.last().unwrap();
+        assert!(last.starts_with("ret"), "ends at its return: {call:?}");
+        // The handler calls nothing: another CPU's step would show as
+        // code outside it (or under another CPU number).
+        assert!(
+            call.iter()
+                .all(|(c, at, _)| c == cpu && at.starts_with("smp_interrupt")),
+            "only CPU {cpu}'s steps: {call:?}"
+        );
+        on.insert(cpu.clone());
+    }
+    assert_eq!(on.len(), 2, "calls on both CPUs: {calls:?}");
+    assert_eq!(calls[0][0].0, "1", "the wake IPI's call comes first");
 }
 
 /// `vtrace info --json` of `disk`.

@@ -176,25 +176,13 @@ impl SessionBuilder {
         self
     }
 
-    /// What a machine of several CPUs cannot trace yet.
+    /// What a machine of several CPUs cannot do yet.
     fn check_cpus(&self) -> Result<(), SessionError> {
         if self.gdb.is_some() && self.cpus > 1 {
             return Err(SessionError::request(format!(
                 "--gdb debugs a machine of one CPU for now, not {}: use --cpus 1",
                 self.cpus
             )));
-        }
-        if let Some(request) = self.trace.as_ref().filter(|_| self.cpus > 1) {
-            if !request.functions.is_empty() {
-                // A window follows one routine's call on one CPU to its
-                // return; the windows do not tell the CPUs apart yet.
-                return Err(SessionError::request(format!(
-                    "--trace-function traces one CPU's call of a routine, and does not yet \
-                     tell the CPUs of a machine of {} CPUs apart: use --start-at and \
-                     --stop-at, or --cpus 1",
-                    self.cpus
-                )));
-            }
         }
         Ok(())
     }

@@ -213,7 +213,9 @@ pub struct RunArgs {
     /// until the task runs again; a routine that never returns (a task's
     /// entry) keeps its window open to the end. Repeatable, as many as the
     /// CPU's 4 breakpoints hold (one fewer with --start-at); the summary
-    /// says what each routine's windows came to.
+    /// says what each routine's windows came to. With several CPUs, a
+    /// window holds the steps of the CPU that made the call, one window
+    /// at a time.
     #[arg(
         long = "trace-function",
         value_name = "ROUTINE",

@@ -15,6 +15,12 @@
 //!
 //! The routine's task is told by the Linux task the trace names where
 //! tasks are known, else by the address space (CR3) its steps run in.
+//!
+//! On a machine of several CPUs a window is the call on the CPU whose
+//! breakpoint fired: every CPU is stepped while it is open (the step
+//! clock's order stays the same), but only that CPU's records reach the
+//! trace, and only its return closes it. One window is open at a time:
+//! the routine's calls on other CPUs meanwhile are not traced.
 
 use vtrace_storage::{Event, FunctionEdge, Recorder, Step, TraceReason};
 
@@ -76,6 +82,8 @@ pub(crate) struct Window {
     running: Option<u32>,
     /// The CPU is in another task: nothing is recorded.
     away: bool,
+    /// The CPU the routine was called on.
+    cpu: u32,
 }
 
 /// The run's `--trace-function` routines and the window open, if any.
@@ -84,6 +92,8 @@ pub(crate) struct Windows {
     counts: Vec<WindowCount>,
     open: Option<Window>,
     by_task: bool,
+    /// The CPU whose exits come now.
+    on_stage: u32,
 }
 
 impl Windows {
@@ -102,7 +112,19 @@ impl Windows {
             counts,
             open: None,
             by_task,
+            on_stage: 0,
         }
+    }
+
+    /// The exits that follow are CPU `cpu`'s.
+    pub(crate) fn turn_to(&mut self, cpu: u32) {
+        self.on_stage = cpu;
+    }
+
+    /// Whether a window is open: the trace holds its CPU's records only,
+    /// and needs no word of the others'.
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.is_some()
     }
 
     /// The routines' entries, for the breakpoints while tracing is off.
@@ -115,9 +137,9 @@ impl Windows {
         self.sites.iter().enumerate().find(|(_, s)| s.entry == pc)
     }
 
-    /// Opens a window of routine `site`, entered with `sp` the stack
-    /// pointer and `ret` the return address on it; returns the reason
-    /// tracing starts.
+    /// Opens a window of routine `site`, entered on the CPU on stage with
+    /// `sp` the stack pointer and `ret` the return address on it; returns
+    /// the reason tracing starts.
     pub(crate) fn open(&mut self, site: usize, ret: Option<u64>, sp: u64) -> TraceReason {
         self.counts[site].calls += 1;
         self.open = Some(Window {
@@ -131,6 +153,7 @@ impl Windows {
             },
             running: None,
             away: false,
+            cpu: self.on_stage,
         });
         self.reason(site, FunctionEdge::Entry)
     }
@@ -138,10 +161,10 @@ impl Windows {
     /// Looks at the instruction about to run, at `pc` with stack pointer
     /// `sp`, inside the open window: a recursive call is counted; the
     /// return to the caller closes the window, and the reason tracing
-    /// stops is returned.
+    /// stops is returned. Other CPUs' instructions are not the call's.
     pub(crate) fn before(&mut self, pc: u64, sp: u64) -> Option<TraceReason> {
         let w = self.open.as_ref()?;
-        if w.away {
+        if w.away || w.cpu != self.on_stage {
             return None;
         }
         let site = w.site;
@@ -179,9 +202,11 @@ impl Windows {
     }
 
     /// Where records go: through a [`WindowSink`] while a window is
-    /// open, else straight to `recorder`.
+    /// open, nowhere from the other CPUs meanwhile, else straight to
+    /// `recorder`.
     pub(crate) fn route<'a>(&'a mut self, recorder: &'a mut Recorder) -> Route<'a> {
         match self.open.as_mut() {
+            Some(window) if window.cpu != self.on_stage => Route::OtherCpu,
             Some(window) => Route::Window(WindowSink {
                 recorder,
                 count: &mut self.counts[window.site],
@@ -196,6 +221,8 @@ impl Windows {
 pub(crate) enum Route<'a> {
     Plain(&'a mut Recorder),
     Window(WindowSink<'a>),
+    /// A CPU other than the open window's: its records are not the call's.
+    OtherCpu,
 }
 
 impl RecordSink for Route<'_> {
@@ -203,6 +230,7 @@ impl RecordSink for Route<'_> {
         match self {
             Route::Plain(r) => r.step(step),
             Route::Window(w) => w.step(step),
+            Route::OtherCpu => {}
         }
     }
 
@@ -210,6 +238,7 @@ impl RecordSink for Route<'_> {
         match self {
             Route::Plain(r) => r.event(event),
             Route::Window(w) => w.event(event),
+            Route::OtherCpu => {}
         }
     }
 }
@@ -402,6 +431,45 @@ mod tests {
                 "0x1002"
             ]
         );
+    }
+
+    #[test]
+    fn a_window_records_and_closes_on_its_own_cpu_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.vtd");
+        let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "").unwrap();
+        let mut recorder = Recorder::start(disk);
+        let mut windows = Windows::new(vec![site("take_work", 0x1000)], false);
+        windows.turn_to(1);
+        windows.open(0, Some(0x2005), 0x8000);
+        assert!(windows.is_open());
+        windows.route(&mut recorder).step(&step(0x1000, 0xa000));
+        windows.turn_to(0);
+        // CPU 0 returns to the same caller, from its own stack at the
+        // same address: not the call's return.
+        assert_eq!(windows.before(0x2005, 0x8008), None);
+        {
+            let mut sink = windows.route(&mut recorder);
+            sink.step(&step(0x2005, 0xb000));
+            sink.event(&Event::Halt);
+        }
+        windows.turn_to(1);
+        windows.route(&mut recorder).step(&step(0x1001, 0xa000));
+        assert_eq!(
+            windows.before(0x2005, 0x8008).map(|r| r.token()).as_deref(),
+            Some("function:return:take_work")
+        );
+        assert!(!windows.is_open());
+        assert_eq!(windows.counts()[0].switched_out, 0, "CPU 0 is not a task");
+        recorder.finish().unwrap();
+        let records: Vec<String> = recorded(&path)
+            .into_iter()
+            .map(|r| match r {
+                Record::Step(s) => format!("{:#x}", s.pc),
+                Record::Event(e) => format!("{e:?}"),
+            })
+            .collect();
+        assert_eq!(records, ["0x1000", "0x1001"]);
     }
 
     #[test]

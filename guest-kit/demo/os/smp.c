@@ -162,8 +162,10 @@ static u64 count_primes(u64 n)
     return count;
 }
 
-/* Takes items from the queue until it is empty; returns how many. */
-static int take_work(int cpu)
+/* Takes items from the queue until it is empty; returns how many. Not
+ * inlined, so that `vtrace run --trace-function take_work` has a call to
+ * follow on each CPU. */
+__attribute__((noinline)) int take_work(int cpu)
 {
     int taken = 0;
     for (;;) {

@@ -48,8 +48,10 @@ impl Tracer {
         if let Some(tasks) = &mut self.tasks {
             tasks.turn_to(cpu);
         }
+        self.windows.turn_to(self.cpu_number());
         self.engine.start_turn();
-        if self.active {
+        // A window's records are all its CPU's, which its start names.
+        if self.active && !self.windows.is_open() {
             self.recorder.event(&Event::Cpu(self.cpu_number()));
         }
     }
