@@ -131,13 +131,16 @@ pub(super) struct InjectionState {
 /// How (or whether) the pending interrupt reaches the guest now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Injection {
-    /// Not now, and nothing changes: the monitor holds interrupts back
+    /// Not now: the monitor holds interrupts back
     /// (mid REP) and stepping exits after every instruction anyway.
     Hold,
     /// Nothing is pending: no interrupt window is needed.
     NothingPending,
     /// The guest cannot take it now: ask KVM to exit when it can.
     RequestWindow,
+    /// The guest cannot take it now, and the vCPU steps: the next exit
+    /// comes after one instruction, so no interrupt window is asked for.
+    NextStep,
     /// The guest can, but the VMM delivers and an IN or MMIO read
     /// completes on the next entry (moving RIP under it would break the
     /// completion): one exit later.
@@ -163,6 +166,13 @@ pub(super) fn injection(s: InjectionState) -> Injection {
         return Injection::NothingPending;
     }
     if !s.window_open {
+        // KVM would arm its interrupt window on every entry until the
+        // guest sets IF, for an exit the step brings anyway. (On the AMD-V
+        // test machine each such VMRUN also risks QEMU losing one of the
+        // host kernel's timer interrupts: docs/amdv.md.)
+        if s.stepping && s.plan.stepping {
+            return Injection::NextStep;
+        }
         return Injection::RequestWindow;
     }
     match (s.plan.deliver_interrupts, s.plan.stepping, s.io_pending) {
@@ -301,16 +311,30 @@ mod tests {
         assert_eq!(injection(s), Injection::ThroughIdt);
         s.io_pending = true;
         assert_eq!(injection(s), Injection::AfterIo);
+        s.window_open = false;
+        assert_eq!(
+            injection(s),
+            Injection::NextStep,
+            "stepping exits after the instruction that sets IF: no window"
+        );
         // Tracing starts at this entry: the next entry steps, so the
         // VMM delivers, though the last one did not step.
         let mut starting = state(true, false, false, true);
         starting.plan.stepping = true;
         starting.plan.deliver_interrupts = true;
         assert_eq!(injection(starting), Injection::ThroughIdt);
+        starting.window_open = false;
+        assert_eq!(
+            injection(starting),
+            Injection::RequestWindow,
+            "the entry that starts stepping has yet to show it steps"
+        );
         // Tracing stops at this entry: KVM delivers.
         let mut stopping = state(true, true, false, true);
         stopping.plan.deliver_interrupts = true;
         assert_eq!(injection(stopping), Injection::Queue);
+        stopping.window_open = false;
+        assert_eq!(injection(stopping), Injection::RequestWindow);
     }
 
     #[test]

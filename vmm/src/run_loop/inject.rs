@@ -12,8 +12,8 @@ use super::Run;
 
 impl Run<'_> {
     /// Delivers the on-stage CPU's pending interrupt (the PIC's, or its local
-    /// APIC's) if it can take it now,
-    /// else asks KVM to exit as soon as it can (see [`decide::injection`]).
+    /// APIC's) if it can take it now, else asks KVM to exit as soon as it
+    /// can, unless the step's exit comes first (see [`decide::injection`]).
     pub(super) fn inject(&mut self) -> Result<()> {
         let run = self.vm.machine.vcpu.run_page();
         let window_open = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
@@ -26,14 +26,7 @@ impl Run<'_> {
         };
         let how = decide::injection(state);
         let run = self.vm.machine.vcpu.run_page();
-        match how {
-            decide::Injection::Hold => return Ok(()),
-            decide::Injection::RequestWindow => {
-                run.request_interrupt_window = 1;
-                return Ok(());
-            }
-            _ => run.request_interrupt_window = 0,
-        }
+        run.request_interrupt_window = u8::from(how == decide::Injection::RequestWindow);
         match how {
             decide::Injection::ThroughIdt => {
                 if let Some(handler) = self.vm.deliver_through_idt()? {
