@@ -49,6 +49,7 @@ fn traced_here(disk: &std::path::Path, args: &[&str]) -> serde_json::Value {
 ///   of this host. Before the VMM passed over the exits that ran nothing,
 ///   every instruction KVM completed itself recorded the next one twice
 ///   (178 gaps in the first 100,000 steps);
+/// - the SMP demo's first steps on two CPUs, digest for digest;
 /// - `--start-at schedule --stop-at isr_common` (hardware breakpoints, the
 ///   guest untraced until the first): from the scheduler's first
 ///   instruction to the one before the interrupt entry, no gap. (Untraced,
@@ -74,6 +75,7 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     }
     let dir = tempfile::tempdir().unwrap();
     let demo_here = traced_here(&dir.path().join("demo.vtd"), &["--trace"]);
+    let smp_here = traced_here(&dir.path().join("smp.vtd"), SMP_PREFIX);
     let start_here = dir.path().join("start.vtd");
     let start_info = traced_here(
         &start_here,
@@ -164,6 +166,18 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     assert_eq!(demo["steps"], demo_here["steps"], "{demo}\n{demo_here}");
     assert_eq!(demo["events"], demo_here["events"], "{demo}\n{demo_here}");
     assert_eq!(demo["digest"], demo_here["digest"], "{demo}\n{demo_here}");
+
+    // Two CPUs: the application processor's start (INIT and STARTUP
+    // IPIs, real mode to long mode, its first wait) in the step clock's
+    // order, as here.
+    let smp = json_file(&m, "smp.json");
+    assert_eq!(smp["gaps"], 0, "{smp}\n{}", m.text("smp.txt"));
+    assert_eq!(
+        smp["steps_by_cpu"], smp_here["steps_by_cpu"],
+        "{smp}\n{smp_here}"
+    );
+    assert!(smp["steps_by_cpu"]["1"].as_u64() > Some(1000), "{smp}");
+    assert_eq!(smp["digest"], smp_here["digest"], "{smp}\n{smp_here}");
 
     // The stretch between two breakpoints: the same steps, one by one.
     let there = m.file("start.vtd");
@@ -300,12 +314,20 @@ const HOTKEY_THERE: &str =
 /// the demo's own hypercalls tracing a stretch of it.
 const BREAKPOINT_PROBES: &[&str] = &["--capture", "kprintf:rdi:64", "--probe", "fn:schedule"];
 
+/// `vtrace run` options for the SMP demo's first steps on two CPUs: CPU 0
+/// starts CPU 1, which reaches its wait for work (`DEMO_RUNS_THERE`
+/// gives the machine the same).
+const SMP_PREFIX: &[&str] = &["--cpus", "2", "--trace", "--max-steps", "300000"];
+
 /// What the first boot runs in the VT-x machine, each result in /out.
 const DEMO_RUNS_THERE: &str =
     "grep -qw vmx /proc/cpuinfo && echo vmx; lsmod | grep -q '^kvm_intel' && echo kvm_intel; \
      vtrace doctor --json > /out/doctor.json; \
      vtrace run --no-input -q --trace --disk /tmp/demo.vtd --disk-size 64M > /out/demo.txt 2>&1; \
      vtrace info --json /tmp/demo.vtd > /out/demo.json; \
+     vtrace run --no-input -q --cpus 2 --trace --max-steps 300000 --disk /tmp/smp.vtd \
+       --disk-size 16M > /out/smp.txt 2>&1; \
+     vtrace info --json /tmp/smp.vtd > /out/smp.json; \
      vtrace run --no-input -q --disk /out/start.vtd --disk-size 8M \
        --start-at schedule --stop-at isr_common --exit-after-trace > /out/start.txt 2>&1; \
      vtrace run --no-input -q --disk /tmp/function.vtd --disk-size 64M \

@@ -345,6 +345,13 @@ mod tests {
         }
     }
 
+    /// A recorder writing a trace `w.vtd` in `dir`, and its path.
+    fn recorder_in(dir: &std::path::Path) -> (std::path::PathBuf, Recorder) {
+        let path = dir.join("w.vtd");
+        let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "").unwrap();
+        (path, Recorder::start(disk))
+    }
+
     /// Every record of the trace at `path`.
     fn recorded(path: &std::path::Path) -> Vec<Record> {
         let reader = TraceReader::open(path).unwrap();
@@ -392,9 +399,7 @@ mod tests {
     #[test]
     fn other_address_spaces_are_kept_off_the_trace_between_a_stop_and_a_start() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.vtd");
-        let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "").unwrap();
-        let mut recorder = Recorder::start(disk);
+        let (path, mut recorder) = recorder_in(dir.path());
         let mut windows = Windows::new(vec![site("task", 0x1000)], false);
         windows.open(0, None, 0x8000);
         {
@@ -436,9 +441,7 @@ mod tests {
     #[test]
     fn a_window_records_and_closes_on_its_own_cpu_only() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.vtd");
-        let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "").unwrap();
-        let mut recorder = Recorder::start(disk);
+        let (path, mut recorder) = recorder_in(dir.path());
         let mut windows = Windows::new(vec![site("take_work", 0x1000)], false);
         windows.turn_to(1);
         windows.open(0, Some(0x2005), 0x8000);
@@ -475,9 +478,7 @@ mod tests {
     #[test]
     fn a_linux_window_follows_its_task_by_the_task_events() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.vtd");
-        let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, "").unwrap();
-        let mut recorder = Recorder::start(disk);
+        let (path, mut recorder) = recorder_in(dir.path());
         let mut windows = Windows::new(vec![site("do_sys_open", 0x1000)], true);
         windows.open(0, Some(0x2000), 0x8000);
         let task = |tid| Event::Task {

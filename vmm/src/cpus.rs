@@ -29,8 +29,6 @@ pub(crate) struct StepState {
     /// The step of an OUT that completes on the next entry was counted at
     /// its I/O exit.
     pub(crate) out_counted: bool,
-    /// Single-step exits that ran nothing (see `cpu::echo`).
-    pub(crate) echo: crate::cpu::echo::EchoWatch,
 }
 
 /// Where a CPU stands.

@@ -64,6 +64,10 @@ pub struct Vm {
     pub(crate) machine: Machine,
     /// Where single-stepping and the exit in flight stand.
     pub(crate) step: StepState,
+    /// Single-step exits that ran nothing (see `cpu::echo`): whether the
+    /// host echoes is the host's, not one CPU's, so an application
+    /// processor's first, ambiguous echo is judged by what CPU 0 saw.
+    pub(crate) echo: crate::cpu::echo::EchoWatch,
     /// What stands around the loop for the user: the console, the control
     /// socket, the peeper and the progress line.
     pub(crate) frontends: Frontends,
@@ -201,6 +205,7 @@ impl Vm {
                 completed_by_vmm: 0,
             },
             step: StepState::default(),
+            echo: crate::cpu::echo::EchoWatch::default(),
             frontends: Frontends::new(config.console, config.control),
             boot,
         })

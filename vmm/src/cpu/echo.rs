@@ -23,7 +23,7 @@
 //! host was seen to echo before, so that hosts that do not (AMD-V, the
 //! paravirtual emulating hosts) never lose a step of a spin loop.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
 
 use crate::vcpu::NOT_REPORTED_DR7;
 
@@ -81,7 +81,8 @@ impl EchoWatch {
 
 /// Whether one step of `code` (at `rip`, decoded as `bitness`-bit code)
 /// could leave RIP where it was: a branch of any kind, unless it is a
-/// direct one to elsewhere. Code that does not decode could be anything.
+/// direct one to elsewhere (a far jump's offset becomes RIP, whatever its
+/// selector). Code that does not decode could be anything.
 pub(crate) fn may_branch_to_itself(code: &[u8], bitness: u32, rip: u64) -> bool {
     let mut decoder = Decoder::with_ip(bitness, code, rip, DecoderOptions::NONE);
     let insn = decoder.decode();
@@ -94,6 +95,12 @@ pub(crate) fn may_branch_to_itself(code: &[u8], bitness: u32, rip: u64) -> bool 
             if insn.is_jmp_short_or_near() || insn.is_jcc_short_or_near() || insn.is_loop() =>
         {
             insn.near_branch_target() == rip
+        }
+        FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::FarBranch16 => {
+            u64::from(insn.far_branch16()) == rip
+        }
+        FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::FarBranch32 => {
+            u64::from(insn.far_branch32()) == rip
         }
         _ => true,
     }
@@ -156,5 +163,17 @@ mod tests {
         assert!(!at(&[0x75, 0x10]), "jne elsewhere");
         assert!(!at(&[0xf3, 0xaa]), "rep stosb");
         assert!(!may_branch_to_itself(&[0xfa], 32, 0x1000), "cli");
+        // An application processor's way into protected mode (the SMP
+        // demo's trampoline): its first echo on VT-x.
+        let far = [0x66, 0xea, 0x1e, 0x00, 0x01, 0x00, 0x08, 0x00];
+        assert!(
+            !may_branch_to_itself(&far, 16, 0x10016),
+            "jmp far 8:0x1001e"
+        );
+        assert!(may_branch_to_itself(&far, 16, 0x1001e), "jmp far 8:$");
+        assert!(
+            may_branch_to_itself(&[0xff, 0x2c, 0x24], 64, 0x1000),
+            "jmp far [rsp]: could be to itself"
+        );
     }
 }

@@ -84,7 +84,7 @@ impl Vm {
                     let bits = machine.vcpu.special_registers().code_bits();
                     echo::may_branch_to_itself(&code[..len], bits, rip)
                 };
-                if self.step.echo.is_echo(step, may_branch_to_itself) {
+                if self.echo.is_echo(step, may_branch_to_itself) {
                     tracing::trace!("passed over a single-step exit that ran nothing");
                     continue;
                 }
