@@ -39,11 +39,11 @@ pub fn amdv(files: &[(&Path, &str)], command: &str) -> MachineRun {
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// [`amdv`] with a time limit of `seconds`, run once more where the
-/// machine ran out of it. The machine has stood still during `vtrace ctl`
-/// start and stop cycles (three times in a few dozen runs): nothing more
-/// printed, not even `vtrace ctl`'s own error after its 30 s wait for an
-/// answer, so its kernel itself stopped, not only vtrace. A run that
-/// stands still twice fails.
+/// machine ran out of it. The machine stood still during `vtrace ctl`
+/// start and stop cycles (2 runs in 10) where QEMU lost its kernel's timer
+/// interrupt (docs/amdv.md): no sleep ended. vtrace no longer arms the
+/// interrupt windows that exposed it while stepping (0 runs in 16), but
+/// untraced stretches still may. A run that stands still twice fails.
 pub fn amdv_retried(files: &[(&Path, &str)], command: &str, seconds: u32) -> MachineRun {
     let seconds = seconds.to_string();
     let mut tries = 0;
