@@ -179,6 +179,12 @@ fn window_summary(c: &WindowCount) -> String {
     if c.recursive > 0 {
         parts.push(plural(c.recursive, "recursive call", "recursive calls"));
     }
+    if c.elsewhere > 0 {
+        parts.push(format!(
+            "{} on other CPUs while a call was traced (not traced: one call at a time)",
+            plural(c.elsewhere, "call", "calls")
+        ));
+    }
     if c.switched_out > 0 {
         parts.push(format!(
             "its task switched out {} (not recorded meanwhile)",

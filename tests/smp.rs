@@ -176,6 +176,39 @@ fn a_function_window_holds_the_calling_cpus_steps_only() {
     }
     assert_eq!(on.len(), 2, "calls on both CPUs: {calls:?}");
     assert_eq!(calls[0][0].0, "1", "the wake IPI's call comes first");
+
+    // Four CPUs each call take_work once (the three woken by the IPI, CPU
+    // 0 when its tasks are done): the calls made while another CPU's call
+    // was traced are counted, not traced.
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--cpus",
+        "4",
+        "--trace-function",
+        "take_work",
+        "--disk",
+        dir.path().join("w4.vtd").to_str().unwrap(),
+    ]);
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("vtrace: --trace-function take_work: "))
+        .unwrap_or_else(|| panic!("no summary: {log}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (traced, returned) = (numbers[0], numbers[1]);
+    let elsewhere = numbers.get(2).copied().unwrap_or(0);
+    assert_eq!(traced, returned, "{line}");
+    assert!(elsewhere > 0, "{line}");
+    assert!(
+        line.contains("on other CPUs while a call was traced"),
+        "{line}"
+    );
+    assert_eq!(traced + elsewhere, 4, "{line}");
 }
 
 /// `vtrace info --json` of `disk`.

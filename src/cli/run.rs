@@ -215,7 +215,7 @@ pub struct RunArgs {
     /// CPU's 4 breakpoints hold (one fewer with --start-at); the summary
     /// says what each routine's windows came to. With several CPUs, a
     /// window holds the steps of the CPU that made the call, one window
-    /// at a time.
+    /// at a time (the summary counts the calls other CPUs made meanwhile).
     #[arg(
         long = "trace-function",
         value_name = "ROUTINE",

@@ -20,7 +20,7 @@
 //! breakpoint fired: every CPU is stepped while it is open (the step
 //! clock's order stays the same), but only that CPU's records reach the
 //! trace, and only its return closes it. One window is open at a time:
-//! the routine's calls on other CPUs meanwhile are not traced.
+//! the routine's calls on other CPUs meanwhile are counted, not traced.
 
 use vtrace_storage::{Event, FunctionEdge, Recorder, Step, TraceReason};
 
@@ -50,6 +50,9 @@ pub struct WindowCount {
     pub recursive: u64,
     /// Times the CPU left the routine's task inside a window.
     pub switched_out: u64,
+    /// Calls of the routine on other CPUs while a window was open: not
+    /// traced (one window at a time).
+    pub elsewhere: u64,
     /// Windows closed by anything else: the run ended, a limit, the
     /// user (a routine that never returns, such as a task's entry).
     pub unfinished: u64,
@@ -164,10 +167,16 @@ impl Windows {
     /// stops is returned. Other CPUs' instructions are not the call's.
     pub(crate) fn before(&mut self, pc: u64, sp: u64) -> Option<TraceReason> {
         let w = self.open.as_ref()?;
-        if w.away || w.cpu != self.on_stage {
+        let site = w.site;
+        if w.cpu != self.on_stage {
+            if pc == self.sites[site].entry {
+                self.counts[site].elsewhere += 1;
+            }
             return None;
         }
-        let site = w.site;
+        if w.away {
+            return None;
+        }
         if w.ret == Some(pc) && sp > w.sp {
             self.counts[site].returned += 1;
             self.open = None;
@@ -448,6 +457,9 @@ mod tests {
         assert!(windows.is_open());
         windows.route(&mut recorder).step(&step(0x1000, 0xa000));
         windows.turn_to(0);
+        // CPU 0 calls it too: counted, not traced.
+        assert_eq!(windows.before(0x1000, 0x9000), None);
+        assert_eq!(windows.counts()[0].elsewhere, 1);
         // CPU 0 returns to the same caller, from its own stack at the
         // same address: not the call's return.
         assert_eq!(windows.before(0x2005, 0x8008), None);
@@ -464,6 +476,7 @@ mod tests {
         );
         assert!(!windows.is_open());
         assert_eq!(windows.counts()[0].switched_out, 0, "CPU 0 is not a task");
+        assert_eq!(windows.counts()[0].elsewhere, 1, "counted once");
         recorder.finish().unwrap();
         let records: Vec<String> = recorded(&path)
             .into_iter()
