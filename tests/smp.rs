@@ -192,16 +192,13 @@ fn a_function_window_holds_the_calling_cpus_steps_only() {
     ]);
     let log = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{log}");
+    let summary = "vtrace: --trace-function take_work: ";
     let line = log
         .lines()
-        .find(|l| l.starts_with("vtrace: --trace-function take_work: "))
+        .find(|l| l.starts_with(summary))
         .unwrap_or_else(|| panic!("no summary: {log}"));
-    let numbers: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let (traced, returned) = (numbers[0], numbers[1]);
-    let elsewhere = numbers.get(2).copied().unwrap_or(0);
+    let count = |after: &str| number_after(&log, summary, after).unwrap_or(0);
+    let (traced, returned, elsewhere) = (count(summary), count("calls, "), count("returned, "));
     assert_eq!(traced, returned, "{line}");
     assert!(elsewhere > 0, "{line}");
     assert!(

@@ -131,8 +131,8 @@ pub(super) struct InjectionState {
 /// How (or whether) the pending interrupt reaches the guest now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Injection {
-    /// Not now: the monitor holds interrupts back
-    /// (mid REP) and stepping exits after every instruction anyway.
+    /// Not now: the monitor holds interrupts back (mid REP) and stepping
+    /// exits after every instruction anyway.
     Hold,
     /// Nothing is pending: no interrupt window is needed.
     NothingPending,
