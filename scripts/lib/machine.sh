@@ -59,7 +59,8 @@ machine_files() {
 # machine_init ROOT TAG MODULE...: ROOT's /init up to the command's end.
 # It loads the MODULEs in the order given, runs /command in /work between
 # the lines "TAG-START" and "TAG-EXIT status", and says "TAG-FAIL ..."
-# where the machine did not come up. The caller appends how /out goes back
+# where the machine did not come up; ROOT's /before-command, where there
+# is one, is sourced first (what runs alongside). The caller appends how /out goes back
 # and the power-off, then makes it executable.
 machine_init() {
     local root=$1 tag=$2
@@ -75,6 +76,7 @@ for m in $modules; do
     insmod /modules/$m.ko || echo "$tag-FAIL insmod $m"
 done
 [ -c /dev/kvm ] || echo "$tag-FAIL no /dev/kvm"
+[ -f /before-command ] && . /before-command
 cd /work
 echo "$tag-START"
 sh -c "$(cat /command)"

@@ -40,10 +40,11 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// [`amdv`] with a time limit of `seconds`, run once more where the
 /// machine ran out of it. The machine stood still during `vtrace ctl`
-/// start and stop cycles (2 runs in 10) where QEMU lost its kernel's timer
-/// interrupt (docs/amdv.md): no sleep ended. vtrace no longer arms the
-/// interrupt windows that exposed it while stepping (0 runs in 16), but
-/// untraced stretches still may. A run that stands still twice fails.
+/// start and stop cycles where QEMU lost its kernel's one-shot timer
+/// interrupt (docs/amdv.md): no sleep ended. Its kernel now ticks
+/// periodically, so a lost tick comes again, and vtrace arms no interrupt
+/// window while stepping; this guards what is left. A run that stands
+/// still twice fails, with the machine's heartbeat in its error.
 pub fn amdv_retried(files: &[(&Path, &str)], command: &str, seconds: u32) -> MachineRun {
     let seconds = seconds.to_string();
     let mut tries = 0;
