@@ -226,6 +226,72 @@ fn linux_user_mode_traced_from_the_host_on_amdv() {
     assert_user_mode_traced_whole(&m.file("l.vtd"));
 }
 
+/// The kernel's `syscalls:` events on a traced Linux userspace: the
+/// loop's `read < /proc/uptime` opens the file each round. Every
+/// `syscalls:sys_enter_openat` fire shows it as strace would: number 257,
+/// `AT_FDCWD` (-100, so the `int` is read signed and by its size) and the
+/// path (a user pointer followed). Every `sys_exit_openat` returns a
+/// descriptor, and its call's first step is one where `sys_enter_openat`
+/// fired.
+#[test]
+fn syscall_events_show_each_open_on_amdv() {
+    if !amdv_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = test_kernel();
+    let initrd = busybox_initramfs(dir.path(), SYSCALL_LOOP);
+    let script = linux_up(
+        "--disk /out/l.vtd --disk-size 256M --max-steps 200000 --exit-after-trace \
+         --probe tp:syscalls:sys_enter_openat --probe tp:syscalls:sys_exit_openat",
+    ) + "sleep 2; vtrace ctl start; wait $pid; s=$?; cat /tmp/log; exit $s";
+    let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
+    assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
+    let trace = m.file("l.vtd");
+    let out = run(&[
+        "analyze",
+        "probes",
+        "--fires",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fires = v["fires"].as_array().unwrap();
+    let value = |f: &serde_json::Value, name: &str| -> String {
+        let values = f["values"].as_array().unwrap_or_else(|| panic!("{f}"));
+        let found = values.iter().find(|p| p[0] == name);
+        found.unwrap_or_else(|| panic!("no {name}: {f}"))[1]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let of = |probe: &str| -> Vec<&serde_json::Value> {
+        fires.iter().filter(|f| f["probe"] == probe).collect()
+    };
+    let (enters, exits) = (
+        of("tp:syscalls:sys_enter_openat"),
+        of("tp:syscalls:sys_exit_openat"),
+    );
+    assert!(enters.len() >= 2, "{v}");
+    for f in &enters {
+        assert_eq!(value(f, "__syscall_nr"), "257", "{f}");
+        assert_eq!(value(f, "dfd"), "-100", "{f}");
+        assert_eq!(value(f, "filename"), "\"/proc/uptime\"", "{f}");
+    }
+    assert!(!exits.is_empty(), "{v}");
+    for f in &exits {
+        let fd: i64 = value(f, "retval").parse().unwrap();
+        assert!((0..64).contains(&fd), "{f}");
+        let steps: u64 = value(f, "steps").parse().unwrap();
+        let first = f["step"].as_u64().unwrap() - steps;
+        assert!(
+            enters.iter().any(|e| e["step"] == first),
+            "no entry at step {first}: {f}"
+        );
+    }
+}
+
 /// Linux on two CPUs boots to a busybox userspace on the AMD-V machine
 /// (untraced, the CPUs run in parallel), where two shells loop on a
 /// system call, one on each CPU; a trace started from the host (and

@@ -116,10 +116,62 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
         "{text}"
     );
     assert!(text.contains("fires"), "{text}");
+
+    // The system call events, which the kernel makes from the gated
+    // raw_syscalls:*, fire at the call's own routine, with the arguments
+    // of fs/open.c's `SYSCALL_DEFINE4(openat, int, dfd, const char __user
+    // *, filename, int, flags, umode_t, mode)`, tracefs's fields.
+    let both = listing(&["tp:syscalls:sys_e*_openat"]);
+    let (enter, exit) = (&both[0], &both[1]);
+    assert_eq!(enter["probe"], "tp:syscalls:sys_enter_openat", "{both}");
+    let parameters: Vec<(&str, &str)> = enter["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        parameters,
+        [
+            ("dfd", "int"),
+            ("filename", "const char *"),
+            ("flags", "int"),
+            ("mode", "umode_t")
+        ]
+    );
+    let names = |t: &serde_json::Value| -> Vec<String> {
+        t["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(enter),
+        ["__syscall_nr", "dfd", "filename", "flags", "mode"]
+    );
+    assert_eq!(enter["fires_at"], "syscall_entry");
+    assert_eq!(names(exit), ["__syscall_nr", "ret"]);
+    assert_eq!(exit["fires_at"], "syscall_return");
+    assert_eq!(enter["sites"], exit["sites"]);
+    let site = enter["sites"][0].as_str().unwrap();
+    let out = run(&[
+        "analyze",
+        "symbolize",
+        "--symbols",
+        kernel.to_str().unwrap(),
+        site,
+    ]);
+    assert_eq!(
+        stdout(&out).split_whitespace().nth(1),
+        Some("__x64_sys_openat")
+    );
 }
 
 /// A `tp:` probe that names no tracepoint, or one without its system, or
-/// asks values of a glob or of a field its parameters lack, is refused
+/// asks values of a glob, of a field its parameters lack, or of a
+/// system call's return, is refused
 /// before the guest boots, saying what to write instead.
 #[test]
 fn tracepoint_probes_that_name_nothing_are_refused() {
@@ -153,6 +205,18 @@ fn tracepoint_probes_that_name_nothing_are_refused() {
     refused(
         "tp:raw_syscalls:sys_enter",
         "only while a probe is registered in the guest",
+    );
+    refused(
+        "tp:syscalls:sys_enter_openat(path)",
+        "has no field path (it has: __syscall_nr, dfd, filename, flags, mode)",
+    );
+    refused(
+        "tp:syscalls:sys_enter_openat(filename->x)",
+        "not followed (`->`)",
+    );
+    refused(
+        "tp:syscalls:sys_exit_openat(ret)",
+        "a return event reads no values",
     );
     // The demo OS has no kallsyms to find tracepoints by.
     let out = run(&[

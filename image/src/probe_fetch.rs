@@ -12,7 +12,7 @@ use btf_rs::{BtfType, Type};
 
 /// General registers (in `Regs::gpr` order: rax, rcx, rdx, rbx, rsp, rbp,
 /// rsi, rdi, r8...) of the first six integer arguments.
-const ARGUMENT_REGISTERS: [usize; 6] = [7, 6, 2, 1, 8, 9];
+pub(crate) const ARGUMENT_REGISTERS: [usize; 6] = [7, 6, 2, 1, 8, 9];
 
 /// Longest text a fetch reads.
 pub const MAX_TEXT: usize = 256;

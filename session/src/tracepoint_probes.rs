@@ -3,7 +3,7 @@
 //! [`vtrace_image::tracepoints`]).
 
 use vtrace_image::probe_fetch;
-use vtrace_image::tracepoints::{self, SiteState, Tracepoint};
+use vtrace_image::tracepoints::{self, FiresAt, SiteState, Tracepoint};
 use vtrace_trap::FunctionProbe;
 use vtrace_vmm::BootSource;
 
@@ -103,7 +103,7 @@ pub(crate) fn tracepoint_probes(
                 entry,
                 task: None,
                 fetches,
-                at_return: false,
+                at_return: tp.fires_at == FiresAt::SyscallReturn,
                 tracepoint: true,
                 untraced: false,
             }));
@@ -137,20 +137,31 @@ pub(crate) fn place_breakpoints(
     if probes.is_empty() {
         return 0;
     }
-    let mut sites: Vec<u64> = probes.iter().map(|p| p.entry).collect();
+    // A return event (`syscalls:sys_exit_*`) is an `fnret:` probe: it
+    // takes no breakpoint.
+    let mut sites: Vec<u64> = probes
+        .iter()
+        .filter(|p| !p.at_return)
+        .map(|p| p.entry)
+        .collect();
+    if sites.is_empty() {
+        return 0;
+    }
     sites.sort_unstable();
     sites.dedup();
     let fit = sites.len() <= room;
     for p in probes.iter_mut() {
-        p.untraced = fit;
+        p.untraced = fit && !p.at_return;
     }
     notes.push(match fit {
-        true => "vtrace: tp: probes fire at each site's NOP, through a breakpoint while tracing \
-                 is off (the kernel's tracepoint stays off and its code unchanged)"
+        true => "vtrace: tp: probes fire at each site (a tracepoint's NOP, a system call's \
+                 routine), through a breakpoint while tracing is off (the kernel's tracepoint \
+                 stays off and its code unchanged)"
             .to_string(),
         false => format!(
-            "vtrace: tp: probes fire at each site's NOP while instructions are traced: their {} \
-             sites are more than the {room} breakpoints left for while tracing is off",
+            "vtrace: tp: probes fire at each site (a tracepoint's NOP, a system call's routine) \
+             while instructions are traced: their {} sites are more than the {room} breakpoints \
+             left for while tracing is off",
             sites.len()
         ),
     });

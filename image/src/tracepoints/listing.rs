@@ -40,7 +40,10 @@ pub fn format_detail(t: &Tracepoint) -> String {
             false => format!("{} {}", p.type_name, p.name),
         })
         .collect();
-    let _ = writeln!(out, "  parameters: {}", parameters.join(", "));
+    let _ = match parameters.is_empty() {
+        true => writeln!(out, "  parameters: none"),
+        false => writeln!(out, "  parameters: {}", parameters.join(", ")),
+    };
     for (i, f) in t.fields.iter().enumerate() {
         let label = if i == 0 { "  fields:" } else { "" };
         let from = match &f.from {
@@ -74,6 +77,23 @@ pub fn format_detail(t: &Tracepoint) -> String {
             }
         };
         let _ = writeln!(out, "{label:14}{:#x} {state}", s.pc);
+    }
+    match t.fires_at {
+        super::FiresAt::Sites => {}
+        super::FiresAt::SyscallEntry => {
+            let _ = writeln!(
+                out,
+                "  fires at:   the system call's routine's entry, arguments read from the \
+                 registers it was called with"
+            );
+        }
+        super::FiresAt::SyscallReturn => {
+            let _ = writeln!(
+                out,
+                "  fires at:   where the system call's routine returns (ret: its return \
+                 value), while instructions are traced"
+            );
+        }
     }
     if t.sites.is_empty() {
         let _ = writeln!(out, "  sites:      none (the kernel never calls it)");

@@ -17,6 +17,7 @@ mod events;
 mod image;
 mod listing;
 mod site_args;
+mod syscalls;
 
 use std::collections::HashMap;
 
@@ -95,6 +96,20 @@ pub struct Site {
     pub arguments: Vec<Option<ArgSource>>,
 }
 
+/// Where a tracepoint fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FiresAt {
+    /// At its own sites: the NOPs its callers hold.
+    Sites,
+    /// At the entry of the system call's routine (`syscalls:sys_enter_*`,
+    /// which the kernel makes from the gated `raw_syscalls:sys_enter`).
+    SyscallEntry,
+    /// Where that routine returns (`syscalls:sys_exit_*`), as an `fnret:`
+    /// probe: while instructions are traced.
+    SyscallReturn,
+}
+
 /// One of the kernel's tracepoints.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Tracepoint {
@@ -114,6 +129,8 @@ pub struct Tracepoint {
     /// syscall work flag for `raw_syscalls:*`, a static key of its own for
     /// `exceptions:page_fault_*`). It never fires here.
     pub gated: bool,
+    /// Where it fires.
+    pub fires_at: FiresAt,
 }
 
 impl Tracepoint {
@@ -217,9 +234,11 @@ pub fn tracepoints(
                 fields,
                 sites,
                 gated,
+                fires_at: FiresAt::Sites,
             }
         })
         .collect();
+    found.extend(syscalls::syscall_events(&image, symbols, &find, btf));
     found.sort_by_key(Tracepoint::probe);
     found.dedup_by_key(|t| t.probe());
     found
@@ -361,6 +380,9 @@ pub fn plan_sites(
     tp: &Tracepoint,
     specs: &[FetchSpec],
 ) -> Result<Vec<(u64, Vec<Fetch>)>, FetchError> {
+    if tp.fires_at != FiresAt::Sites {
+        return syscalls::plan(btf, tp, specs);
+    }
     let what = tp.probe();
     let owner = format!("{what} (its parameters)");
     let params: Vec<(String, Type)> =

@@ -1,0 +1,351 @@
+//! The `syscalls:` events (`sys_enter_openat`, `sys_exit_openat`). The
+//! kernel has no site of its own for them: it makes them from
+//! `raw_syscalls:*`, which are gated. vtrace fires them at the system
+//! call's own routine, `__x64_sys_NAME`, whose one parameter is the
+//! caller's saved registers (`struct pt_regs *`): an argument is read
+//! from where the system call ABI's register for it (rdi, rsi, rdx, r10,
+//! r8, r9) was saved, the number from `orig_ax`. `sys_exit_NAME` fires
+//! where that routine returns, as an `fnret:` probe (its `ret` is the
+//! return value). Names and types are the kernel's `__syscall_meta__NAME`
+//! (`struct syscall_metadata`), as tracefs's `format` gives them.
+
+use btf_rs::Btf;
+
+use super::image::ImageMemory;
+use super::{guarded, EventField, Field, FiresAt, Parameter, Site, SiteState, Tracepoint};
+use crate::probe_fetch::{
+    self, cast_kind, natural_kind, underlying, ArgSource, Fetch, FetchError, FetchKind, FetchSpec,
+};
+
+/// Arguments a system call has at most.
+const MAX_ARGS: usize = 6;
+
+/// Metadata records read, at most (Debian's 6.1 kernel has about 450).
+const MAX_SYSCALLS: usize = 4096;
+
+/// `struct pt_regs`'s members holding the arguments, in order, and the
+/// number.
+const ARG_MEMBERS: [&str; MAX_ARGS] = ["di", "si", "dx", "r10", "r8", "r9"];
+const NUMBER_MEMBER: &str = "orig_ax";
+
+/// Their offsets where the kernel has no BTF (x86-64's `pt_regs`).
+const ARG_OFFSETS: [u64; MAX_ARGS] = [112, 104, 96, 56, 72, 64];
+const NUMBER_OFFSET: u64 = 120;
+
+/// The system call number's field, as tracefs names it.
+const NUMBER_FIELD: &str = "__syscall_nr";
+
+/// The `syscalls:` events of the kernel: a `sys_enter_NAME` and a
+/// `sys_exit_NAME` for each `__syscall_meta__NAME` whose `__x64_sys_NAME`
+/// kallsyms has.
+pub(super) fn syscall_events(
+    image: &ImageMemory<'_>,
+    symbols: &[(char, String, u64)],
+    find: &dyn Fn(&str) -> Option<u64>,
+    btf: Option<&Btf>,
+) -> Vec<Tracepoint> {
+    let offset = |member: &str, fallback: u64| {
+        guarded(btf, |b| {
+            probe_fetch::struct_member_offset(b, "syscall_metadata", member)
+        })
+        .unwrap_or(fallback)
+    };
+    let layout = MetadataLayout {
+        name: offset("name", 0),
+        count: offset("nb_args", 12),
+        types: offset("types", 16),
+        args: offset("args", 24),
+    };
+    let sources = register_sources(btf);
+    let mut found = Vec::new();
+    for (_, symbol, meta) in symbols {
+        if found.len() >= 2 * MAX_SYSCALLS {
+            break;
+        }
+        if !symbol.starts_with("__syscall_meta__") {
+            continue;
+        }
+        let Some((call, parameters)) = read_metadata(image, &layout, *meta) else {
+            continue;
+        };
+        if let Some(entry) = find(&format!("__x64_sys_{call}")) {
+            found.extend(events(&call, entry, parameters, &sources));
+        }
+    }
+    found
+}
+
+/// Where `struct syscall_metadata` keeps what vtrace reads.
+struct MetadataLayout {
+    /// `const char *name` (`sys_openat`).
+    name: u64,
+    /// `int nb_args`.
+    count: u64,
+    /// `const char **types`.
+    types: u64,
+    /// `const char **args`.
+    args: u64,
+}
+
+/// The call's name (`openat`) and parameters of the metadata at `meta`.
+fn read_metadata(
+    image: &ImageMemory<'_>,
+    layout: &MetadataLayout,
+    meta: u64,
+) -> Option<(String, Vec<Parameter>)> {
+    let name = image.c_string(image.u64_at(meta.checked_add(layout.name)?)?)?;
+    let call = name.strip_prefix("sys_").filter(|c| !c.is_empty())?;
+    let count = usize::try_from(image.i32_at(meta.checked_add(layout.count)?)?).ok()?;
+    if count > MAX_ARGS {
+        return None;
+    }
+    let strings = |at: u64, i: usize| {
+        let list = image.u64_at(meta.checked_add(at)?)?;
+        let item = image.u64_at(list.checked_add(8 * i as u64)?)?;
+        image.c_string(item)
+    };
+    let parameters = (0..count)
+        .map(|i| {
+            Some(Parameter {
+                name: strings(layout.args, i)?,
+                type_name: strings(layout.types, i)?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((call.to_string(), parameters))
+}
+
+/// The two events of system call `call`, whose routine starts at `entry`.
+fn events(
+    call: &str,
+    entry: u64,
+    parameters: Vec<Parameter>,
+    sources: &RegisterSources,
+) -> [Tracepoint; 2] {
+    let field = |type_name: &str, name: &str, from: Option<String>| Field {
+        field: EventField {
+            type_name: type_name.into(),
+            name: name.into(),
+        },
+        from,
+    };
+    let mut enter_fields = vec![field(
+        "int",
+        NUMBER_FIELD,
+        Some(format!("regs->{NUMBER_MEMBER}")),
+    )];
+    enter_fields.extend(
+        parameters
+            .iter()
+            .zip(ARG_MEMBERS)
+            .map(|(p, m)| field(&p.type_name, &p.name, Some(format!("regs->{m}")))),
+    );
+    let mut arguments: Vec<Option<ArgSource>> = vec![Some(sources.number)];
+    arguments.extend(
+        sources.arguments[..parameters.len()]
+            .iter()
+            .copied()
+            .map(Some),
+    );
+    let site = Site {
+        pc: entry,
+        state: SiteState::Fires,
+        arguments,
+    };
+    let exit = Tracepoint {
+        system: Some("syscalls".into()),
+        name: format!("sys_exit_{call}"),
+        parameters: Vec::new(),
+        fields: vec![
+            field("int", NUMBER_FIELD, None),
+            field("long", "ret", Some("RAX at the return (retval)".into())),
+        ],
+        sites: vec![Site {
+            arguments: vec![Some(sources.number)],
+            ..site.clone()
+        }],
+        gated: false,
+        fires_at: FiresAt::SyscallReturn,
+    };
+    let enter = Tracepoint {
+        system: Some("syscalls".into()),
+        name: format!("sys_enter_{call}"),
+        parameters,
+        fields: enter_fields,
+        sites: vec![site],
+        gated: false,
+        fires_at: FiresAt::SyscallEntry,
+    };
+    [enter, exit]
+}
+
+/// Where the number and each argument are at `__x64_sys_NAME`'s entry.
+struct RegisterSources {
+    number: ArgSource,
+    arguments: [ArgSource; MAX_ARGS],
+}
+
+fn register_sources(btf: Option<&Btf>) -> RegisterSources {
+    let regs = probe_fetch::ARGUMENT_REGISTERS[0];
+    let saved = |member: &str, fallback: u64| ArgSource::Memory {
+        base: Some(regs),
+        disp: guarded(btf, |b| {
+            probe_fetch::struct_member_offset(b, "pt_regs", member)
+        })
+        .unwrap_or(fallback),
+        size: 8,
+        signed: false,
+    };
+    RegisterSources {
+        number: saved(NUMBER_MEMBER, NUMBER_OFFSET),
+        arguments: std::array::from_fn(|i| saved(ARG_MEMBERS[i], ARG_OFFSETS[i])),
+    }
+}
+
+/// The fetches of a `syscalls:` probe (`sys_enter_openat(filename)`):
+/// the fields named, or without `specs` every field. An argument's type
+/// is the kernel's text for it: a `char *` reads as text, another pointer
+/// shows in hex, an integer type has the size and sign BTF gives its name
+/// (a whole word where it has none). A cast (`:u32`, `:string`) chooses.
+pub(super) fn plan(
+    btf: &Btf,
+    tp: &Tracepoint,
+    specs: &[FetchSpec],
+) -> Result<Vec<(u64, Vec<Fetch>)>, FetchError> {
+    let what = tp.probe();
+    let Some(site) = tp.sites.first() else {
+        return Ok(Vec::new());
+    };
+    if tp.fires_at == FiresAt::SyscallReturn {
+        return match specs.is_empty() {
+            true => Ok(vec![(site.pc, Vec::new())]),
+            false => Err(FetchError(format!(
+                "{what}(...): a return event reads no values (its `ret` is the return value, \
+                 shown as retval)"
+            ))),
+        };
+    }
+    let defaults: Vec<FetchSpec>;
+    let specs = match specs.is_empty() {
+        true => {
+            defaults = tp
+                .fields
+                .iter()
+                .filter(|f| f.from.is_some())
+                .map(|f| FetchSpec {
+                    label: f.field.name.clone(),
+                    parameter: f.field.name.clone(),
+                    fields: Vec::new(),
+                    cast: None,
+                })
+                .collect();
+            &defaults
+        }
+        false => specs,
+    };
+    let fetches = specs
+        .iter()
+        .map(|spec| {
+            let names: Vec<&str> = tp.fields.iter().map(|f| f.field.name.as_str()).collect();
+            let Some(index) = tp
+                .fields
+                .iter()
+                .position(|f| f.from.is_some() && f.field.name == spec.parameter)
+            else {
+                return Err(FetchError(format!(
+                    "{what}({}): the event has no field {} (it has: {})",
+                    spec.label,
+                    spec.parameter,
+                    names.join(", ")
+                )));
+            };
+            if !spec.fields.is_empty() {
+                return Err(FetchError(format!(
+                    "{what}({}): a system call's arguments are read as the kernel's format has \
+                     them, not followed (`->`)",
+                    spec.label
+                )));
+            }
+            let type_name = &tp.fields[index].field.type_name;
+            let kind = match &spec.cast {
+                Some(cast) if cast == "string" => FetchKind::TextAt,
+                Some(cast) => cast_kind(cast).ok_or_else(|| {
+                    FetchError(format!(
+                        "{what}({}): unknown type {cast} (string, u8 to u64, s8 to s64, x)",
+                        spec.label
+                    ))
+                })?,
+                None => kind_of(btf, type_name),
+            };
+            let source = site
+                .arguments
+                .get(index)
+                .copied()
+                .flatten()
+                .ok_or_else(|| FetchError(format!("{what}({}): not known", spec.label)))?;
+            Ok(Fetch {
+                label: spec.label.clone(),
+                source,
+                loads: Vec::new(),
+                field: None,
+                kind,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let fetches = fetches
+        .into_iter()
+        .take(vtrace_storage::MAX_PROBE_FIELDS)
+        .collect();
+    Ok(vec![(site.pc, fetches)])
+}
+
+/// How a value of the C type `text` (`const char *`, `umode_t`) shows.
+fn kind_of(btf: &Btf, text: &str) -> FetchKind {
+    if let Some(pointee) = text.trim_end().strip_suffix('*') {
+        let words = c_words(pointee);
+        return match words.as_slice() {
+            ["char"] | ["unsigned", "char"] => FetchKind::TextAt,
+            _ => FetchKind::Pointer,
+        };
+    }
+    let words = c_words(text);
+    let by_name = |name: &str| {
+        guarded(Some(btf), |b| {
+            let ty = b.resolve_types_by_name(name).ok()?.into_iter().next()?;
+            natural_kind(b, &underlying(b, ty))
+        })
+    };
+    let int = |size, signed| FetchKind::Int { size, signed };
+    let unsigned = words.contains(&"unsigned");
+    let kind = match words.as_slice() {
+        [name] => by_name(name),
+        _ if words.contains(&"char") => Some(int(1, !unsigned)),
+        _ if words.contains(&"short") => Some(int(2, !unsigned)),
+        _ if words.contains(&"long") => Some(int(8, !unsigned)),
+        _ if words.contains(&"int") || unsigned => Some(int(4, !unsigned)),
+        _ => None,
+    };
+    match kind {
+        Some(k @ FetchKind::Int { .. }) | Some(k @ FetchKind::Pointer) => k,
+        _ => int(8, true),
+    }
+}
+
+/// The words of a C type that say what it is (`const`, `__user` and the
+/// like dropped).
+fn c_words(text: &str) -> Vec<&str> {
+    text.split_whitespace()
+        .filter(|w| !matches!(*w, "const" | "volatile" | "__user" | "signed" | "struct"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_type_words_drop_qualifiers() {
+        assert_eq!(c_words("const char __user "), ["char"]);
+        assert_eq!(c_words("unsigned long"), ["unsigned", "long"]);
+    }
+}
