@@ -147,6 +147,13 @@ fn probe_summary(counts: &[ProbeCount], troubles: ProbeTroubles) -> Option<Strin
             troubles.unknown_sites
         );
     }
+    if troubles.unwatched_returns > 0 {
+        trouble += &format!(
+            "; {} fnret: calls entered while tracing was off returned unseen (no debug \
+             register was left for their return address)",
+            troubles.unwatched_returns
+        );
+    }
     if troubles.unwritable_semaphores > 0 {
         trouble += &format!(
             "; {} semaphore writes found no guest RAM (those sites did not switch)",

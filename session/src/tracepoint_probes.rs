@@ -137,21 +137,14 @@ pub(crate) fn place_breakpoints(
     if probes.is_empty() {
         return 0;
     }
-    // A return event (`syscalls:sys_exit_*`) is an `fnret:` probe: it
-    // takes no breakpoint.
-    let mut sites: Vec<u64> = probes
-        .iter()
-        .filter(|p| !p.at_return)
-        .map(|p| p.entry)
-        .collect();
-    if sites.is_empty() {
-        return 0;
-    }
+    // A return event (`syscalls:sys_exit_*`) is an `fnret:` probe at its
+    // call's entry: the return addresses of its calls take what is left.
+    let mut sites: Vec<u64> = probes.iter().map(|p| p.entry).collect();
     sites.sort_unstable();
     sites.dedup();
     let fit = sites.len() <= room;
     for p in probes.iter_mut() {
-        p.untraced = fit && !p.at_return;
+        p.untraced = fit;
     }
     notes.push(match fit {
         true => "vtrace: tp: probes fire at each site (a tracepoint's NOP, a system call's \

@@ -256,9 +256,13 @@ pub(crate) fn function_probes(
                 .or_else(|| p.strip_prefix("fnret:").map(|r| ("fnret", r)))
         })
         .collect();
-    // An fnret: probe fires only while tracing: it takes no breakpoint.
+    // fn: probes must have their breakpoints; fnret: probes take theirs
+    // (an entry each, and a return address for each call in flight)
+    // only where at least one is left over for the returns.
     let breakpoints = wanted.iter().filter(|(kind, _)| *kind == "fn").count();
+    let returning = wanted.len() - breakpoints;
     let room = BREAKPOINTS.saturating_sub(taken);
+    let returns_untraced = breakpoints + returning < room;
     if breakpoints > room {
         return Err(SessionError::request(format!(
             "{breakpoints} fn: probes given; the CPU's breakpoints watch {room} more beside \
@@ -321,17 +325,28 @@ pub(crate) fn function_probes(
             fetches,
             at_return: kind == "fnret",
             tracepoint: false,
-            untraced: kind == "fn",
+            untraced: kind == "fn" || returns_untraced,
         });
     }
     if found.iter().any(|f| f.at_return) {
-        notes.push(
-            "vtrace: fnret: probes fire while instructions are traced (a call is seen to \
-             return step by step)"
-                .to_string(),
-        );
+        notes.push(fnret_note(returns_untraced));
     }
     Ok(found)
+}
+
+/// How `fnret:` probes fire in this run: also untraced, or not.
+fn fnret_note(untraced: bool) -> String {
+    match untraced {
+        true => "vtrace: fnret: probes fire at each return: while tracing, seen step by step \
+                 (with its `steps`); while not, through breakpoints at the routine's entry and \
+                 at each call's return address (with `ns`, the host's time between them), as \
+                 far as debug registers are left"
+            .to_string(),
+        false => "vtrace: fnret: probes fire while instructions are traced (a call is seen to \
+                  return step by step): no debug registers are left to watch their calls while \
+                  tracing is off"
+            .to_string(),
+    }
 }
 
 /// What the user should know of captures while tracing is off: only as

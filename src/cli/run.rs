@@ -234,10 +234,13 @@ pub struct RunArgs {
     /// parameters' names and types in the kernel's BTF (arg1 to arg6
     /// without it; types string, u8..u64, s8..s64, x); or fnret:ROUTINE,
     /// which fires where each call returns with its return value and
-    /// steps since the entry, while tracing; or tp:SYSTEM:NAME, the
-    /// kernel's own tracepoint ('tp:sched:*'; `vtrace probes list --kernel
-    /// FILE` lists them), which fires where a site's NOP runs (while
-    /// tracing, and through breakpoints while not where its sites fit),
+    /// steps since the entry (while tracing is off, through breakpoints at
+    /// the entry and the return address, with the host's ns instead,
+    /// where debug registers are left); or tp:SYSTEM:NAME, the kernel's
+    /// own tracepoint ('tp:sched:*', 'tp:syscalls:sys_enter_openat';
+    /// `vtrace probes list --kernel FILE` lists them), which fires where a
+    /// site's NOP (a system call's routine) runs (while tracing, and
+    /// through breakpoints while not where its sites fit),
     /// with its event's fields read from its arguments
     /// ('tp:sched:sched_switch(prev->comm, next->pid)' names its own),
     /// the guest's tracepoint left off. Fires are counted (`vtrace ctl status`, the run's

@@ -3,7 +3,10 @@
 //! the stack pointer after the `ret`); the step that lands there with that
 //! stack pointer in that address space is the return. The stack pointer
 //! tells a recursive call's return from its caller's, and the address
-//! space one task's from another's.
+//! space one task's from another's. While tracing, every step's pc is
+//! compared with the return addresses; while not, each return address
+//! takes a breakpoint, and a call whose return address finds no debug
+//! register free is forgotten.
 
 /// Calls in flight kept at most: a routine left by a jump (longjmp, a task
 /// that exits) never returns, and must not fill memory.
@@ -20,7 +23,8 @@ struct InFlight {
     sp: u64,
     /// The address space (page-table root).
     root: u64,
-    /// The trace's step count at the entry.
+    /// The clock at the entry: the trace's step count while tracing, the
+    /// host's nanoseconds while not.
     entered: u64,
 }
 
@@ -36,8 +40,8 @@ fn root(cr3: u64) -> u64 {
 }
 
 impl ReturnWatch {
-    /// Probe `probe`'s routine was entered at step count `entered`, with
-    /// `ret` on top of the stack at `sp`.
+    /// Probe `probe`'s routine was entered at `entered` (on its clock),
+    /// with `ret` on top of the stack at `sp`.
     pub(crate) fn entered(&mut self, probe: usize, ret: u64, sp: u64, cr3: u64, entered: u64) {
         let call = InFlight {
             probe,
@@ -79,7 +83,28 @@ impl ReturnWatch {
         out
     }
 
-    /// Forgets every call: their returns, if any, run untraced.
+    /// The return addresses of the calls in flight, each once, the latest
+    /// call's first (an inner call returns before an outer one).
+    pub(crate) fn places(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        for c in self.calls.iter().rev() {
+            if !out.contains(&c.to) {
+                out.push(c.to);
+            }
+        }
+        out
+    }
+
+    /// Forgets the calls that return to `to` (no breakpoint is left to
+    /// watch it); returns how many.
+    pub(crate) fn forget_returning_to(&mut self, to: u64) -> u64 {
+        let before = self.calls.len();
+        self.calls.retain(|c| c.to != to);
+        (before - self.calls.len()) as u64
+    }
+
+    /// Forgets every call (tracing started or stopped: the clock of their
+    /// entries is not the clock of their returns).
     pub(crate) fn clear(&mut self) {
         self.calls.clear();
     }
@@ -118,6 +143,18 @@ mod tests {
         }
         assert_eq!(w.calls.len(), MAX_IN_FLIGHT);
         w.clear();
+        assert!(!w.at(0x2005));
+    }
+
+    #[test]
+    fn return_places_come_innermost_first_and_can_be_given_up() {
+        let mut w = ReturnWatch::default();
+        w.entered(0, 0x2005, 0x1000, 0, 10);
+        w.entered(0, 0x4010, 0xf00, 0, 20);
+        w.entered(1, 0x2005, 0xe00, 0, 30);
+        assert_eq!(w.places(), [0x2005, 0x4010]);
+        assert_eq!(w.forget_returning_to(0x2005), 2);
+        assert_eq!(w.places(), [0x4010]);
         assert!(!w.at(0x2005));
     }
 }

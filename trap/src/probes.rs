@@ -74,6 +74,9 @@ impl ProbeCount {
 pub struct ProbeTroubles {
     /// PROBE hypercalls from sites no note described.
     pub unknown_sites: u64,
+    /// `fnret:` calls entered while tracing was off whose return went
+    /// unwatched: no debug register was left for their return address.
+    pub unwatched_returns: u64,
     /// Semaphore writes that found no guest RAM (their sites never
     /// fire, or never stop).
     pub unwritable_semaphores: u64,
@@ -130,6 +133,8 @@ pub(crate) struct Probes {
     entries: Vec<u64>,
     /// `fnret:` probes' calls in flight.
     returns: crate::probe_returns::ReturnWatch,
+    /// Where the host's clock for untraced `fnret:` calls starts.
+    clock_origin: std::time::Instant,
     /// Semaphore writes not yet made: (guest-physical address, value).
     writes: Vec<(u64, u16)>,
     troubles: ProbeTroubles,
@@ -163,6 +168,7 @@ impl Probes {
             watched: Vec::new(),
             entries: Vec::new(),
             returns: Default::default(),
+            clock_origin: std::time::Instant::now(),
             writes: Vec::new(),
             troubles: ProbeTroubles::default(),
         }
@@ -270,22 +276,31 @@ impl Probes {
         self.returns.entered(i, ret, sp, cr3, steps);
     }
 
+    /// The host's nanoseconds since the run began: the clock of calls
+    /// entered while tracing is off.
+    pub(crate) fn host_ns(&self) -> u64 {
+        u64::try_from(self.clock_origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// Fires the `fnret:` probes whose calls returned with the vCPU at
-    /// `regs`, in address space `cr3`, the trace at step count `steps`:
-    /// each fire's arguments are the return value and the steps from the
-    /// routine's first instruction to its `ret`, both counted, and its
-    /// typed values the same by name.
+    /// `regs`, in address space `cr3`, the clock at `now`: each fire's
+    /// arguments are the return value and what the call took, and its
+    /// typed values the same by name. While tracing (`traced`) it took
+    /// `steps`, from the routine's first instruction to its `ret`, both
+    /// counted; while not, `ns` of the host's time from the entry's
+    /// breakpoint to the return's.
     pub(crate) fn fire_returns(
         &mut self,
         regs: &vtrace_vmm::x86::Registers,
         cr3: u64,
-        steps: u64,
+        now: u64,
+        traced: bool,
     ) -> Vec<(Event, Event)> {
         let mut out = Vec::new();
         for (i, entered) in self.returns.returned(regs.rip, regs.rsp, cr3) {
             let probe = self.function_probe[i];
             self.counts[probe].count += 1;
-            let took = steps.saturating_sub(entered);
+            let took = now.saturating_sub(entered);
             let fire = Event::Probe {
                 name: self.counts[probe].probe.clone(),
                 pc: regs.rip,
@@ -302,7 +317,7 @@ impl Probes {
                     value: int(regs.rax),
                 },
                 vtrace_storage::ProbeField {
-                    name: "steps".into(),
+                    name: if traced { "steps" } else { "ns" }.into(),
                     value: int(took),
                 },
             ]);
@@ -311,10 +326,20 @@ impl Probes {
         out
     }
 
-    /// Forgets the `fnret:` calls in flight (tracing stopped: their
-    /// returns go unseen).
+    /// Forgets the `fnret:` calls in flight (tracing started or stopped:
+    /// their returns go unseen).
     pub(crate) fn forget_calls(&mut self) {
         self.returns.clear();
+    }
+
+    /// Where the `fnret:` calls in flight return to, innermost first.
+    pub(crate) fn return_places(&self) -> Vec<u64> {
+        self.returns.places()
+    }
+
+    /// Gives up the calls returning to `to`: no breakpoint is left for it.
+    pub(crate) fn unwatch_returns(&mut self, to: u64) {
+        self.troubles.unwatched_returns += self.returns.forget_returning_to(to);
     }
 
     /// The distinct entries of enabled `fn:` probes, for breakpoints.
@@ -442,6 +467,7 @@ mod tests {
             p.troubles(),
             ProbeTroubles {
                 unknown_sites: 1,
+                unwatched_returns: 0,
                 unwritable_semaphores: 0
             }
         );

@@ -182,6 +182,8 @@ impl Tracer {
         }
         self.active = true;
         self.stepping_over = None;
+        // Calls entered untraced were timed on the host's clock.
+        self.probes.forget_calls();
         self.guest.tracing_started();
         self.arm();
         true

@@ -70,6 +70,14 @@ impl Tracer {
             for place in places.filter(|p| Some(*p) != over) {
                 breakpoints.push(place);
             }
+            // Last, the return addresses of `fnret:` calls entered while
+            // tracing was off, innermost first; a call whose return finds
+            // no register left is given up (and counted).
+            for to in self.probes.return_places() {
+                if Some(to) != over && !breakpoints.push(to) {
+                    self.probes.unwatch_returns(to);
+                }
+            }
         }
         self.breakpoints = breakpoints;
     }
@@ -95,10 +103,14 @@ impl Tracer {
                     continue;
                 }
                 if self.probes.at_return(i) {
-                    // Only while tracing: the entry's step and the return
-                    // are the trace's.
+                    // While tracing, on the trace's steps; while not, on
+                    // the host's clock, where it has a breakpoint.
                     if self.active {
-                        self.call_entered(i, cpu);
+                        let steps = self.recorder.steps();
+                        self.call_entered(i, cpu, steps);
+                    } else if self.probes.untraced(i) {
+                        let now = self.probes.host_ns();
+                        self.call_entered(i, cpu, now);
                     }
                     continue;
                 }
@@ -124,15 +136,15 @@ impl Tracer {
     }
 
     /// An `fnret:` probe's routine entered with the vCPU at its first
-    /// instruction: where its `ret` will go is on top of the stack.
-    fn call_entered(&mut self, i: usize, cpu: &mut dyn CpuView) {
+    /// instruction, the clock at `now`: where its `ret` will go is on top
+    /// of the stack.
+    fn call_entered(&mut self, i: usize, cpu: &mut dyn CpuView, now: u64) {
         let regs = cpu.regs();
         let mut ret = [0u8; 8];
         if self.engine.read_linear_prefix(cpu, regs.rsp, &mut ret) == ret.len() {
             let cr3 = cpu.sregs().cr3;
-            let steps = self.recorder.steps();
             self.probes
-                .call_entered(i, u64::from_le_bytes(ret), regs.rsp, cr3, steps);
+                .call_entered(i, u64::from_le_bytes(ret), regs.rsp, cr3, now);
         }
     }
 
@@ -140,7 +152,11 @@ impl Tracer {
     /// stands.
     fn returns_at(&mut self, cpu: &mut dyn CpuView) {
         let (regs, cr3) = (cpu.regs(), cpu.sregs().cr3);
-        for (fire, values) in self.probes.fire_returns(&regs, cr3, self.recorder.steps()) {
+        let now = match self.active {
+            true => self.recorder.steps(),
+            false => self.probes.host_ns(),
+        };
+        for (fire, values) in self.probes.fire_returns(&regs, cr3, now, self.active) {
             let mut to = self.windows.route(&mut self.recorder);
             to.event(&fire);
             to.event(&values);
