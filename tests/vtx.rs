@@ -60,7 +60,8 @@ fn traced_here(disk: &std::path::Path, args: &[&str]) -> serde_json::Value {
 /// - the serialising instructions, each one step;
 /// - `--start-at` in a guest that sets a breakpoint of its own first: the
 ///   VMM's still fires, the guest's does not take over;
-/// - untraced, `--capture` and a `fn:` probe at hardware breakpoints, and
+/// - untraced, `--capture`, a `fn:` probe and an `fnret:` probe (its
+///   entry's and each call's return address) at hardware breakpoints, and
 ///   the stretch the demo traces by hypercall;
 /// - SYSENTER one step onto its target; a #GP that KVM raises (RDMSR of an
 ///   MSR it lacks) and a #UD the CPU raises, each taken at the breakpoint
@@ -275,6 +276,11 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         Some(ticks.unwrap() + yields.unwrap()),
         "{probes}"
     );
+    // `fnret:` untraced: a breakpoint at the entry, one at the return
+    // address; the frames the demo allocates, in order, as here.
+    let returns = returned_values(&bp_there, "fnret:frame_alloc");
+    assert!(returns.len() > 5, "{returns:?}\n{}", m.text("bp.txt"));
+    assert_eq!(returns, returned_values(&bp_here, "fnret:frame_alloc"));
     let stretch = info_json(&bp_there);
     assert_eq!(stretch["gaps"], 0, "{stretch}");
     assert!(stretch["steps"].as_u64() > Some(0), "{stretch}");
@@ -312,7 +318,38 @@ const HOTKEY_THERE: &str =
 
 /// Untraced, with a capture and a fn: probe (hardware breakpoints) and
 /// the demo's own hypercalls tracing a stretch of it.
-const BREAKPOINT_PROBES: &[&str] = &["--capture", "kprintf:rdi:64", "--probe", "fn:schedule"];
+const BREAKPOINT_PROBES: &[&str] = &[
+    "--capture",
+    "kprintf:rdi:64",
+    "--probe",
+    "fn:schedule",
+    "--probe",
+    "fnret:frame_alloc",
+];
+
+/// The return values of `probe`'s fires in `trace`, in order.
+fn returned_values(trace: &std::path::Path, probe: &str) -> Vec<String> {
+    let o = run(&[
+        "analyze",
+        "probes",
+        "--fires",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["fires"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["probe"] == probe)
+        .filter_map(|f| {
+            let values = f["values"].as_array()?;
+            let retval = values.iter().find(|p| p[0] == "retval")?;
+            Some(retval[1].as_str()?.to_string())
+        })
+        .collect()
+}
 
 /// `vtrace run` options for the SMP demo's first steps on two CPUs: CPU 0
 /// starts CPU 1, which reaches its wait for work (`DEMO_RUNS_THERE`
