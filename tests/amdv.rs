@@ -247,25 +247,7 @@ fn syscall_events_show_each_open_on_amdv() {
     ) + "sleep 2; vtrace ctl start; wait $pid; s=$?; cat /tmp/log; exit $s";
     let m = amdv(&[(&kernel, "vmlinuz"), (&initrd, "l2.cpio")], &script);
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
-    let trace = m.file("l.vtd");
-    let out = run(&[
-        "analyze",
-        "probes",
-        "--fires",
-        "--json",
-        trace.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let fires = v["fires"].as_array().unwrap();
-    let value = |f: &serde_json::Value, name: &str| -> String {
-        let values = f["values"].as_array().unwrap_or_else(|| panic!("{f}"));
-        let found = values.iter().find(|p| p[0] == name);
-        found.unwrap_or_else(|| panic!("no {name}: {f}"))[1]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let fires = probe_fires(&m.file("l.vtd"));
     let of = |probe: &str| -> Vec<&serde_json::Value> {
         fires.iter().filter(|f| f["probe"] == probe).collect()
     };
@@ -273,17 +255,17 @@ fn syscall_events_show_each_open_on_amdv() {
         of("tp:syscalls:sys_enter_openat"),
         of("tp:syscalls:sys_exit_openat"),
     );
-    assert!(enters.len() >= 2, "{v}");
+    assert!(enters.len() >= 2, "{fires:?}");
     for f in &enters {
-        assert_eq!(value(f, "__syscall_nr"), "257", "{f}");
-        assert_eq!(value(f, "dfd"), "-100", "{f}");
-        assert_eq!(value(f, "filename"), "\"/proc/uptime\"", "{f}");
+        assert_eq!(fire_value(f, "__syscall_nr"), "257", "{f}");
+        assert_eq!(fire_value(f, "dfd"), "-100", "{f}");
+        assert_eq!(fire_value(f, "filename"), "\"/proc/uptime\"", "{f}");
     }
-    assert!(!exits.is_empty(), "{v}");
+    assert!(!exits.is_empty(), "{fires:?}");
     for f in &exits {
-        let fd: i64 = value(f, "retval").parse().unwrap();
+        let fd: i64 = fire_value(f, "retval").parse().unwrap();
         assert!((0..64).contains(&fd), "{f}");
-        let steps: u64 = value(f, "steps").parse().unwrap();
+        let steps: u64 = fire_value(f, "steps").parse().unwrap();
         let first = f["step"].as_u64().unwrap() - steps;
         assert!(
             enters.iter().any(|e| e["step"] == first),

@@ -24,6 +24,16 @@ fn listing(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A listed tracepoint's parameters: (name, type).
+fn parameters(t: &serde_json::Value) -> Vec<(&str, &str)> {
+    t["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["type"].as_str().unwrap()))
+        .collect()
+}
+
 /// sched_switch as include/trace/events/sched.h of Linux 6.1 declares
 /// it: `TP_PROTO(bool preempt, struct task_struct *prev, struct
 /// task_struct *next, unsigned int prev_state)`, and its record's fields
@@ -54,14 +64,8 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
 
     let switch = listing(&["tp:sched:sched_switch"]);
     let switch = &switch[0];
-    let parameters: Vec<(&str, &str)> = switch["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p["name"].as_str().unwrap(), p["type"].as_str().unwrap()))
-        .collect();
     assert_eq!(
-        parameters,
+        parameters(switch),
         [
             ("preempt", "bool"),
             ("prev", "struct task_struct *"),
@@ -124,14 +128,8 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
     let both = listing(&["tp:syscalls:sys_e*_openat"]);
     let (enter, exit) = (&both[0], &both[1]);
     assert_eq!(enter["probe"], "tp:syscalls:sys_enter_openat", "{both}");
-    let parameters: Vec<(&str, &str)> = enter["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p["name"].as_str().unwrap(), p["type"].as_str().unwrap()))
-        .collect();
     assert_eq!(
-        parameters,
+        parameters(enter),
         [
             ("dfd", "int"),
             ("filename", "const char *"),

@@ -329,25 +329,10 @@ const BREAKPOINT_PROBES: &[&str] = &[
 
 /// The return values of `probe`'s fires in `trace`, in order.
 fn returned_values(trace: &std::path::Path, probe: &str) -> Vec<String> {
-    let o = run(&[
-        "analyze",
-        "probes",
-        "--fires",
-        "--json",
-        trace.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["fires"]
-        .as_array()
-        .unwrap()
+    probe_fires(trace)
         .iter()
         .filter(|f| f["probe"] == probe)
-        .filter_map(|f| {
-            let values = f["values"].as_array()?;
-            let retval = values.iter().find(|p| p[0] == "retval")?;
-            Some(retval[1].as_str()?.to_string())
-        })
+        .map(|f| fire_value(f, "retval"))
         .collect()
 }
 

@@ -105,6 +105,33 @@ pub fn info_json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)))
 }
 
+/// Each probe fire of a trace (`vtrace analyze probes --fires --json`):
+/// step, probe, args and the typed values as `[name, text]` pairs.
+pub fn probe_fires(trace: &Path) -> Vec<serde_json::Value> {
+    let out = run(&[
+        "analyze",
+        "probes",
+        "--fires",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["fires"].as_array().cloned().unwrap_or_default()
+}
+
+/// A fire's typed value `name`, as text.
+pub fn fire_value(fire: &serde_json::Value, name: &str) -> String {
+    let values = fire["values"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{fire}"));
+    let found = values.iter().find(|p| p[0] == name);
+    found.unwrap_or_else(|| panic!("no {name}: {fire}"))[1]
+        .as_str()
+        .unwrap_or_else(|| panic!("{fire}"))
+        .to_string()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
