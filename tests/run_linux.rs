@@ -445,28 +445,15 @@ fn sched_switch_names_the_tasks_switched(disk: &Path) {
             )
         })
         .collect();
-    let out = run(&[
-        "analyze",
-        "probes",
-        "--fires",
-        "--json",
-        disk.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let fires = v["fires"].as_array().unwrap();
-    assert!(fires.len() >= 10, "a few switches in 300,000 steps: {v}");
+    let fires = probe_fires(disk);
+    assert!(
+        fires.len() >= 10,
+        "a few switches in 300,000 steps: {fires:?}"
+    );
     let (mut checked, mut untraced) = (0, 0);
-    for f in fires {
+    for f in &fires {
         assert_eq!(f["probe"], "tp:sched:sched_switch", "{f}");
-        let value = |name: &str| {
-            let values = f["values"].as_array().unwrap();
-            let v = values
-                .iter()
-                .find(|p| p[0] == name)
-                .unwrap_or_else(|| panic!("{f}"));
-            v[1].as_str().unwrap().to_string()
-        };
+        let value = |name: &str| fire_value(f, name);
         let at = rows.partition_point(|r| r.0 < f["step"].as_u64().unwrap());
         let (_, tid, comm, mnemonic) = &rows[at];
         if mnemonic != "nop" {
@@ -484,7 +471,7 @@ fn sched_switch_names_the_tasks_switched(disk: &Path) {
         assert_eq!(value("next_comm"), format!("\"{next_comm}\""), "{f}");
         checked += 1;
     }
-    assert_eq!(untraced, 1, "{v}");
+    assert_eq!(untraced, 1, "{fires:?}");
     assert!(checked + 2 >= fires.len(), "{checked} of {}", fires.len());
 }
 

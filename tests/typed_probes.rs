@@ -14,18 +14,7 @@ type Fire = (u64, String, Vec<(String, String)>);
 
 /// `vtrace analyze probes --fires --json` of `disk`.
 fn fires(disk: &Path) -> Vec<Fire> {
-    let out = run(&[
-        "analyze",
-        "probes",
-        "--fires",
-        "--json",
-        disk.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["fires"]
-        .as_array()
-        .unwrap()
+    probe_fires(disk)
         .iter()
         .map(|f| {
             let values = f["values"]
