@@ -132,14 +132,23 @@ fn capture_summary(counts: &[CaptureCount]) -> String {
     )
 }
 
+/// Probes that did not fire named one by one in the run's summary, at
+/// most: a glob such as `'tp:syscalls:*'` enables hundreds.
+const SILENT_PROBES_NAMED: usize = 8;
+
 /// "vtrace: probes: sched:switch 42, fn:schedule 90": those enabled at the
-/// end or that fired.
+/// end or that fired (past [`SILENT_PROBES_NAMED`] that did not, a count).
 fn probe_summary(counts: &[ProbeCount], troubles: ProbeTroubles) -> Option<String> {
-    let each: Vec<String> = counts
+    let shown: Vec<&ProbeCount> = counts.iter().filter(|c| c.shown()).collect();
+    let silent = shown.iter().filter(|c| c.count == 0).count();
+    let mut each: Vec<String> = shown
         .iter()
-        .filter(|c| c.shown())
+        .filter(|c| c.count > 0 || silent <= SILENT_PROBES_NAMED)
         .map(|c| format!("{} {}", c.probe, c.count))
         .collect();
+    if silent > SILENT_PROBES_NAMED {
+        each.push(format!("{silent} more enabled that did not fire"));
+    }
     let mut trouble = String::new();
     if troubles.unknown_sites > 0 {
         trouble += &format!(
@@ -364,4 +373,35 @@ pub fn run(args: RunArgs) -> Result<i32> {
         // QEMU with -no-reboot.
         GuestExit::Reset | GuestExit::PowerOff | GuestExit::MonitorDone => 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(probe: &str, count: u64) -> ProbeCount {
+        ProbeCount {
+            probe: probe.into(),
+            count,
+            enabled: true,
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_probes_that_did_not_fire_past_a_few() {
+        let few = [count("fn:a", 2), count("fn:b", 0)];
+        assert_eq!(
+            probe_summary(&few, ProbeTroubles::default()).as_deref(),
+            Some(
+                "vtrace: probes: fn:a 2, fn:b 0 (`vtrace analyze probes` counts them in the trace)"
+            )
+        );
+        let mut many = vec![count("fn:a", 2)];
+        many.extend((0..20).map(|i| count(&format!("tp:s:e{i}"), 0)));
+        let line = probe_summary(&many, ProbeTroubles::default()).unwrap();
+        assert!(
+            line.starts_with("vtrace: probes: fn:a 2, 20 more enabled that did not fire ("),
+            "{line}"
+        );
+    }
 }
