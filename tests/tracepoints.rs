@@ -24,6 +24,17 @@ fn listing(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `vtrace analyze symbolize` of a listed site, with `kernel`'s symbols.
+fn symbolize(kernel: &std::path::Path, site: &serde_json::Value) -> std::process::Output {
+    run(&[
+        "analyze",
+        "symbolize",
+        "--symbols",
+        kernel.to_str().unwrap(),
+        site.as_str().unwrap(),
+    ])
+}
+
 /// A listed tracepoint's parameters: (name, type).
 fn parameters(t: &serde_json::Value) -> Vec<(&str, &str)> {
     t["parameters"]
@@ -94,15 +105,8 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
     assert_eq!(enter[0]["gated"], true, "{enter}");
 
     // The site, symbolized with the kernel's own symbols.
-    let site = switch["sites"][0].as_str().unwrap();
     let kernel = test_kernel();
-    let out = run(&[
-        "analyze",
-        "symbolize",
-        "--symbols",
-        kernel.to_str().unwrap(),
-        site,
-    ]);
+    let out = symbolize(&kernel, &switch["sites"][0]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("__schedule+"), "{}", stdout(&out));
 
@@ -153,14 +157,7 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
     assert_eq!(names(exit), ["__syscall_nr", "ret"]);
     assert_eq!(exit["fires_at"], "syscall_return");
     assert_eq!(enter["sites"], exit["sites"]);
-    let site = enter["sites"][0].as_str().unwrap();
-    let out = run(&[
-        "analyze",
-        "symbolize",
-        "--symbols",
-        kernel.to_str().unwrap(),
-        site,
-    ]);
+    let out = symbolize(&kernel, &enter["sites"][0]);
     assert_eq!(
         stdout(&out).split_whitespace().nth(1),
         Some("__x64_sys_openat")

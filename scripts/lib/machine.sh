@@ -60,8 +60,8 @@ machine_files() {
 # It loads the MODULEs in the order given, runs /command in /work between
 # the lines "TAG-START" and "TAG-EXIT status", and says "TAG-FAIL ..."
 # where the machine did not come up; ROOT's /before-command, where there
-# is one, is sourced first (what runs alongside). The caller appends how /out goes back
-# and the power-off, then makes it executable.
+# is one, is sourced first (what runs alongside). The caller appends how
+# /out goes back and the power-off, then makes it executable.
 machine_init() {
     local root=$1 tag=$2
     shift 2

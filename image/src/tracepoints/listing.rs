@@ -91,7 +91,7 @@ pub fn format_detail(t: &Tracepoint) -> String {
             let _ = writeln!(
                 out,
                 "  fires at:   where the system call's routine returns (ret: its return \
-                 value), while instructions are traced"
+                 value), as an fnret: probe"
             );
         }
     }

@@ -106,7 +106,7 @@ pub enum FiresAt {
     /// which the kernel makes from the gated `raw_syscalls:sys_enter`).
     SyscallEntry,
     /// Where that routine returns (`syscalls:sys_exit_*`), as an `fnret:`
-    /// probe: while instructions are traced.
+    /// probe.
     SyscallReturn,
 }
 

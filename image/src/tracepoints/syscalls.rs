@@ -160,8 +160,9 @@ fn events(
             field("int", NUMBER_FIELD, None),
             field("long", "ret", Some("RAX at the return (retval)".into())),
         ],
+        // It reads no values: its one is the return value.
         sites: vec![Site {
-            arguments: vec![Some(sources.number)],
+            arguments: Vec::new(),
             ..site.clone()
         }],
         gated: false,
@@ -246,12 +247,12 @@ pub(super) fn plan(
     let fetches = specs
         .iter()
         .map(|spec| {
-            let names: Vec<&str> = tp.fields.iter().map(|f| f.field.name.as_str()).collect();
             let Some(index) = tp
                 .fields
                 .iter()
                 .position(|f| f.from.is_some() && f.field.name == spec.parameter)
             else {
+                let names: Vec<&str> = tp.fields.iter().map(|f| f.field.name.as_str()).collect();
                 return Err(FetchError(format!(
                     "{what}({}): the event has no field {} (it has: {})",
                     spec.label,
@@ -267,14 +268,10 @@ pub(super) fn plan(
                 )));
             }
             let type_name = &tp.fields[index].field.type_name;
-            let kind = match &spec.cast {
-                Some(cast) if cast == "string" => FetchKind::TextAt,
-                Some(cast) => cast_kind(cast).ok_or_else(|| {
-                    FetchError(format!(
-                        "{what}({}): unknown type {cast} (string, u8 to u64, s8 to s64, x)",
-                        spec.label
-                    ))
-                })?,
+            // `parse_probe` refused any other cast already.
+            let kind = match spec.cast.as_deref() {
+                Some("string") => FetchKind::TextAt,
+                Some(cast) => cast_kind(cast).unwrap_or(FetchKind::Pointer),
                 None => kind_of(btf, type_name),
             };
             let source = site

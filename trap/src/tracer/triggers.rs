@@ -103,13 +103,9 @@ impl Tracer {
                     continue;
                 }
                 if self.probes.at_return(i) {
-                    // While tracing, on the trace's steps; while not, on
-                    // the host's clock, where it has a breakpoint.
-                    if self.active {
-                        let steps = self.recorder.steps();
-                        self.call_entered(i, cpu, steps);
-                    } else if self.probes.untraced(i) {
-                        let now = self.probes.host_ns();
+                    // Untraced only where it has a breakpoint.
+                    if self.active || self.probes.untraced(i) {
+                        let now = self.return_clock();
                         self.call_entered(i, cpu, now);
                     }
                     continue;
@@ -135,6 +131,15 @@ impl Tracer {
         captured || probed
     }
 
+    /// The clock `fnret:` calls are timed on: the trace's step count while
+    /// tracing, the host's nanoseconds while not.
+    fn return_clock(&self) -> u64 {
+        match self.active {
+            true => self.recorder.steps(),
+            false => self.probes.host_ns(),
+        }
+    }
+
     /// An `fnret:` probe's routine entered with the vCPU at its first
     /// instruction, the clock at `now`: where its `ret` will go is on top
     /// of the stack.
@@ -152,10 +157,7 @@ impl Tracer {
     /// stands.
     fn returns_at(&mut self, cpu: &mut dyn CpuView) {
         let (regs, cr3) = (cpu.regs(), cpu.sregs().cr3);
-        let now = match self.active {
-            true => self.recorder.steps(),
-            false => self.probes.host_ns(),
-        };
+        let now = self.return_clock();
         for (fire, values) in self.probes.fire_returns(&regs, cr3, now, self.active) {
             let mut to = self.windows.route(&mut self.recorder);
             to.event(&fire);
