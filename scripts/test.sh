@@ -119,21 +119,40 @@ if [ "$#" -eq 0 ]; then
     # run beside the rest of the suite, which begins with the AMD-V
     # machine's (tests/amdv.rs comes first): the two emulators get a core
     # each. Bochs keeps time by instructions (clock: sync=none), so what
-    # runs beside it cannot change what its guests do.
-    echo "scripts/test.sh: cargo test (the VT-x machine's tests beside the rest, $SECONDS s so far)"
-    vtx_log="$(mktemp)"
-    cargo test --test vtx >"$vtx_log" 2>&1 &
-    vtx_pid=$!
+    # runs beside it cannot change what its guests do. The VT-x machine is
+    # done minutes before the AMD-V one; the Linux boots of
+    # tests/run_linux.rs follow it there, one at a time, so that the AMD-V
+    # machine's QEMU still has a core to itself.
+    echo "scripts/test.sh: cargo test (the VT-x machine's tests, then tests/run_linux.rs, beside the rest, $SECONDS s so far)"
+    beside_log="$(mktemp)"
+    (
+        s=0
+        cargo test --test vtx || s=1
+        cargo test --test run_linux -- --test-threads 1 || s=1
+        exit "$s"
+    ) >"$beside_log" 2>&1 &
+    beside_pid=$!
     # An interrupted suite takes the machine with it.
-    trap 'kill "$vtx_pid" 2>/dev/null || true' EXIT
+    trap 'pkill -P "$beside_pid" 2>/dev/null; kill "$beside_pid" 2>/dev/null || true' EXIT
+    # Every other test file of the root package, named one by one (cargo
+    # has no option to leave a test file out), then the other packages.
+    mine=()
+    for file in tests/*.rs; do
+        name="$(basename "$file" .rs)"
+        case "$name" in
+        vtx | run_linux) ;;
+        *) mine+=(--test "$name") ;;
+        esac
+    done
     status=0
-    cargo test --workspace -- --skip _on_vtx || status=$?
-    vtx_status=0
-    wait "$vtx_pid" || vtx_status=$?
-    echo "scripts/test.sh: the VT-x machine's tests:"
-    cat "$vtx_log"
-    rm -f "$vtx_log"
-    if [ "$status" -ne 0 ] || [ "$vtx_status" -ne 0 ]; then
+    cargo test -p vtrace --bins "${mine[@]}" || status=$?
+    cargo test --workspace --exclude vtrace || status=$?
+    beside_status=0
+    wait "$beside_pid" || beside_status=$?
+    echo "scripts/test.sh: the VT-x machine's tests and tests/run_linux.rs:"
+    cat "$beside_log"
+    rm -f "$beside_log"
+    if [ "$status" -ne 0 ] || [ "$beside_status" -ne 0 ]; then
         echo "scripts/test.sh: tests failed"
         exit 1
     fi
