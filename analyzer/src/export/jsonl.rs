@@ -161,8 +161,8 @@ impl<'a, W: Write + Send> JsonlPart<'a, W> {
 }
 
 impl<W: Write + Send> PartWriter for JsonlPart<'_, W> {
-    fn write(&mut self, rows: &SegmentRows) -> Result<(), ExportError> {
-        self.out.write_all(lines(rows, self.ctx).as_bytes())?;
+    fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError> {
+        self.out.write_all(lines(&rows, self.ctx).as_bytes())?;
         Ok(())
     }
 

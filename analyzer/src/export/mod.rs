@@ -130,7 +130,7 @@ struct Context<'a> {
 
 /// Writes one output file, a segment's rows at a time.
 trait PartWriter: Send {
-    fn write(&mut self, rows: &SegmentRows) -> Result<(), ExportError>;
+    fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError>;
     /// Completes the file (Parquet's footer) and flushes it to disk.
     fn finish(self: Box<Self>) -> Result<(), ExportError>;
 }
@@ -211,7 +211,7 @@ fn write_part(
                 range = Some((range.map_or(*first, |r| r.0), end));
             }
             steps = steps.saturating_add(rows.len() as u64);
-            writer.write(&rows)?;
+            writer.write(rows)?;
         }
         writer.finish()
     })();
@@ -292,7 +292,7 @@ pub fn export(
             trace,
             symbols,
             &mut Quiet,
-            |info| RowBuilder::new(info.first_step),
+            |info| RowBuilder::new(info.first_step, info.steps),
             |mut rows, info, runs| {
                 if expected != Some(info.first_step) {
                     carried = None;

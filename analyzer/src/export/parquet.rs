@@ -90,52 +90,59 @@ fn key(index: usize) -> i32 {
     i32::try_from(index).unwrap_or(i32::MAX)
 }
 
-/// One segment's rows as a record batch of [`schema`].
-pub(super) fn batch(rows: &SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
+/// One segment's rows as a record batch of [`schema`]. The rows are
+/// taken: their plain columns move into the batch, and what is left of
+/// them is freed before the batch is encoded.
+pub(super) fn batch(rows: SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
     let n = rows.len();
-    let steps = rows.steps.clone();
-    let virtual_ns: UInt64Array = steps
+    let virtual_ns: UInt64Array = rows
+        .steps
         .iter()
         .map(|s| ctx.ns_per_step.and_then(|ns| s.checked_mul(ns)))
         .collect();
-    let (routine, routine_names) = routine_column(rows, ctx);
-    let [pid, tid, comm] = task_columns(rows)?;
+    let (routine, routine_names) = routine_column(&rows, ctx);
+    let [pid, tid, comm] = task_columns(&rows)?;
     let insn: Int32Array = rows.insn.iter().map(|i| Some(key(*i as usize))).collect();
     let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
     let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt64Array::from(steps)),
-        Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
-        Arc::new(virtual_ns),
-        Arc::new(UInt64Array::from(rows.cr3.clone())),
-        Arc::new(UInt8Array::from(rows.cpl.clone())),
-        Arc::new(UInt8Array::from(rows.bitness.clone())),
-        Arc::new(UInt64Array::from(rows.pc.clone())),
-        dictionary(routine, routine_names)?,
-        pid,
-        tid,
-        comm,
-        bytes_column(rows),
-        dictionary(insn.clone(), mnemonics)?,
-        dictionary(insn, disassembly)?,
-    ];
-    columns.extend(register_columns(rows));
+    let bytes = bytes_column(&rows);
+    let registers = register_columns(&rows);
     let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
     let writes = (
         &rows.first_writes[..],
         &rows.writes[..],
         &rows.writes_end[..],
     );
-    columns.extend([
-        access_lists(rows, reads, |a| Some(a.addr)),
-        access_lists(rows, writes, |a| Some(a.addr)),
-        size_lists(rows, reads),
-        size_lists(rows, writes),
-        access_lists(rows, reads, |a| a.value),
-        access_lists(rows, writes, |a| a.value),
-    ]);
-    columns.extend(marker_columns(rows));
-    columns.push(events_column(rows));
+    let accesses = [
+        access_lists(&rows, reads, |a| Some(a.addr)),
+        access_lists(&rows, writes, |a| Some(a.addr)),
+        size_lists(&rows, reads),
+        size_lists(&rows, writes),
+        access_lists(&rows, reads, |a| a.value),
+        access_lists(&rows, writes, |a| a.value),
+    ];
+    let markers = marker_columns(&rows);
+    let events = events_column(&rows);
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from(rows.steps)),
+        Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
+        Arc::new(virtual_ns),
+        Arc::new(UInt64Array::from(rows.cr3)),
+        Arc::new(UInt8Array::from(rows.cpl)),
+        Arc::new(UInt8Array::from(rows.bitness)),
+        Arc::new(UInt64Array::from(rows.pc)),
+        dictionary(routine, routine_names)?,
+        pid,
+        tid,
+        comm,
+        bytes,
+        dictionary(insn.clone(), mnemonics)?,
+        dictionary(insn, disassembly)?,
+    ];
+    columns.extend(registers);
+    columns.extend(accesses);
+    columns.extend(markers);
+    columns.push(events);
     Ok(RecordBatch::try_new(ctx.schema.clone(), columns)?)
 }
 
@@ -402,21 +409,28 @@ impl<'a> ParquetPart<'a> {
 }
 
 impl PartWriter for ParquetPart<'_> {
-    fn write(&mut self, rows: &SegmentRows) -> Result<(), ExportError> {
+    fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError> {
         let batch = batch(rows, self.ctx)?;
-        let mut leaves = Vec::new();
-        for (field, column) in self.ctx.schema.fields().iter().zip(batch.columns()) {
-            leaves.extend(compute_leaves(field, column)?);
-        }
         let writers = self.columns.create_column_writers(self.row_groups)?;
+        // Each column of this schema is one leaf (no structs): its levels
+        // are worked out on the thread that encodes it.
+        let fields = self.ctx.schema.fields();
+        if writers.len() != fields.len() {
+            return Err(ExportError::Unsupported(
+                "a column of the export's schema has more than one Parquet leaf",
+            ));
+        }
         let chunks = writers
             .into_par_iter()
-            .zip(leaves.into_par_iter())
-            .map(|(mut writer, leaf)| {
-                writer.write(&leaf)?;
+            .zip(fields.par_iter().zip(batch.columns().par_iter()))
+            .map(|(mut writer, (field, column))| {
+                for leaf in compute_leaves(field, column)? {
+                    writer.write(&leaf)?;
+                }
                 writer.close()
             })
             .collect::<Result<Vec<_>, _>>()?;
+        drop(batch);
         let mut group = self.file.next_row_group()?;
         for chunk in chunks {
             chunk.append_to_row_group(&mut group)?;
