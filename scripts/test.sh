@@ -121,8 +121,9 @@ if [ "$#" -eq 0 ]; then
     # each. Bochs keeps time by instructions (clock: sync=none), so what
     # runs beside it cannot change what its guests do. The VT-x machine is
     # done minutes before the AMD-V one; the Linux boots of
-    # tests/run_linux.rs follow it there, one at a time, so that the AMD-V
-    # machine's QEMU still has a core to itself.
+    # tests/run_linux.rs follow it there, one at a time, on the core it
+    # leaves (the AMD-V tests slow somewhat beside them: they use more
+    # than one core, with QEMU's I/O thread and their own analyses).
     echo "scripts/test.sh: cargo test (the VT-x machine's tests, then tests/run_linux.rs, beside the rest, $SECONDS s so far)"
     beside_log="$(mktemp)"
     (
