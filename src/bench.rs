@@ -46,7 +46,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
                     "vtrace bench: stepping {what} bare, tracing them, and stepping them bare again{of}..."
                 );
             }
-            let r = crate::step_bench::run(&boot, &dir, args.max_steps, 1)?;
+            let r = crate::step_bench::run(&boot, &dir, args.max_steps, 1, args.record_values)?;
             // A gigabyte, preallocated: gone before the next run makes its
             // own (the AMD-V test machine keeps its files in RAM).
             let _ = std::fs::remove_file(dir.join(crate::step_bench::TRACE_NAME));
@@ -213,7 +213,7 @@ fn bench_trace(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<(Trace
             args.steps
         );
     }
-    crate::step_bench::run(boot, dir, None, 1)?;
+    crate::step_bench::run(boot, dir, None, 1, false)?;
     let big = args
         .keep
         .clone()

@@ -28,7 +28,13 @@ fn measure(dir: &Path, args: &BenchArgs) -> Result<(BenchReport, BenchReport)> {
         if !args.json {
             eprintln!("vtrace bench: stepping and tracing the demo OS on {cpus} CPU(s)...");
         }
-        one_then_many.push(step_bench::run(&boot, dir, args.max_steps, cpus)?);
+        one_then_many.push(step_bench::run(
+            &boot,
+            dir,
+            args.max_steps,
+            cpus,
+            args.record_values,
+        )?);
         // A gigabyte, preallocated: gone before the next run makes its own.
         let _ = std::fs::remove_file(dir.join(TRACE_NAME));
     }

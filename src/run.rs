@@ -229,6 +229,7 @@ fn trace_request(args: &RunArgs) -> Result<Option<TraceRequest>> {
         wrap: args.wrap,
         from_start: args.trace,
         max_steps: args.max_steps,
+        record_values: args.record_values,
         start_at: args.start_at.clone(),
         stop_at: args.stop_at.clone(),
         exit_after_trace: args.exit_after_trace,

@@ -118,8 +118,15 @@ pub const TRACE_NAME: &str = "bench.vtd";
 /// host whose speed drifts during the benchmark (a machine warming up, a
 /// neighbour's load; on the AMD-V test machine single runs swung by 5 %)
 /// weighs on both sides of the ratio alike.
-/// `cpus` CPUs (the guest must be able to use them).
-pub fn run(boot: &BootSource, dir: &Path, max_steps: Option<u64>, cpus: u8) -> Result<BenchReport> {
+/// `cpus` CPUs (the guest must be able to use them); `record_values` as
+/// `run --record-values`.
+pub fn run(
+    boot: &BootSource,
+    dir: &Path,
+    max_steps: Option<u64>,
+    cpus: u8,
+    record_values: bool,
+) -> Result<BenchReport> {
     let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     let bare = || {
         Vm::new(config(boot, cpus))?.run(&mut BareStepper {
@@ -147,6 +154,7 @@ pub fn run(boot: &BootSource, dir: &Path, max_steps: Option<u64>, cpus: u8) -> R
             from_start: true,
             trap_flag_host,
             max_steps,
+            record_values,
             exit_after_trace: max_steps.is_some(),
             ..TraceOptions::default()
         },

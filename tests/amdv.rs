@@ -104,6 +104,7 @@ fn demo_os_traced_on_amdv_matches_this_host() {
         "page_fault:rdi:16:fault",
         "--probe",
         "sched:switch",
+        "--record-values",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
 
@@ -122,7 +123,8 @@ fn demo_os_traced_on_amdv_matches_this_host() {
         ],
         &format!(
             "vtrace run --no-input -q --trace --disk /out/amdv.vtd --disk-size 64M \
-             --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch && \
+             --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch \
+             --record-values && \
              vtrace run --no-input -q --trace --real-mode fences.bin --disk /out/fences.vtd \
              --disk-size 8M; {} vtrace {}",
             jumping_guests_there(sysenter),
@@ -152,6 +154,41 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert!(switches > Some(10), "{ih}");
     assert_eq!(switches, ia["events"]["probe"].as_u64(), "{ia}");
     assert_same_trace(&here, &there);
+    // The memory values --record-values read there are those read here
+    // (the digest leaves them out), step for step. Where this host's emulator ran
+    // a step without its own exit (after an IRETQ), it has none and shows
+    // `?`: there, the CPU stops after each, and every step has its own.
+    let recorded = ih["events"]["memory values"].as_u64().unwrap_or(0);
+    assert!(recorded > 10_000, "{ih}");
+    let values = |trace: &std::path::Path| {
+        let o = run(&[
+            "analyze",
+            "listing",
+            "--values",
+            "--no-lines",
+            trace.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let (vh, va) = (values(&here), values(&there));
+    assert!(vh.matches("| mem").count() > 200_000, "{}", vh.len());
+    let mut only_there = 0;
+    for (h, a) in vh.lines().zip(va.lines()).filter(|(h, a)| h != a) {
+        let (hw, aw): (Vec<&str>, Vec<&str>) = (
+            h.split_whitespace().collect(),
+            a.split_whitespace().collect(),
+        );
+        let filled = hw.len() == aw.len()
+            && hw
+                .iter()
+                .zip(&aw)
+                .all(|(h, a)| h == a || h.strip_suffix('?').is_some_and(|p| a.starts_with(p)));
+        assert!(filled, "memory values differ:\n{h}\n{a}");
+        only_there += 1;
+    }
+    let there_count = ia["events"]["memory values"].as_u64().unwrap_or(0);
+    assert_eq!(there_count, recorded + only_there, "{ia}");
 }
 
 /// The SMP demo on two CPUs, traced on the AMD-V machine: the same trace

@@ -1,8 +1,9 @@
 //! The values of memory accesses in the export and the listing, derived
-//! from the recorded registers, checked against the memory itself: the
-//! demo OS traced with captures of the stack at routines it calls often,
-//! each capture's bytes compared with the values the export says the
-//! steps before it stored there.
+//! from the recorded registers or recorded by `run --record-values`,
+//! checked against the memory itself: the demo OS traced with captures of
+//! the stack and of its counters at routines it calls often, each
+//! capture's bytes compared with the values the export says the steps
+//! before it stored there.
 
 mod common;
 
@@ -160,8 +161,10 @@ impl Memory {
 
 /// Stores' values are what a capture of the same memory reads: the call
 /// that pushed the return address, the pushes of saved registers, the
-/// moves into locals, `rep stosb`'s bytes. And each load the export gives
-/// a value to reads what the stores before it put there.
+/// moves into locals, `rep stosb`'s bytes, and (recorded) `sete`'s byte.
+/// And each load the export gives a value to reads what the stores before
+/// it put there: (recorded) `add [m], 1` reads what it stored the time
+/// before, `cmp` and `add r, [m]` what moves and pushes stored.
 #[test]
 fn stored_values_are_the_memory_a_capture_reads() {
     if !kvm_available() {
@@ -183,6 +186,12 @@ fn stored_values_are_the_memory_a_capture_reads() {
         "trap:rsp:64:trap",
         "--capture",
         "serial_write:rsp:64:serial",
+        // Right after `sete [rax+4]` (the IDT's gates are built a byte at
+        // a time): no register holds the byte it stored, so its value is
+        // recorded, as are the loads of `add [m], 1` and `cmp [m], r`.
+        "--capture",
+        "idt_init+0x2f:rax:8:idt",
+        "--record-values",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let rows = export_rows(&disk);
@@ -193,7 +202,7 @@ fn stored_values_are_the_memory_a_capture_reads() {
     let mut next = captures.iter().peekable();
     // Bytes compared, by the mnemonic that stored them.
     let mut checked: BTreeMap<String, u64> = BTreeMap::new();
-    let mut loads = 0u64;
+    let mut loads: BTreeMap<String, u64> = BTreeMap::new();
     for row in &rows {
         // A capture is taken before its step runs.
         while let Some((step, addr, bytes)) = next.next_if(|c| c.0 <= row.step) {
@@ -222,20 +231,27 @@ fn stored_values_are_the_memory_a_capture_reads() {
                         "{} at step {} read {addr:#x}",
                         row.mnemonic, row.step
                     );
-                    loads += 1;
+                    *loads.entry(row.mnemonic.clone()).or_default() += 1;
                 }
             }
         }
         memory.apply(row);
     }
     listing_says_the_same(&disk, &rows);
-    for by in ["call", "push", "mov", "stosb"] {
+    for by in ["call", "push", "mov", "stosb", "sete"] {
         assert!(
             checked.get(by).is_some_and(|n| *n >= 8),
             "{by}: {checked:?}"
         );
     }
-    assert!(loads > 100, "{loads} loads checked");
+    // Values only --record-values gives.
+    for by in ["add", "cmp"] {
+        assert!(loads.get(by).is_some_and(|n| *n >= 8), "{by}: {loads:?}");
+    }
+    assert!(
+        loads.values().sum::<u64>() > 100,
+        "loads checked: {loads:?}"
+    );
 }
 
 /// `analyze listing --values` shows each step's accesses as the export
@@ -283,4 +299,39 @@ fn listing_says_the_same(disk: &Path, rows: &[Row]) {
         compared += usize::from(!expected.is_empty());
     }
     assert!(compared > 100, "{compared} steps with memory compared");
+}
+
+/// `--record-values` only observes: the same steps, registers and events
+/// as a run without it (the digest leaves the values out), and the values
+/// on top.
+#[test]
+fn recording_values_leaves_the_run_as_it_was() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let traced = |name: &str, extra: &[&str]| {
+        let disk = dir.path().join(name);
+        let mut args = vec![
+            "run",
+            "--no-input",
+            "--trace",
+            "--max-steps",
+            "300000",
+            "--exit-after-trace",
+            "--disk",
+            disk.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        info_json(&disk)
+    };
+    let plain = traced("plain.vtd", &[]);
+    let recorded = traced("recorded.vtd", &["--record-values"]);
+    assert_eq!(plain["steps"], 300000);
+    assert_eq!(plain["digest"], recorded["digest"]);
+    assert!(plain["events"].get("memory values").is_none(), "{plain}");
+    let events = recorded["events"]["memory values"].as_u64().unwrap_or(0);
+    assert!(events > 1000, "{recorded}");
 }

@@ -4,9 +4,20 @@
 //! analysis can use it without tying itself to another.
 
 use serde::Serialize;
-use vtrace_storage::{Event, ProbeField, ProbeValue, HOST_MARK};
+use vtrace_storage::{Event, MemoryValue, ProbeField, ProbeValue, HOST_MARK};
 
 use crate::naming;
+
+/// Recorded memory values as `--values` writes accesses: `r ADDR:SIZE=VALUE`.
+fn describe_memory_values(values: &[MemoryValue]) -> String {
+    let mut text = String::from("memory values");
+    for v in values {
+        let value = v.value.map_or("?".into(), |v| format!("{v:#x}"));
+        let kind = if v.write { "w" } else { "r" };
+        text.push_str(&format!(" {kind} {:#x}:{}={value}", v.addr, v.size));
+    }
+    text
+}
 
 /// One event as a listing line.
 pub fn describe_event(e: &Event) -> String {
@@ -69,6 +80,7 @@ pub fn describe_event(e: &Event) -> String {
         } => describe_capture(name, *addr, *length, bytes),
         Event::Probe { name, pc, args } => describe_probe(name, *pc, args),
         Event::ProbeValues(fields) => describe_probe_values(fields),
+        Event::MemoryValues(values) => describe_memory_values(values),
         Event::Sample {
             virtual_ns,
             values,

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use iced_x86::{Formatter, FormatterOutput, FormatterTextKind, GasFormatter};
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, RecordRef, Regs, Step, REG_NAMES};
+use vtrace_storage::{Event, MemoryValue, RecordRef, Regs, Step, REG_NAMES};
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
@@ -182,6 +182,8 @@ struct SegmentText {
     /// known with the registers before it) and, where it branches through
     /// memory, the next step's pc.
     first_memory: Option<InsnInfo>,
+    /// The memory values recorded for the first step.
+    first_recorded: Vec<MemoryValue>,
     first_target: Option<u64>,
     /// A shown step's branch target read waiting for the next step.
     waiting: Option<Awaiting>,
@@ -228,6 +230,8 @@ struct Shown<'a> {
     regs: &'a Regs,
     /// The registers of its CPU's step before, where known.
     before: Option<&'a Regs>,
+    /// The memory values recorded for it (`run --record-values`).
+    recorded: &'a [MemoryValue],
 }
 
 impl SegmentText {
@@ -268,10 +272,11 @@ impl SegmentText {
         (number, cpu): (u64, u32),
         insn: &InsnInfo,
         s: &Step,
-        before: Option<&Regs>,
+        (before, recorded): (Option<&Regs>, &[MemoryValue]),
     ) -> (String, Option<Awaiting>) {
         if number == info.first_step {
             self.first_memory = Some(insn.clone());
+            self.first_recorded = recorded.to_vec();
             let awaits = memory_values::accesses(
                 insn,
                 (&s.regs, &s.regs),
@@ -292,6 +297,7 @@ impl SegmentText {
         let (mut reads, mut writes) = (Vec::new(), Vec::new());
         let awaits =
             memory_values::accesses(insn, (before, &s.regs), None, &mut reads, &mut writes);
+        memory_values::fill_recorded(insn, recorded, &mut reads, &mut writes);
         let text = memory_text(&reads, &writes);
         // The `?` at the end of the line: its offset once it is pushed.
         let waiting = awaits.and_then(|i| reads.get(i)).map(|a| Awaiting {
@@ -319,7 +325,8 @@ impl SegmentText {
                     self.fill(w, s.pc);
                 }
                 let insn = f.insns.get(s);
-                self.memory(info, (step.number, step.cpu), insn, s, step.before)
+                let around = (step.before, step.recorded);
+                self.memory(info, (step.number, step.cpu), insn, s, around)
             }
             false => (String::new(), None),
         };
@@ -371,7 +378,8 @@ fn task_columns(task: Option<&TaskId>) -> String {
 /// and the CPU column says what an [`Event::Cpu`] does.
 fn shows_event(e: &Event, on_cpu: bool) -> bool {
     match e {
-        Event::Running { .. } | Event::Cpu(_) => false,
+        // A step's recorded values are shown with it (`--values`).
+        Event::Running { .. } | Event::Cpu(_) | Event::MemoryValues(_) => false,
         Event::TraceStart(_) | Event::TraceStop(_) => true,
         _ => on_cpu,
     }
@@ -395,6 +403,7 @@ fn format_segment(
     let mut cpu = 0u32;
     let mut number = info.first_step;
     let mut pending_events = String::new();
+    let mut recorded = Vec::new();
     let mut tasks = Selection::new(&options.tasks);
     let mut columns = if options.task_columns {
         task_columns(None)
@@ -405,10 +414,11 @@ fn format_segment(
         let on_cpu = options.cpu.is_none_or(|c| c == cpu);
         match r {
             RecordRef::Event(e) => {
-                // A CPU event: the CPU column says it, the task columns
-                // what it runs.
-                if let Event::Cpu(c) = e {
-                    cpu = *c;
+                // The CPU column says a CPU event, the task columns its task.
+                match e {
+                    Event::Cpu(c) => cpu = *c,
+                    Event::MemoryValues(values) => recorded.clone_from(values),
+                    _ => {}
                 }
                 if tasks.follow(e) && options.task_columns {
                     columns = task_columns(tasks.current());
@@ -432,12 +442,14 @@ fn format_segment(
             }
             RecordRef::Step(_) if !on_cpu => {
                 pending_events.clear();
+                recorded.clear();
                 number = number.saturating_add(1);
             }
             RecordRef::Step(_) if !tasks.selected() => {
                 // Another task's: the next shown step lists every register.
                 prev.remove(&cpu);
                 pending_events.clear();
+                recorded.clear();
                 number = number.saturating_add(1);
             }
             RecordRef::Step(s) => {
@@ -452,10 +464,12 @@ fn format_segment(
                         cpu,
                         regs: &s.regs,
                         before: prev.get(&cpu),
+                        recorded: &recorded,
                     };
                     out.show(info, &mut f, s, shown, line, &pending_events);
                 }
                 pending_events.clear();
+                recorded.clear();
                 if let Some(n) = syscalls::number_of(s) {
                     let _ = writeln!(
                         pending_events,
@@ -555,6 +569,12 @@ fn run(
                             insn,
                             around,
                             text.first_target,
+                            &mut reads,
+                            &mut writes,
+                        );
+                        memory_values::fill_recorded(
+                            insn,
+                            &text.first_recorded,
                             &mut reads,
                             &mut writes,
                         );

@@ -23,9 +23,14 @@
 //! addresses but no value: none is guessed. A branch's target is the next
 //! step's pc only where nothing came between them (an interrupt's
 //! delivery, a break in the trace).
+//!
+//! A trace made with `vtrace run --record-values` holds those values too:
+//! the tracer read them from guest memory (loads before the instruction
+//! ran, stores after it) into an `Event::MemoryValues` just before the
+//! step, and [`fill_recorded`] gives them to the step's accesses.
 
 use iced_x86::{Mnemonic, OpAccess, OpKind, Register, UsedMemory};
-use vtrace_storage::Regs;
+use vtrace_storage::{MemoryValue, Regs};
 
 use crate::insn::{gpr_index, memory_address, InsnInfo};
 
@@ -114,6 +119,43 @@ pub fn accesses(
         }
     }
     awaiting
+}
+
+/// Gives one step's accesses (`reads`, `writes`, as [`accesses`] pushed
+/// them) the values recorded for it (`Event::MemoryValues`) where the
+/// registers left them unknown. The tracer lists the accesses of at most
+/// 8 bytes in the order of iced-x86's memory operands, as [`accesses`]
+/// walks them, so they are matched by position, loads and stores each on
+/// their own; where their number, a size or an address disagrees with the
+/// step's (the address may differ only by an FS or GS base, which the
+/// trace does not hold), none of that direction is used.
+pub fn fill_recorded(
+    info: &InsnInfo,
+    recorded: &[MemoryValue],
+    reads: &mut [Access],
+    writes: &mut [Access],
+) {
+    let segmented = matches!(
+        info.instruction.memory_segment(),
+        Register::FS | Register::GS
+    );
+    for (write, list) in [(false, reads), (true, writes)] {
+        let fitting = || list.iter().filter(|a| (1..=8).contains(&a.size));
+        let entries = || recorded.iter().filter(|v| v.write == write);
+        let agree = fitting().count() == entries().count()
+            && fitting()
+                .zip(entries())
+                .all(|(a, v)| a.size == u16::from(v.size) && (a.addr == v.addr || segmented));
+        if !agree {
+            continue;
+        }
+        let fitting = list.iter_mut().filter(|a| (1..=8).contains(&a.size));
+        for (a, v) in fitting.zip(entries()) {
+            if a.value.is_none() {
+                a.value = v.value;
+            }
+        }
+    }
 }
 
 /// The element size of a string instruction.
@@ -328,6 +370,62 @@ mod tests {
         after.gpr[5] = 0xa000;
         let (r, _, _) = run(&[0xc9], regs(0, RSP), after, None);
         assert_eq!(r, [access(0x9000, 8, Some(0xa000))]);
+    }
+
+    fn recorded(addr: u64, size: u8, write: bool, value: u64) -> MemoryValue {
+        MemoryValue {
+            addr,
+            size,
+            write,
+            value: Some(value),
+        }
+    }
+
+    #[test]
+    fn recorded_values_fill_what_the_registers_do_not_say() {
+        // add [rbx], eax: the old value loaded, the sum stored.
+        let info = decode(&[0x01, 0x03], 0x1000, 64);
+        let (mut r, mut w) = (Vec::new(), Vec::new());
+        accesses(&info, (&regs(1, RSP), &regs(1, RSP)), None, &mut r, &mut w);
+        let values = [
+            recorded(0x5000, 4, false, 41),
+            recorded(0x5000, 4, true, 42),
+        ];
+        fill_recorded(&info, &values, &mut r, &mut w);
+        assert_eq!(r, [access(0x5000, 4, Some(41))]);
+        assert_eq!(w, [access(0x5000, 4, Some(42))]);
+        // Recorded for another address (another step's): none is used.
+        let (mut r, mut w) = (Vec::new(), Vec::new());
+        accesses(&info, (&regs(1, RSP), &regs(1, RSP)), None, &mut r, &mut w);
+        let other = [
+            recorded(0x6000, 4, false, 41),
+            recorded(0x6000, 4, true, 42),
+        ];
+        fill_recorded(&info, &other, &mut r, &mut w);
+        assert_eq!((r[0].value, w[0].value), (None, None));
+        // A size that disagrees, or one access too many: none either.
+        let wrong = [recorded(0x5000, 8, false, 41)];
+        fill_recorded(&info, &wrong, &mut r, &mut w);
+        let extra = [recorded(0x5000, 4, true, 1), recorded(0x5004, 4, true, 2)];
+        fill_recorded(&info, &extra, &mut r, &mut w);
+        assert_eq!((r[0].value, w[0].value), (None, None));
+        // inc dword gs:[0x20]: the trace has no GS base, the tracer did.
+        let info = decode(&[0x65, 0xff, 0x04, 0x25, 0x20, 0, 0, 0], 0x1000, 64);
+        let (mut r, mut w) = (Vec::new(), Vec::new());
+        accesses(&info, (&regs(1, RSP), &regs(1, RSP)), None, &mut r, &mut w);
+        let base = 0xffff_8880_1000_0000;
+        let values = [
+            recorded(base + 0x20, 4, false, 7),
+            recorded(base + 0x20, 4, true, 8),
+        ];
+        fill_recorded(&info, &values, &mut r, &mut w);
+        assert_eq!((r[0].value, w[0].value), (Some(7), Some(8)));
+        // A value already derived stays.
+        let info = decode(&[0x48, 0x8b, 0x03], 0x1000, 64);
+        let (mut r, mut w) = (Vec::new(), Vec::new());
+        accesses(&info, (&regs(0, RSP), &regs(5, RSP)), None, &mut r, &mut w);
+        fill_recorded(&info, &[recorded(0x5000, 8, false, 9)], &mut r, &mut w);
+        assert_eq!(r, [access(0x5000, 8, Some(5))]);
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct TraceRequest {
     pub from_start: bool,
     /// Stop tracing after this many steps.
     pub max_steps: Option<u64>,
+    /// Record the memory values registers do not give.
+    pub record_values: bool,
     /// Start tracing when execution reaches this place.
     pub start_at: Option<Location>,
     /// Stop tracing when execution reaches this place.
@@ -60,6 +62,7 @@ impl Default for TraceRequest {
             wrap: false,
             from_start: false,
             max_steps: None,
+            record_values: false,
             start_at: None,
             stop_at: None,
             exit_after_trace: false,

@@ -394,6 +394,7 @@ fn tracer(
     let options = TraceOptions {
         from_start: request.from_start,
         max_steps: request.max_steps,
+        record_values: request.record_values,
         autostop: request.autostop.clone(),
         start_at: start_at.as_ref().map(|p| p.address),
         stop_at: stop_at.as_ref().map(|p| p.address),

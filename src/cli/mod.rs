@@ -244,6 +244,10 @@ pub struct BenchArgs {
     /// untraced_one_cpu_s, untraced_s, untraced_speedup.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), conflicts_with_all = ["analyzer", "runs"])]
     pub cpus: u8,
+    /// Trace with `run --record-values`: what recording the memory values
+    /// registers do not give costs.
+    #[arg(long, conflicts_with = "analyzer")]
+    pub record_values: bool,
     /// Print JSON (keys: bare_exits_per_s, traced_exits_per_s, ratio,
     /// bytes_per_step, peak_rss_bytes; with --runs also ratio_median and
     /// runs).

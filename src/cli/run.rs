@@ -174,6 +174,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "WHERE", value_parser = parse_location, help_heading = "Triggers")]
     pub start_at: Option<Location>,
 
+    /// Record the memory values each step loads and stores where its
+    /// registers do not give them (arithmetic on memory, compares, atomics
+    /// such as lock xadd and cmpxchg, movs): read from guest memory through
+    /// its page tables, loads before the instruction runs and stores after
+    /// it. The export's read_values and write_values and the listing's
+    /// --values then show them. Costs time at every such step and trace
+    /// room.
+    #[arg(long, help_heading = "Tracing")]
+    pub record_values: bool,
+
     /// End the run when tracing stops (by --max-steps, --stop-at, the
     /// guest, the hotkey or vtrace ctl) instead of letting the guest run
     /// on; exit status 0.

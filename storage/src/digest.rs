@@ -44,10 +44,18 @@ impl TraceDigest {
     /// not where segments begin: the CPU events are not hashed, and each
     /// record of a CPU other than 0 is hashed with its CPU number (a trace
     /// of one CPU hashes as it always did).
+    ///
+    /// Recorded memory values ([`Event::MemoryValues`]) are not hashed
+    /// either: they observe the run, they are not part of it, so a trace
+    /// made with `--record-values` has the digest of one made without.
     pub fn update(&mut self, record: &Record) {
-        if let Record::Event(Event::Cpu(cpu)) = record {
-            self.cpu = *cpu;
-            return;
+        match record {
+            Record::Event(Event::Cpu(cpu)) => {
+                self.cpu = *cpu;
+                return;
+            }
+            Record::Event(Event::MemoryValues(_)) => return,
+            _ => {}
         }
         if self.cpu != 0 {
             self.hasher.update(&[0xff]);

@@ -37,9 +37,9 @@ pub use metadata::{
 };
 pub use reader::{SegmentEntry, SegmentError, SegmentState, TraceReader};
 pub use record::{
-    CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, ProbeField, ProbeValue,
-    Record, RecordRef, Regs, Step, TraceReason, HOST_MARK, MAX_CPUS, MAX_PROBE_ARGS,
-    MAX_PROBE_FIELDS, MAX_PROBE_TEXT, MAX_SAMPLE_VALUES, REG_COUNT, REG_NAMES,
+    CpuMode, Event, FunctionEdge, InsnBytes, InterruptSource, Mapping, MemoryValue, ProbeField,
+    ProbeValue, Record, RecordRef, Regs, Step, TraceReason, HOST_MARK, MAX_CPUS, MAX_MEMORY_VALUES,
+    MAX_PROBE_ARGS, MAX_PROBE_FIELDS, MAX_PROBE_TEXT, MAX_SAMPLE_VALUES, REG_COUNT, REG_NAMES,
 };
 pub use segment::{seal, unseal, Compression, SegmentHeader, HEADER_LEN};
 pub use summary::{summarize, TraceSummary};

@@ -376,6 +376,25 @@ pub enum ProbeValue {
 /// CPU numbers in a trace are below this.
 pub const MAX_CPUS: u32 = 256;
 
+/// Most accesses one [`Event::MemoryValues`] holds (an instruction has at
+/// most two memory operands, each read and written).
+pub const MAX_MEMORY_VALUES: usize = 8;
+
+/// One memory access of a step and the value it loaded or stored, as
+/// `vtrace run --record-values` read it from guest memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemoryValue {
+    /// The linear address the CPU used (FS and GS bases included).
+    pub addr: u64,
+    /// Bytes accessed, 1 to 8.
+    pub size: u8,
+    /// A store (else a load).
+    pub write: bool,
+    /// The value, little-endian in its `size` bytes; `None` where the
+    /// memory could not be read (a page not present, a device's).
+    pub value: Option<u64>,
+}
+
 /// Most values one [`Event::Sample`] holds.
 pub const MAX_SAMPLE_VALUES: usize = 16;
 
@@ -459,6 +478,12 @@ pub enum Event {
     /// (`--probe 'fn:ROUTINE(arg, name:string, p->field)'`), at most
     /// [`MAX_PROBE_FIELDS`].
     ProbeValues(Vec<ProbeField>),
+    /// The memory values of the step right after it that its registers
+    /// do not give (`vtrace run --record-values`): each of its accesses of
+    /// at most 8 bytes, in the order of the instruction's memory operands
+    /// (iced-x86's), at most [`MAX_MEMORY_VALUES`]. Loads are read before
+    /// the instruction runs, stores after it.
+    MemoryValues(Vec<MemoryValue>),
     /// A sample of guest variables taken by the peeper (`vtrace run
     /// --peep`) while the guest ran on. Its place among the steps is
     /// where the vCPU next exited, not where it was taken: its times say

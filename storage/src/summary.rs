@@ -76,6 +76,7 @@ pub fn event_kind(e: &Event) -> &'static str {
         Event::Capture { .. } => "capture",
         Event::Probe { .. } => "probe",
         Event::ProbeValues(_) => "probe values",
+        Event::MemoryValues(_) => "memory values",
         Event::Sample { .. } => "sample",
         Event::ControlRegister { .. } => "control_register",
         Event::Gap { .. } => "gap",

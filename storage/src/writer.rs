@@ -158,7 +158,9 @@ impl Recorder {
         }
         self.follow_task(event);
         self.encoder.push_event(event);
-        if self.encoder.len() >= self.chunk_target {
+        // A step's memory values stay in its segment: the analyzer gives
+        // them to the step that follows them.
+        if self.encoder.len() >= self.chunk_target && !matches!(event, Event::MemoryValues(_)) {
             self.flush();
         }
     }

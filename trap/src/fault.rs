@@ -61,7 +61,7 @@ impl Default for Operands {
 
 impl Operands {
     /// The memory `insn` uses.
-    fn used_memory(&mut self, insn: &Instruction) -> &[UsedMemory] {
+    pub(crate) fn used_memory(&mut self, insn: &Instruction) -> &[UsedMemory] {
         let slot = (insn.ip() as usize) & (OPERAND_SLOTS - 1);
         let hit = matches!(&self.kept[slot], Some((i, _, _)) if i.eq_all_bits(insn));
         if !hit {

@@ -9,6 +9,7 @@ mod fault;
 mod flow;
 mod idt;
 mod maple;
+mod memory_record;
 mod probe_returns;
 mod probe_values;
 mod probes;

@@ -8,11 +8,11 @@
 use iced_x86::{Formatter, IntelFormatter};
 use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
-use vtrace_storage::{Event, InsnBytes, Regs};
+use vtrace_storage::{Event, InsnBytes, MemoryValue, Regs};
 
 use crate::insn::InsnInfo;
 use crate::levels::{RoutineRun, SegmentPass, SegmentRecord};
-use crate::memory_values::{accesses, target_value, Access};
+use crate::memory_values::{accesses, fill_recorded, target_value, Access};
 use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 use crate::tasks::{TaskId, TaskTracker};
 
@@ -82,6 +82,8 @@ pub(super) struct SegmentRows {
     /// when a break followed it), and events after the last step.
     first_regs: Option<Regs>,
     first_memory: Option<InsnInfo>,
+    /// The first step's recorded memory values (`run --record-values`).
+    first_recorded: Vec<MemoryValue>,
     pub last_regs: Option<Regs>,
     pub trailing_events: Vec<String>,
 }
@@ -109,6 +111,12 @@ impl SegmentRows {
                     info,
                     (before, after),
                     next_pc,
+                    &mut self.first_reads,
+                    &mut self.first_writes,
+                );
+                fill_recorded(
+                    info,
+                    &self.first_recorded,
                     &mut self.first_reads,
                     &mut self.first_writes,
                 );
@@ -181,6 +189,8 @@ pub(super) struct RowBuilder {
     /// The read in `rows.reads` of a branch's target, waiting for the next
     /// step's pc.
     awaiting: Option<usize>,
+    /// The memory values recorded for the next step.
+    recorded: Vec<MemoryValue>,
 }
 
 impl RowBuilder {
@@ -221,6 +231,7 @@ impl RowBuilder {
                 routine: Vec::new(),
                 first_regs: None,
                 first_memory: None,
+                first_recorded: Vec::new(),
                 last_regs: None,
                 trailing_events: Vec::new(),
             },
@@ -233,6 +244,7 @@ impl RowBuilder {
             pending: Vec::new(),
             interrupt: None,
             awaiting: None,
+            recorded: Vec::new(),
         }
     }
 
@@ -248,6 +260,31 @@ impl RowBuilder {
             });
             u32::try_from(rows.texts.len() - 1).unwrap_or(u32::MAX)
         })
+    }
+
+    /// Takes in an event before the next step.
+    fn event(&mut self, e: &Event) {
+        if self.tracker.follow(e) {
+            self.task = match self.tracker.current() {
+                Some(t) => {
+                    self.rows.tasks.push(*t);
+                    Self::end_of(self.rows.tasks.len() - 1)
+                }
+                None => NO_TASK,
+            };
+        }
+        match e {
+            // Where the recorder cut segments, not what ran.
+            Event::Running { .. } => {}
+            // The next step's own values, in its columns.
+            Event::MemoryValues(values) => self.recorded.clone_from(values),
+            _ => self.pending.push(crate::event_text::describe_event(e)),
+        }
+        match e {
+            Event::Interrupt { vector, .. } => self.interrupt = Some(*vector),
+            Event::Gap { .. } | Event::TraceStop(_) => self.before = None,
+            _ => {}
+        }
     }
 
     fn end_of(v: usize) -> u32 {
@@ -267,28 +304,7 @@ impl SegmentPass for RowBuilder {
     fn record(&mut self, record: SegmentRecord<'_>) {
         let (s, info) = match record {
             SegmentRecord::Step(s, info) => (s, info),
-            SegmentRecord::Event(e) => {
-                if self.tracker.follow(e) {
-                    self.task = match self.tracker.current() {
-                        Some(t) => {
-                            self.rows.tasks.push(*t);
-                            Self::end_of(self.rows.tasks.len() - 1)
-                        }
-                        None => NO_TASK,
-                    };
-                }
-                match e {
-                    // Where the recorder cut segments, not what ran.
-                    Event::Running { .. } => {}
-                    _ => self.pending.push(crate::event_text::describe_event(e)),
-                }
-                match e {
-                    Event::Interrupt { vector, .. } => self.interrupt = Some(*vector),
-                    Event::Gap { .. } | Event::TraceStop(_) => self.before = None,
-                    _ => {}
-                }
-                return;
-            }
+            SegmentRecord::Event(e) => return self.event(e),
         };
         let row = self.rows.len();
         let row32 = Self::end_of(row);
@@ -311,6 +327,7 @@ impl SegmentPass for RowBuilder {
             rows.known.push(false);
             rows.first_regs = Some(s.regs);
             rows.first_memory = Some(info.clone());
+            rows.first_recorded = std::mem::take(&mut self.recorded);
         } else {
             let mask = changed_mask(self.before.as_ref(), &s.regs);
             rows.changed.push(mask);
@@ -331,6 +348,7 @@ impl SegmentPass for RowBuilder {
                 }
             }
             if let Some(before) = before {
+                let (reads, writes) = (rows.reads.len(), rows.writes.len());
                 self.awaiting = accesses(
                     info,
                     (before, &s.regs),
@@ -338,7 +356,16 @@ impl SegmentPass for RowBuilder {
                     &mut rows.reads,
                     &mut rows.writes,
                 );
+                if !self.recorded.is_empty() {
+                    fill_recorded(
+                        info,
+                        &self.recorded,
+                        &mut rows.reads[reads..],
+                        &mut rows.writes[writes..],
+                    );
+                }
             }
+            self.recorded.clear();
         }
         rows.reads_end.push(Self::end_of(rows.reads.len()));
         rows.writes_end.push(Self::end_of(rows.writes.len()));

@@ -4,12 +4,12 @@
 //! control-register changes and where the trace broke.
 
 use rustc_hash::FxHashMap;
-use vtrace_storage::{Event, InsnBytes, RecordRef, Regs, Step};
+use vtrace_storage::{Event, InsnBytes, MemoryValue, RecordRef, Regs, Step};
 
 use super::memory::{space_of, Observation, Spaces};
 use crate::input::{Records, SegmentInfo};
 use crate::insn::InsnCache;
-use crate::memory_values::{accesses, target_value, Access};
+use crate::memory_values::{accesses, fill_recorded, target_value, Access};
 
 /// What one segment adds to the index.
 #[derive(Debug, Default)]
@@ -27,8 +27,9 @@ pub struct SegmentIndex {
     /// Steps where the trace broke before (tracing started, a gap).
     pub breaks: Vec<u64>,
     /// Each CPU's first step here, where nothing here tells the registers
-    /// before it (the segment before does): CPU, step number, the step.
-    pub openers: Vec<(u32, u64, Step)>,
+    /// before it (the segment before does): CPU, step number, the step,
+    /// the memory values recorded for it.
+    pub openers: Vec<(u32, u64, Step, Vec<MemoryValue>)>,
     /// Each CPU's last registers and its lower half's tag here, where the
     /// registers before its next step (in the next segment) are those.
     pub closers: Vec<(u32, Regs, u64)>,
@@ -68,6 +69,7 @@ pub fn index_segment(
         first_code: FxHashMap::default(),
         reads: Vec::new(),
         writes: Vec::new(),
+        recorded: Vec::new(),
         cpu,
         spaces,
         current: 0,
@@ -91,6 +93,8 @@ struct Indexer {
     first_code: FxHashMap<(u64, u64), InsnBytes>,
     reads: Vec<Access>,
     writes: Vec<Access>,
+    /// The memory values recorded for the next step.
+    recorded: Vec<MemoryValue>,
     cpu: Option<u32>,
     spaces: Spaces,
     /// The CPU whose records these are.
@@ -136,6 +140,7 @@ impl Indexer {
             Event::ControlRegister { reg, value } if self.ours() => {
                 self.out.controls.push((self.step, *reg, *value))
             }
+            Event::MemoryValues(values) => self.recorded.clone_from(values),
             Event::Capture { addr, bytes, .. } => {
                 let root = self
                     .cpus
@@ -184,7 +189,8 @@ impl Indexer {
         state.interrupted = false;
         state.error_code = None;
         if opener {
-            self.out.openers.push((current, step, *s));
+            let recorded = self.recorded.clone();
+            self.out.openers.push((current, step, *s, recorded));
         }
         if let Some((i, size)) = awaiting {
             self.out.seen[i].value = Some(target_value(s.pc, size));
@@ -202,6 +208,7 @@ impl Indexer {
             }
             (None, _) => {}
         }
+        self.recorded.clear();
         self.step = step.saturating_add(1);
     }
 
@@ -217,6 +224,7 @@ impl Indexer {
             &mut self.reads,
             &mut self.writes,
         );
+        fill_recorded(info, &self.recorded, &mut self.reads, &mut self.writes);
         let mut target = None;
         for (n, a) in self.reads.iter().enumerate() {
             if let Some(i) = observe(&mut self.out.seen, root, a, self.step, false) {
@@ -390,19 +398,15 @@ impl TraceIndex {
         self.expected = Some(info.first_step.saturating_add(info.steps));
         // Each CPU's first step here, with the registers the segment
         // before left.
-        for (cpu, step, s) in &index.openers {
+        for (cpu, step, s, recorded) in &index.openers {
             let Some((before, _)) = self.carried.get(cpu) else {
                 continue;
             };
             let root = self.spaces.root(s.cr3);
             let (mut reads, mut writes) = (Vec::new(), Vec::new());
-            accesses(
-                self.cache.get(s),
-                (before, &s.regs),
-                None,
-                &mut reads,
-                &mut writes,
-            );
+            let info = self.cache.get(s);
+            accesses(info, (before, &s.regs), None, &mut reads, &mut writes);
+            fill_recorded(info, recorded, &mut reads, &mut writes);
             for a in &reads {
                 observe(&mut index.seen, root, a, *step, false);
             }

@@ -4,8 +4,9 @@
 //! its constant.
 
 use crate::record::{
-    Event, FunctionEdge, InterruptSource, Mapping, ProbeField, ProbeValue, TraceReason, MAX_CPUS,
-    MAX_PROBE_ARGS, MAX_PROBE_FIELDS, MAX_PROBE_TEXT, MAX_SAMPLE_VALUES,
+    Event, FunctionEdge, InterruptSource, Mapping, MemoryValue, ProbeField, ProbeValue,
+    TraceReason, MAX_CPUS, MAX_MEMORY_VALUES, MAX_PROBE_ARGS, MAX_PROBE_FIELDS, MAX_PROBE_TEXT,
+    MAX_SAMPLE_VALUES,
 };
 use crate::varint::{self, unzigzag, zigzag};
 
@@ -58,6 +59,11 @@ pub(super) const EV_CPU: u8 = 0x94;
 /// (complete byte; length, bytes: at most [`MAX_PROBE_TEXT`]), 3
 /// unavailable (address varint).
 pub(super) const EV_PROBE_VALUES: u8 = 0x95;
+/// count (byte, at most [`MAX_MEMORY_VALUES`]), then per access: flags
+/// byte (bit 0 a store, bit 1 its value follows), size byte (1 to 8),
+/// address (varint), the value (varint, where bit 1 says so; it fits the
+/// size).
+pub(super) const EV_MEMORY_VALUES: u8 = 0x96;
 
 /// Appends `event`, its tag first.
 pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
@@ -140,12 +146,29 @@ pub(super) fn put_event(o: &mut Vec<u8>, event: &Event) {
             o.push(EV_CPU);
             varint::put(o, u64::from(*cpu));
         }
+        Event::MemoryValues(values) => put_memory_values(o, values),
         Event::Task { .. }
         | Event::Running { .. }
         | Event::Runnable { .. }
         | Event::TaskExit { .. }
         | Event::TaskName { .. }
         | Event::Mappings { .. } => put_task_event(o, event),
+    }
+}
+
+/// Appends recorded memory values; more than the decoder takes are cut
+/// here rather than written undecodable.
+fn put_memory_values(o: &mut Vec<u8>, values: &[MemoryValue]) {
+    o.push(EV_MEMORY_VALUES);
+    let values = &values[..values.len().min(MAX_MEMORY_VALUES)];
+    o.push(u8::try_from(values.len()).unwrap_or(u8::MAX));
+    for v in values {
+        let flags = u8::from(v.write) | u8::from(v.value.is_some()) << 1;
+        o.extend_from_slice(&[flags, v.size]);
+        varint::put(o, v.addr);
+        if let Some(value) = v.value {
+            varint::put(o, value);
+        }
     }
 }
 
@@ -384,6 +407,7 @@ impl SegmentDecoder<'_> {
             },
             EV_PROBE => self.probe()?,
             EV_PROBE_VALUES => self.probe_values()?,
+            EV_MEMORY_VALUES => self.memory_values()?,
             EV_SAMPLE => self.sample()?,
             EV_CPU => match self.var_u32()? {
                 cpu if cpu < MAX_CPUS => Event::Cpu(cpu),
@@ -493,6 +517,39 @@ impl SegmentDecoder<'_> {
             fields.push(ProbeField { name, value });
         }
         Ok(Event::ProbeValues(fields))
+    }
+
+    fn memory_values(&mut self) -> Result<Event, DecodeError> {
+        let count = usize::from(self.byte()?);
+        if count > MAX_MEMORY_VALUES {
+            return Err(self.err("more than 8 memory values"));
+        }
+        let mut values = Vec::with_capacity(count);
+        for _ in 0..count {
+            let flags = self.byte()?;
+            if flags & !3 != 0 {
+                return Err(self.err("memory value with unknown flags"));
+            }
+            let size = self.byte()?;
+            if !(1..=8).contains(&size) {
+                return Err(self.err("memory value of a size not 1 to 8"));
+            }
+            let addr = self.var()?;
+            let value = match flags & 2 {
+                0 => None,
+                _ => Some(self.var()?),
+            };
+            if value.is_some_and(|v| size < 8 && v >> (8 * u32::from(size)) != 0) {
+                return Err(self.err("memory value wider than its size"));
+            }
+            values.push(MemoryValue {
+                addr,
+                size,
+                write: flags & 1 != 0,
+                value,
+            });
+        }
+        Ok(Event::MemoryValues(values))
     }
 
     fn sample(&mut self) -> Result<Event, DecodeError> {

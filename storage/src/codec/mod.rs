@@ -465,7 +465,7 @@ impl Iterator for SegmentDecoder<'_> {
 #[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
-    use crate::record::{FunctionEdge, InterruptSource, Mapping, TraceReason};
+    use crate::record::{FunctionEdge, InterruptSource, Mapping, MemoryValue, TraceReason};
 
     #[test]
     fn insn_bytes_from_a_fetch_buffer_are_its_prefix() {
@@ -767,6 +767,43 @@ mod tests {
         let mut huge = vec![ev, 1, 1, b'x', 2, 1];
         varint::put(&mut huge, u64::MAX);
         assert_eq!(decode(&huge), "length past the end");
+    }
+
+    /// Recorded memory values round-trip, and a crafted file's are
+    /// checked before anything is built on them.
+    #[test]
+    fn memory_values_round_trip_and_crafted_ones_are_refused() {
+        let values = vec![
+            MemoryValue {
+                addr: 0xffff_8880_0000_1000,
+                size: 4,
+                write: false,
+                value: Some(0xdead_beef),
+            },
+            MemoryValue {
+                addr: 0x7fff_0000,
+                size: 8,
+                write: true,
+                value: None,
+            },
+        ];
+        round_trip(&[
+            Record::Event(Event::MemoryValues(values)),
+            Record::Step(step(0x1000, &[0x90], 0, 2)),
+        ]);
+        let decode = |bytes: &[u8]| SegmentDecoder::new(bytes).next().unwrap().unwrap_err().what;
+        let ev = events::EV_MEMORY_VALUES;
+        assert_eq!(decode(&[ev, 9]), "more than 8 memory values");
+        assert_eq!(decode(&[ev, 1, 4, 1, 0]), "memory value with unknown flags");
+        assert_eq!(
+            decode(&[ev, 1, 0, 9, 0]),
+            "memory value of a size not 1 to 8"
+        );
+        assert_eq!(
+            decode(&[ev, 1, 2, 1, 0, 0x80, 2]),
+            "memory value wider than its size"
+        );
+        assert_eq!(decode(&[ev, 2, 2, 1, 0, 7]), "truncated");
     }
 
     #[test]

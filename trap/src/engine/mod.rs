@@ -28,10 +28,12 @@ use crate::flow::{DecodeCache, Decoded, Flow};
 use crate::rep::{ReadLinear, RepString, Unreadable};
 use crate::walker::Walker;
 
+mod guest_memory;
 mod interrupts;
 mod mmio;
 mod record;
 mod trap_flag;
+mod values;
 
 /// Where records go: the trace disk's recorder, or a vector in tests.
 pub trait RecordSink {
@@ -173,6 +175,10 @@ pub struct Engine {
     /// What [`Engine::carry_trap_flag`] put into guest state for the
     /// pending instruction, to be taken back.
     carried: Carried,
+    /// Whether to record the memory values registers do not give (see
+    /// `values`), and those of the pending instruction.
+    record_values: bool,
+    values: Option<crate::memory_record::Plan>,
 }
 
 /// Guest state the engine changed so that TF survives one instruction.
@@ -295,6 +301,9 @@ impl Engine {
         self.idt_moved = false;
         self.last = regs;
         self.fetch_pending(cpu, &sregs, linear_pc(&sregs, regs.rip));
+        if self.record_values {
+            self.plan_values(cpu, &sregs, &regs);
+        }
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
@@ -311,6 +320,7 @@ impl Engine {
         self.mid_rep = false;
         self.foreseen = None;
         self.pending = None;
+        self.values = None;
         self.injected = None;
         self.deferred.clear();
         self.completing = false;
@@ -320,46 +330,6 @@ impl Engine {
     /// ran untraced and may have changed its page tables unseen.
     pub fn forget_translations(&mut self) {
         self.walker.flush();
-    }
-
-    /// Reads guest memory at linear address `linear` through the guest's
-    /// paging as it stands; false unless every byte was read.
-    pub fn read_linear(&mut self, cpu: &mut dyn CpuView, linear: u64, buf: &mut [u8]) -> bool {
-        let sregs = cpu.sregs();
-        self.walker.read(&*cpu, &sregs, linear, buf) == buf.len()
-    }
-
-    /// Reads kernel memory at linear address `linear`, as
-    /// [`Engine::read_linear`] does; where the running address space does
-    /// not map it (Linux's page-table isolation leaves user mode only the
-    /// entry code), through the kernel's own page tables, which Linux keeps
-    /// in the page below the user's (the user's CR3 has bit 12 set, and
-    /// PCID bits). False unless every byte was read.
-    pub fn read_kernel(&mut self, cpu: &mut dyn CpuView, linear: u64, buf: &mut [u8]) -> bool {
-        let sregs = cpu.sregs();
-        if self.walker.read(&*cpu, &sregs, linear, buf) == buf.len() {
-            return true;
-        }
-        /// Bit 12 (PTI's user half), the PCID and the no-flush bit.
-        const USER_CR3_BITS: u64 = 0x1fff | 1 << 63;
-        if sregs.cr3 & 0x1000 == 0 {
-            return false;
-        }
-        let mut kernel = sregs;
-        kernel.cr3 &= !USER_CR3_BITS;
-        self.walker.read(&*cpu, &kernel, linear, buf) == buf.len()
-    }
-
-    /// Reads guest memory at linear address `linear` up to the first page
-    /// that is not present; returns how many bytes were read.
-    pub fn read_linear_prefix(
-        &mut self,
-        cpu: &mut dyn CpuView,
-        linear: u64,
-        buf: &mut [u8],
-    ) -> usize {
-        let sregs = cpu.sregs();
-        self.walker.read(&*cpu, &sregs, linear, buf)
     }
 
     /// Linear address of the instruction about to run.
@@ -414,6 +384,9 @@ impl Engine {
             self.holds_turn = p.decoded.is_some_and(|d| d.holds_turn());
             let mut regs = to_regs(regs);
             regs.rflags &= !self.undefined_flags;
+            if self.values.is_some() {
+                self.emit_values(p, sink);
+            }
             sink.step(&Step {
                 pc: p.pc,
                 bytes,
@@ -497,6 +470,7 @@ impl Engine {
             (sregs.ds.base, sregs.es.base)
         };
         let mut each = rep.rebuild(&self.last, regs, n, segments);
+        let mut before = None;
         loop {
             let mut memory = WalkedMemory {
                 walker: &mut self.walker,
@@ -504,7 +478,13 @@ impl Engine {
                 sregs,
             };
             match each.next(&mut memory) {
-                Some(Ok(r)) => self.emit_step(p, &r, sink),
+                Some(Ok(r)) => {
+                    if let Some(before) = &before {
+                        self.plan_iteration(p, cpu, sregs, before);
+                    }
+                    self.emit_step(p, &r, sink);
+                    before = Some(r);
+                }
                 // The iterations so far are steps; the rest, which cannot
                 // be told apart, are the exit's registers after a gap.
                 Some(Err(Unreadable)) => {

@@ -218,6 +218,9 @@ impl Engine {
             // stepping, and returned here to run the instruction again.
             self.gap(p.pc, p.pc, sink);
         }
+        if self.values.is_some() {
+            self.read_stored_values(p, cpu, sregs);
+        }
         let how = step_record(
             &d,
             sregs.cpl(),
@@ -364,6 +367,9 @@ impl Engine {
         }
         self.last = regs;
         self.fetch_pending(cpu, sregs, next);
+        if self.record_values {
+            self.plan_values(cpu, sregs, &regs);
+        }
         if self.foresee {
             self.foresee_fault(cpu, sregs, &regs);
             self.carry_trap_flag(cpu, sregs, &regs);

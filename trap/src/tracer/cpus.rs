@@ -16,6 +16,7 @@ impl Tracer {
     pub(super) fn new_engine(&self) -> Engine {
         let mut engine = Engine::new();
         engine.set_step_limit(self.options.max_steps);
+        engine.set_record_values(self.options.record_values);
         // Needed where stepping rides on TF (the CPU would run handlers
         // unstepped); done on every host so that the same guest gives the
         // same records everywhere. Its cost here is within noise.

@@ -15,6 +15,9 @@ pub struct TraceOptions {
     pub from_start: bool,
     /// Stop after this many steps.
     pub max_steps: Option<u64>,
+    /// Record the memory values the registers do not give (see
+    /// `memory_record`).
+    pub record_values: bool,
     /// Stop when the guest takes one of these exception vectors.
     pub autostop: Vec<u8>,
     /// Start when execution reaches this linear address (a hardware
@@ -112,6 +115,7 @@ impl Default for TraceOptions {
         TraceOptions {
             from_start: false,
             max_steps: None,
+            record_values: false,
             autostop: DEFAULT_AUTOSTOP.to_vec(),
             start_at: None,
             stop_at: None,
