@@ -195,7 +195,8 @@ enum Access {
     Fetch,
 }
 
-fn register(regs: &Registers, sregs: &SpecialRegisters, reg: Register) -> Option<u64> {
+/// A register's value in a linear address, FS and GS as their bases.
+pub(crate) fn register(regs: &Registers, sregs: &SpecialRegisters, reg: Register) -> Option<u64> {
     match reg {
         Register::FS => Some(sregs.fs.base),
         Register::GS => Some(sregs.gs.base),

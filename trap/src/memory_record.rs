@@ -18,6 +18,8 @@ use iced_x86::{Instruction, Mnemonic, OpAccess, OpKind, Register, UsedMemory};
 use vtrace_storage::{MemoryValue, MAX_MEMORY_VALUES};
 use vtrace_vmm::x86::{Registers, SpecialRegisters};
 
+use crate::fault::register;
+
 /// One access to read: [`MemoryValue`] with its value still to come.
 pub(crate) type Planned = MemoryValue;
 
@@ -134,16 +136,6 @@ fn directions(access: OpAccess) -> (bool, bool) {
         OpAccess::Write | OpAccess::CondWrite => (false, true),
         OpAccess::ReadWrite | OpAccess::ReadCondWrite => (true, true),
         _ => (false, false),
-    }
-}
-
-/// A register's value in an address, FS and GS as their bases.
-fn register(regs: &Registers, sregs: &SpecialRegisters, reg: Register) -> Option<u64> {
-    match reg {
-        Register::FS => Some(sregs.fs.base),
-        Register::GS => Some(sregs.gs.base),
-        r if r.is_segment_register() => Some(0),
-        r => regs.value(r),
     }
 }
 
