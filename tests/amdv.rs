@@ -339,9 +339,9 @@ fn assert_increments_recorded(trace: &std::path::Path) {
 /// The loop's `read < /proc/uptime` opens the file each round. Every
 /// `syscalls:sys_enter_openat` fire shows it as strace would: number 257,
 /// `AT_FDCWD` (-100, so the `int` is read signed and by its size) and the
-/// path (a user pointer followed). Every `sys_exit_openat` returns a
-/// descriptor, and its call's first step is one where `sys_enter_openat`
-/// fired.
+/// path (a user pointer followed). Every `sys_exit_openat` has number
+/// 257 too, returns a descriptor, and its call's first step is one where
+/// `sys_enter_openat` fired.
 fn assert_each_open_shown(trace: &std::path::Path) {
     let fires = probe_fires(trace);
     let of = |probe: &str| -> Vec<&serde_json::Value> {
@@ -359,6 +359,7 @@ fn assert_each_open_shown(trace: &std::path::Path) {
     }
     assert!(!exits.is_empty(), "{fires:?}");
     for f in &exits {
+        assert_eq!(fire_value(f, "__syscall_nr"), "257", "{f}");
         let fd: i64 = fire_value(f, "retval").parse().unwrap();
         assert!((0..64).contains(&fd), "{f}");
         let steps: u64 = fire_value(f, "steps").parse().unwrap();

@@ -155,6 +155,13 @@ fn tracepoints_are_listed_with_parameters_fields_and_sites() {
     );
     assert_eq!(enter["fires_at"], "syscall_entry");
     assert_eq!(names(exit), ["__syscall_nr", "ret"]);
+    // openat is system call 257 on x86-64 (asm/unistd_64.h); the entry
+    // reads it from the saved registers, the return knows it from the
+    // table the kernel dispatches through.
+    assert_eq!(
+        exit["fields"][0]["from"], "its index in sys_call_table: 257",
+        "{exit}"
+    );
     assert_eq!(exit["fires_at"], "syscall_return");
     assert_eq!(enter["sites"], exit["sites"]);
     let out = symbolize(&kernel, &enter["sites"][0]);

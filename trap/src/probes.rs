@@ -311,7 +311,14 @@ impl Probes {
                 size: 8,
                 signed: true,
             };
-            let values = Event::ProbeValues(vec![
+            // A return probe's own fetches are constants its plan knew (a
+            // system call's number): nothing is read here.
+            let mut fields = crate::probe_values::fetch_values(
+                &self.functions[i].fetches,
+                &crate::engine::to_regs(regs),
+                &mut |_, _| 0,
+            );
+            fields.extend([
                 vtrace_storage::ProbeField {
                     name: "retval".into(),
                     value: int(regs.rax),
@@ -321,6 +328,8 @@ impl Probes {
                     value: int(took),
                 },
             ]);
+            fields.truncate(vtrace_storage::MAX_PROBE_FIELDS);
+            let values = Event::ProbeValues(fields);
             out.push((fire, values));
         }
         out

@@ -6,7 +6,8 @@
 //! from where the system call ABI's register for it (rdi, rsi, rdx, r10,
 //! r8, r9) was saved, the number from `orig_ax`. `sys_exit_NAME` fires
 //! where that routine returns, as an `fnret:` probe (its `ret` is the
-//! return value). Names and types are the kernel's `__syscall_meta__NAME`
+//! return value; its number is the routine's index in `sys_call_table`,
+//! read from the image where the kernel has that table). Names and types are the kernel's `__syscall_meta__NAME`
 //! (`struct syscall_metadata`), as tracefs's `format` gives them.
 
 use btf_rs::Btf;
@@ -35,6 +36,9 @@ const NUMBER_OFFSET: u64 = 120;
 /// The system call number's field, as tracefs names it.
 const NUMBER_FIELD: &str = "__syscall_nr";
 
+/// Entries of `sys_call_table` read, at most (x86-64 has some 460).
+const MAX_NUMBERS: u64 = 1024;
+
 /// The `syscalls:` events of the kernel: a `sys_enter_NAME` and a
 /// `sys_exit_NAME` for each `__syscall_meta__NAME` whose `__x64_sys_NAME`
 /// kallsyms has.
@@ -57,6 +61,7 @@ pub(super) fn syscall_events(
         args: offset("args", 24),
     };
     let sources = register_sources(btf);
+    let numbers = numbers(image, symbols, find);
     let mut found = Vec::new();
     for (_, symbol, meta) in symbols {
         if found.len() >= 2 * MAX_SYSCALLS {
@@ -69,10 +74,40 @@ pub(super) fn syscall_events(
             continue;
         };
         if let Some(entry) = find(&format!("__x64_sys_{call}")) {
-            found.extend(events(&call, entry, parameters, &sources));
+            let number = numbers.get(&entry).copied();
+            found.extend(events(&call, (entry, number), parameters, &sources));
         }
     }
     found
+}
+
+/// Each system call routine's number: its first index in
+/// `sys_call_table` (read up to the next symbol, at most [`MAX_NUMBERS`]
+/// entries). Empty where the kernel has no such table (6.9 and later
+/// dispatch through a switch).
+fn numbers(
+    image: &ImageMemory<'_>,
+    symbols: &[(char, String, u64)],
+    find: &dyn Fn(&str) -> Option<u64>,
+) -> std::collections::HashMap<u64, u64> {
+    let mut by_entry = std::collections::HashMap::new();
+    let Some(table) = find("sys_call_table") else {
+        return by_entry;
+    };
+    let next = symbols
+        .iter()
+        .map(|s| s.2)
+        .filter(|a| *a > table)
+        .min()
+        .unwrap_or(u64::MAX);
+    let count = (next.saturating_sub(table) / 8).min(MAX_NUMBERS);
+    for nr in 0..count {
+        let Some(entry) = table.checked_add(8 * nr).and_then(|a| image.u64_at(a)) else {
+            break;
+        };
+        by_entry.entry(entry).or_insert(nr);
+    }
+    by_entry
 }
 
 /// Where `struct syscall_metadata` keeps what vtrace reads.
@@ -115,10 +150,11 @@ fn read_metadata(
     Some((call.to_string(), parameters))
 }
 
-/// The two events of system call `call`, whose routine starts at `entry`.
+/// The two events of system call `call`, whose routine starts at `entry`
+/// and whose number is `number`, where known.
 fn events(
     call: &str,
-    entry: u64,
+    (entry, number): (u64, Option<u64>),
     parameters: Vec<Parameter>,
     sources: &RegisterSources,
 ) -> [Tracepoint; 2] {
@@ -157,12 +193,17 @@ fn events(
         name: format!("sys_exit_{call}"),
         parameters: Vec::new(),
         fields: vec![
-            field("int", NUMBER_FIELD, None),
+            field(
+                "int",
+                NUMBER_FIELD,
+                number.map(|nr| format!("its index in sys_call_table: {nr}")),
+            ),
             field("long", "ret", Some("RAX at the return (retval)".into())),
         ],
-        // It reads no values: its one is the return value.
+        // It reads nothing at its return: its number is known now, its
+        // value is the return value.
         sites: vec![Site {
-            arguments: Vec::new(),
+            arguments: vec![number.map(ArgSource::Constant)],
             ..site.clone()
         }],
         gated: false,
@@ -218,13 +259,7 @@ pub(super) fn plan(
         return Ok(Vec::new());
     };
     if tp.fires_at == FiresAt::SyscallReturn {
-        return match specs.is_empty() {
-            true => Ok(vec![(site.pc, Vec::new())]),
-            false => Err(FetchError(format!(
-                "{what}(...): a return event reads no values (its `ret` is the return value, \
-                 shown as retval)"
-            ))),
-        };
+        return return_plan(&what, site, specs);
     }
     let defaults: Vec<FetchSpec>;
     let specs = match specs.is_empty() {
@@ -294,6 +329,38 @@ pub(super) fn plan(
         .take(vtrace_storage::MAX_PROBE_FIELDS)
         .collect();
     Ok(vec![(site.pc, fetches)])
+}
+
+/// The plan of a `sys_exit_NAME` probe at `site`: it takes no values
+/// asked for (`specs`); its number is the one fetch, a constant, where the
+/// kernel's table gave it.
+fn return_plan(
+    what: &str,
+    site: &Site,
+    specs: &[FetchSpec],
+) -> Result<Vec<(u64, Vec<Fetch>)>, FetchError> {
+    if !specs.is_empty() {
+        return Err(FetchError(format!(
+            "{what}(...): a return event reads no values (its `ret` is the return value, \
+             shown as retval)"
+        )));
+    }
+    let number = site
+        .arguments
+        .first()
+        .copied()
+        .flatten()
+        .map(|source| Fetch {
+            label: NUMBER_FIELD.into(),
+            source,
+            loads: Vec::new(),
+            field: None,
+            kind: FetchKind::Int {
+                size: 4,
+                signed: true,
+            },
+        });
+    Ok(vec![(site.pc, number.into_iter().collect())])
 }
 
 /// How a value of the C type `text` (`const char *`, `umode_t`) shows.
