@@ -160,18 +160,7 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     // `?`: there, the CPU stops after each, and every step has its own.
     let recorded = ih["events"]["memory values"].as_u64().unwrap_or(0);
     assert!(recorded > 10_000, "{ih}");
-    let values = |trace: &std::path::Path| {
-        let o = run(&[
-            "analyze",
-            "listing",
-            "--values",
-            "--no-lines",
-            trace.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        stdout(&o)
-    };
-    let (vh, va) = (values(&here), values(&there));
+    let (vh, va) = (listed_values(&here), listed_values(&there));
     assert!(vh.matches("| mem").count() > 200_000, "{}", vh.len());
     let mut only_there = 0;
     for (h, a) in vh.lines().zip(va.lines()).filter(|(h, a)| h != a) {
@@ -273,11 +262,8 @@ fn linux_user_mode_and_syscall_events_traced_from_the_host_on_amdv() {
     assert_increments_recorded(&m.file("l.vtd"));
 }
 
-/// Every `inc` and `dec` of memory in the listing's `--values` loaded a
-/// value and stored it plus or minus one: values the registers do not
-/// give, read from guest memory before and after the step. A step the
-/// host ran without its own exit (after PAUSE on QEMU's SVM) has none.
-fn assert_increments_recorded(trace: &std::path::Path) {
+/// `analyze listing --values --no-lines` of `trace`.
+fn listed_values(trace: &std::path::Path) -> String {
     let o = run(&[
         "analyze",
         "listing",
@@ -286,6 +272,14 @@ fn assert_increments_recorded(trace: &std::path::Path) {
         trace.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o)
+}
+
+/// Every `inc` and `dec` of memory in the listing's `--values` loaded a
+/// value and stored it plus or minus one: values the registers do not
+/// give, read from guest memory before and after the step. A step the
+/// host ran without its own exit (after PAUSE on QEMU's SVM) has none.
+fn assert_increments_recorded(trace: &std::path::Path) {
     let value = |access: &str| -> Option<(u64, u32)> {
         let (at, v) = access.split_once('=')?;
         let size: u32 = at.split_once(':')?.1.parse().ok()?;
@@ -293,7 +287,7 @@ fn assert_increments_recorded(trace: &std::path::Path) {
         Some((v, size))
     };
     let (mut checked, mut unknown) = (0u64, 0u64);
-    for line in stdout(&o).lines() {
+    for line in listed_values(trace).lines() {
         let step = if line.contains(" inc ") {
             1u64
         } else if line.contains(" dec ") {
