@@ -281,6 +281,7 @@ impl SegmentText {
                 insn,
                 (&s.regs, &s.regs),
                 None,
+                &[],
                 &mut Vec::new(),
                 &mut Vec::new(),
             );
@@ -295,9 +296,8 @@ impl SegmentText {
             return (" | mem ? (the registers before are not known)".into(), None);
         };
         let (mut reads, mut writes) = (Vec::new(), Vec::new());
-        let awaits =
-            memory_values::accesses(insn, (before, &s.regs), None, &mut reads, &mut writes);
-        memory_values::fill_recorded(insn, recorded, &mut reads, &mut writes);
+        let around = (before, &s.regs);
+        let awaits = memory_values::accesses(insn, around, None, recorded, &mut reads, &mut writes);
         let text = memory_text(&reads, &writes);
         // The `?` at the end of the line: its offset once it is pushed.
         let waiting = awaits.and_then(|i| reads.get(i)).map(|a| Awaiting {
@@ -569,11 +569,6 @@ fn run(
                             insn,
                             around,
                             text.first_target,
-                            &mut reads,
-                            &mut writes,
-                        );
-                        memory_values::fill_recorded(
-                            insn,
                             &text.first_recorded,
                             &mut reads,
                             &mut writes,

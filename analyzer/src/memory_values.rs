@@ -27,7 +27,7 @@
 //! A trace made with `vtrace run --record-values` holds those values too:
 //! the tracer read them from guest memory (loads before the instruction
 //! ran, stores after it) into an `Event::MemoryValues` just before the
-//! step, and [`fill_recorded`] gives them to the step's accesses.
+//! step, which its callers hand to [`accesses`] (see `fill_recorded`).
 
 use iced_x86::{Mnemonic, OpAccess, OpKind, Register, UsedMemory};
 use vtrace_storage::{MemoryValue, Regs};
@@ -68,16 +68,19 @@ fn register(regs: &Regs, reg: Register) -> Option<u64> {
 /// is known, its read and its write (pushed to `reads`, `writes`), with
 /// the value where it is exact. `before` and `after` are the registers
 /// around the step; `next_pc` the next step's pc where nothing came
-/// between. Without `next_pc`, returns the index in `reads` of a branch's
-/// target read, left without its value for the caller to give once the
-/// next step is known.
+/// between; `recorded` the values `run --record-values` read for the
+/// step (see [`fill_recorded`]). Without `next_pc`, returns the index in
+/// `reads` of a branch's target read, left without its value for the
+/// caller to give once the next step is known.
 pub fn accesses(
     info: &InsnInfo,
     around: (&Regs, &Regs),
     next_pc: Option<u64>,
+    recorded: &[MemoryValue],
     reads: &mut Vec<Access>,
     writes: &mut Vec<Access>,
 ) -> Option<usize> {
+    let (first_read, first_write) = (reads.len(), writes.len());
     let (before, after) = around;
     let mut awaiting = None;
     for m in &info.memory {
@@ -118,6 +121,14 @@ pub fn accesses(
             });
         }
     }
+    if !recorded.is_empty() {
+        fill_recorded(
+            info,
+            recorded,
+            &mut reads[first_read..],
+            &mut writes[first_write..],
+        );
+    }
     awaiting
 }
 
@@ -129,7 +140,7 @@ pub fn accesses(
 /// their own; where their number, a size or an address disagrees with the
 /// step's (the address may differ only by an FS or GS base, which the
 /// trace does not hold), none of that direction is used.
-pub fn fill_recorded(
+fn fill_recorded(
     info: &InsnInfo,
     recorded: &[MemoryValue],
     reads: &mut [Access],
@@ -296,7 +307,7 @@ mod tests {
     ) -> (Vec<Access>, Vec<Access>, Option<usize>) {
         let info = decode(bytes, 0x1000, 64);
         let (mut r, mut w) = (Vec::new(), Vec::new());
-        let awaiting = accesses(&info, (&before, &after), next_pc, &mut r, &mut w);
+        let awaiting = accesses(&info, (&before, &after), next_pc, &[], &mut r, &mut w);
         (r, w, awaiting)
     }
 
@@ -384,9 +395,9 @@ mod tests {
     #[test]
     fn recorded_values_fill_what_the_registers_do_not_say() {
         // add [rbx], eax: the old value loaded, the sum stored.
-        let info = decode(&[0x01, 0x03], 0x1000, 64);
-        let (mut r, mut w) = (Vec::new(), Vec::new());
-        accesses(&info, (&regs(1, RSP), &regs(1, RSP)), None, &mut r, &mut w);
+        let add = [0x01, 0x03];
+        let info = decode(&add, 0x1000, 64);
+        let (mut r, mut w, _) = run(&add, regs(1, RSP), regs(1, RSP), None);
         let values = [
             recorded(0x5000, 4, false, 41),
             recorded(0x5000, 4, true, 42),
@@ -395,8 +406,7 @@ mod tests {
         assert_eq!(r, [access(0x5000, 4, Some(41))]);
         assert_eq!(w, [access(0x5000, 4, Some(42))]);
         // Recorded for another address (another step's): none is used.
-        let (mut r, mut w) = (Vec::new(), Vec::new());
-        accesses(&info, (&regs(1, RSP), &regs(1, RSP)), None, &mut r, &mut w);
+        let (mut r, mut w, _) = run(&add, regs(1, RSP), regs(1, RSP), None);
         let other = [
             recorded(0x6000, 4, false, 41),
             recorded(0x6000, 4, true, 42),
@@ -410,9 +420,9 @@ mod tests {
         fill_recorded(&info, &extra, &mut r, &mut w);
         assert_eq!((r[0].value, w[0].value), (None, None));
         // inc dword gs:[0x20]: the trace has no GS base, the tracer did.
-        let info = decode(&[0x65, 0xff, 0x04, 0x25, 0x20, 0, 0, 0], 0x1000, 64);
-        let (mut r, mut w) = (Vec::new(), Vec::new());
-        accesses(&info, (&regs(1, RSP), &regs(1, RSP)), None, &mut r, &mut w);
+        let inc = [0x65, 0xff, 0x04, 0x25, 0x20, 0, 0, 0];
+        let info = decode(&inc, 0x1000, 64);
+        let (mut r, mut w, _) = run(&inc, regs(1, RSP), regs(1, RSP), None);
         let base = 0xffff_8880_1000_0000;
         let values = [
             recorded(base + 0x20, 4, false, 7),
@@ -421,9 +431,9 @@ mod tests {
         fill_recorded(&info, &values, &mut r, &mut w);
         assert_eq!((r[0].value, w[0].value), (Some(7), Some(8)));
         // A value already derived stays.
-        let info = decode(&[0x48, 0x8b, 0x03], 0x1000, 64);
-        let (mut r, mut w) = (Vec::new(), Vec::new());
-        accesses(&info, (&regs(0, RSP), &regs(5, RSP)), None, &mut r, &mut w);
+        let mov = [0x48, 0x8b, 0x03];
+        let info = decode(&mov, 0x1000, 64);
+        let (mut r, mut w, _) = run(&mov, regs(0, RSP), regs(5, RSP), None);
         fill_recorded(&info, &[recorded(0x5000, 8, false, 9)], &mut r, &mut w);
         assert_eq!(r, [access(0x5000, 8, Some(5))]);
     }

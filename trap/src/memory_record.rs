@@ -20,9 +20,6 @@ use vtrace_vmm::x86::{Registers, SpecialRegisters};
 
 use crate::fault::register;
 
-/// One access to read: [`MemoryValue`] with its value still to come.
-pub(crate) type Planned = MemoryValue;
-
 /// The accesses of one instruction whose values are to be recorded.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Plan {
@@ -30,18 +27,18 @@ pub(crate) struct Plan {
     /// with its step and no other.
     pub pc: u64,
     pub cr3: u64,
-    pub accesses: [Planned; MAX_MEMORY_VALUES],
+    pub accesses: [MemoryValue; MAX_MEMORY_VALUES],
     pub len: u8,
 }
 
 impl Plan {
     /// The planned accesses.
-    pub fn accesses(&self) -> &[Planned] {
+    pub fn accesses(&self) -> &[MemoryValue] {
         &self.accesses[..usize::from(self.len)]
     }
 
     /// The planned accesses, to fill in their values.
-    pub fn accesses_mut(&mut self) -> &mut [Planned] {
+    pub fn accesses_mut(&mut self) -> &mut [MemoryValue] {
         &mut self.accesses[..usize::from(self.len)]
     }
 }
@@ -78,10 +75,11 @@ pub(crate) fn registers_give_values(insn: &Instruction) -> bool {
     }
 }
 
-/// The accesses of `insn` to record, its registers before it being
-/// `regs`: none where [`registers_give_values`] or where it touches no
-/// memory. `used` is its memory operands as iced-x86 works them out.
+/// The accesses of `insn` at `pc` to record, its registers before it
+/// being `regs`: none where [`registers_give_values`] or where it touches
+/// no memory. `used` is its memory operands as iced-x86 works them out.
 pub(crate) fn plan(
+    pc: u64,
     insn: &Instruction,
     used: &[UsedMemory],
     regs: &Registers,
@@ -91,7 +89,7 @@ pub(crate) fn plan(
         return None;
     }
     let mut plan = Plan {
-        pc: 0,
+        pc,
         cr3: sregs.cr3,
         ..Plan::default()
     };
@@ -139,14 +137,6 @@ fn directions(access: OpAccess) -> (bool, bool) {
     }
 }
 
-/// `bytes` (little-endian, at most 8) as a value.
-pub(crate) fn value_of(bytes: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = bytes.len().min(8);
-    b[..n].copy_from_slice(&bytes[..n]);
-    u64::from_le_bytes(b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,16 +146,16 @@ mod tests {
         Decoder::with_ip(64, bytes, 0x1000, DecoderOptions::NONE).decode()
     }
 
-    fn planned(bytes: &[u8], regs: &Registers, sregs: &SpecialRegisters) -> Vec<Planned> {
+    fn planned(bytes: &[u8], regs: &Registers, sregs: &SpecialRegisters) -> Vec<MemoryValue> {
         let insn = decode(bytes);
         let mut factory = InstructionInfoFactory::new();
         let used = factory.info(&insn).used_memory().to_vec();
-        plan(&insn, &used, regs, sregs)
+        plan(0x1000, &insn, &used, regs, sregs)
             .map(|p| p.accesses().to_vec())
             .unwrap_or_default()
     }
 
-    fn access(addr: u64, size: u8, write: bool) -> Planned {
+    fn access(addr: u64, size: u8, write: bool) -> MemoryValue {
         MemoryValue {
             addr,
             size,
@@ -257,11 +247,5 @@ mod tests {
                 access(0xffff_8880_1000_0020, 4, true)
             ]
         );
-    }
-
-    #[test]
-    fn values_are_little_endian() {
-        assert_eq!(value_of(&[0x78, 0x56, 0x34, 0x12]), 0x1234_5678);
-        assert_eq!(value_of(&[0xff]), 0xff);
     }
 }

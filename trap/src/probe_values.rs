@@ -105,7 +105,7 @@ fn mask(size: u8) -> u64 {
 
 /// A little-endian integer of `size` bytes (at most 8) at `addr`, where
 /// all of it is present.
-fn read_u64(addr: u64, size: u8, read: &mut ReadMemory<'_>) -> Option<u64> {
+pub(crate) fn read_u64(addr: u64, size: u8, read: &mut ReadMemory<'_>) -> Option<u64> {
     let mut bytes = [0u8; 8];
     let n = usize::from(size.min(8));
     (read(addr, &mut bytes[..n]) == n).then(|| u64::from_le_bytes(bytes))

@@ -12,7 +12,7 @@ use vtrace_storage::{Event, InsnBytes, MemoryValue, Regs};
 
 use crate::insn::InsnInfo;
 use crate::levels::{RoutineRun, SegmentPass, SegmentRecord};
-use crate::memory_values::{accesses, fill_recorded, target_value, Access};
+use crate::memory_values::{accesses, target_value, Access};
 use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 use crate::tasks::{TaskId, TaskTracker};
 
@@ -111,11 +111,6 @@ impl SegmentRows {
                     info,
                     (before, after),
                     next_pc,
-                    &mut self.first_reads,
-                    &mut self.first_writes,
-                );
-                fill_recorded(
-                    info,
                     &self.first_recorded,
                     &mut self.first_reads,
                     &mut self.first_writes,
@@ -348,22 +343,14 @@ impl SegmentPass for RowBuilder {
                 }
             }
             if let Some(before) = before {
-                let (reads, writes) = (rows.reads.len(), rows.writes.len());
                 self.awaiting = accesses(
                     info,
                     (before, &s.regs),
                     None,
+                    &self.recorded,
                     &mut rows.reads,
                     &mut rows.writes,
                 );
-                if !self.recorded.is_empty() {
-                    fill_recorded(
-                        info,
-                        &self.recorded,
-                        &mut rows.reads[reads..],
-                        &mut rows.writes[writes..],
-                    );
-                }
             }
             self.recorded.clear();
         }

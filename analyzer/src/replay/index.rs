@@ -9,7 +9,7 @@ use vtrace_storage::{Event, InsnBytes, MemoryValue, RecordRef, Regs, Step};
 use super::memory::{space_of, Observation, Spaces};
 use crate::input::{Records, SegmentInfo};
 use crate::insn::InsnCache;
-use crate::memory_values::{accesses, fill_recorded, target_value, Access};
+use crate::memory_values::{accesses, target_value, Access};
 
 /// What one segment adds to the index.
 #[derive(Debug, Default)]
@@ -221,10 +221,10 @@ impl Indexer {
             info,
             (before, &s.regs),
             None,
+            &self.recorded,
             &mut self.reads,
             &mut self.writes,
         );
-        fill_recorded(info, &self.recorded, &mut self.reads, &mut self.writes);
         let mut target = None;
         for (n, a) in self.reads.iter().enumerate() {
             if let Some(i) = observe(&mut self.out.seen, root, a, self.step, false) {
@@ -405,8 +405,14 @@ impl TraceIndex {
             let root = self.spaces.root(s.cr3);
             let (mut reads, mut writes) = (Vec::new(), Vec::new());
             let info = self.cache.get(s);
-            accesses(info, (before, &s.regs), None, &mut reads, &mut writes);
-            fill_recorded(info, recorded, &mut reads, &mut writes);
+            accesses(
+                info,
+                (before, &s.regs),
+                None,
+                recorded,
+                &mut reads,
+                &mut writes,
+            );
             for a in &reads {
                 observe(&mut index.seen, root, a, *step, false);
             }

@@ -9,21 +9,7 @@ use vtrace_vmm::CpuView;
 
 use super::{Engine, Pending, RecordSink};
 use crate::memory_record::{self, Plan};
-use crate::walker::Walker;
-
-/// The `size` bytes at linear address `addr`, where every one of them is
-/// on a present page of RAM.
-fn read_value(
-    walker: &mut Walker,
-    cpu: &dyn CpuView,
-    sregs: &SpecialRegisters,
-    addr: u64,
-    size: u8,
-) -> Option<u64> {
-    let mut buf = [0u8; 8];
-    let buf = buf.get_mut(..usize::from(size))?;
-    (walker.read(cpu, sregs, addr, buf) == buf.len()).then(|| memory_record::value_of(buf))
-}
+use crate::probe_values::read_u64;
 
 impl Engine {
     /// Records the memory values the registers do not give, from the
@@ -59,14 +45,14 @@ impl Engine {
         stores: bool,
     ) -> Option<Plan> {
         let used = self.operands.used_memory(insn);
-        let mut plan = memory_record::plan(insn, used, regs, sregs)?;
-        plan.pc = pc;
+        let mut plan = memory_record::plan(pc, insn, used, regs, sregs)?;
+        let read = &mut |at, buf: &mut [u8]| self.walker.read(cpu, sregs, at, buf);
         for a in plan
             .accesses_mut()
             .iter_mut()
             .filter(|a| stores || !a.write)
         {
-            a.value = read_value(&mut self.walker, cpu, sregs, a.addr, a.size);
+            a.value = read_u64(a.addr, a.size, read);
         }
         Some(plan)
     }
@@ -81,8 +67,9 @@ impl Engine {
         let Some(plan) = self.values.as_mut().filter(|v| v.pc == p.pc) else {
             return;
         };
+        let read = &mut |at, buf: &mut [u8]| self.walker.read(cpu, sregs, at, buf);
         for a in plan.accesses_mut().iter_mut().filter(|a| a.write) {
-            a.value = read_value(&mut self.walker, cpu, sregs, a.addr, a.size);
+            a.value = read_u64(a.addr, a.size, read);
         }
     }
 
