@@ -5,21 +5,19 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::sync::Arc;
 
-use arrow_array::builder::{
-    BinaryBuilder, ListBuilder, StringBuilder, UInt16Builder, UInt32Builder, UInt64Builder,
-};
-use arrow_array::types::Int32Type;
+use arrow_array::builder::{ListBuilder, StringBuilder};
+use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
 use arrow_array::{
-    ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
-    UInt8Array,
+    ArrayRef, ArrowPrimitiveType, BinaryArray, DictionaryArray, Int32Array, ListArray,
+    PrimitiveArray, RecordBatch, StringArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
 };
-use arrow_buffer::{BooleanBufferBuilder, NullBuffer};
+use arrow_buffer::{BooleanBufferBuilder, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 use rayon::prelude::*;
@@ -31,6 +29,7 @@ use super::rows::{SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
 use crate::memory_values::Access;
 use crate::naming::routine_label;
+use crate::tasks::TaskId;
 
 fn text_dictionary() -> DataType {
     DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
@@ -92,58 +91,113 @@ fn key(index: usize) -> i32 {
 
 /// One segment's rows as a record batch of [`schema`]. The rows are
 /// taken: their plain columns move into the batch, and what is left of
-/// them is freed before the batch is encoded.
-pub(super) fn batch(rows: SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
+/// them is freed before the batch is encoded. The columns that need work
+/// are built in three parallel parts, about even: the registers, the
+/// memory accesses, and the rest.
+pub(super) fn batch(mut rows: SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
     let n = rows.len();
-    let virtual_ns: UInt64Array = rows
-        .steps
-        .iter()
-        .map(|s| ctx.ns_per_step.and_then(|ns| s.checked_mul(ns)))
-        .collect();
-    let (routine, routine_names) = routine_column(&rows, ctx);
-    let [pid, tid, comm] = task_columns(&rows)?;
-    let insn: Int32Array = rows.insn.iter().map(|i| Some(key(*i as usize))).collect();
-    let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
-    let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
-    let bytes = bytes_column(&rows);
-    let registers = register_columns(&rows);
-    let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
-    let writes = (
-        &rows.first_writes[..],
-        &rows.writes[..],
-        &rows.writes_end[..],
+    let bytes = bytes_column(std::mem::take(&mut rows.bytes), &rows.bytes_end)?;
+    let (built, (registers, accesses)) = rayon::join(
+        || text_and_marker_columns(&rows, bytes, ctx),
+        || {
+            rayon::join(
+                || register_columns(&rows),
+                || {
+                    let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
+                    let writes = (
+                        &rows.first_writes[..],
+                        &rows.writes[..],
+                        &rows.writes_end[..],
+                    );
+                    Ok::<_, ExportError>((
+                        access_columns(&rows, reads)?,
+                        access_columns(&rows, writes)?,
+                    ))
+                },
+            )
+        },
     );
-    let accesses = [
-        access_lists(&rows, reads, |a| Some(a.addr)),
-        access_lists(&rows, writes, |a| Some(a.addr)),
-        size_lists(&rows, reads),
-        size_lists(&rows, writes),
-        access_lists(&rows, reads, |a| a.value),
-        access_lists(&rows, writes, |a| a.value),
-    ];
-    let markers = marker_columns(&rows);
-    let events = events_column(&rows);
+    let ([reads, read_sizes, read_values], [writes, write_sizes, write_values]) = accesses?;
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from(rows.steps)),
         Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
-        Arc::new(virtual_ns),
-        Arc::new(UInt64Array::from(rows.cr3)),
+    ];
+    let built = built?;
+    columns.push(built.virtual_ns);
+    columns.extend([
+        Arc::new(UInt64Array::from(rows.cr3)) as ArrayRef,
         Arc::new(UInt8Array::from(rows.cpl)),
         Arc::new(UInt8Array::from(rows.bitness)),
         Arc::new(UInt64Array::from(rows.pc)),
-        dictionary(routine, routine_names)?,
-        pid,
-        tid,
-        comm,
-        bytes,
-        dictionary(insn.clone(), mnemonics)?,
-        dictionary(insn, disassembly)?,
-    ];
+    ]);
+    columns.extend(built.what_ran);
     columns.extend(registers);
-    columns.extend(accesses);
-    columns.extend(markers);
-    columns.push(events);
+    columns.extend([
+        reads,
+        writes,
+        read_sizes,
+        write_sizes,
+        read_values,
+        write_values,
+    ]);
+    columns.extend(built.markers);
     Ok(RecordBatch::try_new(ctx.schema.clone(), columns)?)
+}
+
+/// The columns [`batch`] builds besides the registers and the memory
+/// accesses, by where they go in [`schema`].
+struct TextAndMarkers {
+    virtual_ns: ArrayRef,
+    /// routine, pid, tid, comm, bytes, mnemonic, instruction.
+    what_ran: [ArrayRef; 7],
+    /// syscall, interrupt, events.
+    markers: [ArrayRef; 3],
+}
+
+fn text_and_marker_columns(
+    rows: &SegmentRows,
+    bytes: ArrayRef,
+    ctx: &Context<'_>,
+) -> Result<TextAndMarkers, ExportError> {
+    let virtual_ns = virtual_ns_column(rows, ctx);
+    let (routine, routine_names) = routine_column(rows, ctx);
+    let [pid, tid, comm] = task_columns(rows)?;
+    let insn = Int32Array::from(
+        rows.insn
+            .iter()
+            .map(|i| key(*i as usize))
+            .collect::<Vec<_>>(),
+    );
+    let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
+    let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
+    let [syscall, interrupt] = marker_columns(rows);
+    Ok(TextAndMarkers {
+        virtual_ns,
+        what_ran: [
+            dictionary(routine, routine_names)?,
+            pid,
+            tid,
+            comm,
+            bytes,
+            dictionary(insn.clone(), mnemonics)?,
+            dictionary(insn, disassembly)?,
+        ],
+        markers: [syscall, interrupt, events_column(rows)],
+    })
+}
+
+/// Each step's virtual time, where the trace's clock is per step (null
+/// where it is not, or where the time would not fit).
+fn virtual_ns_column(rows: &SegmentRows, ctx: &Context<'_>) -> ArrayRef {
+    let Some(ns) = ctx.ns_per_step else {
+        return Arc::new(UInt64Array::new_null(rows.len()));
+    };
+    let times = rows.steps.iter().map(|s| s.checked_mul(ns));
+    if times.clone().all(|t| t.is_some()) {
+        Arc::new(UInt64Array::from_iter_values(times.flatten()))
+    } else {
+        Arc::new(times.collect::<UInt64Array>())
+    }
 }
 
 /// The routine of each step, as dictionary keys and the names they stand
@@ -153,65 +207,57 @@ fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> (Int32Array, Vec<Str
     let mut routine_names = Vec::new();
     // Steps come in runs of one routine: the last one's key is at hand.
     let mut last: Option<(u32, i32)> = None;
-    let routine: Int32Array = rows
+    let routine: Vec<i32> = rows
         .routine
         .iter()
         .map(|f| match last {
-            Some((func, k)) if func == *f => Some(k),
+            Some((func, k)) if func == *f => k,
             _ => {
                 let k = *routine_keys.entry(*f).or_insert_with(|| {
                     routine_names.push(routine_label(ctx.symbols, *f));
                     key(routine_names.len() - 1)
                 });
                 last = Some((*f, k));
-                Some(k)
+                k
             }
         })
         .collect();
-    (routine, routine_names)
+    (Int32Array::from(routine), routine_names)
 }
 
 /// pid, tid and comm of each step's task (null where the trace names
 /// none).
 fn task_columns(rows: &SegmentRows) -> Result<[ArrayRef; 3], ExportError> {
-    let n = rows.len();
-    let mut pid = UInt32Builder::with_capacity(n);
-    let mut tid = UInt32Builder::with_capacity(n);
-    let comm: Int32Array = rows
-        .task
-        .iter()
-        .map(|t| (*t != NO_TASK).then(|| key(*t as usize)))
-        .collect();
-    for t in &rows.task {
-        match rows.tasks.get(*t as usize) {
-            Some(task) => {
-                pid.append_value(task.pid);
-                tid.append_value(task.tid);
-            }
-            None => {
-                pid.append_null();
-                tid.append_null();
-            }
-        }
-    }
+    let named = rows.task.iter().map(|t| *t != NO_TASK);
+    let nulls = Some(NullBuffer::from_iter(named)).filter(|n| n.null_count() > 0);
+    let column = |part: fn(&TaskId) -> u32| {
+        let values = rows
+            .task
+            .iter()
+            .map(|t| rows.tasks.get(*t as usize).map_or(0, part));
+        UInt32Array::new(values.collect(), nulls.clone())
+    };
+    let comm = rows.task.iter().map(|t| key(*t as usize)).collect();
     let comms: Vec<String> = rows.tasks.iter().map(|t| t.comm.to_string()).collect();
     Ok([
-        Arc::new(pid.finish()),
-        Arc::new(tid.finish()),
-        dictionary(comm, comms)?,
+        Arc::new(column(|t| t.pid)),
+        Arc::new(column(|t| t.tid)),
+        dictionary(Int32Array::new(comm, nulls.clone()), comms)?,
     ])
 }
 
-/// Each step's instruction bytes.
-fn bytes_column(rows: &SegmentRows) -> ArrayRef {
-    let mut bytes = BinaryBuilder::with_capacity(rows.len(), rows.bytes.len());
-    let mut start = 0usize;
-    for end in &rows.bytes_end {
-        let end = *end as usize;
-        bytes.append_value(rows.bytes.get(start..end).unwrap_or_default());
-        start = end;
-    }
-    Arc::new(bytes.finish())
+/// Each step's instruction bytes: the rows' own buffer, moved, cut at
+/// each row's end.
+fn bytes_column(bytes: Vec<u8>, ends: &[u32]) -> Result<ArrayRef, ExportError> {
+    let offsets = std::iter::once(Ok(0))
+        .chain(ends.iter().map(|end| i32::try_from(*end)))
+        .collect::<Result<Vec<i32>, _>>()
+        .map_err(|_| ExportError::Unsupported("a segment with over 2^31 instruction bytes"))?;
+    Ok(Arc::new(BinaryArray::try_new(
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        bytes.into(),
+        None,
+    )?))
 }
 
 /// A column per register: its value after each step.
@@ -219,7 +265,9 @@ fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
     let n = rows.len();
     // Filled a changed register at a time (a step changes two or three),
     // not a builder call per register and row.
-    let mut values = vec![vec![0u64; n]; REG_COUNT];
+    // Zeroed allocations each, not one zeroed vector cloned: a clone
+    // copies its zeros.
+    let mut values: Vec<Vec<u64>> = (0..REG_COUNT).map(|_| vec![0u64; n]).collect();
     let mut valid: Vec<BooleanBufferBuilder> = (0..REG_COUNT)
         .map(|_| {
             let mut b = BooleanBufferBuilder::new(n);
@@ -273,60 +321,91 @@ fn row_accesses<'a>(
     })
 }
 
-/// A list of `part` of each access (an address, a value) per row.
-fn access_lists(
-    rows: &SegmentRows,
-    accesses: Accesses<'_>,
-    part: fn(&Access) -> Option<u64>,
-) -> ArrayRef {
-    let mut list = ListBuilder::with_capacity(UInt64Builder::new(), rows.len());
-    for row in row_accesses(rows, accesses) {
-        match row {
-            Some(row) => {
-                list.values().extend(row.iter().map(part));
-                list.append(true);
-            }
-            None => list.append(false),
-        }
-    }
-    Arc::new(list.finish())
+/// A list column of `values`, a list per row as `offsets` and `nulls`
+/// cut them.
+fn list_column(
+    offsets: &OffsetBuffer<i32>,
+    nulls: &NullBuffer,
+    item: DataType,
+    values: ArrayRef,
+) -> Result<ArrayRef, ExportError> {
+    Ok(Arc::new(ListArray::try_new(
+        Arc::new(Field::new_list_field(item, true)),
+        offsets.clone(),
+        values,
+        Some(nulls.clone()),
+    )?))
 }
 
-/// Each access's size, a list per row.
-fn size_lists(rows: &SegmentRows, accesses: Accesses<'_>) -> ArrayRef {
-    let mut list = ListBuilder::with_capacity(UInt16Builder::new(), rows.len());
-    for row in row_accesses(rows, accesses) {
-        match row {
-            Some(row) => {
-                list.values().extend(row.iter().map(|a| Some(a.size)));
-                list.append(true);
-            }
-            None => list.append(false),
+/// One direction's accesses (reads or writes) as its three list columns:
+/// addresses, sizes, values. The lists are put together from plain
+/// vectors, not Arrow's list builders (a call per item, about a third
+/// of building a batch); the three share their offsets and nulls.
+fn access_columns(
+    rows: &SegmentRows,
+    accesses: Accesses<'_>,
+) -> Result<[ArrayRef; 3], ExportError> {
+    let items = accesses.0.len() + accesses.1.len();
+    let mut offsets = Vec::with_capacity(rows.len() + 1);
+    let mut addrs = Vec::with_capacity(items);
+    let mut sizes = Vec::with_capacity(items);
+    let mut values = Vec::with_capacity(items);
+    let mut valid = BooleanBufferBuilder::new(items);
+    offsets.push(0i32);
+    for list in row_accesses(rows, accesses) {
+        for a in list.unwrap_or_default() {
+            addrs.push(a.addr);
+            sizes.push(a.size);
+            values.push(a.value.unwrap_or(0));
+            valid.append(a.value.is_some());
         }
+        let end = i32::try_from(addrs.len())
+            .map_err(|_| ExportError::Unsupported("a segment with over 2^31 memory accesses"))?;
+        offsets.push(end);
     }
-    Arc::new(list.finish())
+    let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+    let nulls = NullBuffer::from(rows.known.as_slice());
+    let values = UInt64Array::new(values.into(), Some(NullBuffer::new(valid.finish())));
+    Ok([
+        list_column(
+            &offsets,
+            &nulls,
+            DataType::UInt64,
+            Arc::new(UInt64Array::from(addrs)),
+        )?,
+        list_column(
+            &offsets,
+            &nulls,
+            DataType::UInt16,
+            Arc::new(UInt16Array::from(sizes)),
+        )?,
+        list_column(&offsets, &nulls, DataType::UInt64, Arc::new(values))?,
+    ])
 }
 
 /// The system call a step entered and the interrupt that came before it,
 /// where any.
 fn marker_columns(rows: &SegmentRows) -> [ArrayRef; 2] {
-    let n = rows.len();
-    let mut syscall = vec![None; n];
-    for (row, number) in &rows.syscalls {
-        if let Some(slot) = syscall.get_mut(*row as usize) {
-            *slot = Some(*number);
-        }
-    }
-    let mut interrupt = vec![None; n];
-    for (row, vector) in &rows.interrupts {
-        if let Some(slot) = interrupt.get_mut(*row as usize) {
-            *slot = Some(*vector);
-        }
-    }
     [
-        Arc::new(UInt64Array::from(syscall)),
-        Arc::new(UInt8Array::from(interrupt)),
+        Arc::new(sparse::<UInt64Type>(rows.len(), &rows.syscalls)),
+        Arc::new(sparse::<UInt8Type>(rows.len(), &rows.interrupts)),
     ]
+}
+
+/// A column of `n` rows that holds `values` (row, value) and nulls
+/// elsewhere.
+fn sparse<T: ArrowPrimitiveType>(n: usize, values: &[(u32, T::Native)]) -> PrimitiveArray<T> {
+    let mut column = vec![T::Native::default(); n];
+    let mut valid = BooleanBufferBuilder::new(n);
+    valid.append_n(n, false);
+    for (row, value) in values {
+        let row = *row as usize;
+        if let Some(slot) = column.get_mut(row) {
+            *slot = *value;
+            valid.set_bit(row, true);
+        }
+    }
+    PrimitiveArray::new(column.into(), Some(NullBuffer::new(valid.finish())))
 }
 
 /// The events after each step, as text.
@@ -366,15 +445,17 @@ impl<'a> ParquetPart<'a> {
         metadata.extend(ctx.about.iter().map(|(k, v)| about(k, v)));
         let mut props =
             WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?));
-        // Step numbers and times count up by one: delta encoding makes
-        // them almost nothing, where a dictionary (Parquet's default)
-        // would hash every row for nothing.
+        // Step numbers and times count up by one, and the CPU, its
+        // privilege level, bitness and address space change seldom: delta
+        // encoding makes them almost nothing, where a dictionary
+        // (Parquet's default) would hash every row for nothing (measured:
+        // the same file size).
         let delta = |props: WriterPropertiesBuilder, path: ColumnPath| {
             props
                 .set_column_dictionary_enabled(path.clone(), false)
                 .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
         };
-        for column in ["step", "virtual_ns"] {
+        for column in ["step", "virtual_ns", "cpu", "cr3", "cpl", "bitness"] {
             props = delta(props, ColumnPath::from(column));
         }
         // Addresses walk arrays and the stack by small steps. Registers'
@@ -382,6 +463,16 @@ impl<'a> ParquetPart<'a> {
         // small steps often enough for deltas (measured: both larger).
         for name in &REG_NAMES[..16] {
             props = props.set_column_dictionary_enabled(ColumnPath::from(*name), false);
+        }
+        // An instruction's few bytes cost less written as they are (zstd
+        // packs them as well) than looked up in a dictionary (measured).
+        props = props.set_column_dictionary_enabled(ColumnPath::from("bytes"), false);
+        // Min and max of a text column compare every row's text, about 8 %
+        // of an export, and would prune nothing: a row group's routines
+        // and instructions span the alphabet.
+        for text in ["routine", "comm", "bytes", "mnemonic", "instruction"] {
+            props = props
+                .set_column_statistics_enabled(ColumnPath::from(text), EnabledStatistics::None);
         }
         for list in ["reads", "writes", "read_values", "write_values"] {
             props = delta(

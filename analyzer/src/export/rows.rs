@@ -160,9 +160,17 @@ fn changed_mask(before: Option<&Regs>, after: &Regs) -> u32 {
     let Some(before) = before else {
         return ALL_REGISTERS;
     };
-    (0..REG_COUNT)
-        .filter(|&i| before.get(i) != after.get(i))
-        .fold(0, |m, i| m | 1 << i)
+    const _: () = assert!(REG_COUNT == 17, "16 general registers, then RFLAGS");
+    // A comparison per register without a branch, which the compiler
+    // makes a few vector instructions (a loop over `Regs::get` was about
+    // 1.5 % of an export).
+    let gprs = before
+        .gpr
+        .iter()
+        .zip(&after.gpr)
+        .enumerate()
+        .fold(0, |m, (i, (b, a))| m | u32::from(b != a) << i);
+    gprs | u32::from(before.rflags != after.rflags) << 16
 }
 
 /// Rows reserved at most before a segment's first: a damaged segment
@@ -326,11 +334,11 @@ impl SegmentPass for RowBuilder {
         } else {
             let mask = changed_mask(self.before.as_ref(), &s.regs);
             rows.changed.push(mask);
-            rows.values.extend(
-                (0..REG_COUNT)
-                    .filter(|i| mask & (1 << i) != 0)
-                    .map(|i| s.regs.get(i)),
-            );
+            let mut bits = mask;
+            while bits != 0 {
+                rows.values.push(s.regs.get(bits.trailing_zeros() as usize));
+                bits &= bits - 1;
+            }
             // An interrupt's delivery moved the stack between the steps:
             // the registers before the handler's first step are not the
             // interrupted step's.
