@@ -173,6 +173,9 @@ fn changed_mask(before: Option<&Regs>, after: &Regs) -> u32 {
     gprs | u32::from(before.rflags != after.rflags) << 16
 }
 
+/// Slots in [`RowBuilder`]'s cache of recent instruction texts.
+const RECENT_TEXTS: usize = 1024;
+
 /// Rows reserved at most before a segment's first: a damaged segment
 /// table cannot make the builder ask for more than this.
 const MAX_RESERVED_ROWS: usize = 1 << 22;
@@ -186,6 +189,9 @@ pub(super) struct RowBuilder {
     /// The next step's number.
     step: u64,
     texts: FxHashMap<(u64, InsnBytes, u8), u32>,
+    /// The text ids of instructions seen lately, a slot per pc: most
+    /// steps find theirs here without hashing their bytes.
+    recent: Vec<(u64, InsnBytes, u8, u32)>,
     formatter: IntelFormatter,
     pending: Vec<String>,
     interrupt: Option<u8>,
@@ -243,6 +249,8 @@ impl RowBuilder {
             task: NO_TASK,
             step: first_step,
             texts: FxHashMap::default(),
+            // An unused slot's bytes are empty: no instruction's are.
+            recent: vec![(0, InsnBytes::default(), 0, 0); RECENT_TEXTS],
             formatter: crate::insn::intel_formatter(),
             pending: Vec::new(),
             interrupt: None,
@@ -252,9 +260,15 @@ impl RowBuilder {
     }
 
     fn text(&mut self, pc: u64, bytes: InsnBytes, bitness: u8, info: &InsnInfo) -> u32 {
+        let slot = (pc ^ pc >> 12) as usize % RECENT_TEXTS;
+        if let Some(&(p, b, m, id)) = self.recent.get(slot) {
+            if (p, b, m) == (pc, bytes, bitness) {
+                return id;
+            }
+        }
         let rows = &mut self.rows;
         let formatter = &mut self.formatter;
-        *self.texts.entry((pc, bytes, bitness)).or_insert_with(|| {
+        let id = *self.texts.entry((pc, bytes, bitness)).or_insert_with(|| {
             let mut disassembly = String::new();
             formatter.format(&info.instruction, &mut disassembly);
             rows.texts.push(InsnText {
@@ -262,7 +276,11 @@ impl RowBuilder {
                 disassembly,
             });
             u32::try_from(rows.texts.len() - 1).unwrap_or(u32::MAX)
-        })
+        });
+        if let Some(recent) = self.recent.get_mut(slot) {
+            *recent = (pc, bytes, bitness, id);
+        }
+        id
     }
 
     /// Takes in an event before the next step.
@@ -372,7 +390,11 @@ impl SegmentPass for RowBuilder {
         if let Some(v) = self.interrupt.take() {
             rows.interrupts.push((row32, v));
         }
-        self.before = Some(s.regs);
+        // In place: a new `Some` copied the registers twice (measured).
+        match &mut self.before {
+            Some(before) => *before = s.regs,
+            None => self.before = Some(s.regs),
+        }
     }
 
     fn finish(self) -> SegmentRows {
@@ -499,5 +521,27 @@ mod tests {
         assert!(!rows.known[1]);
         assert_eq!(rows.register(1, REG_COUNT, 4), Some(0x6ff8));
         assert_eq!(rows.last_regs.map(|r| r.gpr[4]), Some(0x6ff8));
+    }
+
+    #[test]
+    fn each_step_gets_its_own_instruction_text() {
+        // 0x1000 and 0x1400 share a slot of the recent texts; the code at
+        // 0x1000 changes (new bytes at the same pc) and changes back.
+        let rows = build(&[
+            Ok(step(0x1000, PUSH_RAX, 0x7ff8, 1)),
+            Ok(step(0x1400, MOV_RAX_1, 0x7ff8, 1)),
+            Ok(step(0x1000, PUSH_RAX, 0x7ff0, 1)),
+            Ok(step(0x1000, MOV_RAX_1, 0x7ff0, 1)),
+            Ok(step(0x1000, PUSH_RAX, 0x7fe8, 1)),
+        ]);
+        let text = |row: usize| rows.texts[rows.insn[row] as usize].disassembly.as_str();
+        assert_eq!(RECENT_TEXTS, 1024, "the slots this test's pcs share");
+        assert_eq!(text(0), "push rax");
+        assert_eq!(text(1), "mov rax,1");
+        assert_eq!(text(2), "push rax");
+        assert_eq!(text(3), "mov rax,1");
+        assert_eq!(text(4), "push rax");
+        // One text per distinct pc and bytes.
+        assert_eq!(rows.texts.len(), 3);
     }
 }
