@@ -445,18 +445,23 @@ impl<'a> ParquetPart<'a> {
         metadata.extend(ctx.about.iter().map(|(k, v)| about(k, v)));
         let mut props =
             WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?));
-        // Step numbers and times count up by one, and the CPU, its
-        // privilege level, bitness and address space change seldom: delta
-        // encoding makes them almost nothing, where a dictionary
-        // (Parquet's default) would hash every row for nothing (measured:
-        // the same file size).
+        // Step numbers and times count up by one: delta encoding makes
+        // them almost nothing, where a dictionary (Parquet's default)
+        // would hash every row for nothing.
         let delta = |props: WriterPropertiesBuilder, path: ColumnPath| {
             props
                 .set_column_dictionary_enabled(path.clone(), false)
                 .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
         };
-        for column in ["step", "virtual_ns", "cpu", "cr3", "cpl", "bitness"] {
+        for column in ["step", "virtual_ns"] {
             props = delta(props, ColumnPath::from(column));
+        }
+        // The CPU, its address space, privilege level and bitness change
+        // seldom: zstd packs their runs written as they are, to the size
+        // a dictionary or deltas give, for less work than either
+        // (measured).
+        for column in ["cpu", "cr3", "cpl", "bitness"] {
+            props = props.set_column_dictionary_enabled(ColumnPath::from(column), false);
         }
         // Addresses walk arrays and the stack by small steps. Registers'
         // values neither repeat (a dictionary grows big) nor change by
