@@ -5,9 +5,8 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
-use common::{demo_trace, info_json, kvm_available, run, stderr, stdout};
+use common::{demo_trace, duckdb, info_json, kvm_available, run, stderr, stdout};
 use serde_json::Value;
 
 fn trace_arg() -> &'static str {
@@ -20,23 +19,6 @@ fn export(args: &[&str]) -> std::process::Output {
     let out = run(&all);
     assert!(out.status.success(), "vtrace {all:?}: {}", stderr(&out));
     out
-}
-
-/// The rows of a DuckDB query, as JSON.
-fn duckdb(sql: &str) -> Vec<Vec<Value>> {
-    const SCRIPT: &str = "import duckdb, json, sys\n\
-        rows = duckdb.sql(sys.argv[1]).fetchall()\n\
-        print(json.dumps(rows, default=str))\n";
-    let out = Command::new("python3")
-        .args(["-c", SCRIPT, sql])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "DuckDB (the Python package; scripts/test.sh installs it) failed on {sql}: {}",
-        stderr(&out)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON rows")
 }
 
 fn one_number(sql: &str) -> u64 {

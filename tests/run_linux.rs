@@ -577,17 +577,17 @@ fn a_linux_trace_names_its_tasks() {
     let export = run(&["analyze", "export", disk.to_str().unwrap(), "-o", "-"]);
     assert!(export.status.success(), "{}", stderr(&export));
     let mut per_tid: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mut per_name: std::collections::BTreeMap<(u64, String), u64> = Default::default();
     for line in stdout(&export).lines() {
         let row: serde_json::Value = serde_json::from_str(line).unwrap();
         let tid = row["tid"]
             .as_u64()
             .unwrap_or_else(|| panic!("no task: {line}"));
         assert_eq!(row["pid"].as_u64(), Some(tid), "{line}");
-        assert!(
-            row["comm"].as_str().is_some_and(|c| !c.is_empty()),
-            "{line}"
-        );
+        let comm = row["comm"].as_str().unwrap_or_default();
+        assert!(!comm.is_empty(), "{line}");
         *per_tid.entry(tid).or_default() += 1;
+        *per_name.entry((tid, comm.to_string())).or_default() += 1;
     }
     let counted: std::collections::BTreeMap<u64, u64> = rows
         .iter()
@@ -600,6 +600,30 @@ fn a_linux_trace_names_its_tasks() {
         .filter(|(_, steps)| *steps > 0)
         .collect();
     assert_eq!(per_tid, counted, "{table}");
+    // The Parquet export's task columns are the JSON lines' (each built
+    // its own way), as DuckDB reads them.
+    let parquet = disk.with_extension("parquet");
+    let (trace, out) = (disk.to_str().unwrap(), parquet.to_str().unwrap());
+    let o = run(&["analyze", "export", trace, "-o", out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mismatched = duckdb(&format!(
+        "SELECT count(*) FROM '{out}' WHERE pid IS DISTINCT FROM tid"
+    ));
+    assert_eq!(mismatched[0][0], 0, "rows whose pid is not their tid");
+    let counts = duckdb(&format!(
+        "SELECT tid, comm, count(*) FROM '{out}' GROUP BY tid, comm"
+    ));
+    let per_name_parquet: std::collections::BTreeMap<(u64, String), u64> = counts
+        .iter()
+        .map(|r| {
+            let comm = r[1].as_str().unwrap_or_else(|| panic!("no comm: {r:?}"));
+            (
+                (r[0].as_u64().unwrap(), comm.to_string()),
+                r[2].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(per_name_parquet, per_name);
 
     // The listing says where the kernel switched.
     let trace = disk.to_str().unwrap();

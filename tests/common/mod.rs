@@ -132,6 +132,24 @@ pub fn fire_value(fire: &serde_json::Value, name: &str) -> String {
         .to_string()
 }
 
+/// The rows of a DuckDB query, as JSON (DuckDB is the Python package
+/// scripts/test.sh installs: what a user's own data tools see).
+pub fn duckdb(sql: &str) -> Vec<Vec<serde_json::Value>> {
+    const SCRIPT: &str = "import duckdb, json, sys\n\
+        rows = duckdb.sql(sys.argv[1]).fetchall()\n\
+        print(json.dumps(rows, default=str))\n";
+    let out = Command::new("python3")
+        .args(["-c", SCRIPT, sql])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "DuckDB (the Python package; scripts/test.sh installs it) failed on {sql}: {}",
+        stderr(&out)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON rows")
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
