@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
-use super::rows::{SegmentRows, NO_TASK};
+use super::rows::{registers_in, SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
 use crate::memory_values::Access;
 use crate::naming::routine_label;
@@ -264,9 +264,8 @@ fn bytes_column(bytes: Vec<u8>, ends: &[u32]) -> Result<ArrayRef, ExportError> {
 fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
     let n = rows.len();
     // Filled a changed register at a time (a step changes two or three),
-    // not a builder call per register and row.
-    // Zeroed allocations each, not one zeroed vector cloned: a clone
-    // copies its zeros.
+    // not a builder call per register and row; zeroed allocations each,
+    // not one zeroed vector cloned (a clone copies its zeros).
     let mut values: Vec<Vec<u64>> = (0..REG_COUNT).map(|_| vec![0u64; n]).collect();
     let mut valid: Vec<BooleanBufferBuilder> = (0..REG_COUNT)
         .map(|_| {
@@ -277,10 +276,7 @@ fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
         .collect();
     let mut cursor = 0usize;
     for row in 0..n {
-        let mut bits = rows.changed[row];
-        while bits != 0 {
-            let reg = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
+        for reg in registers_in(rows.changed[row]) {
             if let (Some(v), Some(column)) = (rows.register(row, cursor, reg), values.get_mut(reg))
             {
                 column[row] = v;

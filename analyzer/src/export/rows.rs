@@ -173,6 +173,17 @@ fn changed_mask(before: Option<&Regs>, after: &Regs) -> u32 {
     gprs | u32::from(before.rflags != after.rflags) << 16
 }
 
+/// The registers a mask of [`changed_mask`] names, in register order: a
+/// set bit at a time, not a test of each of the 17.
+pub(super) fn registers_in(mask: u32) -> impl Iterator<Item = usize> {
+    let mut bits = mask;
+    std::iter::from_fn(move || {
+        let reg = (bits != 0).then(|| bits.trailing_zeros() as usize)?;
+        bits &= bits - 1;
+        Some(reg)
+    })
+}
+
 /// Slots in [`RowBuilder`]'s cache of recent instruction texts.
 const RECENT_TEXTS: usize = 1024;
 
@@ -352,11 +363,8 @@ impl SegmentPass for RowBuilder {
         } else {
             let mask = changed_mask(self.before.as_ref(), &s.regs);
             rows.changed.push(mask);
-            let mut bits = mask;
-            while bits != 0 {
-                rows.values.push(s.regs.get(bits.trailing_zeros() as usize));
-                bits &= bits - 1;
-            }
+            rows.values
+                .extend(registers_in(mask).map(|reg| s.regs.get(reg)));
             // An interrupt's delivery moved the stack between the steps:
             // the registers before the handler's first step are not the
             // interrupted step's.
