@@ -149,6 +149,8 @@ pub struct InsnInfo {
     pub addressing: Option<AddressingMode>,
     /// The memory it reads and writes (iced-x86's operand list).
     pub memory: Vec<UsedMemory>,
+    /// The same operands, with where their values come from.
+    pub(crate) operands: Vec<crate::memory_values::Operand>,
 }
 
 fn flow_of(i: &Instruction) -> Flow {
@@ -346,6 +348,7 @@ pub fn decode(bytes: &[u8], pc: u64, bitness: u32) -> InsnInfo {
         class: class_of(&instruction, flow, &memory),
         mnemonic: instruction.mnemonic(),
         addressing: addressing_of(&instruction),
+        operands: crate::memory_values::operands(&instruction, &memory),
         memory,
         instruction,
     }

@@ -29,7 +29,7 @@
 //! ran, stores after it) into an `Event::MemoryValues` just before the
 //! step, which its callers hand to [`accesses`] (see `fill_recorded`).
 
-use iced_x86::{Mnemonic, OpAccess, OpKind, Register, UsedMemory};
+use iced_x86::{Instruction, Mnemonic, OpAccess, OpKind, Register, UsedMemory};
 use vtrace_storage::{MemoryValue, Regs};
 
 use crate::insn::{gpr_index, memory_address, InsnInfo};
@@ -83,22 +83,24 @@ pub fn accesses(
     let (first_read, first_write) = (reads.len(), writes.len());
     let (before, after) = around;
     let mut awaiting = None;
-    for m in &info.memory {
-        let Some(addr) = memory_address(m, before) else {
+    for op in &info.operands {
+        let Some(addr) = memory_address(&op.memory, before) else {
             continue;
         };
-        // A `rep` string instruction's operand has no size in iced-x86 (the
-        // count is not known); a step is one element.
-        let size = match u16::try_from(m.memory_size().size()).unwrap_or(0) {
-            0 => string_element(info.mnemonic).unwrap_or(0),
-            size => size,
-        };
+        let size = op.size;
         let fits = (1..=8).contains(&size);
-        let (load, store) = match values(info, m, before, after) {
-            Value::Load(v) => (v, None),
-            Value::Store(v) => (None, v),
-            Value::Both(l, s) => (l, s),
-            Value::Target => {
+        let value = |s: Source| match s {
+            Source::Unknown => None,
+            Source::Before(r) => register(before, r),
+            Source::After(r) => register(after, r),
+            Source::Constant(v) => Some(v),
+            Source::FlagsBefore => Some(before.rflags),
+        };
+        let (load, store) = match op.rule {
+            Rule::Load(s) => (value(s), None),
+            Rule::Store(s) => (None, value(s)),
+            Rule::Both(l, s) => (value(l), value(s)),
+            Rule::Target => {
                 if next_pc.is_none() && fits {
                     awaiting = Some(reads.len());
                 }
@@ -106,14 +108,14 @@ pub fn accesses(
             }
         };
         let within = |v: Option<u64>| v.filter(|_| fits).map(|v| low(v, size));
-        if reads_memory(m.access()) {
+        if op.reads {
             reads.push(Access {
                 addr,
                 size,
                 value: within(load),
             });
         }
-        if writes_memory(m.access()) {
+        if op.writes {
             writes.push(Access {
                 addr,
                 size,
@@ -130,6 +132,37 @@ pub fn accesses(
         );
     }
     awaiting
+}
+
+/// A memory operand of an instruction with what [`accesses`] needs of it,
+/// worked out once per distinct instruction (in [`crate::insn::decode`]):
+/// a step then only reads registers.
+#[derive(Clone, Debug)]
+pub struct Operand {
+    memory: UsedMemory,
+    /// Bytes (a `rep` string instruction's operand has no size in
+    /// iced-x86, the count not being known: a step is one element).
+    size: u16,
+    reads: bool,
+    writes: bool,
+    rule: Rule,
+}
+
+/// The memory operands of `instruction` (iced-x86's `memory` list).
+pub(crate) fn operands(instruction: &Instruction, memory: &[UsedMemory]) -> Vec<Operand> {
+    memory
+        .iter()
+        .map(|m| Operand {
+            memory: *m,
+            size: match u16::try_from(m.memory_size().size()).unwrap_or(0) {
+                0 => string_element(instruction.mnemonic()).unwrap_or(0),
+                size => size,
+            },
+            reads: reads_memory(m.access()),
+            writes: writes_memory(m.access()),
+            rule: rule(instruction, m),
+        })
+        .collect()
 }
 
 /// Gives one step's accesses (`reads`, `writes`, as [`accesses`] pushed
@@ -201,18 +234,32 @@ fn writes_memory(access: OpAccess) -> bool {
     )
 }
 
+/// Where a value comes from at a step.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Unknown,
+    /// A register before the step.
+    Before(Register),
+    /// A register after it.
+    After(Register),
+    /// An immediate, or the return address.
+    Constant(u64),
+    /// RFLAGS before the step.
+    FlagsBefore,
+}
+
 /// What the trace says of one memory operand's value.
-enum Value {
-    Load(Option<u64>),
-    Store(Option<u64>),
-    Both(Option<u64>, Option<u64>),
+#[derive(Clone, Copy, Debug)]
+enum Rule {
+    Load(Source),
+    Store(Source),
+    Both(Source, Source),
     /// A branch's target: the next step's pc.
     Target,
 }
 
-/// The value of memory operand `m` of the step.
-fn values(info: &InsnInfo, m: &UsedMemory, before: &Regs, after: &Regs) -> Value {
-    let i = &info.instruction;
+/// The rule for memory operand `m` of `i`.
+fn rule(i: &Instruction, m: &UsedMemory) -> Rule {
     let op = |n: u32| i.op_kind(n);
     // Operand `n`'s register, where it is one.
     let reg = |n: u32| (op(n) == OpKind::Register).then(|| i.op_register(n));
@@ -231,13 +278,15 @@ fn values(info: &InsnInfo, m: &UsedMemory, before: &Regs, after: &Regs) -> Value
                         | OpKind::Immediate32to64
                 )
             })
-            .map(|n| i.immediate(n))
+            .map_or(Source::Unknown, |n| Source::Constant(i.immediate(n)))
     };
+    let before = |r: Option<Register>| r.map_or(Source::Unknown, Source::Before);
+    let after = |r: Option<Register>| r.map_or(Source::Unknown, Source::After);
     let explicit = (0..i.op_count()).any(|n| op(n) == OpKind::Memory);
     let stack_write = writes_memory(m.access());
     match i.mnemonic() {
-        Mnemonic::Mov if op(0) == OpKind::Memory => Value::Store(match reg(1) {
-            Some(r) => register(before, r),
+        Mnemonic::Mov if op(0) == OpKind::Memory => Rule::Store(match reg(1) {
+            Some(r) => Source::Before(r),
             None => immediate(),
         }),
         // A destination of 8 or 16 bits keeps the rest of the register:
@@ -245,39 +294,34 @@ fn values(info: &InsnInfo, m: &UsedMemory, before: &Regs, after: &Regs) -> Value
         Mnemonic::Mov | Mnemonic::Movzx | Mnemonic::Movsx | Mnemonic::Movsxd
             if op(1) == OpKind::Memory =>
         {
-            Value::Load(reg(0).and_then(|r| register(after, r)))
+            Rule::Load(after(reg(0)))
         }
-        Mnemonic::Push if !explicit => Value::Store(match reg(0) {
-            Some(r) => register(before, r),
+        Mnemonic::Push if !explicit => Rule::Store(match reg(0) {
+            Some(r) => Source::Before(r),
             None => immediate(),
         }),
-        Mnemonic::Pop if !explicit => Value::Load(
-            reg(0)
-                .filter(|r| gpr_index(*r) != Some(4))
-                .and_then(|r| register(after, r)),
-        ),
+        Mnemonic::Pop if !explicit => {
+            Rule::Load(after(reg(0).filter(|r| gpr_index(*r) != Some(4))))
+        }
         // The stack slot gets the return address; `call [m]` reads its
         // target.
-        Mnemonic::Call if stack_write => Value::Store(Some(i.next_ip())),
-        Mnemonic::Ret => Value::Target,
-        Mnemonic::Call | Mnemonic::Jmp if explicit => Value::Target,
-        Mnemonic::Leave => Value::Load(Some(after.gpr[5])),
+        Mnemonic::Call if stack_write => Rule::Store(Source::Constant(i.next_ip())),
+        Mnemonic::Ret => Rule::Target,
+        Mnemonic::Call | Mnemonic::Jmp if explicit => Rule::Target,
+        Mnemonic::Leave => Rule::Load(Source::After(Register::RBP)),
         // `rep` or not, each step stores or loads one element of rax.
         Mnemonic::Stosb | Mnemonic::Stosw | Mnemonic::Stosd | Mnemonic::Stosq => {
-            Value::Store(Some(before.gpr[0]))
+            Rule::Store(Source::Before(Register::RAX))
         }
         Mnemonic::Lodsb | Mnemonic::Lodsw | Mnemonic::Lodsd | Mnemonic::Lodsq => {
-            Value::Load(Some(after.gpr[0]))
+            Rule::Load(Source::After(Register::RAX))
         }
-        Mnemonic::Pushf | Mnemonic::Pushfd | Mnemonic::Pushfq => Value::Store(Some(before.rflags)),
+        Mnemonic::Pushf | Mnemonic::Pushfd | Mnemonic::Pushfq => Rule::Store(Source::FlagsBefore),
         Mnemonic::Xchg if explicit => {
             let r = reg(0).or_else(|| reg(1));
-            Value::Both(
-                r.and_then(|r| register(after, r)),
-                r.and_then(|r| register(before, r)),
-            )
+            Rule::Both(after(r), before(r))
         }
-        _ => Value::Load(None),
+        _ => Rule::Load(Source::Unknown),
     }
 }
 

@@ -9,7 +9,20 @@ pub fn put(out: &mut Vec<u8>, mut v: u64) {
     out.push(v.to_le_bytes()[0]);
 }
 
+/// Reads a varint at `pos` and moves past it. Most of a trace's numbers
+/// are under 128: that byte is read inline, the rest out of line.
+#[inline]
 pub fn get(input: &[u8], pos: &mut usize) -> Option<u64> {
+    let b = *input.get(*pos)?;
+    if b < 0x80 {
+        *pos += 1;
+        return Some(u64::from(b));
+    }
+    get_long(input, pos)
+}
+
+#[inline(never)]
+fn get_long(input: &[u8], pos: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let b = *input.get(*pos)?;

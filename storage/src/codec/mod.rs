@@ -435,15 +435,17 @@ impl<'a> SegmentDecoder<'a> {
             if mask >> REG_COUNT != 0 {
                 return Err(self.err("register mask"));
             }
-            for i in (0..REG_COUNT).filter(|i| mask & (1 << i) != 0) {
-                let old = self.step.regs.get(i);
+            // A set bit at a time: a step changes two or three of the 17.
+            let mut bits = mask & ((1 << 16) - 1);
+            while bits != 0 {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
                 let d = self.var()?;
-                let new = if i < 16 {
-                    old.wrapping_add(unzigzag(d) as u64)
-                } else {
-                    old ^ d
-                };
-                self.step.regs.set(i, new);
+                let r = &mut self.step.regs.gpr[i];
+                *r = r.wrapping_add(unzigzag(d) as u64);
+            }
+            if mask & (1 << 16) != 0 {
+                self.step.regs.rflags ^= self.var()?;
             }
         }
         self.state.predicted_pc = pc.wrapping_add(bytes.len() as u64);
