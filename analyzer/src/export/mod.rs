@@ -32,6 +32,7 @@
 mod jsonl;
 mod parquet;
 mod rows;
+mod text_chunk;
 
 use std::collections::VecDeque;
 use std::fs::File;

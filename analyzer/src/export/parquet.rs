@@ -6,14 +6,14 @@ use std::io::BufWriter;
 use std::sync::Arc;
 
 use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::types::{Int32Type, UInt64Type, UInt8Type};
+use arrow_array::types::{UInt64Type, UInt8Type};
 use arrow_array::{
-    ArrayRef, ArrowPrimitiveType, BinaryArray, DictionaryArray, Int32Array, ListArray,
-    PrimitiveArray, RecordBatch, StringArray, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
+    ArrayRef, ArrowPrimitiveType, BinaryArray, ListArray, PrimitiveArray, UInt16Array, UInt32Array,
+    UInt64Array, UInt8Array,
 };
 use arrow_buffer::{BooleanBufferBuilder, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -25,7 +25,8 @@ use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
-use super::rows::{registers_in, SegmentRows, NO_TASK};
+use super::rows::{registers_in, InsnText, SegmentRows, NO_TASK};
+use super::text_chunk;
 use super::{Context, ExportError, PartWriter};
 use crate::memory_values::Access;
 use crate::naming::routine_label;
@@ -77,28 +78,32 @@ pub(super) fn schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-fn dictionary(keys: Int32Array, values: Vec<String>) -> Result<ArrayRef, ExportError> {
-    Ok(Arc::new(DictionaryArray::<Int32Type>::try_new(
-        keys,
-        Arc::new(StringArray::from(values)),
-    )?))
+/// A column of a row group, as it is encoded: by arrow-rs, or by hand
+/// (the dictionary-encoded text columns, see [`text_chunk`]).
+pub(super) enum Column {
+    Arrow(ArrayRef),
+    Text {
+        /// The distinct texts.
+        dictionary: Vec<String>,
+        /// Each row's index into them (`None`: null).
+        rows: Arc<[Option<u32>]>,
+    },
 }
 
-fn key(index: usize) -> i32 {
-    // Fewer distinct values than rows, and a segment's rows fit in i32.
-    i32::try_from(index).unwrap_or(i32::MAX)
-}
-
-/// One segment's rows as a record batch of [`schema`]. The rows are
-/// taken: their plain columns move into the batch, and what is left of
-/// them is freed before the batch is encoded. The columns that need work
-/// are built in three parallel parts, about even: the registers, the
-/// memory accesses, and the rest.
-pub(super) fn batch(mut rows: SegmentRows, ctx: &Context<'_>) -> Result<RecordBatch, ExportError> {
+/// One segment's rows as the columns of [`schema`], in order. The rows
+/// are taken: their plain columns move into Arrow arrays, and what is
+/// left of them is freed before the columns are encoded. The columns
+/// that need work are built in three parallel parts, about even: the
+/// registers, the memory accesses, and the rest.
+pub(super) fn columns(
+    mut rows: SegmentRows,
+    ctx: &Context<'_>,
+) -> Result<Vec<Column>, ExportError> {
     let n = rows.len();
     let bytes = bytes_column(std::mem::take(&mut rows.bytes), &rows.bytes_end)?;
+    let texts = std::mem::take(&mut rows.texts);
     let (built, (registers, accesses)) = rayon::join(
-        || text_and_marker_columns(&rows, bytes, ctx),
+        || text_and_marker_columns(&rows, texts, bytes, ctx),
         || {
             rayon::join(
                 || register_columns(&rows),
@@ -118,69 +123,88 @@ pub(super) fn batch(mut rows: SegmentRows, ctx: &Context<'_>) -> Result<RecordBa
         },
     );
     let ([reads, read_sizes, read_values], [writes, write_sizes, write_values]) = accesses?;
-    let mut columns: Vec<ArrayRef> = vec![
+    let arrow = |arrays: Vec<ArrayRef>| arrays.into_iter().map(Column::Arrow);
+    let mut columns: Vec<Column> = arrow(vec![
         Arc::new(UInt64Array::from(rows.steps)),
         Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
-    ];
+    ])
+    .collect();
     let built = built?;
-    columns.push(built.virtual_ns);
-    columns.extend([
+    columns.push(Column::Arrow(built.virtual_ns));
+    columns.extend(arrow(vec![
         Arc::new(UInt64Array::from(rows.cr3)) as ArrayRef,
         Arc::new(UInt8Array::from(rows.cpl)),
         Arc::new(UInt8Array::from(rows.bitness)),
         Arc::new(UInt64Array::from(rows.pc)),
-    ]);
+    ]));
     columns.extend(built.what_ran);
-    columns.extend(registers);
-    columns.extend([
+    columns.extend(arrow(registers));
+    columns.extend(arrow(vec![
         reads,
         writes,
         read_sizes,
         write_sizes,
         read_values,
         write_values,
-    ]);
-    columns.extend(built.markers);
-    Ok(RecordBatch::try_new(ctx.schema.clone(), columns)?)
+    ]));
+    columns.extend(arrow(built.markers.to_vec()));
+    if columns.len() != ctx.schema.fields().len() {
+        return Err(ExportError::Unsupported(
+            "the export's columns do not match its schema",
+        ));
+    }
+    Ok(columns)
 }
 
-/// The columns [`batch`] builds besides the registers and the memory
+/// The columns [`columns`] builds besides the registers and the memory
 /// accesses, by where they go in [`schema`].
 struct TextAndMarkers {
     virtual_ns: ArrayRef,
     /// routine, pid, tid, comm, bytes, mnemonic, instruction.
-    what_ran: [ArrayRef; 7],
+    what_ran: [Column; 7],
     /// syscall, interrupt, events.
     markers: [ArrayRef; 3],
 }
 
 fn text_and_marker_columns(
     rows: &SegmentRows,
+    texts: Vec<InsnText>,
     bytes: ArrayRef,
     ctx: &Context<'_>,
 ) -> Result<TextAndMarkers, ExportError> {
     let virtual_ns = virtual_ns_column(rows, ctx);
-    let (routine, routine_names) = routine_column(rows, ctx);
-    let [pid, tid, comm] = task_columns(rows)?;
-    let insn = Int32Array::from(
-        rows.insn
+    let routine = routine_column(rows, ctx);
+    let [pid, tid] = task_columns(rows);
+    let comm = Column::Text {
+        dictionary: rows.tasks.iter().map(|t| t.comm.to_string()).collect(),
+        rows: rows
+            .task
             .iter()
-            .map(|i| key(*i as usize))
-            .collect::<Vec<_>>(),
-    );
-    let mnemonics = rows.texts.iter().map(|t| t.mnemonic.clone()).collect();
-    let disassembly = rows.texts.iter().map(|t| t.disassembly.clone()).collect();
+            .map(|t| (*t != NO_TASK).then_some(*t))
+            .collect(),
+    };
+    let insn: Arc<[Option<u32>]> = rows.insn.iter().map(|i| Some(*i)).collect();
+    let (mnemonics, disassembly) = texts
+        .into_iter()
+        .map(|t| (t.mnemonic, t.disassembly))
+        .unzip();
     let [syscall, interrupt] = marker_columns(rows);
     Ok(TextAndMarkers {
         virtual_ns,
         what_ran: [
-            dictionary(routine, routine_names)?,
-            pid,
-            tid,
+            routine,
+            Column::Arrow(pid),
+            Column::Arrow(tid),
             comm,
-            bytes,
-            dictionary(insn.clone(), mnemonics)?,
-            dictionary(insn, disassembly)?,
+            Column::Arrow(bytes),
+            Column::Text {
+                dictionary: mnemonics,
+                rows: insn.clone(),
+            },
+            Column::Text {
+                dictionary: disassembly,
+                rows: insn,
+            },
         ],
         markers: [syscall, interrupt, events_column(rows)],
     })
@@ -200,34 +224,35 @@ fn virtual_ns_column(rows: &SegmentRows, ctx: &Context<'_>) -> ArrayRef {
     }
 }
 
-/// The routine of each step, as dictionary keys and the names they stand
-/// for.
-fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> (Int32Array, Vec<String>) {
-    let mut routine_keys = FxHashMap::default();
-    let mut routine_names = Vec::new();
+/// The routine of each step.
+fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> Column {
+    let mut keys = FxHashMap::default();
+    let mut names = Vec::new();
     // Steps come in runs of one routine: the last one's key is at hand.
-    let mut last: Option<(u32, i32)> = None;
-    let routine: Vec<i32> = rows
+    let mut last: Option<(u32, u32)> = None;
+    let routine = rows
         .routine
         .iter()
         .map(|f| match last {
-            Some((func, k)) if func == *f => k,
+            Some((func, k)) if func == *f => Some(k),
             _ => {
-                let k = *routine_keys.entry(*f).or_insert_with(|| {
-                    routine_names.push(routine_label(ctx.symbols, *f));
-                    key(routine_names.len() - 1)
+                let k = *keys.entry(*f).or_insert_with(|| {
+                    names.push(routine_label(ctx.symbols, *f));
+                    (names.len() - 1) as u32
                 });
                 last = Some((*f, k));
-                k
+                Some(k)
             }
         })
         .collect();
-    (Int32Array::from(routine), routine_names)
+    Column::Text {
+        dictionary: names,
+        rows: routine,
+    }
 }
 
-/// pid, tid and comm of each step's task (null where the trace names
-/// none).
-fn task_columns(rows: &SegmentRows) -> Result<[ArrayRef; 3], ExportError> {
+/// pid and tid of each step's task (null where the trace names none).
+fn task_columns(rows: &SegmentRows) -> [ArrayRef; 2] {
     let named = rows.task.iter().map(|t| *t != NO_TASK);
     let nulls = Some(NullBuffer::from_iter(named)).filter(|n| n.null_count() > 0);
     let column = |part: fn(&TaskId) -> u32| {
@@ -235,15 +260,9 @@ fn task_columns(rows: &SegmentRows) -> Result<[ArrayRef; 3], ExportError> {
             .task
             .iter()
             .map(|t| rows.tasks.get(*t as usize).map_or(0, part));
-        UInt32Array::new(values.collect(), nulls.clone())
+        Arc::new(UInt32Array::new(values.collect(), nulls.clone())) as ArrayRef
     };
-    let comm = rows.task.iter().map(|t| key(*t as usize)).collect();
-    let comms: Vec<String> = rows.tasks.iter().map(|t| t.comm.to_string()).collect();
-    Ok([
-        Arc::new(column(|t| t.pid)),
-        Arc::new(column(|t| t.tid)),
-        dictionary(Int32Array::new(comm, nulls.clone()), comms)?,
-    ])
+    [column(|t| t.pid), column(|t| t.tid)]
 }
 
 /// Each step's instruction bytes: the rows' own buffer, moved, cut at
@@ -424,6 +443,12 @@ fn events_column(rows: &SegmentRows) -> ArrayRef {
     Arc::new(events.finish())
 }
 
+/// A column chunk encoded.
+enum Chunk {
+    Arrow(ArrowColumnChunk),
+    Text(text_chunk::EncodedChunk),
+}
+
 /// A Parquet file being written: each segment's columns are encoded in
 /// parallel (rayon), then appended as one row group.
 pub(super) struct ParquetPart<'a> {
@@ -502,30 +527,39 @@ impl<'a> ParquetPart<'a> {
 
 impl PartWriter for ParquetPart<'_> {
     fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError> {
-        let batch = batch(rows, self.ctx)?;
+        let columns = columns(rows, self.ctx)?;
         let writers = self.columns.create_column_writers(self.row_groups)?;
         // Each column of this schema is one leaf (no structs): its levels
         // are worked out on the thread that encodes it.
         let fields = self.ctx.schema.fields();
-        if writers.len() != fields.len() {
+        let descrs = self.file.schema_descr().columns().to_vec();
+        if writers.len() != fields.len() || descrs.len() != fields.len() {
             return Err(ExportError::Unsupported(
                 "a column of the export's schema has more than one Parquet leaf",
             ));
         }
         let chunks = writers
             .into_par_iter()
-            .zip(fields.par_iter().zip(batch.columns().par_iter()))
-            .map(|(mut writer, (field, column))| {
-                for leaf in compute_leaves(field, column)? {
-                    writer.write(&leaf)?;
+            .zip(descrs)
+            .zip(fields.par_iter().zip(columns))
+            .map(|((mut writer, descr), (field, column))| match column {
+                Column::Arrow(array) => {
+                    for leaf in compute_leaves(field, &array)? {
+                        writer.write(&leaf)?;
+                    }
+                    Ok(Chunk::Arrow(writer.close()?))
                 }
-                writer.close()
+                Column::Text { dictionary, rows } => {
+                    text_chunk::encode(descr, &dictionary, &rows).map(Chunk::Text)
+                }
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        drop(batch);
+            .collect::<Result<Vec<_>, ExportError>>()?;
         let mut group = self.file.next_row_group()?;
         for chunk in chunks {
-            chunk.append_to_row_group(&mut group)?;
+            match chunk {
+                Chunk::Arrow(chunk) => chunk.append_to_row_group(&mut group)?,
+                Chunk::Text(chunk) => group.append_column(&chunk.bytes, chunk.close)?,
+            }
         }
         group.close()?;
         self.row_groups += 1;
