@@ -29,10 +29,10 @@
 //! `steps_per_file` steps each, named `step_range=FIRST-END.parquet`
 //! (END exclusive), written in parallel.
 
+mod chunks;
 mod jsonl;
 mod parquet;
 mod rows;
-mod text_chunk;
 
 use std::collections::VecDeque;
 use std::fs::File;

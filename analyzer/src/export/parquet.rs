@@ -25,8 +25,8 @@ use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
-use super::rows::{registers_in, InsnText, SegmentRows, NO_TASK};
-use super::text_chunk;
+use super::chunks::{self, RegisterPages, TextPages};
+use super::rows::{InsnText, SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
 use crate::memory_values::Access;
 use crate::naming::routine_label;
@@ -79,9 +79,12 @@ pub(super) fn schema() -> SchemaRef {
 }
 
 /// A column of a row group, as it is encoded: by arrow-rs, or by hand
-/// (the dictionary-encoded text columns, see [`text_chunk`]).
+/// (the dictionary-encoded text columns and the registers, see
+/// [`chunks`]).
 pub(super) enum Column {
     Arrow(ArrayRef),
+    /// A register (its index in `REG_NAMES`), from the segment's rows.
+    Register(usize),
     Text {
         /// The distinct texts.
         dictionary: Vec<String>,
@@ -90,55 +93,49 @@ pub(super) enum Column {
     },
 }
 
-/// One segment's rows as the columns of [`schema`], in order. The rows
-/// are taken: their plain columns move into Arrow arrays, and what is
-/// left of them is freed before the columns are encoded. The columns
-/// that need work are built in three parallel parts, about even: the
-/// registers, the memory accesses, and the rest.
+/// One segment's rows as the columns of [`schema`], in order. Their
+/// plain columns move into Arrow arrays; what the registers' columns are
+/// encoded from (the masks and values) stays in `rows`, and the rest is
+/// freed before the columns are encoded. The Arrow columns that need work
+/// are built in two parallel parts, about even: the memory accesses, and
+/// the rest.
 pub(super) fn columns(
-    mut rows: SegmentRows,
+    rows: &mut SegmentRows,
     ctx: &Context<'_>,
 ) -> Result<Vec<Column>, ExportError> {
     let n = rows.len();
     let bytes = bytes_column(std::mem::take(&mut rows.bytes), &rows.bytes_end)?;
     let texts = std::mem::take(&mut rows.texts);
-    let (built, (registers, accesses)) = rayon::join(
-        || text_and_marker_columns(&rows, texts, bytes, ctx),
-        || {
-            rayon::join(
-                || register_columns(&rows),
-                || {
-                    let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
-                    let writes = (
-                        &rows.first_writes[..],
-                        &rows.writes[..],
-                        &rows.writes_end[..],
-                    );
-                    Ok::<_, ExportError>((
-                        access_columns(&rows, reads)?,
-                        access_columns(&rows, writes)?,
-                    ))
-                },
-            )
-        },
-    );
+    let (built, accesses) = {
+        let rows: &SegmentRows = rows;
+        rayon::join(
+            || text_and_marker_columns(rows, texts, bytes, ctx),
+            || {
+                let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
+                let writes = (
+                    &rows.first_writes[..],
+                    &rows.writes[..],
+                    &rows.writes_end[..],
+                );
+                Ok::<_, ExportError>((access_columns(rows, reads)?, access_columns(rows, writes)?))
+            },
+        )
+    };
     let ([reads, read_sizes, read_values], [writes, write_sizes, write_values]) = accesses?;
+    let built = built?;
     let arrow = |arrays: Vec<ArrayRef>| arrays.into_iter().map(Column::Arrow);
     let mut columns: Vec<Column> = arrow(vec![
-        Arc::new(UInt64Array::from(rows.steps)),
+        Arc::new(UInt64Array::from(std::mem::take(&mut rows.steps))),
         Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
+        built.virtual_ns,
+        Arc::new(UInt64Array::from(std::mem::take(&mut rows.cr3))),
+        Arc::new(UInt8Array::from(std::mem::take(&mut rows.cpl))),
+        Arc::new(UInt8Array::from(std::mem::take(&mut rows.bitness))),
+        Arc::new(UInt64Array::from(std::mem::take(&mut rows.pc))),
     ])
     .collect();
-    let built = built?;
-    columns.push(Column::Arrow(built.virtual_ns));
-    columns.extend(arrow(vec![
-        Arc::new(UInt64Array::from(rows.cr3)) as ArrayRef,
-        Arc::new(UInt8Array::from(rows.cpl)),
-        Arc::new(UInt8Array::from(rows.bitness)),
-        Arc::new(UInt64Array::from(rows.pc)),
-    ]));
     columns.extend(built.what_ran);
-    columns.extend(arrow(registers));
+    columns.extend((0..REG_COUNT).map(Column::Register));
     columns.extend(arrow(vec![
         reads,
         writes,
@@ -153,6 +150,7 @@ pub(super) fn columns(
             "the export's columns do not match its schema",
         ));
     }
+    rows.free_all_but_registers();
     Ok(columns)
 }
 
@@ -277,41 +275,6 @@ fn bytes_column(bytes: Vec<u8>, ends: &[u32]) -> Result<ArrayRef, ExportError> {
         bytes.into(),
         None,
     )?))
-}
-
-/// A column per register: its value after each step.
-fn register_columns(rows: &SegmentRows) -> Vec<ArrayRef> {
-    let n = rows.len();
-    // Filled a changed register at a time (a step changes two or three),
-    // not a builder call per register and row; zeroed allocations each,
-    // not one zeroed vector cloned (a clone copies its zeros).
-    let mut values: Vec<Vec<u64>> = (0..REG_COUNT).map(|_| vec![0u64; n]).collect();
-    let mut valid: Vec<BooleanBufferBuilder> = (0..REG_COUNT)
-        .map(|_| {
-            let mut b = BooleanBufferBuilder::new(n);
-            b.append_n(n, false);
-            b
-        })
-        .collect();
-    let mut cursor = 0usize;
-    for row in 0..n {
-        for reg in registers_in(rows.changed[row]) {
-            if let (Some(v), Some(column)) = (rows.register(row, cursor, reg), values.get_mut(reg))
-            {
-                column[row] = v;
-                valid[reg].set_bit(row, true);
-            }
-        }
-        cursor += rows.stored(row);
-    }
-    values
-        .into_iter()
-        .zip(valid.iter_mut())
-        .map(|(v, valid)| {
-            let nulls = NullBuffer::new(valid.finish());
-            Arc::new(UInt64Array::new(v.into(), Some(nulls))) as ArrayRef
-        })
-        .collect()
 }
 
 /// A row's accesses: those of row 0, the rest, and where each row's end.
@@ -446,7 +409,7 @@ fn events_column(rows: &SegmentRows) -> ArrayRef {
 /// A column chunk encoded.
 enum Chunk {
     Arrow(ArrowColumnChunk),
-    Text(text_chunk::EncodedChunk),
+    Own(chunks::EncodedChunk),
 }
 
 /// A Parquet file being written: each segment's columns are encoded in
@@ -506,7 +469,14 @@ impl<'a> ParquetPart<'a> {
                 ColumnPath::new(vec![list.into(), "list".into(), "item".into()]),
             );
         }
+        // A page per 20,000 rows (arrow-rs's default) made about 8 pages
+        // per column and row group, and arrow-rs's zstd makes a context
+        // for each, zeroing its 768 KiB of tables: pages end at 1 MiB
+        // instead. Values go to the encoder in batches of 8,192, not
+        // 1,024 (a page's checks run once a batch).
         let props = props
+            .set_data_page_row_count_limit(usize::MAX)
+            .set_write_batch_size(8192)
             .set_created_by(format!("vtrace {}", env!("CARGO_PKG_VERSION")))
             .set_key_value_metadata(Some(metadata))
             .build();
@@ -526,8 +496,9 @@ impl<'a> ParquetPart<'a> {
 }
 
 impl PartWriter for ParquetPart<'_> {
-    fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError> {
-        let columns = columns(rows, self.ctx)?;
+    fn write(&mut self, mut rows: SegmentRows) -> Result<(), ExportError> {
+        let columns = columns(&mut rows, self.ctx)?;
+        let (segment, starts) = (&rows, chunks::value_starts(&rows));
         let writers = self.columns.create_column_writers(self.row_groups)?;
         // Each column of this schema is one leaf (no structs): its levels
         // are worked out on the thread that encodes it.
@@ -550,7 +521,12 @@ impl PartWriter for ParquetPart<'_> {
                     Ok(Chunk::Arrow(writer.close()?))
                 }
                 Column::Text { dictionary, rows } => {
-                    text_chunk::encode(descr, &dictionary, &rows).map(Chunk::Text)
+                    let pages = TextPages::new(&descr, &dictionary, &rows)?;
+                    chunks::encode(descr, &pages).map(Chunk::Own)
+                }
+                Column::Register(register) => {
+                    let pages = RegisterPages::new(segment, &starts, register);
+                    chunks::encode(descr, &pages).map(Chunk::Own)
                 }
             })
             .collect::<Result<Vec<_>, ExportError>>()?;
@@ -558,7 +534,7 @@ impl PartWriter for ParquetPart<'_> {
         for chunk in chunks {
             match chunk {
                 Chunk::Arrow(chunk) => chunk.append_to_row_group(&mut group)?,
-                Chunk::Text(chunk) => group.append_column(&chunk.bytes, chunk.close)?,
+                Chunk::Own(chunk) => group.append_column(&chunk.bytes, chunk.close)?,
             }
         }
         group.close()?;

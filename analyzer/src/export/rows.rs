@@ -32,6 +32,7 @@ pub(super) struct InsnText {
 }
 
 /// The columns of one segment's steps (of one CPU's, with `--cpu N`).
+#[derive(Default)]
 pub(super) struct SegmentRows {
     /// Each row's step number.
     pub steps: Vec<u64>,
@@ -142,6 +143,18 @@ impl SegmentRows {
             (mask & ((1 << reg) - 1)).count_ones() as usize
         };
         self.values.get(cursor + slot).copied()
+    }
+
+    /// Frees every column but what the registers' columns are encoded
+    /// from (`changed`, `values`), once the others are built.
+    pub fn free_all_but_registers(&mut self) {
+        let changed = std::mem::take(&mut self.changed);
+        let values = std::mem::take(&mut self.values);
+        *self = SegmentRows {
+            changed,
+            values,
+            ..SegmentRows::default()
+        };
     }
 
     /// How many values row `row` stored (see [`SegmentRows::values`]).
