@@ -150,7 +150,7 @@ pub struct InsnInfo {
     /// The memory it reads and writes (iced-x86's operand list).
     pub memory: Vec<UsedMemory>,
     /// The same operands, with where their values come from.
-    pub(crate) operands: Vec<crate::memory_values::Operand>,
+    pub(crate) operands: Vec<crate::operands::Operand>,
 }
 
 fn flow_of(i: &Instruction) -> Flow {
@@ -348,7 +348,7 @@ pub fn decode(bytes: &[u8], pc: u64, bitness: u32) -> InsnInfo {
         class: class_of(&instruction, flow, &memory),
         mnemonic: instruction.mnemonic(),
         addressing: addressing_of(&instruction),
-        operands: crate::memory_values::operands(&instruction, &memory),
+        operands: crate::operands::operands(&instruction, &memory),
         memory,
         instruction,
     }

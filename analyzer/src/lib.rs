@@ -23,6 +23,7 @@ mod listing;
 mod memory_values;
 mod naming;
 mod nest;
+mod operands;
 mod perfetto;
 mod probes;
 mod processes;

@@ -1,5 +1,6 @@
 //! Column chunks written by hand, for the columns whose rows already say
-//! what Parquet stores: the text columns and the registers.
+//! what Parquet stores: the text columns, the general registers and the
+//! memory-access lists.
 //!
 //! The rows hold each text as an index into a list of distinct texts
 //! (routine, comm, mnemonic, instruction). Given those columns as Arrow
@@ -9,21 +10,24 @@
 //! those a step changed and their values: arrow-rs wanted a zeroed
 //! column and a null bitmap per register, then worked the definition
 //! levels back out of the bitmaps and compared every value for min/max
-//! statistics no query prunes by. arrow-rs's value encoders are private
-//! to the crate, so these chunks are put together here, pages through
-//! the parquet crate's own page writer (data pages v1):
+//! statistics no query prunes by. The accesses are flat vectors with
+//! each row's end: arrow-rs wanted list arrays and worked their levels
+//! out again (another tenth). arrow-rs's value encoders are private to
+//! the crate, so these chunks are put together here, pages through the
+//! parquet crate's own page writer (data pages v1):
 //!
 //! | column | dictionary page | data page, per [`ROWS_PER_PAGE`] rows |
 //! |---|---|---|
-//! | text ([`TextPages`]) | each distinct text: u32 LE length, then its bytes (PLAIN) | nullable columns: u32 LE length, then the definition levels (1 = a value, 0 = null) in the hybrid of bit width 1; then a byte of bit width and the non-null rows' indices in the hybrid (RLE_DICTIONARY) |
-//! | register ([`RegisterPages`]) | none | u32 LE length and the definition levels as above; then each value of the rows that have one, u64 LE (PLAIN) |
+//! | text ([`TextPages`]) | each distinct text: u32 LE length, then its bytes (PLAIN) | nullable columns: u32 LE length, then the definition levels (1 = a value, 0 = null) as one literal run of bit width 1; then a byte of bit width and the non-null rows' indices in the hybrid (RLE_DICTIONARY) |
+//! | register ([`RegisterPages`]) | none | the definition levels as above; then each value of the rows that have one, u64 LE (PLAIN) |
+//! | access list ([`AccessPages`]) | none | u32 LE length and the repetition levels (0 = a row's first entry, 1 = another item) as one literal run of width 1; the same for the definition levels, width 2 (0 = null list, 1 = empty list, 2 = null item, 3 = an item); the items: addresses as DELTA_BINARY_PACKED INT64, sizes PLAIN INT32, values PLAIN u64 LE |
 //!
 //! Each page is zstd-compressed on its own, as the rest of the file is;
 //! these chunks carry no min/max statistics. The RLE/bit-packed hybrid:
 //! a run of one value is `varint(count << 1)` and the value in whole
 //! bytes; a run of literals is `varint(groups << 1 | 1)` and groups of 8
 //! values, each `width` bits, least significant first; only the last
-//! group may be padded.
+//! group may be padded. DELTA_BINARY_PACKED: see [`delta_binary_packed`].
 
 use std::ops::Range;
 
@@ -37,6 +41,7 @@ use parquet::schema::types::ColumnDescPtr;
 
 use super::rows::SegmentRows;
 use super::ExportError;
+use crate::memory_values::Access;
 
 /// Rows a data page holds at most: a register page of 64 Ki rows is at
 /// most 0.5 MiB, about the size of the pages arrow-rs writes here.
@@ -59,8 +64,12 @@ pub(super) trait ColumnPages: Sync {
     /// The dictionary page's plain bytes and its number of entries, where
     /// the column has one.
     fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError>;
-    /// The plain bytes (levels and values) of the data page of `rows`.
-    fn data_page(&self, rows: Range<usize>) -> Vec<u8>;
+    /// How the data pages' values are encoded.
+    fn encoding(&self) -> Encoding;
+    /// The plain bytes (levels and values) of the data page of `rows`,
+    /// and its number of values as Parquet counts them: one per row, or
+    /// for a list one per item, and one for a null or empty list.
+    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32);
 }
 
 /// Encodes `column` as the chunk of column `descr`.
@@ -72,10 +81,7 @@ pub(super) fn encode(
     let mut sink = TrackedWrite::new(Vec::new());
     let mut pages = SerializedPageWriter::new(&mut sink);
     let dictionary = column.dictionary()?;
-    let value_encoding = match dictionary {
-        Some(_) => Encoding::RLE_DICTIONARY,
-        None => Encoding::PLAIN,
-    };
+    let value_encoding = column.encoding();
     let mut sizes = (0u64, 0u64);
     let mut page = |page_writer: &mut SerializedPageWriter<'_, Vec<u8>>,
                     plain: Vec<u8>,
@@ -123,24 +129,21 @@ pub(super) fn encode(
     let rows = column.rows();
     let mut data_pages = 0;
     let mut first_data_page = None;
+    let mut values = 0u64;
     for start in (0..rows).step_by(ROWS_PER_PAGE) {
         let end = rows.min(start + ROWS_PER_PAGE);
-        let offset = page(
-            &mut pages,
-            column.data_page(start..end),
-            // At most ROWS_PER_PAGE.
-            Header::Data((end - start) as u32),
-        )?;
+        let (plain, count) = column.data_page(start..end);
+        let offset = page(&mut pages, plain, Header::Data(count))?;
         first_data_page.get_or_insert(offset);
         data_pages += 1;
+        values += u64::from(count);
     }
     pages.close()?;
     encoding_stats.push(stats(PageType::DATA_PAGE, value_encoding, data_pages));
 
     let total =
         |n: u64| i64::try_from(n).map_err(|_| ExportError::Unsupported("a chunk over 2^63 bytes"));
-    let num_values =
-        i64::try_from(rows).map_err(|_| ExportError::Unsupported("a row group over 2^63 rows"))?;
+    let num_values = total(values)?;
     let dictionary_offset = dictionary_offset.map(total).transpose()?;
     let metadata = ColumnChunkMetaData::builder(descr)
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?))
@@ -209,7 +212,11 @@ impl ColumnPages for TextPages<'_> {
         Ok(Some((plain_texts(self.dictionary)?, entries)))
     }
 
-    fn data_page(&self, rows: Range<usize>) -> Vec<u8> {
+    fn encoding(&self) -> Encoding {
+        Encoding::RLE_DICTIONARY
+    }
+
+    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
         let rows = &self.rows[rows];
         let width = index_width(self.dictionary.len());
         let mut out = Vec::with_capacity(rows.len() * usize::from(width) / 8 + 64);
@@ -224,7 +231,8 @@ impl ColumnPages for TextPages<'_> {
         out.push(width);
         let indices: Vec<u32> = rows.iter().flatten().copied().collect();
         hybrid(&indices, width, &mut out);
-        out
+        // At most ROWS_PER_PAGE.
+        (out, rows.len() as u32)
     }
 }
 
@@ -272,10 +280,16 @@ impl ColumnPages for RegisterPages<'_> {
         Ok(None)
     }
 
+    fn encoding(&self) -> Encoding {
+        Encoding::PLAIN
+    }
+
     /// The levels and the values in one pass over the rows' masks: a
     /// register's column is 17 times over the rows, so this is the
     /// loop that counts.
-    fn data_page(&self, rows: Range<usize>) -> Vec<u8> {
+    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
+        // At most ROWS_PER_PAGE.
+        let count = rows.len() as u32;
         let reg = self.register;
         let bit = 1u32 << reg;
         let masks = self.rows.changed.get(rows.clone()).unwrap_or_default();
@@ -297,8 +311,189 @@ impl ColumnPages for RegisterPages<'_> {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
-        out
+        (out, count)
     }
+}
+
+/// Which memory accesses a list column holds.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Direction {
+    Reads,
+    Writes,
+}
+
+/// What of each access a list column holds.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum AccessPart {
+    /// The address (u64).
+    Address,
+    /// The size (u16, an INT32 in Parquet).
+    Size,
+    /// The value where known (u64, null where not).
+    Value,
+}
+
+/// A list column of the steps' memory accesses: a list per row (null
+/// where the registers before the step are not known), an item per
+/// access. Levels (max repetition 1, max definition 3): a null list is
+/// (0, 0), an empty one (0, 1), an item (0 first, else 1; 3, or 2 where
+/// it is a null value).
+pub(super) struct AccessPages<'a> {
+    rows: &'a SegmentRows,
+    direction: Direction,
+    part: AccessPart,
+}
+
+impl<'a> AccessPages<'a> {
+    /// The `part` of the `direction` accesses of `rows`, for the column
+    /// `descr` (a nullable list of nullable items).
+    pub fn new(
+        descr: &ColumnDescPtr,
+        rows: &'a SegmentRows,
+        direction: Direction,
+        part: AccessPart,
+    ) -> Result<Self, ExportError> {
+        if descr.max_def_level() != 3 || descr.max_rep_level() != 1 {
+            return Err(ExportError::Unsupported(
+                "an access column that is not a nullable list of nullable items",
+            ));
+        }
+        Ok(AccessPages {
+            rows,
+            direction,
+            part,
+        })
+    }
+
+    /// Each row's accesses in `rows` (`None` where they are not
+    /// known), walked in order: row 0's are its own (see `SegmentRows`),
+    /// a row's end is where the next one's start.
+    fn lists(&self, rows: Range<usize>) -> impl Iterator<Item = Option<&'a [Access]>> + 'a {
+        let r = self.rows;
+        let (first, flat, ends) = match self.direction {
+            Direction::Reads => (&r.first_reads, &r.reads, &r.reads_end),
+            Direction::Writes => (&r.first_writes, &r.writes, &r.writes_end),
+        };
+        let mut start = rows
+            .start
+            .checked_sub(1)
+            .and_then(|before| ends.get(before))
+            .map_or(0, |e| *e as usize);
+        let known = r.known.get(rows.clone()).unwrap_or_default();
+        let ends = ends.get(rows.clone()).unwrap_or_default();
+        rows.zip(known.iter().zip(ends))
+            .map(move |(row, (known, end))| {
+                let end = *end as usize;
+                let list = match row {
+                    0 => first.as_slice(),
+                    _ => flat.get(start..end).unwrap_or_default(),
+                };
+                start = end;
+                known.then_some(list)
+            })
+    }
+}
+
+impl ColumnPages for AccessPages<'_> {
+    fn rows(&self) -> usize {
+        self.rows.known.len()
+    }
+
+    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
+        Ok(None)
+    }
+
+    /// Addresses walk arrays and the stack by small steps: as deltas
+    /// they pack far smaller (a `rep stos` over a page: one delta
+    /// repeated). Values and sizes do not (measured: Linux's values
+    /// three times the size as deltas).
+    fn encoding(&self) -> Encoding {
+        match self.part {
+            AccessPart::Address => Encoding::DELTA_BINARY_PACKED,
+            AccessPart::Size | AccessPart::Value => Encoding::PLAIN,
+        }
+    }
+
+    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
+        match self.part {
+            AccessPart::Address => self.page(rows, |a| Some(a.addr), u64::to_le_bytes),
+            // u16 as an INT32.
+            AccessPart::Size => self.page(rows, |a| Some(u32::from(a.size)), u32::to_le_bytes),
+            AccessPart::Value => self.page(rows, |a| a.value, u64::to_le_bytes),
+        }
+    }
+}
+
+impl AccessPages<'_> {
+    /// A data page of the `value` of each access in `rows`, each value
+    /// written as `bytes` gives it.
+    fn page<T: Copy, const N: usize>(
+        &self,
+        rows: Range<usize>,
+        value: impl Fn(&Access) -> Option<T>,
+        bytes: impl Fn(T) -> [u8; N],
+    ) -> (Vec<u8>, u32) {
+        let mut repetition = Vec::with_capacity(rows.len() * 2);
+        let mut definition = Vec::with_capacity(rows.len() * 2);
+        let mut values = Vec::with_capacity(rows.len() * N);
+        for list in self.lists(rows) {
+            match list {
+                None => {
+                    repetition.push(0);
+                    definition.push(0);
+                }
+                Some([]) => {
+                    repetition.push(0);
+                    definition.push(1);
+                }
+                Some(list) => {
+                    for (i, access) in list.iter().enumerate() {
+                        repetition.push(u8::from(i > 0));
+                        match value(access) {
+                            Some(v) => {
+                                definition.push(3);
+                                values.extend_from_slice(&bytes(v));
+                            }
+                            None => definition.push(2),
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(values.len() + repetition.len() / 2 + 64);
+        packed_levels(&repetition, 1, &mut out);
+        packed_levels(&definition, 2, &mut out);
+        match self.encoding() {
+            Encoding::DELTA_BINARY_PACKED => {
+                let values: Vec<u64> = values
+                    .chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                    .collect();
+                delta_binary_packed(&values, &mut out);
+            }
+            _ => out.extend_from_slice(&values),
+        }
+        // A page of ROWS_PER_PAGE rows holds far fewer than 2^32 accesses
+        // (a segment holds at most 2^27 bytes).
+        (out, repetition.len() as u32)
+    }
+}
+
+/// `levels` of `width` bits (1 or 2) as a data page v1 holds them: a
+/// length, then one literal run of the hybrid.
+fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    varint(out, ((levels.len().div_ceil(8) as u64) << 1) | 1);
+    for group in levels.chunks(8) {
+        let bits = group.iter().enumerate().fold(0u16, |bits, (i, l)| {
+            bits | u16::from(*l) << (i * usize::from(width))
+        });
+        out.extend_from_slice(&bits.to_le_bytes()[..usize::from(width)]);
+    }
+    // A page's levels take far fewer than 4 GiB.
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Starts a data page v1's definition levels for `rows` rows as one
@@ -342,6 +537,56 @@ fn plain_texts(texts: &[String]) -> Result<Vec<u8>, ExportError> {
 fn index_width(entries: usize) -> u8 {
     let largest = entries.saturating_sub(1) as u64;
     (64 - largest.leading_zeros() as u8).max(1)
+}
+
+/// `values` (INT64s) in DELTA_BINARY_PACKED: a header (block size 128,
+/// 4 miniblocks of 32, the count, the first value zigzagged), then per
+/// block of 128 deltas its least delta (zigzagged), the 4 miniblocks' bit
+/// widths, and each miniblock's deltas less the least, bit-packed (the
+/// last one padded to 32; widths of miniblocks past the end are 0).
+fn delta_binary_packed(values: &[u64], out: &mut Vec<u8>) {
+    const BLOCK: usize = 128;
+    const MINIBLOCKS: usize = 4;
+    const PER_MINIBLOCK: usize = BLOCK / MINIBLOCKS;
+    let zigzag = |v: i64| ((v << 1) ^ (v >> 63)) as u64;
+    varint(out, BLOCK as u64);
+    varint(out, MINIBLOCKS as u64);
+    varint(out, values.len() as u64);
+    varint(out, zigzag(values.first().map_or(0, |v| *v as i64)));
+    let deltas: Vec<i64> = values
+        .windows(2)
+        .map(|w| (w[1] as i64).wrapping_sub(w[0] as i64))
+        .collect();
+    for block in deltas.chunks(BLOCK) {
+        let least = block.iter().copied().min().unwrap_or(0);
+        varint(out, zigzag(least));
+        let minis: Vec<&[i64]> = block.chunks(PER_MINIBLOCK).collect();
+        let widths: Vec<u8> = (0..MINIBLOCKS)
+            .map(|m| {
+                let most = minis.get(m).map_or(0, |mini| {
+                    mini.iter()
+                        .map(|d| d.wrapping_sub(least) as u64)
+                        .max()
+                        .unwrap_or(0)
+                });
+                (64 - most.leading_zeros()) as u8
+            })
+            .collect();
+        out.extend_from_slice(&widths);
+        for (mini, width) in minis.iter().zip(&widths) {
+            let (mut bits, mut held) = (0u128, 0u32);
+            let padding = std::iter::repeat_n(&least, PER_MINIBLOCK - mini.len());
+            for d in mini.iter().chain(padding) {
+                bits |= u128::from(d.wrapping_sub(least) as u64) << held;
+                held += u32::from(*width);
+                while held >= 8 {
+                    out.push(bits as u8);
+                    bits >>= 8;
+                    held -= 8;
+                }
+            }
+        }
+    }
 }
 
 fn varint(out: &mut Vec<u8>, mut v: u64) {
@@ -551,6 +796,98 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn access_lists_read_back_with_their_nulls() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{UInt16Type, UInt64Type};
+        use arrow_schema::{DataType, Field};
+
+        // Over two pages: unknown rows (null lists), empty lists, and
+        // lists of 1 to 3 accesses whose addresses jump anywhere (deltas
+        // that wrap) and whose values are known or not.
+        let n = ROWS_PER_PAGE + 300;
+        let mut rows = SegmentRows::default();
+        let access = |row: u64, i: u64| Access {
+            addr: match (row + i) % 7 {
+                0 => u64::MAX - row,
+                1 => 0,
+                _ => 0x1000 + 8 * row + i,
+            },
+            size: (1 + (row + i) % 8) as u16,
+            value: (!row.is_multiple_of(3)).then_some(row * 10 + i),
+        };
+        rows.first_reads = vec![access(0, 0), access(0, 1)];
+        for row in 0..n as u64 {
+            rows.known.push(row % 11 != 5);
+            if row > 0 {
+                rows.reads.extend((0..row % 4).map(|i| access(row, i)));
+            }
+            rows.reads_end.push(rows.reads.len() as u32);
+        }
+        let want: Vec<Option<Vec<Access>>> = (0..n as u64)
+            .map(|row| {
+                let count = if row == 0 { 2 } else { row % 4 };
+                rows.known[row as usize].then(|| (0..count).map(|i| access(row, i)).collect())
+            })
+            .collect();
+        let item =
+            |t: DataType| DataType::List(std::sync::Arc::new(Field::new_list_field(t, true)));
+        let read = |t: DataType, part: AccessPart| {
+            read_back(Field::new("l", item(t), true), |descr| {
+                let pages = AccessPages::new(&descr, &rows, Direction::Reads, part).unwrap();
+                encode(descr, &pages).unwrap()
+            })
+        };
+        let lists = |arrays: Vec<arrow_array::ArrayRef>| -> Vec<Option<arrow_array::ArrayRef>> {
+            arrays
+                .iter()
+                .flat_map(|a| a.as_list::<i32>().iter().collect::<Vec<_>>())
+                .collect()
+        };
+        let addresses = lists(read(DataType::UInt64, AccessPart::Address));
+        let sizes = lists(read(DataType::UInt16, AccessPart::Size));
+        let values = lists(read(DataType::UInt64, AccessPart::Value));
+        assert_eq!(addresses.len(), n);
+        for (row, want) in want.iter().enumerate() {
+            let got = |l: &Option<arrow_array::ArrayRef>| l.is_some();
+            assert_eq!(got(&addresses[row]), want.is_some(), "row {row}");
+            let Some(want) = want else { continue };
+            let a: Vec<Option<u64>> = addresses[row]
+                .as_ref()
+                .unwrap()
+                .as_primitive::<UInt64Type>()
+                .iter()
+                .collect();
+            let s: Vec<Option<u16>> = sizes[row]
+                .as_ref()
+                .unwrap()
+                .as_primitive::<UInt16Type>()
+                .iter()
+                .collect();
+            let v: Vec<Option<u64>> = values[row]
+                .as_ref()
+                .unwrap()
+                .as_primitive::<UInt64Type>()
+                .iter()
+                .collect();
+            assert_eq!(
+                a,
+                want.iter().map(|x| Some(x.addr)).collect::<Vec<_>>(),
+                "row {row}"
+            );
+            assert_eq!(
+                s,
+                want.iter().map(|x| Some(x.size)).collect::<Vec<_>>(),
+                "row {row}"
+            );
+            assert_eq!(
+                v,
+                want.iter().map(|x| x.value).collect::<Vec<_>>(),
+                "row {row}"
+            );
+        }
     }
 
     #[test]

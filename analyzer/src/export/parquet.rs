@@ -8,8 +8,7 @@ use std::sync::Arc;
 use arrow_array::builder::{ListBuilder, StringBuilder};
 use arrow_array::types::{UInt64Type, UInt8Type};
 use arrow_array::{
-    ArrayRef, ArrowPrimitiveType, BinaryArray, ListArray, PrimitiveArray, UInt16Array, UInt32Array,
-    UInt64Array, UInt8Array,
+    ArrayRef, ArrowPrimitiveType, BinaryArray, PrimitiveArray, UInt32Array, UInt64Array, UInt8Array,
 };
 use arrow_buffer::{BooleanBufferBuilder, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -25,10 +24,9 @@ use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
-use super::chunks::{self, RegisterPages, TextPages};
+use super::chunks::{self, AccessPages, AccessPart, Direction, RegisterPages, TextPages};
 use super::rows::{InsnText, SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
-use crate::memory_values::Access;
 use crate::naming::routine_label;
 use crate::tasks::TaskId;
 
@@ -85,6 +83,8 @@ pub(super) enum Column {
     Arrow(ArrayRef),
     /// A register (its index in `REG_NAMES`), from the segment's rows.
     Register(usize),
+    /// A list of memory accesses, from the segment's rows.
+    Access(Direction, AccessPart),
     Text {
         /// The distinct texts.
         dictionary: Vec<String>,
@@ -106,22 +106,7 @@ pub(super) fn columns(
     let n = rows.len();
     let bytes = bytes_column(std::mem::take(&mut rows.bytes), &rows.bytes_end)?;
     let texts = std::mem::take(&mut rows.texts);
-    let (built, accesses) = {
-        let rows: &SegmentRows = rows;
-        rayon::join(
-            || text_and_marker_columns(rows, texts, bytes, ctx),
-            || {
-                let reads = (&rows.first_reads[..], &rows.reads[..], &rows.reads_end[..]);
-                let writes = (
-                    &rows.first_writes[..],
-                    &rows.writes[..],
-                    &rows.writes_end[..],
-                );
-                Ok::<_, ExportError>((access_columns(rows, reads)?, access_columns(rows, writes)?))
-            },
-        )
-    };
-    let ([reads, read_sizes, read_values], [writes, write_sizes, write_values]) = accesses?;
+    let built = text_and_marker_columns(rows, texts, bytes, ctx);
     let built = built?;
     let arrow = |arrays: Vec<ArrayRef>| arrays.into_iter().map(Column::Arrow);
     let mut columns: Vec<Column> = arrow(vec![
@@ -135,22 +120,27 @@ pub(super) fn columns(
     ])
     .collect();
     columns.extend(built.what_ran);
-    columns.extend((0..REG_COUNT).map(Column::Register));
-    columns.extend(arrow(vec![
-        reads,
-        writes,
-        read_sizes,
-        write_sizes,
-        read_values,
-        write_values,
-    ]));
+    columns.extend((0..FLAGS).map(Column::Register));
+    columns.push(Column::Arrow(flags_column(rows)));
+    use {AccessPart::*, Direction::*};
+    columns.extend(
+        [
+            (Reads, Address),
+            (Writes, Address),
+            (Reads, Size),
+            (Writes, Size),
+            (Reads, Value),
+            (Writes, Value),
+        ]
+        .map(|(d, p)| Column::Access(d, p)),
+    );
     columns.extend(arrow(built.markers.to_vec()));
     if columns.len() != ctx.schema.fields().len() {
         return Err(ExportError::Unsupported(
             "the export's columns do not match its schema",
         ));
     }
-    rows.free_all_but_registers();
+    rows.free_all_but_hand_written();
     Ok(columns)
 }
 
@@ -277,88 +267,21 @@ fn bytes_column(bytes: Vec<u8>, ends: &[u32]) -> Result<ArrayRef, ExportError> {
     )?))
 }
 
-/// A row's accesses: those of row 0, the rest, and where each row's end.
-type Accesses<'a> = (&'a [Access], &'a [Access], &'a [u32]);
+/// RFLAGS' index in `REG_NAMES`, after the 16 general registers.
+const FLAGS: usize = REG_COUNT - 1;
 
-/// Each row's accesses (none where the registers before the step are
-/// not known).
-fn row_accesses<'a>(
-    rows: &'a SegmentRows,
-    (first, flat, ends): Accesses<'a>,
-) -> impl Iterator<Item = Option<&'a [Access]>> + 'a {
-    let mut start = 0usize;
-    ends.iter().enumerate().map(move |(row, end)| {
-        let end = *end as usize;
-        let list = match (rows.known[row], row) {
-            (true, 0) => Some(first),
-            (true, _) => Some(flat.get(start..end).unwrap_or_default()),
-            (false, _) => None,
-        };
-        start = end;
-        list
-    })
-}
-
-/// A list column of `values`, a list per row as `offsets` and `nulls`
-/// cut them.
-fn list_column(
-    offsets: &OffsetBuffer<i32>,
-    nulls: &NullBuffer,
-    item: DataType,
-    values: ArrayRef,
-) -> Result<ArrayRef, ExportError> {
-    Ok(Arc::new(ListArray::try_new(
-        Arc::new(Field::new_list_field(item, true)),
-        offsets.clone(),
-        values,
-        Some(nulls.clone()),
-    )?))
-}
-
-/// One direction's accesses (reads or writes) as its three list columns:
-/// addresses, sizes, values. The lists are put together from plain
-/// vectors, not Arrow's list builders (a call per item, about a third
-/// of building a batch); the three share their offsets and nulls.
-fn access_columns(
-    rows: &SegmentRows,
-    accesses: Accesses<'_>,
-) -> Result<[ArrayRef; 3], ExportError> {
-    let items = accesses.0.len() + accesses.1.len();
-    let mut offsets = Vec::with_capacity(rows.len() + 1);
-    let mut addrs = Vec::with_capacity(items);
-    let mut sizes = Vec::with_capacity(items);
-    let mut values = Vec::with_capacity(items);
-    let mut valid = BooleanBufferBuilder::new(items);
-    offsets.push(0i32);
-    for list in row_accesses(rows, accesses) {
-        for a in list.unwrap_or_default() {
-            addrs.push(a.addr);
-            sizes.push(a.size);
-            values.push(a.value.unwrap_or(0));
-            valid.append(a.value.is_some());
-        }
-        let end = i32::try_from(addrs.len())
-            .map_err(|_| ExportError::Unsupported("a segment with over 2^31 memory accesses"))?;
-        offsets.push(end);
-    }
-    let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
-    let nulls = NullBuffer::from(rows.known.as_slice());
-    let values = UInt64Array::new(values.into(), Some(NullBuffer::new(valid.finish())));
-    Ok([
-        list_column(
-            &offsets,
-            &nulls,
-            DataType::UInt64,
-            Arc::new(UInt64Array::from(addrs)),
-        )?,
-        list_column(
-            &offsets,
-            &nulls,
-            DataType::UInt16,
-            Arc::new(UInt16Array::from(sizes)),
-        )?,
-        list_column(&offsets, &nulls, DataType::UInt64, Arc::new(values))?,
-    ])
+/// RFLAGS after each step that changed it, for arrow-rs to encode: its
+/// few distinct values make a dictionary worth the hashing (about half
+/// the size of the values written plain, measured), where the general
+/// registers' values are written by hand.
+fn flags_column(rows: &SegmentRows) -> ArrayRef {
+    let mut cursor = 0;
+    let flags = (0..rows.changed.len()).map(|row| {
+        let v = rows.register(row, cursor, FLAGS);
+        cursor += rows.stored(row);
+        v
+    });
+    Arc::new(flags.collect::<UInt64Array>())
 }
 
 /// The system call a step entered and the interrupt that came before it,
@@ -526,6 +449,10 @@ impl PartWriter for ParquetPart<'_> {
                 }
                 Column::Register(register) => {
                     let pages = RegisterPages::new(segment, &starts, register);
+                    chunks::encode(descr, &pages).map(Chunk::Own)
+                }
+                Column::Access(direction, part) => {
+                    let pages = AccessPages::new(&descr, segment, direction, part)?;
                     chunks::encode(descr, &pages).map(Chunk::Own)
                 }
             })

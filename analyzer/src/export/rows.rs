@@ -145,16 +145,22 @@ impl SegmentRows {
         self.values.get(cursor + slot).copied()
     }
 
-    /// Frees every column but what the registers' columns are encoded
-    /// from (`changed`, `values`), once the others are built.
-    pub fn free_all_but_registers(&mut self) {
-        let changed = std::mem::take(&mut self.changed);
-        let values = std::mem::take(&mut self.values);
-        *self = SegmentRows {
-            changed,
-            values,
+    /// Frees every column but those the hand-written chunks are encoded
+    /// from (registers and memory accesses), once the others are built.
+    pub fn free_all_but_hand_written(&mut self) {
+        let kept = SegmentRows {
+            changed: std::mem::take(&mut self.changed),
+            values: std::mem::take(&mut self.values),
+            known: std::mem::take(&mut self.known),
+            reads: std::mem::take(&mut self.reads),
+            reads_end: std::mem::take(&mut self.reads_end),
+            writes: std::mem::take(&mut self.writes),
+            writes_end: std::mem::take(&mut self.writes_end),
+            first_reads: std::mem::take(&mut self.first_reads),
+            first_writes: std::mem::take(&mut self.first_writes),
             ..SegmentRows::default()
         };
+        *self = kept;
     }
 
     /// How many values row `row` stored (see [`SegmentRows::values`]).
