@@ -854,24 +854,15 @@ mod tests {
             let got = |l: &Option<arrow_array::ArrayRef>| l.is_some();
             assert_eq!(got(&addresses[row]), want.is_some(), "row {row}");
             let Some(want) = want else { continue };
-            let a: Vec<Option<u64>> = addresses[row]
-                .as_ref()
-                .unwrap()
-                .as_primitive::<UInt64Type>()
-                .iter()
-                .collect();
-            let s: Vec<Option<u16>> = sizes[row]
-                .as_ref()
-                .unwrap()
-                .as_primitive::<UInt16Type>()
-                .iter()
-                .collect();
-            let v: Vec<Option<u64>> = values[row]
-                .as_ref()
-                .unwrap()
-                .as_primitive::<UInt64Type>()
-                .iter()
-                .collect();
+            fn items<T: arrow_array::ArrowPrimitiveType>(
+                list: &Option<arrow_array::ArrayRef>,
+            ) -> Vec<Option<T::Native>> {
+                let list = list.as_ref().expect("a list");
+                list.as_primitive::<T>().iter().collect()
+            }
+            let a = items::<UInt64Type>(&addresses[row]);
+            let s = items::<UInt16Type>(&sizes[row]);
+            let v = items::<UInt64Type>(&values[row]);
             assert_eq!(
                 a,
                 want.iter().map(|x| Some(x.addr)).collect::<Vec<_>>(),
