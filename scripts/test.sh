@@ -67,7 +67,8 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 # DuckDB (the Python package) reads `vtrace analyze export`'s Parquet and
-# JSON lines back in tests/export.rs, as a user's own tools would.
+# JSON lines back in tests/export.rs, as a user's own tools would; pyarrow
+# (what pandas reads Parquet with) reads it there too.
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3 python3-pip >/dev/null
@@ -77,6 +78,11 @@ if ! python3 -c "import duckdb" >/dev/null 2>&1; then
     # A distribution's Python refuses pip outside a virtualenv (PEP 668).
     python3 -m pip install --quiet --disable-pip-version-check duckdb 2>/dev/null ||
         python3 -m pip install --quiet --disable-pip-version-check --break-system-packages duckdb
+fi
+if ! python3 -c "import pyarrow" >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing pyarrow for Python (reads the exports in the tests)"
+    python3 -m pip install --quiet --disable-pip-version-check pyarrow 2>/dev/null ||
+        python3 -m pip install --quiet --disable-pip-version-check --break-system-packages pyarrow
 fi
 
 # Perfetto's Python package carries Perfetto's own trace message

@@ -49,6 +49,48 @@ fn by_name(table: &Value, count: &str) -> BTreeMap<String, u64> {
     m
 }
 
+/// pyarrow (what pandas and many notebooks read Parquet with) reads every
+/// column of the export as DuckDB does, row for row: the dictionary text
+/// columns, the nullable registers, the lists with their null items. It
+/// takes a dictionary page at its word: a text listed twice there made it
+/// read indices past the end.
+#[test]
+fn pyarrow_reads_every_column_as_duckdb_does() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("steps.parquet");
+    export(&["-o", file.to_str().unwrap()]);
+    const SCRIPT: &str = "import sys, duckdb, pyarrow as pa, pyarrow.parquet as pq\n\
+        duckdb.sql('SET enable_progress_bar = false')\n\
+        path = sys.argv[1]\n\
+        t = pq.read_table(path)\n\
+        for i, f in enumerate(t.schema):\n\
+        \x20   if pa.types.is_dictionary(f.type):\n\
+        \x20       c = pa.chunked_array([x.cast(pa.string()) for x in t.column(i).chunks])\n\
+        \x20       t = t.set_column(i, f.name, c)\n\
+        q = lambda a, b: duckdb.sql(f'SELECT count(*) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b})').fetchall()[0][0]\n\
+        f = f\"read_parquet('{path}')\"\n\
+        print(t.num_rows, q('t', f), q(f, 't'))\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", SCRIPT, file.to_str().unwrap()])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "pyarrow and DuckDB (scripts/test.sh installs both) on the export: {}",
+        stderr(&out)
+    );
+    let said = stdout(&out);
+    let steps = info_json(demo_trace())["steps"].as_u64().unwrap();
+    assert_eq!(
+        said.trim(),
+        format!("{steps} 0 0"),
+        "rows, then rows only one reader saw"
+    );
+}
+
 #[test]
 fn parquet_rows_are_the_trace_steps_and_group_as_stats_counts_them() {
     if !kvm_available() {

@@ -42,6 +42,7 @@ use parquet::schema::types::ColumnDescPtr;
 use super::rows::SegmentRows;
 use super::ExportError;
 use crate::memory_values::Access;
+use rustc_hash::FxHashMap;
 
 /// Rows a data page holds at most: a register page of 64 Ki rows is at
 /// most 0.5 MiB, about the size of the pages arrow-rs writes here.
@@ -169,22 +170,29 @@ pub(super) fn encode(
     })
 }
 
-/// A text column: indices into its distinct texts.
+/// A text column: indices into a list of texts, which may repeat one
+/// (two routines of one name, a task named again, a mnemonic at many
+/// addresses). The dictionary page holds each text once, and the indices
+/// are mapped to it: Parquet's dictionary is of distinct values, and
+/// readers that build a lookup from it go wrong on repeats (pyarrow
+/// dropped them and read indices past its end).
 pub(super) struct TextPages<'a> {
-    /// The distinct texts.
-    pub dictionary: &'a [String],
-    /// Each row's index into `dictionary`, or `None` for null.
-    pub rows: &'a [Option<u32>],
+    /// Each distinct text, in order of first appearance in the list.
+    distinct: Vec<&'a str>,
+    /// Each list entry's index in `distinct`.
+    remap: Vec<u32>,
+    /// Each row's index into the list, or `None` for null.
+    rows: &'a [Option<u32>],
     /// Whether the column's field is nullable (a column that is not has
     /// no `None`: [`TextPages::new`] checks).
     nullable: bool,
 }
 
 impl<'a> TextPages<'a> {
-    /// The text column `rows` of `dictionary`, for the column `descr`.
+    /// The text column `rows` of `texts`, for the column `descr`.
     pub fn new(
         descr: &ColumnDescPtr,
-        dictionary: &'a [String],
+        texts: &'a [String],
         rows: &'a [Option<u32>],
     ) -> Result<Self, ExportError> {
         let nullable = descr.max_def_level() > 0;
@@ -193,8 +201,27 @@ impl<'a> TextPages<'a> {
                 "a null in a text column that is not nullable",
             ));
         }
+        if rows.iter().flatten().any(|i| *i as usize >= texts.len()) {
+            return Err(ExportError::Unsupported(
+                "a text column's row names no text",
+            ));
+        }
+        let mut seen = FxHashMap::default();
+        let mut distinct = Vec::new();
+        let remap = texts
+            .iter()
+            .map(|text| {
+                *seen.entry(text.as_str()).or_insert_with(|| {
+                    distinct.push(text.as_str());
+                    // Fewer distinct texts than texts, and those fewer
+                    // than a segment's rows.
+                    (distinct.len() - 1) as u32
+                })
+            })
+            .collect();
         Ok(TextPages {
-            dictionary,
+            distinct,
+            remap,
             rows,
             nullable,
         })
@@ -207,9 +234,9 @@ impl ColumnPages for TextPages<'_> {
     }
 
     fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        let entries = u32::try_from(self.dictionary.len())
+        let entries = u32::try_from(self.distinct.len())
             .map_err(|_| ExportError::Unsupported("a text column with over 2^32 distinct texts"))?;
-        Ok(Some((plain_texts(self.dictionary)?, entries)))
+        Ok(Some((plain_texts(&self.distinct)?, entries)))
     }
 
     fn encoding(&self) -> Encoding {
@@ -218,7 +245,7 @@ impl ColumnPages for TextPages<'_> {
 
     fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
         let rows = &self.rows[rows];
-        let width = index_width(self.dictionary.len());
+        let width = index_width(self.distinct.len());
         let mut out = Vec::with_capacity(rows.len() * usize::from(width) / 8 + 64);
         if self.nullable {
             let at = levels_header(rows.len(), &mut out);
@@ -229,7 +256,12 @@ impl ColumnPages for TextPages<'_> {
             }
         }
         out.push(width);
-        let indices: Vec<u32> = rows.iter().flatten().copied().collect();
+        // Every index is in the list (checked in `new`).
+        let indices: Vec<u32> = rows
+            .iter()
+            .flatten()
+            .map(|i| self.remap.get(*i as usize).copied().unwrap_or(0))
+            .collect();
         hybrid(&indices, width, &mut out);
         // At most ROWS_PER_PAGE.
         (out, rows.len() as u32)
@@ -521,7 +553,7 @@ enum Header {
 }
 
 /// The texts, PLAIN-encoded.
-fn plain_texts(texts: &[String]) -> Result<Vec<u8>, ExportError> {
+fn plain_texts(texts: &[&str]) -> Result<Vec<u8>, ExportError> {
     let mut out = Vec::with_capacity(texts.iter().map(|t| 4 + t.len()).sum());
     for text in texts {
         let text = text.as_bytes();
@@ -924,6 +956,8 @@ mod tests {
 
     #[test]
     fn a_chunk_reads_back_as_its_texts() {
+        use arrow_schema::{DataType, Field, Schema};
+        use parquet::arrow::ArrowSchemaConverter;
         let dictionary = ["a", "bb", "ccc", "\u{e9}t\u{e9}"];
         // Over two pages, with runs, literals and nulls between them.
         let rows: Vec<Option<u32>> = (0..45_000u32)
@@ -945,6 +979,26 @@ mod tests {
             .collect();
         assert_eq!(round_trip(&dictionary, &all, false), expect);
         assert_eq!(round_trip(&["x"], &[None; 5], true), vec![None; 5]);
+        // A text named twice is one dictionary entry.
+        let repeated = ["mov", "ret", "mov", "push", "ret"];
+        let rows: Vec<Option<u32>> = (0..100).map(|i| Some(i % 5)).collect();
+        let expect: Vec<Option<String>> = rows
+            .iter()
+            .map(|r| r.map(|i| repeated[i as usize].to_string()))
+            .collect();
+        assert_eq!(round_trip(&repeated, &rows, false), expect);
+        let texts: Vec<String> = repeated.iter().map(|t| t.to_string()).collect();
+        let descr = ArrowSchemaConverter::new()
+            .convert(&Schema::new(vec![Field::new("t", DataType::Utf8, false)]))
+            .unwrap()
+            .column(0);
+        let pages = TextPages::new(&descr, &texts, &rows).unwrap();
+        let (_, entries) = pages.dictionary().unwrap().unwrap();
+        assert_eq!(entries, 3, "mov, ret, push");
+        assert!(
+            TextPages::new(&descr, &texts, &[Some(5)]).is_err(),
+            "past the list"
+        );
         assert!(
             a_null_is_refused_where_not_nullable(),
             "a null in a required column is an error"
