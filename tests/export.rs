@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{demo_trace, duckdb, info_json, kvm_available, run, stderr, stdout};
+use common::{demo_trace, duckdb, info_json, kvm_available, python, run, stderr, stdout};
 use serde_json::Value;
 
 fn trace_arg() -> &'static str {
@@ -73,14 +73,10 @@ fn pyarrow_reads_every_column_as_duckdb_does() {
         q = lambda a, b: duckdb.sql(f'SELECT count(*) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b})').fetchall()[0][0]\n\
         f = f\"read_parquet('{path}')\"\n\
         print(t.num_rows, q('t', f), q(f, 't'))\n";
-    let out = std::process::Command::new("python3")
-        .args(["-c", SCRIPT, file.to_str().unwrap()])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "pyarrow and DuckDB (scripts/test.sh installs both) on the export: {}",
-        stderr(&out)
+    let out = python(
+        SCRIPT,
+        &[file.to_str().unwrap()],
+        "pyarrow and DuckDB on the export",
     );
     let said = stdout(&out);
     let steps = info_json(demo_trace())["steps"].as_u64().unwrap();

@@ -44,4 +44,5 @@ pub use record::{
 pub use segment::{seal, unseal, Compression, SegmentHeader, HEADER_LEN};
 pub use summary::{summarize, TraceSummary};
 pub use task_layout::{MapLayout, TaskLayout};
+pub use varint::put as put_varint;
 pub use writer::{Recorder, WriterReport};

@@ -1,6 +1,8 @@
 //! LEB128 varints and zigzag, the integer encoding of segment payloads.
 //! Hand-written: two five-line functions do not justify a dependency.
 
+/// Appends `v` as an unsigned LEB128 varint (as Parquet's headers and
+/// levels write them too).
 pub fn put(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v.to_le_bytes()[0] | 0x80);

@@ -132,21 +132,31 @@ pub fn fire_value(fire: &serde_json::Value, name: &str) -> String {
         .to_string()
 }
 
+/// Runs Python `script` with `args` and returns its output (its packages are
+/// those scripts/test.sh installs: DuckDB, pyarrow); `what` names it if it
+/// fails.
+pub fn python(script: &str, args: &[&str], what: &str) -> std::process::Output {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{what} (Python packages scripts/test.sh installs) failed: {}",
+        stderr(&out)
+    );
+    out
+}
+
 /// The rows of a DuckDB query, as JSON (DuckDB is the Python package
 /// scripts/test.sh installs: what a user's own data tools see).
 pub fn duckdb(sql: &str) -> Vec<Vec<serde_json::Value>> {
     const SCRIPT: &str = "import duckdb, json, sys\n\
         rows = duckdb.sql(sys.argv[1]).fetchall()\n\
         print(json.dumps(rows, default=str))\n";
-    let out = Command::new("python3")
-        .args(["-c", SCRIPT, sql])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "DuckDB (the Python package; scripts/test.sh installs it) failed on {sql}: {}",
-        stderr(&out)
-    );
+    let out = python(SCRIPT, &[sql], &format!("DuckDB on {sql}"));
     serde_json::from_slice(&out.stdout).expect("JSON rows")
 }
 

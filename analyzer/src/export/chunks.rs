@@ -43,6 +43,7 @@ use super::rows::SegmentRows;
 use super::ExportError;
 use crate::memory_values::Access;
 use rustc_hash::FxHashMap;
+use vtrace_storage::put_varint as varint;
 
 /// Rows a data page holds at most: a register page of 64 Ki rows is at
 /// most 0.5 MiB, about the size of the pages arrow-rs writes here.
@@ -290,8 +291,8 @@ impl<'a> RegisterPages<'a> {
     }
 }
 
-/// Where each row's register values start in [`SegmentRows::values`]
-/// (a row each: the masks outlive the other columns).
+/// Where each row's register values start in [`SegmentRows::values`],
+/// a row each.
 pub(super) fn value_starts(rows: &SegmentRows) -> Vec<usize> {
     let mut at = 0usize;
     (0..rows.changed.len())
@@ -448,26 +449,40 @@ impl ColumnPages for AccessPages<'_> {
 
     fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
         match self.part {
-            AccessPart::Address => self.page(rows, |a| Some(a.addr), u64::to_le_bytes),
+            AccessPart::Address => self.page(rows, |a| Some(a.addr), delta_binary_packed),
             // u16 as an INT32.
-            AccessPart::Size => self.page(rows, |a| Some(u32::from(a.size)), u32::to_le_bytes),
-            AccessPart::Value => self.page(rows, |a| a.value, u64::to_le_bytes),
+            AccessPart::Size => self.page(
+                rows,
+                |a| Some(u32::from(a.size)),
+                |v, out| {
+                    v.iter()
+                        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()))
+                },
+            ),
+            AccessPart::Value => self.page(
+                rows,
+                |a| a.value,
+                |v, out| {
+                    v.iter()
+                        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()))
+                },
+            ),
         }
     }
 }
 
 impl AccessPages<'_> {
-    /// A data page of the `value` of each access in `rows`, each value
-    /// written as `bytes` gives it.
-    fn page<T: Copy, const N: usize>(
+    /// A data page of the `value` of each access in `rows`, the values
+    /// written by `write` in the column's encoding.
+    fn page<T>(
         &self,
         rows: Range<usize>,
         value: impl Fn(&Access) -> Option<T>,
-        bytes: impl Fn(T) -> [u8; N],
+        write: impl Fn(&[T], &mut Vec<u8>),
     ) -> (Vec<u8>, u32) {
         let mut repetition = Vec::with_capacity(rows.len() * 2);
         let mut definition = Vec::with_capacity(rows.len() * 2);
-        let mut values = Vec::with_capacity(rows.len() * N);
+        let mut values = Vec::with_capacity(rows.len());
         for list in self.lists(rows) {
             match list {
                 None => {
@@ -484,7 +499,7 @@ impl AccessPages<'_> {
                         match value(access) {
                             Some(v) => {
                                 definition.push(3);
-                                values.extend_from_slice(&bytes(v));
+                                values.push(v);
                             }
                             None => definition.push(2),
                         }
@@ -492,19 +507,10 @@ impl AccessPages<'_> {
                 }
             }
         }
-        let mut out = Vec::with_capacity(values.len() + repetition.len() / 2 + 64);
+        let mut out = Vec::with_capacity(values.len() * 8 + repetition.len() / 2 + 64);
         packed_levels(&repetition, 1, &mut out);
         packed_levels(&definition, 2, &mut out);
-        match self.encoding() {
-            Encoding::DELTA_BINARY_PACKED => {
-                let values: Vec<u64> = values
-                    .chunks_exact(8)
-                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-                    .collect();
-                delta_binary_packed(&values, &mut out);
-            }
-            _ => out.extend_from_slice(&values),
-        }
+        write(&values, &mut out);
         // A page of ROWS_PER_PAGE rows holds far fewer than 2^32 accesses
         // (a segment holds at most 2^27 bytes).
         (out, repetition.len() as u32)
@@ -619,14 +625,6 @@ fn delta_binary_packed(values: &[u64], out: &mut Vec<u8>) {
             }
         }
     }
-}
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// `values` in the RLE/bit-packed hybrid of `width` bits. A run of at

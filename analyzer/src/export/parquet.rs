@@ -77,7 +77,7 @@ pub(super) fn schema() -> SchemaRef {
 }
 
 /// A column of a row group, as it is encoded: by arrow-rs, or by hand
-/// (the dictionary-encoded text columns and the registers, see
+/// (the text columns, the general registers and the access lists, see
 /// [`chunks`]).
 pub(super) enum Column {
     Arrow(ArrayRef),
@@ -86,28 +86,27 @@ pub(super) enum Column {
     /// A list of memory accesses, from the segment's rows.
     Access(Direction, AccessPart),
     Text {
-        /// The distinct texts.
+        /// The texts (a text may be listed more than once).
         dictionary: Vec<String>,
         /// Each row's index into them (`None`: null).
         rows: Arc<[Option<u32>]>,
     },
 }
 
-/// One segment's rows as the columns of [`schema`], in order. Their
-/// plain columns move into Arrow arrays; what the registers' columns are
-/// encoded from (the masks and values) stays in `rows`, and the rest is
-/// freed before the columns are encoded. The Arrow columns that need work
-/// are built in two parallel parts, about even: the memory accesses, and
-/// the rest.
+/// One segment's rows as the columns of [`schema`], in order; `starts`
+/// is where each row's register values start ([`chunks::value_starts`]).
+/// Their plain columns move into Arrow arrays; what the hand-written
+/// columns are encoded from (register masks and values, accesses) stays
+/// in `rows`, and the rest is freed before the columns are encoded.
 pub(super) fn columns(
     rows: &mut SegmentRows,
+    starts: &[usize],
     ctx: &Context<'_>,
 ) -> Result<Vec<Column>, ExportError> {
     let n = rows.len();
     let bytes = bytes_column(std::mem::take(&mut rows.bytes), &rows.bytes_end)?;
     let texts = std::mem::take(&mut rows.texts);
-    let built = text_and_marker_columns(rows, texts, bytes, ctx);
-    let built = built?;
+    let built = text_and_marker_columns(rows, texts, bytes, ctx)?;
     let arrow = |arrays: Vec<ArrayRef>| arrays.into_iter().map(Column::Arrow);
     let mut columns: Vec<Column> = arrow(vec![
         Arc::new(UInt64Array::from(std::mem::take(&mut rows.steps))),
@@ -121,7 +120,7 @@ pub(super) fn columns(
     .collect();
     columns.extend(built.what_ran);
     columns.extend((0..FLAGS).map(Column::Register));
-    columns.push(Column::Arrow(flags_column(rows)));
+    columns.push(Column::Arrow(flags_column(rows, starts)));
     use {AccessPart::*, Direction::*};
     columns.extend(
         [
@@ -274,13 +273,11 @@ const FLAGS: usize = REG_COUNT - 1;
 /// few distinct values make a dictionary worth the hashing (about half
 /// the size of the values written plain, measured), where the general
 /// registers' values are written by hand.
-fn flags_column(rows: &SegmentRows) -> ArrayRef {
-    let mut cursor = 0;
-    let flags = (0..rows.changed.len()).map(|row| {
-        let v = rows.register(row, cursor, FLAGS);
-        cursor += rows.stored(row);
-        v
-    });
+fn flags_column(rows: &SegmentRows, starts: &[usize]) -> ArrayRef {
+    let flags = starts
+        .iter()
+        .enumerate()
+        .map(|(row, start)| rows.register(row, *start, FLAGS));
     Arc::new(flags.collect::<UInt64Array>())
 }
 
@@ -420,8 +417,9 @@ impl<'a> ParquetPart<'a> {
 
 impl PartWriter for ParquetPart<'_> {
     fn write(&mut self, mut rows: SegmentRows) -> Result<(), ExportError> {
-        let columns = columns(&mut rows, self.ctx)?;
-        let (segment, starts) = (&rows, chunks::value_starts(&rows));
+        let starts = chunks::value_starts(&rows);
+        let columns = columns(&mut rows, &starts, self.ctx)?;
+        let segment = &rows;
         let writers = self.columns.create_column_writers(self.row_groups)?;
         // Each column of this schema is one leaf (no structs): its levels
         // are worked out on the thread that encodes it.
