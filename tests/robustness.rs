@@ -1352,7 +1352,8 @@ fn names_in_a_trace_cannot_steer_the_terminal() {
 /// no other user can listen first on the name the run will take (before,
 /// /tmp/vtrace-PID.sock: another user listening there stopped the run,
 /// exit 70); `vtrace ctl` finds it there. A directory of that name that
-/// another user made is refused (exit 73), never used.
+/// another user made is refused (exit 73), never used. Finding the run
+/// (a connection that says nothing) is no request to it.
 #[test]
 fn the_default_socket_lives_in_a_directory_of_the_users_own() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -1393,6 +1394,13 @@ fn the_default_socket_lives_in_a_directory_of_the_users_own() {
     let out = child.wait_with_output().unwrap();
     drop(stdin);
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    // `ctl` found the run by connecting to its socket first: no request,
+    // nothing said on the run's console.
+    assert!(
+        !stderr(&out).contains("unknown command"),
+        "{}",
+        stderr(&out)
+    );
 
     // Another user made the directory first.
     let planted = tempfile::tempdir().unwrap();

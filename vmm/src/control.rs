@@ -233,8 +233,11 @@ async fn serve(
             // A client that connects and says nothing must not hold its
             // descriptor for ever.
             match tokio::time::timeout(IDLE_CLIENT, reader.read_line(&mut line)).await {
+                // Closed having said nothing: `vtrace ctl` and a starting
+                // run check that a socket is alive by connecting, which
+                // is no request (it was served as the command '').
+                Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(_)) => {}
-                Ok(Err(_)) => return,
                 Err(_) => {
                     let _ = write.write_all(b"error: no request within 10 s\n").await;
                     return;
