@@ -1,6 +1,7 @@
 //! The guest idles in HLT: wait for the next device event, console
 //! input, a `vtrace ctl` request or a stop signal. On a machine of several
-//! CPUs only the halted CPU idles, until every CPU does.
+//! CPUs only the halted CPU idles, until every CPU does; and where the
+//! CPUs stop running in parallel, the turns go on from a CPU that may run.
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
@@ -36,6 +37,31 @@ impl Run<'_> {
                 report: Box::new(self.vm.crash_report(None)),
             });
         }
+        self.idle(several)
+    }
+
+    /// The turns go on after the CPUs ran in parallel, from the CPU on
+    /// stage: the one whose exit was served last, which may have been a
+    /// HLT. A halted CPU entered again would run on from its HLT as if
+    /// woken, or take the interrupt that woke it and then sit out its
+    /// turns as still halted; the turn goes to a CPU that may run,
+    /// waiting as a halt does where none may yet.
+    pub(super) fn resume_turns(&mut self) -> Result<Next> {
+        let cpus = &self.vm.machine.cpus;
+        if cpus.power()[cpus.on_stage()] == Power::Running {
+            return Ok(Next::Continue);
+        }
+        let next = self.idle(true)?;
+        if let Next::Continue = next {
+            self.next_turn();
+        }
+        Ok(next)
+    }
+
+    /// Waits until a CPU may run (`several`) or the one CPU has an
+    /// interrupt to take, serving console input, `vtrace ctl` and signals
+    /// meanwhile; under the step clock, time jumps to the next event.
+    fn idle(&mut self, several: bool) -> Result<Next> {
         loop {
             let now: VirtualNanos = self.vm.machine.clock.now();
             self.vm.machine.devices.update_interrupts(now);

@@ -243,7 +243,10 @@ impl Run<'_> {
             if parallel::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
                 match self.race()? {
                     Some(exit) => return Ok(exit),
-                    None => continue,
+                    None => match self.resume_turns()? {
+                        Next::Stop(exit) => return Ok(exit),
+                        Next::Continue => continue,
+                    },
                 }
             }
             let step = &self.vm.step;
