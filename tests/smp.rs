@@ -395,6 +395,71 @@ fn one_cpu_traces_as_without_the_option() {
     );
 }
 
+/// `vtrace ctl start` while every CPU halts, the CPUs running in parallel:
+/// nothing runs until an interrupt wakes a CPU, and in the SMP demo's
+/// `smp_park` none comes (the PIC masked, the other CPUs waiting for an
+/// IPI). Before, the turns went on from the CPU whose HLT was served
+/// last, entering it as if woken: the trace held steps of a CPU that
+/// nothing had woken. `ctl stop` then ends the run (`--exit-after-trace`)
+/// though no CPU ever wakes again.
+#[test]
+fn a_trace_started_while_every_cpu_halts_wakes_none_of_them() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("parked.vtd");
+    let sock = dir.path().join("parked.sock");
+    let console = dir.path().join("console.txt");
+    let mut child = vtrace()
+        .args(["run", "--no-input", "--cpus", "2", "--append", "smp_park"])
+        .args(["--ignore-guest-tracing", "--exit-after-trace"])
+        .args(["--disk-size", "8M", "--disk"])
+        .arg(&disk)
+        .arg("--control")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&console).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&console)
+        .unwrap_or_default()
+        .contains("SMP: parked")
+    {
+        if started.elapsed().as_secs() > 60 || child.try_wait().ok().flatten().is_some() {
+            let _ = child.kill();
+            let err = child
+                .wait_with_output()
+                .map(|o| stderr(&o))
+                .unwrap_or_default();
+            let console = std::fs::read_to_string(&console).unwrap_or_default();
+            panic!("the demo did not park: {console}\n{err}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Time for CPU 0's last HLT to reach the loop (the others halted long
+    // before), then a trace with nothing to run.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let ctl = |command: &str| {
+        let out = run(&["ctl", "--control", sock.to_str().unwrap(), command]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "ctl {command}: {}",
+            stderr(&out)
+        );
+    };
+    ctl("start");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    ctl("stop");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let i = info(&disk);
+    assert_eq!(i["steps"], 0, "{i}");
+}
+
 /// A trigger that fires on an application processor starts tracing on
 /// every CPU at once, and the trace says which CPU it fired on.
 #[test]

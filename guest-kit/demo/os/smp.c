@@ -208,28 +208,40 @@ struct frame *smp_interrupt(struct frame *f)
     return f;
 }
 
-/* The work's size: `smp_work=N` on the command line multiplies each
- * item's range (1 to 1000; 1 without it), for `vtrace bench --cpus`. */
-static u64 work_scale(const char *cmdline)
+/* Where `key` is on the command line: what follows it, else NULL. */
+static const char *option(const char *cmdline, const char *key)
 {
-    static const char key[] = "smp_work=";
     for (const char *p = cmdline; *p; p++) {
         int i = 0;
         while (key[i] && p[i] == key[i])
             i++;
-        if (key[i])
-            continue;
-        u64 n = 0;
-        for (p += i; *p >= '0' && *p <= '9' && n <= 1000; p++)
-            n = n * 10 + (u64)(*p - '0');
-        return n >= 1 && n <= 1000 ? n : 1;
+        if (!key[i])
+            return p + i;
     }
-    return 1;
+    return 0;
 }
+
+/* The work's size: `smp_work=N` on the command line multiplies each
+ * item's range (1 to 1000; 1 without it), for `vtrace bench --cpus`. */
+static u64 work_scale(const char *cmdline)
+{
+    const char *p = option(cmdline, "smp_work=");
+    if (!p)
+        return 1;
+    u64 n = 0;
+    for (; *p >= '0' && *p <= '9' && n <= 1000; p++)
+        n = n * 10 + (u64)(*p - '0');
+    return n >= 1 && n <= 1000 ? n : 1;
+}
+
+/* `smp_park`: when the work is done, every CPU halts for good (tests/smp.rs
+ * starts a trace then: nothing may run). */
+static int park;
 
 void smp_init(u64 rsdp_paddr, const char *cmdline)
 {
     u64 scale = work_scale(cmdline);
+    park = option(cmdline, "smp_park") != 0;
     map_lapic();
     find_cpus(rsdp_paddr);
     idt_set_gate(VEC_WAKE, (u64)isr240);
@@ -267,4 +279,13 @@ void smp_finish(void)
     for (int c = 0; c < ncpus; c++)
         kprintf("SMP: CPU %d: %lu items, %lu IPIs taken, %lu lock spins\n", c, items_by_cpu[c],
                 ipis_by_cpu[c], lock_spins[c]);
+    if (park) {
+        kprintf("SMP: parked, every CPU halts\n");
+        /* The other CPUs already halt, waiting for a wake IPI; with the PIC
+         * masked, no timer tick or serial interrupt comes for CPU 0. */
+        outb(0x21, 0xff);
+        outb(0xa1, 0xff);
+        for (;;)
+            __asm__ volatile("sti; hlt; cli");
+    }
 }

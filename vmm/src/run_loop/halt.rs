@@ -115,6 +115,12 @@ impl Run<'_> {
                     if let Next::Stop(exit) = self.woken(wake) {
                         return Ok(Next::Stop(exit));
                     }
+                    // A `vtrace ctl stop` with --exit-after-trace ends the
+                    // run now, not when an interrupt next wakes a CPU
+                    // (never, in a guest that masked them all).
+                    if self.monitor.plan_entry().done {
+                        return Ok(Next::Stop(GuestExit::MonitorDone));
+                    }
                 }
                 // The senders live as long as the loop: a timeout, or a
                 // channel that cannot end.
