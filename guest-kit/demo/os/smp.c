@@ -18,6 +18,9 @@
 #define LAPIC_SVR 0xf0
 #define LAPIC_ICR_LOW 0x300
 #define LAPIC_ICR_HIGH 0x310
+#define LAPIC_LVT_TIMER 0x320
+#define LAPIC_TIMER_INITIAL 0x380
+#define LAPIC_TIMER_DIVIDE 0x3e0
 
 #define VEC_WAKE 0xf0
 #define VEC_DONE 0xf1
@@ -27,6 +30,12 @@
 #define WORK_ITEMS 24
 #define TRAMPOLINE 0x10000UL
 #define AP_STACK 8192
+
+/* `smp_park`: when the work is done, every CPU halts, and 5 s later CPU 0's
+ * local APIC timer wakes it once to wake the others once (tests/smp.rs
+ * starts a trace meanwhile). */
+static int park;
+static volatile int parked;
 
 struct rsdp {
     char signature[8];
@@ -203,6 +212,8 @@ struct frame *smp_interrupt(struct frame *f)
 {
     if (f->vector != VEC_SPURIOUS) {
         ipis_by_cpu[cpu_index(this_cpu_id())]++;
+        if (parked && f->vector == VEC_DONE)  /* smp_park's one-shot */
+            lapic_write(LAPIC_ICR_LOW, 0xc0000 | 0x4000 | VEC_WAKE);
         lapic_write(LAPIC_EOI, 0);
     }
     return f;
@@ -233,10 +244,6 @@ static u64 work_scale(const char *cmdline)
         n = n * 10 + (u64)(*p - '0');
     return n >= 1 && n <= 1000 ? n : 1;
 }
-
-/* `smp_park`: when the work is done, every CPU halts for good (tests/smp.rs
- * starts a trace then: nothing may run). */
-static int park;
 
 void smp_init(u64 rsdp_paddr, const char *cmdline)
 {
@@ -282,9 +289,14 @@ void smp_finish(void)
     if (park) {
         kprintf("SMP: parked, every CPU halts\n");
         /* The other CPUs already halt, waiting for a wake IPI; with the PIC
-         * masked, no timer tick or serial interrupt comes for CPU 0. */
+         * masked, no timer tick or serial interrupt comes for CPU 0, only
+         * its local APIC timer's one-shot (1.28 us a count). */
         outb(0x21, 0xff);
         outb(0xa1, 0xff);
+        parked = 1;
+        lapic_write(LAPIC_TIMER_DIVIDE, 0xa);
+        lapic_write(LAPIC_LVT_TIMER, VEC_DONE);
+        lapic_write(LAPIC_TIMER_INITIAL, 3906250);
         for (;;)
             __asm__ volatile("sti; hlt; cli");
     }

@@ -90,18 +90,25 @@ impl Run<'_> {
                 self.inject()?;
                 return Ok(Next::Continue);
             }
+            if let Some(signal) = signals::caught() {
+                return Ok(Next::Stop(GuestExit::Signal(signal)));
+            }
             let deadline = self.vm.machine.devices.next_deadline();
             if let (Some(d), true) = (deadline, self.vm.machine.clock.step_driven()) {
                 // Nothing runs while the guest idles: jump to its next event.
+                // A guest that masked every interrupt jumps for ever, so
+                // `vtrace ctl` and the console are still heard meanwhile.
                 self.vm.machine.clock.skip_to(d);
+                while let Ok(wake) = self.wakes.try_recv() {
+                    if let Some(next) = self.woken_idle(wake) {
+                        return Ok(next);
+                    }
+                }
                 continue;
             }
             let wait = deadline
                 .and_then(|d| self.vm.machine.clock.host_delay_until(d))
                 .unwrap_or(Duration::from_millis(100));
-            if let Some(signal) = signals::caught() {
-                return Ok(Next::Stop(GuestExit::Signal(signal)));
-            }
             if deadline.is_none() && !self.vm.frontends.console_open {
                 return Err(Error::GuestFailure {
                     reason: "the guest halted with no timer programmed and no console \
@@ -112,14 +119,8 @@ impl Run<'_> {
             }
             match self.wakes.recv_timeout(wait) {
                 Ok(wake) => {
-                    if let Next::Stop(exit) = self.woken(wake) {
-                        return Ok(Next::Stop(exit));
-                    }
-                    // A `vtrace ctl stop` with --exit-after-trace ends the
-                    // run now, not when an interrupt next wakes a CPU
-                    // (never, in a guest that masked them all).
-                    if self.monitor.plan_entry().done {
-                        return Ok(Next::Stop(GuestExit::MonitorDone));
+                    if let Some(next) = self.woken_idle(wake) {
+                        return Ok(next);
                     }
                 }
                 // The senders live as long as the loop: a timeout, or a
@@ -127,5 +128,19 @@ impl Run<'_> {
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
             }
         }
+    }
+
+    /// Serves what woke the idle loop: the run's end where it brings one.
+    fn woken_idle(&mut self, wake: crate::frontends::Wake) -> Option<Next> {
+        if let Next::Stop(exit) = self.woken(wake) {
+            return Some(Next::Stop(exit));
+        }
+        // A `vtrace ctl stop` with --exit-after-trace ends the run now, not
+        // when an interrupt next wakes a CPU (never, in a guest that
+        // masked them all).
+        self.monitor
+            .plan_entry()
+            .done
+            .then_some(Next::Stop(GuestExit::MonitorDone))
     }
 }
