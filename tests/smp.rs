@@ -482,12 +482,11 @@ fn a_trace_started_while_every_cpu_halts_gives_each_woken_cpu_its_turns() {
         let listing = run(&["analyze", "listing", "--cpu", cpu, disk.to_str().unwrap()]);
         let last = stdout(&listing)
             .lines()
-            .filter(|l| {
+            .rfind(|l| {
                 l.split_whitespace()
                     .next()
                     .is_some_and(|n| n.parse::<u64>().is_ok())
             })
-            .last()
             .map(str::to_owned)
             .unwrap_or_default();
         assert!(last.contains(" hlt "), "CPU {cpu}'s last step: {last}");
