@@ -208,6 +208,15 @@ fn a_function_window_holds_the_calling_cpus_steps_only() {
     assert_eq!(traced + elsewhere, 4, "{line}");
 }
 
+/// The lines of a listing that are steps (they begin with its number).
+fn step_lines(listing: &str) -> impl DoubleEndedIterator<Item = &str> {
+    listing.lines().filter(|l| {
+        l.split_whitespace()
+            .next()
+            .is_some_and(|n| n.parse::<u64>().is_ok())
+    })
+}
+
 /// `vtrace info --json` of `disk`.
 fn info(disk: &std::path::Path) -> serde_json::Value {
     let out = run(&["info", "--json", disk.to_str().unwrap()]);
@@ -480,13 +489,8 @@ fn a_trace_started_while_every_cpu_halts_gives_each_woken_cpu_its_turns() {
         assert!(i["steps_by_cpu"][cpu].as_u64() > Some(0), "CPU {cpu}: {i}");
         // Its last step is the HLT it went back to, its handler done.
         let listing = run(&["analyze", "listing", "--cpu", cpu, disk.to_str().unwrap()]);
-        let last = stdout(&listing)
-            .lines()
-            .rfind(|l| {
-                l.split_whitespace()
-                    .next()
-                    .is_some_and(|n| n.parse::<u64>().is_ok())
-            })
+        let last = step_lines(&stdout(&listing))
+            .next_back()
             .map(str::to_owned)
             .unwrap_or_default();
         assert!(last.contains(" hlt "), "CPU {cpu}'s last step: {last}");
@@ -533,13 +537,8 @@ fn a_trigger_on_cpu_1_traces_every_cpu_and_names_where_it_fired() {
     assert!(stdout(&o).contains("(on CPU 1)"), "{}", stdout(&o));
     // The first step is CPU 1's, at ap_main.
     let o = run(&["analyze", "listing", "--count", "1", disk.to_str().unwrap()]);
-    let first = stdout(&o)
-        .lines()
-        .find(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|n| n.parse::<u64>().is_ok())
-        })
+    let first = step_lines(&stdout(&o))
+        .next()
         .map(str::to_owned)
         .unwrap_or_default();
     let fields: Vec<&str> = first.split_whitespace().collect();
