@@ -461,6 +461,7 @@ fn a_trace_started_while_every_cpu_halts_gives_each_woken_cpu_its_turns() {
             "ctl {command}: {}",
             stderr(&out)
         );
+        stdout(&out)
     };
     ctl("start");
     // The one-shot, then both CPUs' handlers: the steps stop growing.
@@ -468,11 +469,10 @@ fn a_trace_started_while_every_cpu_halts_gives_each_woken_cpu_its_turns() {
     while same < 5 {
         assert!(started.elapsed().as_secs() < 90, "the steps kept growing");
         std::thread::sleep(std::time::Duration::from_millis(200));
-        let out = run(&["ctl", "--control", sock.to_str().unwrap(), "status"]);
-        let steps = stdout(&out)
+        let steps = ctl("status")
             .split(", ")
             .find_map(|s| s.strip_suffix(" steps recorded"))
-            .and_then(|n| n.trim_start_matches("tracing on").trim().parse().ok())
+            .and_then(|n| n.parse().ok())
             .unwrap_or(0u64);
         same = if steps > 0 && steps == last {
             same + 1

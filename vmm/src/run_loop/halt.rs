@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::clock::VirtualNanos;
 use crate::cpus::{self, Power, Turn};
 use crate::error::{Error, Result};
+use crate::frontends::Wake;
 use crate::signals;
 
 use super::{GuestExit, Next, Run};
@@ -131,7 +132,7 @@ impl Run<'_> {
     }
 
     /// Serves what woke the idle loop: the run's end where it brings one.
-    fn woken_idle(&mut self, wake: crate::frontends::Wake) -> Option<Next> {
+    fn woken_idle(&mut self, wake: Wake) -> Option<Next> {
         if let Next::Stop(exit) = self.woken(wake) {
             return Some(Next::Stop(exit));
         }
