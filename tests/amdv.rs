@@ -796,8 +796,19 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
             "{call}: {table}"
         );
     }
+    // Its pid asked through each table (tests/programs/vtprog.c):
+    // `syscall` with 39 (the forked shell asks too, before the exec) and
+    // `int 0x80` with 20, which the i386 table names getpid and x86-64's
+    // writev.
+    assert!(
+        prog["system_calls"]["getpid"].as_u64() >= Some(1),
+        "{table}"
+    );
+    assert_eq!(prog["system_calls"]["getpid (ia32)"], 1, "{table}");
+    assert!(prog["system_calls"].get("writev").is_none(), "{table}");
     assert_eq!(prog["mappings"][0]["path"], "/bin/vtprog", "{table}");
-    // It returned 0 from main (tests/programs/vtprog.c): exit_group(0).
+    // It returned 0 from main: exit_group(0), and the kernel's ia32
+    // getpid gave the pid its x86-64 one did (else the status is 3).
     assert_eq!(prog["exit"]["status"], 0, "{table}");
     assert_eq!(prog["exit"]["code"], 0, "{table}");
 
@@ -867,6 +878,25 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     assert!(
         nest[call..].contains("ksys_write"),
         "the write's kernel routines are not under it"
+    );
+    // The i386 call, named from the i386 table (the host recorded its
+    // vector's delivery: still a system call's level), runs the kernel's
+    // `int 0x80` entry (`asm_int80_emulation` in Debian's 6.1, where
+    // older kernels had `do_int80_syscall_32`; getpid's routine has an
+    // x86-64 and an ia32 name for one address, so it says nothing here).
+    let ia32 = nest
+        .find("==> system call getpid (ia32 20) in ia32_getpid")
+        .unwrap_or_else(|| {
+            let near: Vec<&str> = nest.lines().filter(|l| l.contains("getpid")).collect();
+            panic!("the program's int 0x80 is not named: {near:#?}")
+        });
+    let level = &nest[ia32..];
+    let level = &level[..level
+        .find("==> return from system call")
+        .unwrap_or(level.len())];
+    assert!(
+        level.contains("int80_emulation() {") || level.contains("do_int80_syscall_32"),
+        "the int 0x80's level does not run the kernel's entry for it: {level}"
     );
     // The kernel returns through SRSO's thunk on this AMD CPU (`jmp
     // srso_return_thunk`, which calls `srso_safe_ret`): read as one
@@ -973,6 +1003,26 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
     assert!(events
         .iter()
         .any(|e| e["ph"] == "C" && e["args"]["runnable"].as_u64() > Some(0)));
+    // The export names each call with its table: the number alone (20)
+    // would read as x86-64's writev.
+    let parquet = dir.path().join("steps.parquet");
+    analyze(&["export", "-q", "-o", parquet.to_str().unwrap()]);
+    let calls = duckdb(&format!(
+        "SELECT syscall, syscall_name, count(*) FROM '{}' WHERE pid = {pid} \
+         AND syscall_name IN ('getpid', 'getpid (ia32)') GROUP BY ALL ORDER BY 1",
+        parquet.display()
+    ));
+    assert_eq!(
+        calls,
+        [
+            [serde_json::json!(20), "getpid (ia32)".into(), 1.into()],
+            [
+                39.into(),
+                "getpid".into(),
+                prog["system_calls"]["getpid"].clone()
+            ],
+        ],
+    );
     let svg = dir.path().join("flame.svg");
     analyze(&["flame", "-o", svg.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&svg).unwrap();

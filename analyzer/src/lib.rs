@@ -87,5 +87,6 @@ pub use samples::{format_profile, samples, Samples};
 pub use spaces::{collect as collect_spaces, SpaceTable};
 pub use stats::{collect as collect_stats, folded as folded_stats, Stats};
 pub use symbolize::{name_address, AddressQuery, Named};
+pub use syscalls::{Abi as SystemCallAbi, SystemCall};
 pub use timeline::{write as write_timeline, TimelineFormat, TimelineOptions};
 pub use user_programs::{add_user_symbols, mapped_paths, recorded_maps, RecordedMap, UserFiles};

@@ -470,13 +470,8 @@ fn format_segment(
                 }
                 pending_events.clear();
                 recorded.clear();
-                if let Some(n) = syscalls::number_of(s) {
-                    let _ = writeln!(
-                        pending_events,
-                        "{:>10} -- system call {} ({n})",
-                        "",
-                        syscalls::name(n)
-                    );
+                if let Some(call) = syscalls::number_of(s) {
+                    let _ = writeln!(pending_events, "{:>10} -- system call {call}", "");
                 }
                 prev.insert(cpu, s.regs);
                 number = number.saturating_add(1);

@@ -18,7 +18,6 @@ use crate::levels::{
 use crate::naming::{routine_name, vector_name};
 use crate::routine_filter::RoutineFilter;
 use crate::symbols::{Symbolizer, UNKNOWN_FUNC};
-use crate::syscalls;
 
 /// Lines a block holds before it is written out in parts.
 pub const BLOCK_LINES: usize = 65_536;
@@ -419,10 +418,10 @@ impl<W: Write> LevelSink for NestWriter<'_, W> {
             BigLevelCause::Interrupt { vector } => {
                 format!("interrupt: {}{during}", vector_name(vector))
             }
-            BigLevelCause::SystemCall { number: Some(n) } => {
-                format!("system call {} ({n}){during}", syscalls::name(n))
+            BigLevelCause::SystemCall { call: Some(call) } => {
+                format!("system call {call}{during}")
             }
-            BigLevelCause::SystemCall { number: None } => format!("system call{during}"),
+            BigLevelCause::SystemCall { call: None } => format!("system call{during}"),
             BigLevelCause::Resume { system_call: false } => "return from interrupt".into(),
             BigLevelCause::Resume { system_call: true } => "return from system call".into(),
             BigLevelCause::Switch { from } => {

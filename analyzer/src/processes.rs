@@ -105,7 +105,7 @@ struct Acc {
     by_cpu: Vec<u64>,
     migrations: u64,
     spaces: FxHashSet<u64>,
-    calls: FxHashMap<u64, u64>,
+    calls: FxHashMap<syscalls::SystemCall, u64>,
 }
 
 impl Acc {
@@ -317,7 +317,7 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
         let system_calls = a
             .calls
             .into_iter()
-            .map(|(n, c)| (syscalls::name(n), c))
+            .map(|(call, c)| (call.name(), c))
             .collect();
         let mappings = pid
             .and_then(|p| maps.get(&p))

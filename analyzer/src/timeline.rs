@@ -187,10 +187,10 @@ impl<O: TimelineOut> LevelSink for TimelineSink<'_, O> {
     fn big_level(&mut self, level: &BigLevel) {
         let name = match level.cause {
             BigLevelCause::Interrupt { vector } => vector_name(vector),
-            BigLevelCause::SystemCall { number: Some(n) } => {
-                format!("system call {}", crate::syscalls::name(n))
+            BigLevelCause::SystemCall { call: Some(call) } => {
+                format!("system call {}", call.name())
             }
-            BigLevelCause::SystemCall { number: None } => "system call".into(),
+            BigLevelCause::SystemCall { call: None } => "system call".into(),
             BigLevelCause::Break => "steps missing".into(),
             _ => return,
         };

@@ -122,8 +122,9 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
             );
         }
         (reads_at, writes_at) = (r_end, w_end);
-        if let Some((_, n)) = syscalls.next_if(|(r, _)| *r as usize == row) {
-            let _ = write!(out, ",\"syscall\":{n}");
+        if let Some((_, call)) = syscalls.next_if(|(r, _)| *r as usize == row) {
+            let _ = write!(out, ",\"syscall\":{},\"syscall_name\":", call.number);
+            quoted(&mut out, &call.name());
         }
         if let Some((_, v)) = interrupts.next_if(|(r, _)| *r as usize == row) {
             let _ = write!(out, ",\"interrupt\":{v}");

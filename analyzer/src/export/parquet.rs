@@ -70,6 +70,7 @@ pub(super) fn schema() -> SchemaRef {
         Field::new("read_values", list_of(DataType::UInt64), true),
         Field::new("write_values", list_of(DataType::UInt64), true),
         Field::new("syscall", DataType::UInt64, true),
+        Field::new("syscall_name", text_dictionary(), true),
         Field::new("interrupt", DataType::UInt8, true),
         Field::new("events", list_of(DataType::Utf8), false),
     ]);
@@ -133,7 +134,7 @@ pub(super) fn columns(
         ]
         .map(|(d, p)| Column::Access(d, p)),
     );
-    columns.extend(arrow(built.markers.to_vec()));
+    columns.extend(built.markers);
     if columns.len() != ctx.schema.fields().len() {
         return Err(ExportError::Unsupported(
             "the export's columns do not match its schema",
@@ -149,8 +150,8 @@ struct TextAndMarkers {
     virtual_ns: ArrayRef,
     /// routine, pid, tid, comm, bytes, mnemonic, instruction.
     what_ran: [Column; 7],
-    /// syscall, interrupt, events.
-    markers: [ArrayRef; 3],
+    /// syscall, syscall_name, interrupt, events.
+    markers: [Column; 4],
 }
 
 fn text_and_marker_columns(
@@ -176,6 +177,7 @@ fn text_and_marker_columns(
         .map(|t| (t.mnemonic, t.disassembly))
         .unzip();
     let [syscall, interrupt] = marker_columns(rows);
+    let syscall_name = syscall_name_column(rows);
     Ok(TextAndMarkers {
         virtual_ns,
         what_ran: [
@@ -193,7 +195,12 @@ fn text_and_marker_columns(
                 rows: insn,
             },
         ],
-        markers: [syscall, interrupt, events_column(rows)],
+        markers: [
+            Column::Arrow(syscall),
+            syscall_name,
+            Column::Arrow(interrupt),
+            Column::Arrow(events_column(rows)),
+        ],
     })
 }
 
@@ -284,10 +291,32 @@ fn flags_column(rows: &SegmentRows, starts: &[usize]) -> ArrayRef {
 /// The system call a step entered and the interrupt that came before it,
 /// where any.
 fn marker_columns(rows: &SegmentRows) -> [ArrayRef; 2] {
+    let numbers: Vec<(u32, u64)> = rows.syscalls.iter().map(|(r, c)| (*r, c.number)).collect();
     [
-        Arc::new(sparse::<UInt64Type>(rows.len(), &rows.syscalls)),
+        Arc::new(sparse::<UInt64Type>(rows.len(), &numbers)),
         Arc::new(sparse::<UInt8Type>(rows.len(), &rows.interrupts)),
     ]
+}
+
+/// The name of the system call a step entered (`write`, `write (ia32)`:
+/// the number alone does not say which table it indexes).
+fn syscall_name_column(rows: &SegmentRows) -> Column {
+    let mut dictionary = Vec::new();
+    let mut keys = FxHashMap::default();
+    let mut column = vec![None; rows.len()];
+    for (row, call) in &rows.syscalls {
+        let key = *keys.entry(*call).or_insert_with(|| {
+            dictionary.push(call.name());
+            (dictionary.len() - 1) as u32
+        });
+        if let Some(cell) = column.get_mut(*row as usize) {
+            *cell = Some(key);
+        }
+    }
+    Column::Text {
+        dictionary,
+        rows: column.into(),
+    }
 }
 
 /// A column of `n` rows that holds `values` (row, value) and nulls

@@ -72,8 +72,8 @@ pub(super) struct SegmentRows {
     pub events: Vec<String>,
     pub events_end: Vec<u32>,
     pub first_events: Vec<String>,
-    /// (row, number) of the steps that make a system call.
-    pub syscalls: Vec<(u32, u64)>,
+    /// (row, call) of the steps that make a system call.
+    pub syscalls: Vec<(u32, crate::syscalls::SystemCall)>,
     /// (row, vector) of the steps an interrupt was delivered before.
     pub interrupts: Vec<(u32, u8)>,
     /// Routine of each row, as the level engine saw it.

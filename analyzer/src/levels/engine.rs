@@ -100,7 +100,7 @@ pub struct LevelEngine {
     /// What the frame a `ret` is popping returned.
     returned: Option<u64>,
     /// The number of the system call the next step makes.
-    syscall_number: Option<u64>,
+    syscall: Option<crate::syscalls::SystemCall>,
     after_break: bool,
     /// The running stack is a task's or address space's first: its first
     /// returns go where no frame the engine saw returns to (a new task's
@@ -142,7 +142,7 @@ impl LevelEngine {
             pending_interrupt: None,
             return_value: None,
             returned: None,
-            syscall_number: None,
+            syscall: None,
             after_break: false,
             first_run: false,
             nodes: vec![(u32::MAX, UNKNOWN_FUNC)],
@@ -412,8 +412,8 @@ impl LevelEngine {
                 self.push_frame(sink, func, pc, step, EntryKind::Call, Some(next_pc), None);
             }
             Flow::SystemCall if pc != next_pc => {
-                let number = self.syscall_number.take();
-                self.big_level(sink, step, BigLevelCause::SystemCall { number });
+                let call = self.syscall.take();
+                self.big_level(sink, step, BigLevelCause::SystemCall { call });
                 let resume = Prev {
                     flow: Flow::Next,
                     ..prev
@@ -492,7 +492,7 @@ impl LevelEngine {
             Item::Interrupt { vector } => {
                 self.pending_interrupt = Some(vector);
             }
-            Item::SystemCallNumber(number) => self.syscall_number = Some(number),
+            Item::SystemCall(call) => self.syscall = Some(call),
             Item::Task(task) => {
                 if self.task.replace(task) != Some(task) {
                     let next = self.prev_step.map_or(0, |s| s.saturating_add(1));
@@ -605,8 +605,10 @@ impl LevelEngine {
             self.big_level(sink, step, BigLevelCause::Break);
         }
         match self.pending_interrupt.take() {
-            Some(vector) => self.interrupted(sink, vector, func, pc, step),
-            None => {
+            Some(vector) if !self.is_system_call_delivery(vector) => {
+                self.interrupted(sink, vector, func, pc, step)
+            }
+            _ => {
                 let prev = self.prev;
                 self.transition(sink, prev, func, pc, step);
             }
@@ -618,6 +620,17 @@ impl LevelEngine {
         self.counts.steps += 1;
         self.prev = Some(this);
         self.prev_step = Some(step);
+    }
+
+    /// Whether an interrupt recorded before this step is the one the step
+    /// before made as a system call (`int 0x80`: some hosts record its
+    /// delivery), whose level is the system call's.
+    fn is_system_call_delivery(&self, vector: u8) -> bool {
+        vector == crate::syscalls::INT_80_VECTOR
+            && self.prev.is_some_and(|p| p.flow == Flow::SystemCall)
+            && self
+                .syscall
+                .is_some_and(|c| c.abi == crate::syscalls::Abi::Ia32)
     }
 
     /// The step at `pc` is the first of an interrupt handler: the

@@ -73,9 +73,8 @@ pub enum Item {
         /// Its vector.
         vector: u8,
     },
-    /// The next step is a system call of this number (see
-    /// `crate::syscalls`).
-    SystemCallNumber(u64),
+    /// The next step is this system call (see `crate::syscalls`).
+    SystemCall(crate::syscalls::SystemCall),
     /// From the next step on, this task runs (or the running one took
     /// this name).
     Task(TaskId),
@@ -330,8 +329,8 @@ impl<'a> ItemBuilder<'a> {
                 }
                 let func = self.funcs.func(s.pc, s.cr3);
                 let flow = insn.flow;
-                if let Some(number) = crate::syscalls::number_of(s) {
-                    self.out.push(Item::SystemCallNumber(number));
+                if let Some(call) = crate::syscalls::number_of(s) {
+                    self.out.push(Item::SystemCall(call));
                 }
                 let len = s.bytes.len() as u8;
                 let step = self.step;

@@ -130,11 +130,11 @@ pub enum BigLevelCause {
         /// Its vector.
         vector: u8,
     },
-    /// A system call: its number where the trace shows it (x86-64
-    /// `syscall` from user mode).
+    /// A system call: which one where the trace shows it (`syscall`,
+    /// `sysenter` or `int 0x80` from user mode).
     SystemCall {
-        /// The system call's number, where known.
-        number: Option<u64>,
+        /// The system call, where known.
+        call: Option<crate::syscalls::SystemCall>,
     },
     /// Back from an interrupt or system call into what it interrupted.
     Resume {

@@ -441,3 +441,67 @@ fn returns_from_system_calls_and_interrupts_are_told_apart() {
     engine.finish(&mut sink);
     assert_eq!(sink.0, [true, false]);
 }
+
+/// `int 0x80` from user mode is a system call through the i386 table,
+/// whether or not the host recorded its vector's delivery: its level is
+/// the system call's, named from that table, and the `iretq` returns
+/// from a system call. An `int3` stays an interrupt.
+#[test]
+fn an_int_0x80_whose_delivery_was_recorded_is_a_system_call() {
+    struct Levels(Vec<String>);
+    impl LevelSink for Levels {
+        fn big_level(&mut self, level: &BigLevel) {
+            self.0.push(match level.cause {
+                BigLevelCause::SystemCall { call } => format!("{:?}", call.map(|c| c.to_string())),
+                other => format!("{other:?}"),
+            });
+        }
+    }
+    let user = |pc: u64, bytes: &[u8], rax: u64| {
+        let mut regs = Regs::default();
+        regs.gpr[0] = rax;
+        Record::Step(Step {
+            pc,
+            bytes: InsnBytes::new(bytes).expect("test bytes"),
+            cr3: 0x1000,
+            mode: CpuMode::Long64,
+            cpl: 3,
+            regs,
+        })
+    };
+    let delivered = |vector| {
+        Record::Event(Event::Interrupt {
+            vector,
+            error_code: None,
+            source: vtrace_storage::InterruptSource::ReportedByKvm,
+        })
+    };
+    let symbols = symbols();
+    let records = [
+        user(0x1000, NOP, 20),
+        user(0x1001, &[0xcd, 0x80], 20), // int 0x80
+        delivered(0x80),
+        step(0x2000, NOP),
+        step(0x2001, &[0x48, 0xcf]), // iretq to 0x1003
+        user(0x1003, &[0xcc], 0),    // int3
+        delivered(3),
+        step(0x3000, NOP),
+        step(0x3001, &[0x48, 0xcf]), // iretq to 0x1004
+        user(0x1004, NOP, 0),
+    ];
+    let mut engine = LevelEngine::new();
+    let mut sink = Levels(Vec::new());
+    for item in items(&symbols, &records) {
+        engine.push(item, &mut sink);
+    }
+    engine.finish(&mut sink);
+    assert_eq!(
+        sink.0[1..],
+        [
+            "Some(\"getpid (ia32 20)\")",
+            "Resume { system_call: true }",
+            "Interrupt { vector: 3 }",
+            "Resume { system_call: false }",
+        ]
+    );
+}
