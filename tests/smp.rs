@@ -323,6 +323,8 @@ fn traced_twice(cpus: u8) {
     // four CPUs, where CPU 1's share, as JSON, is the smaller).
     if cpus == 4 {
         export_of_cpu_1(&a, dir.path(), by_cpu, steps[0]);
+    } else {
+        export_of_every_cpu(&a, dir.path(), by_cpu);
     }
 
     // The timeline gives each CPU a Perfetto process of its own.
@@ -581,6 +583,75 @@ fn export_of_cpu_1(
     assert_eq!(Some(rows), by_cpu["1"].as_u64(), "a row per CPU 1 step");
     let listed = first_listed.split_whitespace().next().unwrap().parse().ok();
     assert_eq!(first_step, listed, "the same step numbers as the listing's");
+}
+
+/// `analyze export` of a trace of several CPUs without `--cpu`: every
+/// CPU's rows, each with its CPU, in one file or in files of one CPU each
+/// (named with it), exactly the rows the per-CPU exports give.
+fn export_of_every_cpu(
+    trace: &std::path::Path,
+    dir: &std::path::Path,
+    by_cpu: &serde_json::Map<String, serde_json::Value>,
+) {
+    let export = |out: &std::path::Path, cpu: Option<&str>| {
+        let mut args = vec!["analyze", "export", "-q", "-o", out.to_str().unwrap()];
+        args.extend(cpu.map(|c| ["--cpu", c]).into_iter().flatten());
+        args.push(trace.to_str().unwrap());
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        format!("'{}'", out.display())
+    };
+    let all = export(&dir.join("all.parquet"), None);
+    let files = dir.join("files");
+    let run_files = run(&[
+        "analyze",
+        "export",
+        "-q",
+        "--steps-per-file",
+        "300000",
+        "-o",
+        files.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(run_files.status.code(), Some(0), "{}", stderr(&run_files));
+    let each = format!(
+        "(SELECT * FROM {} UNION ALL SELECT * FROM {})",
+        export(&dir.join("cpu0.parquet"), Some("0")),
+        export(&dir.join("cpu1.parquet"), Some("1"))
+    );
+    let counts = duckdb(&format!(
+        "SELECT cpu, count(*), count(DISTINCT step) FROM {all} GROUP BY cpu ORDER BY cpu"
+    ));
+    for (cpu, row) in counts.iter().enumerate() {
+        let steps = &by_cpu[&cpu.to_string()];
+        assert_eq!(
+            row,
+            &[cpu.into(), steps.clone(), steps.clone()],
+            "{counts:?}"
+        );
+    }
+    assert_eq!(counts.len(), by_cpu.len(), "{counts:?}");
+    let in_dir = format!("'{}/*.parquet'", files.display());
+    // Equal as multisets: as many rows, and none of one missing from the
+    // other.
+    for (a, b) in [(&all, &each), (&in_dir, &all)] {
+        let differ = duckdb(&format!(
+            "SELECT (SELECT count(*) FROM {a}) - (SELECT count(*) FROM {b}), count(*) \
+             FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b})"
+        ));
+        assert_eq!(differ, [[0, 0]], "{a} against {b}");
+    }
+    let by_file = duckdb(&format!(
+        "SELECT filename, min(cpu), max(cpu) FROM read_parquet({in_dir}, filename = true) \
+         GROUP BY filename"
+    ));
+    assert!(by_file.len() > by_cpu.len(), "{by_file:?}");
+    for row in &by_file {
+        let name = row[0].as_str().unwrap();
+        assert_eq!(row[1], row[2], "{name} holds one CPU's rows");
+        let suffix = format!(".cpu{}.parquet", row[1]);
+        assert!(name.ends_with(&suffix), "{name}");
+    }
 }
 
 /// `vtrace bench --cpus 2` measures what each traced CPU gets against one

@@ -48,7 +48,8 @@ pub struct TraceArgs {
     /// CPU N's steps and events (the nest diagram, statistics and flame
     /// graphs follow one CPU's calls, so they need it); `stats --cpu all`
     /// shows each CPU's share of the work and where each spun waiting.
-    /// The listing has a CPU column either way.
+    /// The listing has a CPU column either way, and export a `cpu` column:
+    /// without `--cpu` it writes every CPU's rows, a CPU after another.
     #[arg(long, value_name = "N|all", value_parser = parse_cpu)]
     pub cpu: Option<CpuChoice>,
 }

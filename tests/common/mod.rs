@@ -151,9 +151,12 @@ pub fn python(script: &str, args: &[&str], what: &str) -> std::process::Output {
 }
 
 /// The rows of a DuckDB query, as JSON (DuckDB is the Python package
-/// scripts/test.sh installs: what a user's own data tools see).
+/// scripts/test.sh installs: what a user's own data tools see). Its
+/// progress bar, which a query of a few seconds draws on standard output,
+/// is off.
 pub fn duckdb(sql: &str) -> Vec<Vec<serde_json::Value>> {
     const SCRIPT: &str = "import duckdb, json, sys\n\
+        duckdb.sql('SET enable_progress_bar = false')\n\
         rows = duckdb.sql(sys.argv[1]).fetchall()\n\
         print(json.dumps(rows, default=str))\n";
     let out = python(SCRIPT, &[sql], &format!("DuckDB on {sql}"));

@@ -74,7 +74,7 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
     let mut interrupts = rows.interrupts.iter().peekable();
     for row in 0..rows.len() {
         let step = rows.steps[row];
-        let _ = write!(out, "{{\"step\":{step},\"cpu\":{}", ctx.cpu);
+        let _ = write!(out, "{{\"step\":{step},\"cpu\":{}", rows.cpu);
         if let Some(ns) = ctx.ns_per_step.and_then(|ns| step.checked_mul(ns)) {
             let _ = write!(out, ",\"virtual_ns\":{ns}");
         }

@@ -46,7 +46,7 @@ use vtrace_storage::Regs;
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Trace};
-use crate::levels::{run_following, LevelSink};
+use crate::levels::{run_following_on, LevelSink};
 use crate::symbols::Symbolizer;
 use rows::{RowBuilder, SegmentRows};
 
@@ -122,8 +122,6 @@ impl ExportReport {
 struct Context<'a> {
     symbols: &'a Symbolizer,
     ns_per_step: Option<u64>,
-    /// The CPU of every row: `--cpu N`'s (0 on a trace of one CPU).
-    cpu: u32,
     schema: arrow_schema::SchemaRef,
     trace_path: String,
     /// Facts of the trace for the Parquet footer (`vtrace.KEY`).
@@ -160,10 +158,12 @@ fn join(handle: ScopedJoinHandle<'_, Result<ExportedFile, ExportError>>) -> Resu
 enum PartTarget {
     File(PathBuf),
     Stdout,
-    /// The `part`-th file in `dir`.
+    /// The `part`-th file in `dir`, of CPU `cpu`'s steps where the trace
+    /// has several.
     InDirectory {
         dir: PathBuf,
         part: usize,
+        cpu: Option<u32>,
     },
 }
 
@@ -183,7 +183,7 @@ fn write_part(
     let temp = match &target {
         PartTarget::File(path) => partial_name(path),
         // Named for its steps once its last is known.
-        PartTarget::InDirectory { dir, part } => dir.join(format!(".part-{part}.partial")),
+        PartTarget::InDirectory { dir, part, .. } => dir.join(format!(".part-{part}.partial")),
         PartTarget::Stdout => PathBuf::new(),
     };
     let mut writer: Box<dyn PartWriter + '_> = match (&target, format) {
@@ -230,10 +230,11 @@ fn write_part(
             })
         }
         PartTarget::File(path) => path,
-        PartTarget::InDirectory { dir, .. } => {
+        PartTarget::InDirectory { dir, cpu, .. } => {
             let (first, end) = range.unwrap_or_default();
+            let cpu = cpu.map(|c| format!(".cpu{c}")).unwrap_or_default();
             dir.join(format!(
-                "step_range={first:012}-{end:012}.{}",
+                "step_range={first:012}-{end:012}{cpu}.{}",
                 format.extension()
             ))
         }
@@ -259,7 +260,10 @@ fn clear_directory(dir: &Path, format: ExportFormat) -> Result<(), ExportError> 
     Ok(())
 }
 
-/// Exports every readable step of `trace` to `destination`.
+/// Exports every readable step of `trace` to `destination`: of the CPU
+/// the trace has selected ([`Trace::select_cpu`]), else of every CPU, one
+/// after another (each CPU's rows in step order; a directory's files
+/// hold one CPU's each, named with it).
 pub fn export(
     trace: &Trace,
     symbols: &Symbolizer,
@@ -272,6 +276,11 @@ pub fn export(
     }
     let (target, steps_per_file) = part_target(destination, format)?;
     let ctx = &context(trace, symbols);
+    let cpus: Vec<Option<u32>> = match (trace.selected_cpu(), trace.metadata.cpu_count()) {
+        (Some(cpu), _) => vec![Some(cpu)],
+        (None, 0 | 1) => vec![None],
+        (None, n) => (0..n).map(Some).collect(),
+    };
     std::thread::scope(|scope| {
         let mut parts = Parts {
             scope,
@@ -286,30 +295,57 @@ pub fn export(
             open: None,
             closing: VecDeque::new(),
             part: 0,
+            cpu: None,
         };
-        let mut carried: Option<Regs> = None;
-        let mut carried_events: Vec<String> = Vec::new();
-        let mut expected: Option<u64> = None;
-        let outcome = run_following(
-            trace,
-            symbols,
-            &mut Quiet,
-            |info| RowBuilder::new(info.first_step, info.steps),
-            |mut rows, info, runs| {
-                if expected != Some(info.first_step) {
-                    carried = None;
-                    carried_events.clear();
-                }
-                expected = Some(info.first_step.saturating_add(info.steps));
-                rows.finish(carried.as_ref(), std::mem::take(&mut carried_events), runs);
-                carried = rows.last_regs;
-                carried_events = std::mem::take(&mut rows.trailing_events);
-                parts.take(rows)
-            },
-            progress,
-        );
+        let passes = cpus.len() as u64;
+        let mut outcome = Ok(());
+        for (pass, cpu) in (0u64..).zip(cpus.iter().copied()) {
+            parts.next_cpu(cpu.filter(|_| passes > 1));
+            // Each pass reads every segment: the bar runs through once.
+            let progress = |done: u64, total: u64| {
+                let before = total.saturating_mul(pass);
+                progress(before.saturating_add(done) / passes, total)
+            };
+            outcome = export_cpu(trace, symbols, cpu, &mut parts, &progress);
+            if outcome.is_err() {
+                break;
+            }
+        }
         parts.finish(outcome.err())
     })
+}
+
+/// One CPU's rows (every row where `cpu` is `None`) into `parts`.
+fn export_cpu(
+    trace: &Trace,
+    symbols: &Symbolizer,
+    cpu: Option<u32>,
+    parts: &mut Parts<'_, '_>,
+    progress: Progress<'_>,
+) -> Result<()> {
+    let mut carried: Option<Regs> = None;
+    let mut carried_events: Vec<String> = Vec::new();
+    let mut expected: Option<u64> = None;
+    run_following_on(
+        trace,
+        cpu,
+        symbols,
+        &mut Quiet,
+        |info| RowBuilder::new(cpu.unwrap_or(0), info.first_step, info.steps),
+        |mut rows, info, runs| {
+            if expected != Some(info.first_step) {
+                carried = None;
+                carried_events.clear();
+            }
+            expected = Some(info.first_step.saturating_add(info.steps));
+            rows.finish(carried.as_ref(), std::mem::take(&mut carried_events), runs);
+            carried = rows.last_regs;
+            carried_events = std::mem::take(&mut rows.trailing_events);
+            parts.take(rows)
+        },
+        progress,
+    )
+    .map(|_| ())
 }
 
 /// Where the parts go, and how many steps each holds.
@@ -332,6 +368,7 @@ fn part_target(destination: &Destination, format: ExportFormat) -> Result<(PartT
                 PartTarget::InDirectory {
                     dir: dir.clone(),
                     part: 0,
+                    cpu: None,
                 },
                 (*steps_per_file).max(1),
             )
@@ -350,7 +387,6 @@ fn context<'a>(trace: &Trace, symbols: &'a Symbolizer) -> Context<'a> {
     Context {
         symbols,
         ns_per_step: m.ns_per_step(),
-        cpu: trace.selected_cpu().unwrap_or(0),
         schema: parquet::schema(),
         trace_path: trace.path().display().to_string(),
         about,
@@ -372,6 +408,8 @@ struct Parts<'scope, 'env> {
     closing: VecDeque<ScopedJoinHandle<'scope, Result<ExportedFile, ExportError>>>,
     /// Parts begun so far.
     part: usize,
+    /// The CPU whose rows come now, where the export holds several.
+    cpu: Option<u32>,
 }
 
 impl<'scope, 'env> Parts<'scope, 'env> {
@@ -417,6 +455,19 @@ impl<'scope, 'env> Parts<'scope, 'env> {
         Ok(())
     }
 
+    /// The rows of CPU `cpu` come next (`None`: the export holds one
+    /// CPU's): in a directory, they begin a file of their own.
+    fn next_cpu(&mut self, cpu: Option<u32>) {
+        self.cpu = cpu;
+        if !matches!(self.target, PartTarget::InDirectory { .. }) {
+            return;
+        }
+        if let Some(p) = self.open.take() {
+            drop(p.tx);
+            self.closing.push_back(p.handle);
+        }
+    }
+
     /// A new part, its writer started.
     fn begin(&mut self) -> OpenPart<'scope> {
         let (tx, rx) = sync_channel::<SegmentRows>(1);
@@ -425,6 +476,7 @@ impl<'scope, 'env> Parts<'scope, 'env> {
             PartTarget::InDirectory { dir, .. } => PartTarget::InDirectory {
                 dir: dir.clone(),
                 part: self.part,
+                cpu: self.cpu,
             },
             t => t.clone(),
         };

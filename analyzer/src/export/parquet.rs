@@ -111,7 +111,7 @@ pub(super) fn columns(
     let arrow = |arrays: Vec<ArrayRef>| arrays.into_iter().map(Column::Arrow);
     let mut columns: Vec<Column> = arrow(vec![
         Arc::new(UInt64Array::from(std::mem::take(&mut rows.steps))),
-        Arc::new(UInt32Array::from(vec![ctx.cpu; n])),
+        Arc::new(UInt32Array::from(vec![rows.cpu; n])),
         built.virtual_ns,
         Arc::new(UInt64Array::from(std::mem::take(&mut rows.cr3))),
         Arc::new(UInt8Array::from(std::mem::take(&mut rows.cpl))),

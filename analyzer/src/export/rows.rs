@@ -31,9 +31,11 @@ pub(super) struct InsnText {
     pub disassembly: String,
 }
 
-/// The columns of one segment's steps (of one CPU's, with `--cpu N`).
+/// The columns of one segment's steps of one CPU.
 #[derive(Default)]
 pub(super) struct SegmentRows {
+    /// The CPU every row's step ran on (0 on a trace of one CPU).
+    pub cpu: u32,
     /// Each row's step number.
     pub steps: Vec<u64>,
     pub cr3: Vec<u64>,
@@ -233,13 +235,15 @@ pub(super) struct RowBuilder {
 }
 
 impl RowBuilder {
-    /// A builder for the segment whose first step is `first_step`, with
-    /// room for its `steps` rows made at once: growing the columns a
-    /// doubling at a time cost a copy of each (about 6 % of an export).
-    pub fn new(first_step: u64, steps: u64) -> Self {
+    /// A builder for CPU `cpu`'s rows of the segment whose first step is
+    /// `first_step`, with room for its `steps` rows made at once: growing
+    /// the columns a doubling at a time cost a copy of each (about 6 % of
+    /// an export).
+    pub fn new(cpu: u32, first_step: u64, steps: u64) -> Self {
         let n = usize::try_from(steps).unwrap_or(0).min(MAX_RESERVED_ROWS);
         RowBuilder {
             rows: SegmentRows {
+                cpu,
                 steps: Vec::with_capacity(n),
                 cr3: Vec::with_capacity(n),
                 cpl: Vec::with_capacity(n),
@@ -454,7 +458,7 @@ mod tests {
 
     fn build(records: &[Result<Step, Event>]) -> SegmentRows {
         let mut cache = InsnCache::default();
-        let mut b = RowBuilder::new(100, 8);
+        let mut b = RowBuilder::new(0, 100, 8);
         for r in records {
             match r {
                 Ok(s) => b.record(SegmentRecord::Step(s, &cache.get(s).clone())),

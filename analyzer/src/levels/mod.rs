@@ -19,7 +19,9 @@ mod sink;
 
 pub use engine::{LevelCounts, LevelEngine};
 pub use items::{FuncResolver, Item, SegmentRecord};
-pub use pass::{run, run_following, run_with, run_with_on, RoutineRun, SegmentPass};
+pub use pass::{
+    run, run_following, run_following_on, run_with, run_with_on, RoutineRun, SegmentPass,
+};
 pub use select::SelectedTasks;
 pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 

@@ -108,7 +108,7 @@ pub fn run_following<P: SegmentPass>(
     merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
     progress: crate::input::Progress<'_>,
 ) -> crate::error::Result<LevelEngine> {
-    run_inner::<P, true>(
+    run_following_on(
         trace,
         trace.one_cpu()?,
         symbols,
@@ -117,6 +117,21 @@ pub fn run_following<P: SegmentPass>(
         merge,
         progress,
     )
+}
+
+/// [`run_following`] on CPU `only`'s records alone (`None`: every
+/// record), whatever the trace's own choice (an export of every CPU, one
+/// after another).
+pub fn run_following_on<P: SegmentPass>(
+    trace: &crate::input::Trace,
+    only: Option<u32>,
+    symbols: &Symbolizer,
+    sink: &mut impl LevelSink,
+    pass: impl Fn(&SegmentInfo) -> P + Sync,
+    merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> crate::error::Result<()>,
+    progress: crate::input::Progress<'_>,
+) -> crate::error::Result<LevelEngine> {
+    run_inner::<P, true>(trace, only, symbols, sink, pass, merge, progress)
 }
 
 /// The pass; `FOLLOW` says whether routines are gathered per step, so the
