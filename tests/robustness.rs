@@ -411,11 +411,18 @@ fn a_finished_trace_takes_its_size_and_small_segments_do_not_fill_the_disk() {
 /// A trace of a few steps whose metadata names `kernel` as the traced
 /// kernel, as a crafted or moved trace may.
 fn trace_naming_kernel(dir: &Path, kernel: &str) -> std::path::PathBuf {
+    trace_with_metadata(
+        dir,
+        &format!("guest: crafted\nkernel: {kernel}\nkernel-id: 0\n"),
+    )
+}
+
+/// A trace of a few steps with `metadata`, as a crafted file may have.
+fn trace_with_metadata(dir: &Path, metadata: &str) -> std::path::PathBuf {
     use vtrace_storage::DiskWriter;
     use vtrace_storage::{CpuMode, InsnBytes, Recorder, Regs, Step};
     let path = dir.join("crafted.vtd");
-    let metadata = format!("guest: crafted\nkernel: {kernel}\nkernel-id: 0\n");
-    let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, &metadata).unwrap();
+    let disk = DiskWriter::create(&path, 1 << 20, 64 << 10, false, metadata).unwrap();
     let mut recorder = Recorder::start(disk);
     recorder.event(&Event::TraceStart(TraceReason::CommandLine));
     for i in 0..10 {
@@ -431,6 +438,61 @@ fn trace_naming_kernel(dir: &Path, kernel: &str) -> std::path::PathBuf {
     recorder.event(&Event::TraceStop(TraceReason::GuestExit));
     recorder.finish().unwrap();
     path
+}
+
+/// A crafted trace whose metadata claims four billion CPUs: the
+/// analyses that take a pass per CPU (timeline, export) took four billion
+/// passes (and the export a list of them, 32 GiB). The trace says what is
+/// wrong and each analysis ends, at most a pass per CPU a trace can hold.
+#[test]
+fn a_trace_claiming_more_cpus_than_a_trace_holds_is_told_and_read_in_bounded_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace_with_metadata(dir.path(), "guest: crafted\ncpus: 4294967295\n");
+    let t = trace.to_str().unwrap();
+    let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (json, parquet) = (out("t.json"), out("s.parquet"));
+    let analyses: [&[&str]; 4] = [
+        &["info", t],
+        &["analyze", "timeline", "--allow-damage", "-o", &json, t],
+        &[
+            "analyze",
+            "export",
+            "--allow-damage",
+            "-q",
+            "-o",
+            &parquet,
+            t,
+        ],
+        &["analyze", "stats", "--allow-damage", "--cpu", "all", t],
+    ];
+    for args in analyses {
+        let mut child = vtrace()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(60) {
+                child.kill().unwrap();
+                panic!("{args:?} runs on and on");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let o = child.wait_with_output().unwrap();
+        // info tells its problems with the rest of its report.
+        let err = String::from_utf8_lossy(&o.stderr) + String::from_utf8_lossy(&o.stdout);
+        assert!(
+            err.contains("4294967295 CPUs"),
+            "{args:?} does not say what is wrong: {err}"
+        );
+        // info fails on a damaged trace; the analyses, told to take it,
+        // finish.
+        let want = if args[0] == "info" { 1 } else { 0 };
+        assert_eq!(o.status.code(), Some(want), "{args:?}: {err}");
+    }
 }
 
 #[test]

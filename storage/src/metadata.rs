@@ -2,6 +2,8 @@
 //! traces stay readable when keys are added and `vtrace info` can print the
 //! text as it is.
 
+use crate::record::MAX_CPUS;
+
 /// What a trace says about its guest and its clock.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TraceMetadata {
@@ -206,9 +208,23 @@ impl TraceMetadata {
         m
     }
 
-    /// CPUs of the machine the trace was taken on.
+    /// CPUs of the machine the trace was taken on: 1 to [`MAX_CPUS`]
+    /// whatever the metadata says (a crafted count would have analyses
+    /// that take a pass per CPU take billions; see
+    /// [`TraceMetadata::cpus_problem`]).
     pub fn cpu_count(&self) -> u32 {
-        self.cpus.unwrap_or(1)
+        self.cpus.unwrap_or(1).clamp(1, MAX_CPUS)
+    }
+
+    /// What is wrong with the CPU count the metadata gives, in words for
+    /// the user, where it is out of what a trace can hold.
+    pub fn cpus_problem(&self) -> Option<String> {
+        let claimed = self.cpus.filter(|n| !(1..=MAX_CPUS).contains(n))?;
+        Some(format!(
+            "the trace's metadata says {claimed} CPUs, which no trace holds (1 to {MAX_CPUS}): it \
+             is read as a trace of {}",
+            self.cpu_count()
+        ))
     }
 
     /// Whether the trace names Linux tasks.
@@ -281,6 +297,20 @@ mod tests {
         );
         assert_eq!(SampleType::I64.number(u64::MAX), -1);
         assert_eq!(SampleType::U64.number(u64::MAX), i128::from(u64::MAX));
+    }
+
+    #[test]
+    fn a_cpu_count_no_trace_holds_is_told_and_bounded() {
+        let count = |text: &str| {
+            let m = TraceMetadata::parse(text);
+            (m.cpu_count(), m.cpus_problem().is_some())
+        };
+        assert_eq!(count(""), (1, false));
+        assert_eq!(count("cpus: 4"), (4, false));
+        assert_eq!(count("cpus: 256"), (256, false));
+        assert_eq!(count("cpus: 257"), (256, true));
+        assert_eq!(count("cpus: 4294967295"), (256, true));
+        assert_eq!(count("cpus: 0"), (1, true));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use crate::codec::{DecodeError, SegmentDecoder};
 use crate::disk::{DiskError, DiskScan, FoundSegment, Superblock};
+use crate::metadata::TraceMetadata;
 use crate::record::Record;
 use crate::segment::{unseal, PayloadError};
 
@@ -212,7 +213,7 @@ impl TraceReader {
             }
         }
         match self.superblock() {
-            Some(_) => {}
+            Some(sb) => problems.extend(TraceMetadata::parse(&sb.metadata).cpus_problem()),
             None if self.superblock_damaged() => problems.push(
                 "the superblock is damaged: the trace's metadata (guest, kernel, clock) is \
                  lost, so the analyzer finds no symbols by itself (give them with --symbols)"
