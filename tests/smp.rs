@@ -325,6 +325,7 @@ fn traced_twice(cpus: u8) {
         export_of_cpu_1(&a, dir.path(), by_cpu, steps[0]);
     } else {
         export_of_every_cpu(&a, dir.path(), by_cpu);
+        flame_of_every_cpu(&a, by_cpu);
     }
 
     // The timeline gives each CPU a Perfetto process of its own.
@@ -652,6 +653,36 @@ fn export_of_every_cpu(
         let suffix = format!(".cpu{}.parquet", row[1]);
         assert!(name.ends_with(&suffix), "{name}");
     }
+}
+
+/// `analyze flame` of a trace of several CPUs without `--cpu`: every
+/// CPU's call stacks added up, each path's steps the sum of its steps on
+/// each CPU (`--cpu N`), every step once.
+fn flame_of_every_cpu(
+    trace: &std::path::Path,
+    by_cpu: &serde_json::Map<String, serde_json::Value>,
+) {
+    let folded = |cpu: Option<&str>| {
+        let mut args = vec!["analyze", "flame", "--folded", "-q", "-o", "-"];
+        args.extend(cpu.map(|c| ["--cpu", c]).into_iter().flatten());
+        args.push(trace.to_str().unwrap());
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let mut paths = std::collections::BTreeMap::<String, u64>::new();
+        for line in stdout(&o).lines() {
+            let (path, steps) = line.rsplit_once(' ').expect("PATH STEPS");
+            *paths.entry(path.to_string()).or_default() += steps.parse::<u64>().unwrap();
+        }
+        paths
+    };
+    let all = folded(None);
+    let mut each = folded(Some("0"));
+    for (path, steps) in folded(Some("1")) {
+        *each.entry(path).or_default() += steps;
+    }
+    assert_eq!(all, each, "the flame graph of every CPU adds up each CPU's");
+    let total: u64 = by_cpu.values().filter_map(|v| v.as_u64()).sum();
+    assert_eq!(all.values().sum::<u64>(), total, "every step once");
 }
 
 /// `vtrace bench --cpus 2` measures what each traced CPU gets against one

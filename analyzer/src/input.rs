@@ -30,6 +30,19 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 /// A progress callback that says nothing.
 pub fn no_progress(_: u64, _: u64) {}
 
+/// `progress` for pass `pass` (from 0) of `passes` over the whole trace:
+/// the passes move it through once.
+pub(crate) fn pass_progress(
+    progress: Progress<'_>,
+    pass: u64,
+    passes: u64,
+) -> impl Fn(u64, u64) + Sync + '_ {
+    move |done: u64, total: u64| {
+        let before = total.saturating_mul(pass);
+        progress(before.saturating_add(done) / passes.max(1), total)
+    }
+}
+
 /// One segment's records, decoded one at a time as they are read and lent
 /// out, so a segment never sits in memory as records and no record is
 /// copied. Reading ends at the first record that does not decode;
@@ -215,6 +228,18 @@ impl Trace {
             (Some(cpu), _) => Ok(Some(cpu)),
             (None, 0 | 1) => Ok(None),
             (None, cpus) => Err(crate::error::AnalyzeError::ChooseCpu { cpus }),
+        }
+    }
+
+    /// For an analysis that adds up passes of one CPU each (a flame
+    /// graph, an export): the CPU each pass reads, in order. The selected
+    /// CPU alone; else every CPU of a trace of several; else one pass of
+    /// every record (`None`).
+    pub fn each_cpu(&self) -> Vec<Option<u32>> {
+        match (self.cpu, self.metadata.cpu_count()) {
+            (Some(cpu), _) => vec![Some(cpu)],
+            (None, 0 | 1) => vec![None],
+            (None, cpus) => (0..cpus).map(Some).collect(),
         }
     }
 

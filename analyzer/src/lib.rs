@@ -67,8 +67,8 @@ pub use diff::{compare, write_flame as write_diff_flame, Diff};
 pub use event_text::describe_event;
 pub use export::{export, Destination, ExportFormat, ExportReport, ExportedFile};
 pub use flame::{
-    filter_stacks, folded_lines, write_svg as write_flame, write_svg_of as write_flame_of,
-    StackFilter,
+    filter_stacks, folded as folded_stats, folded_lines, write_svg as write_flame,
+    write_svg_of as write_flame_of, StackFilter,
 };
 pub use listing::{write as write_listing, write_files as write_listing_files, ListingOptions};
 pub use nest::{format_return_value, NestOptions, NestWriter, DIVIDED};
@@ -85,7 +85,7 @@ pub use report::write as write_report;
 pub use routine_filter::{BadPattern, RoutineFilter, HIDDEN_BY_DEFAULT};
 pub use samples::{format_profile, samples, Samples};
 pub use spaces::{collect as collect_spaces, SpaceTable};
-pub use stats::{collect as collect_stats, folded as folded_stats, Stats};
+pub use stats::{collect as collect_stats, Stats};
 pub use symbolize::{name_address, AddressQuery, Named};
 pub use syscalls::{Abi as SystemCallAbi, SystemCall};
 pub use timeline::{write as write_timeline, TimelineFormat, TimelineOptions};

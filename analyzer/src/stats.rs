@@ -359,7 +359,7 @@ enum FlameRoot {
 
 /// Gathers what the level engine knows per routine and per call path.
 #[derive(Default)]
-struct Profile {
+pub(crate) struct Profile {
     self_steps: FxHashMap<FuncId, u64>,
     total_steps: FxHashMap<FuncId, u64>,
     calls: FxHashMap<FuncId, u64>,
@@ -421,12 +421,12 @@ fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
 /// Self steps by call path (outermost routine first), sorted; where the
 /// trace names tasks, a path starts with the task's name, as perf's flame
 /// graphs start with the command.
-fn folded_paths(
+pub(crate) fn folded_paths(
     engine: &LevelEngine,
     profile: &Profile,
     symbols: &Symbolizer,
 ) -> Vec<(Vec<String>, u64)> {
-    let mut folded: Vec<(Vec<String>, u64)> = profile
+    let folded: Vec<(Vec<String>, u64)> = profile
         .by_node
         .iter()
         .filter(|(_, c)| **c > 0)
@@ -444,30 +444,22 @@ fn folded_paths(
             )
         })
         .collect();
-    folded.sort();
     // Paths whose routines share names (a program's symbols, added once
     // per address space it ran in) add up.
+    added_up(folded)
+}
+
+/// `folded` sorted, each path once with the steps of all its copies.
+pub(crate) fn added_up(mut folded: Vec<(Vec<String>, u64)>) -> Vec<(Vec<String>, u64)> {
+    folded.sort();
     folded.dedup_by(|b, a| {
         let same = a.0 == b.0;
         if same {
-            a.1 += b.1;
+            a.1 = a.1.saturating_add(b.1);
         }
         same
     });
     folded
-}
-
-/// Only the call-stack profile a flame graph needs, without the per-step
-/// statistics [`collect`] gathers too.
-pub fn folded(
-    trace: &Trace,
-    symbols: &Symbolizer,
-    filter: &TaskFilter,
-    progress: Progress<'_>,
-) -> Result<Vec<(Vec<String>, u64)>> {
-    let mut sink = SelectedTasks::new(Profile::default(), filter);
-    let engine = crate::levels::run(trace, symbols, &mut sink, progress)?;
-    Ok(folded_paths(&engine, &sink.inner, symbols))
 }
 
 /// Reads the trace and computes the statistics of the steps of the tasks

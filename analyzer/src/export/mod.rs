@@ -45,7 +45,7 @@ use std::thread::{Scope, ScopedJoinHandle};
 use vtrace_storage::Regs;
 
 use crate::error::{AnalyzeError, Result};
-use crate::input::{Progress, Trace};
+use crate::input::{pass_progress, Progress, Trace};
 use crate::levels::{run_following_on, LevelSink};
 use crate::symbols::Symbolizer;
 use rows::{RowBuilder, SegmentRows};
@@ -276,11 +276,7 @@ pub fn export(
     }
     let (target, steps_per_file) = part_target(destination, format)?;
     let ctx = &context(trace, symbols);
-    let cpus: Vec<Option<u32>> = match (trace.selected_cpu(), trace.metadata.cpu_count()) {
-        (Some(cpu), _) => vec![Some(cpu)],
-        (None, 0 | 1) => vec![None],
-        (None, n) => (0..n).map(Some).collect(),
-    };
+    let cpus = trace.each_cpu();
     std::thread::scope(|scope| {
         let mut parts = Parts {
             scope,
@@ -301,11 +297,7 @@ pub fn export(
         let mut outcome = Ok(());
         for (pass, cpu) in (0u64..).zip(cpus.iter().copied()) {
             parts.next_cpu(cpu.filter(|_| passes > 1));
-            // Each pass reads every segment: the bar runs through once.
-            let progress = |done: u64, total: u64| {
-                let before = total.saturating_mul(pass);
-                progress(before.saturating_add(done) / passes, total)
-            };
+            let progress = pass_progress(progress, pass, passes);
             outcome = export_cpu(trace, symbols, cpu, &mut parts, &progress);
             if outcome.is_err() {
                 break;
