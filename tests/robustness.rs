@@ -440,6 +440,31 @@ fn trace_with_metadata(dir: &Path, metadata: &str) -> std::path::PathBuf {
     path
 }
 
+/// `vtrace ARGS`'s output; a panic saying `hangs` (the process killed)
+/// where it runs past a minute.
+fn within_a_minute(args: &[&str], hangs: &str) -> std::process::Output {
+    let child = vtrace()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read on a thread of its own: a pipe no one reads would stop it.
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status();
+            panic!("{hangs}");
+        }
+    }
+}
+
 /// A crafted trace whose metadata claims four billion CPUs: the
 /// analyses that take a pass per CPU (timeline, export) took four billion
 /// passes (and the export a list of them, 32 GiB). The trace says what is
@@ -466,22 +491,7 @@ fn a_trace_claiming_more_cpus_than_a_trace_holds_is_told_and_read_in_bounded_tim
         &["analyze", "stats", "--allow-damage", "--cpu", "all", t],
     ];
     for args in analyses {
-        let mut child = vtrace()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if started.elapsed() > Duration::from_secs(60) {
-                child.kill().unwrap();
-                panic!("{args:?} runs on and on");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let o = child.wait_with_output().unwrap();
+        let o = within_a_minute(args, &format!("{args:?} runs on and on"));
         // info tells its problems with the rest of its report.
         let err = String::from_utf8_lossy(&o.stderr) + String::from_utf8_lossy(&o.stdout);
         assert!(
@@ -506,23 +516,10 @@ fn a_trace_naming_a_device_or_fifo_as_its_kernel_is_not_read_from_it() {
     assert!(made.success());
     for kernel in ["/dev/zero", fifo.to_str().unwrap()] {
         let trace = trace_naming_kernel(dir.path(), kernel);
-        let mut child = vtrace()
-            .args(["analyze", "nest"])
-            .arg(&trace)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if started.elapsed() > Duration::from_secs(60) {
-                child.kill().unwrap();
-                panic!("analyze hangs on a trace naming {kernel}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let out = child.wait_with_output().unwrap();
+        let out = within_a_minute(
+            &["analyze", "nest", trace.to_str().unwrap()],
+            &format!("analyze hangs on a trace naming {kernel}"),
+        );
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert!(
             stderr(&out).contains("is not a regular file"),
