@@ -594,31 +594,21 @@ fn export_of_every_cpu(
     dir: &std::path::Path,
     by_cpu: &serde_json::Map<String, serde_json::Value>,
 ) {
-    let export = |out: &std::path::Path, cpu: Option<&str>| {
+    let export = |out: &std::path::Path, options: &[&str]| {
         let mut args = vec!["analyze", "export", "-q", "-o", out.to_str().unwrap()];
-        args.extend(cpu.map(|c| ["--cpu", c]).into_iter().flatten());
+        args.extend(options);
         args.push(trace.to_str().unwrap());
         let o = run(&args);
         assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
         format!("'{}'", out.display())
     };
-    let all = export(&dir.join("all.parquet"), None);
+    let all = export(&dir.join("all.parquet"), &[]);
     let files = dir.join("files");
-    let run_files = run(&[
-        "analyze",
-        "export",
-        "-q",
-        "--steps-per-file",
-        "300000",
-        "-o",
-        files.to_str().unwrap(),
-        trace.to_str().unwrap(),
-    ]);
-    assert_eq!(run_files.status.code(), Some(0), "{}", stderr(&run_files));
+    export(&files, &["--steps-per-file", "300000"]);
     let each = format!(
         "(SELECT * FROM {} UNION ALL SELECT * FROM {})",
-        export(&dir.join("cpu0.parquet"), Some("0")),
-        export(&dir.join("cpu1.parquet"), Some("1"))
+        export(&dir.join("cpu0.parquet"), &["--cpu", "0"]),
+        export(&dir.join("cpu1.parquet"), &["--cpu", "1"])
     );
     let counts = duckdb(&format!(
         "SELECT cpu, count(*), count(DISTINCT step) FROM {all} GROUP BY cpu ORDER BY cpu"

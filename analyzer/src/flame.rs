@@ -6,14 +6,14 @@ use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Trace};
 use crate::levels::{run_with_on, SelectedTasks};
 use crate::routine_filter::RoutineFilter;
-use crate::stats::{added_up, folded_paths, Profile};
+use crate::stats::{added_up, call_paths, Profile};
 use crate::symbols::Symbolizer;
 use crate::tasks::TaskFilter;
 
 /// Only the call-stack profile a flame graph needs, without the per-step
-/// statistics [`crate::collect_stats`] gathers too. On a trace of several CPUs with
-/// none selected, every CPU's call stacks added up (as perf's system-wide
-/// profiles do), a pass each.
+/// statistics [`crate::collect_stats`] gathers too. On a trace of several
+/// CPUs with none selected, every CPU's call stacks added up (as perf's
+/// system-wide profiles do), a pass each.
 pub fn folded(
     trace: &Trace,
     symbols: &Symbolizer,
@@ -27,7 +27,7 @@ pub fn folded(
         let mut sink = SelectedTasks::new(Profile::default(), filter);
         let progress = crate::input::pass_progress(progress, pass, passes);
         let engine = run_with_on(trace, only, symbols, &mut sink, |_| (), |_| {}, &progress)?;
-        folded.extend(folded_paths(&engine, &sink.inner, symbols));
+        folded.extend(call_paths(&engine, &sink.inner, symbols));
     }
     Ok(added_up(folded))
 }

@@ -470,7 +470,7 @@ fn format_segment(
                 }
                 pending_events.clear();
                 recorded.clear();
-                if let Some(call) = syscalls::number_of(s) {
+                if let Some(call) = syscalls::made_by(s) {
                     let _ = writeln!(pending_events, "{:>10} -- system call {call}", "");
                 }
                 prev.insert(cpu, s.regs);

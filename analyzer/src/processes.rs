@@ -144,7 +144,7 @@ impl Acc {
             self.kernel += 1;
         } else {
             self.user += 1;
-            if let Some(n) = syscalls::number_of(s) {
+            if let Some(n) = syscalls::made_by(s) {
                 self.syscalls += 1;
                 *self.calls.entry(n).or_default() += 1;
             }

@@ -421,12 +421,24 @@ fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
 /// Self steps by call path (outermost routine first), sorted; where the
 /// trace names tasks, a path starts with the task's name, as perf's flame
 /// graphs start with the command.
-pub(crate) fn folded_paths(
+fn folded_paths(
     engine: &LevelEngine,
     profile: &Profile,
     symbols: &Symbolizer,
 ) -> Vec<(Vec<String>, u64)> {
-    let folded: Vec<(Vec<String>, u64)> = profile
+    // Paths whose routines share names (a program's symbols, added once
+    // per address space it ran in) add up.
+    added_up(call_paths(engine, profile, symbols).collect())
+}
+
+/// [`folded_paths`]' paths as they come, unsorted, a path maybe more
+/// than once.
+pub(crate) fn call_paths<'a>(
+    engine: &'a LevelEngine,
+    profile: &'a Profile,
+    symbols: &'a Symbolizer,
+) -> impl Iterator<Item = (Vec<String>, u64)> + 'a {
+    profile
         .by_node
         .iter()
         .filter(|(_, c)| **c > 0)
@@ -443,10 +455,6 @@ pub(crate) fn folded_paths(
                 *c,
             )
         })
-        .collect();
-    // Paths whose routines share names (a program's symbols, added once
-    // per address space it ran in) add up.
-    added_up(folded)
 }
 
 /// `folded` sorted, each path once with the steps of all its copies.

@@ -43,18 +43,22 @@ impl SystemCall {
     /// The call's name: `write`, `write (ia32)` for the i386 table's, or
     /// its number (`#1000`) where the table has none.
     pub fn name(self) -> String {
-        let named = usize::try_from(self.number)
+        let name = self.table_name();
+        match self.abi {
+            Abi::X86_64 => name,
+            Abi::Ia32 => format!("{name} (ia32)"),
+        }
+    }
+
+    /// The name its table gives it, else `#NUMBER`.
+    fn table_name(self) -> String {
+        usize::try_from(self.number)
             .ok()
             .and_then(|n| match self.abi {
                 Abi::X86_64 => Sysno::new(n).map(|s| s.name()),
                 Abi::Ia32 => Ia32Sysno::new(n).map(|s| s.name()),
-            });
-        match (named, self.abi) {
-            (Some(name), Abi::X86_64) => name.to_string(),
-            (Some(name), Abi::Ia32) => format!("{name} (ia32)"),
-            (None, Abi::X86_64) => format!("#{}", self.number),
-            (None, Abi::Ia32) => format!("#{} (ia32)", self.number),
-        }
+            })
+            .map_or_else(|| format!("#{}", self.number), str::to_string)
     }
 }
 
@@ -62,8 +66,7 @@ impl SystemCall {
 /// has it.
 impl fmt::Display for SystemCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = self.name();
-        let name = name.strip_suffix(" (ia32)").unwrap_or(&name);
+        let name = self.table_name();
         match self.abi {
             Abi::X86_64 => write!(f, "{name} ({})", self.number),
             Abi::Ia32 => write!(f, "{name} (ia32 {})", self.number),
@@ -73,7 +76,7 @@ impl fmt::Display for SystemCall {
 
 /// The system call a step made: a `syscall`, `sysenter` or `int 0x80` in
 /// user mode, with the number in RAX (which each leaves as it was).
-pub fn number_of(step: &Step) -> Option<SystemCall> {
+pub fn made_by(step: &Step) -> Option<SystemCall> {
     if step.cpl != 3 {
         return None;
     }
@@ -144,13 +147,13 @@ mod tests {
         ];
         for (bytes, mode, want) in cases {
             assert_eq!(
-                number_of(&step(bytes, mode, 3, high)),
+                made_by(&step(bytes, mode, 3, high)),
                 want,
                 "{bytes:x?} {mode:?}"
             );
         }
         // The kernel's own (a hypervisor's guest kernel may `syscall` too).
-        assert_eq!(number_of(&step(&SYSCALL, CpuMode::Long64, 0, 1)), None);
-        assert_eq!(number_of(&step(&INT_80, CpuMode::Long64, 0, 1)), None);
+        assert_eq!(made_by(&step(&SYSCALL, CpuMode::Long64, 0, 1)), None);
+        assert_eq!(made_by(&step(&INT_80, CpuMode::Long64, 0, 1)), None);
     }
 }

@@ -415,7 +415,7 @@ impl SegmentPass for RowBuilder {
         rows.writes_end.push(Self::end_of(rows.writes.len()));
         rows.events.append(&mut self.pending);
         rows.events_end.push(Self::end_of(rows.events.len()));
-        if let Some(n) = crate::syscalls::number_of(s) {
+        if let Some(n) = crate::syscalls::made_by(s) {
             rows.syscalls.push((row32, n));
         }
         if let Some(v) = self.interrupt.take() {

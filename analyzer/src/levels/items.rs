@@ -329,7 +329,7 @@ impl<'a> ItemBuilder<'a> {
                 }
                 let func = self.funcs.func(s.pc, s.cr3);
                 let flow = insn.flow;
-                if let Some(call) = crate::syscalls::number_of(s) {
+                if let Some(call) = crate::syscalls::made_by(s) {
                     self.out.push(Item::SystemCall(call));
                 }
                 let len = s.bytes.len() as u8;

@@ -101,8 +101,8 @@ impl Run<'_> {
                 // `vtrace ctl` and the console are still heard meanwhile.
                 self.vm.machine.clock.skip_to(d);
                 while let Ok(wake) = self.wakes.try_recv() {
-                    if let Some(next) = self.woken_idle(wake) {
-                        return Ok(next);
+                    if let Some(exit) = self.woken_idle(wake) {
+                        return Ok(Next::Stop(exit));
                     }
                 }
                 continue;
@@ -120,8 +120,8 @@ impl Run<'_> {
             }
             match self.wakes.recv_timeout(wait) {
                 Ok(wake) => {
-                    if let Some(next) = self.woken_idle(wake) {
-                        return Ok(next);
+                    if let Some(exit) = self.woken_idle(wake) {
+                        return Ok(Next::Stop(exit));
                     }
                 }
                 // The senders live as long as the loop: a timeout, or a
@@ -132,9 +132,9 @@ impl Run<'_> {
     }
 
     /// Serves what woke the idle loop: the run's end where it brings one.
-    fn woken_idle(&mut self, wake: Wake) -> Option<Next> {
+    fn woken_idle(&mut self, wake: Wake) -> Option<GuestExit> {
         if let Next::Stop(exit) = self.woken(wake) {
-            return Some(Next::Stop(exit));
+            return Some(exit);
         }
         // A `vtrace ctl stop` with --exit-after-trace ends the run now, not
         // when an interrupt next wakes a CPU (never, in a guest that
@@ -142,6 +142,6 @@ impl Run<'_> {
         self.monitor
             .plan_entry()
             .done
-            .then_some(Next::Stop(GuestExit::MonitorDone))
+            .then_some(GuestExit::MonitorDone)
     }
 }
