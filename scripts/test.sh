@@ -119,49 +119,73 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-it
 echo "scripts/test.sh: building the tests ($SECONDS s so far)"
 cargo test --workspace --no-run "$@"
 if [ "$#" -eq 0 ]; then
-    # The two test machines' emulators are one thread each (QEMU's TCG with
-    # one CPU, Bochs), and each machine's tests take their turns in it, so
-    # each binary alone leaves a core idle for minutes. The VT-x machine's
-    # run beside the rest of the suite, which begins with the AMD-V
-    # machine's (tests/amdv.rs comes first): the two emulators get a core
-    # each. Bochs keeps time by instructions (clock: sync=none), so what
-    # runs beside it cannot change what its guests do. The VT-x machine is
-    # done minutes before the AMD-V one; the Linux boots of
-    # tests/run_linux.rs follow it there, one at a time, on the core it
-    # leaves (the AMD-V tests slow somewhat beside them: they use more
-    # than one core, with QEMU's I/O thread and their own analyses).
-    echo "scripts/test.sh: cargo test (the VT-x machine's tests, then tests/run_linux.rs, beside the rest, $SECONDS s so far)"
-    beside_log="$(mktemp)"
-    (
-        s=0
-        cargo test --test vtx || s=1
-        cargo test --test run_linux -- --test-threads 1 || s=1
-        exit "$s"
-    ) >"$beside_log" 2>&1 &
-    beside_pid=$!
-    # An interrupted suite takes the machine with it.
-    # (set -e holds in the trap too: a command there that fails, as pkill
-    # does with nothing left to kill, would fail the suite.)
-    trap 'pkill -P "$beside_pid" 2>/dev/null || true; kill "$beside_pid" 2>/dev/null || true' EXIT
-    # Every other test file of the root package, named one by one (cargo
-    # has no option to leave a test file out), then the other packages.
-    mine=()
+    # Two at a time, one per core, longest first (a file that is not in
+    # the list runs after those in it): each worker takes the next test
+    # file when its last is done. The two test machines' emulators are one
+    # thread each (QEMU's TCG with one CPU, Bochs) and each machine's tests
+    # take their turns in it, so each of those files alone would leave a
+    # core idle for a quarter of an hour; they start together, and the
+    # rest fill in behind whichever ends first. Bochs keeps time by
+    # instructions (clock: sync=none), so what runs beside it cannot
+    # change what its guests do. tests/run_linux.rs boots its Linux
+    # guests one at a time. Last, every package's unit tests and other
+    # test files, and the doc tests, always as the whole workspace: cargo
+    # unifies dependencies' features over the packages it is given, and
+    # `--exclude vtrace` built every dependency a second time (2.5 min).
+    # The seconds each file took are printed, to keep the order true.
+    longest_first=(amdv vtx run_linux trace smp peep gdb robustness export analyze
+        conventions captures typed_probes memory_values probes nest_filters
+        timeline_perfetto symbolize function_windows tracepoints run_demo doctor)
+    queue=()
+    for name in "${longest_first[@]}"; do
+        [ -f "tests/$name.rs" ] && queue+=("$name")
+    done
     for file in tests/*.rs; do
         name="$(basename "$file" .rs)"
-        case "$name" in
-        vtx | run_linux) ;;
-        *) mine+=(--test "$name") ;;
+        case " ${longest_first[*]} " in
+        *" $name "*) ;;
+        *) queue+=("$name") ;;
         esac
     done
+    others=()
+    shopt -s nullglob
+    for file in */tests/*.rs */*/tests/*.rs; do
+        others+=(--test "$(basename "$file" .rs)")
+    done
+    shopt -u nullglob
+    queue+=(:workspace)
+    printed="$(mktemp)"
+    run_test_file() {
+        local name=$1 log status=0 started=$SECONDS
+        log="$(mktemp)"
+        case "$name" in
+        run_linux) cargo test --test run_linux -- --test-threads 1 >"$log" 2>&1 || status=$? ;;
+        :workspace)
+            # shellcheck disable=SC2086 # one word per option
+            { cargo test --workspace --lib --bins $TEST_SH_OTHERS &&
+                cargo test --workspace --doc; } >"$log" 2>&1 || status=$?
+            ;;
+        *) cargo test --test "$name" >"$log" 2>&1 || status=$? ;;
+        esac
+        {
+            flock 9
+            cat "$log"
+            if [ "$status" -eq 0 ]; then
+                echo "scripts/test.sh: $name passed in $((SECONDS - started)) s"
+            else
+                echo "scripts/test.sh: $name FAILED (status $status) in $((SECONDS - started)) s"
+            fi
+        } 9>>"$TEST_SH_PRINTED"
+        rm -f "$log"
+        return "$status"
+    }
+    export -f run_test_file
+    export TEST_SH_OTHERS="${others[*]}" TEST_SH_PRINTED="$printed"
+    echo "scripts/test.sh: cargo test, two test files at a time ($SECONDS s so far)"
     status=0
-    cargo test -p vtrace --bins "${mine[@]}" || status=$?
-    cargo test --workspace --exclude vtrace || status=$?
-    beside_status=0
-    wait "$beside_pid" || beside_status=$?
-    echo "scripts/test.sh: the VT-x machine's tests and tests/run_linux.rs:"
-    cat "$beside_log"
-    rm -f "$beside_log"
-    if [ "$status" -ne 0 ] || [ "$beside_status" -ne 0 ]; then
+    printf '%s\n' "${queue[@]}" | xargs -P 2 -n 1 bash -c 'run_test_file "$1"' _ || status=$?
+    rm -f "$printed"
+    if [ "$status" -ne 0 ]; then
         echo "scripts/test.sh: tests failed"
         exit 1
     fi
