@@ -1023,6 +1023,16 @@ fn linux_from_a_key_press_to_the_prompt_on_amdv() {
             ],
         ],
     );
+    // The host recorded the `int 0x80`'s delivery (its event is in the
+    // handler's first row), and that is the system call, not an
+    // interrupt: no row says vector 128 (processes counts the same way).
+    let int_80 = duckdb(&format!(
+        "SELECT count(*) FILTER (WHERE interrupt = 128), \
+         count(*) FILTER (WHERE array_to_string(events, '|') LIKE '%interrupt 128 (%') \
+         FROM '{}' WHERE pid = {pid}",
+        parquet.display()
+    ));
+    assert_eq!(int_80, [[serde_json::json!(0), 1.into()]]);
     let svg = dir.path().join("flame.svg");
     analyze(&["flame", "-o", svg.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&svg).unwrap();

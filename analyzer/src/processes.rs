@@ -212,6 +212,9 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
     // another CPU is named where its tracing starts, not switched to.
     let mut started = false;
     let mut stepped: Vec<u32> = Vec::new();
+    // The CPUs whose last step was an `int 0x80`: the interrupt recorded
+    // next on one is that system call's entry, not an interrupt.
+    let mut int_80: Vec<u32> = Vec::new();
     while let Some(r) = records.next_record() {
         if let RecordRef::Event(Event::Cpu(n)) = r {
             cpu = *n;
@@ -223,13 +226,20 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
                 if started && !stepped.contains(&cpu) {
                     stepped.push(cpu);
                 }
+                int_80.retain(|c| *c != cpu);
+                if syscalls::is_int_80(s) {
+                    int_80.push(cpu);
+                }
                 if counted {
                     // The decoder keeps CPU numbers below `MAX_CPUS`.
                     part.running(cpu).step(s, cpu as usize);
                 }
             }
-            RecordRef::Event(Event::Interrupt { .. }) if counted => {
-                part.running(cpu).interrupts += 1
+            RecordRef::Event(Event::Interrupt { vector, .. }) if counted => {
+                let system_call = *vector == syscalls::INT_80_VECTOR && int_80.contains(&cpu);
+                if !system_call {
+                    part.running(cpu).interrupts += 1
+                }
             }
             RecordRef::Event(Event::TraceStart(_)) => {
                 started = true;
@@ -562,5 +572,31 @@ mod tests {
         let part = count_segment(&mut Records::new(&payload), Some(1));
         assert_eq!(part.tasks[&1].user + part.tasks[&1].kernel, 1);
         assert_eq!(part.tasks[&2].by_cpu, vec![0, 2]);
+    }
+
+    #[test]
+    fn an_int_80_delivery_is_its_system_call_not_an_interrupt() {
+        let interrupt = |vector| Event::Interrupt {
+            vector,
+            error_code: None,
+            source: vtrace_storage::InterruptSource::Injected,
+        };
+        let mut enc = SegmentEncoder::new();
+        enc.push_event(&task(1, "prog"));
+        // `int 0x80`, whose delivery the host recorded (AMD-V does).
+        step(&mut enc, &[0xcd, 0x80], 3);
+        enc.push_event(&interrupt(0x80));
+        step(&mut enc, &[0x90], 0);
+        // A vector 128 after anything else is an interrupt, and so is any
+        // other vector after an `int 0x80`.
+        enc.push_event(&interrupt(0x80));
+        step(&mut enc, &[0x90], 0);
+        step(&mut enc, &[0xcd, 0x80], 3);
+        enc.push_event(&interrupt(32));
+        step(&mut enc, &[0x90], 0);
+        let payload = enc.take();
+        let part = count_segment(&mut Records::new(&payload), None);
+        let prog = &part.tasks[&1];
+        assert_eq!((prog.syscalls, prog.interrupts), (2, 2));
     }
 }

@@ -93,6 +93,15 @@ pub fn made_by(step: &Step) -> Option<SystemCall> {
     Some(SystemCall { abi, number })
 }
 
+/// Whether `step` is a user-mode `int 0x80`. An interrupt of
+/// [`INT_80_VECTOR`] recorded right after it (on the same CPU) is its
+/// delivery: the system call's entry, which some hosts record as an
+/// interrupt (AMD-V) and others do not, so the analyses count it as the
+/// system call alone.
+pub(crate) fn is_int_80(step: &Step) -> bool {
+    step.cpl == 3 && step.bytes.as_slice() == INT_80
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

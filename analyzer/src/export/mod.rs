@@ -20,7 +20,7 @@
 //! | `read_values`, `write_values` | list of u64 (items null), null | each access's value where the recorded registers make it exact (`mov`/`movzx`/`movsx` loads and stores, `push`, `pop`, `call`'s return address, `ret`'s and `jmp [m]`'s target, `leave`, `xchg`; see `memory_values.rs`); null where they do not (read-modify-write, compares, string and vector instructions) |
 //! | `syscall`     | u64, null             | the number of the system call a user-mode `syscall`, `sysenter` or `int 0x80` makes |
 //! | `syscall_name` | text, null           | its name; ` (ia32)` after it where the number indexes the i386 table (see `syscalls.rs`) |
-//! | `interrupt`   | u8, null              | vector of an interrupt delivered before the step |
+//! | `interrupt`   | u8, null              | vector of an interrupt delivered before the step; not an `int 0x80`'s, which is the `syscall` of the step before (some hosts record its delivery; `events` shows it) |
 //! | `events`      | list of text          | events recorded before the step, as the listing words them |
 //!
 //! Segments are decoded into rows in parallel, completed in trace order

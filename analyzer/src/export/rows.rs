@@ -226,7 +226,13 @@ pub(super) struct RowBuilder {
     recent: Vec<(u64, InsnBytes, u8, u32)>,
     formatter: IntelFormatter,
     pending: Vec<String>,
+    /// The vector of an interrupt delivered before the next step (not an
+    /// `int 0x80`'s: see `syscalls::is_int_80`).
     interrupt: Option<u8>,
+    /// A delivery moved the stack before the next step.
+    delivered: bool,
+    /// The last step was a user-mode `int 0x80`.
+    after_int_80: bool,
     /// The read in `rows.reads` of a branch's target, waiting for the next
     /// step's pc.
     awaiting: Option<usize>,
@@ -288,6 +294,8 @@ impl RowBuilder {
             formatter: crate::insn::intel_formatter(),
             pending: Vec::new(),
             interrupt: None,
+            delivered: false,
+            after_int_80: false,
             awaiting: None,
             recorded: Vec::new(),
         }
@@ -336,7 +344,12 @@ impl RowBuilder {
             _ => self.pending.push(crate::event_text::describe_event(e)),
         }
         match e {
-            Event::Interrupt { vector, .. } => self.interrupt = Some(*vector),
+            Event::Interrupt { vector, .. } => {
+                self.delivered = true;
+                if !(self.after_int_80 && *vector == crate::syscalls::INT_80_VECTOR) {
+                    self.interrupt = Some(*vector);
+                }
+            }
             Event::Gap { .. } | Event::TraceStop(_) => self.before = None,
             _ => {}
         }
@@ -391,7 +404,7 @@ impl SegmentPass for RowBuilder {
             // An interrupt's delivery moved the stack between the steps:
             // the registers before the handler's first step are not the
             // interrupted step's.
-            let before = self.before.as_ref().filter(|_| self.interrupt.is_none());
+            let before = self.before.as_ref().filter(|_| !self.delivered);
             rows.known.push(before.is_some());
             // The step before branched here, with nothing between.
             if let Some(access) = self.awaiting.take().and_then(|i| rows.reads.get_mut(i)) {
@@ -421,6 +434,8 @@ impl SegmentPass for RowBuilder {
         if let Some(v) = self.interrupt.take() {
             rows.interrupts.push((row32, v));
         }
+        self.delivered = false;
+        self.after_int_80 = crate::syscalls::is_int_80(s);
         // In place: a new `Some` copied the registers twice (measured).
         match &mut self.before {
             Some(before) => *before = s.regs,
@@ -536,6 +551,36 @@ mod tests {
         assert!(rows.known[0]);
         assert_eq!(rows.routine, vec![7, 7, 9, 9]);
         assert_eq!(rows.first_events, vec!["carried".to_string()]);
+    }
+
+    #[test]
+    fn an_int_80_delivery_is_no_interrupt_but_moves_the_stack() {
+        let interrupt = |vector| {
+            Err(Event::Interrupt {
+                vector,
+                error_code: None,
+                source: InterruptSource::Injected,
+            })
+        };
+        let mut int_80 = step(0x1000, &[0xcd, 0x80], 0x7ff8, 20);
+        int_80.cpl = 3;
+        let rows = build(&[
+            Ok(step(0x0ffe, PUSH_RAX, 0x7ff8, 20)),
+            Ok(int_80),
+            // The host recorded the delivery (AMD-V does).
+            interrupt(0x80),
+            Ok(step(0x2000, PUSH_RAX, 0xf000, 20)),
+            interrupt(0x80),
+            Ok(step(0x2000, PUSH_RAX, 0xeff8, 20)),
+        ]);
+        assert_eq!(rows.syscalls.len(), 1, "the int 0x80");
+        assert_eq!(
+            rows.interrupts,
+            vec![(3, 0x80)],
+            "only the one after a push"
+        );
+        assert!(!rows.known[2], "the delivery moved the stack all the same");
+        assert!(!rows.known[3]);
     }
 
     #[test]
