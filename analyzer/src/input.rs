@@ -2,10 +2,8 @@
 //! segments.
 
 use std::path::Path;
-use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
 use vtrace_storage::SegmentError;
 use vtrace_storage::SegmentState;
 use vtrace_storage::TraceMetadata;
@@ -312,50 +310,38 @@ impl Trace {
         W: Fn(&SegmentInfo, &mut Records<'_>) -> T + Sync,
         C: FnMut(Chunk<T>) -> Result<(), E>,
     {
-        // One batch is worked on while the one before is consumed, and no
-        // more: a listing's result is about 25 MB of text per segment.
-        let window = rayon::current_num_threads().max(2);
+        let workers = rayon::current_num_threads().max(2);
         let total = segments
             .iter()
             .fold(0u64, |sum, s| sum.saturating_add(s.steps));
-        let (tx, rx) = sync_channel::<Vec<Chunk<T>>>(0);
-        std::thread::scope(|scope| {
-            let work = &work;
-            // The sender moves in, so the receiver's loop ends with it.
-            scope.spawn(move || {
-                for batch in segments.chunks(window) {
-                    let results: Vec<Chunk<T>> = batch
-                        .par_iter()
-                        .map(|info| Chunk {
-                            info: *info,
-                            result: self.reader.payload(info.index).and_then(|payload| {
-                                let mut records = Records::new(&payload);
-                                let out = work(info, &mut records);
-                                match records.error() {
-                                    None => Ok(out),
-                                    Some(e) => Err(SegmentError::Decode(e.clone())),
-                                }
-                            }),
-                        })
-                        .collect();
-                    if tx.send(results).is_err() {
-                        return; // the consumer gave up
+        let mut done = 0;
+        // Results wait at most one a worker and one more ahead of the one
+        // consumed: a listing's result is about 25 MB of text a segment.
+        crate::ordered::map_in_order(
+            segments,
+            workers,
+            workers + 1,
+            |info| Chunk {
+                info: *info,
+                result: self.reader.payload(info.index).and_then(|payload| {
+                    let mut records = Records::new(&payload);
+                    let out = work(info, &mut records);
+                    match records.error() {
+                        None => Ok(out),
+                        Some(e) => Err(SegmentError::Decode(e.clone())),
                     }
+                }),
+            },
+            |chunk| {
+                if let Err(e) = &chunk.result {
+                    self.note_damage(&chunk.info, e);
                 }
-            });
-            let mut done = 0;
-            for batch in rx {
-                for chunk in batch {
-                    if let Err(e) = &chunk.result {
-                        self.note_damage(&chunk.info, e);
-                    }
-                    done += chunk.info.steps;
-                    consume(chunk)?;
-                    progress(done, total);
-                }
-            }
-            Ok(())
-        })
+                done += chunk.info.steps;
+                consume(chunk)?;
+                progress(done, total);
+                Ok(())
+            },
+        )
     }
 }
 

@@ -24,6 +24,7 @@ mod memory_values;
 mod naming;
 mod nest;
 mod operands;
+mod ordered;
 mod perfetto;
 mod probes;
 mod processes;
