@@ -154,7 +154,8 @@ if [ "$#" -eq 0 ]; then
     done
     shopt -u nullglob
     queue+=(:workspace)
-    printed="$(mktemp)"
+    # One file at a time prints its output.
+    output_lock="$(mktemp)"
     run_test_file() {
         local name=$1 log status=0 started=$SECONDS
         log="$(mktemp)"
@@ -175,16 +176,16 @@ if [ "$#" -eq 0 ]; then
             else
                 echo "scripts/test.sh: $name FAILED (status $status) in $((SECONDS - started)) s"
             fi
-        } 9>>"$TEST_SH_PRINTED"
+        } 9>>"$TEST_SH_OUTPUT_LOCK"
         rm -f "$log"
         return "$status"
     }
     export -f run_test_file
-    export TEST_SH_OTHERS="${others[*]}" TEST_SH_PRINTED="$printed"
+    export TEST_SH_OTHERS="${others[*]}" TEST_SH_OUTPUT_LOCK="$output_lock"
     echo "scripts/test.sh: cargo test, two test files at a time ($SECONDS s so far)"
     status=0
     printf '%s\n' "${queue[@]}" | xargs -P 2 -n 1 bash -c 'run_test_file "$1"' _ || status=$?
-    rm -f "$printed"
+    rm -f "$output_lock"
     if [ "$status" -ne 0 ]; then
         echo "scripts/test.sh: tests failed"
         exit 1
