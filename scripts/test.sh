@@ -196,26 +196,44 @@ fi
 echo "scripts/test.sh: tests passed ($SECONDS s so far)"
 
 # Each fuzz target for a short, bounded time from its seeds (real traces,
-# images and symbol files in fuzz/seeds); a crash fails the suite and
-# leaves its input in fuzz/artifacts/. VTRACE_FUZZ_SECONDS=0 skips this.
+# images and symbol files in fuzz/seeds), two at a time (one per core); a
+# crash fails the suite and leaves its input in fuzz/artifacts/.
+# VTRACE_FUZZ_SECONDS=0 skips this. The targets are built once first, with
+# 16 codegen units: cargo fuzz's default of one leaves a core idle while
+# the largest crates are optimised, and the build is most of this phase.
 seconds="${VTRACE_FUZZ_SECONDS:-10}"
 if [ "$seconds" -gt 0 ]; then
-    for target in $(cargo fuzz list); do
-        echo "scripts/test.sh: fuzzing $target for $seconds s"
+    echo "scripts/test.sh: building the fuzz targets ($SECONDS s so far)"
+    cargo fuzz build --sanitizer none --release --codegen-units 16
+    fuzz_target() {
+        local target=$1 corpus status=0
         corpus="$(mktemp -d)"
-        status=0
         # TMPDIR: what a target writes (the boot target's initrd) goes with
         # the corpus.
-        TMPDIR="$corpus" cargo fuzz run --sanitizer none --release "$target" "$corpus" \
-            "fuzz/seeds/$target" -- \
-            -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
+        TMPDIR="$corpus" cargo fuzz run --sanitizer none --release --codegen-units 16 \
+            "$target" "$corpus" "fuzz/seeds/$target" -- \
+            -max_total_time="$TEST_SH_FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
             >"$corpus.log" 2>&1 || status=$?
-        grep -E '^stat::number_of_executed_units|panicked at|SUMMARY' "$corpus.log" || true
-        if [ "$status" -ne 0 ]; then
-            tail -n 40 "$corpus.log"
-            echo "scripts/test.sh: fuzz target $target failed (input in fuzz/artifacts/$target)"
-            exit 1
-        fi
+        {
+            flock 9
+            echo "scripts/test.sh: fuzzed $target for $TEST_SH_FUZZ_SECONDS s"
+            grep -E '^stat::number_of_executed_units|panicked at|SUMMARY' "$corpus.log" || true
+            if [ "$status" -ne 0 ]; then
+                tail -n 40 "$corpus.log"
+                echo "scripts/test.sh: fuzz target $target failed (input in fuzz/artifacts/$target)"
+            fi
+        } 9>>"$TEST_SH_OUTPUT_LOCK"
         rm -rf "$corpus" "$corpus.log"
-    done
+        return "$status"
+    }
+    export -f fuzz_target
+    output_lock="$(mktemp)"
+    export TEST_SH_FUZZ_SECONDS="$seconds" TEST_SH_OUTPUT_LOCK="$output_lock"
+    status=0
+    cargo fuzz list | xargs -P 2 -n 1 bash -c 'fuzz_target "$1"' _ || status=$?
+    rm -f "$output_lock"
+    if [ "$status" -ne 0 ]; then
+        echo "scripts/test.sh: fuzzing failed"
+        exit 1
+    fi
 fi
