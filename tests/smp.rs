@@ -355,13 +355,69 @@ fn traced_twice(cpus: u8) {
         );
     }
 
-    // A nest diagram follows one CPU.
-    let out = run(&["analyze", "nest", a.to_str().unwrap()]);
-    assert_ne!(out.status.code(), Some(0));
-    assert!(stderr(&out).contains("--cpu N"), "{}", stderr(&out));
-    let out = run(&["analyze", "nest", "--cpu", "1", a.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stdout(&out).contains("ap_main"), "{}", stdout(&out));
+    nest_and_stats_of_every_cpu(&a, cpus);
+}
+
+/// Without `--cpu`, the nest diagram of a trace of several CPUs is each
+/// CPU's (`--cpu N`'s) in turn, after a `# CPU N` line, and the
+/// statistics add up every CPU's: steps, calls, each routine's steps.
+fn nest_and_stats_of_every_cpu(trace: &std::path::Path, cpus: u8) {
+    let output = |args: &[&str]| {
+        let mut all = vec!["analyze"];
+        all.extend_from_slice(args);
+        all.extend(["-q", trace.to_str().unwrap()]);
+        let o = run(&all);
+        assert_eq!(o.status.code(), Some(0), "{all:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let whole = output(&["nest"]);
+    let mut expected = String::new();
+    for cpu in 0..cpus {
+        let one = output(&["nest", "--cpu", &cpu.to_string()]);
+        let mut lines = one.lines();
+        // The legend once, at the top.
+        let legend: Vec<&str> = lines.by_ref().take(2).collect();
+        if cpu == 0 {
+            expected.extend(legend.iter().map(|l| format!("{l}\n")));
+        }
+        expected.push_str(&format!("# CPU {cpu}\n"));
+        expected.extend(lines.map(|l| format!("{l}\n")));
+    }
+    assert_eq!(whole, expected, "each CPU's diagram in turn");
+    assert!(whole.contains("ap_main"), "{whole}");
+
+    let stats = |cpu: Option<u8>| {
+        let cpu = cpu.map(|c| c.to_string());
+        let mut args = vec!["stats", "--json"];
+        args.extend(cpu.iter().flat_map(|c| ["--cpu", c.as_str()]));
+        serde_json::from_str::<serde_json::Value>(&output(&args)).unwrap()
+    };
+    let all = stats(None);
+    assert_eq!(all["cpus_added_up"], u64::from(cpus));
+    let each: Vec<serde_json::Value> = (0..cpus).map(|c| stats(Some(c))).collect();
+    for key in ["steps", "calls", "returns"] {
+        let sum: u64 = each.iter().map(|s| s[key].as_u64().unwrap()).sum();
+        assert_eq!(all[key], sum, "{key}: every CPU's added up");
+    }
+    let self_steps = |s: &serde_json::Value| {
+        let mut by_name = std::collections::BTreeMap::<String, u64>::new();
+        for r in s["routines"].as_array().unwrap() {
+            let name = r["name"].as_str().unwrap().to_string();
+            *by_name.entry(name).or_default() += r["self_steps"].as_u64().unwrap();
+        }
+        by_name
+    };
+    let mut summed = std::collections::BTreeMap::<String, u64>::new();
+    for s in &each {
+        for (name, steps) in self_steps(s) {
+            *summed.entry(name).or_default() += steps;
+        }
+    }
+    assert_eq!(
+        self_steps(&all),
+        summed,
+        "each routine's steps on every CPU"
+    );
 }
 
 #[test]

@@ -72,7 +72,10 @@ pub use flame::{
     write_svg_of as write_flame_of, StackFilter,
 };
 pub use listing::{write as write_listing, write_files as write_listing_files, ListingOptions};
-pub use nest::{format_return_value, NestOptions, NestWriter, DIVIDED};
+pub use nest::{
+    format_return_value, write_diagram as write_nest, DiagramTotals, NestOptions, NestWriter,
+    DIVIDED,
+};
 pub use probes::{
     fires as probe_fires, format_quantize, format_table as format_probes, probes, FieldValues,
     Fire, ProbeTally, Quantize, QuantizeOn, ValueCount,

@@ -19,6 +19,10 @@ use crate::naming::{routine_name, vector_name};
 use crate::routine_filter::RoutineFilter;
 use crate::symbols::{Symbolizer, UNKNOWN_FUNC};
 
+mod each_cpu;
+
+pub use each_cpu::{write_diagram, DiagramTotals};
+
 /// Lines a block holds before it is written out in parts.
 pub const BLOCK_LINES: usize = 65_536;
 
@@ -203,6 +207,11 @@ impl<'a, W: Write> NestWriter<'a, W> {
         if let Err(e) = self.out.flush() {
             self.error.get_or_insert(e);
         }
+    }
+
+    /// A comment line, `# text` (a CPU's part of a diagram of several).
+    pub fn comment(&mut self, text: &str) {
+        self.write(&format!("# {text}\n"));
     }
 
     /// The count columns of a line: total, self and, with a per-step

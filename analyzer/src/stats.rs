@@ -3,8 +3,6 @@
 //! counts are gathered in parallel per segment and merged in order; totals
 //! per routine and the call-stack profile come from the level engine.
 
-use std::fmt::Write as _;
-
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 use vtrace_storage::{Event, Regs};
@@ -14,11 +12,14 @@ use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::{memory_addresses, AddressingMode, Class};
 use crate::levels::SelectedTasks;
 use crate::levels::{
-    run_with, EntryKind, ExitKind, FrameView, LevelEngine, LevelSink, SegmentPass, SegmentRecord,
+    run_with_on, EntryKind, ExitKind, FrameView, LevelCounts, LevelEngine, LevelSink, SegmentPass,
+    SegmentRecord,
 };
-use crate::naming::{percent, routine_label, space_root, vector_name};
+use crate::naming::{routine_label, space_root, vector_name};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 use crate::tasks::{Comm, Selection, TaskFilter};
+
+mod text;
 
 const IF: u64 = 1 << 9;
 
@@ -92,6 +93,9 @@ pub struct VectorCount {
 pub struct Stats {
     /// The tasks counted (`--pid`, `--comm`), in words; `None` for all.
     pub tasks: Option<String>,
+    /// On a trace of several CPUs with none selected, how many CPUs'
+    /// steps are added up here; `None` for one CPU's.
+    pub cpus_added_up: Option<u32>,
     /// Steps counted.
     pub steps: u64,
     /// Steps by mnemonic, most first.
@@ -418,21 +422,10 @@ fn sorted(map: impl IntoIterator<Item = (String, u64)>) -> Vec<Count> {
     v
 }
 
-/// Self steps by call path (outermost routine first), sorted; where the
-/// trace names tasks, a path starts with the task's name, as perf's flame
-/// graphs start with the command.
-fn folded_paths(
-    engine: &LevelEngine,
-    profile: &Profile,
-    symbols: &Symbolizer,
-) -> Vec<(Vec<String>, u64)> {
-    // Paths whose routines share names (a program's symbols, added once
-    // per address space it ran in) add up.
-    added_up(call_paths(engine, profile, symbols).collect())
-}
-
-/// [`folded_paths`]' paths as they come, unsorted, a path maybe more
-/// than once.
+/// Self steps by call path (outermost routine first) as they come,
+/// unsorted, a path maybe more than once (see [`added_up`]); where the
+/// trace names tasks, a path starts with the task's name, as perf's
+/// flame graphs start with the command.
 pub(crate) fn call_paths<'a>(
     engine: &'a LevelEngine,
     profile: &'a Profile,
@@ -471,7 +464,9 @@ pub(crate) fn added_up(mut folded: Vec<(Vec<String>, u64)>) -> Vec<(Vec<String>,
 }
 
 /// Reads the trace and computes the statistics of the steps of the tasks
-/// `filter` selects (all, when it is empty).
+/// `filter` selects (all, when it is empty). On a trace of several CPUs
+/// with none selected, every CPU's steps added up, as perf's system-wide
+/// counts are: a pass each, since each CPU has call stacks of its own.
 pub fn collect(
     trace: &Trace,
     symbols: &Symbolizer,
@@ -479,21 +474,40 @@ pub fn collect(
     progress: Progress<'_>,
 ) -> Result<Stats> {
     let mut totals = Totals::default();
-    let mut sink = SelectedTasks::new(Profile::default(), filter);
-    let engine = run_with(
-        trace,
-        symbols,
-        &mut sink,
-        |info| SegmentCounter::new(info, filter),
-        |part| totals.merge(part),
-        progress,
-    )?;
-    let profile = sink.inner;
-    if let Some(run) = totals.open.take() {
-        totals.close(run);
+    let mut profile = Profile::default();
+    let mut counts = LevelCounts::default();
+    let mut folded = Vec::new();
+    let cpus = trace.each_cpu();
+    let passes = cpus.len() as u64;
+    let cpus_added_up = (cpus.len() > 1).then_some(trace.metadata.cpu_count());
+    for (pass, only) in (0u64..).zip(cpus) {
+        let progress = crate::input::pass_progress(progress, pass, passes);
+        let mut sink = SelectedTasks::new(profile, filter);
+        let engine = run_with_on(
+            trace,
+            only,
+            symbols,
+            &mut sink,
+            |info| SegmentCounter::new(info, filter),
+            |part| totals.merge(part),
+            &progress,
+        )?;
+        profile = sink.inner;
+        // The stretch with interrupts disabled that was open at the end
+        // of this CPU's steps ends there.
+        if let Some(run) = totals.open.take() {
+            totals.close(run);
+        }
+        // Call paths are the engine's nodes: each pass's, named.
+        folded.extend(call_paths(&engine, &profile, symbols));
+        profile.by_node.clear();
+        profile.unknown_names.clear();
+        counts.add(&engine.counts);
     }
+    // Paths whose routines share names (a program's symbols, added once
+    // per address space it ran in, or one CPU's and another's) add up.
+    let folded = added_up(folded);
     let routines = routine_counts(&profile, symbols);
-    let folded = folded_paths(&engine, &profile, symbols);
     let totals_counts = totals.counts;
     let interrupts = vector_counts(&totals_counts);
     let mut disabled = totals.disabled;
@@ -507,6 +521,7 @@ pub fn collect(
     let whole = filter.is_everything();
     Ok(Stats {
         tasks: (!whole).then(|| filter.describe()),
+        cpus_added_up,
         steps: totals.steps,
         mnemonics: sorted(
             totals
@@ -531,19 +546,19 @@ pub fn collect(
         interrupts,
         interrupts_disabled: disabled,
         calls: if whole {
-            engine.counts.calls
+            counts.calls
         } else {
             profile.entered_by_call
         },
         returns: if whole {
-            engine.counts.returns
+            counts.returns
         } else {
             profile.left_by_return
         },
-        address_space_switches: engine.counts.switches,
+        address_space_switches: counts.switches,
         divided_levels: profile.divided,
-        deepest_stack: engine.counts.max_depth,
-        breaks: engine.counts.breaks,
+        deepest_stack: counts.max_depth,
+        breaks: counts.breaks,
         folded,
     })
 }
@@ -595,104 +610,5 @@ impl Locality {
                 reused as f64 / references as f64
             },
         }
-    }
-}
-
-fn table(out: &mut String, title: &str, total: u64, rows: &[Count], top: usize) {
-    let _ = writeln!(out, "\n{title}");
-    for r in rows.iter().take(top) {
-        let _ = writeln!(
-            out,
-            "  {:>12} {:>6.2}%  {}",
-            r.count,
-            percent(r.count, total),
-            r.name
-        );
-    }
-    if rows.len() > top {
-        let _ = writeln!(
-            out,
-            "  ... {} more (--top, or --json for all)",
-            rows.len() - top
-        );
-    }
-}
-
-impl Stats {
-    /// The text report, `top` rows a table.
-    pub fn to_text(&self, top: usize) -> String {
-        let mut out = String::new();
-        if let Some(tasks) = &self.tasks {
-            let _ = writeln!(out, "tasks: {tasks}");
-        }
-        let _ = write!(
-            out,
-            "steps: {}\ncalls: {}, returns: {}, switches (task or address space): {}, deepest stack: {}, \
-             divided levels: {}, breaks: {}\n",
-            self.steps,
-            self.calls,
-            self.returns,
-            self.address_space_switches,
-            self.deepest_stack,
-            self.divided_levels,
-            self.breaks
-        );
-        let _ = writeln!(out, "\nroutines by self steps (self, total, calls)");
-        for r in self.routines.iter().take(top) {
-            let _ = writeln!(
-                out,
-                "  {:>12} {:>6.2}% {:>12} {:>8}  {}",
-                r.self_steps,
-                percent(r.self_steps, self.steps),
-                r.total_steps,
-                r.calls,
-                r.name
-            );
-        }
-        table(
-            &mut out,
-            "instruction classes",
-            self.steps,
-            &self.classes,
-            top,
-        );
-        table(&mut out, "mnemonics", self.steps, &self.mnemonics, top);
-        let refs: u64 = self.addressing_modes.iter().map(|c| c.count).sum();
-        table(
-            &mut out,
-            "addressing modes (instructions with a memory operand)",
-            refs,
-            &self.addressing_modes,
-            top,
-        );
-        let l = &self.locality;
-        let _ = writeln!(
-            out,
-            "\nmemory locality: {} references, {} distinct 64-byte lines, {} distinct pages, \
-             {:.1}% of references to a line touched before",
-            l.references,
-            l.distinct_lines,
-            l.distinct_pages,
-            100.0 * l.reuse_ratio
-        );
-        let _ = writeln!(out, "\ninterrupts and exceptions");
-        for v in &self.interrupts {
-            let _ = writeln!(out, "  {:>12}  vector {:>3} {}", v.count, v.vector, v.name);
-        }
-        let d = &self.interrupts_disabled;
-        let _ = writeln!(
-            out,
-            "\ninterrupts disabled: {} steps ({:.2}%) in {} stretches; longest {} steps{}",
-            d.steps,
-            percent(d.steps, self.steps),
-            d.stretches,
-            d.longest,
-            match (&d.longest_from, &d.longest_in) {
-                (Some(s), Some(f)) => format!(" from step {s} in {f}"),
-                (Some(s), None) => format!(" from step {s}"),
-                _ => String::new(),
-            }
-        );
-        out
     }
 }

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::cli::TimelineFormatArg;
-use vtrace_analyzer::{filter_stacks, StackFilter, TimelineFormat};
+use vtrace_analyzer::{filter_stacks, write_nest, StackFilter, TimelineFormat};
 
 /// `vtrace analyze listing`: every step, as text or into files.
 pub(super) fn listing(a: ListingArgs) -> Result<()> {
@@ -77,39 +77,45 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
         min_steps,
         retval: a.retval,
     };
-    let mut writer = NestWriter::with_options(out, &symbols, options);
     let only = if filter.is_everything() {
         String::new()
     } else {
         format!(", only {}", filter.describe())
     };
-    writer.header(&format!(
+    let title = format!(
         "vtrace nest diagram of {} ({} steps{only})",
         a.trace.trace.display(),
         trace.steps()
-    ));
-    let mut sink = SelectedTasks::new(writer, &filter);
-    let engine = run_levels(&trace, &symbols, &mut sink, &progress)?;
-    let writer = sink.inner;
-    let divided = writer.divided;
-    warn_if_nothing(&filter, writer.lines);
-    if let (Some(space), 0) = (a.space, writer.lines) {
+    );
+    let (totals, _, ()) = write_nest(
+        &trace,
+        &symbols,
+        &filter,
+        &options,
+        &title,
+        out,
+        (),
+        &progress,
+    )?;
+    warn_if_nothing(&filter, totals.lines);
+    if let (Some(space), 0) = (a.space, totals.lines) {
         eprintln!(
             "vtrace: warning: nothing ran in address space {space:#x} (`vtrace analyze \
              spaces` lists the trace's)"
         );
     }
-    writer.finish()?;
     bar.finish();
     if a.output.is_some() {
+        let counts = totals.counts;
         eprintln!(
             "vtrace: {} steps, {} calls, {} interrupts, {} switches, \
-             {divided} divided levels, deepest stack {}",
-            engine.counts.steps,
-            engine.counts.calls,
-            engine.counts.interrupts,
-            engine.counts.switches,
-            engine.counts.max_depth
+             {} divided levels, deepest stack {}",
+            counts.steps,
+            counts.calls,
+            counts.interrupts,
+            counts.switches,
+            totals.divided,
+            counts.max_depth
         );
     }
     Ok(())

@@ -14,13 +14,12 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use vtrace_analyzer::{
     add_user_symbols, captures, collect_processes, collect_spaces, collect_stats, folded_stats,
-    format_captures, format_probes, mapped_paths, probes, recorded_maps, run_levels, samples,
-    write_listing, write_listing_files, write_report, write_timeline, ListingOptions, NestOptions,
-    NestWriter, RecordedMap, TimelineOptions, Trace, UserFiles,
+    format_captures, format_probes, mapped_paths, probes, recorded_maps, samples, write_listing,
+    write_listing_files, write_report, write_timeline, ListingOptions, NestOptions, RecordedMap,
+    TimelineOptions, Trace, UserFiles,
 };
 use vtrace_image::symbols::{discover, Scope, Symbolizer};
 
-use vtrace_analyzer::SelectedTasks;
 use vtrace_analyzer::TaskFilter;
 
 use crate::cli::{

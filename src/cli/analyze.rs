@@ -45,12 +45,12 @@ pub struct TraceArgs {
     #[arg(long, short = 'q')]
     pub quiet: bool,
     /// A trace of several CPUs (`vtrace run --cpus`): `--cpu N` reads only
-    /// CPU N's steps and events (the nest diagram and statistics follow
-    /// one CPU's calls, so they need it); `stats --cpu all` shows each
-    /// CPU's share of the work and where each spun waiting. The listing
-    /// has a CPU column either way; without `--cpu`, a flame graph adds up
-    /// every CPU's call stacks and export writes every CPU's rows (with a
-    /// `cpu` column), a CPU after another.
+    /// CPU N's steps and events; `stats --cpu all` shows each CPU's share
+    /// of the work and where each spun waiting. The listing has a CPU
+    /// column either way; without `--cpu`, the nest diagram gives each
+    /// CPU's in turn, statistics, flame graph and report add up every
+    /// CPU's, and export writes every CPU's rows (with a `cpu` column), a
+    /// CPU after another.
     #[arg(long, value_name = "N|all", value_parser = parse_cpu)]
     pub cpu: Option<CpuChoice>,
 }

@@ -80,6 +80,21 @@ pub struct LevelCounts {
     pub max_depth: usize,
 }
 
+impl LevelCounts {
+    /// Adds the counts of another pass (another CPU's): the deepest stack
+    /// is the deeper of the two.
+    pub fn add(&mut self, other: &LevelCounts) {
+        self.steps = self.steps.saturating_add(other.steps);
+        self.calls = self.calls.saturating_add(other.calls);
+        self.returns = self.returns.saturating_add(other.returns);
+        self.interrupts = self.interrupts.saturating_add(other.interrupts);
+        self.switches = self.switches.saturating_add(other.switches);
+        self.irregular = self.irregular.saturating_add(other.irregular);
+        self.breaks = self.breaks.saturating_add(other.breaks);
+        self.max_depth = self.max_depth.max(other.max_depth);
+    }
+}
+
 /// The engine. Feed it items in trace order, then call [`finish`].
 ///
 /// [`finish`]: LevelEngine::finish

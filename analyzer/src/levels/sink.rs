@@ -205,3 +205,42 @@ pub trait LevelSink {
     /// running task was renamed).
     fn task(&mut self, _step: u64, _task: &TaskId) {}
 }
+
+/// No sink: findings go nowhere.
+impl LevelSink for () {}
+
+/// Two sinks, both told every finding (a diagram and what is gathered
+/// beside it); it stops when either does.
+impl<A: LevelSink, B: LevelSink> LevelSink for (A, B) {
+    fn stopped(&self) -> bool {
+        self.0.stopped() || self.1.stopped()
+    }
+    fn big_level(&mut self, level: &BigLevel) {
+        self.0.big_level(level);
+        self.1.big_level(level);
+    }
+    fn enter(&mut self, frame: &FrameView) {
+        self.0.enter(frame);
+        self.1.enter(frame);
+    }
+    fn exit(&mut self, frame: &FrameView, how: ExitKind) {
+        self.0.exit(frame, how);
+        self.1.exit(frame, how);
+    }
+    fn irregular(&mut self, step: u64, depth: usize, what: Irregular) {
+        self.0.irregular(step, depth, what);
+        self.1.irregular(step, depth, what);
+    }
+    fn mark(&mut self, step: u64, cr3: u64, id: u64, value: u64) {
+        self.0.mark(step, cr3, id, value);
+        self.1.mark(step, cr3, id, value);
+    }
+    fn note(&mut self, step: u64, depth: usize, text: &str) {
+        self.0.note(step, depth, text);
+        self.1.note(step, depth, text);
+    }
+    fn task(&mut self, step: u64, task: &TaskId) {
+        self.0.task(step, task);
+        self.1.task(step, task);
+    }
+}

@@ -19,13 +19,12 @@ use serde::Serialize;
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{no_progress, Progress, Trace};
-use crate::levels::{run, BigLevel, ExitKind, FrameView, Irregular, LevelSink};
+use crate::levels::{FrameView, LevelSink};
 use crate::listing::{self, ListingOptions};
 use crate::naming::percent;
-use crate::nest::{NestOptions, NestWriter};
+use crate::nest::NestOptions;
 use crate::stats::{collect, Count, Stats};
 use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
-use crate::tasks::TaskId;
 use charts::{bar_chart, thousands, Bar};
 
 /// Routines whose first call gets a listing window in the page.
@@ -65,34 +64,13 @@ impl Write for Capped {
     }
 }
 
-/// The nest diagram, and the step each routine was first entered at.
-struct NestAndFirsts<'a, W: Write> {
-    nest: NestWriter<'a, W>,
-    first: FxHashMap<FuncId, u64>,
-}
+/// The step each routine was first entered at.
+#[derive(Default)]
+struct FirstEntries(FxHashMap<FuncId, u64>);
 
-impl<W: Write> LevelSink for NestAndFirsts<'_, W> {
-    fn big_level(&mut self, level: &BigLevel) {
-        self.nest.big_level(level);
-    }
+impl LevelSink for FirstEntries {
     fn enter(&mut self, frame: &FrameView) {
-        self.first.entry(frame.func).or_insert(frame.entry_step);
-        self.nest.enter(frame);
-    }
-    fn exit(&mut self, frame: &FrameView, how: ExitKind) {
-        self.nest.exit(frame, how);
-    }
-    fn irregular(&mut self, step: u64, depth: usize, what: Irregular) {
-        self.nest.irregular(step, depth, what);
-    }
-    fn mark(&mut self, step: u64, cr3: u64, id: u64, value: u64) {
-        self.nest.mark(step, cr3, id, value);
-    }
-    fn note(&mut self, step: u64, depth: usize, text: &str) {
-        self.nest.note(step, depth, text);
-    }
-    fn task(&mut self, step: u64, task: &TaskId) {
-        self.nest.task(step, task);
+        self.0.entry(frame.func).or_insert(frame.entry_step);
     }
 }
 
@@ -194,7 +172,14 @@ fn levels(text: &str) -> (String, Vec<Level>) {
     let mut legend = String::new();
     let mut out: Vec<Level> = Vec::new();
     for line in text.lines() {
-        if line.starts_with('#') {
+        if let Some(cpu) = line.strip_prefix("# CPU ") {
+            out.push(Level {
+                summary: format!("CPU {cpu}"),
+                kind: "cpu",
+                lines: 0,
+                text: String::new(),
+            });
+        } else if line.starts_with('#') {
             legend.push_str(line);
             legend.push('\n');
         } else if let Some(at) = line.find("==> ") {
@@ -483,21 +468,23 @@ fn nest_part(
         limit: nest_lines,
         dropped: 0,
     };
-    let mut sink = NestAndFirsts {
-        nest: NestWriter::with_options(
-            &mut capped,
-            symbols,
-            NestOptions {
-                ns_per_step: trace.metadata.ns_per_step(),
-                ..calls.clone()
-            },
-        ),
-        first: FxHashMap::default(),
+    let options = NestOptions {
+        ns_per_step: trace.metadata.ns_per_step(),
+        ..calls.clone()
     };
-    sink.nest.header("nest diagram");
-    let engine = run(trace, symbols, &mut sink, progress)?;
-    sink.nest.finish()?;
-    let first = sink.first;
+    let everything = crate::tasks::TaskFilter::default();
+    let (totals, _, first) = crate::nest::write_diagram(
+        trace,
+        symbols,
+        &everything,
+        &options,
+        "nest diagram",
+        &mut capped,
+        FirstEntries::default(),
+        progress,
+    )?;
+    // Each routine's first entry on any CPU.
+    let first = first.0;
     let text = String::from_utf8_lossy(&capped.text).into_owned();
     let (legend, levels) = levels(&text);
     Ok(NestPart {
@@ -505,7 +492,7 @@ fn nest_part(
         levels,
         dropped: capped.dropped,
         first,
-        breaks: engine.counts.breaks,
+        breaks: totals.counts.breaks,
     })
 }
 
@@ -615,6 +602,12 @@ fn facts(trace: &Trace, stats: &Stats, breaks: u64) -> Vec<Fact> {
         name: "steps",
         value: thousands(stats.steps),
     });
+    if let Some(cpus) = stats.cpus_added_up {
+        facts.push(Fact {
+            name: "CPUs",
+            value: format!("{cpus}: counts add up every CPU's; the nest diagram has each in turn"),
+        });
+    }
     if let Some(ns) = m.ns_per_step() {
         facts.push(Fact {
             name: "virtual time traced",
