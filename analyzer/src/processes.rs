@@ -178,9 +178,32 @@ struct Part {
     /// Each task's first CPU in the segment, and its last.
     first_cpu: FxHashMap<u32, u32>,
     last_cpu: FxHashMap<u32, u32>,
+    /// The CPUs whose last step in the segment was an `int 0x80`.
+    ends_in_int_80: Vec<u32>,
+    /// Interrupts of the `int 0x80` vector counted on a CPU before its
+    /// first step in the segment, by CPU and the task counted in (`None`:
+    /// the inherited): the system call's entry, not an interrupt, where
+    /// the segment before ended in an `int 0x80` on that CPU.
+    leading_deliveries: Vec<(u32, Option<u32>)>,
 }
 
 impl Part {
+    /// Takes back the interrupts counted at the segment's start that were
+    /// the entries of system calls made at the end of the segment before:
+    /// `ended_in_int_80` are the CPUs whose last step there was one.
+    fn uncount_deliveries(&mut self, ended_in_int_80: &[u32]) {
+        for (cpu, tid) in std::mem::take(&mut self.leading_deliveries) {
+            if !ended_in_int_80.contains(&cpu) {
+                continue;
+            }
+            let acc = match tid {
+                Some(tid) => self.tasks.entry(tid).or_default(),
+                None => self.inherited.entry(cpu).or_default(),
+            };
+            acc.interrupts = acc.interrupts.saturating_sub(1);
+        }
+    }
+
     /// The counts of what `cpu` runs now.
     fn running(&mut self, cpu: u32) -> &mut Acc {
         match self.last.get(&cpu) {
@@ -215,6 +238,8 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
     // The CPUs whose last step was an `int 0x80`: the interrupt recorded
     // next on one is that system call's entry, not an interrupt.
     let mut int_80: Vec<u32> = Vec::new();
+    // The CPUs that ran a step in this segment.
+    let mut ran: Vec<u32> = Vec::new();
     while let Some(r) = records.next_record() {
         if let RecordRef::Event(Event::Cpu(n)) = r {
             cpu = *n;
@@ -230,6 +255,9 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
                 if syscalls::is_int_80(s) {
                     int_80.push(cpu);
                 }
+                if !ran.contains(&cpu) {
+                    ran.push(cpu);
+                }
                 if counted {
                     // The decoder keeps CPU numbers below `MAX_CPUS`.
                     part.running(cpu).step(s, cpu as usize);
@@ -237,6 +265,11 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
             }
             RecordRef::Event(Event::Interrupt { vector, .. }) if counted => {
                 let system_call = *vector == syscalls::INT_80_VECTOR && int_80.contains(&cpu);
+                if *vector == syscalls::INT_80_VECTOR && !ran.contains(&cpu) {
+                    // The step before is the segment before's.
+                    let tid = part.last.get(&cpu).copied();
+                    part.leading_deliveries.push((cpu, tid));
+                }
                 if !system_call {
                     part.running(cpu).interrupts += 1
                 }
@@ -269,6 +302,7 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
             RecordRef::Event(_) => {}
         }
     }
+    part.ends_in_int_80 = int_80;
     part
 }
 
@@ -284,13 +318,25 @@ pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
     let mut last_cpu: FxHashMap<u32, u32> = FxHashMap::default();
     let mut maps: FxHashMap<u32, Vec<Mapping>> = FxHashMap::default();
     let mut exits: FxHashMap<u32, u32> = FxHashMap::default();
+    // Where the last segment merged ended, and its CPUs whose last step
+    // was an `int 0x80`.
+    let mut ended: (u64, Vec<u32>) = (0, Vec::new());
     trace.for_each_ordered(
         &trace.segments,
         |_: &SegmentInfo, records| count_segment(records, only),
         |chunk| {
-            let Ok(part) = chunk.result else {
+            let Ok(mut part) = chunk.result else {
+                ended.1.clear();
                 return Ok::<(), crate::error::AnalyzeError>(());
             };
+            // Only where no step is missing between the two segments.
+            if ended.0 == chunk.info.first_step {
+                part.uncount_deliveries(&ended.1);
+            }
+            ended = (
+                chunk.info.first_step.saturating_add(chunk.info.steps),
+                std::mem::take(&mut part.ends_in_int_80),
+            );
             for (cpu, inherited) in part.inherited {
                 match current.get(&cpu) {
                     Some(tid) => tasks.entry(*tid).or_default().merge(inherited),
@@ -465,6 +511,37 @@ mod tests {
             tid,
             pid: tid,
             comm: comm.into(),
+        }
+    }
+
+    #[test]
+    fn an_int_80_delivery_at_a_segments_start_is_the_system_call_before() {
+        let delivery = Event::Interrupt {
+            vector: 0x80,
+            error_code: None,
+            source: vtrace_storage::InterruptSource::Injected,
+        };
+        let segment = |last: &[u8]| {
+            let mut enc = SegmentEncoder::new();
+            enc.push_event(&task(1, "prog"));
+            step(&mut enc, last, 3);
+            enc.take()
+        };
+        let mut next = SegmentEncoder::new();
+        next.push_event(&Event::Running {
+            tid: 1,
+            pid: 1,
+            comm: "prog".into(),
+        });
+        next.push_event(&delivery);
+        step(&mut next, &[0x90], 0);
+        let next = next.take();
+        for (last, interrupts) in [(&[0xcd, 0x80][..], 0), (&[0x90][..], 1)] {
+            let before = count_segment(&mut Records::new(&segment(last)), None);
+            let mut part = count_segment(&mut Records::new(&next), None);
+            assert_eq!(part.tasks[&1].interrupts, 1, "counted alone");
+            part.uncount_deliveries(&before.ends_in_int_80);
+            assert_eq!(part.tasks[&1].interrupts, interrupts, "after {last:x?}");
         }
     }
 

@@ -315,7 +315,9 @@ fn export_cpu(
     parts: &mut Parts<'_, '_>,
     progress: Progress<'_>,
 ) -> Result<()> {
-    let mut carried: Option<Regs> = None;
+    // The registers after the last step before, and whether it was a
+    // user-mode `int 0x80`.
+    let mut carried: Option<(Regs, bool)> = None;
     let mut carried_events: Vec<String> = Vec::new();
     let mut expected: Option<u64> = None;
     run_following_on(
@@ -330,8 +332,9 @@ fn export_cpu(
                 carried_events.clear();
             }
             expected = Some(info.first_step.saturating_add(info.steps));
-            rows.finish(carried.as_ref(), std::mem::take(&mut carried_events), runs);
-            carried = rows.last_regs;
+            let before = carried.as_ref().map(|(regs, int_80)| (regs, *int_80));
+            rows.finish(before, std::mem::take(&mut carried_events), runs);
+            carried = rows.last_regs.map(|regs| (regs, rows.last_int_80));
             carried_events = std::mem::take(&mut rows.trailing_events);
             parts.take(rows)
         },

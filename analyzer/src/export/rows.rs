@@ -88,6 +88,8 @@ pub(super) struct SegmentRows {
     /// The first step's recorded memory values (`run --record-values`).
     first_recorded: Vec<MemoryValue>,
     pub last_regs: Option<Regs>,
+    /// Whether the last step was a user-mode `int 0x80`.
+    pub last_int_80: bool,
     pub trailing_events: Vec<String>,
 }
 
@@ -98,13 +100,26 @@ impl SegmentRows {
     }
 
     /// Completes the segment in trace order: `before` is the registers
-    /// after the step just before it (`None` after a break), `carried`
-    /// the events the segment before ended with, `runs` each step's
-    /// routine.
-    pub fn finish(&mut self, before: Option<&Regs>, carried: Vec<String>, runs: &[RoutineRun]) {
-        if let (Some(before), Some(after)) = (before, &self.first_regs) {
+    /// after the step just before it (`None` after a break) and whether
+    /// that step was a user-mode `int 0x80`, `carried` the events the
+    /// segment before ended with, `runs` each step's routine.
+    pub fn finish(
+        &mut self,
+        before: Option<(&Regs, bool)>,
+        carried: Vec<String>,
+        runs: &[RoutineRun],
+    ) {
+        let interrupted = self.interrupts.first().is_some_and(|(row, _)| *row == 0);
+        // The delivery of an `int 0x80` made at the end of the segment
+        // before is its system call's entry, as within a segment (see
+        // `RowBuilder::event`); it still moved the stack.
+        if before.is_some_and(|(_, int_80)| int_80)
+            && self.interrupts.first() == Some(&(0, crate::syscalls::INT_80_VECTOR))
+        {
+            self.interrupts.remove(0);
+        }
+        if let (Some((before, _)), Some(after)) = (before, &self.first_regs) {
             self.changed[0] = changed_mask(Some(before), after);
-            let interrupted = self.interrupts.first().is_some_and(|(row, _)| *row == 0);
             self.known[0] = !interrupted;
             if let Some(info) = self.first_memory.as_ref().filter(|_| !interrupted) {
                 // The next row's pc is the branch target where it came
@@ -282,6 +297,7 @@ impl RowBuilder {
                 first_memory: None,
                 first_recorded: Vec::new(),
                 last_regs: None,
+                last_int_80: false,
                 trailing_events: Vec::new(),
             },
             before: None,
@@ -446,6 +462,7 @@ impl SegmentPass for RowBuilder {
     fn finish(self) -> SegmentRows {
         let mut rows = self.rows;
         rows.last_regs = self.before;
+        rows.last_int_80 = self.after_int_80;
         rows.trailing_events = self.pending;
         rows
     }
@@ -545,12 +562,37 @@ mod tests {
                 func: 9,
             },
         ];
-        rows.finish(Some(&before), vec!["carried".into()], &runs);
+        rows.finish(Some((&before, false)), vec!["carried".into()], &runs);
         assert_eq!(rows.changed[0], 1, "rax only");
         assert_eq!(rows.register(0, 0, 0), Some(1));
         assert!(rows.known[0]);
         assert_eq!(rows.routine, vec![7, 7, 9, 9]);
         assert_eq!(rows.first_events, vec!["carried".to_string()]);
+    }
+
+    #[test]
+    fn an_int_80_delivery_at_a_segments_start_is_the_system_call_before() {
+        let mut int_80 = step(0x1000, &[0xcd, 0x80], 0x7ff8, 20);
+        int_80.cpl = 3;
+        let ended = build(&[Ok(step(0x0ffe, PUSH_RAX, 0x7ff8, 20)), Ok(int_80)]);
+        assert!(ended.last_int_80);
+        let next = || {
+            build(&[
+                Err(Event::Interrupt {
+                    vector: 0x80,
+                    error_code: None,
+                    source: InterruptSource::Injected,
+                }),
+                Ok(step(0x2000, PUSH_RAX, 0xf000, 20)),
+            ])
+        };
+        let regs = ended.last_regs.expect("registers after the int 0x80");
+        for (int_80, interrupts) in [(true, vec![]), (false, vec![(0, 0x80)])] {
+            let mut rows = next();
+            rows.finish(Some((&regs, int_80)), Vec::new(), &[]);
+            assert_eq!(rows.interrupts, interrupts, "after an int 0x80: {int_80}");
+            assert!(!rows.known[0], "the delivery moved the stack all the same");
+        }
     }
 
     #[test]
