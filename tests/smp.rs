@@ -385,6 +385,17 @@ fn nest_and_stats_of_every_cpu(trace: &std::path::Path, cpus: u8) {
     }
     assert_eq!(whole, expected, "each CPU's diagram in turn");
     assert!(whole.contains("ap_main"), "{whole}");
+    // The report folds each CPU's part as a level of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("r.html");
+    output(&["report", "-o", html.to_str().unwrap()]);
+    let html = std::fs::read_to_string(&html).unwrap();
+    let levels = html.matches("class=\"level\" data-kind=\"cpu\"").count();
+    assert_eq!(levels, usize::from(cpus));
+    for cpu in 0..cpus {
+        let level = format!("<summary>CPU {cpu} ");
+        assert!(html.contains(&level), "no level for CPU {cpu}");
+    }
 
     let stats = |cpu: Option<u8>| {
         let cpu = cpu.map(|c| c.to_string());
