@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
-use vtrace_storage::{Event, Mapping, RecordRef};
+use vtrace_storage::{Event, Mapping, RecordRef, SegmentError};
 
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
@@ -306,64 +306,91 @@ fn count_segment(records: &mut Records<'_>, only: Option<u32>) -> Part {
     part
 }
 
+/// The segments' parts, merged in trace order.
+#[derive(Default)]
+struct Merged {
+    /// Steps before the first task event.
+    unnamed: Acc,
+    tasks: FxHashMap<u32, Acc>,
+    names: FxHashMap<u32, (Option<u32>, String)>,
+    /// Each CPU's running task, and each task's last CPU.
+    current: BTreeMap<u32, u32>,
+    last_cpu: FxHashMap<u32, u32>,
+    maps: FxHashMap<u32, Vec<Mapping>>,
+    exits: FxHashMap<u32, u32>,
+    /// Where the last segment merged ended, and its CPUs whose last step
+    /// was an `int 0x80`.
+    ended: (u64, Vec<u32>),
+}
+
+impl Merged {
+    /// Adds the next segment's part (`Err`: a segment that did not
+    /// decode).
+    fn take(&mut self, info: &SegmentInfo, part: Result<Part, SegmentError>) {
+        let Ok(mut part) = part else {
+            self.ended.1.clear();
+            return;
+        };
+        // Only where no step is missing between the two segments.
+        if self.ended.0 == info.first_step {
+            part.uncount_deliveries(&self.ended.1);
+        }
+        self.ended = (
+            info.first_step.saturating_add(info.steps),
+            std::mem::take(&mut part.ends_in_int_80),
+        );
+        for (cpu, inherited) in part.inherited {
+            match self.current.get(&cpu) {
+                Some(tid) => self.tasks.entry(*tid).or_default().merge(inherited),
+                None => self.unnamed.merge(inherited),
+            }
+        }
+        for (tid, acc) in part.tasks {
+            self.tasks.entry(tid).or_default().merge(acc);
+        }
+        for (tid, first) in part.first_cpu {
+            if self
+                .last_cpu
+                .get(&tid)
+                .is_some_and(|&before| before != first)
+            {
+                self.tasks.entry(tid).or_default().migrations += 1;
+            }
+        }
+        self.last_cpu.extend(part.last_cpu);
+        for (tid, pid, comm) in part.names {
+            let entry = self.names.entry(tid).or_insert((None, String::new()));
+            entry.0 = pid.or(entry.0);
+            entry.1 = comm;
+        }
+        self.maps.extend(part.maps);
+        self.exits.extend(part.exits);
+        self.current.extend(part.last);
+    }
+}
+
 /// Reads the trace and builds the table (of the CPU `--cpu` chose, or of
 /// all).
 pub fn collect(trace: &Trace, progress: Progress<'_>) -> Result<ProcessTable> {
     let only = trace.selected_cpu();
-    let mut unnamed = Acc::default();
-    let mut tasks: FxHashMap<u32, Acc> = FxHashMap::default();
-    let mut names: FxHashMap<u32, (Option<u32>, String)> = FxHashMap::default();
-    // Each CPU's running task, and each task's last CPU.
-    let mut current: BTreeMap<u32, u32> = BTreeMap::new();
-    let mut last_cpu: FxHashMap<u32, u32> = FxHashMap::default();
-    let mut maps: FxHashMap<u32, Vec<Mapping>> = FxHashMap::default();
-    let mut exits: FxHashMap<u32, u32> = FxHashMap::default();
-    // Where the last segment merged ended, and its CPUs whose last step
-    // was an `int 0x80`.
-    let mut ended: (u64, Vec<u32>) = (0, Vec::new());
+    let mut merged = Merged::default();
     trace.for_each_ordered(
         &trace.segments,
         |_: &SegmentInfo, records| count_segment(records, only),
         |chunk| {
-            let Ok(mut part) = chunk.result else {
-                ended.1.clear();
-                return Ok::<(), crate::error::AnalyzeError>(());
-            };
-            // Only where no step is missing between the two segments.
-            if ended.0 == chunk.info.first_step {
-                part.uncount_deliveries(&ended.1);
-            }
-            ended = (
-                chunk.info.first_step.saturating_add(chunk.info.steps),
-                std::mem::take(&mut part.ends_in_int_80),
-            );
-            for (cpu, inherited) in part.inherited {
-                match current.get(&cpu) {
-                    Some(tid) => tasks.entry(*tid).or_default().merge(inherited),
-                    None => unnamed.merge(inherited),
-                }
-            }
-            for (tid, acc) in part.tasks {
-                tasks.entry(tid).or_default().merge(acc);
-            }
-            for (tid, first) in part.first_cpu {
-                if last_cpu.get(&tid).is_some_and(|&before| before != first) {
-                    tasks.entry(tid).or_default().migrations += 1;
-                }
-            }
-            last_cpu.extend(part.last_cpu);
-            for (tid, pid, comm) in part.names {
-                let entry = names.entry(tid).or_insert((None, String::new()));
-                entry.0 = pid.or(entry.0);
-                entry.1 = comm;
-            }
-            maps.extend(part.maps);
-            exits.extend(part.exits);
-            current.extend(part.last);
-            Ok(())
+            merged.take(&chunk.info, chunk.result);
+            Ok::<(), crate::error::AnalyzeError>(())
         },
         progress,
     )?;
+    let Merged {
+        unnamed,
+        tasks,
+        mut names,
+        maps,
+        exits,
+        ..
+    } = merged;
     let several_cpus = trace.metadata.cpu_count() > 1;
     let tasks_named = !names.is_empty();
     let row = |pid: Option<u32>, tid, comm: String, a: Acc| {

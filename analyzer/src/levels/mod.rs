@@ -11,13 +11,15 @@
 //! are the call depths within it. Memory is the deepest stack times the
 //! number of stacks, plus one trie node per distinct call path.
 
+mod counts;
 mod engine;
 mod items;
 mod pass;
 mod select;
 mod sink;
 
-pub use engine::{LevelCounts, LevelEngine};
+pub use counts::LevelCounts;
+pub use engine::LevelEngine;
 pub use items::{FuncResolver, Item, SegmentRecord};
 pub use pass::{
     run, run_following, run_following_on, run_with, run_with_on, RoutineRun, SegmentPass,
