@@ -16,7 +16,7 @@ use crate::levels::{
     SegmentRecord,
 };
 use crate::naming::{routine_label, space_root, vector_name};
-use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
+use crate::symbols::{FuncId, Symbolizer};
 use crate::tasks::{Comm, Selection, TaskFilter};
 
 mod text;
@@ -370,7 +370,6 @@ pub(crate) struct Profile {
     /// Self steps by the name of the task they ran in (where the trace
     /// names tasks) and call path.
     by_node: FxHashMap<(FlameRoot, u32), u64>,
-    unknown_names: FxHashMap<u32, u64>,
     divided: u64,
     entered_by_call: u64,
     left_by_return: u64,
@@ -382,11 +381,6 @@ impl LevelSink for Profile {
             self.entered_by_call += 1;
         }
         *self.calls.entry(frame.func).or_default() += 1;
-        if frame.func == UNKNOWN_FUNC {
-            self.unknown_names
-                .entry(frame.node)
-                .or_insert(frame.entry_pc);
-        }
     }
 
     fn exit(&mut self, frame: &FrameView, how: ExitKind) {
@@ -501,7 +495,6 @@ pub fn collect(
         // Call paths are the engine's nodes: each pass's, named.
         folded.extend(call_paths(&engine, &profile, symbols));
         profile.by_node.clear();
-        profile.unknown_names.clear();
         counts.add(&engine.counts);
     }
     // Paths whose routines share names (a program's symbols, added once
