@@ -95,9 +95,13 @@ fn summary(outcome: &RunOutcome, gdb: bool, exit_after_trace: bool) -> String {
         0 => String::new(),
         n => format!(", {n} local APIC interrupts (timers, IPIs)"),
     };
+    let paired = match outcome.step_pairs {
+        0 => String::new(),
+        n => format!(", {n} step pairs run at once"),
+    };
     format!(
         "vtrace: {how} after {:.2} s (virtual time {:.3} s): {} timer interrupts{apic}, {} \
-         exits{rss}{hidden}",
+         exits{paired}{rss}{hidden}",
         outcome.host_time.as_secs_f64(),
         outcome.virtual_time.as_secs_f64(),
         outcome.timer_interrupts(),
@@ -233,6 +237,7 @@ fn trace_request(args: &RunArgs) -> Result<Option<TraceRequest>> {
         start_at: args.start_at.clone(),
         stop_at: args.stop_at.clone(),
         exit_after_trace: args.exit_after_trace,
+        serial_steps: args.serial_steps,
         obey_guest: !args.ignore_guest_tracing,
         autostop: args.autostop.0.clone(),
         captures: args.captures.clone(),

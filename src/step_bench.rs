@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use vtrace_storage::Recorder;
+use vtrace_storage::{Compression, Recorder};
 use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_vmm::BootSource;
 use vtrace_vmm::ClockMode;
@@ -67,6 +67,8 @@ pub struct BenchReport {
     pub traced_time: Duration,
     pub trace_bytes: u64,
     pub peak_rss_bytes: Option<u64>,
+    /// Times two CPUs stepped at once in the traced run.
+    pub step_pairs: u64,
 }
 
 impl BenchReport {
@@ -148,8 +150,10 @@ pub fn run(
         &vtrace_session::metadata::for_boot("vtrace bench", boot, env!("VTRACE_LONG_VERSION"))
             .to_text(),
     )?;
+    // As `vtrace run` compresses (see `Compression::beside_threads`).
+    let stepping = if cpus > 1 { 2 } else { 1 };
     let mut tracer = Tracer::new(
-        Recorder::start(disk),
+        Recorder::start_with(disk, Compression::beside_threads(stepping)),
         TraceOptions {
             from_start: true,
             trap_flag_host,
@@ -170,6 +174,7 @@ pub fn run(
         traced_steps: report.engine.steps,
         traced_time: traced.host_time,
         trace_bytes: report.writer.stored_bytes,
+        step_pairs: traced.step_pairs,
         peak_rss_bytes: crate::run::peak_rss_bytes(),
     })
 }

@@ -224,40 +224,61 @@ fn info(disk: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Traces the SMP demo on `cpus` CPUs into `disk`.
-fn trace_smp_demo(cpus: u8, disk: &std::path::Path) -> serde_json::Value {
+/// Traces the SMP demo on `cpus` CPUs into `disk`, with `extra`
+/// options; its `info`, and how many times vtrace says two CPUs' steps
+/// ran at once.
+fn trace_smp_demo(cpus: u8, disk: &std::path::Path, extra: &[&str]) -> (serde_json::Value, u64) {
     let n = cpus.to_string();
-    let out = run(&[
-        "run",
-        "--no-input",
-        "--quiet",
-        "--cpus",
-        &n,
-        "--trace",
-        "--disk",
-        disk.to_str().unwrap(),
-    ]);
+    let mut args = vec!["run", "--no-input", "--cpus", &n, "--trace"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--disk", disk.to_str().unwrap()]);
+    let out = run(&args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let console = stdout(&out);
     assert!(
         console.contains(&format!("SMP: {cpus} CPUs up")),
         "{console}"
     );
-    info(disk)
+    let said = stderr(&out);
+    let paired = said
+        .split(" step pairs run at once")
+        .next()
+        .filter(|before| before.len() < said.len())
+        .and_then(|before| before.rsplit(' ').next())
+        .map_or(0, |n| n.parse().unwrap());
+    (info(disk), paired)
 }
 
-/// The SMP demo traced twice: the same trace, every CPU's steps in it,
-/// no gap; each CPU's share as `analyze stats --cpu all` tells it.
+/// Whether this host can run two CPUs' steps at once (two cores or more).
+fn host_pairs() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
+}
+
+/// The SMP demo traced twice, two CPUs' steps at once where they may and
+/// one CPU at a time (`--serial-steps`): the same trace, every CPU's steps
+/// in it, no gap; each CPU's share as `analyze stats --cpu all` tells it.
 fn traced_twice(cpus: u8) {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a.vtd"), dir.path().join("b.vtd"));
-    let first = trace_smp_demo(cpus, &a);
-    let second = trace_smp_demo(cpus, &b);
+    let (first, pairs) = trace_smp_demo(cpus, &a, &[]);
+    let (second, serial) = trace_smp_demo(cpus, &b, &["--serial-steps"]);
     assert_eq!(first["gaps"], 0, "{first}");
     assert_eq!(
         first["digest"], second["digest"],
-        "the step clock fixes the CPUs' order: the same trace twice"
+        "the step clock fixes the CPUs' order: the same trace twice, with \
+         two CPUs' steps run at once ({pairs} times) or not"
     );
+    assert_eq!(serial, 0, "--serial-steps steps one CPU at a time");
+    if host_pairs() {
+        // The other CPUs' work loops are register arithmetic and loads:
+        // most of their steps run at once with another CPU's.
+        let others =
+            first["steps"].as_u64().unwrap() - first["steps_by_cpu"]["0"].as_u64().unwrap();
+        assert!(
+            pairs * 2 > others / 2,
+            "{pairs} pairs, {others} steps of CPUs 1.."
+        );
+    }
     let by_cpu = first["steps_by_cpu"].as_object().unwrap();
     assert_eq!(by_cpu.len(), usize::from(cpus), "{first}");
     let mut sum = 0;
@@ -764,6 +785,10 @@ fn bench_compares_a_traced_cpu_of_two_with_one_cpu_alone() {
     let ratio = json["per_cpu_ratio"].as_f64().unwrap();
     assert!((ratio - each / one).abs() < 1e-9, "{json}");
     assert_eq!(json["traced_steps"], 300_000, "{json}");
+    if host_pairs() {
+        // Every CPU works from the start: their steps run beside each other.
+        assert!(json["step_pairs"].as_u64().unwrap() > 0, "{json}");
+    }
     // Untraced, the same work on one CPU and on two, each CPU on a thread.
     let (alone, together) = (
         json["untraced_one_cpu_s"].as_f64().unwrap(),

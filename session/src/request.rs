@@ -35,6 +35,8 @@ pub struct TraceRequest {
     pub stop_at: Option<Location>,
     /// End the run the first time tracing stops.
     pub exit_after_trace: bool,
+    /// Step one CPU at a time, never two at once (the trace is the same).
+    pub serial_steps: bool,
     /// Obey the guest's tracing hypercalls.
     pub obey_guest: bool,
     /// Exception vectors that stop tracing.
@@ -66,6 +68,7 @@ impl Default for TraceRequest {
             start_at: None,
             stop_at: None,
             exit_after_trace: false,
+            serial_steps: false,
             obey_guest: true,
             autostop: vtrace_trap::DEFAULT_AUTOSTOP.to_vec(),
             captures: Vec::new(),

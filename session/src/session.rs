@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use vtrace_gdb::LiveGdb;
 use vtrace_storage::DiskWriter;
-use vtrace_storage::Recorder;
+use vtrace_storage::{Compression, Recorder};
 use vtrace_storage::{SampleVariable, LINUX_TASKS};
 use vtrace_trap::{TraceOptions, TraceReport, Tracer};
 use vtrace_vmm::{
@@ -401,6 +401,7 @@ fn tracer(
         start_in: start_at.and_then(|p| p.task),
         stop_in: stop_at.and_then(|p| p.task),
         exit_after_trace: request.exit_after_trace,
+        pairing: !request.serial_steps,
         obey_guest: request.obey_guest,
         trap_flag_host: vtrace_vmm::steps_with_trap_flag(),
         linux_tasks: tasks,
@@ -410,7 +411,13 @@ fn tracer(
         function_probes,
         probes_enabled: request.probes.iter().map(|p| probe_name(p)).collect(),
     };
-    Ok(Tracer::new(Recorder::start(disk), options).on_announce(user_message))
+    // Two CPUs step at once where several are traced (see `--serial-steps`).
+    let stepping = match options.pairing && metadata.cpus.is_some() {
+        true => 2,
+        false => 1,
+    };
+    let recorder = Recorder::start_with(disk, Compression::beside_threads(stepping));
+    Ok(Tracer::new(recorder, options).on_announce(user_message))
 }
 
 /// A VM ready to boot, with its tracer where one was asked for.

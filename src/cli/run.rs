@@ -190,6 +190,15 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Tracing")]
     pub exit_after_trace: bool,
 
+    /// With --cpus above 1, step one CPU at a time while tracing. By
+    /// default, where the next steps of two CPUs write no memory (nor set
+    /// a page's accessed bit) and read only RAM, the two run at once on
+    /// two host threads: neither can see the other, so the trace is the
+    /// same as one step after the other, only sooner. This switch turns
+    /// that off, to compare or to measure.
+    #[arg(long, help_heading = "Tracing")]
+    pub serial_steps: bool,
+
     /// Count the guest's own requests to start and stop tracing (its
     /// TRACE_START, TRACE_STOP and TRACE_REGION hypercalls) instead of
     /// obeying them: for probes or peeping without the stretches a guest

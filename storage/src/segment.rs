@@ -29,8 +29,15 @@ impl Compression {
     /// this process), else fast: on one CPU the writer's time is taken
     /// from stepping.
     pub fn for_this_host() -> Compression {
+        Compression::beside_threads(1)
+    }
+
+    /// Dense where the host has a CPU left for the writer thread beside
+    /// `stepping` threads that enter vCPUs at once (two where a traced
+    /// machine of several CPUs runs two CPUs' steps together), else fast.
+    pub fn beside_threads(stepping: usize) -> Compression {
         match std::thread::available_parallelism() {
-            Ok(n) if n.get() >= 2 => Compression::Dense,
+            Ok(n) if n.get() > stepping => Compression::Dense,
             _ => Compression::Fast,
         }
     }

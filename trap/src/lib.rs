@@ -2,6 +2,7 @@
 //! VMM's [`vtrace_vmm::Monitor`] hooks, turns every exit into trace records
 //! (its engine) and decides when tracing starts and stops ([`Tracer`]).
 
+mod beside;
 mod capture;
 mod context;
 mod engine;

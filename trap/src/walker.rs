@@ -73,13 +73,18 @@ pub struct PageAccess {
     pub user: bool,
     /// Instructions may be fetched from it (XD clear at every level).
     pub executable: bool,
+    /// The accessed bit is set at every level (a walk through it writes
+    /// no paging entry). Only as the tables were when it was walked.
+    pub accessed: bool,
 }
 
 const ANY_ACCESS: PageAccess = PageAccess {
     writable: true,
     user: true,
     executable: true,
+    accessed: true,
 };
+use vtrace_vmm::x86::pte::A as ACCESSED;
 use vtrace_vmm::x86::pte::RW as WRITABLE;
 use vtrace_vmm::x86::pte::US as USER;
 use vtrace_vmm::x86::pte::XD as NO_EXECUTE;
@@ -217,6 +222,17 @@ impl Walker {
     }
 }
 
+/// The physical address of `linear` and what paging allows there, from
+/// the page tables as they are now, no cache: whether a walk would set an
+/// accessed bit is the tables' of this moment.
+pub fn walk_now(
+    cpu: &dyn CpuView,
+    sregs: &SpecialRegisters,
+    linear: u64,
+) -> Option<(u64, PageAccess)> {
+    walk(cpu, sregs, linear)
+}
+
 /// One walk, no cache.
 fn walk(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64) -> Option<(u64, PageAccess)> {
     if sregs.cr0 & CR0_PG == 0 {
@@ -235,6 +251,7 @@ fn walk(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64) -> Option<(u64
             access.writable &= entry & WRITABLE != 0;
             access.user &= entry & USER != 0;
             access.executable &= entry & NO_EXECUTE == 0;
+            access.accessed &= entry & ACCESSED != 0;
             if (level == 2 || level == 3) && entry & PAGE_SIZE_BIT != 0 {
                 let size = 1u64 << shift;
                 let phys = (entry & ADDR_MASK & !(size - 1)) | (linear & (size - 1));

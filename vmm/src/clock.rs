@@ -187,6 +187,14 @@ impl VirtualClock {
         p.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
+    /// Virtual nanoseconds a step counts, where time is step-driven now.
+    pub fn step_nanos(&self) -> Option<u64> {
+        match (self.mode, self.since) {
+            (ClockMode::Steps(ns), None) => Some(u64::from(ns)),
+            _ => None,
+        }
+    }
+
     /// Whether time is step-driven now.
     pub fn step_driven(&self) -> bool {
         self.since.is_none()

@@ -4,9 +4,11 @@
 //! `Machine::vcpu` with its single-step state in `Vm::step`, so the loop's
 //! every handler works on "the vCPU" as on a one-CPU machine. The others
 //! wait here, parked with their own step state, and a turn swaps one in.
-//! One thread takes the turns in a fixed order (`next_on_stage`), so a
+//! The loop takes the turns in a fixed order (`next_turn`), so a
 //! single-stepped machine runs the same instructions in the same order
-//! every time; untraced, the turns are time slices.
+//! every time (two CPUs' steps that cannot see each other may run at
+//! once, served in that order: see `run_loop::pair`); untraced, the turns
+//! are time slices.
 //!
 //! What stays per CPU besides: its power state here, its local APIC in
 //! `Devices::lapics`.
@@ -14,7 +16,7 @@
 use crate::vcpu::Vcpu;
 
 /// Single-stepping as KVM has it for one vCPU, and the exit in flight.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct StepState {
     /// KVM single-steps the vCPU.
     pub(crate) stepping: bool,
@@ -111,6 +113,14 @@ impl Cpus {
     /// A CPU off stage, to set up (a STARTUP IPI).
     pub(crate) fn parked_vcpu(&mut self, cpu: usize) -> Option<&mut Vcpu> {
         self.parked.get_mut(cpu)?.as_mut().map(|p| &mut p.vcpu)
+    }
+
+    /// A CPU off stage: its vCPU and where its stepping stands.
+    pub(crate) fn parked(&mut self, cpu: usize) -> Option<(&mut Vcpu, &StepState)> {
+        self.parked
+            .get_mut(cpu)?
+            .as_mut()
+            .map(|p| (&mut p.vcpu, &p.step))
     }
 
     /// Puts CPU `cpu` on stage: its vCPU and step state trade places with

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 
 /// `immediate_exit` byte of the `kvm_run` of the vCPU on stage (one VM per
-/// process, its vCPUs entered from one thread).
+/// process; the kick signal goes to the thread that enters it, see
+/// [`Kicker::retarget_thread`]).
 static IMMEDIATE_EXIT: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLER: Once = Once::new();
 
@@ -55,7 +56,9 @@ struct Shared {
     /// The watchdog kicked the vCPU out of a stepping `KVM_RUN`.
     watchdog_fired: AtomicBool,
     stop: AtomicBool,
-    target: libc::pthread_t,
+    /// The thread that enters the vCPU on stage: the loop's own, or the
+    /// stepper thread that enters it while several CPUs are traced.
+    target: AtomicU64,
 }
 
 impl Shared {
@@ -67,15 +70,19 @@ impl Shared {
     }
 
     fn signal(&self) {
-        // SAFETY: target is the live vCPU thread (the Kicker is dropped on
-        // it before it exits); the signal has a handler installed.
-        unsafe { libc::pthread_kill(self.target, kick_signal()) };
+        let target: libc::pthread_t = self.target.load(Ordering::Relaxed);
+        // SAFETY: target is a live vCPU thread (the Kicker is dropped on
+        // the loop's thread before it exits, steppers are joined after
+        // they are no longer targeted); the signal has a handler installed.
+        unsafe { libc::pthread_kill(target, kick_signal()) };
     }
 }
 
 /// Kicks the calling (vCPU) thread out of `KVM_RUN` on demand or on time.
 pub struct Kicker {
     shared: Arc<Shared>,
+    /// The thread that made it: the run loop's.
+    home: libc::pthread_t,
     timer: Option<JoinHandle<()>>,
 }
 
@@ -125,7 +132,7 @@ impl Kicker {
             watchdog_fired: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             // SAFETY: pthread_self has no preconditions.
-            target: unsafe { libc::pthread_self() },
+            target: AtomicU64::new(unsafe { libc::pthread_self() }),
         });
         let worker = shared.clone();
         let timer = std::thread::Builder::new()
@@ -137,8 +144,18 @@ impl Kicker {
             })?;
         Ok(Kicker {
             shared,
+            // SAFETY: as above.
+            home: unsafe { libc::pthread_self() },
             timer: Some(timer),
         })
+    }
+
+    /// Kicks go to `thread` from now on (it enters the vCPU on stage), or
+    /// to the thread that made the kicker where `None`.
+    #[inline]
+    pub fn retarget_thread(&self, thread: Option<libc::pthread_t>) {
+        let target = thread.unwrap_or(self.home);
+        self.shared.target.store(target, Ordering::Relaxed);
     }
 
     /// Kicks go to the vCPU whose `kvm_run.immediate_exit` byte this is

@@ -42,6 +42,7 @@ mod peep;
 mod probe;
 mod run_loop;
 mod signals;
+mod steppers;
 mod vcpu;
 mod vm;
 pub mod x86;

@@ -155,6 +155,11 @@ pub struct EntryPlan {
     /// interrupts land at the same steps on hosts that run iterations one
     /// at a time and on hosts that batch them.
     pub interruptible: bool,
+    /// On a machine of several CPUs, while stepping: two CPUs' steps may
+    /// run at the same time where the monitor says each may
+    /// ([`Monitor::runs_beside`]). The VMM then enters CPUs 1, 2... from
+    /// threads of their own.
+    pub pairing: bool,
 }
 
 impl Default for EntryPlan {
@@ -166,6 +171,7 @@ impl Default for EntryPlan {
             done: false,
             deliver_interrupts: false,
             interruptible: true,
+            pairing: false,
         }
     }
 }
@@ -368,6 +374,17 @@ pub trait Monitor {
     /// same way on every host; the VMM moves on from a halted CPU anyway.
     fn turn_may_end(&self) -> bool {
         true
+    }
+
+    /// On a machine of several CPUs, while [`EntryPlan::pairing`]: whether
+    /// the next step of CPU `cpu` (`view` shows it) may run at the same
+    /// time as the next step of another CPU of which this is also true,
+    /// with the same outcome as one after the other. The VMM asks before
+    /// the CPU on stage steps, of it and of the CPU whose turn follows,
+    /// and where both may, runs the second's step beside the first's and
+    /// serves its exit when its turn comes, as if it had run then.
+    fn runs_beside(&mut self, _cpu: usize, _view: &mut dyn CpuView) -> bool {
+        false
     }
 
     /// The VMM injected external interrupt `vector` (from ISA `irq`,

@@ -68,6 +68,9 @@ pub struct Vm {
     /// host echoes is the host's, not one CPU's, so an application
     /// processor's first, ambiguous echo is judged by what CPU 0 saw.
     pub(crate) echo: crate::cpu::echo::EchoWatch,
+    /// The threads that enter CPUs 1, 2... while several CPUs are
+    /// traced (see `crate::steppers`).
+    pub(crate) steppers: crate::steppers::Steppers,
     /// What stands around the loop for the user: the console, the control
     /// socket, the peeper and the progress line.
     pub(crate) frontends: Frontends,
@@ -206,6 +209,7 @@ impl Vm {
             },
             step: StepState::default(),
             echo: crate::cpu::echo::EchoWatch::default(),
+            steppers: crate::steppers::Steppers::default(),
             frontends: Frontends::new(config.console, config.control),
             boot,
         })

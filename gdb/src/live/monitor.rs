@@ -200,6 +200,8 @@ impl Monitor for GdbMonitor<'_> {
     fn plan_entry(&self) -> EntryPlan {
         let mut plan = self.inner.plan_entry();
         plan.done |= self.killed;
+        // The debugger answers no `runs_beside`: no CPU steps beside another.
+        plan.pairing = false;
         if self.stepping {
             plan.stepping = true;
         }

@@ -96,6 +96,7 @@ void idt_load(void);
 /* smp.c */
 void smp_init(u64 rsdp_paddr, const char *cmdline);
 void smp_finish(void);
+int smp_tasks_wanted(void);
 struct frame *smp_interrupt(struct frame *f);
 #endif
 

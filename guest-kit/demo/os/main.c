@@ -40,15 +40,19 @@ void kmain(const struct hvm_start_info *si)
     pic_init();
     pit_init();
     mm_init(ram);
+    int tasks = 1;
 #ifdef DEMO_SMP
     smp_init(si->rsdp_paddr, cmdline);
+    tasks = smp_tasks_wanted();
 #endif
-    sched_init();
-    tasks_spawn();
-    kprintf("starting 3 tasks\n");
-    vtrace_mark(1, 0);
-    sched_run();
-    vtrace_mark(2, ticks);
+    if (tasks) {
+        sched_init();
+        tasks_spawn();
+        kprintf("starting 3 tasks\n");
+        vtrace_mark(1, 0);
+        sched_run();
+        vtrace_mark(2, ticks);
+    }
 #ifdef DEMO_SMP
     smp_finish();
 #endif

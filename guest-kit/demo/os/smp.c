@@ -6,8 +6,8 @@
  * a shared queue of work items (count the primes below n). The other CPUs
  * halt until CPU 0's wake IPI, then take items from the queue under a
  * spinlock and send CPU 0 a "done" IPI for each. CPU 0 runs the one-CPU
- * demo's tasks meanwhile, then helps drain the queue, waits for the last
- * result and prints who did what.
+ * demo's tasks meanwhile (unless `smp_only`), then helps drain the queue,
+ * waits for the last result and prints who did what.
  */
 #include "kernel.h"
 #include "vtrace-sdt.h"
@@ -36,6 +36,11 @@
  * starts a trace meanwhile). */
 static int park;
 static volatile int parked;
+
+/* `smp_only`: CPU 0 runs none of the one-CPU demo's tasks and goes
+ * straight to the queue, so that every CPU works from the wake IPI on
+ * (`vtrace bench --cpus`: a guest whose CPUs are all busy). */
+static int only;
 
 struct rsdp {
     char signature[8];
@@ -249,6 +254,7 @@ void smp_init(u64 rsdp_paddr, const char *cmdline)
 {
     u64 scale = work_scale(cmdline);
     park = option(cmdline, "smp_park") != 0;
+    only = option(cmdline, "smp_only") != 0;
     map_lapic();
     find_cpus(rsdp_paddr);
     idt_set_gate(VEC_WAKE, (u64)isr240);
@@ -271,6 +277,12 @@ void smp_init(u64 rsdp_paddr, const char *cmdline)
         work[i].n = (200 + 40 * (u64)i) * scale;
     if (ncpus > 1)
         lapic_write(LAPIC_ICR_LOW, 0xc0000 | 0x4000 | VEC_WAKE);  /* all but self */
+}
+
+/* Whether CPU 0 runs the one-CPU demo's tasks (see `smp_only`). */
+int smp_tasks_wanted(void)
+{
+    return !only;
 }
 
 void smp_finish(void)

@@ -28,6 +28,7 @@ use crate::flow::{DecodeCache, Decoded, Flow};
 use crate::rep::{ReadLinear, RepString, Unreadable};
 use crate::walker::Walker;
 
+mod beside;
 mod guest_memory;
 mod interrupts;
 mod mmio;

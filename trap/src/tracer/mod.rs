@@ -304,9 +304,14 @@ impl Tracer {
                 return Directive::ReArm;
             }
         }
+        let before = self.engine.next_pc();
         let mut sink = self.windows.route(&mut self.recorder);
         let directive = self.engine.exit(exit, cpu, &mut sink);
-        let next = self.engine.next_pc();
+        // An exit that ran nothing (a KVM_RUN cut short) arrives nowhere:
+        // the place was seen already (a window's entry is no recursive
+        // call, a probe does not fire twice).
+        let moved = self.engine.steps_at_exit() > 0 || self.engine.next_pc() != before;
+        let next = self.engine.next_pc().filter(|_| moved);
         if let (Some(tasks), Some(pc)) = (&mut self.tasks, next) {
             tasks.before(pc, &mut self.engine, cpu, &mut sink);
         }
@@ -380,6 +385,7 @@ impl Monitor for Tracer {
             done: self.options.exit_after_trace && !self.active && self.stop_reason.is_some(),
             deliver_interrupts: self.active,
             interruptible: !(self.active && self.engine.mid_rep()),
+            pairing: self.active && self.options.pairing,
         }
     }
 
@@ -520,6 +526,22 @@ impl Monitor for Tracer {
 
     fn turn_may_end(&self) -> bool {
         !self.active || self.engine.turn_may_end()
+    }
+
+    fn runs_beside(&mut self, cpu: usize, view: &mut dyn CpuView) -> bool {
+        // A probe's semaphore is written right before the next entry: a
+        // step already run would not see it.
+        if !self.active || !self.options.pairing || self.probes.writes_waiting() {
+            return false;
+        }
+        let engine = match cpu == self.cpu {
+            true => &mut self.engine,
+            false => match self.parked_engines.get_mut(cpu) {
+                Some(engine) => engine,
+                None => return false,
+            },
+        };
+        engine.runs_beside(view)
     }
 }
 
@@ -710,6 +732,27 @@ mod tests {
                 bytes: vec![0x90, 0x90],
             }]
         );
+    }
+
+    #[test]
+    fn an_exit_that_ran_nothing_arrives_nowhere_again() {
+        use crate::walker::tests::CODE;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cpu = machine(&[0x90, 0x90]);
+        cpu.regs.rsi = CODE;
+        let options = TraceOptions {
+            from_start: true,
+            captures: vec![capture_at(CODE + 1)],
+            ..TraceOptions::default()
+        };
+        let mut t = tracer(dir.path(), options);
+        t.before_entry(&mut cpu);
+        cpu.regs.rip = CODE + 1;
+        t.on_exit(&ExitView::Debug { breakpoint: false }, &mut cpu);
+        // KVM_RUN cut short before the second nop: still there.
+        t.on_exit(&ExitView::Interrupted, &mut cpu);
+        let report = t.finish().unwrap();
+        assert_eq!(report.captures[0].taken, 1, "taken once, at the step");
     }
 
     #[test]

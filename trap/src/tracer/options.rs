@@ -38,6 +38,10 @@ pub struct TraceOptions {
     /// End the run the first time tracing stops, rather than let the guest
     /// run on.
     pub exit_after_trace: bool,
+    /// On a machine of several CPUs, let two CPUs' steps run at once
+    /// where they cannot see each other (see `beside`): the trace is the
+    /// same either way.
+    pub pairing: bool,
     /// Obey the guest's tracing hypercalls (where neither `from_start`
     /// nor `functions` decide already); else they are only counted.
     pub obey_guest: bool,
@@ -123,6 +127,7 @@ impl Default for TraceOptions {
             stop_in: None,
             trap_flag_host: false,
             exit_after_trace: false,
+            pairing: true,
             obey_guest: true,
             linux_tasks: None,
             captures: Vec::new(),

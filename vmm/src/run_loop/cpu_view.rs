@@ -20,6 +20,21 @@ impl Vm {
     }
 }
 
+impl Vm {
+    /// The monitor's view of CPU `cpu`, off stage.
+    pub(crate) fn parked_cpu_view(&mut self, cpu: usize) -> Option<KvmCpuView<'_>> {
+        let machine = &mut self.machine;
+        let (vcpu, _) = machine.cpus.parked(cpu)?;
+        Some(KvmCpuView {
+            low: machine.low_ram,
+            vcpu,
+            ram: &machine.ram,
+            cpuid: &machine.cpuid,
+            apic_id: u8::try_from(cpu).unwrap_or(u8::MAX),
+        })
+    }
+}
+
 /// The monitor's view of the vCPU: sync registers and guest RAM.
 pub(crate) struct KvmCpuView<'a> {
     /// `ram`'s region at 0 (see [`LowRam`]).

@@ -60,11 +60,19 @@ impl Vm {
     /// that ran nothing (see [`echo`]).
     pub(super) fn enter(&mut self) -> Exit {
         loop {
-            let before = self.step.stepping.then(|| {
-                self.machine.vcpu.clear_debug_report();
-                self.machine.vcpu.echo_witness()
-            });
-            let exit = self.enter_once();
+            let cpu = self.machine.cpus.on_stage();
+            let (exit, before) = match self.steppers.ahead(cpu) {
+                // Its step ran already, stepped: collect it, with the
+                // witness taken before it ran.
+                Some(ahead) => (self.enter_once(), Some(ahead.witness)),
+                None => {
+                    let before = self.step.stepping.then(|| {
+                        self.machine.vcpu.clear_debug_report();
+                        self.machine.vcpu.echo_witness()
+                    });
+                    (self.enter_once(), before)
+                }
+            };
             if let (
                 Exit::Debug {
                     breakpoint: false,
@@ -95,6 +103,10 @@ impl Vm {
 
     /// One `KVM_RUN`, its exit copied out.
     fn enter_once(&mut self) -> Exit {
+        let cpu = self.machine.cpus.on_stage();
+        if self.steppers.has(cpu) {
+            return self.enter_on_stepper(cpu);
+        }
         let entry_rip = self.machine.vcpu.rip();
         let completes_mmio_read = self.step.mmio_read_pending;
         let exit = match self.machine.vcpu.run() {
@@ -159,6 +171,22 @@ impl Vm {
             Err(e) => Exit::Other(format!("KVM_RUN failed: {e}")),
         };
         let mut exit = exit;
+        self.settle(&mut exit, entry_rip, completes_mmio_read);
+        exit
+    }
+
+    /// [`Vm::enter_once`] for a CPU its stepper enters: the step launched
+    /// ahead, or one `KVM_RUN` there now.
+    fn enter_on_stepper(&mut self, cpu: usize) -> Exit {
+        let mut entry_rip = self.machine.vcpu.rip();
+        let completes_mmio_read = self.step.mmio_read_pending;
+        let (errno, ahead) = self.steppers.run(cpu);
+        if let Some(ahead) = ahead {
+            entry_rip = ahead.entry_rip;
+        }
+        let vcpu = &mut self.machine.vcpu;
+        vcpu.ran_elsewhere(errno == 0);
+        let mut exit = Exit::from_run_page(vcpu.run_page(), errno);
         self.settle(&mut exit, entry_rip, completes_mmio_read);
         exit
     }

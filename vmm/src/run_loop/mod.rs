@@ -9,8 +9,9 @@
 //! reports what stopped the guest, `requests` answers the console's
 //! hotkeys and `vtrace ctl`, `cpu_view` is the monitor's view of the
 //! vCPU, and `turns` serves a machine of several CPUs (whose turn, the
-//! local APICs, IPIs). This file holds the loop itself and what the rooms
-//! share.
+//! local APICs, IPIs), `parallel` runs its CPUs at once untraced, `pair`
+//! two CPUs' steps at once traced, on `crate::steppers`. This file holds the
+//! loop itself and what the rooms share.
 
 mod cpu_view;
 mod decide;
@@ -19,6 +20,7 @@ mod exit;
 mod failure;
 mod halt;
 mod inject;
+mod pair;
 mod parallel;
 mod requests;
 mod turns;
@@ -35,7 +37,8 @@ use crate::signals;
 use crate::vm::Vm;
 
 /// Host time a CPU runs untraced before the next one's turn, on a machine
-/// of several CPUs (one thread enters them all, see `crate::cpus`).
+/// of several CPUs (the loop's thread enters them in turn, see
+/// `crate::cpus`).
 const TIME_SLICE: Duration = Duration::from_millis(1);
 
 /// How a run ended, when it ended the way a guest may end.
@@ -91,6 +94,9 @@ pub struct RunOutcome {
     /// Instructions (INT3, INT n, FWAIT, LDMXCSR...) the VMM completed because KVM's
     /// emulator could not.
     pub completed_by_vmm: u64,
+    /// Times two CPUs of a machine of several stepped at once (see
+    /// `pair`): each is two steps.
+    pub step_pairs: u64,
     /// What the peeper did, where the run had one ([`Vm::peep`]).
     pub peeped: Option<PeepReport>,
 }
@@ -122,6 +128,8 @@ pub(super) struct Run<'a> {
     irqs: [u64; 16],
     /// Interrupts injected from local APICs.
     local_apic_interrupts: u64,
+    /// Steps launched ahead, beside another CPU's.
+    paired: u64,
 }
 
 impl Vm {
@@ -146,9 +154,14 @@ impl Vm {
             kicker: &kicker,
             irqs: [0; 16],
             local_apic_interrupts: 0,
+            paired: 0,
         };
         let result = run.until_stop();
-        let (irqs, local_apic_interrupts) = (run.irqs, run.local_apic_interrupts);
+        let (irqs, local_apic_interrupts, paired) =
+            (run.irqs, run.local_apic_interrupts, run.paired);
+        // A step still ahead (the run ended between two paired steps) ran
+        // beside the last one served; nothing enters a vCPU any more.
+        self.steppers.stop();
         // The guest's time when it stopped: a wall-driven clock would run
         // on while the run is wound up (the peeper joined, the trace
         // flushed); the final sample and the summary tell the same moment.
@@ -176,6 +189,7 @@ impl Vm {
             exits: self.machine.history.total(),
             guest_lines_not_shown: self.machine.hypercalls.lines_not_shown(),
             completed_by_vmm: self.machine.completed_by_vmm,
+            step_pairs: paired,
             peeped,
         })
     }
@@ -228,8 +242,13 @@ impl Run<'_> {
     /// Enters the guest and serves its exits until the run ends.
     fn until_stop(&mut self) -> Result<GuestExit> {
         loop {
-            if let Next::Stop(exit) = self.service()? {
-                return Ok(exit);
+            // A step launched ahead runs as if this loop came to it
+            // straight from the last exit (see `pair`).
+            let ahead = self.vm.steppers.any_ahead();
+            if !ahead {
+                if let Next::Stop(exit) = self.service()? {
+                    return Ok(exit);
+                }
             }
             let held = self.monitor.pause(&mut self.vm.cpu_view());
             if !held.is_zero() {
@@ -239,8 +258,9 @@ impl Run<'_> {
             if plan.done {
                 return Ok(GuestExit::MonitorDone);
             }
+            self.fit_steppers(&plan)?;
             let peeping = self.vm.frontends.peeper.is_some();
-            if parallel::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
+            if !ahead && parallel::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
                 match self.race()? {
                     Some(exit) => return Ok(exit),
                     None => match self.resume_turns()? {
@@ -270,9 +290,14 @@ impl Run<'_> {
             }
             self.arm_kicker();
             self.monitor.before_entry(&mut self.vm.cpu_view());
+            self.pair_up(&plan);
+            let on_stage = self.vm.machine.cpus.on_stage();
+            self.kicker
+                .retarget_thread(self.vm.steppers.thread_of(on_stage));
             self.kicker.in_run(true);
             let exit = self.vm.enter();
             self.kicker.in_run(false);
+            self.kicker.retarget_thread(None);
             self.vm.step.io_pending = exit.completes_on_next_entry();
             self.vm.step.mmio_read_pending = matches!(exit, enter::Exit::MmioRead { .. });
             if let Next::Stop(exit) = self.serve(exit)? {

@@ -13,7 +13,7 @@
 //! The crew lives while nothing wants to see single instructions: once
 //! tracing starts or a breakpoint is to be armed, every member is called
 //! back (kicked, its exit served), its thread ends, and the turns take
-//! over on the loop's own thread, which keeps the stepped path as it is.
+//! over on the loop's own thread (and the steppers, see `pair`).
 //! KVM waits for an RCU grace period when a vCPU is entered from another
 //! thread than the last, so a vCPU changes threads only there, never per
 //! exit. Untraced runs do not repeat anyway; traced ones still do, since

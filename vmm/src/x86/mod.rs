@@ -94,6 +94,8 @@ pub mod pte {
     pub const RW: u64 = 1 << 1;
     /// User-accessible.
     pub const US: u64 = 1 << 2;
+    /// Accessed: the CPU sets it at the first walk through the entry.
+    pub const A: u64 = 1 << 5;
     /// A large page (in a directory entry).
     pub const PS: u64 = 1 << 7;
     /// No-execute.

@@ -1,0 +1,309 @@
+//! While several CPUs are traced, each CPU but the first is entered from a
+//! thread of its own, its stepper, so that two CPUs' steps can run at once
+//! (see `run_loop::pair`).
+//!
+//! KVM waits for an RCU grace period when a vCPU is entered from another
+//! thread than the last, so a CPU that steps beside another must be
+//! entered from the same thread every time, paired or not: its stepper
+//! enters it for every entry while the steppers live (from the start of a
+//! traced stretch to its end), and the loop's thread hands it each
+//! `KVM_RUN` and waits for it. One step takes microseconds, so both sides
+//! spin rather than sleep (a futex wake costs as much as a step); past
+//! [`HOT_SPIN`] a waiting side yields the host CPU between looks (another
+//! thread may need it: a busy host), and a stepper that waits longer than
+//! [`SPIN`] parks.
+//!
+//! A step launched ahead ([`Steppers::launch_ahead`]) runs while the loop
+//! serves other CPUs; its exit is collected when its CPU's turn comes,
+//! with what the loop knew of the CPU before it ran ([`Ahead`]).
+
+use std::os::unix::io::RawFd;
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::kvm_run;
+
+use crate::error::{Error, Result};
+use crate::kick::STEP_WATCHDOG;
+
+vmm_sys_util::ioctl_io_nr!(KVM_RUN, kvm_bindings::KVMIO, 0x80);
+
+/// How long a stepper spins for its next entry before it parks: longer
+/// than a round of steps of two CPUs on the slowest host seen.
+const SPIN: Duration = Duration::from_micros(200);
+/// How long a side spins before it yields the host CPU between looks:
+/// about a step's time.
+const HOT_SPIN: Duration = Duration::from_micros(20);
+
+/// Whether steps can run at once on this host at all: a host of one CPU
+/// would only spin one thread while the other waits for the CPU.
+pub(crate) fn host_runs_two() -> bool {
+    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
+const IDLE: u32 = 0;
+const GO: u32 = 1;
+const DONE: u32 = 2;
+const QUIT: u32 = 3;
+
+/// What the loop knew of a CPU whose step it launched ahead, before the
+/// step ran: what the loop's own entry would have noted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ahead {
+    /// RIP at the entry.
+    pub(crate) entry_rip: u64,
+    /// The echo witness before the entry (see `cpu::echo`).
+    pub(crate) witness: [u64; 4],
+}
+
+/// The hand-over between the loop's thread and one stepper.
+struct Hand {
+    state: AtomicU32,
+    errno: AtomicI32,
+    /// The stepper sleeps in `park` (or is about to): wake it.
+    parked: AtomicBool,
+}
+
+/// One CPU's thread.
+struct Stepper {
+    hand: Arc<Hand>,
+    thread: Option<JoinHandle<()>>,
+    /// The vCPU's `kvm_run`, to kick it out of a step that hangs.
+    run: *mut kvm_run,
+    ahead: Option<Ahead>,
+}
+
+/// Every stepper, by CPU; none while the CPUs are not traced.
+#[derive(Default)]
+pub(crate) struct Steppers {
+    members: Vec<Option<Stepper>>,
+}
+
+/// The stepper's loop: wait for `GO`, enter the vCPU, report.
+fn stepper(fd: RawFd, hand: &Hand) {
+    loop {
+        let since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            match hand.state.load(Ordering::Acquire) {
+                GO => break,
+                QUIT => return,
+                _ => {}
+            }
+            spins = spins.wrapping_add(1);
+            if !spins.is_multiple_of(64) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let waited = since.elapsed();
+            if waited < HOT_SPIN {
+                continue;
+            }
+            if waited < SPIN {
+                std::thread::yield_now();
+                continue;
+            }
+            // Seen by `go` after it set GO, or GO is seen here (both
+            // sequentially consistent).
+            hand.parked.store(true, Ordering::SeqCst);
+            if hand.state.load(Ordering::SeqCst) != GO {
+                std::thread::park();
+            }
+            hand.parked.store(false, Ordering::Relaxed);
+        }
+        // SAFETY: `fd` is a vCPU's, open until the steppers are gone; the
+        // loop's thread does not use the vCPU until this one reports.
+        let ret = unsafe { libc::ioctl(fd, KVM_RUN() as _, 0) };
+        let errno = match ret {
+            0 => 0,
+            _ => std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        };
+        hand.errno.store(errno, Ordering::Relaxed);
+        hand.state.store(DONE, Ordering::Release);
+    }
+}
+
+impl Steppers {
+    /// Whether the steppers live.
+    pub(crate) fn live(&self) -> bool {
+        !self.members.is_empty()
+    }
+
+    /// Starts a stepper for each vCPU `vcpus` gives (CPU number, its file
+    /// descriptor and `kvm_run`); CPU 0 has none (the loop's thread
+    /// enters it).
+    pub(crate) fn start(&mut self, vcpus: Vec<(usize, RawFd, *mut kvm_run)>) -> Result<()> {
+        self.stop();
+        for (cpu, fd, run) in vcpus {
+            if cpu == 0 {
+                continue;
+            }
+            let hand = Arc::new(Hand {
+                state: AtomicU32::new(IDLE),
+                errno: AtomicI32::new(0),
+                parked: AtomicBool::new(false),
+            });
+            let theirs = hand.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("vtrace-step{cpu}"))
+                .spawn(move || stepper(fd, &theirs))
+                .map_err(|source| Error::Host {
+                    what: "start a vCPU's stepping thread",
+                    source,
+                })?;
+            if self.members.len() <= cpu {
+                self.members.resize_with(cpu + 1, || None);
+            }
+            self.members[cpu] = Some(Stepper {
+                hand,
+                thread: Some(thread),
+                run,
+                ahead: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends every stepper; a step launched ahead is waited for (and lost:
+    /// call only where none is, but the run is over).
+    pub(crate) fn stop(&mut self) {
+        for cpu in 0..self.members.len() {
+            if self.ahead(cpu).is_some() {
+                self.wait(cpu);
+            }
+        }
+        for s in self.members.iter_mut().flatten() {
+            s.hand.state.store(QUIT, Ordering::SeqCst);
+            if let Some(t) = &s.thread {
+                t.thread().unpark();
+            }
+        }
+        for s in self.members.iter_mut().flatten() {
+            if let Some(t) = s.thread.take() {
+                let _ = t.join();
+            }
+        }
+        self.members.clear();
+    }
+
+    fn member(&self, cpu: usize) -> Option<&Stepper> {
+        self.members.get(cpu)?.as_ref()
+    }
+
+    /// Whether CPU `cpu` is entered by its stepper.
+    #[inline]
+    pub(crate) fn has(&self, cpu: usize) -> bool {
+        self.member(cpu).is_some()
+    }
+
+    /// The thread that enters CPU `cpu`, where not the loop's.
+    pub(crate) fn thread_of(&self, cpu: usize) -> Option<libc::pthread_t> {
+        Some(self.member(cpu)?.thread.as_ref()?.as_pthread_t())
+    }
+
+    /// Whether some CPU's step was launched ahead and not yet collected.
+    #[inline]
+    pub(crate) fn any_ahead(&self) -> bool {
+        self.members.iter().flatten().any(|s| s.ahead.is_some())
+    }
+
+    /// CPU `cpu`'s step launched ahead, if one is.
+    pub(crate) fn ahead(&self, cpu: usize) -> Option<Ahead> {
+        self.member(cpu)?.ahead
+    }
+
+    /// Starts CPU `cpu`'s `KVM_RUN` on its stepper; false where it has
+    /// none.
+    fn go(&self, cpu: usize) -> bool {
+        let Some(s) = self.member(cpu) else {
+            return false;
+        };
+        s.hand.state.store(GO, Ordering::SeqCst);
+        if s.hand.parked.load(Ordering::SeqCst) {
+            if let Some(t) = &s.thread {
+                t.thread().unpark();
+            }
+        }
+        true
+    }
+
+    /// Launches CPU `cpu`'s step now, to be collected by [`Steppers::run`]
+    /// when its turn comes.
+    pub(crate) fn launch_ahead(&mut self, cpu: usize, ahead: Ahead) {
+        if self.go(cpu) {
+            if let Some(Some(s)) = self.members.get_mut(cpu) {
+                s.ahead = Some(ahead);
+            }
+        }
+    }
+
+    /// CPU `cpu`'s `KVM_RUN` on its stepper: the one launched ahead (and
+    /// what was known before it), else one started now. The errno, 0 for
+    /// an exit.
+    pub(crate) fn run(&mut self, cpu: usize) -> (i32, Option<Ahead>) {
+        let ahead = match self.members.get_mut(cpu) {
+            Some(Some(s)) => s.ahead.take(),
+            _ => None,
+        };
+        if ahead.is_none() && !self.go(cpu) {
+            return (libc::EBADF, None);
+        }
+        (self.wait(cpu), ahead)
+    }
+
+    /// Waits for CPU `cpu`'s `KVM_RUN` to return. A step that has not
+    /// after the stepping watchdog's time lost its trap (the loop's own
+    /// watchdog covers the CPU on stage): it is kicked out.
+    fn wait(&self, cpu: usize) -> i32 {
+        let Some(s) = self.member(cpu) else {
+            return libc::EBADF;
+        };
+        let since = Instant::now();
+        let mut spins = 0u32;
+        let mut kicked = false;
+        let mut patient = false;
+        while s.hand.state.load(Ordering::Acquire) != DONE {
+            spins = spins.wrapping_add(1);
+            if patient {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            if spins.is_multiple_of(256) {
+                let waited = since.elapsed();
+                patient = waited > HOT_SPIN;
+                if !kicked && waited > STEP_WATCHDOG * 2 {
+                    kicked = true;
+                    self.kick(s);
+                }
+            }
+        }
+        s.hand.state.store(IDLE, Ordering::Relaxed);
+        s.hand.errno.load(Ordering::Relaxed)
+    }
+
+    /// Gets a stepper's vCPU out of `KVM_RUN`.
+    fn kick(&self, s: &Stepper) {
+        tracing::warn!("a step launched ahead did not return: kicking it");
+        // SAFETY: `run` is the vCPU's kvm_run mapping, alive as long as
+        // the vCPU; KVM only reads this byte.
+        unsafe { std::ptr::write_volatile(&mut (*s.run).immediate_exit, 1) };
+        if let Some(t) = &s.thread {
+            // SAFETY: the thread lives until joined in `stop`; the kick
+            // signal has a handler (installed by the kicker).
+            unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGRTMIN()) };
+        }
+    }
+}
+
+impl Drop for Steppers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
