@@ -29,8 +29,6 @@ use kvm_bindings::kvm_run;
 use crate::error::{Error, Result};
 use crate::kick::STEP_WATCHDOG;
 
-vmm_sys_util::ioctl_io_nr!(KVM_RUN, kvm_bindings::KVMIO, 0x80);
-
 /// How long a stepper spins for its next entry before it parks: longer
 /// than a round of steps of two CPUs on the slowest host seen.
 const SPIN: Duration = Duration::from_micros(200);
@@ -117,13 +115,7 @@ fn stepper(fd: RawFd, hand: &Hand) {
         }
         // SAFETY: `fd` is a vCPU's, open until the steppers are gone; the
         // loop's thread does not use the vCPU until this one reports.
-        let ret = unsafe { libc::ioctl(fd, KVM_RUN() as _, 0) };
-        let errno = match ret {
-            0 => 0,
-            _ => std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        };
+        let errno = unsafe { crate::vcpu::run_raw(fd) };
         hand.errno.store(errno, Ordering::Relaxed);
         hand.state.store(DONE, Ordering::Release);
     }

@@ -17,6 +17,25 @@ pub(crate) const NOT_REPORTED_DR7: u64 = 0;
 // kvm-ioctls wraps no KVM_INTERRUPT (it assumes an in-kernel irqchip);
 // the number is built from kvm-bindings' KVMIO as KVM's headers do.
 ioctl_iow_nr!(KVM_INTERRUPT, kvm_bindings::KVMIO, 0x86, kvm_interrupt);
+vmm_sys_util::ioctl_io_nr!(KVM_RUN, kvm_bindings::KVMIO, 0x80);
+
+/// `KVM_RUN` on the vCPU whose descriptor [`Vcpu::raw_parts`] gave, from
+/// a thread that only enters it (see `run_loop::parallel`, `steppers`);
+/// the errno, 0 for an exit, which the caller reads from `kvm_run`.
+///
+/// # Safety
+///
+/// `fd` must be a vCPU's, open for the call, and no other thread may use
+/// the vCPU until it returns.
+pub(crate) unsafe fn run_raw(fd: std::os::unix::io::RawFd) -> i32 {
+    // SAFETY: KVM_RUN takes no argument; the caller vouches for `fd`.
+    match unsafe { libc::ioctl(fd, KVM_RUN() as _, 0) } {
+        0 => 0,
+        _ => std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    }
+}
 
 /// The vCPU and the registers KVM hands over at every exit.
 ///
@@ -263,7 +282,7 @@ impl Vcpu {
         (self.fd.as_raw_fd(), run)
     }
 
-    /// Another thread entered the vCPU (`KVM_RUN` with [`Vcpu::raw_parts`]);
+    /// Another thread entered the vCPU ([`run_raw`] with [`Vcpu::raw_parts`]);
     /// `ok` where it returned an exit, which filled the sync registers.
     pub(crate) fn ran_elsewhere(&mut self, ok: bool) {
         self.synced = ok;

@@ -549,7 +549,7 @@ impl Monitor for Tracer {
 mod tests {
     use super::*;
     use crate::capture::CaptureSite;
-    use crate::walker::tests::{machine, PF_HANDLER};
+    use crate::walker::tests::{machine, FlatCpu, PF_HANDLER};
     use vtrace_storage::DiskWriter;
 
     fn tracer(dir: &std::path::Path, options: TraceOptions) -> Tracer {
@@ -690,21 +690,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_capture_is_taken_where_a_step_arrives_while_tracing() {
+    /// Tracing from the start at `nop; nop`, a capture at the second:
+    /// the tracer, begun, and the CPU.
+    fn tracing_to_a_capture(dir: &std::path::Path) -> (Tracer, FlatCpu) {
         use crate::walker::tests::CODE;
-        let dir = tempfile::tempdir().unwrap();
-        // nop; nop: the capture is at the second.
         let mut cpu = machine(&[0x90, 0x90]);
-        cpu.regs.rip = CODE;
         cpu.regs.rsi = CODE;
         let options = TraceOptions {
             from_start: true,
             captures: vec![capture_at(CODE + 1)],
             ..TraceOptions::default()
         };
-        let mut t = tracer(dir.path(), options);
+        let mut t = tracer(dir, options);
         t.before_entry(&mut cpu);
+        (t, cpu)
+    }
+
+    #[test]
+    fn a_capture_is_taken_where_a_step_arrives_while_tracing() {
+        use crate::walker::tests::CODE;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut t, mut cpu) = tracing_to_a_capture(dir.path());
         assert!(
             t.plan_entry().breakpoints.as_slice().is_empty(),
             "no breakpoint while tracing"
@@ -738,15 +744,7 @@ mod tests {
     fn an_exit_that_ran_nothing_arrives_nowhere_again() {
         use crate::walker::tests::CODE;
         let dir = tempfile::tempdir().unwrap();
-        let mut cpu = machine(&[0x90, 0x90]);
-        cpu.regs.rsi = CODE;
-        let options = TraceOptions {
-            from_start: true,
-            captures: vec![capture_at(CODE + 1)],
-            ..TraceOptions::default()
-        };
-        let mut t = tracer(dir.path(), options);
-        t.before_entry(&mut cpu);
+        let (mut t, mut cpu) = tracing_to_a_capture(dir.path());
         cpu.regs.rip = CODE + 1;
         t.on_exit(&ExitView::Debug { breakpoint: false }, &mut cpu);
         // KVM_RUN cut short before the second nop: still there.

@@ -37,8 +37,6 @@ use crate::peep::PeepMessage;
 use super::enter::Exit;
 use super::{GuestExit, Next, Run};
 
-vmm_sys_util::ioctl_io_nr!(KVM_RUN, kvm_bindings::KVMIO, 0x80);
-
 /// How long the loop waits for an exit when no device event is due.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 
@@ -78,13 +76,7 @@ fn member(cpu: usize, fd: RawFd, go: Receiver<bool>, exits: Sender<Wake>) {
     while let Ok(true) = go.recv() {
         // SAFETY: `fd` is a vCPU's, open until the crew is disbanded; the
         // loop's thread does not use the vCPU while this one runs it.
-        let ret = unsafe { libc::ioctl(fd, KVM_RUN() as _, 0) };
-        let errno = match ret {
-            0 => 0,
-            _ => std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        };
+        let errno = unsafe { crate::vcpu::run_raw(fd) };
         if exits.send(Wake::CpuExit { cpu, errno }).is_err() {
             return;
         }
