@@ -27,7 +27,7 @@ use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::CpuView;
 
 use crate::fault::{register, Operands};
-use crate::walker::walk_now;
+use crate::walker::{read_now, walk_now};
 
 /// Whether `insn`, about to run with `regs` and `sregs`, may step at the
 /// same time as another CPU's step of which this is also true.
@@ -114,25 +114,6 @@ fn reads_ram_quietly(cpu: &dyn CpuView, sregs: &SpecialRegisters, first: u64, la
             Some((phys, access)) => access.accessed && cpu.read_physical(phys, &mut [0u8; 1]),
             None => false,
         })
-}
-
-/// Reads up to `buf.len()` bytes at `linear` through the page tables as
-/// they are now (another CPU may have changed them since this one's
-/// walker cached a translation); how many it could.
-fn read_now(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64, buf: &mut [u8]) -> usize {
-    let mut done = 0;
-    while done < buf.len() {
-        let at = linear.wrapping_add(done as u64);
-        let Some((phys, _)) = walk_now(cpu, sregs, at) else {
-            break;
-        };
-        let n = ((4096 - (at & 0xfff)) as usize).min(buf.len() - done);
-        if !cpu.read_physical(phys, &mut buf[done..done + n]) {
-            break;
-        }
-        done += n;
-    }
-    done
 }
 
 /// Whether no place `insn` may go to holds an IRET.

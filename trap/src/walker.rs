@@ -206,19 +206,7 @@ impl Walker {
                 _ => 0,
             };
         }
-        let mut done = 0;
-        while done < buf.len() {
-            let addr = linear.wrapping_add(done as u64);
-            let Some(phys) = self.translate(cpu, sregs, addr) else {
-                break;
-            };
-            let n = ((4096 - (addr & 0xfff)) as usize).min(buf.len() - done);
-            if !cpu.read_physical(phys, &mut buf[done..done + n]) {
-                break;
-            }
-            done += n;
-        }
-        done
+        read_pages(cpu, linear, buf, |at| self.translate(cpu, sregs, at))
     }
 }
 
@@ -231,6 +219,38 @@ pub fn walk_now(
     linear: u64,
 ) -> Option<(u64, PageAccess)> {
     walk(cpu, sregs, linear)
+}
+
+/// [`Walker::read`] through the page tables as they are now (another
+/// CPU may have changed them since a walker cached a translation).
+pub fn read_now(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64, buf: &mut [u8]) -> usize {
+    read_pages(cpu, linear, buf, |at| {
+        walk(cpu, sregs, at).map(|(phys, _)| phys)
+    })
+}
+
+/// Reads `buf.len()` bytes at `linear`, page by page, each page's
+/// physical address from `translate`; how many could be read before a
+/// page that is not mapped or not RAM.
+fn read_pages(
+    cpu: &dyn CpuView,
+    linear: u64,
+    buf: &mut [u8],
+    mut translate: impl FnMut(u64) -> Option<u64>,
+) -> usize {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = linear.wrapping_add(done as u64);
+        let Some(phys) = translate(at) else {
+            break;
+        };
+        let n = ((4096 - (at & 0xfff)) as usize).min(buf.len() - done);
+        if !cpu.read_physical(phys, &mut buf[done..done + n]) {
+            break;
+        }
+        done += n;
+    }
+    done
 }
 
 /// One walk, no cache.

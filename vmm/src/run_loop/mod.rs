@@ -291,13 +291,18 @@ impl Run<'_> {
             self.arm_kicker();
             self.monitor.before_entry(&mut self.vm.cpu_view());
             self.pair_up(&plan);
-            let on_stage = self.vm.machine.cpus.on_stage();
-            self.kicker
-                .retarget_thread(self.vm.steppers.thread_of(on_stage));
+            // Kicks go to the stepper that enters the CPU on stage, if one
+            // does.
+            let stepper = self.vm.steppers.thread_of(self.vm.machine.cpus.on_stage());
+            if stepper.is_some() {
+                self.kicker.retarget_thread(stepper);
+            }
             self.kicker.in_run(true);
             let exit = self.vm.enter();
             self.kicker.in_run(false);
-            self.kicker.retarget_thread(None);
+            if stepper.is_some() {
+                self.kicker.retarget_thread(None);
+            }
             self.vm.step.io_pending = exit.completes_on_next_entry();
             self.vm.step.mmio_read_pending = matches!(exit, enter::Exit::MmioRead { .. });
             if let Next::Stop(exit) = self.serve(exit)? {
