@@ -104,6 +104,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
             "one_cpu_bare_exits_per_s": one.bare_exits_per_s(),
             "traced_steps": many.traced_steps,
             "step_pairs": many.step_pairs,
+            "pair_pauses": many.pair_pauses,
             "bytes_per_step": many.bytes_per_step(),
             "untraced_one_cpu_s": alone.as_secs_f64(),
             "untraced_s": together.as_secs_f64(),
@@ -125,8 +126,12 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
         many.traced_time.as_secs_f64(),
         many.traced_steps_per_s()
     );
+    let paused = match many.pair_pauses {
+        0 => String::new(),
+        n => format!("; pairing paused {n} times for a second: the host's cores were busy"),
+    };
     println!(
-        "per-CPU ratio:     {ratio:.2} (goal >= 0.8; {} of the {} steps ran two at once)",
+        "per-CPU ratio:     {ratio:.2} (goal >= 0.8; {} of the {} steps ran two at once{paused})",
         many.step_pairs * 2,
         many.traced_steps
     );

@@ -95,9 +95,13 @@ fn summary(outcome: &RunOutcome, gdb: bool, exit_after_trace: bool) -> String {
         0 => String::new(),
         n => format!(", {n} local APIC interrupts (timers, IPIs)"),
     };
+    let paused = match outcome.pair_pauses {
+        0 => String::new(),
+        n => format!(" (paused {n} times for a second: the host's cores were busy)"),
+    };
     let paired = match outcome.step_pairs {
         0 => String::new(),
-        n => format!(", {n} step pairs run at once"),
+        n => format!(", {n} step pairs run at once{paused}"),
     };
     format!(
         "vtrace: {how} after {:.2} s (virtual time {:.3} s): {} timer interrupts{apic}, {} \

@@ -69,6 +69,8 @@ pub struct BenchReport {
     pub peak_rss_bytes: Option<u64>,
     /// Times two CPUs stepped at once in the traced run.
     pub step_pairs: u64,
+    /// Times pairing paused because the host's cores were busy.
+    pub pair_pauses: u32,
 }
 
 impl BenchReport {
@@ -175,6 +177,7 @@ pub fn run(
         traced_time: traced.host_time,
         trace_bytes: report.writer.stored_bytes,
         step_pairs: traced.step_pairs,
+        pair_pauses: traced.pair_pauses,
         peak_rss_bytes: crate::run::peak_rss_bytes(),
     })
 }

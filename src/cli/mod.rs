@@ -240,8 +240,9 @@ pub struct BenchArgs {
     /// 0.8 or more); then run the SMP demo's work untraced on one CPU and
     /// on N and compare the times (goal: near N times faster, as far as
     /// the host has cores). With --json: cpus, one_cpu_steps_per_s,
-    /// steps_per_s, per_cpu_steps_per_s, per_cpu_ratio,
-    /// untraced_one_cpu_s, untraced_s, untraced_speedup.
+    /// steps_per_s, per_cpu_steps_per_s, per_cpu_ratio, step_pairs (two
+    /// CPUs' steps run at once), pair_pauses (pairing paused: the host's
+    /// cores were busy), untraced_one_cpu_s, untraced_s, untraced_speedup.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), conflicts_with_all = ["analyzer", "runs"])]
     pub cpus: u8,
     /// Trace with `run --record-values`: what recording the memory values

@@ -13,6 +13,16 @@
 //! thread may need it: a busy host), and a stepper that waits longer than
 //! [`SPIN`] parks.
 //!
+//! Spinning pays only where each thread has a core. Where the host's
+//! cores are busy with other work, the scheduler may put a stepper on
+//! the core of the loop's thread: each then waits for the other's spin
+//! to end, and two traces at once on two cores took twice as long paired
+//! as one CPU at a time. A step launched ahead that has not even started
+//! when the loop comes to collect it (a step takes microseconds, the
+//! loop's own step as long) had no core; where more than one in four of
+//! a window of such hand-overs did ([`crowded`]), the loop steps one CPU
+//! at a time for a while ([`Steppers::rest`]).
+//!
 //! A step launched ahead ([`Steppers::launch_ahead`]) runs while the loop
 //! serves other CPUs; its exit is collected when its CPU's turn comes,
 //! with what the loop knew of the CPU before it ran ([`Ahead`]).
@@ -43,10 +53,28 @@ pub(crate) fn host_runs_two() -> bool {
     *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
 }
 
+/// Steps launched ahead between two looks at how many started late.
+const WINDOW: u32 = 4096;
+/// How long the loop steps one CPU at a time once the host was crowded.
+const REST: Duration = Duration::from_secs(1);
+
+/// Whether the host is too busy for the steppers to spin: more than one
+/// step launched ahead in four had not started when its turn came.
+///
+/// Measured on 2 cores, windows of 4,096: alone, up to 250 late (the
+/// trace writer's thread takes a core now and then; pairing still pays);
+/// two traces at once, either the same or 1,000 to all 4,096 (the
+/// scheduler put a stepper on its loop's core; pairing took twice as
+/// long as one CPU at a time).
+pub(crate) fn crowded(late: u32, handovers: u32) -> bool {
+    late.saturating_mul(4) > handovers
+}
+
 const IDLE: u32 = 0;
 const GO: u32 = 1;
-const DONE: u32 = 2;
-const QUIT: u32 = 3;
+const RUNNING: u32 = 2;
+const DONE: u32 = 3;
+const QUIT: u32 = 4;
 
 /// What the loop knew of a CPU whose step it launched ahead, before the
 /// step ran: what the loop's own entry would have noted.
@@ -79,12 +107,22 @@ struct Stepper {
 #[derive(Default)]
 pub(crate) struct Steppers {
     members: Vec<Option<Stepper>>,
+    /// Steps launched ahead in this window.
+    handovers: u32,
+    /// Of these, the ones not started when their turn came.
+    late: u32,
+    /// The last full window was [`crowded`].
+    crowded: bool,
+    /// No steppers before this (see [`Steppers::rest`]).
+    rest_until: Option<Instant>,
+    /// Times they rested since [`Steppers::take_rests`] last asked.
+    rests: u32,
 }
 
 /// The stepper's loop: wait for `GO`, enter the vCPU, report.
 fn stepper(fd: RawFd, hand: &Hand) {
     loop {
-        let since = Instant::now();
+        let waiting = Instant::now();
         let mut spins = 0u32;
         loop {
             match hand.state.load(Ordering::Acquire) {
@@ -97,7 +135,7 @@ fn stepper(fd: RawFd, hand: &Hand) {
                 std::hint::spin_loop();
                 continue;
             }
-            let waited = since.elapsed();
+            let waited = waiting.elapsed();
             if waited < HOT_SPIN {
                 continue;
             }
@@ -113,6 +151,8 @@ fn stepper(fd: RawFd, hand: &Hand) {
             }
             hand.parked.store(false, Ordering::Relaxed);
         }
+        // Only the loop's look at whether the step started reads it.
+        hand.state.store(RUNNING, Ordering::Relaxed);
         // SAFETY: `fd` is a vCPU's, open until the steppers are gone; the
         // loop's thread does not use the vCPU until this one reports.
         let errno = unsafe { crate::vcpu::run_raw(fd) };
@@ -182,6 +222,44 @@ impl Steppers {
             }
         }
         self.members.clear();
+        self.handovers = 0;
+        self.late = 0;
+        self.crowded = false;
+    }
+
+    /// Whether the last window of hand-overs found the host crowded.
+    pub(crate) fn crowded(&self) -> bool {
+        self.crowded
+    }
+
+    /// Ends the steppers and starts none for a while (the host is busy).
+    pub(crate) fn rest(&mut self) {
+        self.stop();
+        self.rest_until = Some(Instant::now() + REST);
+        self.rests = self.rests.saturating_add(1);
+    }
+
+    /// How many times the steppers rested since the last call.
+    pub(crate) fn take_rests(&mut self) -> u32 {
+        std::mem::take(&mut self.rests)
+    }
+
+    /// Whether steppers may start (not resting).
+    pub(crate) fn may_start(&self) -> bool {
+        self.rest_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Counts a step launched ahead, collected `late` or not; at the end
+    /// of a window, looks at how many were.
+    fn count_ahead(&mut self, late: bool) {
+        self.handovers += 1;
+        self.late += u32::from(late);
+        if self.handovers < WINDOW {
+            return;
+        }
+        self.crowded = crowded(self.late, self.handovers);
+        self.handovers = 0;
+        self.late = 0;
     }
 
     fn member(&self, cpu: usize) -> Option<&Stepper> {
@@ -246,6 +324,12 @@ impl Steppers {
         if ahead.is_none() && !self.go(cpu) {
             return (libc::EBADF, None);
         }
+        if ahead.is_some() {
+            let late = self
+                .member(cpu)
+                .is_some_and(|s| s.hand.state.load(Ordering::Relaxed) == GO);
+            self.count_ahead(late);
+        }
         (self.wait(cpu), ahead)
     }
 
@@ -297,5 +381,44 @@ impl Steppers {
 impl Drop for Steppers {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_is_crowded_where_more_than_one_step_ahead_in_four_had_not_started() {
+        assert!(!crowded(0, WINDOW));
+        assert!(!crowded(250, WINDOW), "the worst window of a trace alone");
+        assert!(!crowded(WINDOW / 4, WINDOW));
+        assert!(crowded(WINDOW / 4 + 1, WINDOW));
+        assert!(crowded(WINDOW, WINDOW));
+    }
+
+    #[test]
+    fn the_steppers_judge_a_whole_window_at_its_end() {
+        let mut steppers = Steppers::default();
+        for _ in 0..WINDOW - 1 {
+            steppers.count_ahead(true);
+        }
+        assert!(!steppers.crowded(), "not before the window is full");
+        steppers.count_ahead(true);
+        assert!(steppers.crowded());
+        for i in 0..WINDOW {
+            steppers.count_ahead(i % 8 == 0);
+        }
+        assert!(!steppers.crowded(), "one in eight late is not crowded");
+    }
+
+    #[test]
+    fn steppers_that_rest_start_again_only_after_a_while() {
+        let mut steppers = Steppers::default();
+        assert!(steppers.may_start() && !steppers.crowded() && !steppers.live());
+        steppers.rest();
+        assert!(!steppers.may_start(), "resting");
+        steppers.rest_until = Some(Instant::now());
+        assert!(steppers.may_start());
     }
 }

@@ -97,6 +97,9 @@ pub struct RunOutcome {
     /// Times two CPUs of a machine of several stepped at once (see
     /// `pair`): each is two steps.
     pub step_pairs: u64,
+    /// Times pairing paused for a second because the host's cores were
+    /// busy with other work (see `steppers`).
+    pub pair_pauses: u32,
     /// What the peeper did, where the run had one ([`Vm::peep`]).
     pub peeped: Option<PeepReport>,
 }
@@ -162,6 +165,7 @@ impl Vm {
         // A step still ahead (the run ended between two paired steps) ran
         // beside the last one served; nothing enters a vCPU any more.
         self.steppers.stop();
+        let pair_pauses = self.steppers.take_rests();
         // The guest's time when it stopped: a wall-driven clock would run
         // on while the run is wound up (the peeper joined, the trace
         // flushed); the final sample and the summary tell the same moment.
@@ -190,6 +194,7 @@ impl Vm {
             guest_lines_not_shown: self.machine.hypercalls.lines_not_shown(),
             completed_by_vmm: self.machine.completed_by_vmm,
             step_pairs: paired,
+            pair_pauses,
             peeped,
         })
     }

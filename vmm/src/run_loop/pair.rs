@@ -76,17 +76,29 @@ pub(super) fn may_pair(s: &PairState<'_>) -> bool {
 
 impl Run<'_> {
     /// Starts the steppers where the plan pairs a machine of several CPUs,
-    /// ends them where it no longer does (never with a step ahead).
+    /// ends them where it no longer does or the host is too busy for
+    /// them (never with a step ahead).
     pub(super) fn fit_steppers(&mut self, plan: &EntryPlan) -> Result<()> {
         let count = self.vm.machine.cpus.count();
         let want = plan.pairing && plan.stepping && count > 1 && steppers::host_runs_two();
         let steppers = &mut self.vm.steppers;
-        if want == steppers.live() || steppers.any_ahead() {
+        if steppers.any_ahead() {
+            return Ok(());
+        }
+        if want && steppers.live() && steppers.crowded() {
+            steppers.rest();
+            tracing::debug!("the host is busy: one CPU steps at a time for a while");
+            return Ok(());
+        }
+        if want == steppers.live() {
             return Ok(());
         }
         if !want {
             self.vm.steppers.stop();
             tracing::debug!("CPUs 1.. are entered from the loop's thread again");
+            return Ok(());
+        }
+        if !steppers.may_start() {
             return Ok(());
         }
         let machine = &mut self.vm.machine;
