@@ -376,8 +376,8 @@ impl<'a> ParquetPart<'a> {
             |key: &str, value: &str| KeyValue::new(format!("vtrace.{key}"), value.to_string());
         let mut metadata = vec![about("trace", &ctx.trace_path)];
         metadata.extend(ctx.about.iter().map(|(k, v)| about(k, v)));
-        let mut props =
-            WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?));
+        let mut props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(chunks::ZSTD_LEVEL)?));
         // Step numbers and times count up by one: delta encoding makes
         // them almost nothing, where a dictionary (Parquet's default)
         // would hash every row for nothing.
