@@ -128,7 +128,8 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
     );
     let paused = match many.pair_pauses {
         0 => String::new(),
-        n => format!("; pairing paused {n} times for a second: the host's cores were busy"),
+        1 => "; pairing paused once: the host's cores were busy".to_string(),
+        n => format!("; pairing paused {n} times: the host's cores were busy"),
     };
     println!(
         "per-CPU ratio:     {ratio:.2} (goal >= 0.8; {} of the {} steps ran two at once{paused})",

@@ -97,7 +97,8 @@ fn summary(outcome: &RunOutcome, gdb: bool, exit_after_trace: bool) -> String {
     };
     let paused = match outcome.pair_pauses {
         0 => String::new(),
-        n => format!(" (paused {n} times for a second: the host's cores were busy)"),
+        1 => " (paused once: the host's cores were busy)".to_string(),
+        n => format!(" (paused {n} times: the host's cores were busy)"),
     };
     let paired = match outcome.step_pairs {
         0 => String::new(),

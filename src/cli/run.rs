@@ -194,8 +194,9 @@ pub struct RunArgs {
     /// default, where the next steps of two CPUs write no memory (nor set
     /// a page's accessed bit) and read only RAM, the two run at once on
     /// two host threads: neither can see the other, so the trace is the
-    /// same as one step after the other, only sooner. This switch turns
-    /// that off, to compare or to measure.
+    /// same as one step after the other, only sooner. That needs a host
+    /// core per guest CPU, and pauses by itself where the host's cores are
+    /// busy. This switch turns it off, to compare or to measure.
     #[arg(long, help_heading = "Tracing")]
     pub serial_steps: bool,
 

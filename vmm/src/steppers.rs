@@ -46,17 +46,41 @@ const SPIN: Duration = Duration::from_micros(200);
 /// about a step's time.
 const HOT_SPIN: Duration = Duration::from_micros(20);
 
-/// Whether steps can run at once on this host at all: a host of one CPU
-/// would only spin one thread while the other waits for the CPU.
-pub(crate) fn host_runs_two() -> bool {
-    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+/// Whether this host has a core for each of the spinning threads of a
+/// machine of `cpus` CPUs (the loop's and a stepper per CPU but the
+/// first).
+pub(crate) fn host_has_cores_for(cpus: usize) -> bool {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    cores_suffice(cores, cpus)
+}
+
+/// Whether `cores` host cores can pair steps of `cpus` CPUs. Every
+/// stepper spins between its steps, the idle ones too: with fewer cores
+/// than spinning threads, the scheduler shares cores among them in slices
+/// of milliseconds (4 CPUs on 2 cores: 4,096 pairs took 1.2-4.2 s, not
+/// 40-55 ms; the SMP demo 24-25 s paired against 13.1 s one CPU at a
+/// time).
+fn cores_suffice(cores: usize, cpus: usize) -> bool {
+    cpus > 1 && cores >= cpus
 }
 
 /// Steps launched ahead between two looks at how many started late.
 const WINDOW: u32 = 4096;
-/// How long the loop steps one CPU at a time once the host was crowded.
+/// How long the loop steps one CPU at a time once the host was crowded,
+/// the first time.
 const REST: Duration = Duration::from_secs(1);
+/// The longest rest: a host crowded again right after each rest (more
+/// CPUs than cores, another job that goes on) rests twice as long each
+/// time, up to this, so that the hand-overs judged late before each rest
+/// and the steppers' restarts cost little beside one CPU at a time.
+const LONGEST_REST: Duration = Duration::from_secs(8);
+
+/// The rest after one of `last` (zero: none since the host was last
+/// found calm).
+fn next_rest(last: Duration) -> Duration {
+    last.saturating_mul(2).clamp(REST, LONGEST_REST)
+}
 
 /// Whether the host is too busy for the steppers to spin: more than one
 /// step launched ahead in four had not started when its turn came.
@@ -115,6 +139,8 @@ pub(crate) struct Steppers {
     crowded: bool,
     /// No steppers before this (see [`Steppers::rest`]).
     rest_until: Option<Instant>,
+    /// The last rest's length; zero once a window was calm.
+    rest_for: Duration,
     /// Times they rested since [`Steppers::take_rests`] last asked.
     rests: u32,
 }
@@ -235,7 +261,8 @@ impl Steppers {
     /// Ends the steppers and starts none for a while (the host is busy).
     pub(crate) fn rest(&mut self) {
         self.stop();
-        self.rest_until = Some(Instant::now() + REST);
+        self.rest_for = next_rest(self.rest_for);
+        self.rest_until = Some(Instant::now() + self.rest_for);
         self.rests = self.rests.saturating_add(1);
     }
 
@@ -258,6 +285,9 @@ impl Steppers {
             return;
         }
         self.crowded = crowded(self.late, self.handovers);
+        if !self.crowded {
+            self.rest_for = Duration::ZERO;
+        }
         self.handovers = 0;
         self.late = 0;
     }
@@ -413,6 +443,16 @@ mod tests {
     }
 
     #[test]
+    fn steps_pair_only_where_each_spinning_thread_has_a_core() {
+        assert!(!cores_suffice(1, 2), "one core");
+        assert!(cores_suffice(2, 2));
+        assert!(!cores_suffice(2, 4), "measured: twice as slow as serial");
+        assert!(!cores_suffice(2, 3));
+        assert!(cores_suffice(16, 8));
+        assert!(!cores_suffice(16, 1), "nothing to pair");
+    }
+
+    #[test]
     fn steppers_that_rest_start_again_only_after_a_while() {
         let mut steppers = Steppers::default();
         assert!(steppers.may_start() && !steppers.crowded() && !steppers.live());
@@ -420,5 +460,21 @@ mod tests {
         assert!(!steppers.may_start(), "resting");
         steppers.rest_until = Some(Instant::now());
         assert!(steppers.may_start());
+    }
+
+    #[test]
+    fn a_host_crowded_again_after_each_rest_rests_longer_until_a_calm_window() {
+        let mut steppers = Steppers::default();
+        let mut rests = Vec::new();
+        for _ in 0..6 {
+            steppers.rest();
+            rests.push(steppers.rest_for.as_secs());
+        }
+        assert_eq!(rests, [1, 2, 4, 8, 8, 8]);
+        for _ in 0..WINDOW {
+            steppers.count_ahead(false);
+        }
+        steppers.rest();
+        assert_eq!(steppers.rest_for, REST, "calm since: a short rest again");
     }
 }

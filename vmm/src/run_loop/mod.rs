@@ -97,8 +97,8 @@ pub struct RunOutcome {
     /// Times two CPUs of a machine of several stepped at once (see
     /// `pair`): each is two steps.
     pub step_pairs: u64,
-    /// Times pairing paused for a second because the host's cores were
-    /// busy with other work (see `steppers`).
+    /// Times pairing paused (a second, longer where it repeats) because
+    /// the host's cores were busy with other work (see `steppers`).
     pub pair_pauses: u32,
     /// What the peeper did, where the run had one ([`Vm::peep`]).
     pub peeped: Option<PeepReport>,

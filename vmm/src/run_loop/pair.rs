@@ -80,7 +80,7 @@ impl Run<'_> {
     /// them (never with a step ahead).
     pub(super) fn fit_steppers(&mut self, plan: &EntryPlan) -> Result<()> {
         let count = self.vm.machine.cpus.count();
-        let want = plan.pairing && plan.stepping && count > 1 && steppers::host_runs_two();
+        let want = plan.pairing && plan.stepping && steppers::host_has_cores_for(count);
         let steppers = &mut self.vm.steppers;
         if steppers.any_ahead() {
             return Ok(());
