@@ -19,6 +19,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     let dir = std::env::temp_dir().join(format!("vtrace-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     if args.analyzer {
+        crate::few_malloc_arenas();
         let result = analyzer_bench(&boot, &dir, &args);
         let _ = std::fs::remove_dir_all(&dir);
         return result;
