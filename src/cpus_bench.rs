@@ -128,8 +128,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
     );
     let paused = match many.pair_pauses {
         0 => String::new(),
-        1 => "; pairing paused once: the host's cores were busy".to_string(),
-        n => format!("; pairing paused {n} times: the host's cores were busy"),
+        n => format!("; pairing {}", crate::run::pair_pauses_words(n)),
     };
     println!(
         "per-CPU ratio:     {ratio:.2} (goal >= 0.8; {} of the {} steps ran two at once{paused})",

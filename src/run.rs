@@ -97,8 +97,7 @@ fn summary(outcome: &RunOutcome, gdb: bool, exit_after_trace: bool) -> String {
     };
     let paused = match outcome.pair_pauses {
         0 => String::new(),
-        1 => " (paused once: the host's cores were busy)".to_string(),
-        n => format!(" (paused {n} times: the host's cores were busy)"),
+        n => format!(" ({})", pair_pauses_words(n)),
     };
     let paired = match outcome.step_pairs {
         0 => String::new(),
@@ -112,6 +111,16 @@ fn summary(outcome: &RunOutcome, gdb: bool, exit_after_trace: bool) -> String {
         outcome.timer_interrupts(),
         outcome.exits,
     )
+}
+
+/// How often pairing paused, and why: "paused once: ...", "paused 3
+/// times: ...".
+pub fn pair_pauses_words(pauses: u32) -> String {
+    let times = match pauses {
+        1 => "once".to_string(),
+        n => format!("{n} times"),
+    };
+    format!("paused {times}: the host's cores were busy")
 }
 
 /// Whether the run traces at all: from the start, on a trigger, or on a
