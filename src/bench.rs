@@ -24,6 +24,11 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         let _ = std::fs::remove_dir_all(&dir);
         return result;
     }
+    if args.host_limit_part {
+        let result = crate::cpus_bench::host_limit_part(&dir, &args);
+        let _ = std::fs::remove_dir_all(&dir);
+        return result;
+    }
     if args.cpus > 1 {
         let result = crate::cpus_bench::run(&dir, &args);
         let _ = std::fs::remove_dir_all(&dir);
@@ -60,7 +65,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     let _ = std::fs::remove_dir_all(&dir);
     let reports = measured?;
     let ratios: Vec<f64> = reports.iter().map(|r| r.ratio()).collect();
-    let median = median(&ratios);
+    let median = crate::step_bench::median(&ratios);
     let best = reports
         .iter()
         .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))
@@ -81,17 +86,6 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         );
     }
     Ok(0)
-}
-
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
 }
 
 fn report_json(r: &BenchReport) -> serde_json::Value {
@@ -347,17 +341,5 @@ impl AnalyzerFigures {
         if let Some(rss) = self.export_peak_rss {
             println!("peak RSS, export:  {} MiB", rss >> 20);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[0.98, 0.92, 0.95]), 0.95);
-        assert_eq!(median(&[0.9, 1.0]), 0.95);
-        assert_eq!(median(&[0.93]), 0.93);
     }
 }

@@ -113,6 +113,17 @@ fn config(boot: &BootSource, cpus: u8) -> VmConfig {
     }
 }
 
+/// The middle value (the mean of the two middle ones for an even count).
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 /// The traced run's disk, in the directory [`run`] is given.
 pub const TRACE_NAME: &str = "bench.vtd";
 
@@ -140,7 +151,52 @@ pub fn run(
         })
     };
     let before = bare()?;
+    let traced = traced(boot, dir, max_steps, cpus, record_values)?;
+    let after = bare()?;
+    Ok(BenchReport {
+        bare_exits: before.exits + after.exits,
+        bare_time: before.host_time + after.host_time,
+        traced_exits: traced.exits,
+        traced_steps: traced.steps,
+        traced_time: traced.time,
+        trace_bytes: traced.bytes,
+        step_pairs: traced.step_pairs,
+        pair_pauses: traced.pair_pauses,
+        peak_rss_bytes: crate::run::peak_rss_bytes(),
+    })
+}
 
+/// What a traced benchmark run measured.
+#[derive(Clone, Debug)]
+pub struct TracedRun {
+    pub exits: u64,
+    /// Steps recorded (every REP iteration is one).
+    pub steps: u64,
+    /// Host time of the run.
+    pub time: Duration,
+    /// Bytes the trace holds.
+    pub bytes: u64,
+    pub step_pairs: u64,
+    pub pair_pauses: u32,
+}
+
+impl TracedRun {
+    /// Steps recorded per second.
+    pub fn steps_per_s(&self) -> f64 {
+        self.steps as f64 / self.time.as_secs_f64()
+    }
+}
+
+/// Traces `boot` on `cpus` CPUs to a disk in `dir`, to the guest's end or
+/// for `max_steps` steps.
+pub fn traced(
+    boot: &BootSource,
+    dir: &Path,
+    max_steps: Option<u64>,
+    cpus: u8,
+    record_values: bool,
+) -> Result<TracedRun> {
+    let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     // The whole demo fits a gigabyte many times over; a bounded run needs
     // far less (a test machine keeps its files in a RAM of 1 GiB).
     let disk_size = max_steps.map_or(1 << 30, |n| n.saturating_mul(64).clamp(16 << 20, 1 << 30));
@@ -165,19 +221,27 @@ pub fn run(
             ..TraceOptions::default()
         },
     );
-    let traced = Vm::new(config(boot, cpus))?.run(&mut tracer);
+    let outcome = Vm::new(config(boot, cpus))?.run(&mut tracer);
     let report = tracer.finish()?;
-    let traced = traced?;
-    let after = bare()?;
-    Ok(BenchReport {
-        bare_exits: before.exits + after.exits,
-        bare_time: before.host_time + after.host_time,
-        traced_exits: traced.exits,
-        traced_steps: report.engine.steps,
-        traced_time: traced.host_time,
-        trace_bytes: report.writer.stored_bytes,
-        step_pairs: traced.step_pairs,
-        pair_pauses: traced.pair_pauses,
-        peak_rss_bytes: crate::run::peak_rss_bytes(),
+    let outcome = outcome?;
+    Ok(TracedRun {
+        exits: outcome.exits,
+        steps: report.engine.steps,
+        time: outcome.host_time,
+        bytes: report.writer.stored_bytes,
+        step_pairs: outcome.step_pairs,
+        pair_pauses: outcome.pair_pauses,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[0.98, 0.92, 0.95]), 0.95);
+        assert_eq!(median(&[0.9, 1.0]), 0.95);
+        assert_eq!(median(&[0.93]), 0.93);
+    }
 }
