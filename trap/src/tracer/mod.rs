@@ -35,10 +35,13 @@ use crate::window::Windows;
 /// Tracing state and the recorder it writes to.
 pub struct Tracer {
     /// The engine of the CPU on stage (the one the VMM enters).
-    engine: Engine,
+    engine: Box<Engine>,
     /// The CPU on stage, and the other CPUs' engines (see `cpus`).
     cpu: usize,
-    parked_engines: Vec<Engine>,
+    // Boxed, as `engine` is: they trade places at every turn (see
+    // `Tracer::new_engine`).
+    #[allow(clippy::vec_box)]
+    parked_engines: Vec<Box<Engine>>,
     recorder: Recorder,
     options: TraceOptions,
     active: bool,
@@ -113,7 +116,7 @@ impl Tracer {
             probes.set(pattern, true);
         }
         let mut tracer = Tracer {
-            engine: Engine::new(),
+            engine: Box::new(Engine::new()),
             cpu: 0,
             parked_engines: Vec::new(),
             recorder,
