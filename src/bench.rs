@@ -12,27 +12,42 @@ use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
 use vtrace_vmm::BootSource;
 
 use crate::cli::BenchArgs;
-use crate::step_bench::BenchReport;
+use crate::step_bench::{BenchReport, Stopped};
 
 pub fn bench(args: BenchArgs) -> Result<i32> {
-    let boot = SessionBuilder::demo();
+    // A Ctrl-C ends a benchmark run at its next exit, and an analysis at
+    // its end; either way the temporary files go (a second one kills).
+    vtrace_vmm::stop_signals::catch()?;
     let dir = std::env::temp_dir().join(format!("vtrace-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let result = measure(&args, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Err(e) => {
+            match e.downcast_ref::<Stopped>() {
+                Some(stopped) => {
+                    eprintln!("vtrace bench: {stopped} before it was done (a run cut short gives no figures)");
+                    Ok(128 + stopped.0)
+                }
+                None => Err(e),
+            }
+        }
+        ok => ok,
+    }
+}
+
+/// The benchmark `args` ask for, its files in `dir`.
+fn measure(args: &BenchArgs, dir: &Path) -> Result<i32> {
+    let boot = SessionBuilder::demo();
     if args.analyzer {
         crate::few_malloc_arenas();
-        let result = analyzer_bench(&boot, &dir, &args);
-        let _ = std::fs::remove_dir_all(&dir);
-        return result;
+        return analyzer_bench(&boot, dir, args);
     }
     if args.host_limit_part {
-        let result = crate::cpus_bench::host_limit_part(&dir, &args);
-        let _ = std::fs::remove_dir_all(&dir);
-        return result;
+        return crate::cpus_bench::host_limit_part(dir, args);
     }
     if args.cpus > 1 {
-        let result = crate::cpus_bench::run(&dir, &args);
-        let _ = std::fs::remove_dir_all(&dir);
-        return result;
+        return crate::cpus_bench::run(dir, args);
     }
     // clap holds it to 1..=100.
     let runs = args.runs;
@@ -52,7 +67,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
                     "vtrace bench: stepping {what} bare, tracing them, and stepping them bare again{of}..."
                 );
             }
-            let r = crate::step_bench::run(&boot, &dir, args.max_steps, 1, args.record_values)?;
+            let r = crate::step_bench::run(&boot, dir, args.max_steps, 1, args.record_values)?;
             // A gigabyte, preallocated: gone before the next run makes its
             // own (the AMD-V test machine keeps its files in RAM).
             let _ = std::fs::remove_file(dir.join(crate::step_bench::TRACE_NAME));
@@ -62,7 +77,6 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
             Ok(r)
         })
         .collect::<Result<Vec<_>>>();
-    let _ = std::fs::remove_dir_all(&dir);
     let reports = measured?;
     let ratios: Vec<f64> = reports.iter().map(|r| r.ratio()).collect();
     let median = crate::step_bench::median(&ratios);
@@ -243,6 +257,7 @@ fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<A
     vtrace_analyzer::run_levels(trace, symbols, &mut nest, &no_progress)?;
     nest.finish()?;
     let nest_seconds = started.elapsed().as_secs_f64();
+    crate::step_bench::not_stopped()?;
 
     let started = Instant::now();
     let stats = vtrace_analyzer::collect_stats(
@@ -252,6 +267,7 @@ fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<A
         &no_progress,
     )?;
     let stats_seconds = started.elapsed().as_secs_f64();
+    crate::step_bench::not_stopped()?;
     anyhow::ensure!(
         stats.steps == total,
         "stats saw {} of {total} steps",
@@ -274,6 +290,7 @@ fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<A
     )?;
     let export_seconds = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&exported);
+    crate::step_bench::not_stopped()?;
     anyhow::ensure!(
         export.steps == total,
         "the export wrote {} of {total} steps",

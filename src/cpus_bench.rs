@@ -147,6 +147,9 @@ fn finish_part(child: Child) -> Result<TracedRun> {
     let out = child
         .wait_with_output()
         .context("wait for a benchmark process")?;
+    // A Ctrl-C reaches the processes of the terminal's job, this one's
+    // and its own.
+    step_bench::not_stopped()?;
     if !out.status.success() {
         bail!(
             "a benchmark process failed ({}): {}",
@@ -203,6 +206,7 @@ fn host_limit(args: &BenchArgs) -> Result<HostLimit> {
             args.cpus
         );
     }
+    step_bench::not_stopped()?;
     let alone = finish_part(start_part(args)?)?;
     let children = (0..args.cpus)
         .map(|_| start_part(args))

@@ -17,6 +17,37 @@ use vtrace_vmm::{
 
 use anyhow::Result;
 use vtrace_trap::{TraceOptions, Tracer};
+use vtrace_vmm::{stop_signals, GuestExit, RunOutcome};
+
+/// A stop signal (its number) ended a benchmark run before its end: the
+/// figures would be of part of the work, so there are none.
+#[derive(Debug)]
+pub struct Stopped(pub i32);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by {}", stop_signals::name(self.0))
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// `outcome`, unless a stop signal ended its run.
+fn whole(outcome: RunOutcome) -> Result<RunOutcome> {
+    match outcome.exit {
+        GuestExit::Signal(signal) => Err(Stopped(signal).into()),
+        _ => Ok(outcome),
+    }
+}
+
+/// Fails with [`Stopped`] where a stop signal was caught (between runs,
+/// or while waiting for another process).
+pub fn not_stopped() -> Result<()> {
+    match stop_signals::caught() {
+        Some(signal) => Err(Stopped(signal).into()),
+        None => Ok(()),
+    }
+}
 
 /// Single-steps, recording nothing. Where stepping rides on TF, KVM drops
 /// it after instructions it handles itself, so the bare loop re-arms after
@@ -95,7 +126,7 @@ impl BenchReport {
 
 /// Runs `boot` on `cpus` CPUs untraced, to its end; the host time it took.
 pub fn untraced(boot: &BootSource, cpus: u8) -> Result<std::time::Duration> {
-    let outcome = Vm::new(config(boot, cpus))?.run(&mut vtrace_vmm::NoMonitor)?;
+    let outcome = whole(Vm::new(config(boot, cpus))?.run(&mut vtrace_vmm::NoMonitor)?)?;
     Ok(outcome.host_time)
 }
 
@@ -144,11 +175,11 @@ pub fn run(
 ) -> Result<BenchReport> {
     let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     let bare = || {
-        Vm::new(config(boot, cpus))?.run(&mut BareStepper {
+        whole(Vm::new(config(boot, cpus))?.run(&mut BareStepper {
             rearm: trap_flag_host,
             exits: 0,
             limit: max_steps,
-        })
+        })?)
     };
     let before = bare()?;
     let traced = traced(boot, dir, max_steps, cpus, record_values)?;
@@ -223,7 +254,7 @@ pub fn traced(
     );
     let outcome = Vm::new(config(boot, cpus))?.run(&mut tracer);
     let report = tracer.finish()?;
-    let outcome = outcome?;
+    let outcome = whole(outcome?)?;
     Ok(TracedRun {
         exits: outcome.exits,
         steps: report.engine.steps,

@@ -849,3 +849,60 @@ fn bench_compares_a_traced_cpu_of_two_with_one_cpu_alone() {
     let speedup = json["untraced_speedup"].as_f64().unwrap();
     assert!((speedup - alone / together).abs() < 1e-9, "{json}");
 }
+
+/// A Ctrl-C while `bench --cpus` waits for its processes that measure the
+/// host's limit ends the benchmark with 128 + SIGINT and no figures past
+/// the ones it had, and leaves no temporary files behind, its processes'
+/// included.
+#[test]
+fn bench_stopped_by_sigint_says_so_and_leaves_nothing() {
+    use std::io::BufRead;
+    if !kvm_available() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let mut child = vtrace()
+        .args(["bench", "--cpus", "2", "--max-steps", "300000"])
+        .env("TMPDIR", temp.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start vtrace");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            lines.push(line);
+        }
+        lines
+    });
+    let reached = rx.iter().any(|line| line.contains("what the host allows"));
+    // Only the benchmark itself: its processes run on to their end.
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let log = reader.join().unwrap().join("\n");
+    assert!(reached, "{log}");
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT), "{log}");
+    assert!(
+        log.contains("stopped by SIGINT before it was done"),
+        "{log}"
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("per-CPU ratio:"),
+        "the round's figures: {said}"
+    );
+    assert!(
+        !said.contains("host's limit") && !said.contains("untraced:"),
+        "{said}"
+    );
+    let left: Vec<_> = std::fs::read_dir(temp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -82,7 +82,7 @@ pub mod control_socket {
 
 /// Stop signals (SIGINT, SIGTERM, SIGHUP) for the life of a run.
 pub mod stop_signals {
-    pub use crate::signals::{catch_stop_signals as catch, name, STOP_SIGNALS};
+    pub use crate::signals::{catch_stop_signals as catch, caught, name, STOP_SIGNALS};
 }
 
 /// Internals the fuzz targets drive directly; not an API.
