@@ -37,6 +37,15 @@ fn boot_source(args: &RunArgs) -> Result<BootSource> {
                 args.append.as_deref(),
             ),
         },
+        None if args.cpus > vtrace_demo::DEMO_OS_MAX_CPUS => {
+            return Err(BadArgument(format!(
+                "--cpus {}: the built-in demo OS starts at most {} CPUs (the others would wait \
+                 for it forever); boot a kernel of your own with --kernel for more",
+                args.cpus,
+                vtrace_demo::DEMO_OS_MAX_CPUS
+            ))
+            .into())
+        }
         None => BootSource::Kernel {
             kernel: match args.cpus {
                 1 => Image::embedded("built-in demo OS", vtrace_demo::DEMO_OS_ELF),

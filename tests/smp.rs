@@ -110,6 +110,15 @@ fn several_cpus_refuse_what_cannot_use_them_yet() {
         log.contains("a real-mode image") && log.contains("--cpus 1"),
         "{log}"
     );
+    // The demo OS starts 16 CPUs at most: more would never run.
+    let too_many = (vtrace_demo::DEMO_OS_MAX_CPUS + 1).to_string();
+    let out = run(&["run", "--no-input", "--cpus", &too_many]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(
+        log.contains(&format!("--cpus {too_many}")) && log.contains("at most 16 CPUs"),
+        "{log}"
+    );
 }
 
 /// `--trace-function` on two CPUs: each window is the call on the CPU

@@ -235,7 +235,7 @@ pub struct BenchArgs {
         conflicts_with = "analyzer"
     )]
     pub max_steps: Option<u64>,
-    /// Trace the demo OS's SMP mode on one CPU and on N, and compare the
+    /// Trace the demo OS's SMP mode on one CPU and on N (up to 16), and compare the
     /// steps per second each CPU gets with the one CPU's (goal: 0.8 or
     /// more); then trace N copies of the one-CPU run at once, each in a
     /// process of its own, against one alone: nothing passes between
@@ -249,7 +249,7 @@ pub struct BenchArgs {
     /// of the N at once), host_limit_ratio, untraced_one_cpu_s,
     /// untraced_s, untraced_speedup; with --runs also
     /// per_cpu_ratio_median and runs.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), conflicts_with = "analyzer")]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_demo::DEMO_OS_MAX_CPUS)), conflicts_with = "analyzer")]
     pub cpus: u8,
     /// One of the processes --cpus starts to measure the host's limit:
     /// traces its work on one CPU and prints what it measured as JSON.

@@ -96,12 +96,13 @@ pub struct RunArgs {
 
     /// CPUs of the guest. Above 1 the machine gets a local APIC per CPU
     /// and an I/O APIC, an ACPI MADT listing them, CPU 0 starts the others
-    /// with INIT and STARTUP IPIs, the built-in demo OS runs its SMP mode,
-    /// and Linux's default command line keeps the local APICs and the I/O
-    /// APIC (no `nolapic noapic`). Untraced, each CPU runs on a host
-    /// thread of its own; while tracing (or with a breakpoint armed) they
-    /// take turns on one, an instruction a turn. A real-mode image runs on
-    /// one CPU only.
+    /// with INIT and STARTUP IPIs, the built-in demo OS runs its SMP mode
+    /// (on up to 16 CPUs), and Linux's default command line keeps the
+    /// local APICs and the I/O APIC (no `nolapic noapic`). Untraced, each
+    /// CPU runs on a host thread of its own; while tracing (or with a
+    /// breakpoint armed) they take turns, an instruction a turn (two at
+    /// once where they may: see --serial-steps). A real-mode image runs
+    /// on one CPU only.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(vtrace_vmm::MAX_CPUS)), help_heading = "Guest")]
     pub cpus: u8,
 

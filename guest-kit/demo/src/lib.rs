@@ -11,6 +11,10 @@ pub const DEMO_OS_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/demo-os
 /// under a spinlock; they report each item done with an IPI.
 pub const DEMO_OS_SMP_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/demo-os-smp.elf"));
 
+/// The most CPUs [`DEMO_OS_SMP_ELF`] starts (`MAX_CPUS` in `os/smp.c`):
+/// it leaves any others waiting for their STARTUP IPI.
+pub const DEMO_OS_MAX_CPUS: u8 = 16;
+
 /// A 16-bit real-mode guest: prints `hello from real mode`, then exits with
 /// status 186 (the sum 1..=100 modulo 256). Load it at 0x7c00.
 pub const REAL_MODE_HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/realmode-hello.bin"));
@@ -109,5 +113,12 @@ mod tests {
         let dir = env!("CARGO_MANIFEST_DIR").as_bytes();
         let found = super::DEMO_OS_ELF.windows(dir.len()).any(|w| w == dir);
         assert!(!found, "the demo OS embeds {}", env!("CARGO_MANIFEST_DIR"));
+    }
+
+    #[test]
+    fn the_smp_demo_starts_as_many_cpus_as_the_constant_says() {
+        let source = include_str!("../os/smp.c");
+        let define = format!("#define MAX_CPUS {}\n", super::DEMO_OS_MAX_CPUS);
+        assert!(source.contains(&define), "os/smp.c: {define}");
     }
 }
