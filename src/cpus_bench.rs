@@ -18,13 +18,15 @@
 //! is how much faster N are (the goal is near N, as far as the host has
 //! cores).
 
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use vtrace_session::SessionBuilder;
-use vtrace_vmm::BootSource;
+use vtrace_vmm::{stop_signals, BootSource};
 
 use crate::cli::BenchArgs;
 use crate::step_bench::{self, BenchReport, TracedRun, TRACE_NAME};
@@ -142,23 +144,83 @@ fn start_part(args: &BenchArgs) -> Result<Child> {
         .context("start a benchmark process")
 }
 
-/// Waits for a process [`start_part`] started: what it measured.
-fn finish_part(child: Child) -> Result<TracedRun> {
-    let out = child
-        .wait_with_output()
-        .context("wait for a benchmark process")?;
-    // A Ctrl-C reaches the processes of the terminal's job, this one's
-    // and its own.
+/// A process [`start_part`] started, its output read as it comes (so
+/// that a full pipe never holds it up).
+struct Part {
+    child: Child,
+    stdout: JoinHandle<Vec<u8>>,
+    stderr: JoinHandle<Vec<u8>>,
+    status: Option<ExitStatus>,
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+fn read_all(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        bytes
+    })
+}
+
+/// How often [`finish_parts`] looks at its processes and at the stop
+/// signals.
+const PART_POLL: Duration = Duration::from_millis(10);
+
+/// Waits for the processes [`start_part`] started: what each measured. A
+/// Ctrl-C reaches every process of the terminal's job, these included; a
+/// stop signal sent to this process alone (`kill`) is passed on to them,
+/// so that none runs on to its end for nothing.
+fn finish_parts(children: Vec<Child>) -> Result<Vec<TracedRun>> {
+    let mut parts: Vec<Part> = children
+        .into_iter()
+        .map(|mut child| Part {
+            stdout: read_all(child.stdout.take()),
+            stderr: read_all(child.stderr.take()),
+            child,
+            status: None,
+        })
+        .collect();
+    let mut passed_on = false;
+    loop {
+        for part in parts.iter_mut().filter(|p| p.status.is_none()) {
+            part.status = part
+                .child
+                .try_wait()
+                .context("wait for a benchmark process")?;
+        }
+        if parts.iter().all(|p| p.status.is_some()) {
+            break;
+        }
+        if let (false, Some(signal)) = (passed_on, stop_signals::caught()) {
+            for part in parts.iter().filter(|p| p.status.is_none()) {
+                let pid = i32::try_from(part.child.id()).unwrap_or(i32::MAX);
+                // SAFETY: the pid is our own child's, not yet waited for.
+                unsafe { libc::kill(pid, signal) };
+            }
+            passed_on = true;
+        }
+        std::thread::sleep(PART_POLL);
+    }
     step_bench::not_stopped()?;
-    if !out.status.success() {
-        bail!(
+    parts.into_iter().map(part_figures).collect()
+}
+
+/// What a finished [`Part`] measured.
+fn part_figures(part: Part) -> Result<TracedRun> {
+    let join = |reader: JoinHandle<Vec<u8>>| reader.join().unwrap_or_default();
+    let (stdout, stderr) = (join(part.stdout), join(part.stderr));
+    match part.status {
+        Some(status) if status.success() => {}
+        status => bail!(
             "a benchmark process failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+            status.map_or("no status".to_string(), |s| s.to_string()),
+            String::from_utf8_lossy(&stderr).trim()
+        ),
     }
     let json: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("read what a benchmark process measured")?;
+        serde_json::from_slice(&stdout).context("read what a benchmark process measured")?;
     let number = |key: &str| {
         json[key]
             .as_u64()
@@ -207,14 +269,13 @@ fn host_limit(args: &BenchArgs) -> Result<HostLimit> {
         );
     }
     step_bench::not_stopped()?;
-    let alone = finish_part(start_part(args)?)?;
+    let alone = finish_parts(vec![start_part(args)?])?
+        .pop()
+        .context("a benchmark process is missing")?;
     let children = (0..args.cpus)
         .map(|_| start_part(args))
         .collect::<Result<Vec<_>>>()?;
-    let together = children
-        .into_iter()
-        .map(finish_part)
-        .collect::<Result<Vec<_>>>()?;
+    let together = finish_parts(children)?;
     Ok(HostLimit { alone, together })
 }
 

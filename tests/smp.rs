@@ -859,10 +859,10 @@ fn bench_compares_a_traced_cpu_of_two_with_one_cpu_alone() {
     assert!((speedup - alone / together).abs() < 1e-9, "{json}");
 }
 
-/// A Ctrl-C while `bench --cpus` waits for its processes that measure the
-/// host's limit ends the benchmark with 128 + SIGINT and no figures past
-/// the ones it had, and leaves no temporary files behind, its processes'
-/// included.
+/// A SIGINT while `bench --cpus` waits for its processes that measure the
+/// host's limit (sent to the benchmark alone, which passes it on to them)
+/// ends the benchmark with 128 + SIGINT and no figures past the ones it
+/// had, and leaves no temporary files behind, its processes' included.
 #[test]
 fn bench_stopped_by_sigint_says_so_and_leaves_nothing() {
     use std::io::BufRead;
@@ -889,7 +889,6 @@ fn bench_stopped_by_sigint_says_so_and_leaves_nothing() {
         lines
     });
     let reached = rx.iter().any(|line| line.contains("what the host allows"));
-    // Only the benchmark itself: its processes run on to their end.
     // SAFETY: kill on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
