@@ -22,18 +22,15 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     std::fs::create_dir_all(&dir)?;
     let result = measure(&args, &dir);
     let _ = std::fs::remove_dir_all(&dir);
-    match result {
-        Err(e) => {
-            match e.downcast_ref::<Stopped>() {
-                Some(stopped) => {
-                    eprintln!("vtrace bench: {stopped} before it was done (a run cut short gives no figures)");
-                    Ok(128 + stopped.0)
-                }
-                None => Err(e),
-            }
-        }
-        ok => ok,
-    }
+    let error = match result {
+        Ok(status) => return Ok(status),
+        Err(error) => error,
+    };
+    let Some(stopped) = error.downcast_ref::<Stopped>() else {
+        return Err(error);
+    };
+    eprintln!("vtrace bench: {stopped} before it was done (a run cut short gives no figures)");
+    Ok(128 + stopped.0)
 }
 
 /// The benchmark `args` ask for, its files in `dir`.

@@ -29,7 +29,7 @@ use vtrace_session::SessionBuilder;
 use vtrace_vmm::{stop_signals, BootSource};
 
 use crate::cli::BenchArgs;
-use crate::step_bench::{self, BenchReport, TracedRun, TRACE_NAME};
+use crate::step_bench::{self, BenchReport, TRACE_NAME};
 
 /// The SMP demo with `options` on its command line.
 fn smp_demo(options: &str) -> BootSource {
@@ -116,10 +116,8 @@ pub fn host_limit_part(dir: &Path, args: &BenchArgs) -> Result<i32> {
         args.record_values,
     )?;
     let json = serde_json::json!({
-        "exits": run.exits,
         "steps": run.steps,
         "seconds": run.time.as_secs_f64(),
-        "bytes": run.bytes,
     });
     println!("{json}");
     Ok(0)
@@ -168,11 +166,12 @@ fn read_all(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
 /// signals.
 const PART_POLL: Duration = Duration::from_millis(10);
 
-/// Waits for the processes [`start_part`] started: what each measured. A
+/// Waits for the processes [`start_part`] started: the steps per second
+/// each traced. A
 /// Ctrl-C reaches every process of the terminal's job, these included; a
 /// stop signal sent to this process alone (`kill`) is passed on to them,
 /// so that none runs on to its end for nothing.
-fn finish_parts(children: Vec<Child>) -> Result<Vec<TracedRun>> {
+fn finish_parts(children: Vec<Child>) -> Result<Vec<f64>> {
     let mut parts: Vec<Part> = children
         .into_iter()
         .map(|mut child| Part {
@@ -207,8 +206,8 @@ fn finish_parts(children: Vec<Child>) -> Result<Vec<TracedRun>> {
     parts.into_iter().map(part_figures).collect()
 }
 
-/// What a finished [`Part`] measured.
-fn part_figures(part: Part) -> Result<TracedRun> {
+/// The steps per second a finished [`Part`] traced.
+fn part_figures(part: Part) -> Result<f64> {
     let join = |reader: JoinHandle<Vec<u8>>| reader.join().unwrap_or_default();
     let (stdout, stderr) = (join(part.stdout), join(part.stderr));
     match part.status {
@@ -221,42 +220,32 @@ fn part_figures(part: Part) -> Result<TracedRun> {
     }
     let json: serde_json::Value =
         serde_json::from_slice(&stdout).context("read what a benchmark process measured")?;
-    let number = |key: &str| {
-        json[key]
-            .as_u64()
-            .with_context(|| format!("a benchmark process gave no {key}"))
-    };
+    let steps = json["steps"]
+        .as_u64()
+        .context("a benchmark process gave no steps")?;
     let seconds = json["seconds"]
         .as_f64()
         .filter(|s| s.is_finite() && *s > 0.0)
         .context("a benchmark process gave no time")?;
-    Ok(TracedRun {
-        exits: number("exits")?,
-        steps: number("steps")?,
-        time: Duration::from_secs_f64(seconds),
-        bytes: number("bytes")?,
-        step_pairs: 0,
-        pair_pauses: 0,
-    })
+    Ok(steps as f64 / seconds)
 }
 
 /// N one-CPU traces at once against one alone (see the module's
-/// documentation).
+/// documentation), in steps per second.
 struct HostLimit {
-    alone: TracedRun,
-    together: Vec<TracedRun>,
+    alone: f64,
+    together: Vec<f64>,
 }
 
 impl HostLimit {
     /// Steps per second each of the traces run at once got, on average.
     fn together_steps_per_s(&self) -> f64 {
-        let sum: f64 = self.together.iter().map(TracedRun::steps_per_s).sum();
-        sum / self.together.len().max(1) as f64
+        self.together.iter().sum::<f64>() / self.together.len().max(1) as f64
     }
 
     /// What each trace run at once got against the one alone.
     fn ratio(&self) -> f64 {
-        self.together_steps_per_s() / self.alone.steps_per_s()
+        self.together_steps_per_s() / self.alone
     }
 }
 
@@ -331,7 +320,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
         json["bare_exits_per_s"] = best.many.bare_exits_per_s().into();
         json["one_cpu_bare_exits_per_s"] = best.one.bare_exits_per_s().into();
         json["bytes_per_step"] = best.many.bytes_per_step().into();
-        json["host_limit_alone_steps_per_s"] = limit.alone.steps_per_s().into();
+        json["host_limit_alone_steps_per_s"] = limit.alone.into();
         json["host_limit_steps_per_s"] = limit.together_steps_per_s().into();
         json["host_limit_ratio"] = limit.ratio().into();
         json["untraced_one_cpu_s"] = alone.as_secs_f64().into();
@@ -356,7 +345,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
         "host's limit:      {cpus} one-CPU traces at once, a process each: {:.0} steps/s each \
          against {:.0} alone = {:.2} (the per-CPU ratio's ceiling on this host)",
         limit.together_steps_per_s(),
-        limit.alone.steps_per_s(),
+        limit.alone,
         limit.ratio()
     );
     println!(

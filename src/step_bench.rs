@@ -211,13 +211,6 @@ pub struct TracedRun {
     pub pair_pauses: u32,
 }
 
-impl TracedRun {
-    /// Steps recorded per second.
-    pub fn steps_per_s(&self) -> f64 {
-        self.steps as f64 / self.time.as_secs_f64()
-    }
-}
-
 /// Traces `boot` on `cpus` CPUs to a disk in `dir`, to the guest's end or
 /// for `max_steps` steps.
 pub fn traced(
