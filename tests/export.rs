@@ -133,6 +133,18 @@ fn parquet_rows_are_the_trace_steps_and_group_as_stats_counts_them() {
         info["segments"].as_u64()
     );
 
+    // Each row group's step statistics are its first and last step, so
+    // that a reader skips the groups a step range rules out: the
+    // groups' spans add up to the steps, from the first to the last.
+    let spans = duckdb(&format!(
+        "SELECT sum(stats_max_value::UBIGINT - stats_min_value::UBIGINT + 1)::UBIGINT, \
+         min(stats_min_value::UBIGINT), max(stats_max_value::UBIGINT) \
+         FROM parquet_metadata({from}) WHERE path_in_schema = 'step'"
+    ));
+    let range = duckdb(&format!("SELECT min(step), max(step) FROM {from}"));
+    assert_eq!(spans[0][0].as_u64(), Some(steps), "{spans:?}");
+    assert_eq!(spans[0][1..], range[0][..], "first and last step");
+
     // Steps per routine and per mnemonic: as `analyze stats` counts them.
     let stats = stats_json();
     assert_eq!(

@@ -36,6 +36,7 @@ use parquet::basic::{Compression, Encoding, EncodingMask, PageType, ZstdLevel};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
+use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
@@ -72,6 +73,10 @@ pub(super) trait ColumnPages: Sync {
     /// and its number of values as Parquet counts them: one per row, or
     /// for a list one per item, and one for a null or empty list.
     fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32);
+    /// The chunk's min, max and nulls, where a query may prune by them.
+    fn statistics(&self) -> Option<Statistics> {
+        None
+    }
 }
 
 thread_local! {
@@ -173,8 +178,12 @@ pub(super) fn encode(
         .set_total_uncompressed_size(total(sizes.1)?)
         .set_num_values(num_values)
         .set_dictionary_page_offset(dictionary_offset)
-        .set_data_page_offset(total(first_data_page.unwrap_or(0))?)
-        .build()?;
+        .set_data_page_offset(total(first_data_page.unwrap_or(0))?);
+    let metadata = match column.statistics() {
+        Some(statistics) => metadata.set_statistics(statistics),
+        None => metadata,
+    }
+    .build()?;
     let bytes = Bytes::from(sink.into_inner()?);
     Ok(EncodedChunk {
         close: ColumnCloseResult {
@@ -557,7 +566,7 @@ fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
 /// for the bits): returns where the bits start, for the caller to set
 /// the present rows' (zstd packs long stretches of one level as well as
 /// the hybrid's runs would).
-fn levels_header(rows: usize, out: &mut Vec<u8>) -> usize {
+pub(super) fn levels_header(rows: usize, out: &mut Vec<u8>) -> usize {
     let groups = rows.div_ceil(8);
     let mut header = Vec::new();
     varint(&mut header, ((groups as u64) << 1) | 1);
@@ -590,7 +599,7 @@ fn plain_texts(texts: &[&str]) -> Result<Vec<u8>, ExportError> {
 }
 
 /// Bits an index into a dictionary of `entries` takes (at least 1).
-fn index_width(entries: usize) -> u8 {
+pub(super) fn index_width(entries: usize) -> u8 {
     let largest = entries.saturating_sub(1) as u64;
     (64 - largest.leading_zeros() as u8).max(1)
 }
@@ -600,7 +609,7 @@ fn index_width(entries: usize) -> u8 {
 /// block of 128 deltas its least delta (zigzagged), the 4 miniblocks' bit
 /// widths, and each miniblock's deltas less the least, bit-packed (the
 /// last one padded to 32; widths of miniblocks past the end are 0).
-fn delta_binary_packed(values: &[u64], out: &mut Vec<u8>) {
+pub(super) fn delta_binary_packed(values: &[u64], out: &mut Vec<u8>) {
     const BLOCK: usize = 128;
     const MINIBLOCKS: usize = 4;
     const PER_MINIBLOCK: usize = BLOCK / MINIBLOCKS;
@@ -648,7 +657,7 @@ fn delta_binary_packed(values: &[u64], out: &mut Vec<u8>) {
 /// `values` in the RLE/bit-packed hybrid of `width` bits. A run of at
 /// least 8 equal values that starts where the literals before it fill
 /// whole groups of 8 is a run; the rest are literals.
-fn hybrid(values: &[u32], width: u8, out: &mut Vec<u8>) {
+pub(super) fn hybrid(values: &[u32], width: u8, out: &mut Vec<u8>) {
     let n = values.len();
     let (mut i, mut literals) = (0, 0);
     while i < n {
@@ -679,6 +688,20 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
     }
     let groups = values.len().div_ceil(8);
     varint(out, ((groups as u64) << 1) | 1);
+    let w = usize::from(width);
+    // A group of 8 values of `width` bits is `width` bytes: where that
+    // fits a u128, a group at a time (dictionary indices, the common
+    // case), else a byte at a time.
+    if w <= 16 {
+        for group in values.chunks(8) {
+            let bits = group
+                .iter()
+                .enumerate()
+                .fold(0u128, |bits, (i, v)| bits | u128::from(*v) << (i * w));
+            out.extend_from_slice(&bits.to_le_bytes()[..w]);
+        }
+        return;
+    }
     let (mut bits, mut held) = (0u64, 0u8);
     let padding = std::iter::repeat_n(0, groups * 8 - values.len());
     for v in values.iter().copied().chain(padding) {
@@ -693,7 +716,7 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The hybrid read back, as the Parquet format describes it (a
@@ -774,7 +797,7 @@ mod tests {
 
     /// A file of one column `field` written through [`encode`] from
     /// `pages`, read back by the parquet crate's own Arrow reader.
-    fn read_back(
+    pub(in crate::export) fn read_back(
         field: arrow_schema::Field,
         pages: impl FnOnce(ColumnDescPtr) -> EncodedChunk,
     ) -> Vec<arrow_array::ArrayRef> {

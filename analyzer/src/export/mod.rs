@@ -32,6 +32,7 @@
 
 mod chunks;
 mod jsonl;
+mod numbers;
 mod parquet;
 mod rows;
 

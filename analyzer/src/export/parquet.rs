@@ -1,30 +1,27 @@
-//! Rows as Arrow record batches, written as Parquet: a row group per
-//! segment, text columns dictionary-encoded, zstd-compressed.
+//! Rows as columns, written as Parquet: a row group per segment, its
+//! columns encoded in parallel, zstd-compressed; RFLAGS and the events
+//! through arrow-rs, the rest by hand (`chunks`, `numbers`).
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::sync::Arc;
 
 use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::types::{UInt64Type, UInt8Type};
-use arrow_array::{
-    ArrayRef, ArrowPrimitiveType, BinaryArray, PrimitiveArray, UInt32Array, UInt64Array, UInt8Array,
-};
-use arrow_buffer::{BooleanBufferBuilder, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_array::{ArrayRef, UInt64Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
+use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::types::ColumnPath;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
 use super::chunks::{self, AccessPages, AccessPart, Direction, RegisterPages, TextPages};
+use super::numbers::{BytesPages, NumberEncoding, NumberPages, Numbers};
 use super::rows::{InsnText, SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
 use crate::naming::routine_label;
@@ -77,9 +74,8 @@ pub(super) fn schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// A column of a row group, as it is encoded: by arrow-rs, or by hand
-/// (the text columns, the general registers and the access lists, see
-/// [`chunks`]).
+/// A column of a row group, as it is encoded: by arrow-rs (RFLAGS and
+/// the events), or by hand (see [`chunks`] and [`numbers`]).
 pub(super) enum Column {
     Arrow(ArrayRef),
     /// A register (its index in `REG_NAMES`), from the segment's rows.
@@ -92,33 +88,70 @@ pub(super) enum Column {
         /// Each row's index into them (`None`: null).
         rows: Arc<[Option<u32>]>,
     },
+    Number {
+        values: Numbers,
+        /// Which rows have a value (`None`: all).
+        present: Option<Vec<bool>>,
+        encoding: NumberEncoding,
+    },
+    /// The instruction bytes: `bytes` cut at each row's end.
+    Bytes {
+        bytes: Vec<u8>,
+        ends: Vec<u32>,
+    },
+}
+
+impl Column {
+    /// A number column with a value in every row.
+    fn every_row(values: Numbers) -> Column {
+        Column::Number {
+            values,
+            present: None,
+            encoding: NumberEncoding::Plain,
+        }
+    }
 }
 
 /// One segment's rows as the columns of [`schema`], in order; `starts`
 /// is where each row's register values start ([`chunks::value_starts`]).
-/// Their plain columns move into Arrow arrays; what the hand-written
-/// columns are encoded from (register masks and values, accesses) stays
-/// in `rows`, and the rest is freed before the columns are encoded.
+/// Their plain columns move out of `rows`; what the register and access
+/// columns are encoded from stays there, and the rest is freed before
+/// the columns are encoded.
 pub(super) fn columns(
     rows: &mut SegmentRows,
     starts: &[usize],
     ctx: &Context<'_>,
 ) -> Result<Vec<Column>, ExportError> {
     let n = rows.len();
-    let bytes = bytes_column(std::mem::take(&mut rows.bytes), &rows.bytes_end)?;
+    let virtual_ns = virtual_ns_column(rows, ctx);
+    let bytes = Column::Bytes {
+        bytes: std::mem::take(&mut rows.bytes),
+        ends: std::mem::take(&mut rows.bytes_end),
+    };
     let texts = std::mem::take(&mut rows.texts);
-    let built = text_and_marker_columns(rows, texts, bytes, ctx)?;
-    let arrow = |arrays: Vec<ArrayRef>| arrays.into_iter().map(Column::Arrow);
-    let mut columns: Vec<Column> = arrow(vec![
-        Arc::new(UInt64Array::from(std::mem::take(&mut rows.steps))),
-        Arc::new(UInt32Array::from(vec![rows.cpu; n])),
-        built.virtual_ns,
-        Arc::new(UInt64Array::from(std::mem::take(&mut rows.cr3))),
-        Arc::new(UInt8Array::from(std::mem::take(&mut rows.cpl))),
-        Arc::new(UInt8Array::from(std::mem::take(&mut rows.bitness))),
-        Arc::new(UInt64Array::from(std::mem::take(&mut rows.pc))),
-    ])
-    .collect();
+    let built = text_and_marker_columns(rows, texts, bytes, ctx);
+    // Step numbers count up by one: as deltas they are almost nothing.
+    // The CPU, address space, privilege level and bitness change seldom:
+    // zstd packs their runs written as they are, to the size a
+    // dictionary or deltas give, for less work than either (measured).
+    // So does it an instruction's few bytes (see `Column::Bytes`).
+    let mut columns = vec![
+        Column::Number {
+            values: Numbers::U64(std::mem::take(&mut rows.steps)),
+            present: None,
+            encoding: NumberEncoding::Delta,
+        },
+        Column::every_row(Numbers::U32(vec![rows.cpu; n])),
+        virtual_ns,
+        Column::every_row(Numbers::U64(std::mem::take(&mut rows.cr3))),
+        Column::every_row(Numbers::U8(std::mem::take(&mut rows.cpl))),
+        Column::every_row(Numbers::U8(std::mem::take(&mut rows.bitness))),
+        Column::Number {
+            values: Numbers::U64(std::mem::take(&mut rows.pc)),
+            present: None,
+            encoding: NumberEncoding::Dictionary,
+        },
+    ];
     columns.extend(built.what_ran);
     columns.extend((0..FLAGS).map(Column::Register));
     columns.push(Column::Arrow(flags_column(rows, starts)));
@@ -144,10 +177,9 @@ pub(super) fn columns(
     Ok(columns)
 }
 
-/// The columns [`columns`] builds besides the registers and the memory
-/// accesses, by where they go in [`schema`].
+/// The columns [`columns`] builds besides the step's own, the registers
+/// and the memory accesses, by where they go in [`schema`].
 struct TextAndMarkers {
-    virtual_ns: ArrayRef,
     /// routine, pid, tid, comm, bytes, mnemonic, instruction.
     what_ran: [Column; 7],
     /// syscall, syscall_name, interrupt, events.
@@ -157,10 +189,9 @@ struct TextAndMarkers {
 fn text_and_marker_columns(
     rows: &SegmentRows,
     texts: Vec<InsnText>,
-    bytes: ArrayRef,
+    bytes: Column,
     ctx: &Context<'_>,
-) -> Result<TextAndMarkers, ExportError> {
-    let virtual_ns = virtual_ns_column(rows, ctx);
+) -> TextAndMarkers {
     let routine = routine_column(rows, ctx);
     let [pid, tid] = task_columns(rows);
     let comm = Column::Text {
@@ -178,14 +209,13 @@ fn text_and_marker_columns(
         .unzip();
     let [syscall, interrupt] = marker_columns(rows);
     let syscall_name = syscall_name_column(rows);
-    Ok(TextAndMarkers {
-        virtual_ns,
+    TextAndMarkers {
         what_ran: [
             routine,
-            Column::Arrow(pid),
-            Column::Arrow(tid),
+            pid,
+            tid,
             comm,
-            Column::Arrow(bytes),
+            bytes,
             Column::Text {
                 dictionary: mnemonics,
                 rows: insn.clone(),
@@ -196,25 +226,33 @@ fn text_and_marker_columns(
             },
         ],
         markers: [
-            Column::Arrow(syscall),
+            syscall,
             syscall_name,
-            Column::Arrow(interrupt),
+            interrupt,
             Column::Arrow(events_column(rows)),
         ],
-    })
+    }
 }
 
 /// Each step's virtual time, where the trace's clock is per step (null
 /// where it is not, or where the time would not fit).
-fn virtual_ns_column(rows: &SegmentRows, ctx: &Context<'_>) -> ArrayRef {
-    let Some(ns) = ctx.ns_per_step else {
-        return Arc::new(UInt64Array::new_null(rows.len()));
+fn virtual_ns_column(rows: &SegmentRows, ctx: &Context<'_>) -> Column {
+    let n = rows.len();
+    let (values, present) = match ctx.ns_per_step {
+        None => (vec![0; n], Some(vec![false; n])),
+        Some(ns) => {
+            let times: Vec<Option<u64>> = rows.steps.iter().map(|s| s.checked_mul(ns)).collect();
+            let present = match times.iter().all(Option::is_some) {
+                true => None,
+                false => Some(times.iter().map(Option::is_some).collect()),
+            };
+            (times.into_iter().map(|t| t.unwrap_or(0)).collect(), present)
+        }
     };
-    let times = rows.steps.iter().map(|s| s.checked_mul(ns));
-    if times.clone().all(|t| t.is_some()) {
-        Arc::new(UInt64Array::from_iter_values(times.flatten()))
-    } else {
-        Arc::new(times.collect::<UInt64Array>())
+    Column::Number {
+        values: Numbers::U64(values),
+        present,
+        encoding: NumberEncoding::Delta,
     }
 }
 
@@ -246,31 +284,21 @@ fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> Column {
 }
 
 /// pid and tid of each step's task (null where the trace names none).
-fn task_columns(rows: &SegmentRows) -> [ArrayRef; 2] {
-    let named = rows.task.iter().map(|t| *t != NO_TASK);
-    let nulls = Some(NullBuffer::from_iter(named)).filter(|n| n.null_count() > 0);
+fn task_columns(rows: &SegmentRows) -> [Column; 2] {
+    let named: Vec<bool> = rows.task.iter().map(|t| *t != NO_TASK).collect();
+    let present = Some(named).filter(|n| n.contains(&false));
     let column = |part: fn(&TaskId) -> u32| {
         let values = rows
             .task
             .iter()
             .map(|t| rows.tasks.get(*t as usize).map_or(0, part));
-        Arc::new(UInt32Array::new(values.collect(), nulls.clone())) as ArrayRef
+        Column::Number {
+            values: Numbers::U32(values.collect()),
+            present: present.clone(),
+            encoding: NumberEncoding::Plain,
+        }
     };
     [column(|t| t.pid), column(|t| t.tid)]
-}
-
-/// Each step's instruction bytes: the rows' own buffer, moved, cut at
-/// each row's end.
-fn bytes_column(bytes: Vec<u8>, ends: &[u32]) -> Result<ArrayRef, ExportError> {
-    let offsets = std::iter::once(Ok(0))
-        .chain(ends.iter().map(|end| i32::try_from(*end)))
-        .collect::<Result<Vec<i32>, _>>()
-        .map_err(|_| ExportError::Unsupported("a segment with over 2^31 instruction bytes"))?;
-    Ok(Arc::new(BinaryArray::try_new(
-        OffsetBuffer::new(ScalarBuffer::from(offsets)),
-        bytes.into(),
-        None,
-    )?))
 }
 
 /// RFLAGS' index in `REG_NAMES`, after the 16 general registers.
@@ -290,12 +318,39 @@ fn flags_column(rows: &SegmentRows, starts: &[usize]) -> ArrayRef {
 
 /// The system call a step entered and the interrupt that came before it,
 /// where any.
-fn marker_columns(rows: &SegmentRows) -> [ArrayRef; 2] {
-    let numbers: Vec<(u32, u64)> = rows.syscalls.iter().map(|(r, c)| (*r, c.number)).collect();
-    [
-        Arc::new(sparse::<UInt64Type>(rows.len(), &numbers)),
-        Arc::new(sparse::<UInt8Type>(rows.len(), &rows.interrupts)),
-    ]
+fn marker_columns(rows: &SegmentRows) -> [Column; 2] {
+    let n = rows.len();
+    let mut present = vec![false; n];
+    let mut numbers = vec![0u64; n];
+    for (row, call) in &rows.syscalls {
+        if let (Some(p), Some(v)) = (
+            present.get_mut(*row as usize),
+            numbers.get_mut(*row as usize),
+        ) {
+            (*p, *v) = (true, call.number);
+        }
+    }
+    let syscall = Column::Number {
+        values: Numbers::U64(numbers),
+        present: Some(present),
+        encoding: NumberEncoding::Plain,
+    };
+    let mut present = vec![false; n];
+    let mut vectors = vec![0u8; n];
+    for (row, vector) in &rows.interrupts {
+        if let (Some(p), Some(v)) = (
+            present.get_mut(*row as usize),
+            vectors.get_mut(*row as usize),
+        ) {
+            (*p, *v) = (true, *vector);
+        }
+    }
+    let interrupt = Column::Number {
+        values: Numbers::U8(vectors),
+        present: Some(present),
+        encoding: NumberEncoding::Plain,
+    };
+    [syscall, interrupt]
 }
 
 /// The name of the system call a step entered (`write`, `write (ia32)`:
@@ -317,22 +372,6 @@ fn syscall_name_column(rows: &SegmentRows) -> Column {
         dictionary,
         rows: column.into(),
     }
-}
-
-/// A column of `n` rows that holds `values` (row, value) and nulls
-/// elsewhere.
-fn sparse<T: ArrowPrimitiveType>(n: usize, values: &[(u32, T::Native)]) -> PrimitiveArray<T> {
-    let mut column = vec![T::Native::default(); n];
-    let mut valid = BooleanBufferBuilder::new(n);
-    valid.append_n(n, false);
-    for (row, value) in values {
-        let row = *row as usize;
-        if let Some(slot) = column.get_mut(row) {
-            *slot = *value;
-            valid.set_bit(row, true);
-        }
-    }
-    PrimitiveArray::new(column.into(), Some(NullBuffer::new(valid.finish())))
 }
 
 /// The events after each step, as text.
@@ -376,48 +415,10 @@ impl<'a> ParquetPart<'a> {
             |key: &str, value: &str| KeyValue::new(format!("vtrace.{key}"), value.to_string());
         let mut metadata = vec![about("trace", &ctx.trace_path)];
         metadata.extend(ctx.about.iter().map(|(k, v)| about(k, v)));
-        let mut props = WriterProperties::builder()
+        // arrow-rs writes only RFLAGS (a dictionary: see `flags_column`)
+        // and the events; the rest are written by hand.
+        let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(chunks::ZSTD_LEVEL)?));
-        // Step numbers and times count up by one: delta encoding makes
-        // them almost nothing, where a dictionary (Parquet's default)
-        // would hash every row for nothing.
-        let delta = |props: WriterPropertiesBuilder, path: ColumnPath| {
-            props
-                .set_column_dictionary_enabled(path.clone(), false)
-                .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
-        };
-        for column in ["step", "virtual_ns"] {
-            props = delta(props, ColumnPath::from(column));
-        }
-        // The CPU, its address space, privilege level and bitness change
-        // seldom: zstd packs their runs written as they are, to the size
-        // a dictionary or deltas give, for less work than either
-        // (measured).
-        for column in ["cpu", "cr3", "cpl", "bitness"] {
-            props = props.set_column_dictionary_enabled(ColumnPath::from(column), false);
-        }
-        // Addresses walk arrays and the stack by small steps. Registers'
-        // values neither repeat (a dictionary grows big) nor change by
-        // small steps often enough for deltas (measured: both larger).
-        for name in &REG_NAMES[..16] {
-            props = props.set_column_dictionary_enabled(ColumnPath::from(*name), false);
-        }
-        // An instruction's few bytes cost less written as they are (zstd
-        // packs them as well) than looked up in a dictionary (measured).
-        props = props.set_column_dictionary_enabled(ColumnPath::from("bytes"), false);
-        // Min and max of a text column compare every row's text, about 8 %
-        // of an export, and would prune nothing: a row group's routines
-        // and instructions span the alphabet.
-        for text in ["routine", "comm", "bytes", "mnemonic", "instruction"] {
-            props = props
-                .set_column_statistics_enabled(ColumnPath::from(text), EnabledStatistics::None);
-        }
-        for list in ["reads", "writes", "read_values", "write_values"] {
-            props = delta(
-                props,
-                ColumnPath::new(vec![list.into(), "list".into(), "item".into()]),
-            );
-        }
         // A page per 20,000 rows (arrow-rs's default) made about 8 pages
         // per column and row group, and arrow-rs's zstd makes a context
         // for each, zeroing its 768 KiB of tables: pages end at 1 MiB
@@ -480,6 +481,18 @@ impl PartWriter for ParquetPart<'_> {
                 }
                 Column::Access(direction, part) => {
                     let pages = AccessPages::new(&descr, segment, direction, part)?;
+                    chunks::encode(descr, &pages).map(Chunk::Own)
+                }
+                Column::Number {
+                    values,
+                    present,
+                    encoding,
+                } => {
+                    let pages = NumberPages::new(&descr, values, present, encoding)?;
+                    chunks::encode(descr, &pages).map(Chunk::Own)
+                }
+                Column::Bytes { bytes, ends } => {
+                    let pages = BytesPages::new(&descr, bytes, ends)?;
                     chunks::encode(descr, &pages).map(Chunk::Own)
                 }
             })
