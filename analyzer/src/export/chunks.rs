@@ -546,7 +546,7 @@ impl AccessPages<'_> {
 
 /// `levels` of `width` bits (1 or 2) as a data page v1 holds them: a
 /// length, then one literal run of the hybrid.
-fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
+pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     varint(out, ((levels.len().div_ceil(8) as u64) << 1) | 1);

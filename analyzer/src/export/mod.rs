@@ -31,6 +31,7 @@
 //! (END exclusive), written in parallel.
 
 mod chunks;
+mod event_lists;
 mod jsonl;
 mod numbers;
 mod parquet;

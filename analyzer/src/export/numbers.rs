@@ -2,12 +2,12 @@
 //! writes the text, register and access columns: the step, its CPU,
 //! virtual time, address space, privilege level, bitness and pc, the
 //! task's ids, the system call and interrupt numbers, and the instruction
-//! bytes. Through arrow-rs, these with RFLAGS and the events were about a
-//! fifth of an export's profile (levels worked back out of null bitmaps,
-//! min and max of every page, each pc hashed into a dictionary, a value
-//! encoder behind dynamic dispatch, a zstd context made for each chunk);
-//! written here, the export took about 5 % less time and CPU (50.7
-//! M-step trace, 2 cores).
+//! bytes. Through arrow-rs, these with the events were about a fifth of
+//! an export's profile (levels worked back out of null bitmaps, min and
+//! max of every page, each pc and RFLAGS hashed into a dictionary, a
+//! value encoder behind dynamic dispatch, a zstd context made for each
+//! chunk); written here, the export takes about 10 % less time and CPU
+//! (50.7 M-step trace, 2 cores).
 //!
 //! | column | data page, per `ROWS_PER_PAGE` rows |
 //! |---|---|

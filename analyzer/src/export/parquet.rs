@@ -1,15 +1,12 @@
 //! Rows as columns, written as Parquet: a row group per segment, its
-//! columns encoded in parallel, zstd-compressed; RFLAGS and the events
-//! through arrow-rs, the rest by hand (`chunks`, `numbers`).
+//! columns encoded in parallel by hand (`chunks`, `numbers`,
+//! `event_lists`), zstd-compressed.
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::sync::Arc;
 
-use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::{ArrayRef, UInt64Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -21,6 +18,7 @@ use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
 use super::chunks::{self, AccessPages, AccessPart, Direction, RegisterPages, TextPages};
+use super::event_lists::EventPages;
 use super::numbers::{BytesPages, NumberEncoding, NumberPages, Numbers};
 use super::rows::{InsnText, SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
@@ -74,10 +72,9 @@ pub(super) fn schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// A column of a row group, as it is encoded: by arrow-rs (RFLAGS and
-/// the events), or by hand (see [`chunks`] and [`numbers`]).
+/// A column of a row group, as it is encoded (see [`chunks`],
+/// [`numbers`] and [`event_lists`]).
 pub(super) enum Column {
-    Arrow(ArrayRef),
     /// A register (its index in `REG_NAMES`), from the segment's rows.
     Register(usize),
     /// A list of memory accesses, from the segment's rows.
@@ -95,8 +92,11 @@ pub(super) enum Column {
         encoding: NumberEncoding,
     },
     /// The instruction bytes: `bytes` cut at each row's end.
-    Bytes {
-        bytes: Vec<u8>,
+    Bytes { bytes: Vec<u8>, ends: Vec<u32> },
+    /// The events before each step (see `EventPages`).
+    Events {
+        first: Vec<String>,
+        events: Vec<String>,
         ends: Vec<u32>,
     },
 }
@@ -154,7 +154,7 @@ pub(super) fn columns(
     ];
     columns.extend(built.what_ran);
     columns.extend((0..FLAGS).map(Column::Register));
-    columns.push(Column::Arrow(flags_column(rows, starts)));
+    columns.push(flags_column(rows, starts));
     use {AccessPart::*, Direction::*};
     columns.extend(
         [
@@ -187,7 +187,7 @@ struct TextAndMarkers {
 }
 
 fn text_and_marker_columns(
-    rows: &SegmentRows,
+    rows: &mut SegmentRows,
     texts: Vec<InsnText>,
     bytes: Column,
     ctx: &Context<'_>,
@@ -229,7 +229,11 @@ fn text_and_marker_columns(
             syscall,
             syscall_name,
             interrupt,
-            Column::Arrow(events_column(rows)),
+            Column::Events {
+                first: std::mem::take(&mut rows.first_events),
+                events: std::mem::take(&mut rows.events),
+                ends: std::mem::take(&mut rows.events_end),
+            },
         ],
     }
 }
@@ -304,16 +308,26 @@ fn task_columns(rows: &SegmentRows) -> [Column; 2] {
 /// RFLAGS' index in `REG_NAMES`, after the 16 general registers.
 const FLAGS: usize = REG_COUNT - 1;
 
-/// RFLAGS after each step that changed it, for arrow-rs to encode: its
-/// few distinct values make a dictionary worth the hashing (about half
-/// the size of the values written plain, measured), where the general
-/// registers' values are written by hand.
-fn flags_column(rows: &SegmentRows, starts: &[usize]) -> ArrayRef {
-    let flags = starts
+/// RFLAGS after each step that changed it: its few distinct values make
+/// a dictionary worth the hashing (about half the size of the values
+/// written plain, measured), where the general registers' values are
+/// written plain (see `chunks::RegisterPages`).
+fn flags_column(rows: &SegmentRows, starts: &[usize]) -> Column {
+    let mut present = Vec::with_capacity(starts.len());
+    let values = starts
         .iter()
         .enumerate()
-        .map(|(row, start)| rows.register(row, *start, FLAGS));
-    Arc::new(flags.collect::<UInt64Array>())
+        .map(|(row, start)| {
+            let flags = rows.register(row, *start, FLAGS);
+            present.push(flags.is_some());
+            flags.unwrap_or(0)
+        })
+        .collect();
+    Column::Number {
+        values: Numbers::U64(values),
+        present: Some(present),
+        encoding: NumberEncoding::Dictionary,
+    }
 }
 
 /// The system call a step entered and the interrupt that came before it,
@@ -374,38 +388,10 @@ fn syscall_name_column(rows: &SegmentRows) -> Column {
     }
 }
 
-/// The events after each step, as text.
-fn events_column(rows: &SegmentRows) -> ArrayRef {
-    let mut events = ListBuilder::with_capacity(StringBuilder::new(), rows.len());
-    let mut start = 0usize;
-    for (row, end) in rows.events_end.iter().enumerate() {
-        let end = *end as usize;
-        if row == 0 {
-            for e in &rows.first_events {
-                events.values().append_value(e);
-            }
-        }
-        for e in rows.events.get(start..end).unwrap_or_default() {
-            events.values().append_value(e);
-        }
-        events.append(true);
-        start = end;
-    }
-    Arc::new(events.finish())
-}
-
-/// A column chunk encoded.
-enum Chunk {
-    Arrow(ArrowColumnChunk),
-    Own(chunks::EncodedChunk),
-}
-
 /// A Parquet file being written: each segment's columns are encoded in
 /// parallel (rayon), then appended as one row group.
 pub(super) struct ParquetPart<'a> {
     file: SerializedFileWriter<BufWriter<File>>,
-    columns: ArrowRowGroupWriterFactory,
-    row_groups: usize,
     ctx: &'a Context<'a>,
 }
 
@@ -415,33 +401,22 @@ impl<'a> ParquetPart<'a> {
             |key: &str, value: &str| KeyValue::new(format!("vtrace.{key}"), value.to_string());
         let mut metadata = vec![about("trace", &ctx.trace_path)];
         metadata.extend(ctx.about.iter().map(|(k, v)| about(k, v)));
-        // arrow-rs writes only RFLAGS (a dictionary: see `flags_column`)
-        // and the events; the rest are written by hand.
         let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(chunks::ZSTD_LEVEL)?));
-        // A page per 20,000 rows (arrow-rs's default) made about 8 pages
-        // per column and row group, and arrow-rs's zstd makes a context
-        // for each, zeroing its 768 KiB of tables: pages end at 1 MiB
-        // instead. Values go to the encoder in batches of 8,192, not
-        // 1,024 (a page's checks run once a batch).
-        let props = props
-            .set_data_page_row_count_limit(usize::MAX)
-            .set_write_batch_size(8192)
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(chunks::ZSTD_LEVEL)?))
             .set_created_by(format!("vtrace {}", env!("CARGO_PKG_VERSION")))
             .set_key_value_metadata(Some(metadata))
             .build();
-        let (file, columns) = ArrowWriter::try_new(
+        // Every column chunk is written by hand; arrow-rs's writer is
+        // here for the file's schema, converted from the Arrow one and
+        // stored with it (readers such as pyarrow take the text columns
+        // back as dictionaries from it).
+        let (file, _) = ArrowWriter::try_new(
             BufWriter::with_capacity(1 << 20, file),
             ctx.schema.clone(),
             Some(props),
         )?
         .into_serialized_writer()?;
-        Ok(ParquetPart {
-            file,
-            columns,
-            row_groups: 0,
-            ctx,
-        })
+        Ok(ParquetPart { file, ctx })
     }
 }
 
@@ -450,38 +425,28 @@ impl PartWriter for ParquetPart<'_> {
         let starts = chunks::value_starts(&rows);
         let columns = columns(&mut rows, &starts, self.ctx)?;
         let segment = &rows;
-        let writers = self.columns.create_column_writers(self.row_groups)?;
-        // Each column of this schema is one leaf (no structs): its levels
-        // are worked out on the thread that encodes it.
-        let fields = self.ctx.schema.fields();
+        // Each column of this schema is one leaf (no structs).
         let descrs = self.file.schema_descr().columns().to_vec();
-        if writers.len() != fields.len() || descrs.len() != fields.len() {
+        if descrs.len() != self.ctx.schema.fields().len() {
             return Err(ExportError::Unsupported(
                 "a column of the export's schema has more than one Parquet leaf",
             ));
         }
-        let chunks = writers
+        let chunks = descrs
             .into_par_iter()
-            .zip(descrs)
-            .zip(fields.par_iter().zip(columns))
-            .map(|((mut writer, descr), (field, column))| match column {
-                Column::Arrow(array) => {
-                    for leaf in compute_leaves(field, &array)? {
-                        writer.write(&leaf)?;
-                    }
-                    Ok(Chunk::Arrow(writer.close()?))
-                }
+            .zip(columns)
+            .map(|(descr, column)| match column {
                 Column::Text { dictionary, rows } => {
                     let pages = TextPages::new(&descr, &dictionary, &rows)?;
-                    chunks::encode(descr, &pages).map(Chunk::Own)
+                    chunks::encode(descr, &pages)
                 }
                 Column::Register(register) => {
                     let pages = RegisterPages::new(segment, &starts, register);
-                    chunks::encode(descr, &pages).map(Chunk::Own)
+                    chunks::encode(descr, &pages)
                 }
                 Column::Access(direction, part) => {
                     let pages = AccessPages::new(&descr, segment, direction, part)?;
-                    chunks::encode(descr, &pages).map(Chunk::Own)
+                    chunks::encode(descr, &pages)
                 }
                 Column::Number {
                     values,
@@ -489,23 +454,27 @@ impl PartWriter for ParquetPart<'_> {
                     encoding,
                 } => {
                     let pages = NumberPages::new(&descr, values, present, encoding)?;
-                    chunks::encode(descr, &pages).map(Chunk::Own)
+                    chunks::encode(descr, &pages)
                 }
                 Column::Bytes { bytes, ends } => {
                     let pages = BytesPages::new(&descr, bytes, ends)?;
-                    chunks::encode(descr, &pages).map(Chunk::Own)
+                    chunks::encode(descr, &pages)
+                }
+                Column::Events {
+                    first,
+                    events,
+                    ends,
+                } => {
+                    let pages = EventPages::new(&descr, first, events, ends)?;
+                    chunks::encode(descr, &pages)
                 }
             })
             .collect::<Result<Vec<_>, ExportError>>()?;
         let mut group = self.file.next_row_group()?;
         for chunk in chunks {
-            match chunk {
-                Chunk::Arrow(chunk) => chunk.append_to_row_group(&mut group)?,
-                Chunk::Own(chunk) => group.append_column(&chunk.bytes, chunk.close)?,
-            }
+            group.append_column(&chunk.bytes, chunk.close)?;
         }
         group.close()?;
-        self.row_groups += 1;
         Ok(())
     }
 
