@@ -134,6 +134,13 @@ impl InsnBytes {
         &self.bytes[..usize::from(self.len)]
     }
 
+    /// The bytes, then zeros up to 15: a fixed-size copy of these and a
+    /// truncation to [`InsnBytes::len`] is cheaper than the memcpy call a
+    /// copy of [`InsnBytes::as_slice`] makes.
+    pub fn padded(&self) -> &[u8; 15] {
+        &self.bytes
+    }
+
     /// Its length as the one byte the trace stores it in (1 to 15).
     pub fn len_byte(&self) -> u8 {
         self.len

@@ -554,7 +554,12 @@ pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
         let bits = group.iter().enumerate().fold(0u16, |bits, (i, l)| {
             bits | u16::from(*l) << (i * usize::from(width))
         });
-        out.extend_from_slice(&bits.to_le_bytes()[..usize::from(width)]);
+        // Fixed-size copies: a slice of `width` bytes was a memcpy call a
+        // group.
+        match width {
+            1 => out.push(bits as u8),
+            _ => out.extend_from_slice(&bits.to_le_bytes()),
+        }
     }
     // A page's levels take far fewer than 4 GiB.
     let len = (out.len() - start - 4) as u32;
@@ -698,7 +703,10 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
                 .iter()
                 .enumerate()
                 .fold(0u128, |bits, (i, v)| bits | u128::from(*v) << (i * w));
-            out.extend_from_slice(&bits.to_le_bytes()[..w]);
+            // A fixed-size copy, cut back: not a memcpy call a group.
+            let at = out.len();
+            out.extend_from_slice(&bits.to_le_bytes());
+            out.truncate(at + w);
         }
         return;
     }

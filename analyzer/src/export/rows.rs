@@ -401,7 +401,10 @@ impl SegmentPass for RowBuilder {
         rows.cpl.push(s.cpl);
         rows.bitness.push(bitness);
         rows.pc.push(s.pc);
-        rows.bytes.extend_from_slice(s.bytes.as_slice());
+        // A fixed-size copy, cut back: not a memcpy call a step.
+        let at = rows.bytes.len();
+        rows.bytes.extend_from_slice(s.bytes.padded());
+        rows.bytes.truncate(at + s.bytes.len());
         rows.bytes_end.push(Self::end_of(rows.bytes.len()));
         rows.insn.push(text);
         rows.task.push(self.task);
