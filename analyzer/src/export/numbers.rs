@@ -150,6 +150,7 @@ pub(super) struct NumberPages {
     nullable: bool,
     /// Where the encoding is [`NumberEncoding::Dictionary`].
     dictionary: Option<Dictionary>,
+    rows: usize,
 }
 
 impl NumberPages {
@@ -190,11 +191,55 @@ impl NumberPages {
             _ => None,
         };
         Ok(NumberPages {
+            rows: values.len(),
             values,
             present,
             encoding,
             nullable,
             dictionary,
+        })
+    }
+
+    /// The column `descr` (INT64, not nullable) of each row's value in
+    /// `list`, given as its index there (`rows`), as a dictionary: the
+    /// pc column, from the instructions' texts the rows index, is made
+    /// without a hash lookup a row. The list may repeat a value.
+    pub fn from_list(
+        descr: &ColumnDescPtr,
+        list: &[u64],
+        rows: &[Option<u32>],
+    ) -> Result<Self, ExportError> {
+        if descr.physical_type() != PhysicalType::INT64 || descr.max_def_level() > 0 {
+            return Err(ExportError::Unsupported(
+                "a listed number column that is not a required INT64",
+            ));
+        }
+        let mut index = FxHashMap::default();
+        let mut distinct = Vec::new();
+        let remap: Vec<u32> = list
+            .iter()
+            .map(|v| {
+                *index.entry(*v).or_insert_with(|| {
+                    distinct.push(*v);
+                    // Fewer distinct values than rows.
+                    (distinct.len() - 1) as u32
+                })
+            })
+            .collect();
+        let keys = rows
+            .iter()
+            .map(|i| i.and_then(|i| remap.get(i as usize).copied()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or(ExportError::Unsupported(
+                "a listed number column's row names no value",
+            ))?;
+        Ok(NumberPages {
+            rows: keys.len(),
+            values: Numbers::U64(Vec::new()),
+            present: None,
+            encoding: NumberEncoding::Dictionary,
+            nullable: false,
+            dictionary: Some(Dictionary { distinct, keys }),
         })
     }
 }
@@ -245,7 +290,7 @@ fn min_max<T: Number>(values: &[T], present: Option<&[bool]>) -> (Option<(u64, u
 
 impl ColumnPages for NumberPages {
     fn rows(&self) -> usize {
-        self.values.len()
+        self.rows
     }
 
     fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
@@ -534,6 +579,45 @@ mod tests {
         );
         let want32: Vec<Option<u64>> = want.iter().map(|v| v.map(|v| v as u32 as u64)).collect();
         assert_eq!(got, want32, "u32");
+    }
+
+    #[test]
+    fn a_listed_column_reads_back_as_the_values_its_rows_index() {
+        // A list that repeats a value (two texts of one pc), indexed over
+        // two pages.
+        let list = [0x1000u64, 0x1004, 0x1000, u64::MAX];
+        let rows: Vec<Option<u32>> = (0..ROWS_PER_PAGE as u32 + 70)
+            .map(|i| Some(i * 7 % 4))
+            .collect();
+        let arrays = read_back(Field::new("pc", DataType::UInt64, false), |descr| {
+            encode(
+                descr.clone(),
+                &NumberPages::from_list(&descr, &list, &rows).unwrap(),
+            )
+            .unwrap()
+        });
+        let got: Vec<u64> = arrays
+            .iter()
+            .flat_map(|a| a.as_primitive::<UInt64Type>().values().to_vec())
+            .collect();
+        let want: Vec<u64> = rows.iter().map(|i| list[i.unwrap() as usize]).collect();
+        assert_eq!(got, want);
+        let pages = NumberPages::from_list(&descr(DataType::UInt64, false), &list, &rows).unwrap();
+        let (_, entries) = pages.dictionary().unwrap().unwrap();
+        assert_eq!(entries, 3, "0x1000 once");
+        let d = descr(DataType::UInt64, false);
+        assert!(
+            NumberPages::from_list(&d, &list, &[Some(4)]).is_err(),
+            "past the list"
+        );
+        assert!(
+            NumberPages::from_list(&d, &list, &[None]).is_err(),
+            "a null"
+        );
+        assert!(
+            NumberPages::from_list(&descr(DataType::UInt32, false), &list, &[]).is_err(),
+            "INT32"
+        );
     }
 
     #[test]

@@ -91,6 +91,12 @@ pub(super) enum Column {
         present: Option<Vec<bool>>,
         encoding: NumberEncoding,
     },
+    /// A number column given as each row's index into a list of values
+    /// (the pc, as the instruction's text's).
+    Listed {
+        list: Vec<u64>,
+        rows: Arc<[Option<u32>]>,
+    },
     /// The instruction bytes: `bytes` cut at each row's end.
     Bytes { bytes: Vec<u8>, ends: Vec<u32> },
     /// The events before each step (see `EventPages`).
@@ -129,7 +135,13 @@ pub(super) fn columns(
         ends: std::mem::take(&mut rows.bytes_end),
     };
     let texts = std::mem::take(&mut rows.texts);
-    let built = text_and_marker_columns(rows, texts, bytes, ctx);
+    // Each row's instruction text, whose pc is the row's.
+    let insn: Arc<[Option<u32>]> = rows.insn.iter().map(|i| Some(*i)).collect();
+    let pc = Column::Listed {
+        list: texts.iter().map(|t| t.pc).collect(),
+        rows: insn.clone(),
+    };
+    let built = text_and_marker_columns(rows, texts, insn, bytes, ctx);
     // Step numbers count up by one: as deltas they are almost nothing.
     // The CPU, address space, privilege level and bitness change seldom:
     // zstd packs their runs written as they are, to the size a
@@ -146,11 +158,7 @@ pub(super) fn columns(
         Column::every_row(Numbers::U64(std::mem::take(&mut rows.cr3))),
         Column::every_row(Numbers::U8(std::mem::take(&mut rows.cpl))),
         Column::every_row(Numbers::U8(std::mem::take(&mut rows.bitness))),
-        Column::Number {
-            values: Numbers::U64(std::mem::take(&mut rows.pc)),
-            present: None,
-            encoding: NumberEncoding::Dictionary,
-        },
+        pc,
     ];
     columns.extend(built.what_ran);
     columns.extend((0..FLAGS).map(Column::Register));
@@ -189,6 +197,7 @@ struct TextAndMarkers {
 fn text_and_marker_columns(
     rows: &mut SegmentRows,
     texts: Vec<InsnText>,
+    insn: Arc<[Option<u32>]>,
     bytes: Column,
     ctx: &Context<'_>,
 ) -> TextAndMarkers {
@@ -202,7 +211,6 @@ fn text_and_marker_columns(
             .map(|t| (*t != NO_TASK).then_some(*t))
             .collect(),
     };
-    let insn: Arc<[Option<u32>]> = rows.insn.iter().map(|i| Some(*i)).collect();
     let (mnemonics, disassembly) = texts
         .into_iter()
         .map(|t| (t.mnemonic, t.disassembly))
@@ -454,6 +462,10 @@ impl PartWriter for ParquetPart<'_> {
                     encoding,
                 } => {
                     let pages = NumberPages::new(&descr, values, present, encoding)?;
+                    chunks::encode(descr, &pages)
+                }
+                Column::Listed { list, rows } => {
+                    let pages = NumberPages::from_list(&descr, &list, &rows)?;
                     chunks::encode(descr, &pages)
                 }
                 Column::Bytes { bytes, ends } => {

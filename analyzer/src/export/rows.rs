@@ -25,6 +25,8 @@ pub(super) const NO_TASK: u32 = u32::MAX;
 
 /// A distinct instruction's text.
 pub(super) struct InsnText {
+    /// Its address (the pc column's dictionary is made from these).
+    pub pc: u64,
     /// Lower case, as `vtrace analyze stats` names mnemonics.
     pub mnemonic: String,
     /// Intel syntax, numbers as `0x…`.
@@ -330,6 +332,7 @@ impl RowBuilder {
             let mut disassembly = String::new();
             formatter.format(&info.instruction, &mut disassembly);
             rows.texts.push(InsnText {
+                pc,
                 mnemonic: format!("{:?}", info.mnemonic).to_lowercase(),
                 disassembly,
             });
