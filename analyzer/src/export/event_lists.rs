@@ -74,6 +74,16 @@ impl ColumnPages for EventPages {
             .and_then(|before| self.ends.get(before))
             .map_or(0, |e| *e as usize);
         let ends = self.ends.get(rows.clone()).unwrap_or_default();
+        // Most pages have no events: every row an empty list, (0, 0).
+        let last = ends.last().map_or(start, |e| *e as usize);
+        if last == start && (rows.start > 0 || self.first.is_empty()) {
+            let mut out = Vec::with_capacity(2 * (rows.len() / 8 + 16));
+            for width in [1, 2] {
+                zero_levels(rows.len(), width, &mut out);
+            }
+            // At most ROWS_PER_PAGE.
+            return (out, rows.len() as u32);
+        }
         let mut repetition = Vec::with_capacity(rows.len());
         let mut definition = Vec::with_capacity(rows.len());
         let mut values = Vec::new();
@@ -103,6 +113,18 @@ impl ColumnPages for EventPages {
         // A page's rows and events are far fewer than 2^32.
         (out, repetition.len() as u32)
     }
+}
+
+/// `count` levels of 0 of `width` bits, as [`packed_levels`] writes
+/// them, without a level a row to pack.
+fn zero_levels(count: usize, width: u8, out: &mut Vec<u8>) {
+    let mut header = Vec::new();
+    vtrace_storage::put_varint(&mut header, ((count.div_ceil(8) as u64) << 1) | 1);
+    let bytes = count.div_ceil(8) * usize::from(width);
+    // A page's levels take far fewer than 4 GiB.
+    out.extend_from_slice(&((header.len() + bytes) as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.resize(out.len() + bytes, 0);
 }
 
 #[cfg(test)]
@@ -152,5 +174,15 @@ mod tests {
             })
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn zero_levels_are_packed_levels_of_zeros() {
+        for (count, width) in [(1, 1), (8, 1), (9, 2), (65_536, 2), (65_541, 1)] {
+            let (mut fast, mut packed) = (Vec::new(), Vec::new());
+            zero_levels(count, width, &mut fast);
+            packed_levels(&vec![0; count], width, &mut packed);
+            assert_eq!(fast, packed, "{count} of width {width}");
+        }
     }
 }
