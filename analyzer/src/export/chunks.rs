@@ -1,6 +1,9 @@
 //! Column chunks written by hand, for the columns whose rows already say
-//! what Parquet stores: the text columns, the general registers and the
-//! memory-access lists.
+//! what Parquet stores: [`encode`] (every column's pages, through the
+//! parquet crate's own page writer), the text columns and the general
+//! registers; the memory-access lists are built in `access_lists`, the
+//! numbers and bytes in `numbers`, the events in `event_lists`, each
+//! with the levels and hybrid written here.
 //!
 //! The rows hold each text as an index into a list of distinct texts
 //! (routine, comm, mnemonic, instruction). Given those columns as Arrow
@@ -20,7 +23,7 @@
 //! |---|---|---|
 //! | text ([`TextPages`]) | each distinct text: u32 LE length, then its bytes (PLAIN) | nullable columns: u32 LE length, then the definition levels (1 = a value, 0 = null) as one literal run of bit width 1; then a byte of bit width and the non-null rows' indices in the hybrid (RLE_DICTIONARY) |
 //! | register ([`RegisterPages`]) | none | the definition levels as above; then each value of the rows that have one, u64 LE (PLAIN) |
-//! | access list ([`AccessPages`]) | none | u32 LE length and the repetition levels (0 = a row's first entry, 1 = another item) as one literal run of width 1; the same for the definition levels, width 2 (0 = null list, 1 = empty list, 2 = null item, 3 = an item); the items: addresses as DELTA_BINARY_PACKED INT64, sizes PLAIN INT32, values PLAIN u64 LE |
+//! | list levels ([`packed_levels`]) | | u32 LE length and the repetition levels (0 = a row's first entry, 1 = another item) as one literal run of width 1; the same for the definition levels, width 2 |
 //!
 //! Each page is zstd-compressed on its own, as the rest of the file is;
 //! these chunks carry no min/max statistics. The RLE/bit-packed hybrid:
@@ -42,7 +45,6 @@ use parquet::schema::types::ColumnDescPtr;
 
 use super::rows::SegmentRows;
 use super::ExportError;
-use crate::memory_values::Access;
 use rustc_hash::FxHashMap;
 use vtrace_storage::put_varint as varint;
 
@@ -384,175 +386,6 @@ impl ColumnPages for RegisterPages<'_> {
     }
 }
 
-/// Which memory accesses a list column holds.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Direction {
-    Reads,
-    Writes,
-}
-
-/// What of each access a list column holds.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum AccessPart {
-    /// The address (u64).
-    Address,
-    /// The size (u16, an INT32 in Parquet).
-    Size,
-    /// The value where known (u64, null where not).
-    Value,
-}
-
-/// A list column of the steps' memory accesses: a list per row (null
-/// where the registers before the step are not known), an item per
-/// access. Levels (max repetition 1, max definition 3): a null list is
-/// (0, 0), an empty one (0, 1), an item (0 first, else 1; 3, or 2 where
-/// it is a null value).
-pub(super) struct AccessPages<'a> {
-    rows: &'a SegmentRows,
-    direction: Direction,
-    part: AccessPart,
-}
-
-impl<'a> AccessPages<'a> {
-    /// The `part` of the `direction` accesses of `rows`, for the column
-    /// `descr` (a nullable list of nullable items).
-    pub fn new(
-        descr: &ColumnDescPtr,
-        rows: &'a SegmentRows,
-        direction: Direction,
-        part: AccessPart,
-    ) -> Result<Self, ExportError> {
-        if descr.max_def_level() != 3 || descr.max_rep_level() != 1 {
-            return Err(ExportError::Unsupported(
-                "an access column that is not a nullable list of nullable items",
-            ));
-        }
-        Ok(AccessPages {
-            rows,
-            direction,
-            part,
-        })
-    }
-
-    /// Each row's accesses in `rows` (`None` where they are not
-    /// known), walked in order: row 0's are its own (see `SegmentRows`),
-    /// a row's end is where the next one's start.
-    fn lists(&self, rows: Range<usize>) -> impl Iterator<Item = Option<&'a [Access]>> + 'a {
-        let r = self.rows;
-        let (first, flat, ends) = match self.direction {
-            Direction::Reads => (&r.first_reads, &r.reads, &r.reads_end),
-            Direction::Writes => (&r.first_writes, &r.writes, &r.writes_end),
-        };
-        let mut start = rows
-            .start
-            .checked_sub(1)
-            .and_then(|before| ends.get(before))
-            .map_or(0, |e| *e as usize);
-        let known = r.known.get(rows.clone()).unwrap_or_default();
-        let ends = ends.get(rows.clone()).unwrap_or_default();
-        rows.zip(known.iter().zip(ends))
-            .map(move |(row, (known, end))| {
-                let end = *end as usize;
-                let list = match row {
-                    0 => first.as_slice(),
-                    _ => flat.get(start..end).unwrap_or_default(),
-                };
-                start = end;
-                known.then_some(list)
-            })
-    }
-}
-
-impl ColumnPages for AccessPages<'_> {
-    fn rows(&self) -> usize {
-        self.rows.known.len()
-    }
-
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        Ok(None)
-    }
-
-    /// Addresses walk arrays and the stack by small steps: as deltas
-    /// they pack far smaller (a `rep stos` over a page: one delta
-    /// repeated). Values and sizes do not (measured: Linux's values
-    /// three times the size as deltas).
-    fn encoding(&self) -> Encoding {
-        match self.part {
-            AccessPart::Address => Encoding::DELTA_BINARY_PACKED,
-            AccessPart::Size | AccessPart::Value => Encoding::PLAIN,
-        }
-    }
-
-    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
-        match self.part {
-            AccessPart::Address => self.page(rows, |a| Some(a.addr), delta_binary_packed),
-            // u16 as an INT32.
-            AccessPart::Size => self.page(
-                rows,
-                |a| Some(u32::from(a.size)),
-                |v, out| {
-                    v.iter()
-                        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()))
-                },
-            ),
-            AccessPart::Value => self.page(
-                rows,
-                |a| a.value,
-                |v, out| {
-                    v.iter()
-                        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()))
-                },
-            ),
-        }
-    }
-}
-
-impl AccessPages<'_> {
-    /// A data page of the `value` of each access in `rows`, the values
-    /// written by `write` in the column's encoding.
-    fn page<T>(
-        &self,
-        rows: Range<usize>,
-        value: impl Fn(&Access) -> Option<T>,
-        write: impl Fn(&[T], &mut Vec<u8>),
-    ) -> (Vec<u8>, u32) {
-        let mut repetition = Vec::with_capacity(rows.len() * 2);
-        let mut definition = Vec::with_capacity(rows.len() * 2);
-        let mut values = Vec::with_capacity(rows.len());
-        for list in self.lists(rows) {
-            match list {
-                None => {
-                    repetition.push(0);
-                    definition.push(0);
-                }
-                Some([]) => {
-                    repetition.push(0);
-                    definition.push(1);
-                }
-                Some(list) => {
-                    for (i, access) in list.iter().enumerate() {
-                        repetition.push(u8::from(i > 0));
-                        match value(access) {
-                            Some(v) => {
-                                definition.push(3);
-                                values.push(v);
-                            }
-                            None => definition.push(2),
-                        }
-                    }
-                }
-            }
-        }
-        let mut out = Vec::with_capacity(values.len() * 8 + repetition.len() / 2 + 64);
-        packed_levels(&repetition, 1, &mut out);
-        packed_levels(&definition, 2, &mut out);
-        write(&values, &mut out);
-        // A page of ROWS_PER_PAGE rows holds far fewer than 2^32 accesses
-        // (a segment holds at most 2^27 bytes).
-        (out, repetition.len() as u32)
-    }
-}
-
 /// `levels` of `width` bits (1 or 2) as a data page v1 holds them: a
 /// length, then one literal run of the hybrid.
 pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
@@ -890,89 +723,6 @@ pub(super) mod tests {
             }
         }
         out
-    }
-
-    #[test]
-    fn access_lists_read_back_with_their_nulls() {
-        use arrow_array::cast::AsArray;
-        use arrow_array::types::{UInt16Type, UInt64Type};
-        use arrow_schema::{DataType, Field};
-
-        // Over two pages: unknown rows (null lists), empty lists, and
-        // lists of 1 to 3 accesses whose addresses jump anywhere (deltas
-        // that wrap) and whose values are known or not.
-        let n = ROWS_PER_PAGE + 300;
-        let mut rows = SegmentRows::default();
-        let access = |row: u64, i: u64| Access {
-            addr: match (row + i) % 7 {
-                0 => u64::MAX - row,
-                1 => 0,
-                _ => 0x1000 + 8 * row + i,
-            },
-            size: (1 + (row + i) % 8) as u16,
-            value: (!row.is_multiple_of(3)).then_some(row * 10 + i),
-        };
-        rows.first_reads = vec![access(0, 0), access(0, 1)];
-        for row in 0..n as u64 {
-            rows.known.push(row % 11 != 5);
-            if row > 0 {
-                rows.reads.extend((0..row % 4).map(|i| access(row, i)));
-            }
-            rows.reads_end.push(rows.reads.len() as u32);
-        }
-        let want: Vec<Option<Vec<Access>>> = (0..n as u64)
-            .map(|row| {
-                let count = if row == 0 { 2 } else { row % 4 };
-                rows.known[row as usize].then(|| (0..count).map(|i| access(row, i)).collect())
-            })
-            .collect();
-        let item =
-            |t: DataType| DataType::List(std::sync::Arc::new(Field::new_list_field(t, true)));
-        let read = |t: DataType, part: AccessPart| {
-            read_back(Field::new("l", item(t), true), |descr| {
-                let pages = AccessPages::new(&descr, &rows, Direction::Reads, part).unwrap();
-                encode(descr, &pages).unwrap()
-            })
-        };
-        let lists = |arrays: Vec<arrow_array::ArrayRef>| -> Vec<Option<arrow_array::ArrayRef>> {
-            arrays
-                .iter()
-                .flat_map(|a| a.as_list::<i32>().iter().collect::<Vec<_>>())
-                .collect()
-        };
-        let addresses = lists(read(DataType::UInt64, AccessPart::Address));
-        let sizes = lists(read(DataType::UInt16, AccessPart::Size));
-        let values = lists(read(DataType::UInt64, AccessPart::Value));
-        assert_eq!(addresses.len(), n);
-        for (row, want) in want.iter().enumerate() {
-            let got = |l: &Option<arrow_array::ArrayRef>| l.is_some();
-            assert_eq!(got(&addresses[row]), want.is_some(), "row {row}");
-            let Some(want) = want else { continue };
-            fn items<T: arrow_array::ArrowPrimitiveType>(
-                list: &Option<arrow_array::ArrayRef>,
-            ) -> Vec<Option<T::Native>> {
-                let list = list.as_ref().expect("a list");
-                list.as_primitive::<T>().iter().collect()
-            }
-            let a = items::<UInt64Type>(&addresses[row]);
-            let s = items::<UInt16Type>(&sizes[row]);
-            let v = items::<UInt64Type>(&values[row]);
-            assert_eq!(
-                a,
-                want.iter().map(|x| Some(x.addr)).collect::<Vec<_>>(),
-                "row {row}"
-            );
-            assert_eq!(
-                s,
-                want.iter().map(|x| Some(x.size)).collect::<Vec<_>>(),
-                "row {row}"
-            );
-            assert_eq!(
-                v,
-                want.iter().map(|x| x.value).collect::<Vec<_>>(),
-                "row {row}"
-            );
-        }
     }
 
     #[test]

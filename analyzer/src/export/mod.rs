@@ -30,6 +30,7 @@
 //! `steps_per_file` steps each, named `step_range=FIRST-END.parquet`
 //! (END exclusive), written in parallel.
 
+mod access_lists;
 mod chunks;
 mod event_lists;
 mod jsonl;

@@ -17,7 +17,8 @@ use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
-use super::chunks::{self, AccessPages, AccessPart, Direction, RegisterPages, TextPages};
+use super::access_lists::{AccessColumns, Direction};
+use super::chunks::{self, RegisterPages, TextPages};
 use super::event_lists::EventPages;
 use super::numbers::{BytesPages, NumberEncoding, NumberPages, Numbers};
 use super::rows::{InsnText, SegmentRows, NO_TASK};
@@ -72,13 +73,21 @@ pub(super) fn schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// A column of a row group, as it is encoded (see [`chunks`],
-/// [`numbers`] and [`event_lists`]).
+/// A column of a row group, as it is encoded (see `chunks`,
+/// `numbers`, `event_lists` and `access_lists`).
 pub(super) enum Column {
     /// A register (its index in `REG_NAMES`), from the segment's rows.
     Register(usize),
-    /// A list of memory accesses, from the segment's rows.
-    Access(Direction, AccessPart),
+    /// A direction's three access columns (address, size, value), from
+    /// the segment's rows, built together at the address column's place
+    /// (see `access_lists`): the places of the other two.
+    Accesses {
+        direction: Direction,
+        size_at: usize,
+        value_at: usize,
+    },
+    /// A column built with another (see `Column::Accesses`).
+    BuiltElsewhere,
     Text {
         /// The texts (a text may be listed more than once).
         dictionary: Vec<String>,
@@ -163,18 +172,17 @@ pub(super) fn columns(
     columns.extend(built.what_ran);
     columns.extend((0..FLAGS).map(Column::Register));
     columns.push(flags_column(rows, starts));
-    use {AccessPart::*, Direction::*};
-    columns.extend(
-        [
-            (Reads, Address),
-            (Writes, Address),
-            (Reads, Size),
-            (Writes, Size),
-            (Reads, Value),
-            (Writes, Value),
-        ]
-        .map(|(d, p)| Column::Access(d, p)),
-    );
+    // reads, writes, read_sizes, write_sizes, read_values, write_values.
+    let at = columns.len();
+    columns.extend([Direction::Reads, Direction::Writes].map(|direction| {
+        let nth = usize::from(direction == Direction::Writes);
+        Column::Accesses {
+            direction,
+            size_at: at + 2 + nth,
+            value_at: at + 4 + nth,
+        }
+    }));
+    columns.extend((0..4).map(|_| Column::BuiltElsewhere));
     columns.extend(built.markers);
     if columns.len() != ctx.schema.fields().len() {
         return Err(ExportError::Unsupported(
@@ -440,50 +448,79 @@ impl PartWriter for ParquetPart<'_> {
                 "a column of the export's schema has more than one Parquet leaf",
             ));
         }
-        let chunks = descrs
+        let chunks = (0..descrs.len())
             .into_par_iter()
             .zip(columns)
-            .map(|(descr, column)| match column {
-                Column::Text { dictionary, rows } => {
-                    let pages = TextPages::new(&descr, &dictionary, &rows)?;
-                    chunks::encode(descr, &pages)
-                }
-                Column::Register(register) => {
-                    let pages = RegisterPages::new(segment, &starts, register);
-                    chunks::encode(descr, &pages)
-                }
-                Column::Access(direction, part) => {
-                    let pages = AccessPages::new(&descr, segment, direction, part)?;
-                    chunks::encode(descr, &pages)
-                }
-                Column::Number {
-                    values,
-                    present,
-                    encoding,
-                } => {
-                    let pages = NumberPages::new(&descr, values, present, encoding)?;
-                    chunks::encode(descr, &pages)
-                }
-                Column::Listed { list, rows } => {
-                    let pages = NumberPages::from_list(&descr, &list, &rows)?;
-                    chunks::encode(descr, &pages)
-                }
-                Column::Bytes { bytes, ends } => {
-                    let pages = BytesPages::new(&descr, bytes, ends)?;
-                    chunks::encode(descr, &pages)
-                }
-                Column::Events {
-                    first,
-                    events,
-                    ends,
-                } => {
-                    let pages = EventPages::new(&descr, first, events, ends)?;
-                    chunks::encode(descr, &pages)
+            .map(|(at, column)| {
+                let descr = descrs[at].clone();
+                let one = |chunk| Ok(vec![(at, chunk)]);
+                match column {
+                    Column::Text { dictionary, rows } => {
+                        let pages = TextPages::new(&descr, &dictionary, &rows)?;
+                        one(chunks::encode(descr, &pages)?)
+                    }
+                    Column::Register(register) => {
+                        let pages = RegisterPages::new(segment, &starts, register);
+                        one(chunks::encode(descr, &pages)?)
+                    }
+                    Column::Accesses {
+                        direction,
+                        size_at,
+                        value_at,
+                    } => {
+                        let (size, value) = match (descrs.get(size_at), descrs.get(value_at)) {
+                            (Some(size), Some(value)) => (size.clone(), value.clone()),
+                            _ => {
+                                return Err(ExportError::Unsupported(
+                                    "an access column past the schema",
+                                ))
+                            }
+                        };
+                        let built =
+                            AccessColumns::new([&descr, &size, &value], segment, direction)?;
+                        Ok(vec![
+                            (at, chunks::encode(descr, &built.address)?),
+                            (size_at, chunks::encode(size, &built.size)?),
+                            (value_at, chunks::encode(value, &built.value)?),
+                        ])
+                    }
+                    Column::BuiltElsewhere => Ok(Vec::new()),
+                    Column::Number {
+                        values,
+                        present,
+                        encoding,
+                    } => {
+                        let pages = NumberPages::new(&descr, values, present, encoding)?;
+                        one(chunks::encode(descr, &pages)?)
+                    }
+                    Column::Listed { list, rows } => {
+                        let pages = NumberPages::from_list(&descr, &list, &rows)?;
+                        one(chunks::encode(descr, &pages)?)
+                    }
+                    Column::Bytes { bytes, ends } => {
+                        let pages = BytesPages::new(&descr, bytes, ends)?;
+                        one(chunks::encode(descr, &pages)?)
+                    }
+                    Column::Events {
+                        first,
+                        events,
+                        ends,
+                    } => {
+                        let pages = EventPages::new(&descr, first, events, ends)?;
+                        one(chunks::encode(descr, &pages)?)
+                    }
                 }
             })
             .collect::<Result<Vec<_>, ExportError>>()?;
+        let mut chunks: Vec<_> = chunks.into_iter().flatten().collect();
+        chunks.sort_by_key(|(at, _)| *at);
+        if chunks.len() != descrs.len() || chunks.iter().enumerate().any(|(i, (at, _))| i != *at) {
+            return Err(ExportError::Unsupported(
+                "a column of the export was not built once",
+            ));
+        }
         let mut group = self.file.next_row_group()?;
-        for chunk in chunks {
+        for (_, chunk) in chunks {
             group.append_column(&chunk.bytes, chunk.close)?;
         }
         group.close()?;
