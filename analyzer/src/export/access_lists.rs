@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use parquet::basic::Encoding;
 use parquet::schema::types::ColumnDescPtr;
 
-use super::chunks::{delta_binary_packed, packed_levels, ColumnPages, ROWS_PER_PAGE};
+use super::chunks::{delta_binary_packed, packed_levels, start_of, ColumnPages, ROWS_PER_PAGE};
 use super::rows::SegmentRows;
 use super::ExportError;
 use crate::memory_values::Access;
@@ -46,10 +46,6 @@ pub(super) struct BuiltPages {
 impl ColumnPages for BuiltPages {
     fn rows(&self) -> usize {
         self.rows
-    }
-
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        Ok(None)
     }
 
     fn encoding(&self) -> Encoding {
@@ -126,11 +122,7 @@ fn lists<'a>(
         Direction::Reads => (&r.first_reads, &r.reads, &r.reads_end),
         Direction::Writes => (&r.first_writes, &r.writes, &r.writes_end),
     };
-    let mut start = rows
-        .start
-        .checked_sub(1)
-        .and_then(|before| ends.get(before))
-        .map_or(0, |e| *e as usize);
+    let mut start = start_of(ends, rows.start);
     let known = r.known.get(rows.clone()).unwrap_or_default();
     let ends = ends.get(rows.clone()).unwrap_or_default();
     rows.zip(known.iter().zip(ends))

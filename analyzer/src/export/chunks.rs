@@ -67,8 +67,10 @@ pub(super) trait ColumnPages: Sync {
     /// Rows in the column.
     fn rows(&self) -> usize;
     /// The dictionary page's plain bytes and its number of entries, where
-    /// the column has one.
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError>;
+    /// the column has one (none by default).
+    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
+        Ok(None)
+    }
     /// How the data pages' values are encoded.
     fn encoding(&self) -> Encoding;
     /// The plain bytes (levels and values) of the data page of `rows`,
@@ -347,10 +349,6 @@ impl ColumnPages for RegisterPages<'_> {
         self.starts.len()
     }
 
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        Ok(None)
-    }
-
     fn encoding(&self) -> Encoding {
         Encoding::PLAIN
     }
@@ -406,6 +404,21 @@ pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
     // A page's levels take far fewer than 4 GiB.
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Whether `ends`, each row's end in a flat vector of `len` items (as
+/// the rows hold instruction bytes, events and accesses), go in order
+/// and stay within it.
+pub(super) fn ends_fit(ends: &[u32], len: usize) -> bool {
+    ends.windows(2).all(|w| w[0] <= w[1]) && ends.last().is_none_or(|e| *e as usize <= len)
+}
+
+/// Where row `row`'s items start in a flat vector that `ends` cuts into
+/// rows: where the row before ends.
+pub(super) fn start_of(ends: &[u32], row: usize) -> usize {
+    row.checked_sub(1)
+        .and_then(|before| ends.get(before))
+        .map_or(0, |e| *e as usize)
 }
 
 /// Starts a data page v1's definition levels for `rows` rows as one

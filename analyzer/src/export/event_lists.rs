@@ -12,7 +12,7 @@ use std::ops::Range;
 use parquet::basic::{Encoding, Type as PhysicalType};
 use parquet::schema::types::ColumnDescPtr;
 
-use super::chunks::{packed_levels, ColumnPages};
+use super::chunks::{ends_fit, packed_levels, start_of, ColumnPages};
 use super::ExportError;
 
 /// The events of a segment's rows: row 0's are `first`, then
@@ -40,8 +40,7 @@ impl EventPages {
                 "an events column that is not a required list of texts",
             ));
         }
-        let in_order = ends.windows(2).all(|w| w[0] <= w[1]);
-        if !in_order || ends.last().is_some_and(|e| *e as usize > events.len()) {
+        if !ends_fit(&ends, events.len()) {
             return Err(ExportError::Unsupported(
                 "an events column's rows end out of order or past its events",
             ));
@@ -59,20 +58,12 @@ impl ColumnPages for EventPages {
         self.ends.len()
     }
 
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        Ok(None)
-    }
-
     fn encoding(&self) -> Encoding {
         Encoding::PLAIN
     }
 
     fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
-        let mut start = rows
-            .start
-            .checked_sub(1)
-            .and_then(|before| self.ends.get(before))
-            .map_or(0, |e| *e as usize);
+        let mut start = start_of(&self.ends, rows.start);
         let ends = self.ends.get(rows.clone()).unwrap_or_default();
         // Most pages have no events: every row an empty list, (0, 0).
         let last = ends.last().map_or(start, |e| *e as usize);

@@ -27,7 +27,9 @@ use parquet::schema::types::ColumnDescPtr;
 
 use rustc_hash::FxHashMap;
 
-use super::chunks::{delta_binary_packed, hybrid, index_width, levels_header, ColumnPages};
+use super::chunks::{
+    delta_binary_packed, ends_fit, hybrid, index_width, levels_header, start_of, ColumnPages,
+};
 use super::ExportError;
 
 /// A number column's values, one a row (any value where the row is
@@ -431,8 +433,7 @@ impl BytesPages {
                 "a bytes column that is not a required BYTE_ARRAY",
             ));
         }
-        let in_order = ends.windows(2).all(|w| w[0] <= w[1]);
-        if !in_order || ends.last().is_some_and(|e| *e as usize > bytes.len()) {
+        if !ends_fit(&ends, bytes.len()) {
             return Err(ExportError::Unsupported(
                 "a bytes column's rows end out of order or past its bytes",
             ));
@@ -446,10 +447,6 @@ impl ColumnPages for BytesPages {
         self.ends.len()
     }
 
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        Ok(None)
-    }
-
     fn encoding(&self) -> Encoding {
         Encoding::PLAIN
     }
@@ -457,11 +454,7 @@ impl ColumnPages for BytesPages {
     fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
         // At most ROWS_PER_PAGE.
         let count = rows.len() as u32;
-        let mut start = rows
-            .start
-            .checked_sub(1)
-            .and_then(|before| self.ends.get(before))
-            .map_or(0, |e| *e as usize);
+        let mut start = start_of(&self.ends, rows.start);
         let ends = self.ends.get(rows).unwrap_or_default();
         let first = start;
         let last = ends.last().map_or(start, |e| *e as usize);
