@@ -41,13 +41,23 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// The text before the file's unit tests (`#[cfg(test)]`, perhaps more
-/// attributes, then `mod tests`).
+/// attributes, then `mod tests`, perhaps `pub(super)` or the like where
+/// other modules' tests share its helpers).
 fn before_tests(text: &str) -> &str {
     let mut from = 0;
     while let Some(at) = text[from..].find("#[cfg(test)]\n") {
         let at = from + at;
         let after = text[at..].lines().skip(1).find(|l| !l.starts_with("#["));
-        if after.is_some_and(|l| l.starts_with("mod tests")) {
+        let unit_tests = |l: &str| {
+            let unqualified = match l.strip_prefix("pub(") {
+                Some(rest) => rest.split_once(") ").map_or(rest, |(_, item)| item),
+                None => l,
+            };
+            unqualified
+                .strip_prefix("mod tests")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '{', ';']))
+        };
+        if after.is_some_and(unit_tests) {
             return &text[..at];
         }
         from = at + 1;
@@ -278,4 +288,16 @@ fn the_size_check_measures_functions() {
     let tested =
         format!("fn a() {{}}\n#[cfg(test)]\n#[allow(dead_code)]\nmod tests {{\n{text}}}\n");
     assert_eq!(before_tests(&tested), "fn a() {}\n");
+    let shared = format!("fn a() {{}}\n#[cfg(test)]\npub(super) mod tests {{\n{text}}}\n");
+    assert_eq!(
+        before_tests(&shared),
+        "fn a() {}\n",
+        "tests whose helpers others use"
+    );
+    let not_tests = format!("fn a() {{}}\n#[cfg(test)]\npub(super) mod testsuite;\n{text}");
+    assert_eq!(
+        before_tests(&not_tests).len(),
+        not_tests.len(),
+        "not unit tests"
+    );
 }
