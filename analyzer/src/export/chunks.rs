@@ -247,19 +247,7 @@ impl<'a> TextPages<'a> {
                 "a text column's row names no text",
             ));
         }
-        let mut seen = FxHashMap::default();
-        let mut distinct = Vec::new();
-        let remap = texts
-            .iter()
-            .map(|text| {
-                *seen.entry(text.as_str()).or_insert_with(|| {
-                    distinct.push(text.as_str());
-                    // Fewer distinct texts than texts, and those fewer
-                    // than a segment's rows.
-                    (distinct.len() - 1) as u32
-                })
-            })
-            .collect();
+        let (distinct, remap) = distinct(texts.iter().map(String::as_str));
         Ok(TextPages {
             distinct,
             remap,
@@ -404,6 +392,28 @@ pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
     // A page's levels take far fewer than 4 GiB.
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// The distinct items of `list`, in order of first appearance, and each
+/// item's index among them: a column's dictionary, where its rows index
+/// a list that may repeat an item (two routines of one name, two texts
+/// of one pc). Parquet's dictionary is of distinct values.
+pub(super) fn distinct<K: Copy + Eq + std::hash::Hash>(
+    list: impl IntoIterator<Item = K>,
+) -> (Vec<K>, Vec<u32>) {
+    let mut seen = FxHashMap::default();
+    let mut distinct = Vec::new();
+    let remap = list
+        .into_iter()
+        .map(|item| {
+            *seen.entry(item).or_insert_with(|| {
+                distinct.push(item);
+                // Fewer distinct items than a segment's rows.
+                (distinct.len() - 1) as u32
+            })
+        })
+        .collect();
+    (distinct, remap)
 }
 
 /// Whether `ends`, each row's end in a flat vector of `len` items (as

@@ -28,7 +28,8 @@ use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
 
 use super::chunks::{
-    delta_binary_packed, ends_fit, hybrid, index_width, levels_header, start_of, ColumnPages,
+    delta_binary_packed, distinct, ends_fit, hybrid, index_width, levels_header, start_of,
+    ColumnPages,
 };
 use super::ExportError;
 
@@ -216,18 +217,7 @@ impl NumberPages {
                 "a listed number column that is not a required INT64",
             ));
         }
-        let mut index = FxHashMap::default();
-        let mut distinct = Vec::new();
-        let remap: Vec<u32> = list
-            .iter()
-            .map(|v| {
-                *index.entry(*v).or_insert_with(|| {
-                    distinct.push(*v);
-                    // Fewer distinct values than rows.
-                    (distinct.len() - 1) as u32
-                })
-            })
-            .collect();
+        let (distinct, remap) = distinct(list.iter().copied());
         let keys = rows
             .iter()
             .map(|i| i.and_then(|i| remap.get(i as usize).copied()))
@@ -279,8 +269,8 @@ fn put_plain<T: Number, const W: usize>(values: &[T], out: &mut Vec<u8>) {
 
 /// Min and max of the present values (`None`: there are none), and how
 /// many rows are null: one pass without branches in the values' own
-/// type, which the compiler makes vector instructions of (u8 and u32; a
-/// u64 minimum has none before AVX-512).
+/// type, which the compiler makes vector instructions of where the
+/// target has them for the type.
 fn min_max<T: Number>(values: &[T], present: Option<&[bool]>) -> (Option<(u64, u64)>, u64) {
     let (mut lo, mut hi) = (T::MAX, T::MIN);
     let nulls = match present {
@@ -353,10 +343,15 @@ impl ColumnPages for NumberPages {
         if let Some(d) = &self.dictionary {
             let width = index_width(d.distinct.len());
             out.push(width);
-            let mut keys = Vec::with_capacity(rows.len());
-            // The keys are u32s.
-            each_present(&d.keys, present, rows, |k| keys.push(k as u32));
-            hybrid(&keys, width, &mut out);
+            match present {
+                None => hybrid(d.keys.get(rows).unwrap_or_default(), width, &mut out),
+                Some(_) => {
+                    let mut keys = Vec::with_capacity(rows.len());
+                    // The keys are u32s.
+                    each_present(&d.keys, present, rows, |k| keys.push(k as u32));
+                    hybrid(&keys, width, &mut out);
+                }
+            }
             return (out, count);
         }
         match (self.encoding, self.values.wide()) {

@@ -350,37 +350,37 @@ fn flags_column(rows: &SegmentRows, starts: &[usize]) -> Column {
 /// where any.
 fn marker_columns(rows: &SegmentRows) -> [Column; 2] {
     let n = rows.len();
-    let mut present = vec![false; n];
-    let mut numbers = vec![0u64; n];
-    for (row, call) in &rows.syscalls {
-        if let (Some(p), Some(v)) = (
-            present.get_mut(*row as usize),
-            numbers.get_mut(*row as usize),
-        ) {
-            (*p, *v) = (true, call.number);
-        }
-    }
+    let calls = rows.syscalls.iter().map(|(row, call)| (*row, call.number));
+    let (numbers, present) = sparse(n, calls);
     let syscall = Column::Number {
         values: Numbers::U64(numbers),
         present: Some(present),
         encoding: NumberEncoding::Plain,
     };
-    let mut present = vec![false; n];
-    let mut vectors = vec![0u8; n];
-    for (row, vector) in &rows.interrupts {
-        if let (Some(p), Some(v)) = (
-            present.get_mut(*row as usize),
-            vectors.get_mut(*row as usize),
-        ) {
-            (*p, *v) = (true, *vector);
-        }
-    }
+    let (vectors, present) = sparse(n, rows.interrupts.iter().copied());
     let interrupt = Column::Number {
         values: Numbers::U8(vectors),
         present: Some(present),
         encoding: NumberEncoding::Plain,
     };
     [syscall, interrupt]
+}
+
+/// A column of `n` rows that holds `values` (row, value) and nulls
+/// elsewhere: each row's value (0 where null) and whether it has one.
+fn sparse<T: Copy + Default>(
+    n: usize,
+    values: impl Iterator<Item = (u32, T)>,
+) -> (Vec<T>, Vec<bool>) {
+    let mut column = vec![T::default(); n];
+    let mut present = vec![false; n];
+    for (row, value) in values {
+        let row = row as usize;
+        if let (Some(slot), Some(has)) = (column.get_mut(row), present.get_mut(row)) {
+            (*slot, *has) = (value, true);
+        }
+    }
+    (column, present)
 }
 
 /// The name of the system call a step entered (`write`, `write (ia32)`:
