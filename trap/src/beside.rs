@@ -22,12 +22,25 @@
 //!
 //! 64-bit code only, as fault foresight.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpAccess, OpKind};
+use iced_x86::{FlowControl, Instruction, Mnemonic, OpAccess, OpKind};
 use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::CpuView;
 
 use crate::fault::{register, Operands};
-use crate::walker::{read_now, walk_now};
+use crate::flow::DecodeCache;
+use crate::walker::WalksNow;
+
+/// What the judgement works with besides the CPU: the engine's operand
+/// lists and decoded instructions (the places `insn` may go to are often
+/// decoded already), and this look's page walks.
+pub struct Judging<'a> {
+    /// Where the instruction's memory operands are listed.
+    pub operands: &'a mut Operands,
+    /// The engine's decoded instructions, by address and bytes.
+    pub decodes: &'a mut DecodeCache,
+    /// The page walks of this judgement.
+    pub walks: WalksNow,
+}
 
 /// Whether `insn`, about to run with `regs` and `sregs`, may step at the
 /// same time as another CPU's step of which this is also true.
@@ -36,7 +49,7 @@ pub fn runs_beside(
     regs: &Registers,
     sregs: &SpecialRegisters,
     cpu: &dyn CpuView,
-    operands: &mut Operands,
+    with: &mut Judging<'_>,
 ) -> bool {
     use vtrace_vmm::x86::efer::LMA;
     if sregs.efer & LMA == 0 || sregs.cs.l == 0 || regs.rip != insn.ip() {
@@ -46,10 +59,11 @@ pub fn runs_beside(
         return false;
     }
     let last = insn.ip().wrapping_add(insn.len() as u64 - 1);
-    if !reads_ram_quietly(cpu, sregs, insn.ip(), last) {
+    let walks = &mut with.walks;
+    if !reads_ram_quietly(cpu, sregs, walks, insn.ip(), last) {
         return false;
     }
-    for m in operands.used_memory(insn) {
+    for m in with.operands.used_memory(insn) {
         match m.access() {
             OpAccess::Read | OpAccess::CondRead => {}
             // LEA, NOP and prefetches touch no memory.
@@ -60,11 +74,11 @@ pub fn runs_beside(
             return false;
         };
         let size = m.memory_size().size().max(1) as u64;
-        if !reads_ram_quietly(cpu, sregs, addr, addr.wrapping_add(size - 1)) {
+        if !reads_ram_quietly(cpu, sregs, walks, addr, addr.wrapping_add(size - 1)) {
             return false;
         }
     }
-    goes_to_no_iret(insn, regs, sregs, cpu)
+    goes_to_no_iret(insn, regs, sregs, cpu, with)
 }
 
 /// Whether the kind of `insn` allows it: see the module documentation.
@@ -106,11 +120,17 @@ fn quiet(insn: &Instruction) -> bool {
 
 /// Whether bytes `first..=last` (linear) lie in RAM on pages whose walks
 /// set no accessed bit.
-fn reads_ram_quietly(cpu: &dyn CpuView, sregs: &SpecialRegisters, first: u64, last: u64) -> bool {
+fn reads_ram_quietly(
+    cpu: &dyn CpuView,
+    sregs: &SpecialRegisters,
+    walks: &mut WalksNow,
+    first: u64,
+    last: u64,
+) -> bool {
     let other_page = (first ^ last) & !0xfff != 0;
     std::iter::once(first)
         .chain(other_page.then_some(last))
-        .all(|at| match walk_now(cpu, sregs, at) {
+        .all(|at| match walks.walk(cpu, sregs, at) {
             Some((phys, access)) => access.accessed && cpu.read_physical(phys, &mut [0u8; 1]),
             None => false,
         })
@@ -122,10 +142,11 @@ fn goes_to_no_iret(
     regs: &Registers,
     sregs: &SpecialRegisters,
     cpu: &dyn CpuView,
+    with: &mut Judging<'_>,
 ) -> bool {
-    let read = |addr: u64| {
+    let mut read = |addr: u64| {
         let mut b = [0u8; 8];
-        (read_now(cpu, sregs, addr, &mut b) == 8).then(|| u64::from_le_bytes(b))
+        (with.walks.read(cpu, sregs, addr, &mut b) == 8).then(|| u64::from_le_bytes(b))
     };
     let after = insn.next_ip();
     let targets: [Option<u64>; 2] = match insn.flow_control() {
@@ -149,27 +170,48 @@ fn goes_to_no_iret(
     targets
         .into_iter()
         .flatten()
-        .all(|at| !is_iret_at(at, sregs, cpu))
+        .all(|at| !is_iret_at(at, sregs, cpu, with))
 }
 
-/// Whether the instruction at `at` is an IRET (or cannot be read: then
-/// it may be).
-fn is_iret_at(at: u64, sregs: &SpecialRegisters, cpu: &dyn CpuView) -> bool {
+/// Whether the instruction at `at` is an IRET (or cannot be read or
+/// decoded: then it may be).
+fn is_iret_at(
+    at: u64,
+    sregs: &SpecialRegisters,
+    cpu: &dyn CpuView,
+    with: &mut Judging<'_>,
+) -> bool {
     let mut bytes = [0u8; 15];
-    let n = read_now(cpu, sregs, at, &mut bytes);
-    let mut decoder = Decoder::with_ip(64, &bytes[..n], at, DecoderOptions::NONE);
-    let next = decoder.decode();
-    next.is_invalid()
-        || matches!(
-            next.mnemonic(),
+    let n = with.walks.read(cpu, sregs, at, &mut bytes);
+    match with.decodes.decode(&bytes, n, 64, at) {
+        Some((next, _)) => matches!(
+            next.insn.mnemonic(),
             Mnemonic::Iret | Mnemonic::Iretd | Mnemonic::Iretq
-        )
+        ),
+        None => true,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::walker::tests::FlatCpu;
+    use iced_x86::{Decoder, DecoderOptions};
+
+    /// [`runs_beside`] with fresh operand lists, decodes and walks.
+    fn judge(
+        insn: &Instruction,
+        regs: &Registers,
+        sregs: &SpecialRegisters,
+        cpu: &FlatCpu,
+    ) -> bool {
+        let mut with = Judging {
+            operands: &mut Operands::default(),
+            decodes: &mut DecodeCache::default(),
+            walks: WalksNow::default(),
+        };
+        runs_beside(insn, regs, sregs, cpu, &mut with)
+    }
 
     /// The walker tests' machine, its paging entries accessed already.
     fn machine(code: &[u8]) -> FlatCpu {
@@ -188,7 +230,7 @@ mod tests {
         let regs = cpu.regs();
         let sregs = cpu.sregs();
         let mut bytes = [0u8; 15];
-        let n = read_now(cpu, &sregs, regs.rip, &mut bytes);
+        let n = WalksNow::default().read(cpu, &sregs, regs.rip, &mut bytes);
         let insn = Decoder::with_ip(64, &bytes[..n], regs.rip, DecoderOptions::NONE).decode();
         (insn, regs, sregs)
     }
@@ -196,7 +238,7 @@ mod tests {
     fn beside(code: &[u8]) -> bool {
         let mut cpu = machine(code);
         let (insn, regs, sregs) = at_pc(&mut cpu);
-        runs_beside(&insn, &regs, &sregs, &cpu, &mut Operands::default())
+        judge(&insn, &regs, &sregs, &cpu)
     }
 
     #[test]
@@ -234,8 +276,7 @@ mod tests {
         let mut cpu = machine(&[0x48, 0x8b, 0x04, 0x25, 0x00, 0x00, 0x20, 0x00]);
         cpu.put_u64(LEAF + 8, 0x4000_0000 | 0xa3);
         let (insn, regs, sregs) = at_pc(&mut cpu);
-        let beside =
-            |cpu: &FlatCpu| runs_beside(&insn, &regs, &sregs, cpu, &mut Operands::default());
+        let beside = |cpu: &FlatCpu| judge(&insn, &regs, &sregs, cpu);
         assert!(!beside(&cpu));
         cpu.put_u64(LEAF + 8, 0xa3);
         assert!(beside(&cpu));
@@ -245,7 +286,7 @@ mod tests {
     fn a_walk_that_would_set_an_accessed_bit_does_not() {
         let mut cpu = machine(&[0x48, 0x8b, 0x04, 0x24]); // mov rax, [rsp]
         let (insn, regs, sregs) = at_pc(&mut cpu);
-        let run = |cpu: &FlatCpu| runs_beside(&insn, &regs, &sregs, cpu, &mut Operands::default());
+        let run = |cpu: &FlatCpu| judge(&insn, &regs, &sregs, cpu);
         assert!(run(&cpu));
         cpu.put_u64(LEAF, 0x83);
         assert!(!run(&cpu));

@@ -210,23 +210,54 @@ impl Walker {
     }
 }
 
-/// The physical address of `linear` and what paging allows there, from
-/// the page tables as they are now, no cache: whether a walk would set an
-/// accessed bit is the tables' of this moment.
-pub fn walk_now(
-    cpu: &dyn CpuView,
-    sregs: &SpecialRegisters,
-    linear: u64,
-) -> Option<(u64, PageAccess)> {
-    walk(cpu, sregs, linear)
+/// Walks of the page tables as they are now, no cache (whether a walk
+/// would set an accessed bit is the tables' of this moment, and another
+/// CPU may have changed them since a [`Walker`] cached a translation),
+/// but each linear page walked once in one look at memory that nothing
+/// changes meanwhile: whether a step may run beside another CPU's reads
+/// the fetch's page again for the next instruction. Dropped after the
+/// look.
+#[derive(Default)]
+pub struct WalksNow {
+    /// The linear pages walked so far, their physical pages and access.
+    seen: [Option<(u64, u64, PageAccess)>; 4],
+    /// Where the next walk is kept (the oldest goes).
+    next: usize,
 }
 
-/// [`Walker::read`] through the page tables as they are now (another
-/// CPU may have changed them since a walker cached a translation).
-pub fn read_now(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64, buf: &mut [u8]) -> usize {
-    read_pages(cpu, linear, buf, |at| {
-        walk(cpu, sregs, at).map(|(phys, _)| phys)
-    })
+impl WalksNow {
+    /// The physical address of `linear` and what paging allows there;
+    /// from this look's walks where it walked the page.
+    pub fn walk(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &SpecialRegisters,
+        linear: u64,
+    ) -> Option<(u64, PageAccess)> {
+        let page = linear & !0xfff;
+        let offset = linear & 0xfff;
+        if let Some((_, phys, access)) = self.seen.iter().flatten().find(|s| s.0 == page) {
+            return Some((phys | offset, *access));
+        }
+        let (phys, access) = walk(cpu, sregs, linear)?;
+        self.seen[self.next] = Some((page, phys & !0xfff, access));
+        self.next = (self.next + 1) % self.seen.len();
+        Some((phys, access))
+    }
+
+    /// [`Walker::read`] through this look's walks; how many bytes could
+    /// be read.
+    pub fn read(
+        &mut self,
+        cpu: &dyn CpuView,
+        sregs: &SpecialRegisters,
+        linear: u64,
+        buf: &mut [u8],
+    ) -> usize {
+        read_pages(cpu, linear, buf, |at| {
+            self.walk(cpu, sregs, at).map(|(phys, _)| phys)
+        })
+    }
 }
 
 /// Reads `buf.len()` bytes at `linear`, page by page, each page's
@@ -457,6 +488,30 @@ pub(crate) mod tests {
         // The cache goes with a CR3 change.
         s.cr3 = 0x9000;
         assert_eq!(w.translate(&cpu, &s, la), None);
+    }
+
+    #[test]
+    fn a_look_walks_each_page_once_and_sees_the_tables_of_its_moment() {
+        let cpu = machine(&[0x90]);
+        let s = cpu.sregs;
+        let mut look = WalksNow::default();
+        let (phys, access) = look.walk(&cpu, &s, 0x1234).unwrap();
+        assert_eq!(phys, 0x1234);
+        assert!(!access.accessed, "the test machine's entries are not");
+        // The 2 MiB page goes elsewhere, every entry accessed now: this
+        // look keeps its walk, with each address's own offset; a new look
+        // walks the tables anew.
+        cpu.put_u64(0x1000, 0x2000 | 0x23);
+        cpu.put_u64(0x2000, 0x3000 | 0x23);
+        cpu.put_u64(0x3000, 0x20_0000 | 0xa3);
+        assert_eq!(look.walk(&cpu, &s, 0x1ffc).map(|w| w.0), Some(0x1ffc));
+        let mut b = [0u8; 8];
+        // Its next page is walked now: to 0x20_2000, past the test RAM.
+        assert_eq!(look.read(&cpu, &s, 0x1ffc, &mut b), 4);
+        let (phys, access) = WalksNow::default().walk(&cpu, &s, 0x1234).unwrap();
+        assert_eq!(phys, 0x20_1234);
+        assert!(access.accessed);
+        assert_eq!(look.walk(&cpu, &s, 0x20_1000), None, "beyond the map");
     }
 
     #[test]

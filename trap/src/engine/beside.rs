@@ -30,6 +30,11 @@ impl Engine {
         }
         let regs = cpu.regs();
         let sregs = cpu.sregs();
-        crate::beside::runs_beside(&decoded.insn, &regs, &sregs, cpu, &mut self.operands)
+        let mut with = crate::beside::Judging {
+            operands: &mut self.operands,
+            decodes: &mut self.decoded,
+            walks: Default::default(),
+        };
+        crate::beside::runs_beside(&decoded.insn, &regs, &sregs, cpu, &mut with)
     }
 }
