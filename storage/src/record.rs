@@ -157,6 +157,12 @@ impl InsnBytes {
     }
 }
 
+impl AsRef<[u8]> for InsnBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 /// One executed instruction and the state it left.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Step {

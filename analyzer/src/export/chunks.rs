@@ -210,7 +210,7 @@ pub(super) fn encode(
 /// dropped them and read indices past its end).
 pub(super) struct TextPages<'a> {
     /// Each distinct text, in order of first appearance in the list.
-    distinct: Vec<&'a str>,
+    distinct: Vec<&'a [u8]>,
     /// Each list entry's index in `distinct`.
     remap: Vec<u32>,
     /// Each row's index into the list, or `None` for null.
@@ -221,10 +221,11 @@ pub(super) struct TextPages<'a> {
 }
 
 impl<'a> TextPages<'a> {
-    /// The text column `rows` of `texts`, for the column `descr`.
-    pub fn new(
+    /// The text column `rows` of `texts`, for the column `descr` (UTF-8
+    /// or any byte strings).
+    pub fn new<T: AsRef<[u8]>>(
         descr: &ColumnDescPtr,
-        texts: &'a [String],
+        texts: &'a [T],
         rows: &'a [Option<u32>],
     ) -> Result<Self, ExportError> {
         let nullable = descr.max_def_level() > 0;
@@ -247,7 +248,7 @@ impl<'a> TextPages<'a> {
                 "a text column's row names no text",
             ));
         }
-        let (distinct, remap) = distinct(texts.iter().map(String::as_str));
+        let (distinct, remap) = distinct(texts.iter().map(AsRef::as_ref));
         Ok(TextPages {
             distinct,
             remap,
@@ -456,10 +457,9 @@ enum Header {
 }
 
 /// The texts, PLAIN-encoded.
-fn plain_texts(texts: &[&str]) -> Result<Vec<u8>, ExportError> {
+fn plain_texts(texts: &[&[u8]]) -> Result<Vec<u8>, ExportError> {
     let mut out = Vec::with_capacity(texts.iter().map(|t| 4 + t.len()).sum());
     for text in texts {
-        let text = text.as_bytes();
         let len =
             u32::try_from(text.len()).map_err(|_| ExportError::Unsupported("a text over 4 GiB"))?;
         out.extend_from_slice(&len.to_le_bytes());

@@ -68,8 +68,7 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
     let mut out = String::with_capacity(rows.len() * 200);
     let mut names: rustc_hash::FxHashMap<u32, String> = Default::default();
     let mut cursor = 0usize;
-    let (mut bytes_at, mut reads_at, mut writes_at, mut events_at) =
-        (0usize, 0usize, 0usize, 0usize);
+    let (mut reads_at, mut writes_at, mut events_at) = (0usize, 0usize, 0usize);
     let mut syscalls = rows.syscalls.iter().peekable();
     let mut interrupts = rows.interrupts.iter().peekable();
     for row in 0..rows.len() {
@@ -93,13 +92,12 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
             quoted(&mut out, task.comm.as_str());
         }
         out.push_str(",\"bytes\":\"");
-        let end = rows.bytes_end[row] as usize;
-        for b in rows.bytes.get(bytes_at..end).unwrap_or_default() {
+        let text = rows.texts.get(rows.insn[row] as usize);
+        for b in text.map(|t| t.bytes.as_slice()).unwrap_or_default() {
             let _ = write!(out, "{b:02x}");
         }
-        bytes_at = end;
         out.push('"');
-        if let Some(text) = rows.texts.get(rows.insn[row] as usize) {
+        if let Some(text) = text {
             let _ = write!(out, ",\"mnemonic\":\"{}\",\"instruction\":", text.mnemonic);
             quoted(&mut out, &text.disassembly);
         }

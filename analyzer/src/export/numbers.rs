@@ -1,8 +1,8 @@
-//! Number and byte-string column chunks written by hand, as `chunks`
-//! writes the text, register and access columns: the step, its CPU,
-//! virtual time, address space, privilege level, bitness and pc, the
-//! task's ids, the system call and interrupt numbers, and the instruction
-//! bytes. Through arrow-rs, these with the events were about a fifth of
+//! Number column chunks written by hand, as `chunks` writes the text,
+//! register and access columns (the instruction bytes are a text column
+//! of the instruction texts' bytes): the step, its CPU, virtual time,
+//! address space, privilege level, bitness and pc, the task's ids, the
+//! system call and interrupt numbers. Through arrow-rs, these with the events were about a fifth of
 //! an export's profile (levels worked back out of null bitmaps, min and
 //! max of every page, each pc and RFLAGS hashed into a dictionary, a
 //! value encoder behind dynamic dispatch, a zstd context made for each
@@ -12,12 +12,10 @@
 //! | column | data page, per `ROWS_PER_PAGE` rows |
 //! |---|---|
 //! | number ([`NumberPages`]) | where nullable, the definition levels as `chunks` writes them; then the values of the rows that have one: PLAIN (INT64: u64 LE; INT32: u32 LE, narrower values zero-extended), DELTA_BINARY_PACKED (INT64 only), or RLE_DICTIONARY (a byte of bit width, then the indices in the hybrid; the dictionary page holds each distinct value once, PLAIN) |
-//! | bytes ([`BytesPages`]) | each row's bytes: u32 LE length, then the bytes (PLAIN BYTE_ARRAY) |
 //!
 //! A number chunk carries its min, max and null count, compared as
 //! unsigned (the columns' logical types are): DuckDB skips the row groups
-//! a `WHERE step BETWEEN …` rules out. A bytes chunk carries none, as
-//! before (no query prunes by an instruction's bytes).
+//! a `WHERE step BETWEEN …` rules out.
 
 use std::ops::Range;
 
@@ -28,8 +26,7 @@ use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
 
 use super::chunks::{
-    delta_binary_packed, distinct, ends_fit, hybrid, index_width, levels_header, start_of,
-    ColumnPages,
+    delta_binary_packed, distinct, hybrid, index_width, levels_header, ColumnPages,
 };
 use super::ExportError;
 
@@ -412,69 +409,6 @@ impl ColumnPages for NumberPages {
     }
 }
 
-/// A column of byte strings, none null: each row's are `bytes` from the
-/// end of the row before (0 for the first) to its own end in `ends`.
-pub(super) struct BytesPages {
-    bytes: Vec<u8>,
-    ends: Vec<u32>,
-}
-
-impl BytesPages {
-    /// The column `descr` (a BYTE_ARRAY that is not nullable) of the rows
-    /// `ends` cuts `bytes` into.
-    pub fn new(descr: &ColumnDescPtr, bytes: Vec<u8>, ends: Vec<u32>) -> Result<Self, ExportError> {
-        if descr.physical_type() != PhysicalType::BYTE_ARRAY || descr.max_def_level() > 0 {
-            return Err(ExportError::Unsupported(
-                "a bytes column that is not a required BYTE_ARRAY",
-            ));
-        }
-        if !ends_fit(&ends, bytes.len()) {
-            return Err(ExportError::Unsupported(
-                "a bytes column's rows end out of order or past its bytes",
-            ));
-        }
-        Ok(BytesPages { bytes, ends })
-    }
-}
-
-impl ColumnPages for BytesPages {
-    fn rows(&self) -> usize {
-        self.ends.len()
-    }
-
-    fn encoding(&self) -> Encoding {
-        Encoding::PLAIN
-    }
-
-    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
-        // At most ROWS_PER_PAGE.
-        let count = rows.len() as u32;
-        let mut start = start_of(&self.ends, rows.start);
-        let ends = self.ends.get(rows).unwrap_or_default();
-        let first = start;
-        let last = ends.last().map_or(start, |e| *e as usize);
-        let mut out = Vec::with_capacity(ends.len() * 4 + last.saturating_sub(first));
-        for end in ends {
-            let end = (*end as usize).max(start);
-            // A segment's bytes are fewer than 2^32 (`ends` are u32).
-            out.extend_from_slice(&((end - start) as u32).to_le_bytes());
-            // An instruction's bytes, copied 16 at a time and cut back
-            // where there are 16 to copy: not a memcpy call a row.
-            let wide = self.bytes.get(start..start + 16);
-            match wide.and_then(|w| <&[u8; 16]>::try_from(w).ok()) {
-                Some(wide) if end - start <= 16 => {
-                    let at = out.len();
-                    out.extend_from_slice(wide);
-                    out.truncate(at + end - start);
-                }
-                _ => out.extend_from_slice(self.bytes.get(start..end).unwrap_or_default()),
-            }
-            start = end;
-        }
-        (out, count)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -731,47 +665,6 @@ mod tests {
         assert!(
             !new(DataType::UInt64, true, u64s(), Some(vec![true]), Plain),
             "rows and presence differ"
-        );
-    }
-
-    #[test]
-    fn bytes_read_back_row_by_row() {
-        let n = ROWS_PER_PAGE + 10;
-        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
-        let row = |i: usize| -> Vec<u8> { (0..(1 + i % 15) as u8).map(|b| b ^ i as u8).collect() };
-        for i in 0..n {
-            bytes.extend(row(i));
-            ends.push(bytes.len() as u32);
-        }
-        let arrays = read_back(Field::new("b", DataType::Binary, false), |descr| {
-            encode(
-                descr.clone(),
-                &BytesPages::new(&descr, bytes, ends).unwrap(),
-            )
-            .unwrap()
-        });
-        let got: Vec<Vec<u8>> = arrays
-            .iter()
-            .flat_map(|a| {
-                a.as_binary::<i32>()
-                    .iter()
-                    .map(|b| b.unwrap().to_vec())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        assert_eq!(got, (0..n).map(row).collect::<Vec<_>>());
-        let d = descr(DataType::Binary, false);
-        assert!(
-            BytesPages::new(&d, vec![1, 2], vec![2, 1]).is_err(),
-            "ends out of order"
-        );
-        assert!(
-            BytesPages::new(&d, vec![1, 2], vec![3]).is_err(),
-            "past the bytes"
-        );
-        assert!(
-            BytesPages::new(&descr(DataType::Binary, true), vec![], vec![]).is_err(),
-            "nullable"
         );
     }
 }

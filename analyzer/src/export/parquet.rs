@@ -14,13 +14,14 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
+use vtrace_storage::InsnBytes;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
 use super::access_lists::{AccessColumns, Direction};
 use super::chunks::{self, RegisterPages, TextPages};
 use super::event_lists::EventPages;
-use super::numbers::{BytesPages, NumberEncoding, NumberPages, Numbers};
+use super::numbers::{NumberEncoding, NumberPages, Numbers};
 use super::rows::{InsnText, SegmentRows, NO_TASK};
 use super::{Context, ExportError, PartWriter};
 use crate::naming::routine_label;
@@ -106,8 +107,12 @@ pub(super) enum Column {
         list: Vec<u64>,
         rows: Arc<[Option<u32>]>,
     },
-    /// The instruction bytes: `bytes` cut at each row's end.
-    Bytes { bytes: Vec<u8>, ends: Vec<u32> },
+    /// Byte strings as each row's index into a list of them (the
+    /// instruction bytes, as the instruction's text's).
+    Binary {
+        dictionary: Vec<InsnBytes>,
+        rows: Arc<[Option<u32>]>,
+    },
     /// The events before each step (see `EventPages`).
     Events {
         first: Vec<String>,
@@ -139,15 +144,17 @@ pub(super) fn columns(
 ) -> Result<Vec<Column>, ExportError> {
     let n = rows.len();
     let virtual_ns = virtual_ns_column(rows, ctx);
-    let bytes = Column::Bytes {
-        bytes: std::mem::take(&mut rows.bytes),
-        ends: std::mem::take(&mut rows.bytes_end),
-    };
     let texts = std::mem::take(&mut rows.texts);
-    // Each row's instruction text, whose pc is the row's.
+    // Each row's instruction text, whose pc and bytes are the row's.
     let insn: Arc<[Option<u32>]> = rows.insn.iter().map(|i| Some(*i)).collect();
     let pc = Column::Listed {
         list: texts.iter().map(|t| t.pc).collect(),
+        rows: insn.clone(),
+    };
+    // Written as a dictionary of the texts' bytes: plain, the bytes were
+    // a sixth of what went through zstd.
+    let bytes = Column::Binary {
+        dictionary: texts.iter().map(|t| t.bytes).collect(),
         rows: insn.clone(),
     };
     let built = text_and_marker_columns(rows, texts, insn, bytes, ctx);
@@ -155,7 +162,6 @@ pub(super) fn columns(
     // The CPU, address space, privilege level and bitness change seldom:
     // zstd packs their runs written as they are, to the size a
     // dictionary or deltas give, for less work than either (measured).
-    // So does it an instruction's few bytes (see `Column::Bytes`).
     let mut columns = vec![
         Column::Number {
             values: Numbers::U64(std::mem::take(&mut rows.steps)),
@@ -497,8 +503,8 @@ impl PartWriter for ParquetPart<'_> {
                         let pages = NumberPages::from_list(&descr, &list, &rows)?;
                         one(chunks::encode(descr, &pages)?)
                     }
-                    Column::Bytes { bytes, ends } => {
-                        let pages = BytesPages::new(&descr, bytes, ends)?;
+                    Column::Binary { dictionary, rows } => {
+                        let pages = TextPages::new(&descr, &dictionary, &rows)?;
                         one(chunks::encode(descr, &pages)?)
                     }
                     Column::Events {

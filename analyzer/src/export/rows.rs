@@ -27,6 +27,8 @@ pub(super) const NO_TASK: u32 = u32::MAX;
 pub(super) struct InsnText {
     /// Its address (the pc column's dictionary is made from these).
     pub pc: u64,
+    /// Its bytes (and the bytes column's).
+    pub bytes: InsnBytes,
     /// Lower case, as `vtrace analyze stats` names mnemonics.
     pub mnemonic: String,
     /// Intel syntax, numbers as `0x…`.
@@ -44,11 +46,7 @@ pub(super) struct SegmentRows {
     pub cpl: Vec<u8>,
     pub bitness: Vec<u8>,
     pub pc: Vec<u64>,
-    /// Instruction bytes, one after another; `bytes_end[i]` is where row
-    /// `i`'s end.
-    pub bytes: Vec<u8>,
-    pub bytes_end: Vec<u32>,
-    /// Index into `texts`.
+    /// Index into `texts` (which holds the instruction's bytes too).
     pub insn: Vec<u32>,
     pub texts: Vec<InsnText>,
     /// Index into `tasks`, or [`NO_TASK`].
@@ -272,15 +270,12 @@ impl RowBuilder {
                 cpl: Vec::with_capacity(n),
                 bitness: Vec::with_capacity(n),
                 pc: Vec::with_capacity(n),
-                // Four bytes an instruction, three registers a step: about
-                // the demo's and Linux's.
-                bytes: Vec::with_capacity(n * 4),
-                bytes_end: Vec::with_capacity(n),
                 insn: Vec::with_capacity(n),
                 texts: Vec::new(),
                 task: Vec::with_capacity(n),
                 tasks: Vec::new(),
                 changed: Vec::with_capacity(n),
+                // Three registers a step: about the demo's and Linux's.
                 values: Vec::with_capacity(n * 3),
                 known: Vec::with_capacity(n),
                 reads: Vec::with_capacity(n),
@@ -333,6 +328,7 @@ impl RowBuilder {
             formatter.format(&info.instruction, &mut disassembly);
             rows.texts.push(InsnText {
                 pc,
+                bytes,
                 mnemonic: format!("{:?}", info.mnemonic).to_lowercase(),
                 disassembly,
             });
@@ -404,11 +400,6 @@ impl SegmentPass for RowBuilder {
         rows.cpl.push(s.cpl);
         rows.bitness.push(bitness);
         rows.pc.push(s.pc);
-        // A fixed-size copy, cut back: not a memcpy call a step.
-        let at = rows.bytes.len();
-        rows.bytes.extend_from_slice(s.bytes.padded());
-        rows.bytes.truncate(at + s.bytes.len());
-        rows.bytes_end.push(Self::end_of(rows.bytes.len()));
         rows.insn.push(text);
         rows.task.push(self.task);
         if row == 0 {
