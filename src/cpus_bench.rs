@@ -1,7 +1,9 @@
 //! `vtrace bench --cpus N`: what a traced CPU of an SMP guest gets, and
 //! what N CPUs give untraced. The demo OS's SMP mode, every CPU working
-//! from the start (`smp_only`: CPU 0 skips the one-CPU demo's timer-paced
-//! tasks, during which the others would run alone), is traced on one CPU
+//! from the start to the end (`smp_only`: CPU 0 skips the one-CPU demo's
+//! timer-paced tasks, during which the others would run alone, and the
+//! queue gives its largest items first, so that no CPU works the last
+//! one alone while the others idle), is traced on one CPU
 //! and on N (and stepped bare, as `vtrace bench` does); the first figure
 //! is the steps per second each of the N CPUs got against the one CPU's,
 //! the same work on both. The CPUs take turns, an instruction a turn, and
