@@ -217,12 +217,20 @@ impl Walker {
 /// changes meanwhile: whether a step may run beside another CPU's reads
 /// the fetch's page again for the next instruction. Dropped after the
 /// look.
-#[derive(Default)]
 pub struct WalksNow {
-    /// The linear pages walked so far, their physical pages and access.
-    seen: [Option<(u64, u64, PageAccess)>; 4],
+    /// The pages walked so far, as [`Walker`]'s cache keeps them.
+    seen: [Entry; 4],
     /// Where the next walk is kept (the oldest goes).
     next: usize,
+}
+
+impl Default for WalksNow {
+    fn default() -> Self {
+        WalksNow {
+            seen: [EMPTY_ENTRY; 4],
+            next: 0,
+        }
+    }
 }
 
 impl WalksNow {
@@ -235,12 +243,15 @@ impl WalksNow {
         linear: u64,
     ) -> Option<(u64, PageAccess)> {
         let page = linear & !0xfff;
-        let offset = linear & 0xfff;
-        if let Some((_, phys, access)) = self.seen.iter().flatten().find(|s| s.0 == page) {
-            return Some((phys | offset, *access));
+        if let Some(e) = self.seen.iter().find(|e| e.page == page) {
+            return Some((e.phys | (linear & 0xfff), e.access));
         }
         let (phys, access) = walk(cpu, sregs, linear)?;
-        self.seen[self.next] = Some((page, phys & !0xfff, access));
+        self.seen[self.next] = Entry {
+            page,
+            phys: phys & !0xfff,
+            access,
+        };
         self.next = (self.next + 1) % self.seen.len();
         Some((phys, access))
     }

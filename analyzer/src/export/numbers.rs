@@ -2,12 +2,12 @@
 //! register and access columns (the instruction bytes are a text column
 //! of the instruction texts' bytes): the step, its CPU, virtual time,
 //! address space, privilege level, bitness and pc, the task's ids, the
-//! system call and interrupt numbers. Through arrow-rs, these with the events were about a fifth of
-//! an export's profile (levels worked back out of null bitmaps, min and
-//! max of every page, each pc and RFLAGS hashed into a dictionary, a
-//! value encoder behind dynamic dispatch, a zstd context made for each
-//! chunk); written here, the export takes about 10 % less time and CPU
-//! (50.7 M-step trace, 2 cores).
+//! system call and interrupt numbers. Through arrow-rs, these with the
+//! events were about a fifth of an export's profile (levels worked back
+//! out of null bitmaps, min and max of every page, each pc and RFLAGS
+//! hashed into a dictionary, a value encoder behind dynamic dispatch, a
+//! zstd context made for each chunk); written here, the export takes
+//! about 10 % less time and CPU (50.7 M-step trace, 2 cores).
 //!
 //! | column | data page, per `ROWS_PER_PAGE` rows |
 //! |---|---|

@@ -151,8 +151,8 @@ pub(super) fn columns(
         list: texts.iter().map(|t| t.pc).collect(),
         rows: insn.clone(),
     };
-    // Written as a dictionary of the texts' bytes: plain, the bytes were
-    // a sixth of what went through zstd.
+    // A dictionary of the texts' bytes, as the pc's: the rows need not
+    // copy each step's bytes.
     let bytes = Column::Binary {
         dictionary: texts.iter().map(|t| t.bytes).collect(),
         rows: insn.clone(),
