@@ -1,14 +1,14 @@
-//! Column chunks written by hand, for the columns whose rows already say
-//! what Parquet stores: [`encode`] (every column's pages, through the
-//! parquet crate's own page writer), the text columns and the general
-//! registers; the memory-access lists are built in `access_lists`, the
-//! numbers and bytes in `numbers`, the events in `event_lists`, each
-//! with the levels and hybrid written here.
+//! Column chunks written by hand: [`encode`] puts a column's pages
+//! together through the parquet crate's own page writer (data pages v1),
+//! and the encodings they share are written here (the definition levels,
+//! the RLE/bit-packed hybrid, DELTA_BINARY_PACKED). The columns' pages
+//! are made in `keys` (the text columns and the dictionaries of numbers
+//! the rows index), `registers`, `numbers`, `access_lists` and
+//! `event_lists`.
 //!
-//! The rows hold each text as an index into a list of distinct texts
-//! (routine, comm, mnemonic, instruction). Given those columns as Arrow
-//! dictionaries, arrow-rs's writer looks every row's string up in a hash
-//! table of its own to find the index again (about a tenth of an export:
+//! arrow-rs's writer was about a third of an export here. Given the text
+//! columns as Arrow dictionaries, it looked every row's string up in a
+//! hash table of its own to find the index again (about a tenth:
 //! hashing, then comparing on each hit). The registers are a mask of
 //! those a step changed and their values: arrow-rs wanted a zeroed
 //! column and a null bitmap per register, then worked the definition
@@ -16,21 +16,19 @@
 //! statistics no query prunes by. The accesses are flat vectors with
 //! each row's end: arrow-rs wanted list arrays and worked their levels
 //! out again (another tenth). arrow-rs's value encoders are private to
-//! the crate, so these chunks are put together here, pages through the
-//! parquet crate's own page writer (data pages v1):
+//! the crate, so the chunks are put together here.
 //!
-//! | column | dictionary page | data page, per [`ROWS_PER_PAGE`] rows |
-//! |---|---|---|
-//! | text ([`TextPages`]) | each distinct text: u32 LE length, then its bytes (PLAIN) | nullable columns: u32 LE length, then the definition levels (1 = a value, 0 = null) as one literal run of bit width 1; then a byte of bit width and the non-null rows' indices in the hybrid (RLE_DICTIONARY) |
-//! | register ([`RegisterPages`]) | none | the definition levels as above; then each value of the rows that have one, u64 LE (PLAIN) |
-//! | list levels ([`packed_levels`]) | | u32 LE length and the repetition levels (0 = a row's first entry, 1 = another item) as one literal run of width 1; the same for the definition levels, width 2 |
+//! | levels | |
+//! |---|---|
+//! | definition levels ([`levels_header`]) | u32 LE length, then the levels (1 = a value, 0 = null) as one literal run of bit width 1 |
+//! | list levels ([`packed_levels`]) | u32 LE length and the repetition levels (0 = a row's first entry, 1 = another item) as one literal run of width 1; the same for the definition levels, width 2 |
 //!
-//! Each page is zstd-compressed on its own, as the rest of the file is;
-//! these chunks carry no min/max statistics. The RLE/bit-packed hybrid:
-//! a run of one value is `varint(count << 1)` and the value in whole
-//! bytes; a run of literals is `varint(groups << 1 | 1)` and groups of 8
-//! values, each `width` bits, least significant first; only the last
-//! group may be padded. DELTA_BINARY_PACKED: see [`delta_binary_packed`].
+//! Each page is zstd-compressed on its own, as the rest of the file is.
+//! The RLE/bit-packed hybrid: a run of one value is `varint(count << 1)`
+//! and the value in whole bytes; a run of literals is `varint(groups << 1
+//! | 1)` and groups of 8 values, each `width` bits, least significant
+//! first; only the last group may be padded. DELTA_BINARY_PACKED: see
+//! [`delta_binary_packed`].
 
 use std::ops::Range;
 
@@ -43,7 +41,6 @@ use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
-use super::rows::SegmentRows;
 use super::ExportError;
 use rustc_hash::FxHashMap;
 use vtrace_storage::put_varint as varint;
@@ -105,7 +102,7 @@ fn compressed(plain: &[u8]) -> Result<Vec<u8>, ExportError> {
 /// Encodes `column` as the chunk of column `descr`.
 pub(super) fn encode(
     descr: ColumnDescPtr,
-    column: &impl ColumnPages,
+    column: &(impl ColumnPages + ?Sized),
 ) -> Result<EncodedChunk, ExportError> {
     let mut sink = TrackedWrite::new(Vec::new());
     let mut pages = SerializedPageWriter::new(&mut sink);
@@ -202,177 +199,6 @@ pub(super) fn encode(
     })
 }
 
-/// A text column: indices into a list of texts, which may repeat one
-/// (two routines of one name, a task named again, a mnemonic at many
-/// addresses). The dictionary page holds each text once, and the indices
-/// are mapped to it: Parquet's dictionary is of distinct values, and
-/// readers that build a lookup from it go wrong on repeats (pyarrow
-/// dropped them and read indices past its end).
-pub(super) struct TextPages<'a> {
-    /// Each distinct text, in order of first appearance in the list.
-    distinct: Vec<&'a [u8]>,
-    /// Each list entry's index in `distinct`.
-    remap: Vec<u32>,
-    /// Each row's index into the list, or `None` for null.
-    rows: &'a [Option<u32>],
-    /// Whether the column's field is nullable (a column that is not has
-    /// no `None`: [`TextPages::new`] checks).
-    nullable: bool,
-}
-
-impl<'a> TextPages<'a> {
-    /// The text column `rows` of `texts`, for the column `descr` (UTF-8
-    /// or any byte strings).
-    pub fn new<T: AsRef<[u8]>>(
-        descr: &ColumnDescPtr,
-        texts: &'a [T],
-        rows: &'a [Option<u32>],
-    ) -> Result<Self, ExportError> {
-        let nullable = descr.max_def_level() > 0;
-        // One pass without branches for both checks (two passes that
-        // stopped at the first offender were 1 % of an export).
-        let (nulls, largest) = rows.iter().fold((0usize, 0u32), |(nulls, largest), row| {
-            (
-                nulls + usize::from(row.is_none()),
-                largest.max(row.unwrap_or(0)),
-            )
-        });
-        if !nullable && nulls > 0 {
-            return Err(ExportError::Unsupported(
-                "a null in a text column that is not nullable",
-            ));
-        }
-        let named = rows.len() - nulls;
-        if named > 0 && largest as usize >= texts.len() {
-            return Err(ExportError::Unsupported(
-                "a text column's row names no text",
-            ));
-        }
-        let (distinct, remap) = distinct(texts.iter().map(AsRef::as_ref));
-        Ok(TextPages {
-            distinct,
-            remap,
-            rows,
-            nullable,
-        })
-    }
-}
-
-impl ColumnPages for TextPages<'_> {
-    fn rows(&self) -> usize {
-        self.rows.len()
-    }
-
-    fn dictionary(&self) -> Result<Option<(Vec<u8>, u32)>, ExportError> {
-        let entries = u32::try_from(self.distinct.len())
-            .map_err(|_| ExportError::Unsupported("a text column with over 2^32 distinct texts"))?;
-        Ok(Some((plain_texts(&self.distinct)?, entries)))
-    }
-
-    fn encoding(&self) -> Encoding {
-        Encoding::RLE_DICTIONARY
-    }
-
-    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
-        let rows = &self.rows[rows];
-        let width = index_width(self.distinct.len());
-        let mut out = Vec::with_capacity(rows.len() * usize::from(width) / 8 + 64);
-        if self.nullable {
-            let at = levels_header(rows.len(), &mut out);
-            for (i, row) in rows.iter().enumerate() {
-                if row.is_some() {
-                    out[at + i / 8] |= 1 << (i % 8);
-                }
-            }
-        }
-        out.push(width);
-        // Every index is in the list (checked in `new`).
-        let indices: Vec<u32> = rows
-            .iter()
-            .flatten()
-            .map(|i| self.remap.get(*i as usize).copied().unwrap_or(0))
-            .collect();
-        hybrid(&indices, width, &mut out);
-        // At most ROWS_PER_PAGE.
-        (out, rows.len() as u32)
-    }
-}
-
-/// One register's column: its value after each step that changed it,
-/// null elsewhere.
-pub(super) struct RegisterPages<'a> {
-    rows: &'a SegmentRows,
-    /// Where each row's values start in [`SegmentRows::values`].
-    starts: &'a [usize],
-    /// The register, in `REG_NAMES` order.
-    register: usize,
-}
-
-impl<'a> RegisterPages<'a> {
-    /// Register `register`'s column of `rows`; `starts` from
-    /// [`value_starts`].
-    pub fn new(rows: &'a SegmentRows, starts: &'a [usize], register: usize) -> Self {
-        RegisterPages {
-            rows,
-            starts,
-            register,
-        }
-    }
-}
-
-/// Where each row's register values start in [`SegmentRows::values`],
-/// a row each.
-pub(super) fn value_starts(rows: &SegmentRows) -> Vec<usize> {
-    let mut at = 0usize;
-    (0..rows.changed.len())
-        .map(|row| {
-            let start = at;
-            at += rows.stored(row);
-            start
-        })
-        .collect()
-}
-
-impl ColumnPages for RegisterPages<'_> {
-    fn rows(&self) -> usize {
-        self.starts.len()
-    }
-
-    fn encoding(&self) -> Encoding {
-        Encoding::PLAIN
-    }
-
-    /// The levels and the values in one pass over the rows' masks: a
-    /// register's column is 17 times over the rows, so this is the
-    /// loop that counts.
-    fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
-        // At most ROWS_PER_PAGE.
-        let count = rows.len() as u32;
-        let reg = self.register;
-        let bit = 1u32 << reg;
-        let masks = self.rows.changed.get(rows.clone()).unwrap_or_default();
-        let starts = self.starts.get(rows.clone()).unwrap_or_default();
-        let mut out = Vec::with_capacity(rows.len() + 64);
-        let levels_at = levels_header(rows.len(), &mut out);
-        for (i, ((row, mask), start)) in rows.zip(masks).zip(starts).enumerate() {
-            if mask & bit == 0 {
-                continue;
-            }
-            // Row 0 holds every register, in order (see `SegmentRows`).
-            let slot = if row == 0 {
-                reg
-            } else {
-                (mask & (bit - 1)).count_ones() as usize
-            };
-            if let Some(v) = self.rows.values.get(start + slot) {
-                out[levels_at + i / 8] |= 1 << (i % 8);
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        (out, count)
-    }
-}
-
 /// `levels` of `width` bits (1 or 2) as a data page v1 holds them: a
 /// length, then one literal run of the hybrid.
 pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
@@ -393,6 +219,12 @@ pub(super) fn packed_levels(levels: &[u8], width: u8, out: &mut Vec<u8>) {
     // A page's levels take far fewer than 4 GiB.
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Whether `remap` (from [`distinct`]) maps each item to itself: the list
+/// held each once.
+pub(super) fn is_identity(remap: &[u32]) -> bool {
+    remap.iter().zip(0u32..).all(|(to, from)| *to == from)
 }
 
 /// The distinct items of `list`, in order of first appearance, and each
@@ -457,7 +289,7 @@ enum Header {
 }
 
 /// The texts, PLAIN-encoded.
-fn plain_texts(texts: &[&[u8]]) -> Result<Vec<u8>, ExportError> {
+pub(super) fn plain_texts(texts: &[&[u8]]) -> Result<Vec<u8>, ExportError> {
     let mut out = Vec::with_capacity(texts.iter().map(|t| 4 + t.len()).sum());
     for text in texts {
         let len =
@@ -488,32 +320,37 @@ pub(super) fn delta_binary_packed(values: &[u64], out: &mut Vec<u8>) {
     varint(out, MINIBLOCKS as u64);
     varint(out, values.len() as u64);
     varint(out, zigzag(values.first().map_or(0, |v| *v as i64)));
-    let deltas: Vec<i64> = values
-        .windows(2)
-        .map(|w| (w[1] as i64).wrapping_sub(w[0] as i64))
-        .collect();
-    for block in deltas.chunks(BLOCK) {
+    // A block's deltas at a time, in place (a vector of all of them, and
+    // two a block, were most of a step column's time).
+    let mut deltas = [0i64; BLOCK];
+    let mut start = 0;
+    while start + 1 < values.len() {
+        let end = values.len().min(start + BLOCK + 1);
+        let pairs = values[start..end].windows(2);
+        for (d, w) in deltas.iter_mut().zip(pairs) {
+            *d = w[1].wrapping_sub(w[0]) as i64;
+        }
+        let block = &deltas[..end - start - 1];
+        start = end - 1;
         let least = block.iter().copied().min().unwrap_or(0);
         varint(out, zigzag(least));
-        let minis: Vec<&[i64]> = block.chunks(PER_MINIBLOCK).collect();
-        let widths: Vec<u8> = (0..MINIBLOCKS)
-            .map(|m| {
-                let most = minis.get(m).map_or(0, |mini| {
-                    mini.iter()
-                        .map(|d| d.wrapping_sub(least) as u64)
-                        .max()
-                        .unwrap_or(0)
-                });
-                (64 - most.leading_zeros()) as u8
-            })
-            .collect();
+        let mut widths = [0u8; MINIBLOCKS];
+        for (width, mini) in widths.iter_mut().zip(block.chunks(PER_MINIBLOCK)) {
+            let most = mini.iter().fold(0, |m, d| m | d.wrapping_sub(least) as u64);
+            *width = (64 - most.leading_zeros()) as u8;
+        }
         out.extend_from_slice(&widths);
-        for (mini, width) in minis.iter().zip(&widths) {
+        for (mini, width) in block.chunks(PER_MINIBLOCK).zip(widths) {
+            // Steps and times count up by one: their deltas less the
+            // least take no bits.
+            if width == 0 {
+                continue;
+            }
             let (mut bits, mut held) = (0u128, 0u32);
             let padding = std::iter::repeat_n(&least, PER_MINIBLOCK - mini.len());
             for d in mini.iter().chain(padding) {
                 bits |= u128::from(d.wrapping_sub(least) as u64) << held;
-                held += u32::from(*width);
+                held += u32::from(width);
                 while held >= 8 {
                     out.push(bits as u8);
                     bits >>= 8;
@@ -705,153 +542,6 @@ pub(super) mod tests {
             .unwrap()
             .map(|batch| batch.unwrap().column(0).clone())
             .collect()
-    }
-
-    /// A text column written and read back.
-    fn round_trip(
-        dictionary: &[&str],
-        rows: &[Option<u32>],
-        nullable: bool,
-    ) -> Vec<Option<String>> {
-        use arrow_array::cast::AsArray;
-        use arrow_array::types::Int32Type;
-        use arrow_schema::{DataType, Field};
-
-        let text = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
-        let dictionary: Vec<String> = dictionary.iter().map(|t| t.to_string()).collect();
-        let arrays = read_back(Field::new("t", text, nullable), |descr| {
-            let pages = TextPages::new(&descr, &dictionary, rows).unwrap();
-            encode(descr, &pages).unwrap()
-        });
-        let mut out = Vec::new();
-        for column in arrays {
-            // The reader gives plain strings: the file has no Arrow schema
-            // to say they were a dictionary.
-            match column.data_type() {
-                DataType::Dictionary(..) => {
-                    let d = column.as_dictionary::<Int32Type>();
-                    let values = d.values().as_string::<i32>();
-                    out.extend(
-                        d.keys()
-                            .iter()
-                            .map(|k| k.map(|k| values.value(k as usize).to_string())),
-                    );
-                }
-                _ => out.extend(
-                    column
-                        .as_string::<i32>()
-                        .iter()
-                        .map(|s| s.map(str::to_string)),
-                ),
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn a_register_reads_back_where_its_steps_changed_it() {
-        use arrow_array::cast::AsArray;
-        use arrow_array::types::UInt64Type;
-        use arrow_schema::{DataType, Field};
-        use vtrace_storage::REG_COUNT;
-
-        // Row 0 holds all 17 registers; the rest, the ones their mask
-        // names, in register order. Over two pages.
-        let n = ROWS_PER_PAGE + 1000;
-        let mut rows = SegmentRows::default();
-        rows.values = (0..REG_COUNT as u64).map(|r| 1000 + r).collect();
-        rows.changed.push(0b1_0000_0000_0000_0101);
-        for row in 1..n as u64 {
-            let mask = match row % 5 {
-                0 => 0,
-                1 => 0b1,
-                2 => 0b1_0000_0000_0000_0001,
-                _ => 0b1010,
-            };
-            rows.changed.push(mask);
-            rows.values
-                .extend((0..mask.count_ones() as u64).map(|i| row * 100 + i));
-        }
-        let starts = value_starts(&rows);
-        for register in [0, 1, 3, 16] {
-            let arrays = read_back(Field::new("r", DataType::UInt64, true), |descr| {
-                encode(descr, &RegisterPages::new(&rows, &starts, register)).unwrap()
-            });
-            let got: Vec<Option<u64>> = arrays
-                .iter()
-                .flat_map(|a| a.as_primitive::<UInt64Type>().iter().collect::<Vec<_>>())
-                .collect();
-            let want: Vec<Option<u64>> = (0..n)
-                .map(|row| rows.register(row, starts[row], register))
-                .collect();
-            assert_eq!(got, want, "register {register}");
-            assert!(want.iter().flatten().count() > 1000, "register {register}");
-        }
-    }
-
-    #[test]
-    fn a_chunk_reads_back_as_its_texts() {
-        use arrow_schema::{DataType, Field, Schema};
-        use parquet::arrow::ArrowSchemaConverter;
-        let dictionary = ["a", "bb", "ccc", "\u{e9}t\u{e9}"];
-        // Over two pages, with runs, literals and nulls between them.
-        let rows: Vec<Option<u32>> = (0..45_000u32)
-            .map(|i| match i % 1000 {
-                0..=499 => Some(1),
-                500..=509 => None,
-                _ => Some(i % 4),
-            })
-            .collect();
-        let expect: Vec<Option<String>> = rows
-            .iter()
-            .map(|r| r.map(|i| dictionary[i as usize].to_string()))
-            .collect();
-        assert_eq!(round_trip(&dictionary, &rows, true), expect);
-        let all: Vec<Option<u32>> = rows.iter().map(|r| Some(r.unwrap_or(3))).collect();
-        let expect: Vec<Option<String>> = all
-            .iter()
-            .map(|r| r.map(|i| dictionary[i as usize].to_string()))
-            .collect();
-        assert_eq!(round_trip(&dictionary, &all, false), expect);
-        assert_eq!(round_trip(&["x"], &[None; 5], true), vec![None; 5]);
-        assert_eq!(
-            round_trip(&[], &[None; 5], true),
-            vec![None; 5],
-            "no texts, all null"
-        );
-        // A text named twice is one dictionary entry.
-        let repeated = ["mov", "ret", "mov", "push", "ret"];
-        let rows: Vec<Option<u32>> = (0..100).map(|i| Some(i % 5)).collect();
-        let expect: Vec<Option<String>> = rows
-            .iter()
-            .map(|r| r.map(|i| repeated[i as usize].to_string()))
-            .collect();
-        assert_eq!(round_trip(&repeated, &rows, false), expect);
-        let texts: Vec<String> = repeated.iter().map(|t| t.to_string()).collect();
-        let descr = ArrowSchemaConverter::new()
-            .convert(&Schema::new(vec![Field::new("t", DataType::Utf8, false)]))
-            .unwrap()
-            .column(0);
-        let pages = TextPages::new(&descr, &texts, &rows).unwrap();
-        let (_, entries) = pages.dictionary().unwrap().unwrap();
-        assert_eq!(entries, 3, "mov, ret, push");
-        assert!(
-            TextPages::new(&descr, &texts, &[Some(5)]).is_err(),
-            "past the list"
-        );
-        assert!(
-            a_null_is_refused_where_not_nullable(),
-            "a null in a required column is an error"
-        );
-    }
-
-    fn a_null_is_refused_where_not_nullable() -> bool {
-        use arrow_schema::{DataType, Field, Schema};
-        use parquet::arrow::ArrowSchemaConverter;
-        let schema = Schema::new(vec![Field::new("t", DataType::Utf8, false)]);
-        let parquet_schema = ArrowSchemaConverter::new().convert(&schema).unwrap();
-        let texts = ["x".to_string()];
-        TextPages::new(&parquet_schema.column(0), &texts, &[None]).is_err()
     }
 
     #[test]

@@ -18,19 +18,19 @@ use super::ExportError;
 /// The events of a segment's rows: row 0's are `first`, then
 /// `events` up to its end in `ends`; each other row's are `events` from
 /// the end of the row before to its own.
-pub(super) struct EventPages {
-    first: Vec<String>,
-    events: Vec<String>,
-    ends: Vec<u32>,
+pub(super) struct EventPages<'a> {
+    first: &'a [String],
+    events: &'a [String],
+    ends: &'a [u32],
 }
 
-impl EventPages {
+impl<'a> EventPages<'a> {
     /// The column `descr` (a required list of nullable texts).
     pub fn new(
         descr: &ColumnDescPtr,
-        first: Vec<String>,
-        events: Vec<String>,
-        ends: Vec<u32>,
+        first: &'a [String],
+        events: &'a [String],
+        ends: &'a [u32],
     ) -> Result<Self, ExportError> {
         if descr.max_def_level() != 2
             || descr.max_rep_level() != 1
@@ -40,7 +40,7 @@ impl EventPages {
                 "an events column that is not a required list of texts",
             ));
         }
-        if !ends_fit(&ends, events.len()) {
+        if !ends_fit(ends, events.len()) {
             return Err(ExportError::Unsupported(
                 "an events column's rows end out of order or past its events",
             ));
@@ -53,7 +53,7 @@ impl EventPages {
     }
 }
 
-impl ColumnPages for EventPages {
+impl ColumnPages for EventPages<'_> {
     fn rows(&self) -> usize {
         self.ends.len()
     }
@@ -63,7 +63,7 @@ impl ColumnPages for EventPages {
     }
 
     fn data_page(&self, rows: Range<usize>) -> (Vec<u8>, u32) {
-        let mut start = start_of(&self.ends, rows.start);
+        let mut start = start_of(self.ends, rows.start);
         let ends = self.ends.get(rows.clone()).unwrap_or_default();
         // Most pages have no events: every row an empty list, (0, 0).
         let last = ends.last().map_or(start, |e| *e as usize);
@@ -81,7 +81,7 @@ impl ColumnPages for EventPages {
         for (row, end) in rows.zip(ends) {
             let end = *end as usize;
             let own = self.events.get(start..end).unwrap_or_default();
-            let first: &[String] = if row == 0 { &self.first } else { &[] };
+            let first: &[String] = if row == 0 { self.first } else { &[] };
             start = end;
             let mut items = 0;
             for (i, event) in first.iter().chain(own).enumerate() {
@@ -146,7 +146,7 @@ mod tests {
         want[0].insert(0, "carried".to_string());
         let list = DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)));
         let arrays = read_back(Field::new("events", list, false), |descr| {
-            let pages = EventPages::new(&descr, first, events, ends).unwrap();
+            let pages = EventPages::new(&descr, &first, &events, &ends).unwrap();
             encode(descr, &pages).unwrap()
         });
         let got: Vec<Vec<String>> = arrays

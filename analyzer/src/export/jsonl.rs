@@ -160,12 +160,13 @@ impl<'a, W: Write + Send> JsonlPart<'a, W> {
 }
 
 impl<W: Write + Send> PartWriter for JsonlPart<'_, W> {
-    fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError> {
-        self.out.write_all(lines(&rows, self.ctx).as_bytes())?;
-        Ok(())
-    }
-
-    fn finish(mut self: Box<Self>) -> Result<(), ExportError> {
+    fn write_all(
+        mut self: Box<Self>,
+        segments: &mut dyn Iterator<Item = SegmentRows>,
+    ) -> Result<(), ExportError> {
+        for rows in segments {
+            self.out.write_all(lines(&rows, self.ctx).as_bytes())?;
+        }
         self.out.flush()?;
         Ok(())
     }

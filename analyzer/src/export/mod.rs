@@ -34,8 +34,10 @@ mod access_lists;
 mod chunks;
 mod event_lists;
 mod jsonl;
+mod keys;
 mod numbers;
 mod parquet;
+mod registers;
 mod rows;
 
 use std::collections::VecDeque;
@@ -131,11 +133,14 @@ struct Context<'a> {
     about: Vec<(&'static str, String)>,
 }
 
-/// Writes one output file, a segment's rows at a time.
+/// Writes one output file.
 trait PartWriter: Send {
-    fn write(&mut self, rows: SegmentRows) -> Result<(), ExportError>;
-    /// Completes the file (Parquet's footer) and flushes it to disk.
-    fn finish(self: Box<Self>) -> Result<(), ExportError>;
+    /// Writes the rows of each segment `segments` yields, in order, then
+    /// completes the file (Parquet's footer) and flushes it to disk.
+    fn write_all(
+        self: Box<Self>,
+        segments: &mut dyn Iterator<Item = SegmentRows>,
+    ) -> Result<(), ExportError>;
 }
 
 /// The level engine's findings are not wanted here, only its routines.
@@ -189,7 +194,7 @@ fn write_part(
         PartTarget::InDirectory { dir, part, .. } => dir.join(format!(".part-{part}.partial")),
         PartTarget::Stdout => PathBuf::new(),
     };
-    let mut writer: Box<dyn PartWriter + '_> = match (&target, format) {
+    let writer: Box<dyn PartWriter + '_> = match (&target, format) {
         (PartTarget::Stdout, ExportFormat::Jsonl) => Box::new(jsonl::JsonlPart::new(
             BufWriter::with_capacity(1 << 20, std::io::stdout()),
             ctx,
@@ -209,17 +214,13 @@ fn write_part(
     };
     let mut range: Option<(u64, u64)> = None;
     let mut steps = 0u64;
-    let written = (|| {
-        for rows in rx {
-            if let (Some(first), Some(last)) = (rows.steps.first(), rows.steps.last()) {
-                let end = last.saturating_add(1);
-                range = Some((range.map_or(*first, |r| r.0), end));
-            }
-            steps = steps.saturating_add(rows.len() as u64);
-            writer.write(rows)?;
+    let written = writer.write_all(&mut rx.into_iter().inspect(|rows| {
+        if let (Some(first), Some(last)) = (rows.steps.first(), rows.steps.last()) {
+            let end = last.saturating_add(1);
+            range = Some((range.map_or(*first, |r| r.0), end));
         }
-        writer.finish()
-    })();
+        steps = steps.saturating_add(rows.len() as u64);
+    }));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&temp);
         return Err(e);

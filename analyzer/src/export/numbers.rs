@@ -17,6 +17,7 @@
 //! unsigned (the columns' logical types are): DuckDB skips the row groups
 //! a `WHERE step BETWEEN …` rules out.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use parquet::basic::{Encoding, Type as PhysicalType};
@@ -26,19 +27,18 @@ use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
 
 use super::chunks::{
-    delta_binary_packed, distinct, hybrid, index_width, levels_header, ColumnPages,
+    delta_binary_packed, distinct, index_width, is_identity, levels_header, ColumnPages,
 };
+use super::keys::{Keys, NO_KEY};
 use super::ExportError;
 
 /// A number column's values, one a row (any value where the row is
-/// null).
-pub(super) enum Numbers {
+/// null), borrowed from the rows where they hold them as they are.
+pub(super) enum Numbers<'a> {
     /// An INT64 column's: u64 values, as their bits.
-    U64(Vec<u64>),
-    /// An INT32 column's: u32 values.
-    U32(Vec<u32>),
+    U64(Cow<'a, [u64]>),
     /// An INT32 column's: u8 values, zero-extended.
-    U8(Vec<u8>),
+    U8(Cow<'a, [u8]>),
 }
 
 /// `$body` with `$v` bound to the values' slice, whatever their type: the
@@ -46,9 +46,14 @@ pub(super) enum Numbers {
 macro_rules! each_type {
     ($numbers:expr, $v:ident => $body:expr) => {
         match $numbers {
-            Numbers::U64($v) => $body,
-            Numbers::U32($v) => $body,
-            Numbers::U8($v) => $body,
+            Numbers::U64($v) => {
+                let $v: &[u64] = $v;
+                $body
+            }
+            Numbers::U8($v) => {
+                let $v: &[u8] = $v;
+                $body
+            }
         }
     };
 }
@@ -62,16 +67,12 @@ impl Number for u8 {
     const MIN: Self = u8::MIN;
     const MAX: Self = u8::MAX;
 }
-impl Number for u32 {
-    const MIN: Self = u32::MIN;
-    const MAX: Self = u32::MAX;
-}
 impl Number for u64 {
     const MIN: Self = u64::MIN;
     const MAX: Self = u64::MAX;
 }
 
-impl Numbers {
+impl Numbers<'_> {
     fn len(&self) -> usize {
         each_type!(self, v => v.len())
     }
@@ -96,25 +97,36 @@ pub(super) enum NumberEncoding {
 }
 
 /// A dictionary column's distinct values and each row's index among
-/// them (0 where null).
-struct Dictionary {
+/// them.
+struct Dictionary<'a> {
     distinct: Vec<u64>,
-    keys: Vec<u32>,
+    /// Each row's index into the list of values the column was made from,
+    /// [`NO_KEY`] where the row is null.
+    keys: Keys<'a>,
+    /// Each list item's index in `distinct`, where the list repeats a
+    /// value (`None`: the list is `distinct`).
+    remap: Option<Vec<u32>>,
+    /// The least and the greatest value the rows hold (`None`: all null).
+    range: Option<(u64, u64)>,
 }
 
-impl Dictionary {
-    fn new<T: Number>(values: &[T], present: Option<&[bool]>) -> Result<Self, ExportError> {
+impl Dictionary<'_> {
+    fn new<T: Number>(
+        descr: &ColumnDescPtr,
+        values: &[T],
+        present: Option<&[bool]>,
+    ) -> Result<Self, ExportError> {
         let mut index = FxHashMap::default();
         let mut distinct = Vec::new();
         // Steps come in runs of one value (a task, an address space) and
         // loops: the last value's key is at hand.
         let mut last: Option<(u64, u32)> = None;
-        let keys = values
+        let keys: Vec<u32> = values
             .iter()
             .enumerate()
             .map(|(row, v)| {
                 if present.is_some_and(|p| !p.get(row).copied().unwrap_or(false)) {
-                    return 0;
+                    return NO_KEY;
                 }
                 let v: u64 = (*v).into();
                 match last {
@@ -136,30 +148,40 @@ impl Dictionary {
                 "a number column with over 2^32 distinct values",
             ));
         }
-        Ok(Dictionary { distinct, keys })
+        let lo = distinct.iter().min().copied();
+        let hi = distinct.iter().max().copied();
+        Ok(Dictionary {
+            keys: Keys::new(keys).fit(descr, distinct.len())?,
+            distinct,
+            remap: None,
+            range: lo.zip(hi),
+        })
     }
 }
 
 /// A number column: a value a row, or null where `present` says so.
-pub(super) struct NumberPages {
-    values: Numbers,
+pub(super) struct NumberPages<'a> {
+    /// The values, where the column is not a dictionary.
+    values: Numbers<'a>,
+    /// Whether the column is INT64 (else INT32).
+    wide: bool,
     /// Which rows have a value; `None`: all of them.
     present: Option<Vec<bool>>,
     encoding: NumberEncoding,
     /// Whether the column's field is nullable (its pages hold levels).
     nullable: bool,
     /// Where the encoding is [`NumberEncoding::Dictionary`].
-    dictionary: Option<Dictionary>,
+    dictionary: Option<Dictionary<'a>>,
     rows: usize,
 }
 
-impl NumberPages {
+impl<'a> NumberPages<'a> {
     /// The column `descr` of `values`, null where `present` is false.
     /// The values must fit the column's physical type, and a column that
     /// is not nullable takes no nulls.
     pub fn new(
         descr: &ColumnDescPtr,
-        values: Numbers,
+        values: Numbers<'a>,
         present: Option<Vec<bool>>,
         encoding: NumberEncoding,
     ) -> Result<Self, ExportError> {
@@ -186,49 +208,66 @@ impl NumberPages {
         }
         let dictionary = match encoding {
             NumberEncoding::Dictionary => {
-                Some(each_type!(&values, v => Dictionary::new(v, present.as_deref()))?)
+                Some(each_type!(&values, v => Dictionary::new(descr, v, present.as_deref()))?)
             }
             _ => None,
         };
         Ok(NumberPages {
             rows: values.len(),
+            wide: values.wide(),
+            // A dictionary's rows are its keys (null where the rows are).
+            present: present.filter(|_| dictionary.is_none()),
             values,
-            present,
             encoding,
             nullable,
             dictionary,
         })
     }
 
-    /// The column `descr` (INT64, not nullable) of each row's value in
-    /// `list`, given as its index there (`rows`), as a dictionary: the
-    /// pc column, from the instructions' texts the rows index, is made
-    /// without a hash lookup a row. The list may repeat a value.
+    /// The column `descr` of each row's value in `list`, given as its
+    /// index there (`keys`, [`NO_KEY`] where the row is null), as a
+    /// dictionary: the pc from the instructions' texts the rows index,
+    /// a task's ids from the rows' tasks, made without a hash lookup a
+    /// row. The list may repeat a value, and hold one no row names;
+    /// where it holds each once (as almost always), the keys are the
+    /// rows' indices as they are.
     pub fn from_list(
         descr: &ColumnDescPtr,
         list: &[u64],
-        rows: &[Option<u32>],
+        keys: Keys<'a>,
     ) -> Result<Self, ExportError> {
-        if descr.physical_type() != PhysicalType::INT64 || descr.max_def_level() > 0 {
-            return Err(ExportError::Unsupported(
-                "a listed number column that is not a required INT64",
-            ));
-        }
+        let wide = match descr.physical_type() {
+            PhysicalType::INT64 => true,
+            PhysicalType::INT32 if list.iter().all(|v| u32::try_from(*v).is_ok()) => false,
+            _ => {
+                return Err(ExportError::Unsupported(
+                    "a listed number column's values do not fit its type",
+                ))
+            }
+        };
+        let keys = keys.fit(descr, list.len())?;
         let (distinct, remap) = distinct(list.iter().copied());
-        let keys = rows
+        // The statistics are of the values the rows hold, not the list's.
+        let named = keys.named_items(list.len());
+        let held = list
             .iter()
-            .map(|i| i.and_then(|i| remap.get(i as usize).copied()))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or(ExportError::Unsupported(
-                "a listed number column's row names no value",
-            ))?;
+            .zip(&named)
+            .filter(|(_, n)| **n)
+            .map(|(v, _)| *v);
+        let range = held.clone().min().zip(held.max());
         Ok(NumberPages {
             rows: keys.len(),
-            values: Numbers::U64(Vec::new()),
+            values: Numbers::U64(Cow::Borrowed(&[])),
+            wide,
             present: None,
             encoding: NumberEncoding::Dictionary,
-            nullable: false,
-            dictionary: Some(Dictionary { distinct, keys }),
+            nullable: descr.max_def_level() > 0,
+            dictionary: Some(Dictionary {
+                distinct,
+                keys,
+                remap: (!is_identity(&remap)).then_some(remap),
+                range,
+            }),
         })
     }
 }
@@ -289,7 +328,7 @@ fn min_max<T: Number>(values: &[T], present: Option<&[bool]>) -> (Option<(u64, u
     (some.then(|| (lo.into(), hi.into())), nulls as u64)
 }
 
-impl ColumnPages for NumberPages {
+impl ColumnPages for NumberPages<'_> {
     fn rows(&self) -> usize {
         self.rows
     }
@@ -300,7 +339,7 @@ impl ColumnPages for NumberPages {
         };
         let mut out = Vec::with_capacity(d.distinct.len() * 8);
         for v in &d.distinct {
-            match self.values.wide() {
+            match self.wide {
                 true => out.extend_from_slice(&v.to_le_bytes()),
                 // An INT32 column's values fit 32 bits.
                 false => out.extend_from_slice(&(*v as u32).to_le_bytes()),
@@ -323,6 +362,12 @@ impl ColumnPages for NumberPages {
         let count = rows.len() as u32;
         let mut out = Vec::with_capacity(rows.len() * 8 + 64);
         let present = self.present.as_deref();
+        if let Some(d) = &self.dictionary {
+            let width = index_width(d.distinct.len());
+            return d
+                .keys
+                .data_page(rows, self.nullable, width, d.remap.as_deref());
+        }
         if self.nullable {
             let at = levels_header(rows.len(), &mut out);
             match present.map(|p| p.get(rows.clone()).unwrap_or_default()) {
@@ -337,21 +382,7 @@ impl ColumnPages for NumberPages {
                 None => out[at..].fill(0xff),
             }
         }
-        if let Some(d) = &self.dictionary {
-            let width = index_width(d.distinct.len());
-            out.push(width);
-            match present {
-                None => hybrid(d.keys.get(rows).unwrap_or_default(), width, &mut out),
-                Some(_) => {
-                    let mut keys = Vec::with_capacity(rows.len());
-                    // The keys are u32s.
-                    each_present(&d.keys, present, rows, |k| keys.push(k as u32));
-                    hybrid(&keys, width, &mut out);
-                }
-            }
-            return (out, count);
-        }
-        match (self.encoding, self.values.wide()) {
+        match (self.encoding, self.wide) {
             (NumberEncoding::Delta, _) => {
                 let mut values = Vec::with_capacity(rows.len());
                 each_type!(&self.values, v => each_present(v, present, rows, |x| values.push(x)));
@@ -379,18 +410,12 @@ impl ColumnPages for NumberPages {
     fn statistics(&self) -> Option<Statistics> {
         let present = self.present.as_deref();
         let (range, nulls) = match &self.dictionary {
-            // The distinct values are the present ones, a few thousand.
-            Some(d) => {
-                let nulls = present.map_or(0, |p| p.iter().filter(|ok| !**ok).count());
-                let lo = d.distinct.iter().min().copied();
-                let hi = d.distinct.iter().max().copied();
-                (lo.zip(hi), nulls as u64)
-            }
+            Some(d) => (d.range, d.keys.nulls() as u64),
             None => each_type!(&self.values, v => min_max(v, present)),
         };
         // Unsigned values as their bits, as arrow-rs writes them: readers
         // compare them as the column's logical type says.
-        Some(match self.values.wide() {
+        Some(match self.wide {
             true => Statistics::int64(
                 range.map(|r| r.0 as i64),
                 range.map(|r| r.1 as i64),
@@ -487,14 +512,14 @@ mod tests {
         ] {
             let got = round_trip(
                 DataType::UInt64,
-                Numbers::U64(values.clone()),
+                Numbers::U64(values.clone().into()),
                 Some(present.clone()),
                 encoding,
             );
             assert_eq!(got, want, "{encoding:?}, nullable");
             let got = round_trip(
                 DataType::UInt64,
-                Numbers::U64(values.clone()),
+                Numbers::U64(values.clone().into()),
                 None,
                 encoding,
             );
@@ -506,21 +531,33 @@ mod tests {
         for encoding in [NumberEncoding::Plain, NumberEncoding::Dictionary] {
             let got = round_trip(
                 DataType::UInt8,
-                Numbers::U8(narrow.clone()),
+                Numbers::U8(narrow.clone().into()),
                 Some(present.clone()),
                 encoding,
             );
             assert_eq!(got, want8, "u8, {encoding:?}");
         }
-        let wide32: Vec<u32> = values.iter().map(|v| *v as u32).collect();
-        let got = round_trip(
-            DataType::UInt32,
-            Numbers::U32(wide32.clone()),
-            Some(present.clone()),
-            NumberEncoding::Plain,
-        );
-        let want32: Vec<Option<u64>> = want.iter().map(|v| v.map(|v| v as u32 as u64)).collect();
-        assert_eq!(got, want32, "u32");
+    }
+
+    #[test]
+    fn steps_that_count_up_by_one_read_back_from_deltas_of_no_bits() {
+        // Runs of +1 (a block's deltas less the least take 0 bits), a jump
+        // in a miniblock, a last block cut short, over two pages.
+        let mut steps: Vec<u64> = (1000..1000 + ROWS_PER_PAGE as u64 + 300).collect();
+        for s in &mut steps[5000..] {
+            *s += 1 << 40;
+        }
+        for n in [steps.len(), 1, 2, 129, 130] {
+            let values = steps[..n].to_vec();
+            let got = round_trip(
+                DataType::UInt64,
+                Numbers::U64(values.clone().into()),
+                None,
+                NumberEncoding::Delta,
+            );
+            let want: Vec<Option<u64>> = values.iter().map(|v| Some(*v)).collect();
+            assert_eq!(got, want, "{n} steps");
+        }
     }
 
     #[test]
@@ -528,13 +565,11 @@ mod tests {
         // A list that repeats a value (two texts of one pc), indexed over
         // two pages.
         let list = [0x1000u64, 0x1004, 0x1000, u64::MAX];
-        let rows: Vec<Option<u32>> = (0..ROWS_PER_PAGE as u32 + 70)
-            .map(|i| Some(i * 7 % 4))
-            .collect();
+        let rows: Vec<u32> = (0..ROWS_PER_PAGE as u32 + 70).map(|i| i * 7 % 4).collect();
         let arrays = read_back(Field::new("pc", DataType::UInt64, false), |descr| {
             encode(
                 descr.clone(),
-                &NumberPages::from_list(&descr, &list, &rows).unwrap(),
+                &NumberPages::from_list(&descr, &list, Keys::new(&rows)).unwrap(),
             )
             .unwrap()
         });
@@ -542,24 +577,91 @@ mod tests {
             .iter()
             .flat_map(|a| a.as_primitive::<UInt64Type>().values().to_vec())
             .collect();
-        let want: Vec<u64> = rows.iter().map(|i| list[i.unwrap() as usize]).collect();
+        let want: Vec<u64> = rows.iter().map(|i| list[*i as usize]).collect();
         assert_eq!(got, want);
-        let pages = NumberPages::from_list(&descr(DataType::UInt64, false), &list, &rows).unwrap();
+        let pages =
+            NumberPages::from_list(&descr(DataType::UInt64, false), &list, Keys::new(&rows))
+                .unwrap();
         let (_, entries) = pages.dictionary().unwrap().unwrap();
         assert_eq!(entries, 3, "0x1000 once");
         let d = descr(DataType::UInt64, false);
         assert!(
-            NumberPages::from_list(&d, &list, &[Some(4)]).is_err(),
+            NumberPages::from_list(&d, &list, Keys::new(&[4][..])).is_err(),
             "past the list"
         );
         assert!(
-            NumberPages::from_list(&d, &list, &[None]).is_err(),
-            "a null"
+            NumberPages::from_list(&d, &[7, 8], Keys::new(&[2][..])).is_err(),
+            "past a list of distinct values"
         );
         assert!(
-            NumberPages::from_list(&descr(DataType::UInt32, false), &list, &[]).is_err(),
-            "INT32"
+            NumberPages::from_list(&descr(DataType::UInt32, false), &list, Keys::new(&[][..]))
+                .is_err(),
+            "a value past INT32"
         );
+        assert!(
+            NumberPages::from_list(&d, &list, Keys::new(&[0, NO_KEY][..])).is_err(),
+            "a null where none may be"
+        );
+    }
+
+    /// `keys` into `list` written as a nullable UInt32 column, read back,
+    /// and the chunk's statistics: (min, max, nulls).
+    fn listed_u32(list: &[u64], keys: Keys) -> (Vec<Option<u64>>, (Option<i32>, Option<i32>, u64)) {
+        let d = descr(DataType::UInt32, true);
+        let pages = NumberPages::from_list(&d, list, keys).unwrap();
+        let Some(Statistics::Int32(s)) = pages.statistics() else {
+            panic!("INT32 statistics");
+        };
+        let stats = (
+            s.min_opt().copied(),
+            s.max_opt().copied(),
+            s.null_count_opt().unwrap(),
+        );
+        let arrays = read_back(Field::new("pid", DataType::UInt32, true), |descr| {
+            encode(descr, &pages).unwrap()
+        });
+        let got = arrays
+            .iter()
+            .flat_map(|a| {
+                a.as_primitive::<UInt32Type>()
+                    .iter()
+                    .map(|v| v.map(u64::from))
+            })
+            .collect();
+        (got, stats)
+    }
+
+    #[test]
+    fn a_listed_column_with_nulls_reads_back_page_by_page() {
+        // Over four pages: one all null (a run of level 0), one all named
+        // (a run of level 1), one mixed, and a short last one. The list
+        // holds a value no row names (a task switched away from at once)
+        // and repeats one: neither counts in the statistics.
+        let n = 3 * ROWS_PER_PAGE + 10;
+        let list = [40u64, 7, 900, 40];
+        let keys: Vec<u32> = (0..n)
+            .map(|row| match row / ROWS_PER_PAGE {
+                0 => NO_KEY,
+                1 => 3,
+                _ if row % 3 == 0 => NO_KEY,
+                _ => 1,
+            })
+            .collect();
+        let want: Vec<Option<u64>> = keys
+            .iter()
+            .map(|k| (*k != NO_KEY).then(|| list[*k as usize]))
+            .collect();
+        let nulls = want.iter().filter(|v| v.is_none()).count() as u64;
+        let (got, stats) = listed_u32(&list, Keys::new(&keys));
+        assert_eq!(got, want);
+        assert_eq!(stats, (Some(7), Some(40), nulls), "900 is named by no row");
+        let (got, stats) = listed_u32(&list, Keys::new(vec![NO_KEY; 10]));
+        assert_eq!(got, vec![None; 10]);
+        assert_eq!(stats, (None, None, 10), "every row null");
+        // One key for every row (a CPU's column), over two pages.
+        let (got, stats) = listed_u32(&[5], Keys::same(0, ROWS_PER_PAGE + 3));
+        assert_eq!(got, vec![Some(5); ROWS_PER_PAGE + 3]);
+        assert_eq!(stats, (Some(5), Some(5), 0));
     }
 
     #[test]
@@ -578,7 +680,7 @@ mod tests {
         for encoding in [NumberEncoding::Plain, NumberEncoding::Dictionary] {
             let pages = NumberPages::new(
                 &descr(DataType::UInt64, true),
-                Numbers::U64(values.clone()),
+                Numbers::U64(values.clone().into()),
                 Some(present.clone()),
                 encoding,
             )
@@ -596,7 +698,7 @@ mod tests {
         }
         let narrow = NumberPages::new(
             &descr(DataType::UInt8, false),
-            Numbers::U8(vec![9, 200, 3, 77]),
+            Numbers::U8(vec![9, 200, 3, 77].into()),
             None,
             NumberEncoding::Plain,
         )
@@ -611,7 +713,7 @@ mod tests {
 
         let none = NumberPages::new(
             &descr(DataType::UInt8, true),
-            Numbers::U8(vec![7; 10]),
+            Numbers::U8(vec![7; 10].into()),
             Some(vec![false; 10]),
             NumberEncoding::Plain,
         )
@@ -627,7 +729,7 @@ mod tests {
 
     #[test]
     fn numbers_that_do_not_fit_their_column_are_refused() {
-        let u64s = || Numbers::U64(vec![1, 2]);
+        let u64s = || Numbers::U64(vec![1, 2].into());
         let new = |d: DataType, nullable, values, present, encoding| {
             NumberPages::new(&descr(d, nullable), values, present, encoding).is_ok()
         };
@@ -638,11 +740,23 @@ mod tests {
             "u64 in INT32"
         );
         assert!(
-            !new(DataType::UInt64, false, Numbers::U8(vec![1]), None, Plain),
+            !new(
+                DataType::UInt64,
+                false,
+                Numbers::U8(vec![1].into()),
+                None,
+                Plain
+            ),
             "u8 in INT64"
         );
         assert!(
-            !new(DataType::UInt8, false, Numbers::U8(vec![1]), None, Delta),
+            !new(
+                DataType::UInt8,
+                false,
+                Numbers::U8(vec![1].into()),
+                None,
+                Delta
+            ),
             "INT32 deltas"
         );
         assert!(

@@ -2,8 +2,11 @@
 //! columns encoded in parallel by hand (`chunks`, `numbers`,
 //! `event_lists`), zstd-compressed.
 
+use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufWriter;
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -12,17 +15,19 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnDescPtr;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use vtrace_storage::InsnBytes;
-use vtrace_storage::REG_COUNT;
 use vtrace_storage::REG_NAMES;
 
 use super::access_lists::{AccessColumns, Direction};
-use super::chunks::{self, RegisterPages, TextPages};
+use super::chunks::{self, ColumnPages};
 use super::event_lists::EventPages;
+use super::keys::{Keys, TextPages, NO_KEY};
 use super::numbers::{NumberEncoding, NumberPages, Numbers};
-use super::rows::{InsnText, SegmentRows, NO_TASK};
+use super::registers::{FlagsPages, RegisterColumns, RegisterPages, FLAGS};
+use super::rows::SegmentRows;
 use super::{Context, ExportError, PartWriter};
 use crate::naming::routine_label;
 use crate::tasks::TaskId;
@@ -74,216 +79,268 @@ pub(super) fn schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// A column of a row group, as it is encoded (see `chunks`,
-/// `numbers`, `event_lists` and `access_lists`).
-pub(super) enum Column {
-    /// A register (its index in `REG_NAMES`), from the segment's rows.
+/// Where a column of [`schema`] comes from. Each is built from the
+/// segment's rows where it is encoded, in parallel with the others (built
+/// one after another before them, they were a sixth of the writer's
+/// time, with a core idle).
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Step,
+    Cpu,
+    VirtualNs,
+    Cr3,
+    Cpl,
+    Bitness,
+    Pc,
+    Routine,
+    Pid,
+    Tid,
+    Comm,
+    Bytes,
+    Mnemonic,
+    Instruction,
+    /// A general register (its index in `REG_NAMES`).
     Register(usize),
-    /// A direction's three access columns (address, size, value), from
-    /// the segment's rows, built together at the address column's place
-    /// (see `access_lists`): the places of the other two.
+    Flags,
+    /// A direction's three access columns (address, size, value), built
+    /// together at the address column's place (see `access_lists`): the
+    /// places of the other two.
     Accesses {
         direction: Direction,
         size_at: usize,
         value_at: usize,
     },
-    /// A column built with another (see `Column::Accesses`).
+    /// A column built with another (see `Source::Accesses`).
     BuiltElsewhere,
-    Text {
-        /// The texts (a text may be listed more than once).
-        dictionary: Vec<String>,
-        /// Each row's index into them (`None`: null).
-        rows: Arc<[Option<u32>]>,
-    },
-    Number {
-        values: Numbers,
-        /// Which rows have a value (`None`: all).
-        present: Option<Vec<bool>>,
-        encoding: NumberEncoding,
-    },
-    /// A number column given as each row's index into a list of values
-    /// (the pc, as the instruction's text's).
-    Listed {
-        list: Vec<u64>,
-        rows: Arc<[Option<u32>]>,
-    },
-    /// Byte strings as each row's index into a list of them (the
-    /// instruction bytes, as the instruction's text's).
-    Binary {
-        dictionary: Vec<InsnBytes>,
-        rows: Arc<[Option<u32>]>,
-    },
-    /// The events before each step (see `EventPages`).
-    Events {
-        first: Vec<String>,
-        events: Vec<String>,
-        ends: Vec<u32>,
-    },
+    Syscall,
+    SyscallName,
+    Interrupt,
+    Events,
 }
 
-impl Column {
-    /// A number column with a value in every row.
-    fn every_row(values: Numbers) -> Column {
-        Column::Number {
-            values,
-            present: None,
-            encoding: NumberEncoding::Plain,
-        }
-    }
-}
-
-/// One segment's rows as the columns of [`schema`], in order; `starts`
-/// is where each row's register values start ([`chunks::value_starts`]).
-/// Their plain columns move out of `rows`; what the register and access
-/// columns are encoded from stays there, and the rest is freed before
-/// the columns are encoded.
-pub(super) fn columns(
-    rows: &mut SegmentRows,
-    starts: &[usize],
-    ctx: &Context<'_>,
-) -> Result<Vec<Column>, ExportError> {
-    let n = rows.len();
-    let virtual_ns = virtual_ns_column(rows, ctx);
-    let texts = std::mem::take(&mut rows.texts);
-    // Each row's instruction text, whose pc and bytes are the row's.
-    let insn: Arc<[Option<u32>]> = rows.insn.iter().map(|i| Some(*i)).collect();
-    let pc = Column::Listed {
-        list: texts.iter().map(|t| t.pc).collect(),
-        rows: insn.clone(),
-    };
-    // A dictionary of the texts' bytes, as the pc's: the rows need not
-    // copy each step's bytes.
-    let bytes = Column::Binary {
-        dictionary: texts.iter().map(|t| t.bytes).collect(),
-        rows: insn.clone(),
-    };
-    let built = text_and_marker_columns(rows, texts, insn, bytes, ctx);
-    // Step numbers count up by one: as deltas they are almost nothing.
-    // The CPU, address space, privilege level and bitness change seldom:
-    // zstd packs their runs written as they are, to the size a
-    // dictionary or deltas give, for less work than either (measured).
-    let mut columns = vec![
-        Column::Number {
-            values: Numbers::U64(std::mem::take(&mut rows.steps)),
-            present: None,
-            encoding: NumberEncoding::Delta,
-        },
-        Column::every_row(Numbers::U32(vec![rows.cpu; n])),
-        virtual_ns,
-        Column::every_row(Numbers::U64(std::mem::take(&mut rows.cr3))),
-        Column::every_row(Numbers::U8(std::mem::take(&mut rows.cpl))),
-        Column::every_row(Numbers::U8(std::mem::take(&mut rows.bitness))),
-        pc,
+/// Where each column of [`schema`] comes from, in its order.
+fn sources() -> Vec<Source> {
+    use Source::*;
+    let mut sources = vec![
+        Step,
+        Cpu,
+        VirtualNs,
+        Cr3,
+        Cpl,
+        Bitness,
+        Pc,
+        Routine,
+        Pid,
+        Tid,
+        Comm,
+        Bytes,
+        Mnemonic,
+        Instruction,
     ];
-    columns.extend(built.what_ran);
-    columns.extend((0..FLAGS).map(Column::Register));
-    columns.push(flags_column(rows, starts));
+    sources.extend((0..FLAGS).map(Register));
+    sources.push(Flags);
     // reads, writes, read_sizes, write_sizes, read_values, write_values.
-    let at = columns.len();
-    columns.extend([Direction::Reads, Direction::Writes].map(|direction| {
+    let at = sources.len();
+    sources.extend([Direction::Reads, Direction::Writes].map(|direction| {
         let nth = usize::from(direction == Direction::Writes);
-        Column::Accesses {
+        Accesses {
             direction,
             size_at: at + 2 + nth,
             value_at: at + 4 + nth,
         }
     }));
-    columns.extend((0..4).map(|_| Column::BuiltElsewhere));
-    columns.extend(built.markers);
-    if columns.len() != ctx.schema.fields().len() {
-        return Err(ExportError::Unsupported(
-            "the export's columns do not match its schema",
-        ));
-    }
-    rows.free_all_but_hand_written();
-    Ok(columns)
+    sources.extend([BuiltElsewhere; 4]);
+    sources.extend([Syscall, SyscallName, Interrupt, Events]);
+    sources
 }
 
-/// The columns [`columns`] builds besides the step's own, the registers
-/// and the memory accesses, by where they go in [`schema`].
-struct TextAndMarkers {
-    /// routine, pid, tid, comm, bytes, mnemonic, instruction.
-    what_ran: [Column; 7],
-    /// syscall, syscall_name, interrupt, events.
-    markers: [Column; 4],
-}
-
-fn text_and_marker_columns(
-    rows: &mut SegmentRows,
-    texts: Vec<InsnText>,
-    insn: Arc<[Option<u32>]>,
-    bytes: Column,
+/// The chunks of the column at `at` of [`schema`] (`source`'s), with
+/// their places: one, or none or three (see `Source::Accesses`).
+fn column_chunks(
+    source: Source,
+    at: usize,
+    descrs: &[ColumnDescPtr],
+    rows: &SegmentRows,
+    registers: &RegisterColumns,
+    insn: &Keys<'_>,
     ctx: &Context<'_>,
-) -> TextAndMarkers {
-    let routine = routine_column(rows, ctx);
-    let [pid, tid] = task_columns(rows);
-    let comm = Column::Text {
-        dictionary: rows.tasks.iter().map(|t| t.comm.to_string()).collect(),
-        rows: rows
-            .task
-            .iter()
-            .map(|t| (*t != NO_TASK).then_some(*t))
-            .collect(),
+) -> Result<Vec<(usize, chunks::EncodedChunk)>, ExportError> {
+    let descr = |at: usize| {
+        descrs
+            .get(at)
+            .cloned()
+            .ok_or(ExportError::Unsupported("a column past the schema"))
     };
-    let (mnemonics, disassembly) = texts
-        .into_iter()
-        .map(|t| (t.mnemonic, t.disassembly))
-        .unzip();
-    let [syscall, interrupt] = marker_columns(rows);
-    let syscall_name = syscall_name_column(rows);
-    TextAndMarkers {
-        what_ran: [
-            routine,
-            pid,
-            tid,
-            comm,
-            bytes,
-            Column::Text {
-                dictionary: mnemonics,
-                rows: insn.clone(),
-            },
-            Column::Text {
-                dictionary: disassembly,
-                rows: insn,
-            },
-        ],
-        markers: [
-            syscall,
-            syscall_name,
-            interrupt,
-            Column::Events {
-                first: std::mem::take(&mut rows.first_events),
-                events: std::mem::take(&mut rows.events),
-                ends: std::mem::take(&mut rows.events_end),
-            },
-        ],
+    match source {
+        Source::Accesses {
+            direction,
+            size_at,
+            value_at,
+        } => {
+            let (address, size, value) = (descr(at)?, descr(size_at)?, descr(value_at)?);
+            let built = AccessColumns::new([&address, &size, &value], rows, direction)?;
+            Ok(vec![
+                (at, chunks::encode(address, &built.address)?),
+                (size_at, chunks::encode(size, &built.size)?),
+                (value_at, chunks::encode(value, &built.value)?),
+            ])
+        }
+        Source::BuiltElsewhere => Ok(Vec::new()),
+        _ => {
+            let chunk = column(source, descr(at)?, rows, registers, insn, ctx)?;
+            Ok(vec![(at, chunk)])
+        }
+    }
+}
+
+/// The chunk of a column that is built alone, `source`'s.
+fn column(
+    source: Source,
+    descr: ColumnDescPtr,
+    rows: &SegmentRows,
+    registers: &RegisterColumns,
+    insn: &Keys<'_>,
+    ctx: &Context<'_>,
+) -> Result<chunks::EncodedChunk, ExportError> {
+    use NumberEncoding::{Delta, Plain};
+    use Source::*;
+    let encode = |pages: &dyn ColumnPages| chunks::encode(descr.clone(), pages);
+    let number =
+        |values, present, encoding| encode(&NumberPages::new(&descr, values, present, encoding)?);
+    // Step numbers count up by one: as deltas they are almost nothing.
+    // The address space, privilege level and bitness change seldom: zstd
+    // packs their runs written as they are, to the size a dictionary or
+    // deltas give, for less work than either (measured).
+    match source {
+        Step => number(Numbers::U64(Cow::Borrowed(&rows.steps)), None, Delta),
+        // One value: a dictionary of it, and a run of its index.
+        Cpu => {
+            let list = [u64::from(rows.cpu)];
+            let keys = Keys::same(0, rows.len());
+            encode(&NumberPages::from_list(&descr, &list, keys)?)
+        }
+        VirtualNs => {
+            let (values, present) = virtual_ns(rows, ctx);
+            number(Numbers::U64(values.into()), present, Delta)
+        }
+        Cr3 => number(Numbers::U64(Cow::Borrowed(&rows.cr3)), None, Plain),
+        Cpl => number(Numbers::U8(Cow::Borrowed(&rows.cpl)), None, Plain),
+        Bitness => number(Numbers::U8(Cow::Borrowed(&rows.bitness)), None, Plain),
+        Pc | Routine | Pid | Tid | Comm | Bytes | Mnemonic | Instruction => {
+            what_ran(source, &descr, rows, insn, ctx, encode)
+        }
+        Register(register) => encode(&RegisterPages::new(registers, register)),
+        Flags => encode(&FlagsPages::new(registers)?),
+        // Few rows have one: a dictionary of them, the rest null.
+        Syscall => {
+            let list: Vec<u64> = rows.syscalls.iter().map(|(_, call)| call.number).collect();
+            let keys = sparse_keys(rows.len(), rows.syscalls.iter().map(|(row, _)| *row));
+            encode(&NumberPages::from_list(&descr, &list, Keys::new(keys))?)
+        }
+        SyscallName => {
+            let (names, keys) = syscall_names(rows);
+            encode(&TextPages::new(&descr, &names, &keys)?)
+        }
+        Interrupt => {
+            let list: Vec<u64> = rows.interrupts.iter().map(|(_, v)| u64::from(*v)).collect();
+            let keys = sparse_keys(rows.len(), rows.interrupts.iter().map(|(row, _)| *row));
+            encode(&NumberPages::from_list(&descr, &list, Keys::new(keys))?)
+        }
+        Events => encode(&EventPages::new(
+            &descr,
+            &rows.first_events,
+            &rows.events,
+            &rows.events_end,
+        )?),
+        Accesses { .. } | BuiltElsewhere => Err(ExportError::Unsupported(
+            "a column built with others, alone",
+        )),
+    }
+}
+
+/// The chunk of a column of what a step ran: its instruction (pc, bytes,
+/// mnemonic, instruction: the instruction texts' `insn` indexes), its
+/// routine or its task (pid, tid, comm: the rows' tasks index).
+fn what_ran(
+    source: Source,
+    descr: &ColumnDescPtr,
+    rows: &SegmentRows,
+    insn: &Keys<'_>,
+    ctx: &Context<'_>,
+    encode: impl Fn(&dyn ColumnPages) -> Result<chunks::EncodedChunk, ExportError>,
+) -> Result<chunks::EncodedChunk, ExportError> {
+    use Source::*;
+    let texts = &rows.texts;
+    match source {
+        Pc => {
+            let list: Vec<u64> = texts.iter().map(|t| t.pc).collect();
+            encode(&NumberPages::from_list(descr, &list, insn.clone())?)
+        }
+        // A dictionary of the texts' bytes, as the pc's: the rows need not
+        // copy each step's bytes.
+        Bytes => {
+            let bytes: Vec<InsnBytes> = texts.iter().map(|t| t.bytes).collect();
+            encode(&TextPages::of_keys(descr, &bytes, insn.clone())?)
+        }
+        Mnemonic => {
+            let names: Vec<&str> = texts.iter().map(|t| t.mnemonic.as_str()).collect();
+            encode(&TextPages::of_keys(descr, &names, insn.clone())?)
+        }
+        Instruction => {
+            let texts: Vec<&str> = texts.iter().map(|t| t.disassembly.as_str()).collect();
+            encode(&TextPages::of_keys(descr, &texts, insn.clone())?)
+        }
+        Routine => {
+            let (names, keys) = routines(rows, ctx);
+            encode(&TextPages::new(descr, &names, &keys)?)
+        }
+        Pid | Tid => {
+            let part = match source {
+                Pid => |t: &TaskId| t.pid,
+                _ => |t: &TaskId| t.tid,
+            };
+            let list: Vec<u64> = rows.tasks.iter().map(|t| u64::from(part(t))).collect();
+            encode(&NumberPages::from_list(
+                descr,
+                &list,
+                Keys::new(&rows.task),
+            )?)
+        }
+        Comm => {
+            let names: Vec<&str> = rows.tasks.iter().map(|t| t.comm.as_str()).collect();
+            encode(&TextPages::new(descr, &names, &rows.task)?)
+        }
+        _ => Err(ExportError::Unsupported("not a column of what ran")),
     }
 }
 
 /// Each step's virtual time, where the trace's clock is per step (null
 /// where it is not, or where the time would not fit).
-fn virtual_ns_column(rows: &SegmentRows, ctx: &Context<'_>) -> Column {
+fn virtual_ns(rows: &SegmentRows, ctx: &Context<'_>) -> (Vec<u64>, Option<Vec<bool>>) {
     let n = rows.len();
-    let (values, present) = match ctx.ns_per_step {
-        None => (vec![0; n], Some(vec![false; n])),
-        Some(ns) => {
-            let times: Vec<Option<u64>> = rows.steps.iter().map(|s| s.checked_mul(ns)).collect();
-            let present = match times.iter().all(Option::is_some) {
-                true => None,
-                false => Some(times.iter().map(Option::is_some).collect()),
-            };
-            (times.into_iter().map(|t| t.unwrap_or(0)).collect(), present)
-        }
+    let Some(ns) = ctx.ns_per_step else {
+        return (vec![0; n], Some(vec![false; n]));
     };
-    Column::Number {
-        values: Numbers::U64(values),
-        present,
-        encoding: NumberEncoding::Delta,
-    }
+    let mut overflowed = false;
+    let times = rows
+        .steps
+        .iter()
+        .map(|s| {
+            s.checked_mul(ns).unwrap_or_else(|| {
+                overflowed = true;
+                0
+            })
+        })
+        .collect();
+    let present = overflowed.then(|| {
+        let fits = |s: &u64| s.checked_mul(ns).is_some();
+        rows.steps.iter().map(fits).collect()
+    });
+    (times, present)
 }
 
-/// The routine of each step.
-fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> Column {
+/// The routines' names and each row's index among them.
+fn routines(rows: &SegmentRows, ctx: &Context<'_>) -> (Vec<String>, Vec<u32>) {
     let mut keys = FxHashMap::default();
     let mut names = Vec::new();
     // Steps come in runs of one routine: the last one's key is at hand.
@@ -292,122 +349,50 @@ fn routine_column(rows: &SegmentRows, ctx: &Context<'_>) -> Column {
         .routine
         .iter()
         .map(|f| match last {
-            Some((func, k)) if func == *f => Some(k),
+            Some((func, k)) if func == *f => k,
             _ => {
                 let k = *keys.entry(*f).or_insert_with(|| {
                     names.push(routine_label(ctx.symbols, *f));
                     (names.len() - 1) as u32
                 });
                 last = Some((*f, k));
-                Some(k)
+                k
             }
         })
         .collect();
-    Column::Text {
-        dictionary: names,
-        rows: routine,
-    }
+    (names, routine)
 }
 
-/// pid and tid of each step's task (null where the trace names none).
-fn task_columns(rows: &SegmentRows) -> [Column; 2] {
-    let named: Vec<bool> = rows.task.iter().map(|t| *t != NO_TASK).collect();
-    let present = Some(named).filter(|n| n.contains(&false));
-    let column = |part: fn(&TaskId) -> u32| {
-        let values = rows
-            .task
-            .iter()
-            .map(|t| rows.tasks.get(*t as usize).map_or(0, part));
-        Column::Number {
-            values: Numbers::U32(values.collect()),
-            present: present.clone(),
-            encoding: NumberEncoding::Plain,
-        }
-    };
-    [column(|t| t.pid), column(|t| t.tid)]
-}
-
-/// RFLAGS' index in `REG_NAMES`, after the 16 general registers.
-const FLAGS: usize = REG_COUNT - 1;
-
-/// RFLAGS after each step that changed it: its few distinct values make
-/// a dictionary worth the hashing (about half the size of the values
-/// written plain, measured), where the general registers' values are
-/// written plain (see `chunks::RegisterPages`).
-fn flags_column(rows: &SegmentRows, starts: &[usize]) -> Column {
-    let mut present = Vec::with_capacity(starts.len());
-    let values = starts
-        .iter()
-        .enumerate()
-        .map(|(row, start)| {
-            let flags = rows.register(row, *start, FLAGS);
-            present.push(flags.is_some());
-            flags.unwrap_or(0)
-        })
-        .collect();
-    Column::Number {
-        values: Numbers::U64(values),
-        present: Some(present),
-        encoding: NumberEncoding::Dictionary,
-    }
-}
-
-/// The system call a step entered and the interrupt that came before it,
-/// where any.
-fn marker_columns(rows: &SegmentRows) -> [Column; 2] {
-    let n = rows.len();
-    let calls = rows.syscalls.iter().map(|(row, call)| (*row, call.number));
-    let (numbers, present) = sparse(n, calls);
-    let syscall = Column::Number {
-        values: Numbers::U64(numbers),
-        present: Some(present),
-        encoding: NumberEncoding::Plain,
-    };
-    let (vectors, present) = sparse(n, rows.interrupts.iter().copied());
-    let interrupt = Column::Number {
-        values: Numbers::U8(vectors),
-        present: Some(present),
-        encoding: NumberEncoding::Plain,
-    };
-    [syscall, interrupt]
-}
-
-/// A column of `n` rows that holds `values` (row, value) and nulls
-/// elsewhere: each row's value (0 where null) and whether it has one.
-fn sparse<T: Copy + Default>(
-    n: usize,
-    values: impl Iterator<Item = (u32, T)>,
-) -> (Vec<T>, Vec<bool>) {
-    let mut column = vec![T::default(); n];
-    let mut present = vec![false; n];
-    for (row, value) in values {
-        let row = row as usize;
-        if let (Some(slot), Some(has)) = (column.get_mut(row), present.get_mut(row)) {
-            (*slot, *has) = (value, true);
+/// The keys of a column of `n` rows whose `rows` hold the items of a
+/// list, in its order ([`NO_KEY`] in the others; a row named twice
+/// holds the later item).
+fn sparse_keys(n: usize, rows: impl Iterator<Item = u32>) -> Vec<u32> {
+    let mut keys = vec![NO_KEY; n];
+    for (item, row) in (0u32..).zip(rows) {
+        if let Some(key) = keys.get_mut(row as usize) {
+            *key = item;
         }
     }
-    (column, present)
+    keys
 }
 
-/// The name of the system call a step entered (`write`, `write (ia32)`:
-/// the number alone does not say which table it indexes).
-fn syscall_name_column(rows: &SegmentRows) -> Column {
-    let mut dictionary = Vec::new();
+/// The names of the system calls the steps entered (`write`, `write
+/// (ia32)`: the number alone does not say which table it indexes), and
+/// each row's index among them ([`NO_KEY`] where it entered none).
+fn syscall_names(rows: &SegmentRows) -> (Vec<String>, Vec<u32>) {
+    let mut names = Vec::new();
     let mut keys = FxHashMap::default();
-    let mut column = vec![None; rows.len()];
+    let mut column = vec![NO_KEY; rows.len()];
     for (row, call) in &rows.syscalls {
         let key = *keys.entry(*call).or_insert_with(|| {
-            dictionary.push(call.name());
-            (dictionary.len() - 1) as u32
+            names.push(call.name());
+            (names.len() - 1) as u32
         });
         if let Some(cell) = column.get_mut(*row as usize) {
-            *cell = Some(key);
+            *cell = key;
         }
     }
-    Column::Text {
-        dictionary,
-        rows: column.into(),
-    }
+    (names, column)
 }
 
 /// A Parquet file being written: each segment's columns are encoded in
@@ -442,11 +427,20 @@ impl<'a> ParquetPart<'a> {
     }
 }
 
+/// Row groups being encoded at once: while one's last columns finish,
+/// the next one's keep both cores busy (one at a time, the writer was an
+/// export's bottleneck: a core sat idle through each row group's
+/// serial start and its longest column's tail).
+const ROW_GROUPS_IN_FLIGHT: usize = 2;
+
+/// A row group's column chunks, in the schema's order.
+type RowGroup = Vec<chunks::EncodedChunk>;
+
 impl PartWriter for ParquetPart<'_> {
-    fn write(&mut self, mut rows: SegmentRows) -> Result<(), ExportError> {
-        let starts = chunks::value_starts(&rows);
-        let columns = columns(&mut rows, &starts, self.ctx)?;
-        let segment = &rows;
+    fn write_all(
+        mut self: Box<Self>,
+        segments: &mut dyn Iterator<Item = SegmentRows>,
+    ) -> Result<(), ExportError> {
         // Each column of this schema is one leaf (no structs).
         let descrs = self.file.schema_descr().columns().to_vec();
         if descrs.len() != self.ctx.schema.fields().len() {
@@ -454,86 +448,32 @@ impl PartWriter for ParquetPart<'_> {
                 "a column of the export's schema has more than one Parquet leaf",
             ));
         }
-        let chunks = (0..descrs.len())
-            .into_par_iter()
-            .zip(columns)
-            .map(|(at, column)| {
-                let descr = descrs[at].clone();
-                let one = |chunk| Ok(vec![(at, chunk)]);
-                match column {
-                    Column::Text { dictionary, rows } => {
-                        let pages = TextPages::new(&descr, &dictionary, &rows)?;
-                        one(chunks::encode(descr, &pages)?)
-                    }
-                    Column::Register(register) => {
-                        let pages = RegisterPages::new(segment, &starts, register);
-                        one(chunks::encode(descr, &pages)?)
-                    }
-                    Column::Accesses {
-                        direction,
-                        size_at,
-                        value_at,
-                    } => {
-                        let (size, value) = match (descrs.get(size_at), descrs.get(value_at)) {
-                            (Some(size), Some(value)) => (size.clone(), value.clone()),
-                            _ => {
-                                return Err(ExportError::Unsupported(
-                                    "an access column past the schema",
-                                ))
-                            }
-                        };
-                        let built =
-                            AccessColumns::new([&descr, &size, &value], segment, direction)?;
-                        Ok(vec![
-                            (at, chunks::encode(descr, &built.address)?),
-                            (size_at, chunks::encode(size, &built.size)?),
-                            (value_at, chunks::encode(value, &built.value)?),
-                        ])
-                    }
-                    Column::BuiltElsewhere => Ok(Vec::new()),
-                    Column::Number {
-                        values,
-                        present,
-                        encoding,
-                    } => {
-                        let pages = NumberPages::new(&descr, values, present, encoding)?;
-                        one(chunks::encode(descr, &pages)?)
-                    }
-                    Column::Listed { list, rows } => {
-                        let pages = NumberPages::from_list(&descr, &list, &rows)?;
-                        one(chunks::encode(descr, &pages)?)
-                    }
-                    Column::Binary { dictionary, rows } => {
-                        let pages = TextPages::new(&descr, &dictionary, &rows)?;
-                        one(chunks::encode(descr, &pages)?)
-                    }
-                    Column::Events {
-                        first,
-                        events,
-                        ends,
-                    } => {
-                        let pages = EventPages::new(&descr, first, events, ends)?;
-                        one(chunks::encode(descr, &pages)?)
-                    }
+        let ctx = self.ctx;
+        // Encoded on rayon's threads, appended here in order; this thread
+        // only waits. An error returns at once, and the scope still waits
+        // for the row groups begun.
+        rayon::in_place_scope(|scope| {
+            let mut encoding: VecDeque<Receiver<Result<RowGroup, ExportError>>> = VecDeque::new();
+            for rows in segments {
+                let (tx, rx) = sync_channel(1);
+                let descrs = &descrs;
+                scope.spawn(move |_| {
+                    // The receiver is gone only after an error already
+                    // returned.
+                    let _ = tx.send(row_group(rows, descrs, ctx));
+                });
+                encoding.push_back(rx);
+                // Before the next segment's rows are taken: no more rows
+                // wait here than are being encoded.
+                if encoding.len() >= ROW_GROUPS_IN_FLIGHT {
+                    self.append(next_row_group(&mut encoding))?;
                 }
-            })
-            .collect::<Result<Vec<_>, ExportError>>()?;
-        let mut chunks: Vec<_> = chunks.into_iter().flatten().collect();
-        chunks.sort_by_key(|(at, _)| *at);
-        if chunks.len() != descrs.len() || chunks.iter().enumerate().any(|(i, (at, _))| i != *at) {
-            return Err(ExportError::Unsupported(
-                "a column of the export was not built once",
-            ));
-        }
-        let mut group = self.file.next_row_group()?;
-        for (_, chunk) in chunks {
-            group.append_column(&chunk.bytes, chunk.close)?;
-        }
-        group.close()?;
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>) -> Result<(), ExportError> {
+            }
+            while !encoding.is_empty() {
+                self.append(next_row_group(&mut encoding))?;
+            }
+            Ok::<_, ExportError>(())
+        })?;
         let mut inner = self.file.into_inner()?;
         std::io::Write::flush(&mut inner)?;
         inner
@@ -542,4 +482,58 @@ impl PartWriter for ParquetPart<'_> {
             .sync_all()?;
         Ok(())
     }
+}
+
+/// The oldest row group begun, once encoded.
+fn next_row_group(
+    encoding: &mut VecDeque<Receiver<Result<RowGroup, ExportError>>>,
+) -> Result<RowGroup, ExportError> {
+    match encoding.pop_front().map(|rx| rx.recv()) {
+        Some(Ok(group)) => group,
+        // A job that panicked sent nothing; the scope passes its panic on.
+        _ => Err(ExportError::Unsupported("a row group's encoding stopped")),
+    }
+}
+
+impl ParquetPart<'_> {
+    /// Appends a row group's chunks to the file.
+    fn append(&mut self, chunks: Result<RowGroup, ExportError>) -> Result<(), ExportError> {
+        let mut group = self.file.next_row_group()?;
+        for chunk in chunks? {
+            group.append_column(&chunk.bytes, chunk.close)?;
+        }
+        group.close()?;
+        Ok(())
+    }
+}
+
+/// One segment's rows as a row group's column chunks, each column
+/// encoded in parallel (rayon).
+fn row_group(
+    rows: SegmentRows,
+    descrs: &[ColumnDescPtr],
+    ctx: &Context<'_>,
+) -> Result<RowGroup, ExportError> {
+    let registers = RegisterColumns::new(&rows);
+    // The instruction texts' keys, counted once for the four columns.
+    let insn = Keys::new(&rows.insn);
+    let sources = sources();
+    if sources.len() != descrs.len() {
+        return Err(ExportError::Unsupported(
+            "the export's columns do not match its schema",
+        ));
+    }
+    let chunks = sources
+        .into_par_iter()
+        .enumerate()
+        .map(|(at, source)| column_chunks(source, at, descrs, &rows, &registers, &insn, ctx))
+        .collect::<Result<Vec<_>, ExportError>>()?;
+    let mut chunks: Vec<_> = chunks.into_iter().flatten().collect();
+    chunks.sort_by_key(|(at, _)| *at);
+    if chunks.len() != descrs.len() || chunks.iter().enumerate().any(|(i, (at, _))| i != *at) {
+        return Err(ExportError::Unsupported(
+            "a column of the export was not built once",
+        ));
+    }
+    Ok(chunks.into_iter().map(|(_, chunk)| chunk).collect())
 }

@@ -20,8 +20,9 @@ use crate::tasks::{TaskId, TaskTracker};
 /// are not known (after a break in the trace).
 pub(super) const ALL_REGISTERS: u32 = (1 << REG_COUNT) - 1;
 
-/// No task named (an index into [`SegmentRows::tasks`]).
-pub(super) const NO_TASK: u32 = u32::MAX;
+/// No task named (an index into [`SegmentRows::tasks`]): the comm
+/// column's null, so its rows are the task column as it is.
+pub(super) const NO_TASK: u32 = super::keys::NO_KEY;
 
 /// A distinct instruction's text.
 pub(super) struct InsnText {
@@ -160,24 +161,6 @@ impl SegmentRows {
             (mask & ((1 << reg) - 1)).count_ones() as usize
         };
         self.values.get(cursor + slot).copied()
-    }
-
-    /// Frees every column but those the hand-written chunks are encoded
-    /// from (registers and memory accesses), once the others are built.
-    pub fn free_all_but_hand_written(&mut self) {
-        let kept = SegmentRows {
-            changed: std::mem::take(&mut self.changed),
-            values: std::mem::take(&mut self.values),
-            known: std::mem::take(&mut self.known),
-            reads: std::mem::take(&mut self.reads),
-            reads_end: std::mem::take(&mut self.reads_end),
-            writes: std::mem::take(&mut self.writes),
-            writes_end: std::mem::take(&mut self.writes_end),
-            first_reads: std::mem::take(&mut self.first_reads),
-            first_writes: std::mem::take(&mut self.first_writes),
-            ..SegmentRows::default()
-        };
-        *self = kept;
     }
 
     /// How many values row `row` stored (see [`SegmentRows::values`]).
