@@ -395,9 +395,29 @@ pub fn memory_address(m: &UsedMemory, before: &Regs) -> Option<u64> {
 /// Decoded instructions by address, checked against the bytes so code
 /// that changes (self-modifying code, a reused address in another address
 /// space) is decoded again.
-#[derive(Default)]
 pub struct InsnCache {
-    map: FxHashMap<u64, (vtrace_storage::InsnBytes, u32, InsnInfo)>,
+    /// Each instruction decoded: its pc, bytes and bitness, and what it
+    /// is. A pc whose bytes change gets a new entry.
+    entries: Vec<(u64, vtrace_storage::InsnBytes, u32, InsnInfo)>,
+    /// Each pc's latest entry.
+    by_pc: FxHashMap<u64, u32>,
+    /// The entry of a pc seen lately, a slot per pc (`u32::MAX`: none):
+    /// most steps find theirs here without hashing (a hash lookup a step
+    /// was a third of the cache's time).
+    recent: Vec<u32>,
+}
+
+/// Slots in [`InsnCache`]'s recent entries.
+const RECENT_INSNS: usize = 1024;
+
+impl Default for InsnCache {
+    fn default() -> Self {
+        InsnCache {
+            entries: Vec::new(),
+            by_pc: FxHashMap::default(),
+            recent: vec![u32::MAX; RECENT_INSNS],
+        }
+    }
 }
 
 impl std::fmt::Debug for InsnCache {
@@ -410,24 +430,76 @@ impl InsnCache {
     /// The decoded instruction of `step`, decoded once per pc and bytes.
     pub fn get(&mut self, step: &Step) -> &InsnInfo {
         let bitness = step.mode.bitness();
-        let fresh = || {
-            (
-                step.bytes,
-                bitness,
-                decode(step.bytes.as_slice(), step.pc, bitness),
-            )
+        let pc = step.pc;
+        let is_this = |e: &(u64, vtrace_storage::InsnBytes, u32, InsnInfo)| {
+            (e.0, e.1, e.2) == (pc, step.bytes, bitness)
         };
-        let entry = self.map.entry(step.pc).or_insert_with(fresh);
-        if entry.0 != step.bytes || entry.1 != bitness {
-            *entry = fresh();
-        }
-        &entry.2
+        let slot = (pc ^ pc >> 12) as usize % RECENT_INSNS;
+        let recent = self.recent.get(slot).map_or(usize::MAX, |i| *i as usize);
+        let index = match self.entries.get(recent) {
+            Some(e) if is_this(e) => recent,
+            _ => {
+                let known = self.by_pc.get(&pc).map(|i| *i as usize);
+                let index = match known {
+                    Some(i) if self.entries.get(i).is_some_and(is_this) => i,
+                    _ => {
+                        let info = decode(step.bytes.as_slice(), pc, bitness);
+                        self.entries.push((pc, step.bytes, bitness, info));
+                        // Fewer entries than a segment's steps.
+                        let i = self.entries.len() - 1;
+                        self.by_pc.insert(pc, i as u32);
+                        i
+                    }
+                };
+                if let Some(r) = self.recent.get_mut(slot) {
+                    *r = index as u32;
+                }
+                index
+            }
+        };
+        // An entry's, found or pushed above.
+        &self.entries[index].3
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_decodes_a_pc_again_when_its_bytes_or_mode_change() {
+        use vtrace_storage::{CpuMode, InsnBytes};
+        let step = |pc: u64, bytes: &[u8], mode| Step {
+            pc,
+            bytes: InsnBytes::new(bytes).unwrap(),
+            cr3: 0,
+            mode,
+            cpl: 0,
+            regs: Regs::default(),
+        };
+        let mut cache = InsnCache::default();
+        let mnemonic = |cache: &mut InsnCache, s: &Step| cache.get(s).mnemonic;
+        // 0x1000 and 0x1400 share a slot of the recent entries; the code
+        // at 0x1000 changes and changes back; 0x48 0x90 is `dec eax; nop`
+        // in 32-bit code, `xchg rax, rax`'s `nop` in 64-bit code.
+        let (nop, push) = (step(0x1000, &[0x90], CpuMode::Long64), [0x50]);
+        assert_eq!(RECENT_INSNS, 1024, "the slot these pcs share");
+        for (s, want) in [
+            (nop, Mnemonic::Nop),
+            (step(0x1400, &push, CpuMode::Long64), Mnemonic::Push),
+            (nop, Mnemonic::Nop),
+            (step(0x1000, &push, CpuMode::Long64), Mnemonic::Push),
+            (nop, Mnemonic::Nop),
+            (step(0x2000, &[0x48, 0x90], CpuMode::Long64), Mnemonic::Nop),
+            (
+                step(0x2000, &[0x48, 0x90], CpuMode::Protected32),
+                Mnemonic::Dec,
+            ),
+            (step(0x2000, &[0x48, 0x90], CpuMode::Long64), Mnemonic::Nop),
+        ] {
+            assert_eq!(mnemonic(&mut cache, &s), want, "{s:x?}");
+        }
+    }
 
     #[test]
     fn flows_and_classes() {
