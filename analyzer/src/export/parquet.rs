@@ -202,15 +202,17 @@ fn column(
     insn: &Keys<'_>,
     ctx: &Context<'_>,
 ) -> Result<chunks::EncodedChunk, ExportError> {
-    use NumberEncoding::{Delta, Plain};
+    use NumberEncoding::{Delta, Dictionary, Plain};
     use Source::*;
     let encode = |pages: &dyn ColumnPages| chunks::encode(descr.clone(), pages);
     let number =
         |values, present, encoding| encode(&NumberPages::new(&descr, values, present, encoding)?);
     // Step numbers count up by one: as deltas they are almost nothing.
-    // The address space, privilege level and bitness change seldom: zstd
-    // packs their runs written as they are, to the size a dictionary or
-    // deltas give, for less work than either (measured).
+    // The address space, privilege level and bitness change seldom. The
+    // address space's runs of u64s, written as they are, cost zstd more
+    // than a dictionary's runs of one index cost to make (0.15 s against
+    // 0.09 s of CPU over 50.7 M steps); the privilege level's and the
+    // bitness's single bytes the other way round (0.05 s against 0.08 s).
     match source {
         Step => number(Numbers::U64(Cow::Borrowed(&rows.steps)), None, Delta),
         // One value: a dictionary of it, and a run of its index.
@@ -223,7 +225,7 @@ fn column(
             let (values, present) = virtual_ns(rows, ctx);
             number(Numbers::U64(values.into()), present, Delta)
         }
-        Cr3 => number(Numbers::U64(Cow::Borrowed(&rows.cr3)), None, Plain),
+        Cr3 => number(Numbers::U64(Cow::Borrowed(&rows.cr3)), None, Dictionary),
         Cpl => number(Numbers::U8(Cow::Borrowed(&rows.cpl)), None, Plain),
         Bitness => number(Numbers::U8(Cow::Borrowed(&rows.bitness)), None, Plain),
         Pc | Routine | Pid | Tid | Comm | Bytes | Mnemonic | Instruction => {
