@@ -429,36 +429,47 @@ impl std::fmt::Debug for InsnCache {
 impl InsnCache {
     /// The decoded instruction of `step`, decoded once per pc and bytes.
     pub fn get(&mut self, step: &Step) -> &InsnInfo {
-        let bitness = step.mode.bitness();
-        let pc = step.pc;
-        let is_this = |e: &(u64, vtrace_storage::InsnBytes, u32, InsnInfo)| {
-            (e.0, e.1, e.2) == (pc, step.bytes, bitness)
-        };
-        let slot = (pc ^ pc >> 12) as usize % RECENT_INSNS;
+        let slot = (step.pc ^ step.pc >> 12) as usize % RECENT_INSNS;
         let recent = self.recent.get(slot).map_or(usize::MAX, |i| *i as usize);
         let index = match self.entries.get(recent) {
-            Some(e) if is_this(e) => recent,
+            Some(e) if (e.0, e.1, e.2) == (step.pc, step.bytes, step.mode.bitness()) => recent,
+            _ => self.look_up(step, slot),
+        };
+        // An entry's, found or pushed.
+        &self.entries[index].3
+    }
+
+    /// The entry of `step` where its slot of the recent entries holds
+    /// another, decoded if it is new; remembered in the slot. Apart from
+    /// [`InsnCache::get`]: inlined, the decoder's stack frame was made
+    /// for every step.
+    #[cold]
+    #[inline(never)]
+    fn look_up(&mut self, step: &Step, slot: usize) -> usize {
+        let (pc, bitness) = (step.pc, step.mode.bitness());
+        let known = self.by_pc.get(&pc).map(|i| *i as usize);
+        let index = match known {
+            Some(i)
+                if self
+                    .entries
+                    .get(i)
+                    .is_some_and(|e| (e.0, e.1, e.2) == (pc, step.bytes, bitness)) =>
+            {
+                i
+            }
             _ => {
-                let known = self.by_pc.get(&pc).map(|i| *i as usize);
-                let index = match known {
-                    Some(i) if self.entries.get(i).is_some_and(is_this) => i,
-                    _ => {
-                        let info = decode(step.bytes.as_slice(), pc, bitness);
-                        self.entries.push((pc, step.bytes, bitness, info));
-                        // Fewer entries than a segment's steps.
-                        let i = self.entries.len() - 1;
-                        self.by_pc.insert(pc, i as u32);
-                        i
-                    }
-                };
-                if let Some(r) = self.recent.get_mut(slot) {
-                    *r = index as u32;
-                }
-                index
+                let info = decode(step.bytes.as_slice(), pc, bitness);
+                self.entries.push((pc, step.bytes, bitness, info));
+                // Fewer entries than a segment's steps.
+                let i = self.entries.len() - 1;
+                self.by_pc.insert(pc, i as u32);
+                i
             }
         };
-        // An entry's, found or pushed above.
-        &self.entries[index].3
+        if let Some(r) = self.recent.get_mut(slot) {
+            *r = index as u32;
+        }
+        index
     }
 }
 

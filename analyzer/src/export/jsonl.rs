@@ -80,7 +80,10 @@ pub(super) fn lines(rows: &SegmentRows, ctx: &Context<'_>) -> String {
         let _ = write!(
             out,
             ",\"cr3\":{},\"cpl\":{},\"bitness\":{},\"pc\":{},\"routine\":",
-            rows.cr3[row], rows.cpl[row], rows.bitness[row], rows.pc[row]
+            rows.cr3[row],
+            rows.cpl[row],
+            rows.bitness[row],
+            rows.pc(row).unwrap_or(0)
         );
         let func = rows.routine[row];
         let name = names

@@ -46,8 +46,7 @@ pub(super) struct SegmentRows {
     pub cr3: Vec<u64>,
     pub cpl: Vec<u8>,
     pub bitness: Vec<u8>,
-    pub pc: Vec<u64>,
-    /// Index into `texts` (which holds the instruction's bytes too).
+    /// Index into `texts` (which holds the instruction's pc and bytes).
     pub insn: Vec<u32>,
     pub texts: Vec<InsnText>,
     /// Index into `tasks`, or [`NO_TASK`].
@@ -97,7 +96,13 @@ pub(super) struct SegmentRows {
 impl SegmentRows {
     /// Rows in the segment.
     pub fn len(&self) -> usize {
-        self.pc.len()
+        self.steps.len()
+    }
+
+    /// Row `row`'s pc, as its instruction text holds it.
+    pub fn pc(&self, row: usize) -> Option<u64> {
+        let text = self.insn.get(row)?;
+        self.texts.get(*text as usize).map(|t| t.pc)
     }
 
     /// Completes the segment in trace order: `before` is the registers
@@ -125,7 +130,7 @@ impl SegmentRows {
             if let Some(info) = self.first_memory.as_ref().filter(|_| !interrupted) {
                 // The next row's pc is the branch target where it came
                 // straight after.
-                let next_pc = self.pc.get(1).copied().filter(|_| self.known[1]);
+                let next_pc = self.pc(1).filter(|_| self.known[1]);
                 accesses(
                     info,
                     (before, after),
@@ -252,7 +257,6 @@ impl RowBuilder {
                 cr3: Vec::with_capacity(n),
                 cpl: Vec::with_capacity(n),
                 bitness: Vec::with_capacity(n),
-                pc: Vec::with_capacity(n),
                 insn: Vec::with_capacity(n),
                 texts: Vec::new(),
                 task: Vec::with_capacity(n),
@@ -382,7 +386,6 @@ impl SegmentPass for RowBuilder {
         rows.cr3.push(cr3_root(s.cr3));
         rows.cpl.push(s.cpl);
         rows.bitness.push(bitness);
-        rows.pc.push(s.pc);
         rows.insn.push(text);
         rows.task.push(self.task);
         if row == 0 {
