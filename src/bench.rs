@@ -284,6 +284,8 @@ fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<A
             steps_per_file: 10_000_000,
         },
         &no_progress,
+        // A signal is seen after the analysis, as after each other one.
+        &|| false,
     )?;
     let export_seconds = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&exported);

@@ -50,7 +50,8 @@ Exit status:
          printed), however the machine stopped after it
   129    SIGHUP, 130 SIGINT (Ctrl-C), 143 SIGTERM: vtrace stopped tracing, wrote
          the trace to its end and removed its control socket first (a second
-         signal ends it at once)";
+         signal ends it at once); vtrace analyze export stopped at the next
+         segment and removed the file it was writing";
 
 fn session_error(error: &anyhow::Error) -> Option<&SessionError> {
     error.chain().find_map(|e| e.downcast_ref::<SessionError>())
@@ -85,8 +86,26 @@ pub struct BadData(pub String);
 #[error("{0}")]
 pub struct Unreadable(pub String);
 
+/// A stop signal (its number) ended the work before its end: a benchmark
+/// run (the figures would be of part of the work, so there are none), an
+/// export. Exit status 128 + the signal's number, as the shell shows a
+/// death by it.
+#[derive(Debug)]
+pub struct Stopped(pub i32);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by {}", vtrace_vmm::stop_signals::name(self.0))
+    }
+}
+
+impl std::error::Error for Stopped {}
+
 /// The exit status for a failed run.
 pub fn for_error(error: &anyhow::Error) -> i32 {
+    if let Some(stopped) = error.downcast_ref::<Stopped>() {
+        return 128 + stopped.0;
+    }
     if error.chain().any(|e| e.is::<BadArgument>())
         || matches!(session_error(error), Some(SessionError::Request(_)))
     {

@@ -19,18 +19,7 @@ use anyhow::Result;
 use vtrace_trap::{TraceOptions, Tracer};
 use vtrace_vmm::{stop_signals, GuestExit, RunOutcome};
 
-/// A stop signal (its number) ended a benchmark run before its end: the
-/// figures would be of part of the work, so there are none.
-#[derive(Debug)]
-pub struct Stopped(pub i32);
-
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "stopped by {}", stop_signals::name(self.0))
-    }
-}
-
-impl std::error::Error for Stopped {}
+pub use crate::exit_status::Stopped;
 
 /// `outcome`, unless a stop signal ended its run.
 fn whole(outcome: RunOutcome) -> Result<RunOutcome> {

@@ -404,6 +404,72 @@ fn json_lines_hold_the_same_rows() {
     }
 }
 
+/// An export stopped part way (a Ctrl-C, through the library's stop
+/// question) or failing leaves no file completed as if its rows were all:
+/// a file's goes, and a directory keeps only the files whole before it.
+#[test]
+fn a_stopped_export_leaves_no_partial_file() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use vtrace_analyzer::{AnalyzeError, Destination, ExportError, ExportFormat};
+    if !kvm_available() {
+        return;
+    }
+    let trace = vtrace_analyzer::Trace::open(demo_trace()).unwrap();
+    assert!(trace.segments.len() > 3, "segments to stop between");
+    let symbols = vtrace_analyzer::symbols::Symbolizer::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("steps.parquet");
+    let out = dir.path().join("steps");
+    let destinations = [
+        Destination::File(file),
+        // A file a segment: the first is whole when the stop comes.
+        Destination::Directory {
+            dir: out.clone(),
+            steps_per_file: 1,
+        },
+    ];
+    for (destination, format) in destinations
+        .into_iter()
+        .flat_map(|d| [(d.clone(), ExportFormat::Parquet), (d, ExportFormat::Jsonl)])
+    {
+        // Asked before each segment: two go in, the third is refused.
+        let asked = AtomicUsize::new(0);
+        let stop = || asked.fetch_add(1, Ordering::SeqCst) >= 2;
+        let exported = vtrace_analyzer::export(
+            &trace,
+            &symbols,
+            format,
+            &destination,
+            &vtrace_analyzer::no_progress,
+            &stop,
+        );
+        assert!(
+            matches!(exported, Err(AnalyzeError::Export(ExportError::Stopped))),
+            "{destination:?} {format:?}: {exported:?}"
+        );
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .chain(std::fs::read_dir(&out).into_iter().flatten())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name != "steps")
+            .collect();
+        left.sort();
+        let whole = match destination {
+            Destination::Directory { .. } => {
+                let first = &trace.segments[0];
+                let (from, end) = (first.first_step, first.first_step + first.steps);
+                vec![format!(
+                    "step_range={from:012}-{end:012}.{}",
+                    format.extension()
+                )]
+            }
+            _ => Vec::new(),
+        };
+        assert_eq!(left, whole, "{destination:?} {format:?}");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
 #[test]
 fn bad_destinations_are_refused_with_the_reason() {
     if !kvm_available() {

@@ -85,8 +85,28 @@ pub enum ExportError {
     Arrow(#[from] arrow_schema::ArrowError),
     /// The Parquet encoder failed.
     #[error("parquet: {0}")]
-    Parquet(#[from] ::parquet::errors::ParquetError),
+    Parquet(::parquet::errors::ParquetError),
     /// Standard output takes one stream of JSON lines only.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// The caller asked the export to stop before it was complete; the
+    /// file being written was removed.
+    #[error("stopped before the export was complete")]
+    Stopped,
+}
+
+/// The encoder's errors, but its writes' failures as what they are: an
+/// output that cannot be written (a full disk), not an encoder's fault.
+impl From<::parquet::errors::ParquetError> for ExportError {
+    fn from(e: ::parquet::errors::ParquetError) -> Self {
+        match e {
+            ::parquet::errors::ParquetError::External(inner) => match inner.downcast() {
+                Ok(io) => ExportError::Io(*io),
+                Err(other) => {
+                    ExportError::Parquet(::parquet::errors::ParquetError::External(other))
+                }
+            },
+            e => ExportError::Parquet(e),
+        }
+    }
 }

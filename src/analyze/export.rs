@@ -71,10 +71,38 @@ pub(super) fn export(a: ExportArgs) -> Result<()> {
     let (trace, symbols) = open(&a.trace)?;
     let bar = StepsBar::new(&trace, &a.trace, "export");
     let started = Instant::now();
-    let report = vtrace_analyzer::export(&trace, &symbols, format, &destination, &|d, _| {
-        bar.update(d)
-    })
-    .with_context(|| format!("exporting to {}", a.output.display()))?;
+    // A Ctrl-C ends the export at the next segment, and the file being
+    // written goes (a second one kills).
+    vtrace_vmm::stop_signals::catch()?;
+    let stopped = || vtrace_vmm::stop_signals::caught().is_some();
+    let exported = vtrace_analyzer::export(
+        &trace,
+        &symbols,
+        format,
+        &destination,
+        &|d, _| bar.update(d),
+        &stopped,
+    );
+    let report = match (exported, vtrace_vmm::stop_signals::caught()) {
+        (Ok(report), _) => report,
+        (Err(_), Some(signal)) => {
+            bar.finish();
+            let left = match &destination {
+                Destination::File(path) => format!("no file is left under {}", path.display()),
+                Destination::Directory { dir, .. } => format!(
+                    "the files in {} hold whole segments up to there, the one being written \
+                     was removed",
+                    dir.display()
+                ),
+                Destination::Stdout => "the lines end at a whole segment".to_string(),
+            };
+            return Err(anyhow::Error::new(crate::exit_status::Stopped(signal))
+                .context(format!("the export was not completed ({left})")));
+        }
+        (Err(e), None) => {
+            return Err(e).with_context(|| format!("exporting to {}", a.output.display()))
+        }
+    };
     bar.finish();
     if destination == Destination::Stdout {
         return Ok(());

@@ -147,9 +147,18 @@ trait PartWriter: Send {
 struct Quiet;
 impl LevelSink for Quiet {}
 
+/// What a part's writer is sent.
+enum ToWriter {
+    /// A segment's rows (boxed: the message is moved, its vectors not).
+    Rows(Box<SegmentRows>),
+    /// The export failed or was stopped: the part is not to be completed,
+    /// and its file goes.
+    Abandon,
+}
+
 /// A part being written by its thread.
 struct OpenPart<'scope> {
-    tx: SyncSender<SegmentRows>,
+    tx: SyncSender<ToWriter>,
     handle: ScopedJoinHandle<'scope, Result<ExportedFile, ExportError>>,
     steps: u64,
 }
@@ -186,7 +195,7 @@ fn write_part(
     target: PartTarget,
     format: ExportFormat,
     ctx: &Context<'_>,
-    rx: std::sync::mpsc::Receiver<SegmentRows>,
+    rx: std::sync::mpsc::Receiver<ToWriter>,
 ) -> Result<ExportedFile, ExportError> {
     let temp = match &target {
         PartTarget::File(path) => partial_name(path),
@@ -214,13 +223,26 @@ fn write_part(
     };
     let mut range: Option<(u64, u64)> = None;
     let mut steps = 0u64;
-    let written = writer.write_all(&mut rx.into_iter().inspect(|rows| {
+    let mut abandoned = false;
+    let mut segments = rx.into_iter().map_while(|message| match message {
+        ToWriter::Rows(rows) => Some(*rows),
+        ToWriter::Abandon => {
+            abandoned = true;
+            None
+        }
+    });
+    let written = writer.write_all(&mut segments.by_ref().inspect(|rows| {
         if let (Some(first), Some(last)) = (rows.steps.first(), rows.steps.last()) {
             let end = last.saturating_add(1);
             range = Some((range.map_or(*first, |r| r.0), end));
         }
         steps = steps.saturating_add(rows.len() as u64);
     }));
+    drop(segments);
+    let written = written.and_then(|()| match abandoned {
+        true => Err(ExportError::Stopped),
+        false => Ok(()),
+    });
     if let Err(e) = written {
         let _ = std::fs::remove_file(&temp);
         return Err(e);
@@ -264,16 +286,23 @@ fn clear_directory(dir: &Path, format: ExportFormat) -> Result<(), ExportError> 
     Ok(())
 }
 
+/// Asked between segments whether an export is to stop (a signal came).
+pub type Stop<'a> = &'a (dyn Fn() -> bool + Sync);
+
 /// Exports every readable step of `trace` to `destination`: of the CPU
 /// the trace has selected ([`Trace::select_cpu`]), else of every CPU, one
 /// after another (each CPU's rows in step order; a directory's files
-/// hold one CPU's each, named with it).
+/// hold one CPU's each, named with it). Where `stop` says so, or the
+/// export fails, the file being written is removed (a directory keeps
+/// the files completed before it) and the export fails
+/// ([`ExportError::Stopped`]).
 pub fn export(
     trace: &Trace,
     symbols: &Symbolizer,
     format: ExportFormat,
     destination: &Destination,
     progress: Progress<'_>,
+    stop: Stop<'_>,
 ) -> Result<ExportReport> {
     if trace.steps() == 0 {
         return Err(AnalyzeError::NoSteps);
@@ -302,7 +331,7 @@ pub fn export(
         for (pass, cpu) in (0u64..).zip(cpus.iter().copied()) {
             parts.next_cpu(cpu.filter(|_| passes > 1));
             let progress = pass_progress(progress, pass, passes);
-            outcome = export_cpu(trace, symbols, cpu, &mut parts, &progress);
+            outcome = export_cpu(trace, symbols, cpu, &mut parts, &progress, stop);
             if outcome.is_err() {
                 break;
             }
@@ -318,6 +347,7 @@ fn export_cpu(
     cpu: Option<u32>,
     parts: &mut Parts<'_, '_>,
     progress: Progress<'_>,
+    stop: Stop<'_>,
 ) -> Result<()> {
     // The registers after the last step before, and whether it was a
     // user-mode `int 0x80`.
@@ -331,6 +361,9 @@ fn export_cpu(
         &mut Quiet,
         |info| RowBuilder::new(cpu.unwrap_or(0), info.first_step, info.steps),
         |mut rows, info, runs| {
+            if stop() {
+                return Err(ExportError::Stopped.into());
+            }
             if expected != Some(info.first_step) {
                 carried = None;
                 carried_events.clear();
@@ -415,7 +448,8 @@ impl<'scope, 'env> Parts<'scope, 'env> {
     /// Hands a segment's rows to the open part, closing a full one and
     /// beginning a new one as needed.
     fn take(&mut self, rows: SegmentRows) -> Result<()> {
-        if rows.len() == 0 {
+        let count = rows.len() as u64;
+        if count == 0 {
             return Ok(());
         }
         if self
@@ -438,9 +472,9 @@ impl<'scope, 'env> Parts<'scope, 'env> {
             None => self.begin(),
         };
         let p = self.open.insert(p);
-        p.steps = p.steps.saturating_add(rows.len() as u64);
-        self.report.steps = self.report.steps.saturating_add(rows.len() as u64);
-        if p.tx.send(rows).is_err() {
+        p.steps = p.steps.saturating_add(count);
+        self.report.steps = self.report.steps.saturating_add(count);
+        if p.tx.send(ToWriter::Rows(Box::new(rows))).is_err() {
             // The writer stopped: its error says why.
             if let Some(p) = self.open.take() {
                 return Err(match join(p.handle) {
@@ -471,7 +505,7 @@ impl<'scope, 'env> Parts<'scope, 'env> {
     fn begin(&mut self) -> OpenPart<'scope> {
         // Handed over, not queued: a segment's rows are tens of MB, and a
         // queued one kept peak memory about 30 MB higher for no speed.
-        let (tx, rx) = sync_channel::<SegmentRows>(0);
+        let (tx, rx) = sync_channel::<ToWriter>(0);
         self.part += 1;
         let target = match &self.target {
             PartTarget::InDirectory { dir, .. } => PartTarget::InDirectory {
@@ -493,9 +527,15 @@ impl<'scope, 'env> Parts<'scope, 'env> {
     }
 
     /// Joins every writer, even after an error, so none is left writing;
-    /// the first error wins (`error` is the pass's own).
+    /// the first error wins (`error` is the pass's own). After an error,
+    /// the open part is abandoned (its file removed, not completed as if
+    /// its rows were all); those closed before it are whole.
     fn finish(mut self, error: Option<AnalyzeError>) -> Result<ExportReport> {
         if let Some(p) = self.open.take() {
+            if error.is_some() {
+                // A writer that stopped already has nothing to remove.
+                let _ = p.tx.send(ToWriter::Abandon);
+            }
             drop(p.tx);
             self.closing.push_back(p.handle);
         }
