@@ -72,6 +72,7 @@ fuzz_target!(|data: &[u8]| {
             ExportFormat::Parquet,
             &Destination::File(dir.join("steps.parquet")),
             &|_, _| {},
+            &|| false,
         );
         let _ = export(
             &trace,
@@ -82,6 +83,7 @@ fuzz_target!(|data: &[u8]| {
                 steps_per_file: 100,
             },
             &|_, _| {},
+            &|| false,
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -604,9 +604,12 @@ mod tests {
         );
     }
 
+    /// A chunk's statistics: min, max and nulls.
+    type MinMaxNulls = (Option<i32>, Option<i32>, u64);
+
     /// `keys` into `list` written as a nullable UInt32 column, read back,
-    /// and the chunk's statistics: (min, max, nulls).
-    fn listed_u32(list: &[u64], keys: Keys) -> (Vec<Option<u64>>, (Option<i32>, Option<i32>, u64)) {
+    /// and the chunk's statistics.
+    fn listed_u32(list: &[u64], keys: Keys) -> (Vec<Option<u64>>, MinMaxNulls) {
         let d = descr(DataType::UInt32, true);
         let pages = NumberPages::from_list(&d, list, keys).unwrap();
         let Some(Statistics::Int32(s)) = pages.statistics() else {
