@@ -102,15 +102,18 @@ fn demo_timer_count_agrees_with_the_virtual_clock() {
     // every IRQ0 the VMM injected was counted by the guest, and no more.
     assert_eq!(guest_ticks, delivered, "{console}\n{log}");
     // PIT channel 0 at divisor 4773: 1193182 / 4773 = 249.98 Hz. Ticks can
-    // only be lost (coalesced while the guest has interrupts off), never
-    // invented; the demo keeps interrupt-off stretches short.
+    // only be lost (coalesced while the guest has interrupts off, or while
+    // the host runs something else in the vCPU's place), never invented;
+    // the demo keeps interrupt-off stretches short. The lower bound is
+    // loose: with the suite's two test files at a time on 2 cores, a run
+    // got 165 ticks of 327 (alone, all of them).
     let expected = seconds * 1_193_182.0 / 4773.0;
     assert!(
         delivered as f64 <= expected + 1.0,
         "{delivered} ticks in {seconds} s"
     );
     assert!(
-        delivered as f64 >= expected * 0.6,
+        delivered as f64 >= expected * 0.3,
         "{delivered} ticks in {seconds} s"
     );
     assert!(
