@@ -351,6 +351,10 @@ impl HwWatchpoint for TraceTarget {
         len: u64,
         kind: WatchKind,
     ) -> TargetResult<bool, Self> {
+        if let Some(why) = refused_watch(len, kind) {
+            vtrace_vmm::user_message(&format!("vtrace: gdb: {why}"));
+            return Ok(false);
+        }
         let watch = Watch {
             addr,
             len,
@@ -374,6 +378,29 @@ impl HwWatchpoint for TraceTarget {
             .retain(|(w, k)| !(w.addr == addr && w.len == len && *k == kind));
         Ok(self.watches.len() != had)
     }
+}
+
+/// The longest value gdb reads by default (its `max-value-size`).
+const GDB_MAX_VALUE: u64 = 64 * 1024;
+
+/// Why a watchpoint is refused, if it is.
+///
+/// A write watch tells gdb only that something was stored; gdb then
+/// compares the old and the new value, and one longer than its
+/// `max-value-size` it cannot read, so it takes every store for "no
+/// change" and resumes by itself, once per store in the trace: a
+/// `continue` over a gigabyte's watch makes tens of thousands of round
+/// trips and seems to hang. Reads and accesses have no value to compare,
+/// so they stop at the first hit whatever the length.
+fn refused_watch(len: u64, kind: WatchKind) -> Option<String> {
+    (kind == WatchKind::Write && len > GDB_MAX_VALUE).then(|| {
+        format!(
+            "a write watchpoint over {len:#x} bytes is refused: gdb compares \
+             the watched value before and after each store and cannot read one \
+             over {GDB_MAX_VALUE:#x} bytes; watch a smaller range, or use \
+             `awatch` (stops at every access, whatever its length)"
+        )
+    })
 }
 
 impl TraceTarget {
@@ -421,5 +448,20 @@ impl MonitorCmd for TraceTarget {
     ) -> Result<(), Self::Error> {
         let command = String::from_utf8_lossy(cmd);
         self.monitor(&command, &mut out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_write_watch_past_gdbs_value_size_is_refused() {
+        assert!(refused_watch(GDB_MAX_VALUE, WatchKind::Write).is_none());
+        assert!(refused_watch(GDB_MAX_VALUE + 1, WatchKind::Write).is_some());
+        assert!(refused_watch(u64::MAX, WatchKind::Write).is_some());
+        for kind in [WatchKind::Read, WatchKind::ReadWrite] {
+            assert!(refused_watch(u64::MAX, kind).is_none(), "{kind:?}");
+        }
     }
 }

@@ -144,6 +144,10 @@ impl MemoryIndex {
     /// The step nearest `from` whose access touches `len` bytes at `addr`
     /// in `space`: the first from `from` on (`forward`), else the last
     /// before it. `stores` and `loads` say which accesses count.
+    ///
+    /// It walks the accesses that start in the range (or up to 7 bytes
+    /// below it), not the range's bytes: a watch over half the address
+    /// space costs what the trace holds, no more.
     pub fn nearest_access(
         &self,
         space: u64,
@@ -154,35 +158,23 @@ impl MemoryIndex {
     ) -> Option<u64> {
         let (addr, len) = range;
         let (stores, loads) = kinds;
-        let end = addr.checked_add(len.max(1))?;
-        let counts = |o: &Observation| {
+        let end = addr.saturating_add(len.max(1));
+        let first = addr.saturating_sub(7);
+        let lo = self
+            .seen
+            .partition_point(|o| (o.space, o.addr) < (space, first));
+        let hi = self
+            .seen
+            .partition_point(|o| (o.space, o.addr) < (space, end));
+        let touches = |o: &&Observation| {
             (if o.store { stores } else { loads })
-                && o.addr < end
                 && o.addr.saturating_add(u64::from(o.size)) > addr
         };
-        let mut best: Option<u64> = None;
-        let mut start = addr.saturating_sub(7);
-        while start < end {
-            let runs = self.at(space, start);
-            let split = runs.partition_point(|o| o.step < from);
-            let found = match forward {
-                true => runs[split..].iter().find(|o| counts(o)).map(|o| o.step),
-                false => runs[..split]
-                    .iter()
-                    .rev()
-                    .find(|o| counts(o))
-                    .map(|o| o.step),
-            };
-            if let Some(step) = found {
-                best = Some(match (best, forward) {
-                    (None, _) => step,
-                    (Some(b), true) => b.min(step),
-                    (Some(b), false) => b.max(step),
-                });
-            }
-            start += 1;
+        let steps = self.seen[lo..hi].iter().filter(touches).map(|o| o.step);
+        match forward {
+            true => steps.filter(|&s| s >= from).min(),
+            false => steps.filter(|&s| s < from).max(),
         }
-        best
     }
 
     /// The byte at `addr` in `space` before step `n` runs: `Some(Some(v))`
@@ -330,6 +322,31 @@ mod tests {
             Some(20)
         );
         assert_eq!(index.nearest_access(1, (0x5004, 4), 0, stores, true), None);
+    }
+
+    #[test]
+    fn a_watch_over_the_whole_address_space_walks_the_accesses_only() {
+        let index = MemoryIndex::new(
+            vec![
+                store(0x5000, 10, 8, Some(1)),
+                store(u64::MAX - 3, 20, 4, None),
+            ],
+            vec![],
+        );
+        let stores = (true, false);
+        // Byte by byte this range would take centuries.
+        let all = (0, 0x7fff_ffff_ffff_ffff);
+        assert_eq!(index.nearest_access(0, all, 0, stores, true), Some(10));
+        assert_eq!(index.nearest_access(0, all, 11, stores, true), None);
+        let to_the_top = (0x8000, u64::MAX);
+        assert_eq!(
+            index.nearest_access(0, to_the_top, 0, stores, true),
+            Some(20)
+        );
+        assert_eq!(
+            index.nearest_access(0, (0, u64::MAX), 30, stores, false),
+            Some(20)
+        );
     }
 
     #[test]
