@@ -2,8 +2,8 @@
 //! the loop that answers it.
 
 use std::fmt;
-use std::net::TcpListener;
-use std::os::unix::net::UnixListener;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
 use gdbstub::conn::{Connection, ConnectionExt};
@@ -99,8 +99,9 @@ impl Listener {
         &self.address
     }
 
-    /// Waits for gdb to connect.
-    pub(crate) fn accept(&self) -> Result<Conn, GdbError> {
+    /// Waits for gdb to connect: the connection, and what shuts it down
+    /// from another thread.
+    pub(crate) fn accept(&self) -> Result<(Conn, Closer), GdbError> {
         let io = |e| GdbError::Listen {
             at: self.address.clone(),
             source: e,
@@ -110,13 +111,41 @@ impl Listener {
                 let (stream, _) = listener.accept().map_err(io)?;
                 // gdb's packets are small and each waits for its answer.
                 stream.set_nodelay(true).map_err(io)?;
-                Ok(Box::new(stream))
+                let closer = Closer::Tcp(stream.try_clone().map_err(io)?);
+                Ok((Box::new(stream), closer))
             }
             Socket::Unix(listener, _) => {
                 let (stream, _) = listener.accept().map_err(io)?;
-                Ok(Box::new(stream))
+                let closer = Closer::Unix(stream.try_clone().map_err(io)?);
+                Ok((Box::new(stream), closer))
             }
         }
+    }
+
+    /// The Unix socket's path, where it listens on one.
+    pub(crate) fn socket_path(&self) -> Option<&std::path::Path> {
+        match &self.socket {
+            Socket::Tcp(_) => None,
+            Socket::Unix(_, path) => Some(path),
+        }
+    }
+}
+
+/// Shuts a connection to gdb down from another thread: a read blocked on
+/// it returns.
+#[derive(Debug)]
+pub(crate) enum Closer {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Closer {
+    /// Shuts the connection down (both ways).
+    pub(crate) fn close(&self) {
+        let _ = match self {
+            Closer::Tcp(s) => s.shutdown(Shutdown::Both),
+            Closer::Unix(s) => s.shutdown(Shutdown::Both),
+        };
     }
 }
 
@@ -159,11 +188,30 @@ impl BlockingEventLoop for TraceLoop {
     }
 }
 
+/// The longest packet taken from gdb, and the size gdb is told
+/// (`PacketSize` in `qSupported`). gdbstub's own buffer grows with the
+/// packet: a `$` with no `#` after it, from anyone who can reach the port,
+/// would grow it without end.
+pub(crate) const PACKET_SIZE: usize = 4096;
+
+/// A stub on `conn` whose packets fit in `buffer` ([`PACKET_SIZE`]): a
+/// longer one ends the session with an error.
+pub(crate) fn bounded_stub<'a, T: Target>(
+    conn: Conn,
+    buffer: &'a mut [u8; PACKET_SIZE],
+) -> Result<GdbStub<'a, T, Conn>, GdbError> {
+    GdbStub::builder(conn)
+        .with_packet_buffer(buffer)
+        .build()
+        .map_err(|e| GdbError::Protocol(e.to_string()))
+}
+
 /// Waits for gdb on `listener` and answers it until it detaches or kills
 /// the session.
 pub fn serve_trace(target: &mut TraceTarget, listener: &Listener) -> Result<(), GdbError> {
-    let conn = listener.accept()?;
-    match GdbStub::new(conn).run_blocking::<TraceLoop>(target) {
+    let (conn, _) = listener.accept()?;
+    let mut buffer = [0; PACKET_SIZE];
+    match bounded_stub(conn, &mut buffer)?.run_blocking::<TraceLoop>(target) {
         Ok(_) => Ok(()),
         Err(e) => Err(GdbError::Protocol(e.to_string())),
     }

@@ -507,10 +507,7 @@ impl Session {
             Some(mut held) => {
                 let outcome = self.vm.run(&mut held);
                 if let Ok(o) = &outcome {
-                    held.exited(match o.exit {
-                        vtrace_vmm::GuestExit::Status(status) => status,
-                        _ => 0,
-                    });
+                    held.ended(o.exit);
                 }
                 outcome
             }

@@ -72,6 +72,8 @@ pub enum Reply {
     Set(Result<(), String>),
     /// The guest ended with this status.
     Exited(u8),
+    /// The run was ended by this stop signal (SIGINT, SIGTERM, SIGHUP).
+    Terminated(i32),
 }
 
 /// The vCPU thread's end.
@@ -83,6 +85,9 @@ pub struct VcpuEnd {
     pub replies: Sender<Reply>,
     /// Set by the gdb thread to have the guest stop at its next exit.
     pub interrupt: Arc<AtomicBool>,
+    /// Set while gdb waits for the guest to stop (it runs on gdb's
+    /// `continue` or `stepi`): only then can gdb be told how the run ended.
+    pub awaited: Arc<AtomicBool>,
 }
 
 /// The gdb thread's end.
@@ -106,6 +111,7 @@ pub fn link() -> (VcpuEnd, GdbEnd) {
             requests: requests_rx,
             replies: replies_tx,
             interrupt: Arc::clone(&interrupt),
+            awaited: Arc::new(AtomicBool::new(false)),
         },
         GdbEnd {
             requests: requests_tx,

@@ -9,16 +9,19 @@ mod monitor;
 mod target;
 mod watch;
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gdbstub::stub::{DisconnectReason, GdbStub};
+use gdbstub::stub::DisconnectReason;
 
 use link::{GdbEnd, VcpuEnd};
 pub use monitor::GdbMonitor;
 use target::LiveTarget;
 
-use crate::serve::{Listen, Listener};
+use crate::serve::{bounded_stub, Closer, Listen, Listener, PACKET_SIZE};
 use crate::symbol_file::SymbolFile;
 use crate::GdbError;
 
@@ -30,8 +33,23 @@ pub struct LiveGdb {
     symbols: Option<SymbolFile>,
     wait: bool,
     address: String,
+    /// The Unix socket gdb connects to, removed when the run ends.
+    socket: Option<PathBuf>,
+    /// Whether gdb waits for the guest to stop ([`VcpuEnd::awaited`]).
+    awaited: Arc<AtomicBool>,
+    /// The connection, once gdb has made it.
+    line: Arc<Line>,
     /// Told when the gdb thread is done.
     done: Receiver<()>,
+}
+
+/// The connection to gdb as the run's end sees it.
+#[derive(Debug, Default)]
+struct Line {
+    /// Shuts it down; set once gdb connected.
+    closer: Mutex<Option<Closer>>,
+    /// The run's end closed it: the session's end is no failure to report.
+    closed: AtomicBool,
 }
 
 /// How long the end of a run waits for gdb to hear of it.
@@ -50,12 +68,17 @@ impl LiveGdb {
         let listener = Listener::bind(listen)?;
         let offered = symbols.as_ref().map(|s| s.path().to_path_buf());
         let address = listener.address().to_string();
+        let socket = listener.socket_path().map(PathBuf::from);
         let (vcpu, gdb) = link::link();
+        let awaited = Arc::clone(&vcpu.awaited);
+        let line = Arc::new(Line::default());
         let (done_tx, done) = channel();
+        let thread_line = Arc::clone(&line);
         std::thread::Builder::new()
             .name("gdb".into())
             .spawn(move || {
-                if let Err(e) = serve(&listener, gdb, wait, offered) {
+                let served = serve(&listener, gdb, wait, offered, &thread_line);
+                if let (Err(e), false) = (served, thread_line.closed.load(Ordering::Acquire)) {
                     vtrace_vmm::user_message(&format!("vtrace: gdb: {e}"));
                 }
                 let _ = done_tx.send(());
@@ -69,6 +92,9 @@ impl LiveGdb {
             symbols,
             wait,
             address,
+            socket,
+            awaited,
+            line,
             done,
         })
     }
@@ -92,9 +118,27 @@ impl LiveGdb {
         Some(GdbMonitor::new(inner, end, self.wait))
     }
 
-    /// After the run: waits a little for gdb to hear how it ended.
+    /// After the run: where gdb waits for the guest to stop, waits a
+    /// little for it to hear how the run ended ([`GdbMonitor::ended`]);
+    /// then closes the connection, and the Unix socket goes. A gdb that
+    /// never connected, or that holds the guest, is not waited for.
     pub fn finish(self) {
-        let _ = self.done.recv_timeout(LAST_WORDS);
+        if self.awaited.load(Ordering::Acquire) {
+            let _ = self.done.recv_timeout(LAST_WORDS);
+        }
+        self.line.closed.store(true, Ordering::Release);
+        if let Some(closer) = self
+            .line
+            .closer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            closer.close();
+        }
+        if let Some(path) = &self.socket {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -104,14 +148,17 @@ fn serve(
     listener: &Listener,
     end: GdbEnd,
     wait: bool,
-    symbols: Option<std::path::PathBuf>,
+    symbols: Option<PathBuf>,
+    line: &Line,
 ) -> Result<(), GdbError> {
-    let conn = listener.accept()?;
+    let (conn, closer) = listener.accept()?;
+    *line.closer.lock().unwrap_or_else(|e| e.into_inner()) = Some(closer);
     let mut target = LiveTarget::new(end, symbols);
     target
         .first_stop(!wait)
         .map_err(|e| GdbError::Protocol(e.to_string()))?;
-    match GdbStub::new(conn).run_blocking::<target::LiveLoop>(&mut target) {
+    let mut buffer = [0; PACKET_SIZE];
+    match bounded_stub(conn, &mut buffer)?.run_blocking::<target::LiveLoop>(&mut target) {
         Ok(DisconnectReason::Disconnect) => target.leave(false),
         Ok(DisconnectReason::Kill) => target.leave(true),
         Ok(DisconnectReason::TargetExited(_) | DisconnectReason::TargetTerminated(_)) => {}

@@ -3,17 +3,22 @@
 //! questions from the vCPU while it stands.
 
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use vtrace_trap::Walker;
 use vtrace_vmm::{
-    CpuView, EntryPlan, Exception, ExitAnswer, ExitView, Help, Hypercall, Injection, Monitor,
-    PeepSample,
+    stop_signals, CpuView, EntryPlan, Exception, ExitAnswer, ExitView, GuestExit, Help, Hypercall,
+    Injection, Monitor, PeepSample,
 };
 
 use super::link::{Reply, Request, Stop, VcpuEnd};
 use super::watch::{LiveWatch, Watcher};
 use crate::arch::{Reg, RegisterFile};
+
+/// How often a guest held for gdb looks for a stop signal: SIGINT, SIGTERM
+/// or SIGHUP ends the run cleanly while gdb holds it, as at any other time.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// A run's monitor with gdb in charge of stopping.
 pub struct GdbMonitor<'a> {
@@ -65,20 +70,32 @@ impl<'a> GdbMonitor<'a> {
         }
     }
 
-    /// Tells gdb the guest ended with `status`.
-    pub fn exited(&mut self, status: u8) {
-        let _ = self.end.replies.send(Reply::Exited(status));
+    /// Tells gdb how the run ended, where gdb waits for the guest to stop
+    /// and so can hear it: whether it was told. (Where gdb holds the guest
+    /// it asks nothing of how it runs, and is not told.)
+    pub fn ended(&mut self, exit: GuestExit) -> bool {
+        if self.gone || !self.end.awaited.load(Ordering::Acquire) {
+            return false;
+        }
+        let reply = match exit {
+            GuestExit::Status(status) => Reply::Exited(status),
+            GuestExit::Signal(signal) => Reply::Terminated(signal),
+            _ => Reply::Exited(0),
+        };
+        self.end.replies.send(reply).is_ok()
     }
 
-    /// Serves gdb while the guest stands, until it says to run on.
+    /// Serves gdb while the guest stands, until it says to run on, or a
+    /// stop signal ends the run.
     fn serve(&mut self, stop: Stop, cpu: &mut dyn CpuView) {
+        self.end.awaited.store(false, Ordering::Release);
         if self.end.replies.send(Reply::Stopped(stop)).is_err() {
             return self.let_go();
         }
         // The guest may have changed its page tables since the last stop.
         self.walker.flush();
         loop {
-            let Ok(request) = self.end.requests.recv() else {
+            let Some(request) = self.next_request() else {
                 return self.let_go();
             };
             let reply = match request {
@@ -92,10 +109,10 @@ impl<'a> GdbMonitor<'a> {
                 }
                 Request::Breakpoints(addrs) => Reply::Set(self.set_breakpoints(addrs)),
                 Request::Watchpoints(watches) => Reply::Set(self.set_watches(watches)),
-                Request::Continue => return,
+                Request::Continue => return self.end.awaited.store(true, Ordering::Release),
                 Request::Step => {
                     self.stepping = true;
-                    return;
+                    return self.end.awaited.store(true, Ordering::Release);
                 }
                 Request::Detach => return self.let_go(),
                 Request::Kill => {
@@ -105,6 +122,22 @@ impl<'a> GdbMonitor<'a> {
             };
             if self.end.replies.send(reply).is_err() {
                 return self.let_go();
+            }
+        }
+    }
+
+    /// gdb's next request; none where gdb is gone, or a stop signal came
+    /// (the run loop ends the run as soon as the guest is let go).
+    fn next_request(&mut self) -> Option<Request> {
+        loop {
+            match self.end.requests.recv_timeout(SIGNAL_POLL) {
+                Ok(request) => return Some(request),
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => {
+                    if stop_signals::caught().is_some() {
+                        return None;
+                    }
+                }
             }
         }
     }

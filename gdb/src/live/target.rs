@@ -322,6 +322,12 @@ impl BlockingEventLoop for LiveLoop {
                 Ok(Reply::Exited(status)) => {
                     return Ok(Event::TargetStopped(SingleThreadStopReason::Exited(status)))
                 }
+                Ok(Reply::Terminated(signal)) => {
+                    let signal = Signal(u8::try_from(signal).unwrap_or(Signal::SIGTERM.0));
+                    return Ok(Event::TargetStopped(SingleThreadStopReason::Terminated(
+                        signal,
+                    )));
+                }
                 Ok(other) => {
                     return Err(WaitForStopReasonError::Target(LiveError::Unexpected(
                         format!("{other:?}"),

@@ -258,6 +258,11 @@ impl Run<'_> {
             let held = self.monitor.pause(&mut self.vm.cpu_view());
             if !held.is_zero() {
                 self.vm.machine.clock.leave_out(held);
+                // A stop signal that came while the monitor held the guest
+                // (gdb) ends the run here, before another instruction.
+                if let Some(signal) = signals::caught() {
+                    return Ok(GuestExit::Signal(signal));
+                }
             }
             let plan = self.monitor.plan_entry();
             if plan.done {
