@@ -11,19 +11,27 @@ pub fn summary(setup: &PeepSetup, peeped: Option<PeepReport>, written: SampleCou
         what.push("the pc (an exit each)");
     }
     let mut line = format!(
-        "vtrace: peeped at {} every {}: {} samples in the trace",
+        "vtrace: peeped at {} every {}: {} in the trace",
         what.join(", "),
         setup.interval,
-        written.recorded
+        counted(written.recorded, "sample")
     );
     if let Some(r) = peeped.filter(|r| r.missed > 0) {
         line.push_str(&format!(
-            ", {} intervals missed (the host was late)",
-            r.missed
+            ", {} missed (the host was late)",
+            counted(r.missed, "interval")
         ));
     }
     if written.lost > 0 {
         line.push_str(&format!(", {} lost: the trace disk was full", written.lost));
     }
     line
+}
+
+/// "1 sample", "2 samples".
+fn counted(n: u64, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
 }

@@ -339,3 +339,51 @@ fn peeping_refuses_what_it_cannot_do() {
         stderr(&out)
     );
 }
+
+/// An interval longer than the run: the sampler sleeps until it is due or
+/// stopped, so the run ends with its guest, and a signal still ends it
+/// with its trace.
+#[test]
+fn a_long_interval_neither_outlasts_the_guest_nor_deafens_the_run() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("long.vtd");
+    let d = disk.to_str().unwrap();
+    let hang = std::time::Duration::from_secs(120);
+    for interval in ["1000s", "1000000000s"] {
+        let mut child = vtrace()
+            .args(["run", "--no-input", "--peep", interval])
+            .args(["--sample", "ticks", "--disk", d])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vtrace");
+        assert!(ended_within(&mut child, hang).success(), "{interval}");
+        let log = stderr(&child.wait_with_output().unwrap());
+        // One sample, as the guest stops; the virtual time is the guest's.
+        assert!(log.contains("1 sample in the trace"), "{log}");
+        assert!(virtual_seconds(run_summary(&log)).unwrap() < 5.0, "{log}");
+    }
+
+    // Traced, the demo runs for seconds: SIGINT stops it, trace kept.
+    let mut child = vtrace()
+        .args(["run", "--no-input", "--trace", "--peep", "1000s"])
+        .args(["--sample", "ticks", "--disk", d])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vtrace");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = ended_within(&mut child, hang);
+    let log = stderr(&child.wait_with_output().unwrap());
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(log.contains("stopped by SIGINT"), "{log}");
+    let out = run(&["info", d]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

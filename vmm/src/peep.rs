@@ -243,7 +243,11 @@ impl Peeper {
         let mut rest = self
             .thread
             .take()
-            .and_then(|t| t.join().ok())
+            .and_then(|t| {
+                // It may be asleep until its next sample, however far off.
+                t.thread().unpark();
+                t.join().ok()
+            })
             .unwrap_or_default();
         rest.push(sample(
             &self.ram,
@@ -278,20 +282,29 @@ impl Worker {
         // slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
         let interval = self.plan.interval;
-        let mut due = self.started + interval;
+        // None: the next sample is too far off for the host's clock to
+        // name (an interval of centuries); the thread sleeps until stopped.
+        let mut due = self.started.checked_add(interval);
         let mut sent: u64 = 0;
         let mut batch = self.new_batch();
         let mut batch_since = Instant::now();
         while !self.link.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            if now < due {
-                std::thread::sleep(due - now);
+            let Some(at) = due.filter(|&at| at <= now) else {
+                // Parked, not slept: `stop` unparks it, so a long interval
+                // never holds up the end of a run.
+                std::thread::park_timeout(due.map_or(Duration::MAX, |at| at - now));
                 continue;
-            }
+            };
             // Intervals the thread slept through are missed, not made up.
-            let late = ((now - due).as_nanos() / interval.as_nanos()) as u64;
-            self.link.missed.fetch_add(late, Ordering::Relaxed);
-            due += interval * (late as u32).saturating_add(1);
+            let late = (now - at).as_nanos() / interval.as_nanos();
+            self.link
+                .missed
+                .fetch_add(u64::try_from(late).unwrap_or(u64::MAX), Ordering::Relaxed);
+            due = u32::try_from(late.saturating_add(1))
+                .ok()
+                .and_then(|n| interval.checked_mul(n))
+                .and_then(|ahead| at.checked_add(ahead));
             if self.plan.pc {
                 if self.link.pc_wanted.swap(true, Ordering::AcqRel) {
                     self.link.missed.fetch_add(1, Ordering::Relaxed);
@@ -368,6 +381,34 @@ mod tests {
         let odd = PeepRead { gpa: 0, size: 3 };
         assert!(check(&plan(100, vec![odd]), &ram).is_err());
         assert!(check(&plan(100, vec![ok; MAX_READS + 1]), &ram).is_err());
+    }
+
+    #[test]
+    fn a_peeper_asleep_until_a_far_sample_stops_at_once() {
+        let ram = create_guest_ram(1 << 20).unwrap();
+        let clock = VirtualClock::new(ClockMode::Wall);
+        let reads = vec![PeepRead {
+            gpa: 0x2000,
+            size: 8,
+        }];
+        // A thousand seconds, and the longest interval a command line
+        // can name (past what the host's clock can add).
+        for interval in [Duration::from_secs(1000), Duration::from_nanos(u64::MAX)] {
+            let plan = PeepPlan {
+                interval,
+                reads: reads.clone(),
+                pc: false,
+            };
+            let send = Box::new(|_: PeepMessage, _: bool| true);
+            let peeper = Peeper::start(plan, ram.clone(), clock.reader(), send).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let asked = Instant::now();
+            let (rest, report) = peeper.stop(clock.now());
+            // Before, stop waited for the sleep to end: 1,000 s, or forever.
+            assert!(asked.elapsed() < Duration::from_secs(30), "{interval:?}");
+            assert_eq!(report.samples, 1, "only the last sample");
+            assert_eq!(rest.len(), 1);
+        }
     }
 
     #[test]
