@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
+use common::gdb::{gdb, run_with_gdb, serve};
 use common::*;
 
 const REGISTERS: [&str; 17] = [
@@ -54,64 +54,6 @@ fn rows(trace: &Path) -> Vec<Row> {
             }
         })
         .collect()
-}
-
-/// `vtrace analyze gdb TRACE --listen 127.0.0.1:0 ARGS`, running, and the
-/// address it listens on.
-fn serve(trace: &Path, args: &[&str]) -> (Child, String) {
-    let mut child = vtrace()
-        .args([
-            "analyze",
-            "gdb",
-            trace.to_str().unwrap(),
-            "-q",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("vtrace analyze gdb");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let address = loop {
-        let line = lines
-            .next()
-            .expect("vtrace analyze gdb ended before it listened")
-            .unwrap();
-        if let Some(rest) = line.split("serving the trace to gdb at ").nth(1) {
-            break rest.split(',').next().unwrap().to_string();
-        }
-    };
-    // The rest of stderr is drained, so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (child, address)
-}
-
-/// gdb in batch mode on `address`, with `elf` as its program (else the
-/// one vtrace offers it): what it printed.
-fn gdb(address: &str, elf: Option<&Path>, commands: &[&str]) -> String {
-    let mut gdb = Command::new("timeout");
-    gdb.args([
-        "300",
-        "gdb",
-        "-batch",
-        "-nx",
-        "-ex",
-        "set pagination off",
-        "-ex",
-        "set confirm off",
-    ]);
-    if let Some(elf) = elf {
-        gdb.args(["-ex", &format!("file {}", elf.display())]);
-    }
-    gdb.args(["-ex", &format!("target remote {address}")]);
-    for c in commands {
-        gdb.args(["-ex", c]);
-    }
-    let out = gdb.output().expect("gdb (scripts/test.sh installs it)");
-    format!("{}{}", stdout(&out), stderr(&out))
 }
 
 /// The numbers `monitor when` printed, in order.
@@ -165,7 +107,7 @@ fn gdb_steps_and_continues_both_ways_through_a_demo_trace() {
     commands.push("p/x *(unsigned long *)0x7ff0000".into());
     let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
 
-    let (mut server, address) = serve(trace, &["--at", &n.to_string()]);
+    let (mut server, address, _) = serve(trace, &["--at", &n.to_string()]);
     // No `file`: gdb loads the symbols vtrace offers (the demo's ELF).
     let said = gdb(&address, None, &commands);
     let status = server.wait().unwrap();
@@ -236,7 +178,7 @@ fn the_ends_of_the_trace_and_what_it_does_not_know() {
     let dir = tempfile::tempdir().unwrap();
     let elf = write_guest(dir.path(), "demo-os.elf", vtrace_demo::DEMO_OS_ELF);
     let trace = demo_trace();
-    let (mut server, address) = serve(trace, &[]);
+    let (mut server, address, _) = serve(trace, &[]);
     let said = gdb(
         &address,
         Some(&elf),
@@ -295,36 +237,6 @@ fn bad_addresses_and_steps_are_refused_with_what_to_do() {
         "{}",
         stderr(&out)
     );
-}
-
-/// `vtrace run ARGS --gdb 127.0.0.1:0`, running, and the address gdb
-/// attaches at.
-fn run_with_gdb(args: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
-    let mut child = vtrace()
-        .args(["run", "--no-input", "--gdb", "127.0.0.1:0"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("vtrace run --gdb");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let address = loop {
-        let line = lines
-            .next()
-            .expect("vtrace run ended before it listened for gdb")
-            .unwrap();
-        if let Some(rest) = line.split("gdb can attach at ").nth(1) {
-            break rest.split(' ').next().unwrap().to_string();
-        }
-    };
-    let rest = std::thread::spawn(move || {
-        lines
-            .map_while(Result::ok)
-            .map(|l| l + "\n")
-            .collect::<String>()
-    });
-    (child, address, rest)
 }
 
 /// What gdb says over a live demo OS ([`demo_gdb_commands`]).
@@ -572,7 +484,7 @@ fn gdb_gives_a_backtrace_at_a_step_of_a_linux_trace() {
                 .any(|l| l.contains(&innermost) || l.contains(&plus))
         })
         .expect("a step five calls deep");
-    let (mut server, address) = serve(&disk, &["--at", &n.to_string()]);
+    let (mut server, address, _) = serve(&disk, &["--at", &n.to_string()]);
     // gdb gets the kernel's symbols from vtrace (kallsyms and ORC): no
     // `file` command.
     let mut gdb = Command::new("timeout");
@@ -653,7 +565,7 @@ fn a_watchpoint_finds_the_stores_to_a_stack_slot_both_ways() {
     let last = rows[..n].iter().rposition(stores).expect("a store before");
     let next = rows[n..].iter().position(stores).map(|p| p + n);
 
-    let (mut server, address) = serve(trace, &["--at", &n.to_string()]);
+    let (mut server, address, _) = serve(trace, &["--at", &n.to_string()]);
     let said = gdb(
         &address,
         None,

@@ -91,6 +91,26 @@ pub fn run(args: &[&str]) -> Output {
         .expect("start vtrace")
 }
 
+/// Waits for `child` to end, at most `limit`: a hang guard, not a speed
+/// check. One still running then is killed and the test fails.
+pub fn ended_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for vtrace") {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("vtrace still ran after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Every record of a trace, in order; panics on a damaged segment.
 pub fn records(path: &Path) -> Vec<vtrace_storage::Record> {
     let reader = vtrace_storage::TraceReader::open(path).expect("open trace");
@@ -206,6 +226,7 @@ pub fn virtual_seconds(text: &str) -> Option<f64> {
 }
 
 pub mod amdv;
+pub mod gdb;
 pub mod linux;
 pub mod machine;
 pub mod vtx;
