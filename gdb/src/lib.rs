@@ -7,12 +7,14 @@
 
 mod arch;
 mod live;
+mod playback;
 mod serve;
 mod symbol_file;
 mod trace_target;
 
 pub use arch::{Reg, RegisterFile, X86_64Machine};
 pub use live::{GdbMonitor, LiveGdb};
+pub use playback::serve_trace_bytes;
 pub use serve::{serve_trace, Listen, Listener};
 pub use symbol_file::SymbolFile;
 pub use trace_target::TraceTarget;

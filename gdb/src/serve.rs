@@ -210,6 +210,11 @@ pub(crate) fn bounded_stub<'a, T: Target>(
 /// the session.
 pub fn serve_trace(target: &mut TraceTarget, listener: &Listener) -> Result<(), GdbError> {
     let (conn, _) = listener.accept()?;
+    serve_trace_on(target, conn)
+}
+
+/// Answers gdb on `conn` until it detaches or kills the session.
+pub(crate) fn serve_trace_on(target: &mut TraceTarget, conn: Conn) -> Result<(), GdbError> {
     let mut buffer = [0; PACKET_SIZE];
     match bounded_stub(conn, &mut buffer)?.run_blocking::<TraceLoop>(target) {
         Ok(_) => Ok(()),
