@@ -352,15 +352,19 @@ fn a_long_interval_neither_outlasts_the_guest_nor_deafens_the_run() {
     let disk = dir.path().join("long.vtd");
     let d = disk.to_str().unwrap();
     let hang = std::time::Duration::from_secs(120);
-    for interval in ["1000s", "1000000000s"] {
-        let mut child = vtrace()
+    let peep = |extra: &[&str], interval: &str| {
+        vtrace()
             .args(["run", "--no-input", "--peep", interval])
             .args(["--sample", "ticks", "--disk", d])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start vtrace");
+            .expect("start vtrace")
+    };
+    for interval in ["1000s", "1000000000s"] {
+        let mut child = peep(&[], interval);
         assert!(ended_within(&mut child, hang).success(), "{interval}");
         let log = stderr(&child.wait_with_output().unwrap());
         // One sample, as the guest stops; the virtual time is the guest's.
@@ -369,14 +373,7 @@ fn a_long_interval_neither_outlasts_the_guest_nor_deafens_the_run() {
     }
 
     // Traced, the demo runs for seconds: SIGINT stops it, trace kept.
-    let mut child = vtrace()
-        .args(["run", "--no-input", "--trace", "--peep", "1000s"])
-        .args(["--sample", "ticks", "--disk", d])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start vtrace");
+    let mut child = peep(&["--trace"], "1000s");
     std::thread::sleep(std::time::Duration::from_secs(1));
     // SAFETY: kill on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
