@@ -168,3 +168,23 @@ fn signal(child: &std::process::Child, signal: i32) {
     // SAFETY: kill on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
 }
+
+/// gdb's `disconnect` (or gdb gone) ends a session as `detach` does:
+/// status 0, said, and a live guest runs on to its end.
+#[test]
+fn gdbs_disconnect_ends_a_session_as_detach_does() {
+    if !kvm_available() {
+        return;
+    }
+    let (mut server, address, said) = serve(demo_trace(), &[]);
+    gdb(&address, None, &["stepi", "disconnect"]);
+    assert!(ended_within(&mut server, HANG).success());
+    assert!(said.join().unwrap().contains("vtrace: gdb disconnected"));
+
+    let (mut run, address, said) = run_with_gdb(&["--gdb-wait"]);
+    gdb(&address, None, &["stepi", "disconnect"]);
+    assert!(ended_within(&mut run, HANG).success());
+    let said = said.join().unwrap();
+    assert!(said.contains("vtrace: gdb disconnected"), "{said}");
+    assert!(said.contains("guest exited with status 0"), "{said}");
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use gdbstub::conn::{Connection, ConnectionExt};
 use gdbstub::stub::run_blocking::{BlockingEventLoop, Event, WaitForStopReasonError};
-use gdbstub::stub::{GdbStub, SingleThreadStopReason};
+use gdbstub::stub::{GdbStub, GdbStubError, SingleThreadStopReason};
 use gdbstub::target::Target;
 
 use crate::trace_target::TraceTarget;
@@ -218,6 +218,23 @@ pub(crate) fn serve_trace_on(target: &mut TraceTarget, conn: Conn) -> Result<(),
     let mut buffer = [0; PACKET_SIZE];
     match bounded_stub(conn, &mut buffer)?.run_blocking::<TraceLoop>(target) {
         Ok(_) => Ok(()),
-        Err(e) => Err(GdbError::Protocol(e.to_string())),
+        Err(e) => session_failure(e).map_or(Ok(()), Err),
+    }
+}
+
+/// What a session that ended in `error` failed of, or None where gdb hung
+/// up (its `disconnect`, or its process gone): that ends a session as a
+/// detach does, said on stderr.
+pub(crate) fn session_failure<T: fmt::Display>(
+    error: GdbStubError<T, std::io::Error>,
+) -> Option<GdbError> {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    let text = error.to_string();
+    match error.into_connection_error() {
+        Some((e, _)) if matches!(e.kind(), UnexpectedEof | ConnectionReset | BrokenPipe) => {
+            vtrace_vmm::user_message("vtrace: gdb disconnected");
+            None
+        }
+        _ => Some(GdbError::Protocol(text)),
     }
 }

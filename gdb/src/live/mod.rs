@@ -21,7 +21,7 @@ use link::{GdbEnd, VcpuEnd};
 pub use monitor::GdbMonitor;
 use target::LiveTarget;
 
-use crate::serve::{bounded_stub, Closer, Listen, Listener, PACKET_SIZE};
+use crate::serve::{bounded_stub, session_failure, Closer, Listen, Listener, PACKET_SIZE};
 use crate::symbol_file::SymbolFile;
 use crate::GdbError;
 
@@ -164,7 +164,9 @@ fn serve(
         Ok(DisconnectReason::TargetExited(_) | DisconnectReason::TargetTerminated(_)) => {}
         Err(e) => {
             target.leave(false);
-            return Err(GdbError::Protocol(e.to_string()));
+            if let Some(failure) = session_failure(e) {
+                return Err(failure);
+            }
         }
     }
     Ok(())
