@@ -188,3 +188,19 @@ fn gdbs_disconnect_ends_a_session_as_detach_does() {
     assert!(said.contains("vtrace: gdb disconnected"), "{said}");
     assert!(said.contains("guest exited with status 0"), "{said}");
 }
+
+/// A run's gdb Unix socket goes with the run, so the next run can make it
+/// again.
+#[test]
+fn a_runs_gdb_socket_goes_with_it() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("gdb.sock");
+    for _ in 0..2 {
+        let out = run(&["run", "--no-input", "-q", "--gdb", socket.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!socket.exists(), "the gdb socket stayed");
+    }
+}
