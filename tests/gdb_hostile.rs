@@ -204,3 +204,20 @@ fn a_runs_gdb_socket_goes_with_it() {
         assert!(!socket.exists(), "the gdb socket stayed");
     }
 }
+
+/// A gdb port off loopback is said to serve the guest to the network.
+#[test]
+fn a_gdb_port_open_to_the_network_is_warned_of() {
+    if !kvm_available() {
+        return;
+    }
+    let out = run(&["run", "--no-input", "-q", "--gdb", "0.0.0.0:0"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("gdb's port is open to other machines (0.0.0.0)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["run", "--no-input", "-q", "--gdb", "127.0.0.1:0"]);
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+}

@@ -48,6 +48,20 @@ impl fmt::Display for Listen {
     }
 }
 
+/// The warning for a gdb port others can reach: it reads and stops the
+/// guest (and, live, all of its memory) with no password. QEMU's `-s`
+/// listens on every interface silently; vtrace's default is loopback, so
+/// one who names another address chose it, and is told what it gives.
+fn exposure(ip: std::net::IpAddr) -> Option<String> {
+    (!ip.is_loopback()).then(|| {
+        format!(
+            "vtrace: warning: gdb's port is open to other machines ({ip}): anyone who can \
+             reach it reads guest memory and controls the guest, with no password; \
+             listen on 127.0.0.1 (a bare port) or a Unix socket unless that is meant"
+        )
+    })
+}
+
 /// A connection to gdb.
 pub(crate) type Conn = Box<dyn ConnectionExt<Error = std::io::Error>>;
 
@@ -75,7 +89,11 @@ impl Listener {
         match listen {
             Listen::Tcp(addr) => {
                 let listener = TcpListener::bind(addr).map_err(io)?;
-                let address = listener.local_addr().map_err(io)?.to_string();
+                let local = listener.local_addr().map_err(io)?;
+                if let Some(warning) = exposure(local.ip()) {
+                    vtrace_vmm::user_message(&warning);
+                }
+                let address = local.to_string();
                 Ok(Listener {
                     socket: Socket::Tcp(listener),
                     address,
@@ -236,5 +254,18 @@ pub(crate) fn session_failure<T: fmt::Display>(
             None
         }
         _ => Some(GdbError::Protocol(text)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_port_off_loopback_is_warned_of() {
+        assert!(exposure("127.0.0.1".parse().unwrap()).is_none());
+        assert!(exposure("::1".parse().unwrap()).is_none());
+        assert!(exposure("0.0.0.0".parse().unwrap()).is_some());
+        assert!(exposure("192.168.1.5".parse().unwrap()).is_some());
     }
 }
