@@ -33,7 +33,8 @@ pub struct LiveGdb {
     symbols: Option<SymbolFile>,
     wait: bool,
     address: String,
-    /// The Unix socket gdb connects to, removed when the run ends.
+    /// The Unix socket gdb connects to, removed when the run ends: here,
+    /// since a gdb thread still waiting in accept never drops its Listener.
     socket: Option<PathBuf>,
     /// Whether gdb waits for the guest to stop ([`VcpuEnd::awaited`]).
     awaited: Arc<AtomicBool>,

@@ -71,18 +71,18 @@ impl<'a> GdbMonitor<'a> {
     }
 
     /// Tells gdb how the run ended, where gdb waits for the guest to stop
-    /// and so can hear it: whether it was told. (Where gdb holds the guest
-    /// it asks nothing of how it runs, and is not told.)
-    pub fn ended(&mut self, exit: GuestExit) -> bool {
+    /// and so can hear it. (Where gdb holds the guest it asks nothing of
+    /// how it runs, and is not told.)
+    pub fn ended(&mut self, exit: GuestExit) {
         if self.gone || !self.end.awaited.load(Ordering::Acquire) {
-            return false;
+            return;
         }
         let reply = match exit {
             GuestExit::Status(status) => Reply::Exited(status),
             GuestExit::Signal(signal) => Reply::Terminated(signal),
             _ => Reply::Exited(0),
         };
-        self.end.replies.send(reply).is_ok()
+        let _ = self.end.replies.send(reply);
     }
 
     /// Serves gdb while the guest stands, until it says to run on, or a
