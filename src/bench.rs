@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use vtrace_analyzer::symbols::{discover, Symbolizer};
 use vtrace_analyzer::{no_progress, Trace};
+use vtrace_image::symbols::{discover, Symbolizer};
 use vtrace_session::SessionBuilder;
 use vtrace_storage::{Compression, Recorder, SegmentDecoder, TraceReader};
 use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};

@@ -4,7 +4,7 @@
 use vtrace_storage::Regs;
 use vtrace_trap::MAX_CAPTURE_LENGTH;
 
-pub use vtrace_session::{parse_address, parse_location, CaptureRequest, Location};
+use vtrace_session::{parse_address, parse_location, CaptureRequest};
 
 /// "256M", "4G", "4GiB", "512k", "1048576" → bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -91,6 +91,7 @@ pub fn parse_capture(text: &str) -> Result<CaptureRequest, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vtrace_session::Location;
 
     #[test]
     fn intervals_in_the_four_units() {

@@ -416,7 +416,7 @@ fn a_stopped_export_leaves_no_partial_file() {
     }
     let trace = vtrace_analyzer::Trace::open(demo_trace()).unwrap();
     assert!(trace.segments.len() > 3, "segments to stop between");
-    let symbols = vtrace_analyzer::symbols::Symbolizer::new();
+    let symbols = vtrace_image::symbols::Symbolizer::new();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("steps.parquet");
     let out = dir.path().join("steps");

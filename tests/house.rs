@@ -1,23 +1,112 @@
-//! The house rules, checked on the source itself: inside a crate no two
+//! The house rules, checked on the source itself, for every crate of the
+//! workspace (its members, read from the workspace's Cargo.toml, and the
+//! CLI): crates depend on each other only as the floors allow (read from
+//! their Cargo.toml files), no crate re-exports another vtrace crate's
+//! items (code names each crate by its own path), inside a crate no two
 //! modules use each other (directly or around a circle), no source file is
 //! over 700 lines before its tests, and no function is over 100 lines.
-//! Tests are left out of all three; the end-to-end tests in `tests/` are
-//! scenarios (one guest run, many checks) and left out of the last two.
+//! Tests are left out of the source rules; the end-to-end tests in `tests/`
+//! are scenarios (one guest run, many checks) and left out of the sizes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The crates' source folders, from the workspace root.
-const CRATES: [&str; 8] = [
-    "src",
-    "vmm/src",
-    "trap/src",
-    "storage/src",
-    "analyzer/src",
-    "image/src",
-    "session/src",
-    "guest-kit/src",
+/// Which vtrace crates a crate may not depend on: the floors of the house.
+/// `None`: no vtrace crate at all (the ground floor).
+const FORBIDDEN: &[(&str, Option<&[&str]>)] = &[
+    // The architecture and the trace format stand on nothing of vtrace's.
+    ("vtrace-x86", None),
+    ("vtrace-storage", None),
+    // The analyzer reads traces; it never runs a guest or steps one.
+    ("vtrace-analyzer", Some(&["vtrace-vmm", "vtrace-trap"])),
+    // The debugger serves a trace or a live guest, not the tracer's engine.
+    ("vtrace-gdb", Some(&["vtrace-trap"])),
 ];
+
+/// The workspace's members, from its Cargo.toml (`members = [...]`).
+fn members(manifest: &str) -> Vec<String> {
+    let Some(list) = manifest
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+    else {
+        return Vec::new();
+    };
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// The crates' source folders, from the workspace root: the CLI's and
+/// every member's.
+fn crates() -> Vec<String> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let mut out = vec!["src".to_string()];
+    out.extend(members(&manifest).into_iter().map(|m| format!("{m}/src")));
+    out
+}
+
+/// A manifest's package name and the vtrace crates under its
+/// `[dependencies]` (dev-dependencies are tests', not the crate's).
+fn vtrace_dependencies(manifest: &str) -> (String, Vec<String>) {
+    let mut name = String::new();
+    let mut deps = Vec::new();
+    let mut section = "";
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        if section == "[package]" {
+            if let Some(v) = line.strip_prefix("name = ") {
+                name = v.trim_matches('"').to_string();
+            }
+        }
+        if section == "[dependencies]" && line.starts_with("vtrace-") {
+            let dep: String = line
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '-')
+                .collect();
+            deps.push(dep);
+        }
+    }
+    (name, deps)
+}
+
+/// What `manifest` breaks of [`FORBIDDEN`], one line each.
+fn floor_breaches(manifest: &str) -> Vec<String> {
+    let (name, deps) = vtrace_dependencies(manifest);
+    let Some((_, forbidden)) = FORBIDDEN.iter().find(|(n, _)| *n == name) else {
+        return Vec::new();
+    };
+    deps.iter()
+        .filter(|d| forbidden.is_none_or(|list| list.contains(&d.as_str())))
+        .map(|d| format!("{name} depends on {d}"))
+        .collect()
+}
+
+/// Re-exports of another vtrace crate's items in `text` (`pub use
+/// vtrace_x::...`, `pub(crate) use` too), as their lines.
+fn reexports(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| {
+            let Some(rest) = l.strip_prefix("pub") else {
+                return false;
+            };
+            let rest = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(')').map_or("", |(_, after)| after),
+                None => rest,
+            };
+            let rest = rest.trim_start();
+            rest.strip_prefix("use ")
+                .map(|p| p.trim_start_matches("::"))
+                .is_some_and(|p| p.starts_with("vtrace_"))
+        })
+        .map(str::to_string)
+        .collect()
+}
 
 const MAX_FILE_LINES: usize = 700;
 const MAX_FUNCTION_LINES: usize = 100;
@@ -189,9 +278,103 @@ fn find_cycle(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Ve
 }
 
 #[test]
+fn every_crate_is_guarded() {
+    let crates = crates();
+    for krate in ["x86/src", "gdb/src", "guest-kit/demo/src", "analyzer/src"] {
+        assert!(crates.iter().any(|c| c == krate), "{krate} in {crates:?}");
+    }
+    for krate in &crates {
+        assert!(root().join(krate).is_dir(), "{krate}");
+    }
+}
+
+#[test]
+fn crates_stand_on_their_floors() {
+    let mut found = Vec::new();
+    for krate in crates() {
+        let manifest = root().join(&krate).with_file_name("Cargo.toml");
+        found.extend(floor_breaches(&std::fs::read_to_string(manifest).unwrap()));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn the_floor_check_finds_each_breach() {
+    let manifest = |name: &str, dep: &str| {
+        format!(
+            "[package]\nname = \"{name}\"\n\n[dependencies]\n{dep}.workspace = true\n\
+             iced-x86 = \"1\"\n\n[dev-dependencies]\nvtrace-demo.workspace = true\n"
+        )
+    };
+    for (name, dep) in [
+        ("vtrace-x86", "vtrace-storage"),
+        ("vtrace-storage", "vtrace-x86"),
+        ("vtrace-analyzer", "vtrace-vmm"),
+        ("vtrace-analyzer", "vtrace-trap"),
+        ("vtrace-gdb", "vtrace-trap"),
+    ] {
+        assert_eq!(
+            floor_breaches(&manifest(name, dep)),
+            vec![format!("{name} depends on {dep}")]
+        );
+    }
+    assert!(floor_breaches(&manifest("vtrace-analyzer", "vtrace-image")).is_empty());
+    assert!(
+        floor_breaches(&manifest("vtrace-trap", "vtrace-vmm")).is_empty(),
+        "the tracer stands on the VMM"
+    );
+    assert_eq!(
+        members("[workspace]\nmembers = [\"x86\", \"guest-kit/demo\"]\n"),
+        ["x86", "guest-kit/demo"]
+    );
+}
+
+#[test]
+fn no_crate_reexports_another() {
+    let mut found = Vec::new();
+    for krate in crates() {
+        let mut files = Vec::new();
+        rust_files(&root().join(&krate), &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let name = file
+                .strip_prefix(root())
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            found.extend(
+                reexports(before_tests(&text))
+                    .into_iter()
+                    .map(|l| format!("{name}: {l}")),
+            );
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "name other crates by their own path:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_reexport_check_finds_each_form() {
+    let text = "use vtrace_x86::Flow;\npub use vtrace_x86::Flow;\n    pub(crate) use \
+                vtrace_storage::{Regs, Step};\npub use ::vtrace_image::symbols;\npub use \
+                crate::insn::Cache;\npub use iced_x86::Register;\n";
+    assert_eq!(
+        reexports(text),
+        [
+            "pub use vtrace_x86::Flow;",
+            "pub(crate) use vtrace_storage::{Regs, Step};",
+            "pub use ::vtrace_image::symbols;",
+        ]
+    );
+}
+
+#[test]
 fn no_module_uses_another_that_uses_it() {
-    for krate in CRATES {
-        let src = root().join(krate);
+    for krate in crates() {
+        let src = root().join(&krate);
         if let Some(circle) = find_cycle(&module_edges(&src)) {
             panic!("{krate}: modules use each other: {}", circle.join(" -> "));
         }
@@ -254,9 +437,9 @@ fn long_functions(text: &str, limit: usize) -> Vec<(usize, String, usize)> {
 #[test]
 fn no_file_over_700_lines_and_no_function_over_100() {
     let mut found = Vec::new();
-    for krate in CRATES {
+    for krate in crates() {
         let mut files = Vec::new();
-        rust_files(&root().join(krate), &mut files);
+        rust_files(&root().join(&krate), &mut files);
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             let text = before_tests(&text);

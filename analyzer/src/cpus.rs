@@ -13,7 +13,7 @@ use vtrace_storage::{Event, RecordRef};
 
 use crate::error::Result;
 use crate::input::{Progress, Trace};
-use crate::symbols::Symbolizer;
+use vtrace_image::symbols::Symbolizer;
 
 /// PAUSE: `rep nop`.
 const PAUSE: [u8; 2] = [0xf3, 0x90];

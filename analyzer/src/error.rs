@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use vtrace_storage::DiskError;
 
-use crate::symbols::SymbolError;
+use vtrace_image::symbols::SymbolError;
 
 /// Why an analysis failed.
 #[derive(Debug, thiserror::Error)]

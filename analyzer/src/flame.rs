@@ -7,8 +7,8 @@ use crate::input::{Progress, Trace};
 use crate::levels::{run_with_on, SelectedTasks};
 use crate::routine_filter::RoutineFilter;
 use crate::stats::{added_up, call_paths, Profile};
-use crate::symbols::Symbolizer;
 use crate::tasks::TaskFilter;
+use vtrace_image::symbols::Symbolizer;
 
 /// Only the call-stack profile a flame graph needs, without the per-step
 /// statistics [`crate::collect_stats`] gathers too. On a trace of several

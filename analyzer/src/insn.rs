@@ -2,28 +2,12 @@
 //! cached: how it moves control, its class and its memory operands.
 
 use iced_x86::{
-    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpKind,
-    Register, UsedMemory,
+    Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpKind, Register,
+    UsedMemory,
 };
 use rustc_hash::FxHashMap;
 use vtrace_storage::{Regs, Step};
-
-/// How an instruction passes control on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Flow {
-    /// Falls through (or an instruction the level engine treats so).
-    Next,
-    /// Conditional or unconditional jump, direct or indirect.
-    Jump,
-    /// CALL, near or far.
-    Call,
-    /// RET, near or far.
-    Return,
-    /// IRET, SYSRET, SYSEXIT: back from an interrupt or kernel entry.
-    InterruptReturn,
-    /// INT n, INT3, INTO, SYSCALL, SYSENTER: a deliberate kernel entry.
-    SystemCall,
-}
+use vtrace_x86::Flow;
 
 /// Coarse instruction classes for the instruction mix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -150,35 +134,7 @@ pub struct InsnInfo {
     /// The memory it reads and writes (iced-x86's operand list).
     pub memory: Vec<UsedMemory>,
     /// The same operands, with where their values come from.
-    pub(crate) operands: Vec<crate::operands::Operand>,
-}
-
-fn flow_of(i: &Instruction) -> Flow {
-    match i.mnemonic() {
-        Mnemonic::Iret
-        | Mnemonic::Iretd
-        | Mnemonic::Iretq
-        | Mnemonic::Sysret
-        | Mnemonic::Sysretq
-        | Mnemonic::Sysexit
-        | Mnemonic::Sysexitq => return Flow::InterruptReturn,
-        Mnemonic::Syscall
-        | Mnemonic::Sysenter
-        | Mnemonic::Int
-        | Mnemonic::Int3
-        | Mnemonic::Into
-        | Mnemonic::Int1 => return Flow::SystemCall,
-        _ => {}
-    }
-    match i.flow_control() {
-        FlowControl::Call | FlowControl::IndirectCall => Flow::Call,
-        FlowControl::Return => Flow::Return,
-        FlowControl::UnconditionalBranch
-        | FlowControl::IndirectBranch
-        | FlowControl::ConditionalBranch => Flow::Jump,
-        FlowControl::Interrupt => Flow::SystemCall,
-        _ => Flow::Next,
-    }
+    pub(crate) operands: Vec<vtrace_x86::Operand>,
 }
 
 fn is_system(i: &Instruction) -> bool {
@@ -275,11 +231,11 @@ fn class_of(i: &Instruction, flow: Flow, memory: &[UsedMemory]) -> Class {
         return Class::Invalid;
     }
     match flow {
-        Flow::Jump => return Class::Branch,
+        Flow::Jump | Flow::Branch => return Class::Branch,
         Flow::Call => return Class::Call,
         Flow::Return | Flow::InterruptReturn => return Class::Return,
         Flow::SystemCall => return Class::SystemCall,
-        Flow::Next => {}
+        Flow::Next | Flow::Repeat | Flow::Halt | Flow::Trap | Flow::Transaction => {}
     }
     if is_system(i) {
         return Class::System;
@@ -342,13 +298,13 @@ pub fn decode(bytes: &[u8], pc: u64, bitness: u32) -> InsnInfo {
     } else {
         factory.info(&instruction).used_memory().to_vec()
     };
-    let flow = flow_of(&instruction);
+    let flow = Flow::of(&instruction);
     InsnInfo {
         flow,
         class: class_of(&instruction, flow, &memory),
         mnemonic: instruction.mnemonic(),
         addressing: addressing_of(&instruction),
-        operands: crate::operands::operands(&instruction, &memory),
+        operands: vtrace_x86::memory_operands(&instruction, &memory),
         memory,
         instruction,
     }
@@ -519,6 +475,9 @@ mod tests {
         assert_eq!(d(&[0xc3]).flow, Flow::Return);
         assert_eq!(d(&[0x48, 0xcf]).flow, Flow::InterruptReturn);
         assert_eq!(d(&[0xeb, 0xfe]).flow, Flow::Jump);
+        assert_eq!(d(&[0x74, 0x02]).flow, Flow::Branch);
+        assert_eq!(d(&[0x74, 0x02]).class, Class::Branch);
+        assert_eq!(d(&[0xf4]).class, Class::System, "hlt");
         assert_eq!(d(&[0x0f, 0x05]).flow, Flow::SystemCall);
         assert_eq!(d(&[0x90]).flow, Flow::Next);
         assert_eq!(d(&[0xfa]).class, Class::System); // cli

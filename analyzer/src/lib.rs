@@ -23,7 +23,6 @@ mod listing;
 mod memory_values;
 mod naming;
 mod nest;
-mod operands;
 mod ordered;
 mod perfetto;
 mod probes;
@@ -44,9 +43,8 @@ mod user_programs;
 // The crate's API. The modules are private: each item is named here,
 // once, so the compiler finds what nothing uses and a module can be split
 // without breaking a caller. An analysis is one entry point, named for what
-// it makes. What the analyzer knows of guest images is vtrace-image's,
-// re-exported under its own module names.
-pub use vtrace_image::{initramfs, linux_tasks, sdt, symbols, user_routine};
+// it makes. What the analyzer knows of guest images is vtrace-image's: its
+// callers name that crate themselves.
 
 // Opening a trace and reading it in parallel.
 pub use error::{AnalyzeError, ExportError, Result};
@@ -54,7 +52,7 @@ pub use input::{no_progress, Chunk, DamageLog, Progress, Records, SegmentInfo, T
 pub use tasks::{Comm, Selection, TaskFilter, TaskId};
 
 // The level engine: calls, returns, interrupts, switches.
-pub use insn::{Flow, InsnCache};
+pub use insn::InsnCache;
 pub use levels::{
     run as run_levels, run_following as run_levels_following, run_with as run_levels_with,
     BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, Item, LevelCounts,

@@ -16,9 +16,9 @@ use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::insn::{InsnCache, InsnInfo};
 use crate::memory_values::{self, Access};
-use crate::symbols::{cr3_root, Symbolizer};
 use crate::syscalls;
 use crate::tasks::{Selection, TaskFilter, TaskId};
+use vtrace_image::symbols::{cr3_root, Symbolizer};
 
 /// Steps per file with `--out` (as the old analyzer cut its listings).
 pub const STEPS_PER_FILE: u64 = 500_000;

@@ -33,7 +33,7 @@ use iced_x86::Register;
 use vtrace_storage::{MemoryValue, Regs};
 
 use crate::insn::{gpr_index, memory_address, InsnInfo};
-use crate::operands::{Rule, Source};
+use vtrace_x86::{Rule, Source};
 
 /// One memory access of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

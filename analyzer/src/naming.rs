@@ -1,7 +1,7 @@
 //! How analyses name things for people: routines, interrupt vectors,
 //! shares.
 
-use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
+use vtrace_image::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
 /// Name of a routine for people: its symbol, or the address it was
 /// entered at.
@@ -43,7 +43,7 @@ pub fn routine_label(symbols: &Symbolizer, f: FuncId) -> String {
 
 /// How flame graphs name an address space at the root of its stacks.
 pub fn space_root(cr3: u64) -> String {
-    format!("{SPACE_ROOT}{:#x}", crate::symbols::cr3_root(cr3))
+    format!("{SPACE_ROOT}{:#x}", vtrace_image::symbols::cr3_root(cr3))
 }
 
 /// The start of [`space_root`]'s names.

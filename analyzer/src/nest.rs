@@ -17,7 +17,7 @@ use crate::levels::{
 };
 use crate::naming::{routine_name, vector_name};
 use crate::routine_filter::RoutineFilter;
-use crate::symbols::{Symbolizer, UNKNOWN_FUNC};
+use vtrace_image::symbols::{Symbolizer, UNKNOWN_FUNC};
 
 mod each_cpu;
 

@@ -14,8 +14,8 @@ use vtrace_storage::{Event, Mapping, RecordRef, SegmentError};
 
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
-use crate::symbols::cr3_root;
 use crate::syscalls;
+use vtrace_image::symbols::cr3_root;
 
 /// One task (a thread) of the trace.
 #[derive(Clone, Debug, Serialize)]

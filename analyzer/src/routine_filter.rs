@@ -6,7 +6,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use rustc_hash::FxHashMap;
 
 use crate::naming::routine_name;
-use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
+use vtrace_image::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
 /// Routines hidden by default: the entry hooks a kernel built with
 /// ftrace calls first in every function (`__fentry__`, `mcount`), and the
@@ -101,7 +101,7 @@ impl RoutineFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbols::{Scope, Symbol, SymbolTable};
+    use vtrace_image::symbols::{Scope, Symbol, SymbolTable};
 
     fn symbols(names: &[&str]) -> Symbolizer {
         let table = SymbolTable::new(

@@ -10,7 +10,7 @@ use vtrace_storage::{Event, RecordRef};
 
 use crate::error::Result;
 use crate::input::{Progress, Trace};
-use crate::symbols::Symbolizer;
+use vtrace_image::symbols::Symbolizer;
 
 /// One sample, as recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]

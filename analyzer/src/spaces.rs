@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
 use crate::levels::FuncResolver;
 use crate::naming::{percent, routine_label};
-use crate::symbols::{cr3_root, Symbolizer};
+use vtrace_image::symbols::{cr3_root, Symbolizer};
 
 /// Routines listed per address space.
 const TOP_ROUTINES: usize = 10;

@@ -16,8 +16,8 @@ use crate::levels::{
     SegmentRecord,
 };
 use crate::naming::{routine_label, space_root, vector_name};
-use crate::symbols::{FuncId, Symbolizer};
 use crate::tasks::{Comm, Selection, TaskFilter};
+use vtrace_image::symbols::{FuncId, Symbolizer};
 
 mod text;
 

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::symbols::{cr3_root, Symbolizer};
+use vtrace_image::symbols::{cr3_root, Symbolizer};
 
 /// An address to name: `ADDR`, or `ADDR@CR3` for one address space's
 /// (a user program's) code.
@@ -117,7 +117,7 @@ impl Named {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbols::Scope;
+    use vtrace_image::symbols::Scope;
 
     #[test]
     fn addresses_parse_as_listings_and_nm_print_them() {

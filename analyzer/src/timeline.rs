@@ -22,9 +22,9 @@ use crate::levels::{
     BigLevel, BigLevelCause, ExitKind, FrameView, LevelSink, SegmentPass, SegmentRecord,
 };
 use crate::naming::{routine_name, vector_name};
-use crate::symbols::Symbolizer;
 use crate::tasks::{Comm, TaskFilter, TaskId};
 use crate::timeline_out::{Arg, Instant, JsonOut, Slice, TimelineOut};
+use vtrace_image::symbols::Symbolizer;
 
 /// What the timeline shows.
 #[derive(Clone, Debug, Default)]

@@ -16,7 +16,7 @@ use vtrace_storage::{Event, Mapping, RecordRef};
 
 use crate::error::Result;
 use crate::input::{Progress, Records, SegmentInfo, Trace};
-use crate::symbols::{
+use vtrace_image::symbols::{
     cr3_root, parse_elf, read_symbol_file, LineTable, Scope, Symbol, SymbolTable, Symbolizer,
 };
 
@@ -89,7 +89,7 @@ pub enum UserFiles {
     /// A directory: the guest's root file system, or the tree its
     /// initramfs was built from.
     Sysroot(PathBuf),
-    /// Files taken out of an initramfs (see [`crate::initramfs`]), by
+    /// Files taken out of an initramfs (see [`vtrace_image::initramfs`]), by
     /// absolute path; `origin` names the archive.
     Archive {
         /// The archive.
@@ -121,7 +121,7 @@ impl UserFiles {
     }
 }
 
-/// The files the recorded maps name, for [`crate::initramfs::files_in`].
+/// The files the recorded maps name, for [`vtrace_image::initramfs::files_in`].
 pub fn mapped_paths(recorded: &[RecordedMap]) -> BTreeSet<String> {
     recorded
         .iter()

@@ -1,10 +1,11 @@
 //! The level engine on synthetic step sequences: irregular control flow
 //! is marked, counted and survived, and self counts add up.
 
-use vtrace_analyzer::symbols::{Scope, Symbol, SymbolTable, Symbolizer};
 use vtrace_analyzer::{
-    ExitKind, Flow, FrameView, Irregular, Item, LevelEngine, LevelSink, NestWriter, DIVIDED,
+    ExitKind, FrameView, Irregular, Item, LevelEngine, LevelSink, NestWriter, DIVIDED,
 };
+use vtrace_image::symbols::{Scope, Symbol, SymbolTable, Symbolizer};
+use vtrace_x86::Flow;
 
 /// Routines `a` at 0x1000, `b` at 0x2000, `c` at 0x3000.
 fn symbols() -> Symbolizer {

@@ -15,7 +15,7 @@
 use btf_rs::{Btf, BtfType, Type};
 use object::{Object, ObjectSection};
 
-pub use vtrace_storage::{MapLayout, TaskLayout};
+use vtrace_storage::{MapLayout, TaskLayout};
 
 use crate::symbols::all_kallsyms;
 

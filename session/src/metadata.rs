@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use vtrace_image::linux_tasks::{task_layout, TaskLayout};
+use vtrace_image::linux_tasks::task_layout;
+use vtrace_storage::TaskLayout;
 use vtrace_storage::{image_id, TraceMetadata, BUILTIN_DEMO, BUILTIN_DEMO_SMP};
 use vtrace_vmm::BootSource;
 

@@ -312,7 +312,7 @@ fn gdb_symbols(boot: &BootSource) -> Result<Option<vtrace_gdb::SymbolFile>, Sess
 struct TracerParts<'a> {
     metadata: vtrace_storage::TraceMetadata,
     initrd: Option<&'a Path>,
-    tasks: Option<vtrace_image::linux_tasks::TaskLayout>,
+    tasks: Option<vtrace_storage::TaskLayout>,
     kernel_probes: KernelProbes,
 }
 
@@ -378,7 +378,7 @@ fn tracer(
     // all fit, then the captures.
     let taken = taken + function_probes.iter().filter(|p| p.untraced).count();
     let mut tracepoint_probes = tracepoint_probes;
-    let room = vtrace_vmm::x86::dr::BREAKPOINTS.saturating_sub(taken);
+    let room = vtrace_x86::dr::BREAKPOINTS.saturating_sub(taken);
     let taken =
         taken + crate::tracepoint_probes::place_breakpoints(&mut tracepoint_probes, room, notes);
     function_probes.extend(tracepoint_probes);

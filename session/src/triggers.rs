@@ -6,8 +6,8 @@ use vtrace_image::probe_dwarf::DwarfTypes;
 use vtrace_image::probe_fetch;
 use vtrace_image::sdt::{self, ProbeSite};
 use vtrace_trap::{CaptureSite, FunctionProbe, FunctionSite, StaticSite, MAX_CAPTURES};
-use vtrace_vmm::x86::dr::BREAKPOINTS;
 use vtrace_vmm::BootSource;
+use vtrace_x86::dr::BREAKPOINTS;
 
 use crate::location::{parse_location, Location};
 use crate::places::{Place, Places};

@@ -8,7 +8,9 @@ use vtrace_analyzer::{name_address, AddressQuery, Named};
 use vtrace_image::symbols::Symbolizer;
 
 use super::{create, open_trace, symbols};
-use crate::cli::{SymbolizeArgs, TraceArgs, DEFAULT_TRACE};
+use vtrace_session::DEFAULT_TRACE;
+
+use crate::cli::{SymbolizeArgs, TraceArgs};
 use crate::exit_status::BadArgument;
 
 /// Longest line of standard input read as addresses: a stream that never

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::DEFAULT_TRACE;
+use vtrace_session::DEFAULT_TRACE;
 
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {

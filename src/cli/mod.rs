@@ -12,7 +12,7 @@ mod run;
 pub use analyze::*;
 pub use run::*;
 
-pub use vtrace_session::DEFAULT_TRACE;
+use vtrace_session::DEFAULT_TRACE;
 
 /// Refuses `trace` when it is the default and there is none, saying so
 /// (rather than "cannot open vtrace.vtd").

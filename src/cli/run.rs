@@ -6,9 +6,9 @@ use clap::{Args, ValueEnum};
 
 use vtrace_vmm::ClockMode;
 
-use crate::units::{
-    parse_address, parse_capture, parse_location, parse_size, CaptureRequest, Location,
-};
+use vtrace_session::{parse_address, parse_location, CaptureRequest, Location};
+
+use crate::units::{parse_capture, parse_size};
 
 /// CPUID profile presented to the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -23,12 +23,12 @@
 //! 64-bit code only, as fault foresight.
 
 use iced_x86::{FlowControl, Instruction, Mnemonic, OpAccess, OpKind};
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::CpuView;
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use crate::fault::{register, Operands};
 use crate::flow::DecodeCache;
-use crate::walker::WalksNow;
+use vtrace_x86::WalksNow;
 
 /// What the judgement works with besides the CPU: the engine's operand
 /// lists and decoded instructions (the places `insn` may go to are often
@@ -51,7 +51,7 @@ pub fn runs_beside(
     cpu: &dyn CpuView,
     with: &mut Judging<'_>,
 ) -> bool {
-    use vtrace_vmm::x86::efer::LMA;
+    use vtrace_x86::efer::LMA;
     if sregs.efer & LMA == 0 || sregs.cs.l == 0 || regs.rip != insn.ip() {
         return false;
     }
@@ -195,7 +195,7 @@ fn is_iret_at(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::walker::tests::FlatCpu;
+    use crate::test_machine::FlatCpu;
     use iced_x86::{Decoder, DecoderOptions};
 
     /// [`runs_beside`] with fresh operand lists, decodes and walks.
@@ -215,7 +215,7 @@ mod tests {
 
     /// The walker tests' machine, its paging entries accessed already.
     fn machine(code: &[u8]) -> FlatCpu {
-        let cpu = crate::walker::tests::machine(code);
+        let cpu = crate::test_machine::machine(code);
         cpu.put_u64(0x1000, 0x2000 | 0x23);
         cpu.put_u64(0x2000, 0x3000 | 0x23);
         cpu.put_u64(LEAF, 0xa3);

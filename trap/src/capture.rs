@@ -134,7 +134,7 @@ impl Captures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::walker::tests::{machine, CODE};
+    use crate::test_machine::{machine, CODE};
     use vtrace_storage::Regs;
 
     fn site(name: &str, at: u64, register: &str, length: u32) -> CaptureSite {

@@ -1,10 +1,10 @@
 //! The CPU mode and privilege a step runs in, from the system registers.
 
 use vtrace_storage::CpuMode;
-use vtrace_vmm::x86::SpecialRegisters;
+use vtrace_x86::SpecialRegisters;
 
-use vtrace_vmm::x86::cr0::PE as CR0_PE;
-use vtrace_vmm::x86::efer::LMA as EFER_LMA;
+use vtrace_x86::cr0::PE as CR0_PE;
+use vtrace_x86::efer::LMA as EFER_LMA;
 
 /// Mode of the code segment as the CPU would decode with it.
 pub fn cpu_mode(sregs: &SpecialRegisters) -> CpuMode {

@@ -15,22 +15,22 @@
 use iced_x86::{
     Code, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register, UsedMemory,
 };
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Exception, ExceptionKind};
+use vtrace_x86::{Registers, SpecialRegisters};
 
-use crate::walker::{PageAccess, Walker};
+use vtrace_x86::{PageAccess, Walker};
 
-use vtrace_vmm::x86::cr0::WP as CR0_WP;
-use vtrace_vmm::x86::cr4::SMAP as CR4_SMAP;
-use vtrace_vmm::x86::cr4::SMEP as CR4_SMEP;
-use vtrace_vmm::x86::efer::NXE as EFER_NXE;
-use vtrace_vmm::x86::rflags::AC as RFLAGS_AC;
+use vtrace_x86::cr0::WP as CR0_WP;
+use vtrace_x86::cr4::SMAP as CR4_SMAP;
+use vtrace_x86::cr4::SMEP as CR4_SMEP;
+use vtrace_x86::efer::NXE as EFER_NXE;
+use vtrace_x86::rflags::AC as RFLAGS_AC;
 
 // Page-fault error code bits.
-use vtrace_vmm::x86::pf_error::I as PF_FETCH;
-use vtrace_vmm::x86::pf_error::P as PF_PRESENT;
-use vtrace_vmm::x86::pf_error::U as PF_USER;
-use vtrace_vmm::x86::pf_error::W as PF_WRITE;
+use vtrace_x86::pf_error::I as PF_FETCH;
+use vtrace_x86::pf_error::P as PF_PRESENT;
+use vtrace_x86::pf_error::U as PF_USER;
+use vtrace_x86::pf_error::W as PF_WRITE;
 
 /// Instructions whose memory operands [`Operands`] keeps, by address.
 const OPERAND_SLOTS: usize = 1024;
@@ -106,7 +106,7 @@ pub fn foresee(
     let Next { pc, insn, fetched } = next;
     // 64-bit code only: segmentation, 32-bit paging and real mode are
     // not modelled here.
-    if sregs.efer & vtrace_vmm::x86::efer::LMA == 0 || sregs.cs.l == 0 {
+    if sregs.efer & vtrace_x86::efer::LMA == 0 || sregs.cs.l == 0 {
         return None;
     }
     let cpl = sregs.cs.dpl;
@@ -360,11 +360,11 @@ fn divides_badly(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::walker::tests::{machine, CODE, STACK};
+    use crate::test_machine::{machine, CODE, STACK};
 
     fn foreseen(
         code: &[u8],
-        setup: impl FnOnce(&mut crate::walker::tests::FlatCpu),
+        setup: impl FnOnce(&mut crate::test_machine::FlatCpu),
     ) -> Option<Exception> {
         let mut cpu = machine(code);
         setup(&mut cpu);

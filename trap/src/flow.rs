@@ -1,29 +1,10 @@
-//! Where an instruction may send execution next, from its decoding.
+//! What the tracer needs of an instruction, decoded once per distinct
+//! instruction: where it may send execution next (its [`Flow`], from
+//! `vtrace_x86`), and what the hosts' stepping does around it.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use vtrace_storage::InsnBytes;
-
-/// The set of next pcs an instruction explains.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
-    /// Falls through to the next instruction.
-    Next,
-    /// A `rep` string instruction: one iteration per step, so it may also
-    /// stay where it is.
-    Repeat,
-    /// Always goes to `target` (direct jump or call).
-    Jump(u64),
-    /// Goes to `target` or falls through (conditional branch, loop).
-    Branch(u64),
-    /// Cannot be predicted from the bytes (indirect branch, return, IRET,
-    /// software interrupt, far transfer): any next pc is accepted.
-    Any,
-    /// HLT.
-    Halt,
-    /// Raises an exception by design (UD2 and kin): the next pc is its
-    /// handler's, which the engine identifies through the IDT.
-    Trap,
-}
+use vtrace_x86::{near_target, Flow};
 
 /// Instructions after which a host may hold the single-step trap back
 /// for one instruction: the next one runs in an interrupt shadow (and
@@ -57,6 +38,8 @@ pub struct Decoded {
     pub len: u8,
     /// Where it may send control.
     pub flow: Flow,
+    /// A direct near jump's, branch's or call's target.
+    pub target: Option<u64>,
     /// The instruction invalidates cached translations (INVLPG, MOV to CR,
     /// INVPCID, WBINVD is not enough to matter).
     pub flushes_tlb: bool,
@@ -167,29 +150,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
     if insn.is_invalid() {
         return None;
     }
-    let near_target = || match insn.op0_kind() {
-        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64 => {
-            Some(insn.near_branch_target())
-        }
-        _ => None,
-    };
-    let flow = match insn.flow_control() {
-        FlowControl::Next if insn.mnemonic() == Mnemonic::Hlt => Flow::Halt,
-        FlowControl::Next if insn.has_rep_prefix() || insn.has_repne_prefix() => {
-            if is_string_op(insn.mnemonic()) {
-                Flow::Repeat
-            } else {
-                Flow::Next
-            }
-        }
-        FlowControl::Next => Flow::Next,
-        FlowControl::UnconditionalBranch | FlowControl::Call => {
-            near_target().map_or(Flow::Any, Flow::Jump)
-        }
-        FlowControl::ConditionalBranch => near_target().map_or(Flow::Any, Flow::Branch),
-        FlowControl::Exception => Flow::Trap,
-        _ => Flow::Any,
-    };
+    let flow = Flow::of(&insn);
     let flushes_tlb = matches!(
         insn.mnemonic(),
         Mnemonic::Invlpg | Mnemonic::Invpcid | Mnemonic::Invlpga
@@ -234,6 +195,7 @@ pub fn decode(bytes: &[u8], bitness: u32, ip: u64) -> Option<Decoded> {
         defines_flags: x86_flags(insn.rflags_written() | insn.rflags_cleared() | insn.rflags_set()),
         undefines_flags: x86_flags(insn.rflags_undefined()),
         flow,
+        target: near_target(&insn),
         flushes_tlb,
         rearm,
         iretq: insn.mnemonic() == Mnemonic::Iretq,
@@ -316,38 +278,6 @@ fn changes_privilege(insn: &Instruction) -> bool {
         )
 }
 
-fn is_string_op(m: Mnemonic) -> bool {
-    matches!(
-        m,
-        Mnemonic::Movsb
-            | Mnemonic::Movsw
-            | Mnemonic::Movsd
-            | Mnemonic::Movsq
-            | Mnemonic::Stosb
-            | Mnemonic::Stosw
-            | Mnemonic::Stosd
-            | Mnemonic::Stosq
-            | Mnemonic::Lodsb
-            | Mnemonic::Lodsw
-            | Mnemonic::Lodsd
-            | Mnemonic::Lodsq
-            | Mnemonic::Scasb
-            | Mnemonic::Scasw
-            | Mnemonic::Scasd
-            | Mnemonic::Scasq
-            | Mnemonic::Cmpsb
-            | Mnemonic::Cmpsw
-            | Mnemonic::Cmpsd
-            | Mnemonic::Cmpsq
-            | Mnemonic::Insb
-            | Mnemonic::Insw
-            | Mnemonic::Insd
-            | Mnemonic::Outsb
-            | Mnemonic::Outsw
-            | Mnemonic::Outsd
-    )
-}
-
 impl Decoded {
     /// Whether a CPU's turn goes on past this instruction (a machine of
     /// several CPUs): where some host runs on to the next instruction
@@ -366,23 +296,37 @@ impl Decoded {
             || (m == Mnemonic::Mov && self.insn.op0_kind() == OpKind::Memory)
     }
 
-    /// Whether execution going from `pc` to `next` is what this instruction does.
+    /// Whether its bytes say where it goes: false for an indirect or far
+    /// transfer, a return or a kernel entry (any next pc is accepted).
+    pub fn predictable(&self) -> bool {
+        match self.flow {
+            Flow::Next | Flow::Halt | Flow::Repeat | Flow::Trap => true,
+            Flow::Jump | Flow::Branch | Flow::Call => self.target.is_some(),
+            Flow::Return | Flow::InterruptReturn | Flow::SystemCall | Flow::Transaction => false,
+        }
+    }
+
+    /// Whether execution going from `pc` to `next` is what this instruction
+    /// does. An instruction that raises an exception by design explains no
+    /// next pc: its handler's is the engine's to identify (through the IDT).
     pub fn explains(&self, pc: u64, next: u64) -> bool {
         let fall = pc.wrapping_add(u64::from(self.len));
-        match self.flow {
-            Flow::Next | Flow::Halt => next == fall,
-            Flow::Repeat => next == fall || next == pc,
-            Flow::Jump(t) => next == t,
-            Flow::Branch(t) => next == t || next == fall,
-            Flow::Any => true,
-            Flow::Trap => false,
+        if !self.predictable() {
+            return true;
+        }
+        match (self.flow, self.target) {
+            (Flow::Next | Flow::Halt, _) => next == fall,
+            (Flow::Repeat, _) => next == fall || next == pc,
+            (Flow::Jump | Flow::Call, Some(t)) => next == t,
+            (Flow::Branch, Some(t)) => next == t || next == fall,
+            _ => false,
         }
     }
 
     /// Where execution was expected to go (for a gap record).
     pub fn expected(&self, pc: u64) -> u64 {
-        match self.flow {
-            Flow::Jump(t) => t,
+        match (self.flow, self.target) {
+            (Flow::Jump | Flow::Call, Some(t)) => t,
             _ => pc.wrapping_add(u64::from(self.len)),
         }
     }
@@ -394,36 +338,23 @@ mod tests {
 
     #[test]
     fn classifies_control_flow() {
-        assert_eq!(decode(&[0x90], 64, 0x10).unwrap().flow, Flow::Next);
-        assert_eq!(decode(&[0xf4], 64, 0x10).unwrap().flow, Flow::Halt);
+        let predicted = |bytes: &[u8]| {
+            let d = decode(bytes, 64, 0x10).unwrap();
+            d.predictable().then_some((d.flow, d.target))
+        };
+        assert_eq!(predicted(&[0x90]), Some((Flow::Next, None)));
+        assert_eq!(predicted(&[0xf4]), Some((Flow::Halt, None)));
+        assert_eq!(predicted(&[0xeb, 0xfe]), Some((Flow::Jump, Some(0x10))));
+        assert_eq!(predicted(&[0x74, 0x02]), Some((Flow::Branch, Some(0x14))));
         assert_eq!(
-            decode(&[0xeb, 0xfe], 64, 0x10).unwrap().flow,
-            Flow::Jump(0x10)
+            predicted(&[0xe8, 0, 0, 0, 0]),
+            Some((Flow::Call, Some(0x15)))
         );
-        assert_eq!(
-            decode(&[0x74, 0x02], 64, 0x10).unwrap().flow,
-            Flow::Branch(0x14)
-        );
-        assert_eq!(
-            decode(&[0xe8, 0, 0, 0, 0], 64, 0x10).unwrap().flow,
-            Flow::Jump(0x15)
-        );
-        assert_eq!(decode(&[0xc3], 64, 0x10).unwrap().flow, Flow::Any);
-        assert_eq!(
-            decode(&[0xff, 0xe0], 64, 0x10).unwrap().flow,
-            Flow::Any,
-            "jmp rax"
-        );
-        assert_eq!(
-            decode(&[0xf3, 0xa4], 64, 0x10).unwrap().flow,
-            Flow::Repeat,
-            "rep movsb"
-        );
-        assert_eq!(
-            decode(&[0xf3, 0x90], 64, 0x10).unwrap().flow,
-            Flow::Next,
-            "pause"
-        );
+        assert_eq!(predicted(&[0xc3]), None, "ret");
+        assert_eq!(predicted(&[0xff, 0xe0]), None, "jmp rax");
+        assert_eq!(predicted(&[0x0f, 0x05]), None, "syscall");
+        assert_eq!(predicted(&[0xf3, 0xa4]), Some((Flow::Repeat, None)));
+        assert_eq!(predicted(&[0xf3, 0x90]), Some((Flow::Next, None)), "pause");
         assert!(
             decode(&[0x0f, 0x01, 0x38], 64, 0).unwrap().flushes_tlb,
             "invlpg [rax]"
@@ -456,6 +387,13 @@ mod tests {
         let jz = decode(&[0x74, 0x02], 64, 0x10).unwrap();
         assert!(jz.explains(0x10, 0x12) && jz.explains(0x10, 0x14));
         assert!(!jz.explains(0x10, 0x20));
+        let call = decode(&[0xe8, 0, 0, 0, 0], 64, 0x10).unwrap();
+        assert!(call.explains(0x10, 0x15) && !call.explains(0x10, 0x15 + 5));
+        assert_eq!(call.expected(0x10), 0x15);
+        let ret = decode(&[0xc3], 64, 0x10).unwrap();
+        assert!(ret.explains(0x10, 0x1234), "a return goes anywhere");
+        let ud2 = decode(&[0x0f, 0x0b], 64, 0x10).unwrap();
+        assert!(!ud2.explains(0x10, 0x12), "UD2 does not fall through");
         let rep = decode(&[0xf3, 0xaa], 64, 0x10).unwrap();
         assert!(rep.explains(0x10, 0x10) && rep.explains(0x10, 0x12));
         assert_eq!(

@@ -2,13 +2,11 @@
 //! starts and where the CPU put the exception frame.
 
 use vtrace_storage::CpuMode;
-use vtrace_vmm::x86::SpecialRegisters;
-use vtrace_vmm::{x86, CpuView};
+use vtrace_vmm::CpuView;
+use vtrace_x86::SpecialRegisters;
 
 use crate::context::cpu_mode;
-use crate::walker::Walker;
-
-pub use vtrace_vmm::x86::has_error_code;
+use vtrace_x86::Walker;
 
 /// A gate: handler address and IST index (long mode; 0 elsewhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +29,7 @@ pub fn gate(
             let mut b = [0u8; 4];
             let base = sregs.idt.base + u64::from(vector) * 4;
             (walker.read(cpu, sregs, base, &mut b) == 4).then(|| Gate {
-                handler: x86::real_mode_vector(&b),
+                handler: vtrace_x86::real_mode_vector(&b),
                 ist: 0,
             })
         }
@@ -44,7 +42,7 @@ pub fn gate(
             if walker.read(cpu, sregs, sregs.idt.base + at, &mut b) != 16 {
                 return None;
             }
-            let g = x86::Gate64::decode(&b);
+            let g = vtrace_x86::Gate64::decode(&b);
             g.present.then_some(Gate {
                 handler: g.handler,
                 ist: g.ist,
@@ -60,7 +58,7 @@ pub fn gate(
                 return None;
             }
             // Flat code segments only: the handler's linear address.
-            x86::gate32_handler(&b).map(|handler| Gate { handler, ist: 0 })
+            vtrace_x86::gate32_handler(&b).map(|handler| Gate { handler, ist: 0 })
         }
     }
 }
@@ -78,7 +76,7 @@ pub fn error_code(
         CpuMode::Long64 | CpuMode::Compat32 => {
             let top = if gate.ist != 0 {
                 let mut b = [0u8; 8];
-                let at = sregs.tr.base + x86::tss64::IST1 + (u64::from(gate.ist) - 1) * 8;
+                let at = sregs.tr.base + vtrace_x86::tss64::IST1 + (u64::from(gate.ist) - 1) * 8;
                 (walker.read(cpu, sregs, at, &mut b) == 8).then(|| u64::from_le_bytes(b))?
             } else {
                 old_rsp

@@ -16,8 +16,9 @@ mod probe_values;
 mod probes;
 mod rep;
 mod tasks;
+#[cfg(test)]
+mod test_machine;
 mod tracer;
-mod walker;
 mod window;
 
 // The crate's API. The modules are private: what a user of the tracer
@@ -28,7 +29,7 @@ pub use probes::{matches as probe_matches, FunctionProbe, ProbeCount, ProbeTroub
 pub use tracer::{
     parse_autostop, SampleCount, TraceOptions, TraceReport, Tracer, DEFAULT_AUTOSTOP,
 };
-pub use walker::Walker;
+
 pub use window::{FunctionSite, WindowCount};
 
 // A sample the peeper takes must fit the trace's sample event.

@@ -4,9 +4,9 @@
 //! The trace records registers, not memory. The analyzer derives a load's
 //! or a store's value where the instruction ties it to a register, an
 //! immediate or the next pc (`mov`, `push`, `pop`, `call`, `ret`, `jmp
-//! [m]`, `leave`, `stos`, `lods`, `pushf`, `xchg`: the table of the
-//! analyzer's `memory_values`); [`registers_give_values`] is that table's
-//! mirror. For every other instruction that touches memory (arithmetic on
+//! [m]`, `leave`, `stos`, `lods`, `pushf`, `xchg`: the one table of
+//! `vtrace_x86`'s operands, which says so in `registers_give_values`). For
+//! every other instruction that touches memory (arithmetic on
 //! memory, compares, `lock xadd`, `cmpxchg`, `movs`, ...), [`plan`] lists
 //! each access of at most 8 bytes, in the order of iced-x86's memory
 //! operands (the analyzer walks them in the same order and matches them
@@ -14,9 +14,9 @@
 //! included). The engine reads loads before the instruction runs and
 //! stores after it.
 
-use iced_x86::{Instruction, Mnemonic, OpAccess, OpKind, Register, UsedMemory};
+use iced_x86::{Instruction, OpAccess, UsedMemory};
 use vtrace_storage::{MemoryValue, MAX_MEMORY_VALUES};
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
+use vtrace_x86::{registers_give_values, Registers, SpecialRegisters};
 
 use crate::fault::register;
 
@@ -43,41 +43,9 @@ impl Plan {
     }
 }
 
-/// Whether the analyzer derives the values of every memory access of
-/// `insn` from the registers around it and the next pc (see the module
-/// documentation); false for any other instruction, memory or not.
-pub(crate) fn registers_give_values(insn: &Instruction) -> bool {
-    use Mnemonic::*;
-    let explicit = (0..insn.op_count()).any(|n| insn.op_kind(n) == OpKind::Memory);
-    // The other operand of a `mov` to or from memory: a general register
-    // or an immediate gives the value, a segment register does not.
-    let other_is_gpr_or_immediate = || {
-        (0..insn.op_count()).all(|n| match insn.op_kind(n) {
-            OpKind::Memory => true,
-            OpKind::Register => insn.op_register(n).is_gpr(),
-            _ => true,
-        })
-    };
-    match insn.mnemonic() {
-        Mov | Movzx | Movsx | Movsxd => other_is_gpr_or_immediate(),
-        // `pop rsp`'s load is not rsp after it.
-        Pop => {
-            !explicit
-                && (insn.op_kind(0) != OpKind::Register
-                    || insn.op_register(0).full_register() != Register::RSP)
-        }
-        Push => !explicit && other_is_gpr_or_immediate(),
-        Call | Ret | Leave | Xchg => true,
-        Jmp => explicit,
-        Stosb | Stosw | Stosd | Stosq | Lodsb | Lodsw | Lodsd | Lodsq => true,
-        Pushf | Pushfd | Pushfq => true,
-        _ => false,
-    }
-}
-
 /// The accesses of `insn` at `pc` to record, its registers before it
-/// being `regs`: none where [`registers_give_values`] or where it touches
-/// no memory. `used` is its memory operands as iced-x86 works them out.
+/// being `regs`: none where the registers give the values
+/// ([`registers_give_values`]) or where it touches no memory. `used` is its memory operands as iced-x86 works them out.
 pub(crate) fn plan(
     pc: u64,
     insn: &Instruction,
@@ -85,7 +53,7 @@ pub(crate) fn plan(
     regs: &Registers,
     sregs: &SpecialRegisters,
 ) -> Option<Plan> {
-    if used.is_empty() || registers_give_values(insn) {
+    if used.is_empty() || registers_give_values(insn, used) {
         return None;
     }
     let mut plan = Plan {

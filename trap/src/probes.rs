@@ -291,7 +291,7 @@ impl Probes {
     /// breakpoint to the return's.
     pub(crate) fn fire_returns(
         &mut self,
-        regs: &vtrace_vmm::x86::Registers,
+        regs: &vtrace_x86::Registers,
         cr3: u64,
         now: u64,
         traced: bool,
@@ -373,7 +373,7 @@ impl Probes {
     pub(crate) fn fire_function(
         &mut self,
         i: usize,
-        r: &vtrace_vmm::x86::Registers,
+        r: &vtrace_x86::Registers,
         read: &mut crate::probe_values::ReadMemory<'_>,
     ) -> (Event, Option<Event>) {
         let probe = self.function_probe[i];

@@ -8,7 +8,7 @@
 //! steps wherever it was taken.
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, Register};
-use vtrace_vmm::x86::Registers;
+use vtrace_x86::Registers;
 
 /// Reads guest memory at a linear address; false if unreadable.
 pub trait ReadLinear {
@@ -232,7 +232,7 @@ impl Iterations {
     }
 }
 
-use vtrace_vmm::x86::rflags::DF as RFLAGS_DF;
+use vtrace_x86::rflags::DF as RFLAGS_DF;
 
 fn address_bits(insn: &Instruction) -> u32 {
     match insn.memory_base() {
@@ -251,7 +251,7 @@ fn address_bits(insn: &Instruction) -> u32 {
 
 /// RFLAGS after `CMP a, b` on `size`-byte operands.
 fn compare_flags(rflags: u64, a: u64, b: u64, size: u8) -> u64 {
-    use vtrace_vmm::x86::rflags::{AF, CF, OF, PF, SF, ZF};
+    use vtrace_x86::rflags::{AF, CF, OF, PF, SF, ZF};
     let bits = u32::from(size) * 8;
     let mask = if bits == 64 {
         u64::MAX

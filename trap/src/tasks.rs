@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 
 use vtrace_storage::{Event, MapLayout, Mapping, TaskLayout};
-use vtrace_vmm::x86::msr::KERNEL_GS_BASE;
 use vtrace_vmm::CpuView;
+use vtrace_x86::msr::KERNEL_GS_BASE;
 
 use crate::engine::{Engine, RecordSink};
 use crate::maple;
@@ -452,7 +452,7 @@ fn read_text(engine: &mut Engine, cpu: &mut dyn CpuView, at: u64, max: usize) ->
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::walker::tests::{machine, FlatCpu};
+    use crate::test_machine::{machine, FlatCpu};
     use vtrace_storage::Record;
 
     /// The kernel half's first address, mapped (below) to physical 0.

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use crate::x86::{Registers, SpecialRegisters};
 use iced_x86::{CpuidFeature, Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter};
+use vtrace_x86::{Registers, SpecialRegisters};
 
 /// How many recent exits the report keeps.
 pub const EXIT_HISTORY: usize = 16;

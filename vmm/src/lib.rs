@@ -45,7 +45,6 @@ mod signals;
 mod steppers;
 mod vcpu;
 mod vm;
-pub mod x86;
 
 // The crate's API. The modules are private: what a user of the VMM needs is
 // named here, so a module can be split or moved without breaking callers.

@@ -2,7 +2,7 @@
 //! it at the points a tracer needs and otherwise knows nothing of tracing.
 
 use crate::devices::hypercall::Hypercall;
-use crate::x86::{Registers, SpecialRegisters};
+use vtrace_x86::{PhysicalMemory, Registers, SpecialRegisters};
 
 /// What the VMM saw at an exit, as the monitor needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,12 +177,12 @@ impl Default for EntryPlan {
 }
 
 /// Linear addresses of hardware breakpoints, as many as the debug
-/// registers hold ([`crate::x86::dr::BREAKPOINTS`]). A value, not a
+/// registers hold ([`vtrace_x86::dr::BREAKPOINTS`]). A value, not a
 /// borrow, so a plan outlives the question that gave it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Breakpoints {
     /// The addresses; past `len`, zero (so that equal sets compare equal).
-    addrs: [u64; crate::x86::dr::BREAKPOINTS],
+    addrs: [u64; vtrace_x86::dr::BREAKPOINTS],
     len: u8,
 }
 
@@ -280,15 +280,14 @@ pub enum WriteError {
     ReadOnly,
 }
 
-/// Read access to the vCPU and guest memory for the monitor. The VMM
+/// Read access to the vCPU and guest memory for the monitor (guest RAM
+/// is read through [`PhysicalMemory`], as a page walk reads it). The VMM
 /// implements it over KVM; tests implement it over plain data.
-pub trait CpuView {
+pub trait CpuView: PhysicalMemory {
     /// General registers as of this exit.
     fn regs(&mut self) -> Registers;
     /// System registers as of this exit.
     fn sregs(&mut self) -> SpecialRegisters;
-    /// Reads guest-physical memory; false if any byte is not RAM.
-    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
     /// Writes guest-physical memory. Only for undoing what stepping
     /// itself left in guest memory, and for the semaphores of the guest's
     /// static probes.

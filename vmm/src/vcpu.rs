@@ -91,7 +91,7 @@ impl Vcpu {
     /// [`Vcpu::sregs`] as the monitor reads them, copied straight from
     /// where KVM left them (once per exit).
     #[inline]
-    pub fn special_registers(&mut self) -> crate::x86::SpecialRegisters {
+    pub fn special_registers(&mut self) -> vtrace_x86::SpecialRegisters {
         if !self.synced {
             return (&self.sregs()).into();
         }

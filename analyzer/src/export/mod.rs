@@ -52,8 +52,8 @@ use vtrace_storage::Regs;
 use crate::error::{AnalyzeError, Result};
 use crate::input::{pass_progress, Progress, Trace};
 use crate::levels::{run_following_on, LevelSink};
-use crate::symbols::Symbolizer;
 use rows::{RowBuilder, SegmentRows};
+use vtrace_image::symbols::Symbolizer;
 
 pub use crate::error::ExportError;
 

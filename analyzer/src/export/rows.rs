@@ -13,8 +13,8 @@ use vtrace_storage::{Event, InsnBytes, MemoryValue, Regs};
 use crate::insn::InsnInfo;
 use crate::levels::{RoutineRun, SegmentPass, SegmentRecord};
 use crate::memory_values::{accesses, target_value, Access};
-use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 use crate::tasks::{TaskId, TaskTracker};
+use vtrace_image::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 
 /// Every register changed: what a step shows when the registers before it
 /// are not known (after a break in the trace).

@@ -7,9 +7,9 @@ use rustc_hash::FxHashMap;
 use super::counts::LevelCounts;
 use super::items::{Item, PREVIOUS_FUNC};
 use super::sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
-use crate::insn::Flow;
-use crate::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 use crate::tasks::TaskId;
+use vtrace_image::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
+use vtrace_x86::Flow;
 
 /// Whose call stack frames go on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,9 +5,10 @@
 use vtrace_storage::{Event, FunctionEdge, RecordRef, Step, TraceReason};
 
 use crate::input::SegmentInfo;
-use crate::insn::{Flow, InsnCache, InsnInfo};
-use crate::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
+use crate::insn::{InsnCache, InsnInfo};
 use crate::tasks::{TaskId, TaskTracker};
+use vtrace_image::symbols::{cr3_root, FuncId, Symbolizer, Thunk, UNKNOWN_FUNC};
+use vtrace_x86::Flow;
 
 /// A record as per-segment work sees it: a step comes with its decoded
 /// instruction, looked up once for all the work on it.
@@ -299,7 +300,7 @@ impl<'a> ItemBuilder<'a> {
                 }
             });
         }
-        self.open = matches!(flow, Flow::Next | Flow::Jump).then_some((cr3, func));
+        self.open = (flow.in_line() || flow.jumps()).then_some((cr3, func));
     }
 
     /// Before a `ret`: the value it returns. The `ret` then starts an

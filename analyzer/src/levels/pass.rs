@@ -7,7 +7,7 @@ use super::items::{Item, ItemBuilder, SegmentRecord};
 use super::sink::LevelSink;
 use crate::input::SegmentInfo;
 use crate::insn::InsnCache;
-use crate::symbols::{FuncId, Symbolizer};
+use vtrace_image::symbols::{FuncId, Symbolizer};
 use vtrace_storage::{Event, RecordRef};
 
 /// Work done on each segment in the same pass over its records as the

@@ -2,8 +2,8 @@
 //! irregular control flow, marks and task changes, through a
 //! [`LevelSink`].
 
-use crate::symbols::FuncId;
 use crate::tasks::TaskId;
+use vtrace_image::symbols::FuncId;
 
 /// How a routine was entered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,9 +3,10 @@
 use super::items::ItemBuilder;
 use super::*;
 use crate::input::SegmentInfo;
-use crate::insn::{Flow, InsnCache};
-use crate::symbols::{Scope, Symbol, SymbolTable, Symbolizer, UNKNOWN_FUNC};
+use crate::insn::InsnCache;
+use vtrace_image::symbols::{Scope, Symbol, SymbolTable, Symbolizer, UNKNOWN_FUNC};
 use vtrace_storage::{CpuMode, Event, InsnBytes, Record, Regs, Step, TraceReason};
+use vtrace_x86::Flow;
 
 /// Routines of 0x100 bytes at the given addresses.
 fn routines(list: &[(u64, &str)]) -> Symbolizer {

@@ -7,8 +7,8 @@ use super::{NestOptions, NestWriter};
 use crate::error::Result;
 use crate::input::{pass_progress, Progress, Trace};
 use crate::levels::{run_with_on, LevelCounts, LevelSink, SelectedTasks};
-use crate::symbols::Symbolizer;
 use crate::tasks::TaskFilter;
+use vtrace_image::symbols::Symbolizer;
 
 /// What writing a diagram saw, every CPU's added up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

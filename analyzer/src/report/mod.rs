@@ -24,8 +24,8 @@ use crate::listing::{self, ListingOptions};
 use crate::naming::percent;
 use crate::nest::NestOptions;
 use crate::stats::{collect, Count, Stats};
-use crate::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 use charts::{bar_chart, thousands, Bar};
+use vtrace_image::symbols::{FuncId, Symbolizer, UNKNOWN_FUNC};
 
 /// Routines whose first call gets a listing window in the page.
 const LISTED_ROUTINES: usize = 10;

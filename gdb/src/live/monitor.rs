@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
-use vtrace_trap::Walker;
 use vtrace_vmm::{
     stop_signals, CpuView, EntryPlan, Exception, ExitAnswer, ExitView, GuestExit, Help, Hypercall,
     Injection, Monitor, PeepSample,
 };
+use vtrace_x86::Walker;
 
 use super::link::{Reply, Request, Stop, VcpuEnd};
 use super::watch::{LiveWatch, Watcher};

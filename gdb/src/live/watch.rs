@@ -7,9 +7,9 @@
 
 use gdbstub::target::ext::breakpoints::WatchKind;
 use iced_x86::{Decoder, DecoderOptions, InstructionInfoFactory, Mnemonic, OpAccess, Register};
-use vtrace_trap::Walker;
-use vtrace_vmm::x86::{Registers, Segment, SpecialRegisters};
 use vtrace_vmm::CpuView;
+use vtrace_x86::Walker;
+use vtrace_x86::{Registers, Segment, SpecialRegisters};
 
 /// One of gdb's watchpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

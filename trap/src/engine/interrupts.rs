@@ -4,14 +4,15 @@
 //! inferred from where execution went.
 
 use vtrace_storage::{CpuMode, Event, InterruptSource};
-use vtrace_vmm::x86::rflags::IF as RFLAGS_IF;
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Exception};
+use vtrace_x86::rflags::IF as RFLAGS_IF;
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use crate::context::{cpu_mode, linear_pc};
 use crate::fault;
-use crate::flow::{Decoded, Flow, Shadow};
-use crate::idt::{error_code, gate, has_error_code, Gate};
+use crate::flow::{Decoded, Shadow};
+use crate::idt::{error_code, gate, Gate};
+use vtrace_x86::has_error_code;
 
 use super::{Engine, Pending, RecordSink};
 
@@ -293,7 +294,7 @@ impl Engine {
         }
         let folded = self.fetch(cpu, sregs, target);
         let explained = match folded.decoded {
-            Some(d) if d.flow != Flow::Any => d.explains(target, next),
+            Some(d) if d.predictable() => d.explains(target, next),
             // Under host load KVM now and then runs the instruction at the
             // target without a debug exit even with no STI there; when it
             // is a `ret` or an indirect `jmp`, where it went is checked
@@ -365,7 +366,7 @@ impl Engine {
             let fall = at.0.pc.wrapping_add(u64::from(at.1.len));
             let folded = self.fetch(cpu, sregs, fall);
             let f = folded.decoded?;
-            let explained = if f.flow != Flow::Any {
+            let explained = if f.predictable() {
                 f.explains(fall, next)
             } else {
                 self.indirect_target(cpu, sregs, regs, &folded) == Some(next)

@@ -6,7 +6,7 @@ use vtrace_storage::Event;
 use vtrace_vmm::{CpuView, Directive, ExitView};
 
 use crate::context::linear_pc;
-use crate::flow::Flow;
+use vtrace_x86::Flow;
 
 use super::{Engine, RecordSink};
 

@@ -19,14 +19,15 @@
 //! addresses; nothing is dropped silently.
 
 use vtrace_storage::{CpuMode, Event, InsnBytes, Record, Recorder, Regs, Step};
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Directive, Exception, ExitView};
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use crate::context::{cpu_mode, linear_pc};
 use crate::fault;
-use crate::flow::{DecodeCache, Decoded, Flow};
+use crate::flow::{DecodeCache, Decoded};
 use crate::rep::{ReadLinear, RepString, Unreadable};
-use crate::walker::Walker;
+use vtrace_x86::Flow;
+use vtrace_x86::Walker;
 
 mod beside;
 mod guest_memory;
@@ -249,7 +250,7 @@ fn fetch_into(
     }
 }
 
-use vtrace_vmm::x86::rflags::RF as RFLAGS_RF;
+use vtrace_x86::rflags::RF as RFLAGS_RF;
 
 fn control(s: &SpecialRegisters) -> [u64; 4] {
     [s.cr0, s.cr3, s.cr4, s.efer]
@@ -677,10 +678,11 @@ mod tests {
     //! map, registers set by hand to what each kind of host reports.
     use super::*;
     use vtrace_storage::InterruptSource;
-    use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
     use vtrace_vmm::Hypercall;
+    use vtrace_x86::rflags::TF as RFLAGS_TF;
 
-    use crate::walker::tests::{machine, FlatCpu, CODE, PF_HANDLER, STACK, TIMER_HANDLER};
+    use crate::test_machine::{machine, FlatCpu, CODE, PF_HANDLER, STACK, TIMER_HANDLER};
+    use vtrace_x86::PhysicalMemory;
 
     fn steps(recs: &[Record]) -> Vec<u64> {
         recs.iter()

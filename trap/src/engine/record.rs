@@ -3,14 +3,16 @@
 //! architecture doc's table, then record it. This is the per-step path.
 
 use vtrace_storage::{Event, InterruptSource};
-use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::{CpuView, Directive, ExitView};
+use vtrace_x86::rflags::TF as RFLAGS_TF;
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use super::{control, Engine, Pending, RecordSink, CONTROL_REGS};
 use crate::context::linear_pc;
-use crate::flow::{Decoded, Flow, Shadow};
-use crate::idt::{error_code, gate, has_error_code};
+use crate::flow::{Decoded, Shadow};
+use crate::idt::{error_code, gate};
+use vtrace_x86::has_error_code;
+use vtrace_x86::Flow;
 
 /// How the step of an instruction whose next pc the engine explains is
 /// recorded.

@@ -3,10 +3,10 @@
 //! in a frame pushed while stepping.
 
 use vtrace_storage::CpuMode;
-use vtrace_vmm::x86::msr::FMASK as MSR_FMASK;
-use vtrace_vmm::x86::rflags::TF as RFLAGS_TF;
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::CpuView;
+use vtrace_x86::msr::FMASK as MSR_FMASK;
+use vtrace_x86::rflags::TF as RFLAGS_TF;
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use super::Engine;
 

@@ -4,8 +4,8 @@
 //! recorded as an event just before its step.
 
 use vtrace_storage::Event;
-use vtrace_vmm::x86::{Registers, SpecialRegisters};
 use vtrace_vmm::CpuView;
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use super::{Engine, Pending, RecordSink};
 use crate::memory_record::{self, Plan};
@@ -110,7 +110,7 @@ mod tests {
     use vtrace_vmm::ExitView;
 
     use super::*;
-    use crate::walker::tests::{machine, CODE};
+    use crate::test_machine::{machine, CODE};
 
     const DATA: u64 = 0x5000;
 

@@ -552,7 +552,7 @@ impl Monitor for Tracer {
 mod tests {
     use super::*;
     use crate::capture::CaptureSite;
-    use crate::walker::tests::{machine, FlatCpu, PF_HANDLER};
+    use crate::test_machine::{machine, FlatCpu, PF_HANDLER};
     use vtrace_storage::DiskWriter;
 
     fn tracer(dir: &std::path::Path, options: TraceOptions) -> Tracer {
@@ -647,7 +647,7 @@ mod tests {
     #[test]
     fn a_start_place_bound_to_a_task_fires_only_in_that_task() {
         use crate::tasks::tests::{layout, name_task, running};
-        use crate::walker::tests::CODE;
+        use crate::test_machine::CODE;
         let dir = tempfile::tempdir().unwrap();
         let mut cpu = running(&[0x90, 0x90], 7, "sh");
         let options = TraceOptions {
@@ -696,7 +696,7 @@ mod tests {
     /// Tracing from the start at `nop; nop`, a capture at the second:
     /// the tracer, begun, and the CPU.
     fn tracing_to_a_capture(dir: &std::path::Path) -> (Tracer, FlatCpu) {
-        use crate::walker::tests::CODE;
+        use crate::test_machine::CODE;
         let mut cpu = machine(&[0x90, 0x90]);
         cpu.regs.rsi = CODE;
         let options = TraceOptions {
@@ -711,7 +711,7 @@ mod tests {
 
     #[test]
     fn a_capture_is_taken_where_a_step_arrives_while_tracing() {
-        use crate::walker::tests::CODE;
+        use crate::test_machine::CODE;
         let dir = tempfile::tempdir().unwrap();
         let (mut t, mut cpu) = tracing_to_a_capture(dir.path());
         assert!(
@@ -745,7 +745,7 @@ mod tests {
 
     #[test]
     fn an_exit_that_ran_nothing_arrives_nowhere_again() {
-        use crate::walker::tests::CODE;
+        use crate::test_machine::CODE;
         let dir = tempfile::tempdir().unwrap();
         let (mut t, mut cpu) = tracing_to_a_capture(dir.path());
         cpu.regs.rip = CODE + 1;
@@ -758,7 +758,7 @@ mod tests {
 
     #[test]
     fn a_capture_is_taken_at_its_breakpoint_while_not_tracing() {
-        use crate::walker::tests::CODE;
+        use crate::test_machine::CODE;
         let dir = tempfile::tempdir().unwrap();
         let mut cpu = machine(&[0x90]);
         let options = TraceOptions {

@@ -4,8 +4,8 @@
 //! sharing the four debug registers.
 
 use vtrace_storage::TraceReason;
-use vtrace_vmm::x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 use vtrace_vmm::{Breakpoints, CpuView};
+use vtrace_x86::dr::BREAKPOINTS as DEBUG_REGISTERS;
 
 use crate::engine::RecordSink;
 

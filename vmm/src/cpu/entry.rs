@@ -23,7 +23,7 @@ pub enum EntryState {
     Startup { vector: u8 },
 }
 
-use crate::x86::{cr0, cr4, efer};
+use vtrace_x86::{cr0, cr4, efer};
 
 /// Boot GDT: null, 32-bit code (0x08), data (0x10), 64-bit code (0x18).
 const GDT: [u64; 4] = [

@@ -14,7 +14,7 @@
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
 use crate::memory::LinearMemory;
-use crate::x86::{efer, tss64, Gate64};
+use vtrace_x86::{efer, tss64, Gate64};
 
 /// Why a software interrupt could not be delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -83,7 +83,7 @@ pub fn deliver_with_error_code(
     return_rip: u64,
     error_code: Option<u32>,
 ) -> Result<bool, SoftIntError> {
-    use crate::x86::rflags::{IF, NT, RF, TF};
+    use vtrace_x86::rflags::{IF, NT, RF, TF};
     let cpl = sregs.cs.dpl;
     if sregs.efer & efer::LMA == 0 || !((cpl == 0 && sregs.cs.l == 1) || cpl == 3) {
         return Err(SoftIntError::UnsupportedMode);

@@ -9,7 +9,7 @@ use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs};
 
 use super::soft_int::{self, SoftIntError};
 use crate::memory::LinearMemory;
-use crate::x86::Registers;
+use vtrace_x86::Registers;
 
 /// Vector of the x87 floating-point error (#MF).
 const VECTOR_MF: u8 = 16;

@@ -13,7 +13,7 @@ use crate::cpu::entry::{gdt_entry, segment_of};
 use crate::error::{Error, Result};
 use crate::memory::{create_guest_ram, GuestRam};
 use crate::vcpu::Vcpu;
-use crate::x86::{cr0, cr4, efer};
+use vtrace_x86::{cr0, cr4, efer};
 
 /// The port a probe's code writes when it is done.
 pub const DONE_PORT: u16 = 0x5f0;

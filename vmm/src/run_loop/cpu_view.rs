@@ -5,7 +5,7 @@ use crate::memory::{GuestRam, LowRam};
 use crate::monitor::{CpuView, WriteError};
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
-use crate::x86::{Registers, SpecialRegisters};
+use vtrace_x86::{PhysicalMemory, Registers, SpecialRegisters};
 
 impl Vm {
     /// The monitor's view of the vCPU.
@@ -46,15 +46,7 @@ pub(crate) struct KvmCpuView<'a> {
     apic_id: u8,
 }
 
-impl CpuView for KvmCpuView<'_> {
-    fn regs(&mut self) -> Registers {
-        (&self.vcpu.regs()).into()
-    }
-
-    fn sregs(&mut self) -> SpecialRegisters {
-        self.vcpu.special_registers()
-    }
-
+impl PhysicalMemory for KvmCpuView<'_> {
     fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
         use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
         // SAFETY: `low` was taken from `ram`, which this view borrows.
@@ -67,6 +59,16 @@ impl CpuView for KvmCpuView<'_> {
             return slice.copy_to(buf) == buf.len();
         }
         self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
+    }
+}
+
+impl CpuView for KvmCpuView<'_> {
+    fn regs(&mut self) -> Registers {
+        (&self.vcpu.regs()).into()
+    }
+
+    fn sregs(&mut self) -> SpecialRegisters {
+        self.vcpu.special_registers()
     }
 
     fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {

@@ -180,7 +180,7 @@ impl Run<'_> {
         }
         if after.resume_flag {
             let mut regs = self.vm.machine.vcpu.regs();
-            regs.rflags |= crate::x86::rflags::RF;
+            regs.rflags |= vtrace_x86::rflags::RF;
             self.vm.machine.vcpu.set_regs(&regs)?;
         }
         match after.then {

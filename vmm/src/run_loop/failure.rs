@@ -6,7 +6,7 @@ use crate::cpu::unemulated;
 use crate::diagnostics::CrashReport;
 use crate::error::Result;
 use crate::vm::Vm;
-use crate::x86::SpecialRegisters;
+use vtrace_x86::SpecialRegisters;
 
 impl Vm {
     /// Where KVM's emulator gave up on an instruction the VMM can complete

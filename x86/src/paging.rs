@@ -1,18 +1,26 @@
-//! Guest page-table walks: real mode, 32-bit, PAE, 4-level and 5-level
-//! paging, with a small cache of translations that is dropped whenever CR0,
-//! CR3, CR4 or EFER change, or the guest flushes its TLB (INVLPG).
+//! Page-table walks: real mode, 32-bit, PAE, 4-level and 5-level paging,
+//! over any [`PhysicalMemory`], with a small cache of translations that is
+//! dropped whenever CR0, CR3, CR4 or EFER change, or the guest flushes its
+//! TLB (INVLPG).
 
-use vtrace_vmm::x86::SpecialRegisters;
-use vtrace_vmm::CpuView;
+use crate::facts::cr0::PG as CR0_PG;
+use crate::facts::cr4::LA57 as CR4_LA57;
+use crate::facts::cr4::PAE as CR4_PAE;
+use crate::facts::cr4::PSE as CR4_PSE;
+use crate::facts::efer::LMA as EFER_LMA;
+use crate::facts::pte::ADDR as ADDR_MASK;
+use crate::facts::pte::P as PRESENT;
+use crate::facts::pte::PS as PAGE_SIZE_BIT;
+use crate::registers::SpecialRegisters;
 
-use vtrace_vmm::x86::cr0::PG as CR0_PG;
-use vtrace_vmm::x86::cr4::LA57 as CR4_LA57;
-use vtrace_vmm::x86::cr4::PAE as CR4_PAE;
-use vtrace_vmm::x86::cr4::PSE as CR4_PSE;
-use vtrace_vmm::x86::efer::LMA as EFER_LMA;
-use vtrace_vmm::x86::pte::ADDR as ADDR_MASK;
-use vtrace_vmm::x86::pte::P as PRESENT;
-use vtrace_vmm::x86::pte::PS as PAGE_SIZE_BIT;
+/// A machine's physical memory as a page walk reads it: the one question
+/// a walker asks, so that the VMM's guest RAM, an engine's and a test's
+/// flat vector all serve.
+pub trait PhysicalMemory {
+    /// Reads `buf.len()` bytes at physical address `gpa`; false if any of
+    /// them is not RAM.
+    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool;
+}
 /// Translations the cache holds: direct-mapped, as a TLB, because it is
 /// looked up on every step (the instruction fetch) and a hash map's
 /// hashing cost more than the walks it saved.
@@ -84,18 +92,18 @@ const ANY_ACCESS: PageAccess = PageAccess {
     executable: true,
     accessed: true,
 };
-use vtrace_vmm::x86::pte::A as ACCESSED;
-use vtrace_vmm::x86::pte::RW as WRITABLE;
-use vtrace_vmm::x86::pte::US as USER;
-use vtrace_vmm::x86::pte::XD as NO_EXECUTE;
+use crate::facts::pte::A as ACCESSED;
+use crate::facts::pte::RW as WRITABLE;
+use crate::facts::pte::US as USER;
+use crate::facts::pte::XD as NO_EXECUTE;
 
-fn read_u64(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
+fn read_u64(cpu: &dyn PhysicalMemory, gpa: u64) -> Option<u64> {
     let mut b = [0u8; 8];
     cpu.read_physical(gpa, &mut b)
         .then(|| u64::from_le_bytes(b))
 }
 
-fn read_u32(cpu: &dyn CpuView, gpa: u64) -> Option<u64> {
+fn read_u32(cpu: &dyn PhysicalMemory, gpa: u64) -> Option<u64> {
     let mut b = [0u8; 4];
     cpu.read_physical(gpa, &mut b)
         .then(|| u64::from(u32::from_le_bytes(b)))
@@ -108,9 +116,10 @@ impl Walker {
     }
 
     /// Guest-physical address of `linear`, or None if it is not mapped.
+    #[inline]
     pub fn translate(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<u64> {
@@ -118,9 +127,10 @@ impl Walker {
     }
 
     /// What the guest's paging allows at `linear`; None if not mapped.
+    #[inline]
     pub fn access(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<PageAccess> {
@@ -133,7 +143,7 @@ impl Walker {
     /// never final.
     pub fn access_now(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<PageAccess> {
@@ -150,7 +160,7 @@ impl Walker {
     #[inline]
     fn lookup(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<(u64, PageAccess)> {
@@ -175,7 +185,7 @@ impl Walker {
     #[inline(never)]
     fn miss(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<(u64, PageAccess)> {
@@ -191,9 +201,10 @@ impl Walker {
 
     /// Reads `buf.len()` bytes at `linear`, page by page. Returns how many
     /// bytes could be read before an unmapped page.
+    #[inline]
     pub fn read(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
         buf: &mut [u8],
@@ -224,6 +235,12 @@ pub struct WalksNow {
     next: usize,
 }
 
+impl std::fmt::Debug for WalksNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalksNow").finish_non_exhaustive()
+    }
+}
+
 impl Default for WalksNow {
     fn default() -> Self {
         WalksNow {
@@ -238,7 +255,7 @@ impl WalksNow {
     /// from this look's walks where it walked the page.
     pub fn walk(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
     ) -> Option<(u64, PageAccess)> {
@@ -260,7 +277,7 @@ impl WalksNow {
     /// be read.
     pub fn read(
         &mut self,
-        cpu: &dyn CpuView,
+        cpu: &dyn PhysicalMemory,
         sregs: &SpecialRegisters,
         linear: u64,
         buf: &mut [u8],
@@ -275,7 +292,7 @@ impl WalksNow {
 /// physical address from `translate`; how many could be read before a
 /// page that is not mapped or not RAM.
 fn read_pages(
-    cpu: &dyn CpuView,
+    cpu: &dyn PhysicalMemory,
     linear: u64,
     buf: &mut [u8],
     mut translate: impl FnMut(u64) -> Option<u64>,
@@ -296,7 +313,11 @@ fn read_pages(
 }
 
 /// One walk, no cache.
-fn walk(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64) -> Option<(u64, PageAccess)> {
+fn walk(
+    cpu: &dyn PhysicalMemory,
+    sregs: &SpecialRegisters,
+    linear: u64,
+) -> Option<(u64, PageAccess)> {
     if sregs.cr0 & CR0_PG == 0 {
         return Some((linear & 0xffff_ffff, ANY_ACCESS));
     }
@@ -359,45 +380,32 @@ fn walk(cpu: &dyn CpuView, sregs: &SpecialRegisters, linear: u64) -> Option<(u64
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use std::cell::RefCell;
-    use vtrace_vmm::x86::Registers;
-    use vtrace_vmm::WriteError;
 
-    /// Guest memory as a flat vector, for walker and engine tests.
-    pub struct FlatCpu {
-        pub mem: RefCell<Vec<u8>>,
-        pub regs: Registers,
-        pub sregs: SpecialRegisters,
-        /// IA32_FMASK, the one MSR the engine touches.
-        pub fmask: u64,
+    /// Physical memory as a flat vector.
+    struct FlatCpu {
+        mem: RefCell<Vec<u8>>,
+        sregs: SpecialRegisters,
     }
 
     impl FlatCpu {
-        pub fn new(size: usize) -> FlatCpu {
+        fn new(size: usize) -> FlatCpu {
             FlatCpu {
                 mem: RefCell::new(vec![0; size]),
-                regs: Registers::default(),
                 sregs: SpecialRegisters::default(),
-                fmask: 0,
             }
         }
-        pub fn put(&self, gpa: u64, bytes: &[u8]) {
+        fn put(&self, gpa: u64, bytes: &[u8]) {
             self.mem.borrow_mut()[gpa as usize..gpa as usize + bytes.len()].copy_from_slice(bytes);
         }
-        pub fn put_u64(&self, gpa: u64, v: u64) {
+        fn put_u64(&self, gpa: u64, v: u64) {
             self.put(gpa, &v.to_le_bytes());
         }
     }
 
-    impl CpuView for FlatCpu {
-        fn regs(&mut self) -> Registers {
-            self.regs
-        }
-        fn sregs(&mut self) -> SpecialRegisters {
-            self.sregs
-        }
+    impl PhysicalMemory for FlatCpu {
         fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
             let m = self.mem.borrow();
             match m.get(gpa as usize..gpa as usize + buf.len()) {
@@ -408,41 +416,11 @@ pub(crate) mod tests {
                 None => false,
             }
         }
-        fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {
-            let mut m = self.mem.borrow_mut();
-            match m.get_mut(gpa as usize..gpa as usize + data.len()) {
-                Some(dst) => {
-                    dst.copy_from_slice(data);
-                    Ok(())
-                }
-                None => Err(WriteError::NotRam(gpa)),
-            }
-        }
-        fn write_regs(&mut self, regs: &Registers) -> Result<(), WriteError> {
-            self.regs = *regs;
-            Ok(())
-        }
-        fn read_msr(&mut self, index: u32) -> Option<u64> {
-            (index == vtrace_vmm::x86::msr::FMASK).then_some(self.fmask)
-        }
-        fn write_msr(&mut self, index: u32, value: u64) -> Result<(), WriteError> {
-            if index != vtrace_vmm::x86::msr::FMASK {
-                return Err(WriteError::Msr(index));
-            }
-            self.fmask = value;
-            Ok(())
-        }
     }
 
-    pub const CODE: u64 = 0x10000;
-    const IDT: u64 = 0x20000;
-    pub const TIMER_HANDLER: u64 = 0x30000;
-    pub const PF_HANDLER: u64 = 0x31000;
-    pub const STACK: u64 = 0x80000;
-
-    /// Long mode, CPL 0, the first 2 MiB identity-mapped, an IDT with a
-    /// timer handler (vector 32) and a page-fault handler (vector 14).
-    pub fn machine(code: &[u8]) -> FlatCpu {
+    /// Long mode, the first 2 MiB identity-mapped by one 2 MiB page whose
+    /// entries are not yet accessed.
+    fn machine() -> FlatCpu {
         let mut cpu = FlatCpu::new(0x20_0000);
         cpu.put_u64(0x1000, 0x2000 | 3);
         cpu.put_u64(0x2000, 0x3000 | 3);
@@ -451,23 +429,6 @@ pub(crate) mod tests {
         cpu.sregs.cr3 = 0x1000;
         cpu.sregs.cr4 = 0x20;
         cpu.sregs.efer = 0x500;
-        cpu.sregs.cs.l = 1;
-        cpu.sregs.cs.selector = 0x08;
-        cpu.sregs.idt.base = IDT;
-        cpu.sregs.idt.limit = 0xfff;
-        for (vector, handler) in [(32u64, TIMER_HANDLER), (14, PF_HANDLER)] {
-            let lo =
-                (handler & 0xffff) | (0x08 << 16) | (0x8e << 40) | ((handler & 0xffff_0000) << 32);
-            cpu.put_u64(IDT + vector * 16, lo);
-            cpu.put_u64(IDT + vector * 16 + 8, handler >> 32);
-        }
-        // Both handlers start with `push 0` (2 bytes), then iretq.
-        cpu.put(TIMER_HANDLER, &[0x6a, 0x00, 0x48, 0xcf]);
-        cpu.put(PF_HANDLER, &[0x6a, 0x0e, 0x48, 0xcf]);
-        cpu.put(CODE, code);
-        cpu.regs.rip = CODE;
-        cpu.regs.rsp = STACK;
-        cpu.regs.rflags = 0x202;
         cpu
     }
 
@@ -503,7 +464,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_look_walks_each_page_once_and_sees_the_tables_of_its_moment() {
-        let cpu = machine(&[0x90]);
+        let cpu = machine();
         let s = cpu.sregs;
         let mut look = WalksNow::default();
         let (phys, access) = look.walk(&cpu, &s, 0x1234).unwrap();

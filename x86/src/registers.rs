@@ -1,12 +1,11 @@
-//! The vCPU's registers as the tracer sees them: vtrace's own types, so a
-//! monitor needs nothing of KVM's ABI (`kvm_regs`, `kvm_sregs`). The VMM
-//! converts at the [`crate::CpuView`] boundary; the types keep `kvm_regs`'
-//! and `kvm_sregs`' layouts, so that conversion is a plain copy.
+//! A CPU's registers as vtrace's tracer, debugger and engines see them:
+//! vtrace's own types, so that none of them needs KVM's ABI. The types keep
+//! `kvm_regs`' and `kvm_sregs`' layouts, so that the VMM's conversion (the
+//! `kvm` feature) is a plain copy.
 
 use iced_x86::Register;
-use kvm_bindings::{kvm_dtable, kvm_regs, kvm_segment, kvm_sregs};
 
-use super::{cr0, efer};
+use crate::facts::{cr0, efer};
 
 /// The general registers, RIP and RFLAGS.
 #[repr(C)]
@@ -38,6 +37,7 @@ impl Registers {
     /// as iced-x86 names operands; `None` for other registers. The high
     /// byte registers (AH...) read as their full register's low byte: no
     /// address or branch target is ever made of them.
+    #[inline]
     pub fn value(&self, reg: Register) -> Option<u64> {
         let v = match reg.full_register() {
             Register::RAX => self.rax,
@@ -99,7 +99,7 @@ pub struct Segment {
     pub avl: u8,
     /// The segment is unusable (a null selector was loaded).
     pub unusable: u8,
-    padding: u8,
+    pub(crate) padding: u8,
 }
 
 /// The IDT or GDT register.
@@ -110,7 +110,7 @@ pub struct DescriptorTable {
     pub base: u64,
     /// Its last byte's offset.
     pub limit: u16,
-    padding: [u16; 3],
+    pub(crate) padding: [u16; 3],
 }
 
 /// The system registers: segments, descriptor tables, control registers
@@ -143,6 +143,7 @@ pub struct SpecialRegisters {
 impl SpecialRegisters {
     /// Code size of the mode CS is in: 16, 32 or 64 bits (what a decoder
     /// needs).
+    #[inline]
     pub fn code_bits(&self) -> u32 {
         if self.efer & efer::LMA != 0 && self.cs.l != 0 {
             64
@@ -154,6 +155,7 @@ impl SpecialRegisters {
     }
 
     /// The current privilege level (0 in real mode).
+    #[inline]
     pub fn cpl(&self) -> u8 {
         if self.cr0 & cr0::PE == 0 {
             0
@@ -162,77 +164,6 @@ impl SpecialRegisters {
         }
     }
 }
-
-/// Builds `$to` from `$from` field by field: the general registers have
-/// the same names on both sides.
-macro_rules! general_registers {
-    ($to:ident from $from:ident) => {
-        $to {
-            rax: $from.rax,
-            rbx: $from.rbx,
-            rcx: $from.rcx,
-            rdx: $from.rdx,
-            rsi: $from.rsi,
-            rdi: $from.rdi,
-            rsp: $from.rsp,
-            rbp: $from.rbp,
-            r8: $from.r8,
-            r9: $from.r9,
-            r10: $from.r10,
-            r11: $from.r11,
-            r12: $from.r12,
-            r13: $from.r13,
-            r14: $from.r14,
-            r15: $from.r15,
-            rip: $from.rip,
-            rflags: $from.rflags,
-        }
-    };
-}
-
-impl From<&kvm_regs> for Registers {
-    fn from(r: &kvm_regs) -> Self {
-        general_registers!(Registers from r)
-    }
-}
-
-impl From<&Registers> for kvm_regs {
-    fn from(r: &Registers) -> Self {
-        general_registers!(kvm_regs from r)
-    }
-}
-
-impl From<&kvm_sregs> for SpecialRegisters {
-    /// A copy: field by field it was some 120 instructions an exit, the
-    /// flags being bytes.
-    #[inline]
-    fn from(s: &kvm_sregs) -> Self {
-        // SAFETY: SpecialRegisters is repr(C) and has kvm_sregs' fields,
-        // in its order and of its types (same size, alignment and offsets,
-        // asserted below), and every bit pattern is a valid value of them
-        // all; `s` is a reference, so valid and aligned.
-        unsafe { std::ptr::read((s as *const kvm_sregs).cast::<SpecialRegisters>()) }
-    }
-}
-
-// What makes the copy above sound: every field at KVM's offset.
-macro_rules! same_offsets {
-    ($ours:ty, $kvm:ty: $($field:ident),+) => {
-        $(assert!(std::mem::offset_of!($ours, $field) == std::mem::offset_of!($kvm, $field));)+
-    };
-}
-const _: () = {
-    use std::mem::{align_of, size_of};
-    assert!(size_of::<SpecialRegisters>() == size_of::<kvm_sregs>());
-    assert!(align_of::<SpecialRegisters>() == align_of::<kvm_sregs>());
-    assert!(size_of::<Segment>() == size_of::<kvm_segment>());
-    assert!(size_of::<DescriptorTable>() == size_of::<kvm_dtable>());
-    same_offsets!(Segment, kvm_segment: base, limit, selector, type_, present, dpl, db, s, l, g,
-        avl, unusable, padding);
-    same_offsets!(DescriptorTable, kvm_dtable: base, limit, padding);
-    same_offsets!(SpecialRegisters, kvm_sregs: cs, ds, es, fs, gs, ss, tr, ldt, gdt, idt, cr0,
-        cr2, cr3, cr4, cr8, efer, apic_base, interrupt_bitmap);
-};
 
 #[cfg(test)]
 mod tests {
@@ -250,84 +181,6 @@ mod tests {
         assert_eq!(regs.value(Register::AX), Some(0x7788));
         assert_eq!(regs.value(Register::RIP), Some(0x40_1000));
         assert_eq!(regs.value(Register::XMM0), None);
-    }
-
-    #[test]
-    fn kvm_registers_convert_both_ways() {
-        let kvm = kvm_regs {
-            rax: 1,
-            r15: 15,
-            rip: 0x1000,
-            rflags: 0x202,
-            ..Default::default()
-        };
-        let ours = Registers::from(&kvm);
-        assert_eq!(
-            (ours.rax, ours.r15, ours.rip, ours.rflags),
-            (1, 15, 0x1000, 0x202)
-        );
-        assert_eq!(kvm_regs::from(&ours), kvm);
-    }
-
-    #[test]
-    fn system_registers_copy_from_kvm_field_for_field() {
-        let mut kvm = kvm_sregs {
-            cs: kvm_segment {
-                base: 0x1000,
-                limit: 0xffff_ffff,
-                selector: 0x33,
-                type_: 11,
-                present: 1,
-                dpl: 3,
-                db: 0,
-                s: 1,
-                l: 1,
-                g: 1,
-                avl: 0,
-                unusable: 0,
-                padding: 0,
-            },
-            gdt: kvm_dtable {
-                base: 0xffff_8000_0000_1000,
-                limit: 0x7f,
-                padding: [0; 3],
-            },
-            cr0: 0x8005_0033,
-            cr2: 0xdead_b000,
-            cr3: 0x10_0000,
-            cr4: 0x6f0,
-            cr8: 2,
-            efer: 0xd01,
-            apic_base: 0xfee0_0900,
-            interrupt_bitmap: [0, 8, 0, 0],
-            ..Default::default()
-        };
-        kvm.fs.base = 0x7fff_0000;
-        kvm.tr.selector = 0x40;
-        kvm.ldt.unusable = 1;
-        kvm.idt.limit = 0xfff;
-        let s = SpecialRegisters::from(&kvm);
-        let cs = (s.cs.base, s.cs.limit, s.cs.selector, s.cs.type_, s.cs.dpl);
-        assert_eq!(cs, (0x1000, 0xffff_ffff, 0x33, 11, 3));
-        assert_eq!(
-            (s.cs.present, s.cs.db, s.cs.s, s.cs.l, s.cs.g),
-            (1, 0, 1, 1, 1)
-        );
-        assert_eq!(
-            (s.fs.base, s.tr.selector, s.ldt.unusable),
-            (0x7fff_0000, 0x40, 1)
-        );
-        assert_eq!(
-            (s.gdt.base, s.gdt.limit, s.idt.limit),
-            (0xffff_8000_0000_1000, 0x7f, 0xfff)
-        );
-        assert_eq!(
-            (s.cr0, s.cr2, s.cr3, s.cr4),
-            (0x8005_0033, 0xdead_b000, 0x10_0000, 0x6f0)
-        );
-        assert_eq!((s.cr8, s.efer, s.apic_base), (2, 0xd01, 0xfee0_0900));
-        assert_eq!(s.interrupt_bitmap, [0, 8, 0, 0]);
-        assert_eq!((s.code_bits(), s.cpl()), (64, 3));
     }
 
     #[test]

@@ -1,12 +1,7 @@
-//! x86 architecture facts, in one place for the VMM and the tracer: the
-//! bits of RFLAGS, the control registers and EFER, page-table entries and
-//! page-fault error codes, IDT gates and the 64-bit TSS. Names follow the
-//! Intel SDM (and iced-x86's naming where it has one). The registers
-//! themselves are here too, as the tracer reads them.
-
-mod registers;
-
-pub use registers::{DescriptorTable, Registers, Segment, SpecialRegisters};
+//! The architecture's constants: the bits of RFLAGS, the control
+//! registers and EFER, page-table entries and page-fault error codes, IDT
+//! gates and the 64-bit TSS. Names follow the Intel SDM (and iced-x86's
+//! naming where it has one).
 
 /// RFLAGS bits.
 pub mod rflags {
