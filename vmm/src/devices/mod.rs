@@ -1,6 +1,8 @@
-//! The guest's devices, all in user space, and the port I/O bus that routes
-//! accesses to them. There is deliberately no in-kernel irqchip or PIT: the
-//! VMM decides when each interrupt reaches the vCPU.
+//! The guest's devices, all in user space, and the two buses that route
+//! accesses to them: ports ([`Devices::pio_read`], [`Devices::pio_write`])
+//! and MMIO ([`Devices::mmio_read`], [`Devices::mmio_write`]). There is
+//! deliberately no in-kernel irqchip or PIT: the VMM decides when each
+//! interrupt reaches the vCPU.
 
 pub mod acpi_pm;
 mod bus;
@@ -19,10 +21,10 @@ use std::io::Write;
 use crate::clock::VirtualNanos;
 
 use self::acpi_pm::AcpiPm;
-use self::bus::{PortBus, PortDevice};
+use self::bus::{MmioBus, MmioDevice, PortBus, PortDevice};
 use self::cmos::Cmos;
 use self::ioapic::IoApic;
-use self::lapic::LocalApic;
+use self::lapic::{Ipi, LocalApic};
 use self::pic::Pic;
 use self::pit::Pit;
 use self::reset::ResetController;
@@ -35,7 +37,7 @@ pub const TIMER_IRQ: u8 = 0;
 /// CPU's local APIC (its timer or an IPI), which no ISA line carries.
 pub const LOCAL_APIC_IRQ: u8 = 0xfe;
 
-/// Every device on the port bus.
+/// Every device, on the port bus or the MMIO bus.
 pub struct Devices {
     pub pic: Pic,
     pub pit: Pit,
@@ -50,6 +52,8 @@ pub struct Devices {
     pub ioapic: Option<IoApic>,
     /// Which device answers at which port.
     bus: PortBus,
+    /// Which device answers at which address outside RAM.
+    mmio: MmioBus,
     /// Ports nobody answers, noted once each for the debug log.
     unclaimed: BTreeSet<u16>,
     /// IRQ0 edges raised so far (the timer interrupts the guest was sent).
@@ -100,6 +104,33 @@ fn port_bus() -> PortBus {
     bus
 }
 
+/// The MMIO devices' ranges: a machine of several CPUs has local APICs
+/// and an I/O APIC; a machine of one has neither (the machine every
+/// one-CPU trace was taken on).
+fn mmio_bus(cpus: u8) -> MmioBus {
+    let mut bus = MmioBus::default();
+    if cpus > 1 {
+        let claims = [
+            (
+                lapic::BASE..=lapic::BASE + lapic::SIZE - 1,
+                MmioDevice::LocalApic,
+            ),
+            (
+                ioapic::BASE..=ioapic::BASE + ioapic::SIZE - 1,
+                MmioDevice::IoApic,
+            ),
+        ];
+        for (range, device) in claims {
+            // Fixed, as the port table: `every_device_has_its_ports`
+            // catches an overlap.
+            if let Err(e) = bus.insert(range, device) {
+                tracing::error!("{e}");
+            }
+        }
+    }
+    bus
+}
+
 impl Devices {
     /// All devices in their power-on state; COM1 output goes to `console`,
     /// and the RTC starts at `rtc_base_unix`. `cpus` local APICs (APIC ID =
@@ -118,6 +149,7 @@ impl Devices {
             },
             ioapic: (cpus > 1).then(|| IoApic::new(io_apic_id(cpus))),
             bus: port_bus(),
+            mmio: mmio_bus(cpus),
             unclaimed: BTreeSet::new(),
             timer_edges: 0,
         }
@@ -225,22 +257,40 @@ impl Devices {
             .collect()
     }
 
-    /// Whether guest-physical `addr` is the I/O APIC's (where there is one).
-    pub fn is_io_apic(&self, addr: u64) -> bool {
-        self.ioapic.is_some() && (ioapic::BASE..ioapic::BASE + ioapic::SIZE).contains(&addr)
+    /// A guest load by CPU `cpu` at guest-physical `addr` outside RAM: the
+    /// register's value (32 bits, as both APICs' registers are), or `None`
+    /// where no device answers.
+    pub fn mmio_read(&mut self, cpu: usize, addr: u64, now: VirtualNanos) -> Option<u32> {
+        let (device, base) = self.mmio.find(addr)?;
+        let offset = addr - base;
+        Some(match device {
+            MmioDevice::LocalApic => self.lapics.get(cpu).map_or(0, |a| a.read(offset, now)),
+            MmioDevice::IoApic => self.ioapic.as_ref().map_or(u32::MAX, |io| io.read(offset)),
+        })
     }
 
-    /// A read of the I/O APIC's register window.
-    pub fn io_apic_read(&self, addr: u64) -> u32 {
-        self.ioapic
-            .as_ref()
-            .map_or(u32::MAX, |io| io.read(addr.wrapping_sub(ioapic::BASE)))
-    }
-
-    /// A write to the I/O APIC's register window.
-    pub fn io_apic_write(&mut self, addr: u64, value: u32) {
-        if let Some(io) = &mut self.ioapic {
-            io.write(addr.wrapping_sub(ioapic::BASE), value);
+    /// A guest store by CPU `cpu` at guest-physical `addr` outside RAM (its
+    /// low 32 bits: the registers' width), and the IPI it sends, where it
+    /// is a write to a local APIC's interrupt command register. Stores no
+    /// device answers are dropped.
+    pub fn mmio_write(
+        &mut self,
+        cpu: usize,
+        addr: u64,
+        value: u64,
+        now: VirtualNanos,
+    ) -> Option<Ipi> {
+        let (device, base) = self.mmio.find(addr)?;
+        let offset = addr - base;
+        let value = u32::try_from(value & 0xffff_ffff).unwrap_or(0);
+        match device {
+            MmioDevice::LocalApic => self.lapics.get_mut(cpu)?.write(offset, value, now),
+            MmioDevice::IoApic => {
+                if let Some(io) = &mut self.ioapic {
+                    io.write(offset, value);
+                }
+                None
+            }
         }
     }
 
@@ -317,6 +367,35 @@ mod tests {
         for nobody in [0x22, 0x44, 0x62, 0x72, 0x3f7, 0x400, 0x606] {
             assert_eq!(bus.find(nobody), None, "{nobody:#x}");
         }
+    }
+
+    #[test]
+    fn the_apics_answer_on_the_mmio_bus_where_there_are_several_cpus() {
+        let one = Devices::new(Box::new(std::io::sink()), 0, 1);
+        assert_eq!(one.mmio.find(lapic::BASE), None, "one CPU: no APICs");
+        let mut two = Devices::new(Box::new(std::io::sink()), 0, 2);
+        let bus = mmio_bus(2);
+        assert_eq!(
+            bus.find(lapic::BASE + 0xff0),
+            Some((MmioDevice::LocalApic, lapic::BASE))
+        );
+        assert_eq!(
+            bus.find(ioapic::BASE + 0x10),
+            Some((MmioDevice::IoApic, ioapic::BASE))
+        );
+        for nobody in [
+            lapic::BASE - 1,
+            lapic::BASE + lapic::SIZE,
+            ioapic::BASE + ioapic::SIZE,
+        ] {
+            assert_eq!(two.mmio_read(0, nobody, 0), None, "{nobody:#x}");
+        }
+        // Each CPU reads its own local APIC's ID register (bits 24-31).
+        assert_eq!(two.mmio_read(1, lapic::BASE + 0x20, 0), Some(1 << 24));
+        assert_eq!(two.mmio_read(0, lapic::BASE + 0x20, 0), Some(0));
+        // The I/O APIC's index register, written and read back.
+        assert_eq!(two.mmio_write(0, ioapic::BASE, 0x10, 0), None);
+        assert_eq!(two.mmio_read(0, ioapic::BASE, 0), Some(0x10));
     }
 
     #[test]

@@ -29,18 +29,7 @@ impl Run<'_> {
             } => self.io_out(port, &data[..size.min(data.len())], completed),
             Exit::MmioRead { addr, size } => {
                 self.vm.note("mmio", addr);
-                let value = if self.is_local_apic(addr) {
-                    self.local_apic_read(addr, size)
-                } else if self.vm.machine.devices.is_io_apic(addr) {
-                    let machine = &mut self.vm.machine;
-                    let value = machine.devices.io_apic_read(addr).to_le_bytes();
-                    let size = usize::from(size).min(value.len());
-                    machine.vcpu.complete_mmio_read(&value[..size]);
-                    u64::from(le_u32(&value[..size]))
-                } else {
-                    // Nothing else is mapped as MMIO: reads float high.
-                    u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8)))
-                };
+                let value = self.mmio_read(addr, size);
                 self.mmio_told(ExitView::Mmio {
                     addr,
                     size,
@@ -59,12 +48,7 @@ impl Run<'_> {
                     write: true,
                     value,
                 });
-                if self.is_local_apic(addr) {
-                    self.local_apic_write(addr, value)?;
-                } else if self.vm.machine.devices.is_io_apic(addr) {
-                    let value = u32::try_from(value & 0xffff_ffff).unwrap_or(0);
-                    self.vm.machine.devices.io_apic_write(addr, value);
-                }
+                self.mmio_write(addr, value)?;
                 Ok(Next::Continue)
             }
             Exit::Halt => self.hlt(),
@@ -100,6 +84,37 @@ impl Run<'_> {
                 reason: format!("KVM stopped the guest: unexpected exit {what}"),
                 report: Box::new(self.vm.crash_report(None)),
             }),
+        }
+    }
+
+    /// A load of `size` bytes at `addr` outside RAM, from the on-stage
+    /// CPU: its device's value, which goes to the guest on the next entry,
+    /// or all ones where no device answers (the guest's load is not
+    /// completed then).
+    fn mmio_read(&mut self, addr: u64, size: u8) -> u64 {
+        let machine = &mut self.vm.machine;
+        let cpu = machine.cpus.on_stage();
+        let now = machine.clock.now();
+        match machine.devices.mmio_read(cpu, addr, now) {
+            Some(value) => {
+                let bytes = value.to_le_bytes();
+                let bytes = &bytes[..usize::from(size).min(bytes.len())];
+                machine.vcpu.complete_mmio_read(bytes);
+                u64::from(le_u32(bytes))
+            }
+            None => u64::MAX >> (64 - 8 * u32::from(size.clamp(1, 8))),
+        }
+    }
+
+    /// A store at `addr` outside RAM from the on-stage CPU, and the IPI it
+    /// sends.
+    fn mmio_write(&mut self, addr: u64, value: u64) -> Result<()> {
+        let machine = &mut self.vm.machine;
+        let cpu = machine.cpus.on_stage();
+        let now = machine.clock.now();
+        match machine.devices.mmio_write(cpu, addr, value, now) {
+            Some(ipi) => self.send_ipi(ipi),
+            None => Ok(()),
         }
     }
 

@@ -1,10 +1,10 @@
 //! A machine of several CPUs: whose turn comes after each exit (see
-//! `crate::cpus`), the local APIC page each CPU reads and writes, the IPIs
-//! one CPU sends the others, and the STARTUP that brings one to life.
+//! `crate::cpus`), the IPIs one CPU sends the others through its local
+//! APIC, and the STARTUP that brings one to life.
 
 use crate::cpu::entry::{self, EntryState};
 use crate::cpus::{self, Power, Turn};
-use crate::devices::lapic::{self, Ipi, IpiKind};
+use crate::devices::lapic::{Ipi, IpiKind};
 use crate::error::Result;
 
 use super::Run;
@@ -42,50 +42,8 @@ impl Run<'_> {
         cpus.power()[cpus.on_stage()] != Power::Running || self.monitor.turn_may_end()
     }
 
-    /// Whether the on-stage CPU's local APIC answers at `addr`.
-    pub(super) fn is_local_apic(&self, addr: u64) -> bool {
-        !self.vm.machine.devices.lapics.is_empty()
-            && (lapic::BASE..lapic::BASE + lapic::SIZE).contains(&addr)
-    }
-
-    /// A read of the on-stage CPU's local APIC: the value, which also goes
-    /// to the guest on the next entry.
-    pub(super) fn local_apic_read(&mut self, addr: u64, size: u8) -> u64 {
-        let machine = &mut self.vm.machine;
-        let cpu = machine.cpus.on_stage();
-        let now = machine.clock.now();
-        let value = machine
-            .devices
-            .lapics
-            .get(cpu)
-            .map_or(0, |apic| apic.read(addr - lapic::BASE, now));
-        let bytes = value.to_le_bytes();
-        machine
-            .vcpu
-            .complete_mmio_read(&bytes[..usize::from(size).min(bytes.len())]);
-        u64::from(value)
-    }
-
-    /// A write to the on-stage CPU's local APIC, and the IPI it sends.
-    pub(super) fn local_apic_write(&mut self, addr: u64, value: u64) -> Result<()> {
-        let machine = &mut self.vm.machine;
-        let cpu = machine.cpus.on_stage();
-        let now = machine.clock.now();
-        // Registers are 32 bits wide, on 16-byte boundaries.
-        let value = u32::try_from(value & 0xffff_ffff).unwrap_or(0);
-        let ipi = machine
-            .devices
-            .lapics
-            .get_mut(cpu)
-            .and_then(|apic| apic.write(addr - lapic::BASE, value, now));
-        match ipi {
-            Some(ipi) => self.send_ipi(ipi),
-            None => Ok(()),
-        }
-    }
-
     /// Delivers an IPI from the on-stage CPU.
-    fn send_ipi(&mut self, ipi: Ipi) -> Result<()> {
+    pub(super) fn send_ipi(&mut self, ipi: Ipi) -> Result<()> {
         let machine = &mut self.vm.machine;
         let sender = machine.cpus.on_stage();
         let ids = machine.devices.apic_ids();
