@@ -14,6 +14,7 @@ use crate::flow::{Decoded, Shadow};
 use crate::idt::{error_code, gate, Gate};
 use vtrace_x86::has_error_code;
 
+use super::at_exit::AtExit;
 use super::{Engine, Pending, RecordSink};
 
 impl Engine {
@@ -338,17 +339,14 @@ impl Engine {
     /// registers follow from the ones before them, the last one's are
     /// those at the exit. Returns the last instruction, or None, recording
     /// nothing, when no such run explains `next`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn after_shadow(
         &mut self,
         p: &Pending,
         d: Decoded,
-        cpu: &dyn CpuView,
-        sregs: &SpecialRegisters,
-        regs: &Registers,
-        next: u64,
+        at: &AtExit<'_>,
         sink: &mut dyn RecordSink,
     ) -> Option<Decoded> {
+        let (cpu, regs, sregs, next) = (&*at.cpu, &at.regs, &at.sregs, at.next);
         /// Instructions held back in a row, at most (a longer run is a gap).
         const MAX_HELD: usize = 4;
         let mut own = self.last;

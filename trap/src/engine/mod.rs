@@ -29,6 +29,7 @@ use crate::rep::{ReadLinear, RepString, Unreadable};
 use vtrace_x86::Flow;
 use vtrace_x86::Walker;
 
+mod at_exit;
 mod beside;
 mod guest_memory;
 mod interrupts;
@@ -438,7 +439,6 @@ impl Engine {
     /// many. `mid_rep`: the last exit stopped between its iterations.
     /// Where memory a comparison needs cannot be read, the iterations from
     /// there are one step and a gap says what is missing.
-    #[allow(clippy::too_many_arguments)]
     fn emit_repeat(
         &mut self,
         p: &Pending,

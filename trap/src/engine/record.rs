@@ -7,8 +7,8 @@ use vtrace_vmm::{CpuView, Directive, ExitView};
 use vtrace_x86::rflags::TF as RFLAGS_TF;
 use vtrace_x86::{Registers, SpecialRegisters};
 
+use super::at_exit::{outcome, AtExit, Completion, Outcome};
 use super::{control, Engine, Pending, RecordSink, CONTROL_REGS};
-use crate::context::linear_pc;
 use crate::flow::{Decoded, Shadow};
 use crate::idt::{error_code, gate};
 use vtrace_x86::has_error_code;
@@ -63,21 +63,6 @@ fn step_record(
     }
 }
 
-/// What the exit says of the pending instruction's completion, taken from
-/// the engine's state as the exit is followed.
-#[derive(Clone, Copy, Debug)]
-struct Completion {
-    /// The exit is not a debug exit: the instruction completed at it
-    /// (I/O, HLT, an instruction the VMM completed).
-    here: bool,
-    /// A MOV store that completed an MMIO exit.
-    mmio_store: bool,
-    /// The last exit was in a REP instruction's midst.
-    mid_rep: bool,
-    /// The engine put TF into R11 for this instruction (SYSRET).
-    carried_r11: bool,
-}
-
 impl Engine {
     /// Follows an exit after which an instruction ran (or an interrupt
     /// came): classifies and records it, then the exit's own events, then
@@ -88,9 +73,7 @@ impl Engine {
         cpu: &mut dyn CpuView,
         sink: &mut S,
     ) -> Directive {
-        let mut regs = cpu.regs();
-        let sregs = cpu.sregs();
-        let next = linear_pc(&sregs, regs.rip);
+        let mut at = AtExit::read(cpu);
         let here = !matches!(view, ExitView::Debug { .. });
         // Popped or run by now: what carry_trap_flag put there is spent.
         self.carried.frame = None;
@@ -107,7 +90,7 @@ impl Engine {
             false => self.injected.take(),
         };
         let directive = if let Some(vector) = injected {
-            self.interrupted(vector, cpu, &regs, &sregs, next, sink);
+            self.interrupted(vector, at.cpu, &at.regs, &at.sregs, at.next, sink);
             Directive::Continue
         } else if let Some(p) = self.pending.take() {
             let completion = Completion {
@@ -116,12 +99,12 @@ impl Engine {
                 mid_rep,
                 carried_r11,
             };
-            self.record_pending(p, completion, cpu, &mut regs, &sregs, next, sink)
+            self.record_pending(p, completion, &mut at, sink)
         } else {
             Directive::Continue
         };
-        self.record_exit_events(view, &sregs, sink);
-        self.prepare_next(cpu, &sregs, regs, next);
+        self.record_exit_events(view, &at.sregs, sink);
+        self.prepare_next(at.cpu, &at.sregs, at.regs, at.next);
         directive
     }
 
@@ -150,50 +133,36 @@ impl Engine {
         self.handler_first_step(g, cpu, regs, sregs, next, sink);
     }
 
-    /// The pending instruction ran, or did not: explained by its decoding,
-    /// folded with the next after a trap the host held back, or else a
-    /// fault or a gap.
+    /// The pending instruction ran, or did not (see [`outcome`]): one step,
+    /// or steps folded after a trap the host held back, or else a fault or
+    /// a gap. Where every exit's instruction is recorded.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     fn record_pending<S: RecordSink>(
         &mut self,
         p: Pending,
         completion: Completion,
-        cpu: &mut dyn CpuView,
-        regs: &mut Registers,
-        sregs: &SpecialRegisters,
-        next: u64,
+        at: &mut AtExit<'_>,
         sink: &mut S,
     ) -> Directive {
-        let folded = match p.decoded {
-            // Only some instructions change the privilege level; after any
-            // other, a new CPL means the CPU went somewhere unseen.
-            Some(d) if d.explains(p.pc, next) && (d.changes_privilege || sregs.cpl() == p.cpl) => {
-                return self.record_explained(&p, d, completion, cpu, regs, sregs, next, sink);
+        let folded = match (outcome(&p, completion, at.sregs.cpl(), at.next), p.decoded) {
+            (Outcome::Explained, Some(d)) => {
+                return self.record_explained(&p, d, completion, at, sink);
             }
-            Some(d)
-                if d.shadow.is_some()
-                    || completion.mmio_store
-                    || d.insn.mnemonic() == iced_x86::Mnemonic::Pause =>
-            {
-                // A MOV store that completed an MMIO exit may not trap on
-                // its own (the paravirtual hosts), nor may PAUSE (QEMU's
-                // SVM, the AMD-V test machine: its PAUSE ends the
-                // translation block without the trap): the instruction
-                // after it ran too, as after a fence. Neither changes a
-                // register, so its step is exact.
+            (Outcome::HeldTrap, Some(d)) => {
+                // Neither an MMIO store nor PAUSE changes a register, so
+                // its step is exact, as a fence's.
                 let d = Decoded {
                     shadow: d.shadow.or(Some(Shadow::NoTrapAfter)),
                     ..d
                 };
-                self.after_shadow(&p, d, cpu, sregs, regs, next, sink)
+                self.after_shadow(&p, d, at, sink)
             }
             _ => None,
         };
         match folded {
-            Some(folded) => self.after_step(folded, cpu, sregs, regs, sink),
+            Some(folded) => self.after_step(folded, at.cpu, &at.sregs, &at.regs, sink),
             None => {
-                self.fault_or_gap(&p, completion.here, cpu, regs, sregs, next, sink);
+                self.fault_or_gap(&p, completion.here, at, sink);
                 Directive::Continue
             }
         }
@@ -202,18 +171,15 @@ impl Engine {
     /// Records an instruction the engine's decoding explains (see
     /// [`StepRecord`]).
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     fn record_explained<S: RecordSink>(
         &mut self,
         p: &Pending,
         d: Decoded,
         completion: Completion,
-        cpu: &mut dyn CpuView,
-        regs: &mut Registers,
-        sregs: &SpecialRegisters,
-        next: u64,
+        at: &mut AtExit<'_>,
         sink: &mut S,
     ) -> Directive {
+        let (cpu, regs, sregs, next) = (&mut *at.cpu, &mut at.regs, &at.sregs, at.next);
         if sregs.cr2 != self.last_cr2 && !d.rearm {
             // Only a page fault writes CR2. Where stepping rides on TF, a
             // fault the CPU delivered itself ran its handler without
@@ -272,17 +238,14 @@ impl Engine {
     /// not run, and runs again, and is recorded, after the handler), or
     /// the CPU went somewhere the engine cannot explain (a gap).
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     fn fault_or_gap<S: RecordSink>(
         &mut self,
         p: &Pending,
         completed_here: bool,
-        cpu: &mut dyn CpuView,
-        regs: &Registers,
-        sregs: &SpecialRegisters,
-        next: u64,
+        at: &mut AtExit<'_>,
         sink: &mut S,
     ) {
+        let (cpu, regs, sregs, next) = (&mut *at.cpu, &at.regs, &at.sregs, at.next);
         match (completed_here, self.infer_exception(cpu, sregs, next)) {
             (false, Some((vector, g))) => {
                 self.stats.exceptions += 1;
