@@ -6,12 +6,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vtrace_analyzer::symbols::Symbolizer;
 use vtrace_analyzer::{
     collect_stats, export, probe_fires, probes, write_listing, write_report, write_timeline,
     Destination, ExportFormat, ListingOptions, NestOptions, QuantizeOn, RoutineFilter, TaskFilter,
     TimelineFormat, TimelineOptions,
 };
+use vtrace_image::symbols::Symbolizer;
 
 #[path = "disk_file.rs"]
 mod disk_file;

@@ -9,7 +9,7 @@
 //!   [`SpecialRegisters`]), with KVM's conversions behind the `kvm`
 //!   feature;
 //! - page walks over any [`PhysicalMemory`] ([`Walker`], [`WalksNow`]);
-//! - what an instruction does ([`semantics`]): where it sends control
+//! - what an instruction does: where it sends control
 //!   ([`Flow`]) and which of its memory accesses the registers around it
 //!   give a value for ([`Rule`], [`registers_give_values`]).
 
