@@ -329,26 +329,32 @@ fn the_floor_check_finds_each_breach() {
     );
 }
 
-#[test]
-fn no_crate_reexports_another() {
-    let mut found = Vec::new();
+/// Every crate's source files, each as its path from the workspace root
+/// and its text before its unit tests.
+fn sources() -> Vec<(String, String)> {
+    let mut out = Vec::new();
     for krate in crates() {
         let mut files = Vec::new();
         rust_files(&root().join(&krate), &mut files);
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            let name = file
-                .strip_prefix(root())
-                .unwrap_or(&file)
-                .display()
-                .to_string();
-            found.extend(
-                reexports(before_tests(&text))
-                    .into_iter()
-                    .map(|l| format!("{name}: {l}")),
-            );
+            let name = file.strip_prefix(root()).unwrap_or(&file).display();
+            out.push((name.to_string(), before_tests(&text).to_string()));
         }
     }
+    out
+}
+
+#[test]
+fn no_crate_reexports_another() {
+    let found: Vec<String> = sources()
+        .iter()
+        .flat_map(|(name, text)| {
+            reexports(text)
+                .into_iter()
+                .map(move |l| format!("{name}: {l}"))
+        })
+        .collect();
     assert!(
         found.is_empty(),
         "name other crates by their own path:\n{}",
@@ -437,20 +443,13 @@ fn long_functions(text: &str, limit: usize) -> Vec<(usize, String, usize)> {
 #[test]
 fn no_file_over_700_lines_and_no_function_over_100() {
     let mut found = Vec::new();
-    for krate in crates() {
-        let mut files = Vec::new();
-        rust_files(&root().join(&krate), &mut files);
-        for file in files {
-            let text = std::fs::read_to_string(&file).unwrap();
-            let text = before_tests(&text);
-            let name = file.strip_prefix(root()).unwrap_or(&file).display();
-            let lines = text.lines().count();
-            if lines > MAX_FILE_LINES {
-                found.push(format!("{name}: {lines} lines before its tests"));
-            }
-            for (line, function, length) in long_functions(text, MAX_FUNCTION_LINES) {
-                found.push(format!("{name}:{line}: {function} is {length} lines"));
-            }
+    for (name, text) in sources() {
+        let lines = text.lines().count();
+        if lines > MAX_FILE_LINES {
+            found.push(format!("{name}: {lines} lines before its tests"));
+        }
+        for (line, function, length) in long_functions(&text, MAX_FUNCTION_LINES) {
+            found.push(format!("{name}:{line}: {function} is {length} lines"));
         }
     }
     assert!(
