@@ -311,15 +311,18 @@ impl Decoded {
     /// next pc: its handler's is the engine's to identify (through the IDT).
     pub fn explains(&self, pc: u64, next: u64) -> bool {
         let fall = pc.wrapping_add(u64::from(self.len));
-        if !self.predictable() {
-            return true;
-        }
+        // One match, once a step: what `predictable` calls unpredictable
+        // explains any next pc.
         match (self.flow, self.target) {
             (Flow::Next | Flow::Halt, _) => next == fall,
             (Flow::Repeat, _) => next == fall || next == pc,
             (Flow::Jump | Flow::Call, Some(t)) => next == t,
             (Flow::Branch, Some(t)) => next == t || next == fall,
-            _ => false,
+            (Flow::Trap, _) => false,
+            (Flow::Jump | Flow::Call | Flow::Branch, None)
+            | (Flow::Return | Flow::InterruptReturn | Flow::SystemCall | Flow::Transaction, _) => {
+                true
+            }
         }
     }
 

@@ -30,7 +30,7 @@ const CACHE_SLOTS: usize = 1024;
 const EMPTY: u64 = 1;
 
 /// A cached translation: the linear page, its physical page and access.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Entry {
     page: u64,
     phys: u64,
@@ -228,17 +228,12 @@ impl Walker {
 /// changes meanwhile: whether a step may run beside another CPU's reads
 /// the fetch's page again for the next instruction. Dropped after the
 /// look.
+#[derive(Debug)]
 pub struct WalksNow {
     /// The pages walked so far, as [`Walker`]'s cache keeps them.
     seen: [Entry; 4],
     /// Where the next walk is kept (the oldest goes).
     next: usize,
-}
-
-impl std::fmt::Debug for WalksNow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WalksNow").finish_non_exhaustive()
-    }
 }
 
 impl Default for WalksNow {
