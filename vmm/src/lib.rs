@@ -65,6 +65,7 @@ pub use monitor::{
     Help, Injection, Monitor, NoMonitor, WriteError,
 };
 pub use peep::{PeepPlan, PeepRead, PeepReport, PeepSample, MAX_READS as MAX_PEEP_READS};
+pub use run_loop::turns::TurnSoFar;
 
 // The host and the process around a run.
 pub use console::user_message;

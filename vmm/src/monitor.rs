@@ -368,9 +368,10 @@ pub trait Monitor {
 
     /// On a machine of several CPUs, asked after each exit: whether the CPU
     /// on stage may hand the turn on now. A tracer keeps it where the
-    /// hosts differ (between a REP's iterations, after an instruction a
-    /// host runs on from without a trap), so that the CPUs interleave the
-    /// same way on every host; the VMM moves on from a halted CPU anyway.
+    /// hosts differ, by [`TurnSoFar::may_end`](crate::TurnSoFar::may_end),
+    /// so that the CPUs interleave the same way on every host; the VMM
+    /// moves on from a halted CPU anyway (the turn order's rules are in
+    /// one room, `run_loop::turns`).
     fn turn_may_end(&self) -> bool {
         true
     }

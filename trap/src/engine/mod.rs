@@ -19,7 +19,7 @@
 //! addresses; nothing is dropped silently.
 
 use vtrace_storage::{CpuMode, Event, InsnBytes, Record, Recorder, Regs, Step};
-use vtrace_vmm::{CpuView, Directive, Exception, ExitView};
+use vtrace_vmm::{CpuView, Directive, Exception, ExitView, TurnSoFar};
 use vtrace_x86::{Registers, SpecialRegisters};
 
 use crate::context::{cpu_mode, linear_pc};
@@ -510,14 +510,17 @@ impl Engine {
         self.turn_start = self.stats.steps;
     }
 
-    /// Whether the CPU's turn may end here: it recorded a step since the
-    /// turn began, not one between a REP string instruction's iterations
-    /// nor one that some host runs on from without a trap (see
-    /// [`Decoded::holds_turn`]). Turns then end at the same instructions
-    /// on every host, whatever each folds into one exit, and the CPUs
-    /// interleave the same way.
+    /// Whether the CPU's turn may end here, by the turn order's rule
+    /// ([`TurnSoFar::may_end`]) over what this engine saw of the turn: its
+    /// steps, a REP stopped between iterations, and the last step's
+    /// instruction ([`Decoded::holds_turn`]).
     pub fn turn_may_end(&self) -> bool {
-        self.stats.steps > self.turn_start && !self.mid_rep && !self.holds_turn
+        TurnSoFar {
+            steps: self.stats.steps.saturating_sub(self.turn_start),
+            mid_rep: self.mid_rep,
+            held: self.holds_turn,
+        }
+        .may_end()
     }
 
     /// Whether a REP string instruction stopped between iterations at the

@@ -7,11 +7,11 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use crate::clock::VirtualNanos;
-use crate::cpus::{self, Power, Turn};
 use crate::error::{Error, Result};
 use crate::frontends::Wake;
 use crate::signals;
 
+use super::turns::{Power, Turn};
 use super::{GuestExit, Next, Run};
 
 impl Run<'_> {
@@ -70,15 +70,11 @@ impl Run<'_> {
                 return Ok(Next::Stop(end));
             }
             if several {
-                let machine = &self.vm.machine;
-                let devices = &machine.devices;
-                let (power, cpu) = (machine.cpus.power(), machine.cpus.on_stage());
-                let wakes = |c| devices.pending_vector(c).is_some();
-                if cpus::next_turn(power, wakes, cpu) != Turn::AllIdle {
+                if self.whose_turn_follows() != Turn::AllIdle {
                     // The loop gives it its turn.
                     return Ok(Next::Continue);
                 }
-                if !power.contains(&Power::Halted) {
+                if !self.vm.machine.cpus.power().contains(&Power::Halted) {
                     return Err(Error::GuestFailure {
                         reason: "every CPU halted with interrupts disabled or waits for a \
                                  STARTUP IPI, so nothing can wake the machine (a guest \

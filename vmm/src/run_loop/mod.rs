@@ -8,10 +8,11 @@
 //! and foreseen exceptions, `halt` waits while the guest idles, `failure`
 //! reports what stopped the guest, `requests` answers the console's
 //! hotkeys and `vtrace ctl`, `cpu_view` is the monitor's view of the
-//! vCPU, and `turns` serves a machine of several CPUs (whose turn, the
-//! local APICs, IPIs), `parallel` runs its CPUs at once untraced, `pair`
-//! two CPUs' steps at once traced, on `crate::steppers`. This file holds the
-//! loop itself and what the rooms share.
+//! vCPU. For a machine of several CPUs: `turns` holds the order of turns
+//! (whether the CPUs take turns, who runs next, when a turn ends),
+//! `ipi` the IPIs between them, `parallel` runs them at once untraced,
+//! `pair` two CPUs' steps at once traced, on `crate::steppers`. This file
+//! holds the loop itself and what the rooms share.
 
 mod cpu_view;
 mod decide;
@@ -20,10 +21,11 @@ mod exit;
 mod failure;
 mod halt;
 mod inject;
+mod ipi;
 mod pair;
 mod parallel;
 mod requests;
-mod turns;
+pub(crate) mod turns;
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
@@ -35,11 +37,6 @@ use crate::monitor::{Breakpoints, ExitAnswer, ExitView, Monitor};
 use crate::peep::{PeepMessage, PeepReport};
 use crate::signals;
 use crate::vm::Vm;
-
-/// Host time a CPU runs untraced before the next one's turn, on a machine
-/// of several CPUs (the loop's thread enters them in turn, see
-/// `crate::cpus`).
-const TIME_SLICE: Duration = Duration::from_millis(1);
 
 /// How a run ended, when it ended the way a guest may end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,7 +267,7 @@ impl Run<'_> {
             }
             self.fit_steppers(&plan)?;
             let peeping = self.vm.frontends.peeper.is_some();
-            if !ahead && parallel::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
+            if !ahead && turns::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
                 match self.race()? {
                     Some(exit) => return Ok(exit),
                     None => match self.resume_turns()? {
@@ -318,9 +315,7 @@ impl Run<'_> {
             if let Next::Stop(exit) = self.serve(exit)? {
                 return Ok(exit);
             }
-            if self.vm.machine.cpus.count() > 1 && self.turn_ends() {
-                self.next_turn();
-            }
+            self.hand_on_if_turn_ends();
         }
     }
 
@@ -332,7 +327,7 @@ impl Run<'_> {
         let stepping = self.vm.step.stepping;
         self.kicker.set_quiet(stepping);
         let machine = &self.vm.machine;
-        let slice = (machine.cpus.count() > 1).then_some(TIME_SLICE);
+        let slice = turns::time_slice(machine.cpus.count());
         match machine
             .devices
             .next_deadline()

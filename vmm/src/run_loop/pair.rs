@@ -1,7 +1,7 @@
 //! Two CPUs' steps at once, while several CPUs are traced.
 //!
 //! The turns give the steps of a machine of several CPUs one total order
-//! (see `crate::cpus`). Where the CPU on stage is about to step and the
+//! (see `turns`). Where the CPU on stage is about to step and the
 //! CPU whose turn comes next would step an instruction that neither can
 //! see the other's effects of (the monitor judges the instructions, see
 //! [`Monitor::runs_beside`](crate::monitor::Monitor::runs_beside)), the
@@ -17,10 +17,11 @@
 //! ahead the loop takes no wake (a key, a `vtrace ctl`, a signal): what
 //! comes from the host is taken after it, which its host timing allows.
 
-use crate::cpus::{self, Power, StepState, Turn};
+use crate::cpus::StepState;
 use crate::error::Result;
 use crate::monitor::EntryPlan;
 
+use super::turns::{Power, Turn};
 use super::Run;
 use crate::steppers::{self, Ahead};
 
@@ -152,17 +153,11 @@ impl Run<'_> {
     /// The CPU whose turn follows the on-stage one's, where the machine
     /// lets it step beside it.
     fn pairable_second(&mut self, plan: &EntryPlan) -> Option<usize> {
-        let machine = &mut self.vm.machine;
-        let first = machine.cpus.on_stage();
-        let devices = &machine.devices;
-        let turn = cpus::next_turn(
-            machine.cpus.power(),
-            |cpu| devices.pending_vector(cpu).is_some(),
-            first,
-        );
-        let Turn::Cpu(second) = turn else {
+        let Turn::Cpu(second) = self.whose_turn_follows() else {
             return None;
         };
+        let machine = &mut self.vm.machine;
+        let devices = &machine.devices;
         // Two steps' time: the first's, and a margin.
         let event_due = match machine.clock.step_nanos() {
             Some(ns) => {

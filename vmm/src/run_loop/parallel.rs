@@ -28,26 +28,16 @@ use std::time::Duration;
 use kvm_bindings::kvm_run;
 
 use crate::console::ConsoleInput;
-use crate::cpus::Power;
 use crate::error::{Error, Result};
 use crate::frontends::Wake;
-use crate::monitor::EntryPlan;
 use crate::peep::PeepMessage;
 
 use super::enter::Exit;
+use super::turns::{may_race, Power};
 use super::{GuestExit, Next, Run};
 
 /// How long the loop waits for an exit when no device event is due.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
-
-/// Whether a machine of `cpus` CPUs may run them in parallel under
-/// `plan`: untraced, with no breakpoint to arm (a breakpoint's exit must
-/// come on the loop's thread, where its trigger may start the trace) and
-/// no peeper (its samples with the pc read the vCPU on stage, which may
-/// be running).
-pub(super) fn may_race(cpus: usize, plan: &EntryPlan, peeping: bool) -> bool {
-    cpus > 1 && !plan.stepping && plan.breakpoints.as_slice().is_empty() && !plan.done && !peeping
-}
 
 /// One vCPU's thread.
 struct Member {
