@@ -1,10 +1,12 @@
 //! Exit statuses of `vtrace run` and advice for the errors a user can fix.
 
-use vtrace_analyzer::AnalyzeError;
+use vtrace_analyzer::{AnalyzeError, ExportError};
+use vtrace_gdb::GdbError;
+use vtrace_image::sdt::SdtError;
 use vtrace_image::symbols::SymbolError;
 use vtrace_session::SessionError;
 use vtrace_storage::DiskError;
-use vtrace_vmm::Error;
+use vtrace_vmm::{ControlError, Error};
 
 /// The guest kernel panicked (see [`STATUS_TABLE`]).
 pub const KERNEL_PANIC: i32 = 83;
@@ -26,10 +28,12 @@ Exit status:
          passed over (--allow-damage: 0)
   2      bad command-line arguments, or values that mean nothing for the
          trace at hand (a step past its end, --pid on a trace without tasks)
-         or the guest (--cpus above 1 for a Linux or real-mode image)
+         or the guest (--cpus above 1 for a real-mode image, --peep faster
+         than 10us)
   65     the kernel is not a format vtrace boots, or its command line is invalid;
          a file given as a trace (or symbols) is not one, or holds nothing to
-         analyze
+         analyze, or a segment it needs does not decode; a kernel's probe
+         notes are malformed
   66     the kernel, initrd, trace or symbol file, or --sysroot (or --disk's
          directory) is missing or unreadable
   69     KVM is missing or unusable on this host (vtrace ctl: no run listening)
@@ -37,8 +41,9 @@ Exit status:
   73     the trace disk cannot be made (a file that is not a trace is there,
          no room to reserve it); an earlier trace there is left as it was;
          the control socket cannot be made (--control, or its default
-         directory is not this user's own); vtrace analyze: an output file
-         cannot be made or written
+         directory is not this user's own), nor gdb's (--gdb, --listen: the
+         port is taken, the socket's path exists); vtrace analyze: an output
+         file cannot be made or written
   74     reading or writing the trace disk failed
   75     another run is writing the trace disk (its pid is printed)
   77     no permission to open the KVM device
@@ -52,21 +57,6 @@ Exit status:
          the trace to its end and removed its control socket first (a second
          signal ends it at once); vtrace analyze export stopped at the next
          segment and removed the file it was writing";
-
-fn session_error(error: &anyhow::Error) -> Option<&SessionError> {
-    error.chain().find_map(|e| e.downcast_ref::<SessionError>())
-}
-
-fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
-    // SessionError::Vm is transparent: its Error is not in the chain.
-    error
-        .chain()
-        .find_map(|e| e.downcast_ref::<Error>())
-        .or(match session_error(error) {
-            Some(SessionError::Vm(e)) => Some(e),
-            _ => None,
-        })
-}
 
 /// A command-line value that parsed but means nothing here (a routine the
 /// kernel does not have): exit status 2, as for arguments clap refuses.
@@ -101,103 +91,83 @@ impl std::fmt::Display for Stopped {
 
 impl std::error::Error for Stopped {}
 
-/// The exit status for a failed run.
+/// An output file that cannot be made: exit status 73.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unwritable(pub String);
+
+/// The exit status for a failed command: what the first error of its
+/// chain that says one says, outermost first (a library's error wrapped
+/// in the CLI's context gives the library's status); 70, an internal
+/// error, where none does.
 pub fn for_error(error: &anyhow::Error) -> i32 {
+    error
+        .chain()
+        .find_map(status_of)
+        .unwrap_or(exitcode::SOFTWARE)
+}
+
+/// The status `error` says, where it is one of the errors that say one:
+/// the CLI's own, or a library's `exit_status()`.
+fn status_of(error: &(dyn std::error::Error + 'static)) -> Option<i32> {
     if let Some(stopped) = error.downcast_ref::<Stopped>() {
-        return 128 + stopped.0;
+        return Some(128 + stopped.0);
     }
-    if error.chain().any(|e| e.is::<BadArgument>())
-        || matches!(session_error(error), Some(SessionError::Request(_)))
-    {
-        return 2;
+    let cli = [
+        (error.is::<BadArgument>(), 2),
+        (error.is::<BadData>(), exitcode::DATAERR),
+        (error.is::<Unreadable>(), exitcode::NOINPUT),
+        (error.is::<Unwritable>(), exitcode::CANTCREAT),
+        (error.is::<NoRunListening>(), exitcode::UNAVAILABLE),
+    ];
+    if let Some((_, status)) = cli.iter().find(|(is, _)| *is) {
+        return Some(*status);
     }
-    if error.chain().any(|e| e.is::<BadData>()) {
-        return 65;
-    }
-    if error.chain().any(|e| e.is::<Unreadable>()) {
-        return 66;
-    }
-    // SessionError::Control may be transparent: look there too.
-    let control = error
-        .chain()
-        .find_map(|e| e.downcast_ref::<vtrace_vmm::ControlError>())
-        .or(match session_error(error) {
-            Some(SessionError::Control(c)) => Some(c),
-            _ => None,
-        });
-    match control {
-        Some(vtrace_vmm::ControlError::Connect { .. }) => return 69,
-        Some(vtrace_vmm::ControlError::Bind { .. }) => return 73,
-        _ => {}
-    }
-    let analysis = error.chain().find_map(|e| e.downcast_ref::<AnalyzeError>());
-    // Symbols come from the analyzer or straight from the image crate.
-    let symbols = error
-        .chain()
-        .find_map(|e| e.downcast_ref::<SymbolError>())
-        .or(match analysis {
-            Some(AnalyzeError::Symbols(symbols)) => Some(symbols),
-            _ => None,
-        });
-    if let Some(symbols) = symbols {
-        return match symbols {
-            SymbolError::Read { .. } | SymbolError::NotAFile { .. } => 66,
-            SymbolError::BadScope(_) => 2,
-            _ => 65,
-        };
-    }
-    match analysis {
-        Some(AnalyzeError::WindowOutside { .. }) => return 2,
-        // An output file that cannot be made or written.
-        Some(
-            AnalyzeError::Write { .. } | AnalyzeError::Export(vtrace_analyzer::ExportError::Io(_)),
-        ) => return 73,
-        _ => {}
-    }
-    // AnalyzeError::Trace and SessionError::Disk are transparent: their
-    // DiskError is not in the chain.
-    let disk = error
-        .chain()
-        .find_map(|e| e.downcast_ref::<DiskError>())
-        .or(match analysis {
-            Some(AnalyzeError::Trace(disk)) => Some(disk),
-            _ => None,
-        })
-        .or(match session_error(error) {
-            Some(SessionError::Disk(disk)) => Some(disk),
-            _ => None,
-        });
-    if let Some(disk) = disk {
-        return match disk {
-            DiskError::Open { .. } | DiskError::DanglingLink { .. } => 66,
-            DiskError::NotATrace { .. } | DiskError::NotAFile { .. } => 65,
-            DiskError::TooSmall { .. } => 2,
-            DiskError::Foreign { .. } | DiskError::Reserve { .. } | DiskError::NoRoom { .. } => 73,
-            DiskError::Io { .. } => 74,
-            DiskError::Busy { .. } => 75,
-        };
-    }
-    if error.chain().any(|e| e.is::<NoRunListening>()) {
-        return 69;
-    }
-    match vmm_error(error) {
-        Some(Error::ImageFormat { .. } | Error::CommandLine { .. }) => 65,
-        Some(Error::SeveralCpus { .. }) => 2,
-        Some(Error::ImageUnreadable { .. }) => 66,
-        Some(Error::KvmUnavailable { source, .. })
-            if source.kind() == std::io::ErrorKind::PermissionDenied =>
-        {
-            77
-        }
-        Some(Error::KvmUnavailable { .. } | Error::KvmUnsupported(_)) => 69,
-        Some(
-            Error::MemoryTooSmall { .. } | Error::MemorySize(..) | Error::InitrdTooLarge { .. },
-        ) => 78,
-        Some(Error::GuestShutdown(_)) => 80,
-        Some(Error::EmulationFailure(_)) => 81,
-        Some(Error::GuestFailure { .. }) => 82,
-        _ => 70,
-    }
+    None.or_else(|| {
+        error
+            .downcast_ref::<SessionError>()
+            .map(SessionError::exit_status)
+    })
+    .or_else(|| {
+        error
+            .downcast_ref::<AnalyzeError>()
+            .map(AnalyzeError::exit_status)
+    })
+    .or_else(|| {
+        error
+            .downcast_ref::<ExportError>()
+            .map(ExportError::exit_status)
+    })
+    .or_else(|| {
+        error
+            .downcast_ref::<SymbolError>()
+            .map(SymbolError::exit_status)
+    })
+    .or_else(|| error.downcast_ref::<SdtError>().map(SdtError::exit_status))
+    .or_else(|| {
+        error
+            .downcast_ref::<DiskError>()
+            .map(DiskError::exit_status)
+    })
+    .or_else(|| {
+        error
+            .downcast_ref::<ControlError>()
+            .map(ControlError::exit_status)
+    })
+    .or_else(|| error.downcast_ref::<GdbError>().map(GdbError::exit_status))
+    .or_else(|| error.downcast_ref::<Error>().map(Error::exit_status))
+}
+
+/// The VM's error in `error`'s chain, or inside a session's (where it is
+/// transparent, so not in the chain itself).
+fn vmm_error(error: &anyhow::Error) -> Option<&Error> {
+    error.chain().find_map(|e| {
+        e.downcast_ref::<Error>()
+            .or(match e.downcast_ref::<SessionError>() {
+                Some(SessionError::Vm(vm)) => Some(vm),
+                _ => None,
+            })
+    })
 }
 
 /// What the user can do about an error, when there is something.
@@ -232,5 +202,107 @@ pub fn advice(error: &anyhow::Error) -> Option<String> {
                 .into(),
         ),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn io(kind: std::io::ErrorKind) -> std::io::Error {
+        std::io::Error::from(kind)
+    }
+
+    fn busy() -> DiskError {
+        DiskError::Busy {
+            path: PathBuf::from("t.vtd"),
+            holder: "pid 1".into(),
+        }
+    }
+
+    /// Each status the CLI gives is a row of the table `--help` shows.
+    fn in_table(status: i32) -> bool {
+        STATUS_TABLE
+            .lines()
+            .any(|line| line.trim_start().starts_with(&status.to_string()))
+            || (129..=143).contains(&status) && STATUS_TABLE.contains(&status.to_string())
+    }
+
+    #[test]
+    fn each_error_says_its_status_through_the_wrappers_it_travels_in() {
+        let cases: Vec<(anyhow::Error, i32)> = vec![
+            (busy().into(), 75),
+            // Transparent wrappers delegate: the inner error is not in the chain.
+            (SessionError::Disk(busy()).into(), 75),
+            (AnalyzeError::Trace(busy()).into(), 75),
+            (AnalyzeError::NoSuchCpu { asked: 3, cpus: 1 }.into(), 2),
+            (AnalyzeError::NoSteps.into(), 65),
+            (
+                AnalyzeError::Export(ExportError::Io(io(std::io::ErrorKind::StorageFull))).into(),
+                73,
+            ),
+            (SessionError::Request("no routine".into()).into(), 2),
+            (
+                SessionError::Vm(Error::KvmUnavailable {
+                    path: "/dev/kvm".into(),
+                    source: io(std::io::ErrorKind::PermissionDenied),
+                })
+                .into(),
+                77,
+            ),
+            (
+                Error::KvmUnavailable {
+                    path: "/dev/kvm".into(),
+                    source: io(std::io::ErrorKind::NotFound),
+                }
+                .into(),
+                69,
+            ),
+            (
+                SessionError::Control(ControlError::Bind {
+                    path: "s".into(),
+                    source: io(std::io::ErrorKind::AddrInUse),
+                })
+                .into(),
+                73,
+            ),
+            (GdbError::BadAddress("nowhere".into()).into(), 2),
+            (SymbolError::BadScope("x".into()).into(), 2),
+            (
+                SymbolError::Read {
+                    path: "vmlinux".into(),
+                    source: io(std::io::ErrorKind::NotFound),
+                }
+                .into(),
+                66,
+            ),
+            (
+                Unwritable("cannot create /nonexistent/r.html".into()).into(),
+                73,
+            ),
+            (Stopped(15).into(), 143),
+            (anyhow::Error::new(io(std::io::ErrorKind::Other)), 70),
+        ];
+        for (error, status) in cases {
+            assert_eq!(for_error(&error), status, "{error:#}");
+            assert!(in_table(status), "status {status} is not in the table");
+            // A context the CLI adds leaves the status as it was.
+            let wrapped = error.context("while doing something");
+            assert_eq!(for_error(&wrapped), status, "{wrapped:#}");
+        }
+    }
+
+    /// The README shows the table `--help` shows, word for word.
+    #[test]
+    fn the_readme_shows_the_table_help_shows() {
+        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
+        let rows = STATUS_TABLE
+            .strip_prefix("Exit status:\n")
+            .expect("the table's heading");
+        assert!(
+            readme.contains(&format!("```text\n{rows}\n```")),
+            "README.md's exit status table differs from STATUS_TABLE"
+        );
     }
 }

@@ -7,7 +7,7 @@ use vtrace_image::tracepoints::{self, Tracepoint};
 use vtrace_session::{kernel_probes, kernel_tracepoints};
 
 use crate::cli::{ProbesArgs, ProbesCommand};
-use crate::exit_status::BadArgument;
+use crate::exit_status::{BadArgument, Unreadable};
 
 /// A tracepoint as `--json` lists it: the keys of a static probe's, and
 /// what only a tracepoint has.
@@ -38,7 +38,7 @@ pub fn probes(args: ProbesArgs) -> Result<i32> {
             let (bytes, what) = match &kernel {
                 Some(path) => (
                     std::fs::read(path)
-                        .map_err(|e| BadArgument(format!("cannot read {}: {e}", path.display())))?,
+                        .map_err(|e| Unreadable(format!("cannot read {}: {e}", path.display())))?,
                     path.display().to_string(),
                 ),
                 None => (
@@ -58,9 +58,16 @@ pub fn probes(args: ProbesArgs) -> Result<i32> {
                 false => Vec::new(),
             };
             tps.retain(|t| wanted(&t.probe()));
-            if listed.is_empty() && tps.is_empty() && !json {
-                eprintln!("vtrace: {}", nothing_listed(&what, pattern.as_deref()));
-                return Ok(0);
+            if listed.is_empty() && tps.is_empty() {
+                // A pattern that matches nothing is a value that means
+                // nothing for this kernel, as `fn:` of a routine it lacks.
+                if let Some(p) = pattern.as_deref() {
+                    return Err(BadArgument(format!("no probe of {what} matches {p}")).into());
+                }
+                if !json {
+                    eprintln!("vtrace: {}", no_probes(&what));
+                    return Ok(0);
+                }
             }
             if json {
                 let all: Vec<Listed> = listed
@@ -121,12 +128,9 @@ fn tracepoint_listing(t: &Tracepoint) -> TracepointListing<'_> {
     }
 }
 
-fn nothing_listed(what: &str, pattern: Option<&str>) -> String {
-    match pattern {
-        Some(p) => format!("no probe of {what} matches {p}"),
-        None => format!(
-            "{what} has no static probes (guest-kit/include/vtrace-sdt.h makes them) and no \
-             tracepoints; fn:ROUTINE probes need none"
-        ),
-    }
+fn no_probes(what: &str) -> String {
+    format!(
+        "{what} has no static probes (guest-kit/include/vtrace-sdt.h makes them) and no \
+         tracepoints; fn:ROUTINE probes need none"
+    )
 }

@@ -335,7 +335,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         builder = builder.trace(request);
     }
     if let Some(addr) = &args.gdb {
-        let listen = vtrace_gdb::Listen::parse(addr).map_err(|e| BadArgument(e.to_string()))?;
+        let listen = vtrace_gdb::Listen::parse(addr)?;
         builder = builder.gdb(listen, args.gdb_wait);
     }
     let session = builder.build()?;

@@ -881,6 +881,27 @@ fn bad_input_gets_clear_errors() {
         "{}",
         stderr(&out)
     );
+    // A CPU the trace does not hold is a value that means nothing for it.
+    let out = run(&["analyze", "listing", trace_arg(), "--cpu", "3"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not CPU 3"), "{}", stderr(&out));
+    // An output that cannot be made is 73, as the table says, for each
+    // command that writes one.
+    let unwritable = dir.path().join("no/such/dir/out");
+    let unwritable = unwritable.to_str().unwrap();
+    for command in [
+        &["analyze", "report", trace_arg(), "-o", unwritable][..],
+        &["analyze", "nest", trace_arg(), "-o", unwritable],
+        &["analyze", "listing", trace_arg(), "-o", unwritable],
+    ] {
+        let out = run(command);
+        assert_eq!(out.status.code(), Some(73), "{command:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("cannot create") && stderr(&out).contains("no/such/dir"),
+            "{}",
+            stderr(&out)
+        );
+    }
 }
 
 /// A trace analyzed where its kernel is not (a test machine's trace read

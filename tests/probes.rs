@@ -193,6 +193,20 @@ fn the_demo_elf_carries_stapsdt_notes_that_probes_list_reads() {
 
     let text = stdout(&run(&["probes", "list"]));
     assert!(text.contains("sched:switch"), "{text}");
+    // A pattern that names a probe; one that names none is a value that
+    // means nothing for this kernel (status 2), with and without --json.
+    let out = run(&["probes", "list", "sched:*"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("sched:switch"), "{}", stdout(&out));
+    for json in [&[][..], &["--json"]] {
+        let out = run(&[&["probes", "list", "tp:nosuch:x"][..], json].concat());
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("matches tp:nosuch:x"),
+            "{}",
+            stderr(&out)
+        );
+    }
 }
 
 /// `--probe 'sched:*'` counts every context switch the demo counts, and

@@ -71,6 +71,26 @@ pub enum AnalyzeError {
     Flame(#[source] std::io::Error),
 }
 
+impl AnalyzeError {
+    /// The status a command that fails with this error exits with, as
+    /// sysexits.h names them (2 for a value that means nothing for this
+    /// trace, the status of arguments clap refuses), or what the error it
+    /// carries says.
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            AnalyzeError::Trace(e) => e.exit_status(),
+            AnalyzeError::Symbols(e) => e.exit_status(),
+            AnalyzeError::Export(e) => e.exit_status(),
+            AnalyzeError::Write { .. } | AnalyzeError::Output(_) => exitcode::CANTCREAT,
+            AnalyzeError::NoSteps | AnalyzeError::Segment(_) => exitcode::DATAERR,
+            AnalyzeError::ChooseCpu { .. }
+            | AnalyzeError::NoSuchCpu { .. }
+            | AnalyzeError::WindowOutside { .. } => 2,
+            AnalyzeError::Report(_) | AnalyzeError::Flame(_) => exitcode::SOFTWARE,
+        }
+    }
+}
+
 /// A result of an analysis.
 pub type Result<T, E = AnalyzeError> = std::result::Result<T, E>;
 
@@ -93,6 +113,21 @@ pub enum ExportError {
     /// file being written was removed.
     #[error("stopped before the export was complete")]
     Stopped,
+}
+
+impl ExportError {
+    /// The status a command that fails with this error exits with: an
+    /// output that cannot be written is sysexits.h's `EX_CANTCREAT`; the
+    /// rest are vtrace's faults (`EX_SOFTWARE`).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            ExportError::Io(_) => exitcode::CANTCREAT,
+            ExportError::Arrow(_)
+            | ExportError::Parquet(_)
+            | ExportError::Unsupported(_)
+            | ExportError::Stopped => exitcode::SOFTWARE,
+        }
+    }
 }
 
 /// The encoder's errors, but its writes' failures as what they are: an

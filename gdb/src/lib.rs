@@ -48,3 +48,18 @@ pub enum GdbError {
     #[error("the session with gdb failed: {0}")]
     Protocol(String),
 }
+
+impl GdbError {
+    /// The status a command that fails with this error exits with, as
+    /// sysexits.h names them (2 for an address that is none, the status of
+    /// arguments clap refuses).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            GdbError::BadAddress(_) => 2,
+            GdbError::Listen { .. } | GdbError::SocketExists(_) | GdbError::SymbolFile(_) => {
+                exitcode::CANTCREAT
+            }
+            GdbError::Protocol(_) => exitcode::SOFTWARE,
+        }
+    }
+}

@@ -32,6 +32,16 @@ pub enum SdtError {
     BadNote(String),
 }
 
+impl SdtError {
+    /// The status a command that fails with this error exits with: the
+    /// image is not what it should be (sysexits.h's `EX_DATAERR`).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            SdtError::NotElf(_) | SdtError::BadNote(_) => exitcode::DATAERR,
+        }
+    }
+}
+
 /// One probe site.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProbeSite {

@@ -31,6 +31,20 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// The status a command that fails with this error exits with: 2 for
+    /// a request that means nothing here (the status of arguments clap
+    /// refuses), else what the error it carries says.
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            SessionError::Request(_) => 2,
+            SessionError::Disk(e) => e.exit_status(),
+            SessionError::Vm(e) => e.exit_status(),
+            SessionError::Control(e) => e.exit_status(),
+            SessionError::Gdb(e) => e.exit_status(),
+            SessionError::Probes { source, .. } => source.exit_status(),
+        }
+    }
+
     /// The request that means nothing here, said as `text`.
     pub(crate) fn request(text: impl Into<String>) -> SessionError {
         SessionError::Request(text.into())

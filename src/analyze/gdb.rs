@@ -11,7 +11,7 @@ use crate::cli::{CpuChoice, GdbArgs};
 use crate::exit_status::{BadArgument, BadData};
 
 pub fn serve(args: GdbArgs) -> Result<()> {
-    let listen = Listen::parse(&args.listen).map_err(|e| BadArgument(e.to_string()))?;
+    let listen = Listen::parse(&args.listen)?;
     let mut trace = open_trace(&args.trace.trace)?;
     require_steps(&trace)?;
     match args.trace.cpu {

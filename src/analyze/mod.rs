@@ -324,10 +324,9 @@ fn create(path: &Path) -> Result<BufWriter<Box<dyn Write>>> {
     let out: Box<dyn Write> = if is_stdout(path) {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?,
-        )
+        Box::new(std::fs::File::create(path).map_err(|e| {
+            crate::exit_status::Unwritable(format!("cannot create {}: {e}", path.display()))
+        })?)
     };
     Ok(BufWriter::with_capacity(1 << 20, out))
 }

@@ -106,7 +106,8 @@ pub enum ProbesCommand {
         /// Only the probes this glob matches ('tp:sched:*', 'fn' probes
         /// are not listed); a tracepoint is then shown in full: its
         /// parameters, its event's fields and where each is read from, and
-        /// what each site gives.
+        /// what each site gives. A pattern that matches none exits with
+        /// status 2.
         #[arg(value_name = "PATTERN")]
         pattern: Option<String>,
         /// Print JSON: a list of objects with keys probe, arguments and

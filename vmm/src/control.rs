@@ -89,6 +89,18 @@ pub enum ControlError {
     },
 }
 
+impl ControlError {
+    /// The status a command that fails with this error exits with, as
+    /// sysexits.h names them.
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            ControlError::Bind { .. } => exitcode::CANTCREAT,
+            ControlError::Connect { .. } => exitcode::UNAVAILABLE,
+            ControlError::Io { .. } => exitcode::SOFTWARE,
+        }
+    }
+}
+
 /// Where a run's socket goes by default: `$XDG_RUNTIME_DIR` (the user's
 /// own), or else a directory of this user's own in /tmp, `vtrace-UID`.
 /// A shared directory would let another user listen first on the name a

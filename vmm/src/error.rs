@@ -224,6 +224,39 @@ pub enum LayoutFault {
 }
 
 impl Error {
+    /// The status a command that fails with this error exits with: as
+    /// sysexits.h names them where one fits, 2 for a value that means
+    /// nothing for this guest (the status of arguments clap refuses), and
+    /// vtrace's own 80 to 82 for the ways a guest dies.
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            Error::ImageFormat { .. } | Error::CommandLine { .. } => exitcode::DATAERR,
+            Error::SeveralCpus { .. } | Error::CpuCount { .. } | Error::Peep(_) => 2,
+            Error::ImageUnreadable { .. } => exitcode::NOINPUT,
+            Error::KvmUnavailable { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                exitcode::NOPERM
+            }
+            Error::KvmUnavailable { .. } | Error::KvmUnsupported(_) => exitcode::UNAVAILABLE,
+            Error::MemoryTooSmall { .. } | Error::MemorySize(..) | Error::InitrdTooLarge { .. } => {
+                exitcode::CONFIG
+            }
+            Error::GuestShutdown(_) => 80,
+            Error::EmulationFailure(_) => 81,
+            Error::GuestFailure { .. } => 82,
+            Error::Kvm { .. }
+            | Error::Reserve(_)
+            | Error::GuestWrite { .. }
+            | Error::GuestRead { .. }
+            | Error::BootParams { .. }
+            | Error::BootLayout(_)
+            | Error::CommandLineWrite(_)
+            | Error::Console(_)
+            | Error::Host { .. } => exitcode::SOFTWARE,
+        }
+    }
+
     /// The guest's state where the error is a guest's death, for a caller
     /// that knows more of the guest than the VMM (its symbols) to add to.
     pub fn crash_report_mut(&mut self) -> Option<&mut CrashReport> {

@@ -80,6 +80,22 @@ pub enum SymbolError {
     },
 }
 
+impl SymbolError {
+    /// The status a command that fails with this error exits with, as
+    /// sysexits.h names them (2 for a value that means nothing here, the
+    /// status of arguments clap refuses).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            SymbolError::Read { .. } | SymbolError::NotAFile { .. } => exitcode::NOINPUT,
+            SymbolError::BadScope(_) => 2,
+            SymbolError::Elf { .. }
+            | SymbolError::Parse { .. }
+            | SymbolError::NoSymbols(_)
+            | SymbolError::TooLarge { .. } => exitcode::DATAERR,
+        }
+    }
+}
+
 /// The largest file read for symbols: a vmlinux with full DWARF is a few
 /// hundred MiB.
 pub const MAX_SYMBOL_FILE: u64 = 2 << 30;

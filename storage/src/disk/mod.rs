@@ -164,6 +164,24 @@ pub enum DiskError {
     },
 }
 
+impl DiskError {
+    /// The status a command that fails with this error exits with, as
+    /// sysexits.h names them (2 for a value that means nothing here, the
+    /// status of arguments clap refuses).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            DiskError::Open { .. } | DiskError::DanglingLink { .. } => exitcode::NOINPUT,
+            DiskError::NotATrace { .. } | DiskError::NotAFile { .. } => exitcode::DATAERR,
+            DiskError::TooSmall { .. } => 2,
+            DiskError::Foreign { .. } | DiskError::Reserve { .. } | DiskError::NoRoom { .. } => {
+                exitcode::CANTCREAT
+            }
+            DiskError::Io { .. } => exitcode::IOERR,
+            DiskError::Busy { .. } => exitcode::TEMPFAIL,
+        }
+    }
+}
+
 /// What the superblock records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
