@@ -250,9 +250,7 @@ struct AnalyzerFigures {
 fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<AnalyzerFigures> {
     let total = trace.steps();
     let started = Instant::now();
-    let mut nest = vtrace_analyzer::NestWriter::new(std::io::sink(), symbols);
-    vtrace_analyzer::run_levels(trace, symbols, &mut nest, &no_progress)?;
-    nest.finish()?;
+    vtrace_analyzer::NestDiagram::new(trace, symbols).write(std::io::sink())?;
     let nest_seconds = started.elapsed().as_secs_f64();
     crate::step_bench::not_stopped()?;
 

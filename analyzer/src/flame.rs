@@ -4,7 +4,7 @@ use std::io::Write;
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, Trace};
-use crate::levels::{run_with_on, SelectedTasks};
+use crate::levels::{LevelPass, SelectedTasks};
 use crate::routine_filter::RoutineFilter;
 use crate::stats::{added_up, call_paths, Profile};
 use crate::tasks::TaskFilter;
@@ -26,7 +26,10 @@ pub fn folded(
     for (pass, only) in (0u64..).zip(cpus) {
         let mut sink = SelectedTasks::new(Profile::default(), filter);
         let progress = crate::input::pass_progress(progress, pass, passes);
-        let engine = run_with_on(trace, only, symbols, &mut sink, |_| (), |_| {}, &progress)?;
+        let engine = LevelPass::new(trace, symbols)
+            .cpu(only)
+            .progress(&progress)
+            .run(&mut sink)?;
         folded.extend(call_paths(&engine, &sink.inner, symbols));
     }
     Ok(added_up(folded))

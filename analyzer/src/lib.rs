@@ -5,9 +5,10 @@
 //! statistics, flame graphs, Perfetto timelines and an HTML report.
 //! Segments decode independently, so per-step work runs in parallel across
 //! them ([`Trace::for_each_ordered`]); analyses that follow the call stack
-//! see the steps in order through the level engine ([`run_levels`]). What it knows of the
-//! guest's images (symbols, probe sites, task layout, initramfs programs)
-//! is `vtrace-image`'s, re-exported here under the same names.
+//! see the steps in order through the level engine ([`LevelPass`]). What
+//! it knows of the guest's images (symbols, probe sites, task layout,
+//! initramfs programs) is `vtrace-image`'s, which its callers name
+//! themselves.
 
 mod captures;
 mod cpus;
@@ -54,9 +55,8 @@ pub use tasks::{Comm, Selection, TaskFilter, TaskId};
 // The level engine: calls, returns, interrupts, switches.
 pub use insn::InsnCache;
 pub use levels::{
-    run as run_levels, run_following as run_levels_following, run_with as run_levels_with,
     BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, Item, LevelCounts,
-    LevelEngine, LevelSink, RoutineRun, SegmentPass, SegmentRecord, SelectedTasks,
+    LevelEngine, LevelPass, LevelSink, RoutineRun, SegmentPass, SegmentRecord, SelectedTasks,
 };
 
 // The analyses.
@@ -70,10 +70,7 @@ pub use flame::{
     write_svg_of as write_flame_of, StackFilter,
 };
 pub use listing::{write as write_listing, write_files as write_listing_files, ListingOptions};
-pub use nest::{
-    format_return_value, write_diagram as write_nest, DiagramTotals, NestOptions, NestWriter,
-    DIVIDED,
-};
+pub use nest::{format_return_value, DiagramTotals, NestDiagram, NestOptions, NestWriter, DIVIDED};
 pub use probes::{
     fires as probe_fires, format_quantize, format_table as format_probes, probes, FieldValues,
     Fire, ProbeTally, Quantize, QuantizeOn, ValueCount,

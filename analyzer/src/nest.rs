@@ -19,9 +19,9 @@ use crate::naming::{routine_name, vector_name};
 use crate::routine_filter::RoutineFilter;
 use vtrace_image::symbols::{Symbolizer, UNKNOWN_FUNC};
 
-mod each_cpu;
+mod diagram;
 
-pub use each_cpu::{write_diagram, DiagramTotals};
+pub use diagram::{DiagramTotals, NestDiagram};
 
 /// Lines a block holds before it is written out in parts.
 pub const BLOCK_LINES: usize = 65_536;
@@ -120,7 +120,8 @@ impl NestOptions {
 /// Whose call stack a line is on: what `--function` follows.
 type StackId = (u64, Option<u32>);
 
-/// Writes a nest diagram as the level engine runs.
+/// Writes a nest diagram as the level engine runs: the sink a
+/// [`NestDiagram`] feeds, for a caller that drives the engine itself.
 pub struct NestWriter<'a, W: Write> {
     out: W,
     symbols: &'a Symbolizer,

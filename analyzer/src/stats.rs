@@ -12,7 +12,7 @@ use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::{memory_addresses, AddressingMode, Class};
 use crate::levels::SelectedTasks;
 use crate::levels::{
-    run_with_on, EntryKind, ExitKind, FrameView, LevelCounts, LevelEngine, LevelSink, SegmentPass,
+    EntryKind, ExitKind, FrameView, LevelCounts, LevelEngine, LevelPass, LevelSink, SegmentPass,
     SegmentRecord,
 };
 use crate::naming::{routine_label, space_root, vector_name};
@@ -477,15 +477,14 @@ pub fn collect(
     for (pass, only) in (0u64..).zip(cpus) {
         let progress = crate::input::pass_progress(progress, pass, passes);
         let mut sink = SelectedTasks::new(profile, filter);
-        let engine = run_with_on(
-            trace,
-            only,
-            symbols,
-            &mut sink,
-            |info| SegmentCounter::new(info, filter),
-            |part| totals.merge(part),
-            &progress,
-        )?;
+        let engine = LevelPass::new(trace, symbols)
+            .cpu(only)
+            .progress(&progress)
+            .run_with(
+                &mut sink,
+                |info| SegmentCounter::new(info, filter),
+                |part| totals.merge(part),
+            )?;
         profile = sink.inner;
         // The stretch with interrupts disabled that was open at the end
         // of this CPU's steps ends there.

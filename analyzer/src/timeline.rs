@@ -467,15 +467,10 @@ fn write_to<O: TimelineOut>(
             }
             sink.inner.last_step = 0;
         }
-        crate::levels::run_with_on(
-            trace,
-            only,
-            symbols,
-            &mut sink,
-            run_queue,
-            |counts| runnable.extend(counts),
-            progress,
-        )?;
+        crate::levels::LevelPass::new(trace, symbols)
+            .cpu(only)
+            .progress(progress)
+            .run_with(&mut sink, run_queue, |counts| runnable.extend(counts))?;
         let end = sink.inner.last_step.saturating_add(1);
         sink.inner.end_on_cpu(end);
     }

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::cli::TimelineFormatArg;
-use vtrace_analyzer::{filter_stacks, write_nest, StackFilter, TimelineFormat};
+use vtrace_analyzer::{filter_stacks, NestDiagram, StackFilter, TimelineFormat};
 
 /// `vtrace analyze listing`: every step, as text or into files.
 pub(super) fn listing(a: ListingArgs) -> Result<()> {
@@ -87,16 +87,12 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
         a.trace.trace.display(),
         trace.steps()
     );
-    let (totals, _, ()) = write_nest(
-        &trace,
-        &symbols,
-        &filter,
-        &options,
-        &title,
-        out,
-        (),
-        &progress,
-    )?;
+    let (totals, _) = NestDiagram::new(&trace, &symbols)
+        .tasks(&filter)
+        .options(options)
+        .title(&title)
+        .progress(&progress)
+        .write(out)?;
     warn_if_nothing(&filter, totals.lines);
     if let (Some(space), 0) = (a.space, totals.lines) {
         eprintln!(

@@ -51,7 +51,7 @@ use vtrace_storage::Regs;
 
 use crate::error::{AnalyzeError, Result};
 use crate::input::{pass_progress, Progress, Trace};
-use crate::levels::{run_following_on, LevelSink};
+use crate::levels::{LevelPass, LevelSink};
 use rows::{RowBuilder, SegmentRows};
 use vtrace_image::symbols::Symbolizer;
 
@@ -354,30 +354,29 @@ fn export_cpu(
     let mut carried: Option<(Regs, bool)> = None;
     let mut carried_events: Vec<String> = Vec::new();
     let mut expected: Option<u64> = None;
-    run_following_on(
-        trace,
-        cpu,
-        symbols,
-        &mut Quiet,
-        |info| RowBuilder::new(cpu.unwrap_or(0), info.first_step, info.steps),
-        |mut rows, info, runs| {
-            if stop() {
-                return Err(ExportError::Stopped.into());
-            }
-            if expected != Some(info.first_step) {
-                carried = None;
-                carried_events.clear();
-            }
-            expected = Some(info.first_step.saturating_add(info.steps));
-            let before = carried.as_ref().map(|(regs, int_80)| (regs, *int_80));
-            rows.finish(before, std::mem::take(&mut carried_events), runs);
-            carried = rows.last_regs.map(|regs| (regs, rows.last_int_80));
-            carried_events = std::mem::take(&mut rows.trailing_events);
-            parts.take(rows)
-        },
-        progress,
-    )
-    .map(|_| ())
+    LevelPass::new(trace, symbols)
+        .cpu(cpu)
+        .progress(progress)
+        .run_following(
+            &mut Quiet,
+            |info| RowBuilder::new(cpu.unwrap_or(0), info.first_step, info.steps),
+            |mut rows, info, runs| {
+                if stop() {
+                    return Err(ExportError::Stopped.into());
+                }
+                if expected != Some(info.first_step) {
+                    carried = None;
+                    carried_events.clear();
+                }
+                expected = Some(info.first_step.saturating_add(info.steps));
+                let before = carried.as_ref().map(|(regs, int_80)| (regs, *int_80));
+                rows.finish(before, std::mem::take(&mut carried_events), runs);
+                carried = rows.last_regs.map(|regs| (regs, rows.last_int_80));
+                carried_events = std::mem::take(&mut rows.trailing_events);
+                parts.take(rows)
+            },
+        )
+        .map(|_| ())
 }
 
 /// Where the parts go, and how many steps each holds.

@@ -21,9 +21,7 @@ mod sink;
 pub use counts::LevelCounts;
 pub use engine::LevelEngine;
 pub use items::{FuncResolver, Item, SegmentRecord};
-pub use pass::{
-    run, run_following, run_following_on, run_with, run_with_on, RoutineRun, SegmentPass,
-};
+pub use pass::{LevelPass, RoutineRun, SegmentPass};
 pub use select::SelectedTasks;
 pub use sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 

@@ -472,17 +472,10 @@ fn nest_part(
         ns_per_step: trace.metadata.ns_per_step(),
         ..calls.clone()
     };
-    let everything = crate::tasks::TaskFilter::default();
-    let (totals, _, first) = crate::nest::write_diagram(
-        trace,
-        symbols,
-        &everything,
-        &options,
-        "nest diagram",
-        &mut capped,
-        FirstEntries::default(),
-        progress,
-    )?;
+    let (totals, _, first) = crate::nest::NestDiagram::new(trace, symbols)
+        .options(options)
+        .progress(progress)
+        .write_beside(&mut capped, FirstEntries::default())?;
     // Each routine's first entry on any CPU.
     let first = first.0;
     let text = String::from_utf8_lossy(&capped.text).into_owned();
