@@ -273,11 +273,11 @@ fn measure_analyzer(trace: &Trace, symbols: &Symbolizer, dir: &Path) -> Result<A
     // Parquet files of 10 M steps each.
     let exported = dir.join("bench-export");
     let started = Instant::now();
-    let export = vtrace_analyzer::export(
+    let export = vtrace_export::export(
         trace,
         symbols,
-        vtrace_analyzer::ExportFormat::Parquet,
-        &vtrace_analyzer::Destination::Directory {
+        vtrace_export::ExportFormat::Parquet,
+        &vtrace_export::Destination::Directory {
             dir: exported.clone(),
             steps_per_file: 10_000_000,
         },

@@ -1,6 +1,7 @@
 //! Exit statuses of `vtrace run` and advice for the errors a user can fix.
 
-use vtrace_analyzer::{AnalyzeError, ExportError};
+use vtrace_analyzer::AnalyzeError;
+use vtrace_export::ExportError;
 use vtrace_gdb::GdbError;
 use vtrace_image::sdt::SdtError;
 use vtrace_image::symbols::SymbolError;
@@ -238,8 +239,9 @@ mod tests {
             (AnalyzeError::Trace(busy()).into(), 75),
             (AnalyzeError::NoSuchCpu { asked: 3, cpus: 1 }.into(), 2),
             (AnalyzeError::NoSteps.into(), 65),
+            (ExportError::Analyze(AnalyzeError::NoSteps).into(), 65),
             (
-                AnalyzeError::Export(ExportError::Io(io(std::io::ErrorKind::StorageFull))).into(),
+                ExportError::Io(io(std::io::ErrorKind::StorageFull)).into(),
                 73,
             ),
             (SessionError::Request("no routine".into()).into(), 2),

@@ -410,7 +410,7 @@ fn json_lines_hold_the_same_rows() {
 #[test]
 fn a_stopped_export_leaves_no_partial_file() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use vtrace_analyzer::{AnalyzeError, Destination, ExportError, ExportFormat};
+    use vtrace_export::{Destination, ExportError, ExportFormat};
     if !kvm_available() {
         return;
     }
@@ -435,7 +435,7 @@ fn a_stopped_export_leaves_no_partial_file() {
         // Asked before each segment: two go in, the third is refused.
         let asked = AtomicUsize::new(0);
         let stop = || asked.fetch_add(1, Ordering::SeqCst) >= 2;
-        let exported = vtrace_analyzer::export(
+        let exported = vtrace_export::export(
             &trace,
             &symbols,
             format,
@@ -444,7 +444,7 @@ fn a_stopped_export_leaves_no_partial_file() {
             &stop,
         );
         assert!(
-            matches!(exported, Err(AnalyzeError::Export(ExportError::Stopped))),
+            matches!(exported, Err(ExportError::Stopped)),
             "{destination:?} {format:?}: {exported:?}"
         );
         let mut left: Vec<String> = std::fs::read_dir(dir.path())

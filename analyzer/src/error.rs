@@ -60,9 +60,6 @@ pub enum AnalyzeError {
         /// The trace's last step.
         last: u64,
     },
-    /// The data export failed.
-    #[error("export: {0}")]
-    Export(#[from] ExportError),
     /// The HTML report's template did not render.
     #[error("HTML report: {0}")]
     Report(#[source] minijinja::Error),
@@ -80,7 +77,6 @@ impl AnalyzeError {
         match self {
             AnalyzeError::Trace(e) => e.exit_status(),
             AnalyzeError::Symbols(e) => e.exit_status(),
-            AnalyzeError::Export(e) => e.exit_status(),
             AnalyzeError::Write { .. } | AnalyzeError::Output(_) => exitcode::CANTCREAT,
             AnalyzeError::NoSteps | AnalyzeError::Segment(_) => exitcode::DATAERR,
             AnalyzeError::ChooseCpu { .. }
@@ -93,55 +89,3 @@ impl AnalyzeError {
 
 /// A result of an analysis.
 pub type Result<T, E = AnalyzeError> = std::result::Result<T, E>;
-
-/// What an export can fail at, beyond reading the trace.
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    /// Writing an output file, or standard output.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// Arrow refused the columns (a bug: the schema is fixed).
-    #[error("arrow: {0}")]
-    Arrow(#[from] arrow_schema::ArrowError),
-    /// The Parquet encoder failed.
-    #[error("parquet: {0}")]
-    Parquet(::parquet::errors::ParquetError),
-    /// Standard output takes one stream of JSON lines only.
-    #[error("{0}")]
-    Unsupported(&'static str),
-    /// The caller asked the export to stop before it was complete; the
-    /// file being written was removed.
-    #[error("stopped before the export was complete")]
-    Stopped,
-}
-
-impl ExportError {
-    /// The status a command that fails with this error exits with: an
-    /// output that cannot be written is sysexits.h's `EX_CANTCREAT`; the
-    /// rest are vtrace's faults (`EX_SOFTWARE`).
-    pub fn exit_status(&self) -> i32 {
-        match self {
-            ExportError::Io(_) => exitcode::CANTCREAT,
-            ExportError::Arrow(_)
-            | ExportError::Parquet(_)
-            | ExportError::Unsupported(_)
-            | ExportError::Stopped => exitcode::SOFTWARE,
-        }
-    }
-}
-
-/// The encoder's errors, but its writes' failures as what they are: an
-/// output that cannot be written (a full disk), not an encoder's fault.
-impl From<::parquet::errors::ParquetError> for ExportError {
-    fn from(e: ::parquet::errors::ParquetError) -> Self {
-        match e {
-            ::parquet::errors::ParquetError::External(inner) => match inner.downcast() {
-                Ok(io) => ExportError::Io(*io),
-                Err(other) => {
-                    ExportError::Parquet(::parquet::errors::ParquetError::External(other))
-                }
-            },
-            e => ExportError::Parquet(e),
-        }
-    }
-}

@@ -30,7 +30,7 @@ pub fn no_progress(_: u64, _: u64) {}
 
 /// `progress` for pass `pass` (from 0) of `passes` over the whole trace:
 /// the passes move it through once.
-pub(crate) fn pass_progress(
+pub fn pass_progress(
     progress: Progress<'_>,
     pass: u64,
     passes: u64,

@@ -15,7 +15,6 @@ mod cpus;
 mod diff;
 mod error;
 mod event_text;
-mod export;
 mod flame;
 mod input;
 mod insn;
@@ -48,12 +47,21 @@ mod user_programs;
 // callers name that crate themselves.
 
 // Opening a trace and reading it in parallel.
-pub use error::{AnalyzeError, ExportError, Result};
-pub use input::{no_progress, Chunk, DamageLog, Progress, Records, SegmentInfo, Trace};
-pub use tasks::{Comm, Selection, TaskFilter, TaskId};
+pub use error::{AnalyzeError, Result};
+pub use input::{
+    no_progress, pass_progress, Chunk, DamageLog, Progress, Records, SegmentInfo, Trace,
+};
+pub use tasks::{Comm, Selection, TaskFilter, TaskId, TaskTracker};
+
+// What one step is: its decode, the memory it accesses and the values
+// its registers give them, the system call it makes (the export's rows
+// and the listing's lines read the same).
+pub use insn::{intel_formatter, InsnCache, InsnInfo};
+pub use memory_values::{accesses, target_value, Access};
+pub use naming::routine_label;
+pub use syscalls::{is_int_80, made_by as system_call_made_by, INT_80_VECTOR};
 
 // The level engine: calls, returns, interrupts, switches.
-pub use insn::InsnCache;
 pub use levels::{
     BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, Item, LevelCounts,
     LevelEngine, LevelPass, LevelSink, RoutineRun, SegmentPass, SegmentRecord, SelectedTasks,
@@ -64,7 +72,6 @@ pub use captures::{captures, format_table as format_captures, Capture};
 pub use cpus::{collect as collect_cpus, CpuShare, CpuStats, SpinSite};
 pub use diff::{compare, write_flame as write_diff_flame, Diff};
 pub use event_text::describe_event;
-pub use export::{export, Destination, ExportFormat, ExportReport, ExportedFile};
 pub use flame::{
     filter_stacks, folded as folded_stats, folded_lines, write_svg as write_flame,
     write_svg_of as write_flame_of, StackFilter,

@@ -70,9 +70,9 @@ fn register(regs: &Regs, reg: Register) -> Option<u64> {
 /// the value where it is exact. `before` and `after` are the registers
 /// around the step; `next_pc` the next step's pc where nothing came
 /// between; `recorded` the values `run --record-values` read for the
-/// step (see [`fill_recorded`]). Without `next_pc`, returns the index in
-/// `reads` of a branch's target read, left without its value for the
-/// caller to give once the next step is known.
+/// step, matched to the operands by position. Without `next_pc`,
+/// returns the index in `reads` of a branch's target read, left without
+/// its value for the caller to give once the next step is known.
 pub fn accesses(
     info: &InsnInfo,
     around: (&Regs, &Regs),

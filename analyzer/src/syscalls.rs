@@ -19,7 +19,7 @@ const SYSENTER: [u8; 2] = [0x0f, 0x34];
 /// `int 0x80`.
 const INT_80: [u8; 2] = [0xcd, 0x80];
 /// The vector `int 0x80` delivers.
-pub(crate) const INT_80_VECTOR: u8 = 0x80;
+pub const INT_80_VECTOR: u8 = 0x80;
 
 /// The table a system call's number indexes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -98,7 +98,7 @@ pub fn made_by(step: &Step) -> Option<SystemCall> {
 /// delivery: the system call's entry, which some hosts record as an
 /// interrupt (AMD-V) and others do not, so the analyses count it as the
 /// system call alone.
-pub(crate) fn is_int_80(step: &Step) -> bool {
+pub fn is_int_80(step: &Step) -> bool {
     step.cpl == 3 && step.bytes.as_slice() == INT_80
 }
 

@@ -7,10 +7,11 @@
 
 use libfuzzer_sys::fuzz_target;
 use vtrace_analyzer::{
-    collect_stats, export, probe_fires, probes, write_listing, write_report, write_timeline,
-    Destination, ExportFormat, ListingOptions, NestOptions, QuantizeOn, RoutineFilter, TaskFilter,
-    TimelineFormat, TimelineOptions,
+    collect_stats, probe_fires, probes, write_listing, write_report, write_timeline,
+    ListingOptions, NestOptions, QuantizeOn, RoutineFilter, TaskFilter, TimelineFormat,
+    TimelineOptions,
 };
+use vtrace_export::{export, Destination, ExportFormat};
 use vtrace_image::symbols::Symbolizer;
 
 #[path = "disk_file.rs"]

@@ -75,7 +75,7 @@ pub(super) fn export(a: ExportArgs) -> Result<()> {
     // written goes (a second one kills).
     vtrace_vmm::stop_signals::catch()?;
     let stopped = || vtrace_vmm::stop_signals::caught().is_some();
-    let exported = vtrace_analyzer::export(
+    let exported = vtrace_export::export(
         &trace,
         &symbols,
         format,

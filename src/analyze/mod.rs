@@ -27,7 +27,7 @@ use crate::cli::{
     FlameArgs, ListingArgs, NestArgs, OutputArgs, ProbesTraceArgs, ReportArgs, SamplesArgs,
     SpacesArgs, StatsArgs, SyntaxArg, TaskArgs, TimelineArgs, TraceArgs,
 };
-use vtrace_analyzer::{Destination, ExportFormat};
+use vtrace_export::{Destination, ExportFormat};
 
 /// Work that ends sooner shows no bar at all.
 const SHOW_BAR_AFTER: Duration = Duration::from_secs(1);

@@ -10,7 +10,6 @@
 //! What stays per CPU besides: its power state here, its local APIC in
 //! `Devices::lapics`.
 
-use crate::run_loop::turns::Power;
 use crate::vcpu::Vcpu;
 
 /// Single-stepping as KVM has it for one vCPU, and the exit in flight.
@@ -29,6 +28,20 @@ pub(crate) struct StepState {
     /// The step of an OUT that completes on the next entry was counted at
     /// its I/O exit.
     pub(crate) out_counted: bool,
+}
+
+/// Where a CPU stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Power {
+    /// It runs when its turn comes.
+    Running,
+    /// It executed HLT and waits for an interrupt.
+    Halted,
+    /// An application processor after power-on or INIT: it waits for a
+    /// STARTUP IPI (SDM vol. 3A, 9.4, "wait-for-SIPI").
+    WaitingForStartup,
+    /// It halted with interrupts disabled: nothing but INIT wakes it.
+    Stopped,
 }
 
 /// A vCPU off stage, with what the loop keeps of it.

@@ -5,60 +5,12 @@
 use rustc_hash::FxHashMap;
 
 use super::counts::LevelCounts;
+use super::frames::{Entered, Frame, Prev, StackKey};
 use super::items::{Item, PREVIOUS_FUNC};
 use super::sink::{BigLevel, BigLevelCause, EntryKind, ExitKind, FrameView, Irregular, LevelSink};
 use crate::tasks::TaskId;
 use vtrace_image::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 use vtrace_x86::Flow;
-
-/// Whose call stack frames go on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum StackKey {
-    /// An address space's (its page-table root), where no task is named.
-    Space(u64),
-    /// A task's, by thread id.
-    Task(u32),
-}
-
-impl StackKey {
-    /// The stack of `task`'s steps, or of address space `root` where no
-    /// task is named.
-    fn of(task: Option<TaskId>, root: u64) -> StackKey {
-        match task {
-            Some(t) => StackKey::Task(t.tid),
-            None => StackKey::Space(root),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Prev {
-    pc: u64,
-    len: u8,
-    flow: Flow,
-    /// RAX after it, for a `ret`: what the routine it leaves returned.
-    value: Option<u64>,
-}
-
-#[derive(Clone, Debug)]
-struct Frame {
-    view: FrameView,
-    /// Where a return from it lands; `None` for a frame copied into a new
-    /// address space, which matches the first interrupt return.
-    ret: Option<u64>,
-    /// For interrupt and system-call frames: the step before the entry, to
-    /// go on from after the return as if nothing had happened.
-    saved_prev: Option<Prev>,
-}
-
-impl Frame {
-    fn is_entry(&self) -> bool {
-        matches!(
-            self.view.kind,
-            EntryKind::Interrupt { .. } | EntryKind::SystemCall
-        ) || self.saved_prev.is_some()
-    }
-}
 
 /// The engine. Feed it items in trace order, then call [`finish`].
 ///
@@ -213,17 +165,22 @@ impl LevelEngine {
         });
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Opens a frame for the entry `at`, which returns to `ret` (where a
+    /// call's return address is known), with `saved_prev` the step before
+    /// it as the frame's exit resumes it.
     fn push_frame(
         &mut self,
         sink: &mut impl LevelSink,
-        func: FuncId,
-        pc: u64,
-        step: u64,
-        kind: EntryKind,
+        at: Entered,
         ret: Option<u64>,
         saved_prev: Option<Prev>,
     ) {
+        let Entered {
+            func,
+            pc,
+            step,
+            kind,
+        } = at;
         let parent = self.stack.last().map(|f| f.view.node).unwrap_or(ROOT_NODE);
         let node = self.node(parent, func);
         let view = FrameView {
@@ -334,7 +291,12 @@ impl LevelEngine {
     /// landed.
     fn arrive(&mut self, sink: &mut impl LevelSink, func: FuncId, pc: u64, step: u64) {
         let Some(top) = self.stack.last() else {
-            self.push_frame(sink, func, pc, step, EntryKind::Root, None, None);
+            self.push_frame(
+                sink,
+                Entered::new(func, pc, step, EntryKind::Root),
+                None,
+                None,
+            );
             return;
         };
         if top.view.func == func {
@@ -369,7 +331,12 @@ impl LevelEngine {
             },
             other => other,
         };
-        self.push_frame(sink, func, pc, step, kind, old.ret, old.saved_prev);
+        self.push_frame(
+            sink,
+            Entered::new(func, pc, step, kind),
+            old.ret,
+            old.saved_prev,
+        );
     }
 
     /// Handles one step's arrival given the step before it.
@@ -389,7 +356,12 @@ impl LevelEngine {
         match prev.flow {
             Flow::Call if pc != next_pc => {
                 self.counts.calls += 1;
-                self.push_frame(sink, func, pc, step, EntryKind::Call, Some(next_pc), None);
+                self.push_frame(
+                    sink,
+                    Entered::new(func, pc, step, EntryKind::Call),
+                    Some(next_pc),
+                    None,
+                );
             }
             Flow::SystemCall if pc != next_pc => {
                 let call = self.syscall.take();
@@ -400,10 +372,7 @@ impl LevelEngine {
                 };
                 self.push_frame(
                     sink,
-                    func,
-                    pc,
-                    step,
-                    EntryKind::SystemCall,
+                    Entered::new(func, pc, step, EntryKind::SystemCall),
                     Some(next_pc),
                     Some(resume),
                 );
@@ -647,10 +616,7 @@ impl LevelEngine {
         });
         self.push_frame(
             sink,
-            func,
-            pc,
-            step,
-            EntryKind::Interrupt { vector },
+            Entered::new(func, pc, step, EntryKind::Interrupt { vector }),
             None,
             Some(resume.unwrap_or(Prev {
                 pc: 0,

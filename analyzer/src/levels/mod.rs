@@ -13,6 +13,7 @@
 
 mod counts;
 mod engine;
+mod frames;
 mod items;
 mod pass;
 mod select;

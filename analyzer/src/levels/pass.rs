@@ -5,7 +5,7 @@
 use super::engine::LevelEngine;
 use super::items::{Item, ItemBuilder, SegmentRecord};
 use super::sink::LevelSink;
-use crate::error::Result;
+use crate::error::{AnalyzeError, Result};
 use crate::input::{Progress, SegmentInfo, Trace};
 use crate::insn::InsnCache;
 use vtrace_image::symbols::{FuncId, Symbolizer};
@@ -110,7 +110,7 @@ impl<'a> LevelPass<'a> {
             merge(part);
             Ok(())
         };
-        self.read::<P, false>(sink, pass, merge)
+        self.read::<P, AnalyzeError, false>(sink, pass, merge)
     }
 
     /// [`LevelPass::run_with`], where `merge` also gets, for its segment,
@@ -118,13 +118,13 @@ impl<'a> LevelPass<'a> {
     /// segment: what a per-step export needs, and what a return thunk's
     /// steps at a segment's start owe to the segment before. An error from
     /// `merge` ends the pass with it.
-    pub fn run_following<P: SegmentPass>(
+    pub fn run_following<P: SegmentPass, E: From<AnalyzeError>>(
         self,
         sink: &mut impl LevelSink,
         pass: impl Fn(&SegmentInfo) -> P + Sync,
-        merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> Result<()>,
-    ) -> Result<LevelEngine> {
-        self.read::<P, true>(sink, pass, merge)
+        merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> Result<(), E>,
+    ) -> Result<LevelEngine, E> {
+        self.read::<P, E, true>(sink, pass, merge)
     }
 }
 
@@ -143,12 +143,12 @@ pub struct RoutineRun {
 impl LevelPass<'_> {
     /// The pass; `FOLLOW` says whether routines are gathered per step, so the
     /// analyses that do not want them pay nothing for them.
-    fn read<P: SegmentPass, const FOLLOW: bool>(
+    fn read<P: SegmentPass, E: From<AnalyzeError>, const FOLLOW: bool>(
         self,
         sink: &mut impl LevelSink,
         pass: impl Fn(&SegmentInfo) -> P + Sync,
-        mut merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> Result<()>,
-    ) -> Result<LevelEngine> {
+        mut merge: impl FnMut(P::Output, &SegmentInfo, &[RoutineRun]) -> Result<(), E>,
+    ) -> Result<LevelEngine, E> {
         let (trace, symbols, progress) = (self.trace, self.symbols, self.progress);
         let only = self.only()?;
         let mut engine = LevelEngine::new();
@@ -223,11 +223,11 @@ impl LevelPass<'_> {
 }
 
 /// Why a pass ended before the trace did.
-enum Halt {
+enum Halt<E> {
     /// The sink wants no more ([`LevelSink::stopped`]).
     SinkStopped,
     /// Merging a segment's work failed.
-    Failed(crate::error::AnalyzeError),
+    Failed(E),
 }
 
 /// One segment's items and its pass's result; where `only` names a CPU,

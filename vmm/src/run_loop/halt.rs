@@ -11,8 +11,9 @@ use crate::error::{Error, Result};
 use crate::frontends::Wake;
 use crate::signals;
 
-use super::turns::{Power, Turn};
+use super::turns::Turn;
 use super::{GuestExit, Next, Run};
+use crate::cpus::Power;
 
 impl Run<'_> {
     /// The guest executed HLT: wait (in host time) until a device has

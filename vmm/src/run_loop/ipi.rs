@@ -5,8 +5,8 @@ use crate::cpu::entry::{self, EntryState};
 use crate::devices::lapic::{Ipi, IpiKind};
 use crate::error::Result;
 
-use super::turns::Power;
 use super::Run;
+use crate::cpus::Power;
 
 impl Run<'_> {
     /// Delivers an IPI from the on-stage CPU.

@@ -21,8 +21,9 @@ use crate::cpus::StepState;
 use crate::error::Result;
 use crate::monitor::EntryPlan;
 
-use super::turns::{Power, Turn};
+use super::turns::Turn;
 use super::Run;
+use crate::cpus::Power;
 use crate::steppers::{self, Ahead};
 
 /// What the loop knows of the CPU whose turn follows, for [`may_pair`].

@@ -33,8 +33,9 @@ use crate::frontends::Wake;
 use crate::peep::PeepMessage;
 
 use super::enter::Exit;
-use super::turns::{may_race, Power};
+use super::turns::may_race;
 use super::{GuestExit, Next, Run};
+use crate::cpus::Power;
 
 /// How long the loop waits for an exit when no device event is due.
 const IDLE_WAIT: Duration = Duration::from_millis(100);

@@ -28,6 +28,7 @@
 
 use std::time::Duration;
 
+use crate::cpus::Power;
 use crate::monitor::EntryPlan;
 
 use super::Run;
@@ -35,20 +36,6 @@ use super::Run;
 /// Host time a CPU runs untraced before the next one's turn, where the
 /// CPUs take turns.
 const TIME_SLICE: Duration = Duration::from_millis(1);
-
-/// Where a CPU stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Power {
-    /// It runs when its turn comes.
-    Running,
-    /// It executed HLT and waits for an interrupt.
-    Halted,
-    /// An application processor after power-on or INIT: it waits for a
-    /// STARTUP IPI (SDM vol. 3A, 9.4, "wait-for-SIPI").
-    WaitingForStartup,
-    /// It halted with interrupts disabled: nothing but INIT wakes it.
-    Stopped,
-}
 
 /// Whose turn comes next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

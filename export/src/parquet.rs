@@ -29,8 +29,8 @@ use super::numbers::{NumberEncoding, NumberPages, Numbers};
 use super::registers::{FlagsPages, RegisterColumns, RegisterPages, FLAGS};
 use super::rows::SegmentRows;
 use super::{Context, ExportError, PartWriter};
-use crate::naming::routine_label;
-use crate::tasks::TaskId;
+use vtrace_analyzer::routine_label;
+use vtrace_analyzer::TaskId;
 
 fn text_dictionary() -> DataType {
     DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))

@@ -513,7 +513,7 @@ pub(super) mod tests {
 
     /// A file of one column `field` written through [`encode`] from
     /// `pages`, read back by the parquet crate's own Arrow reader.
-    pub(in crate::export) fn read_back(
+    pub(crate) fn read_back(
         field: arrow_schema::Field,
         pages: impl FnOnce(ColumnDescPtr) -> EncodedChunk,
     ) -> Vec<arrow_array::ArrayRef> {

@@ -22,7 +22,7 @@ use parquet::schema::types::ColumnDescPtr;
 use super::chunks::{delta_binary_packed, packed_levels, start_of, ColumnPages, ROWS_PER_PAGE};
 use super::rows::SegmentRows;
 use super::ExportError;
-use crate::memory_values::Access;
+use vtrace_analyzer::Access;
 
 /// Which memory accesses a list column holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,7 +202,7 @@ fn pages(r: &SegmentRows, direction: Direction, rows: Range<usize>) -> [Page; 3]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::chunks::{encode, tests::read_back};
+    use crate::chunks::{encode, tests::read_back};
 
     #[test]
     fn access_lists_read_back_with_their_nulls() {

@@ -10,10 +10,10 @@ use rustc_hash::FxHashMap;
 use vtrace_storage::REG_COUNT;
 use vtrace_storage::{Event, InsnBytes, MemoryValue, Regs};
 
-use crate::insn::InsnInfo;
-use crate::levels::{RoutineRun, SegmentPass, SegmentRecord};
-use crate::memory_values::{accesses, target_value, Access};
-use crate::tasks::{TaskId, TaskTracker};
+use vtrace_analyzer::InsnInfo;
+use vtrace_analyzer::{accesses, target_value, Access};
+use vtrace_analyzer::{RoutineRun, SegmentPass, SegmentRecord};
+use vtrace_analyzer::{TaskId, TaskTracker};
 use vtrace_image::symbols::{cr3_root, FuncId, UNKNOWN_FUNC};
 
 /// Every register changed: what a step shows when the registers before it
@@ -75,7 +75,7 @@ pub(super) struct SegmentRows {
     pub events_end: Vec<u32>,
     pub first_events: Vec<String>,
     /// (row, call) of the steps that make a system call.
-    pub syscalls: Vec<(u32, crate::syscalls::SystemCall)>,
+    pub syscalls: Vec<(u32, vtrace_analyzer::SystemCall)>,
     /// (row, vector) of the steps an interrupt was delivered before.
     pub interrupts: Vec<(u32, u8)>,
     /// Routine of each row, as the level engine saw it.
@@ -120,7 +120,7 @@ impl SegmentRows {
         // before is its system call's entry, as within a segment (see
         // `RowBuilder::event`); it still moved the stack.
         if before.is_some_and(|(_, int_80)| int_80)
-            && self.interrupts.first() == Some(&(0, crate::syscalls::INT_80_VECTOR))
+            && self.interrupts.first() == Some(&(0, vtrace_analyzer::INT_80_VECTOR))
         {
             self.interrupts.remove(0);
         }
@@ -291,7 +291,7 @@ impl RowBuilder {
             texts: FxHashMap::default(),
             // An unused slot's bytes are empty: no instruction's are.
             recent: vec![(0, InsnBytes::default(), 0, 0); RECENT_TEXTS],
-            formatter: crate::insn::intel_formatter(),
+            formatter: vtrace_analyzer::intel_formatter(),
             pending: Vec::new(),
             interrupt: None,
             delivered: false,
@@ -343,12 +343,12 @@ impl RowBuilder {
             Event::Running { .. } => {}
             // The next step's own values, in its columns.
             Event::MemoryValues(values) => self.recorded.clone_from(values),
-            _ => self.pending.push(crate::event_text::describe_event(e)),
+            _ => self.pending.push(vtrace_analyzer::describe_event(e)),
         }
         match e {
             Event::Interrupt { vector, .. } => {
                 self.delivered = true;
-                if !(self.after_int_80 && *vector == crate::syscalls::INT_80_VECTOR) {
+                if !(self.after_int_80 && *vector == vtrace_analyzer::INT_80_VECTOR) {
                     self.interrupt = Some(*vector);
                 }
             }
@@ -427,14 +427,14 @@ impl SegmentPass for RowBuilder {
         rows.writes_end.push(Self::end_of(rows.writes.len()));
         rows.events.append(&mut self.pending);
         rows.events_end.push(Self::end_of(rows.events.len()));
-        if let Some(n) = crate::syscalls::made_by(s) {
+        if let Some(n) = vtrace_analyzer::system_call_made_by(s) {
             rows.syscalls.push((row32, n));
         }
         if let Some(v) = self.interrupt.take() {
             rows.interrupts.push((row32, v));
         }
         self.delivered = false;
-        self.after_int_80 = crate::syscalls::is_int_80(s);
+        self.after_int_80 = vtrace_analyzer::is_int_80(s);
         // In place: a new `Some` copied the registers twice (measured).
         match &mut self.before {
             Some(before) => *before = s.regs,
@@ -454,7 +454,7 @@ impl SegmentPass for RowBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::insn::InsnCache;
+    use vtrace_analyzer::InsnCache;
     use vtrace_storage::{CpuMode, InterruptSource, Step};
 
     fn step(pc: u64, bytes: &[u8], rsp: u64, rax: u64) -> Step {

@@ -297,7 +297,7 @@ fn level_run(rows: usize, level: u8, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::chunks::{encode, tests::read_back};
+    use crate::chunks::{encode, tests::read_back};
 
     /// A text column written and read back.
     fn round_trip(

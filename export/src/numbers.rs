@@ -437,7 +437,7 @@ impl ColumnPages for NumberPages<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::chunks::{encode, tests::read_back, ROWS_PER_PAGE};
+    use crate::chunks::{encode, tests::read_back, ROWS_PER_PAGE};
     use arrow_array::cast::AsArray;
     use arrow_array::types::{UInt32Type, UInt64Type, UInt8Type};
     use arrow_schema::{DataType, Field, Schema};

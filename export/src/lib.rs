@@ -32,6 +32,7 @@
 
 mod access_lists;
 mod chunks;
+mod error;
 mod event_lists;
 mod jsonl;
 mod keys;
@@ -49,13 +50,11 @@ use std::thread::{Scope, ScopedJoinHandle};
 
 use vtrace_storage::Regs;
 
-use crate::error::{AnalyzeError, Result};
-use crate::input::{pass_progress, Progress, Trace};
-use crate::levels::{LevelPass, LevelSink};
 use rows::{RowBuilder, SegmentRows};
+use vtrace_analyzer::{pass_progress, AnalyzeError, LevelPass, LevelSink, Progress, Trace};
 use vtrace_image::symbols::Symbolizer;
 
-pub use crate::error::ExportError;
+pub use error::{ExportError, Result};
 
 /// The file format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,7 +304,7 @@ pub fn export(
     stop: Stop<'_>,
 ) -> Result<ExportReport> {
     if trace.steps() == 0 {
-        return Err(AnalyzeError::NoSteps);
+        return Err(AnalyzeError::NoSteps.into());
     }
     let (target, steps_per_file) = part_target(destination, format)?;
     let ctx = &context(trace, symbols);
@@ -362,7 +361,7 @@ fn export_cpu(
             |info| RowBuilder::new(cpu.unwrap_or(0), info.first_step, info.steps),
             |mut rows, info, runs| {
                 if stop() {
-                    return Err(ExportError::Stopped.into());
+                    return Err(ExportError::Stopped);
                 }
                 if expected != Some(info.first_step) {
                     carried = None;
@@ -386,8 +385,7 @@ fn part_target(destination: &Destination, format: ExportFormat) -> Result<(PartT
         Destination::Stdout if format == ExportFormat::Parquet => {
             return Err(ExportError::Unsupported(
                 "Parquet cannot go to standard output: name a file or directory",
-            )
-            .into())
+            ))
         }
         Destination::Stdout => (PartTarget::Stdout, u64::MAX),
         Destination::Directory {
@@ -478,9 +476,9 @@ impl<'scope, 'env> Parts<'scope, 'env> {
             if let Some(p) = self.open.take() {
                 return Err(match join(p.handle) {
                     Err(e) => e,
-                    Ok(_) => AnalyzeError::Output(std::io::Error::other(
-                        "the export's writer stopped early",
-                    )),
+                    Ok(_) => {
+                        ExportError::Io(std::io::Error::other("the export's writer stopped early"))
+                    }
                 });
             }
         }
@@ -529,7 +527,7 @@ impl<'scope, 'env> Parts<'scope, 'env> {
     /// the first error wins (`error` is the pass's own). After an error,
     /// the open part is abandoned (its file removed, not completed as if
     /// its rows were all); those closed before it are whole.
-    fn finish(mut self, error: Option<AnalyzeError>) -> Result<ExportReport> {
+    fn finish(mut self, error: Option<ExportError>) -> Result<ExportReport> {
         if let Some(p) = self.open.take() {
             if error.is_some() {
                 // A writer that stopped already has nothing to remove.

@@ -10,8 +10,8 @@ use vtrace_storage::REG_NAMES;
 
 use super::rows::SegmentRows;
 use super::{Context, ExportError, PartWriter};
-use crate::memory_values::Access;
-use crate::naming::routine_label;
+use vtrace_analyzer::routine_label;
+use vtrace_analyzer::Access;
 
 /// A JSON string literal.
 fn quoted(out: &mut String, text: &str) {

@@ -121,7 +121,7 @@ fn zero_levels(count: usize, width: u8, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::chunks::{encode, tests::read_back, ROWS_PER_PAGE};
+    use crate::chunks::{encode, tests::read_back, ROWS_PER_PAGE};
     use arrow_array::cast::AsArray;
     use arrow_schema::{DataType, Field};
     use std::sync::Arc;

@@ -265,7 +265,7 @@ impl ColumnPages for FlagsPages<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::chunks::{encode, tests::read_back};
+    use crate::chunks::{encode, tests::read_back};
     use arrow_array::cast::AsArray;
     use arrow_array::types::UInt64Type;
     use arrow_schema::{DataType, Field};
