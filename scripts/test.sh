@@ -101,6 +101,12 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --quiet
 fi
 
+# The second engine's library: Bochs's CPU from Debian's source package
+# with vtrace's C ABI over it, built once and cached (scripts/engine.sh);
+# bochs/tests/ runs it, and under CI requires it.
+echo "scripts/test.sh: the engine's library ($SECONDS s so far)"
+scripts/engine.sh >/dev/null
+
 # Space where the build and the tests write: a linker whose output file
 # loses its backing dies with a bus error, which says nothing of why.
 echo "scripts/test.sh: free space: $(df -h --output=avail . | tail -n 1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -n 1 | tr -d ' ') in ${TMPDIR:-/tmp}"

@@ -198,6 +198,15 @@ fn stepping_json(s: &Stepping) -> serde_json::Value {
     })
 }
 
+/// Whether the second engine's library is there and loads: where it is,
+/// or what is wrong and how to get it.
+fn engine() -> std::result::Result<std::path::PathBuf, String> {
+    let path = vtrace_bochs::Library::find().map_err(|e| e.to_string())?;
+    vtrace_bochs::Library::load(&path)
+        .map(|library| library.path().to_path_buf())
+        .map_err(|e| e.to_string())
+}
+
 pub fn doctor(args: DoctorArgs) -> Result<i32> {
     if !args.json {
         eprintln!(
@@ -207,13 +216,23 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
     }
     let f = examine(std::path::Path::new(vtrace_vmm::KVM_DEVICE))?;
     let rows = consequences(&f);
+    let engine = engine();
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&findings_json(&f, &rows))?
-        );
+        let mut findings = findings_json(&f, &rows);
+        findings["engine"] = match &engine {
+            Ok(path) => json!({ "library": path, "problem": null }),
+            Err(why) => json!({ "library": null, "problem": why }),
+        };
+        println!("{}", serde_json::to_string_pretty(&findings)?);
     } else {
         print_findings(&f, &rows);
+        match &engine {
+            Ok(path) => println!(
+                "engine:       Bochs's CPU is built ({}); vtrace run does not use it yet",
+                path.display()
+            ),
+            Err(why) => println!("engine:       {why}"),
+        }
     }
     Ok(0)
 }

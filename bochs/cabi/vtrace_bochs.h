@@ -1,0 +1,81 @@
+/* The C ABI of vtrace's engine library: Bochs's CPU, run in-process on the
+ * host's guest RAM, reaching the host's devices through the callbacks
+ * below. The Rust binding mirrors this file; change both together and
+ * bump VTB_ABI. */
+#ifndef VTRACE_BOCHS_H
+#define VTRACE_BOCHS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI's version: a library of another answers vtb_abi() with it,
+ * and the binding refuses it. */
+#define VTB_ABI 1
+
+/* What the engine asks of its host. Every callback gets `ctx` back. */
+typedef struct vtb_host {
+    void *ctx;
+    /* Guest RAM from guest-physical 0: the host's own mapping. An
+     * access past `ram_len` goes to mmio_read/mmio_write. */
+    uint8_t *ram;
+    uint64_t ram_len;
+    uint64_t (*mmio_read)(void *ctx, unsigned cpu, uint64_t gpa, unsigned len);
+    void (*mmio_write)(void *ctx, unsigned cpu, uint64_t gpa, unsigned len, uint64_t value);
+    uint32_t (*port_in)(void *ctx, unsigned cpu, uint16_t port, unsigned len);
+    void (*port_out)(void *ctx, unsigned cpu, uint16_t port, unsigned len, uint32_t value);
+    /* After each instruction, and after each iteration of a REP string
+     * instruction but its last. Nonzero: the run ends after this step
+     * (VTB_STOP). */
+    int (*step)(void *ctx, unsigned cpu);
+    /* A message of the CPU's: level 0 debug, 1 info, 2 error, 3 panic
+     * (the run stops). */
+    void (*log)(void *ctx, int level, const char *text);
+} vtb_host;
+
+/* A segment register with its hidden part. */
+typedef struct vtb_segment {
+    uint64_t base;
+    uint32_t limit;
+    uint16_t selector;
+    /* The descriptor's attribute bits 40-47 and 52-55, as VMX's access
+     * rights (type, S, DPL, P in 0-7; AVL, L, D/B, G in 12-15). */
+    uint16_t attributes;
+} vtb_segment;
+
+/* A CPU's architectural state, as a hand-over moves it. */
+typedef struct vtb_state {
+    /* RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15. */
+    uint64_t gpr[16];
+    uint64_t rip, rflags;
+    /* ES, CS, SS, DS, FS, GS, then LDTR and TR. */
+    vtb_segment seg[8];
+    uint64_t gdt_base, idt_base;
+    uint16_t gdt_limit, idt_limit;
+    uint64_t cr0, cr2, cr3, cr4, efer;
+} vtb_state;
+
+/* Why vtb_run returned. */
+enum vtb_stop {
+    VTB_STEPS = 0, /* it ran the steps asked for */
+    VTB_HALT = 1,  /* the CPU executed HLT */
+    VTB_STOP = 2,  /* the host's step callback asked it to end */
+    VTB_PANIC = 3, /* the CPU met what it cannot go on from (log said what) */
+};
+
+int vtb_abi(void);
+/* Makes `cpus` CPUs over `host` (copied). 0 on success. */
+int vtb_create(const vtb_host *host, unsigned cpus);
+void vtb_get_state(unsigned cpu, vtb_state *out);
+void vtb_set_state(unsigned cpu, const vtb_state *in);
+/* Runs CPU `cpu` for at most `steps` steps; `*ran` says how many ran.
+ * Returns an enum vtb_stop. */
+int vtb_run(unsigned cpu, uint64_t steps, uint64_t *ran);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

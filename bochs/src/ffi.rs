@@ -1,0 +1,74 @@
+//! The C ABI of `bochs/cabi/vtrace_bochs.h`, mirrored: change both
+//! together and bump [`ABI`].
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+/// The ABI this binding speaks (`VTB_ABI`).
+pub(crate) const ABI: c_int = 1;
+
+/// `vtb_host`.
+#[repr(C)]
+pub(crate) struct Host {
+    pub(crate) ctx: *mut c_void,
+    pub(crate) ram: *mut u8,
+    pub(crate) ram_len: u64,
+    pub(crate) mmio_read: extern "C" fn(*mut c_void, c_uint, u64, c_uint) -> u64,
+    pub(crate) mmio_write: extern "C" fn(*mut c_void, c_uint, u64, c_uint, u64),
+    pub(crate) port_in: extern "C" fn(*mut c_void, c_uint, u16, c_uint) -> u32,
+    pub(crate) port_out: extern "C" fn(*mut c_void, c_uint, u16, c_uint, u32),
+    pub(crate) step: extern "C" fn(*mut c_void, c_uint) -> c_int,
+    pub(crate) log: extern "C" fn(*mut c_void, c_int, *const c_char),
+}
+
+/// `vtb_segment`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    /// The base address.
+    pub base: u64,
+    /// The limit, in bytes (scaled by the granularity bit).
+    pub limit: u32,
+    /// The selector.
+    pub selector: u16,
+    /// The attributes as VMX's access rights: type, S, DPL and P in bits
+    /// 0-7; AVL, L, D/B and G in bits 12-15.
+    pub attributes: u16,
+}
+
+/// `vtb_state`: a CPU's architectural state, as a hand-over moves it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15.
+    pub gpr: [u64; 16],
+    /// The instruction pointer.
+    pub rip: u64,
+    /// The flags.
+    pub rflags: u64,
+    /// ES, CS, SS, DS, FS, GS, then LDTR and TR.
+    pub seg: [Segment; 8],
+    /// The GDT's base.
+    pub gdt_base: u64,
+    /// The IDT's base.
+    pub idt_base: u64,
+    /// The GDT's limit.
+    pub gdt_limit: u16,
+    /// The IDT's limit.
+    pub idt_limit: u16,
+    /// CR0.
+    pub cr0: u64,
+    /// CR2.
+    pub cr2: u64,
+    /// CR3.
+    pub cr3: u64,
+    /// CR4.
+    pub cr4: u64,
+    /// EFER.
+    pub efer: u64,
+}
+
+pub(crate) type AbiFn = unsafe extern "C" fn() -> c_int;
+pub(crate) type CreateFn = unsafe extern "C" fn(*const Host, c_uint) -> c_int;
+pub(crate) type GetStateFn = unsafe extern "C" fn(c_uint, *mut State);
+pub(crate) type SetStateFn = unsafe extern "C" fn(c_uint, *const State);
+pub(crate) type RunFn = unsafe extern "C" fn(c_uint, u64, *mut u64) -> c_int;

@@ -1,0 +1,321 @@
+//! vtrace's second engine: Bochs's CPU run in-process, on the host's
+//! guest RAM, reaching the host's devices through [`Host`].
+//!
+//! Bochs is LGPL-2.1 and vtrace Apache-2.0, so Bochs is never linked:
+//! `scripts/engine.sh` builds it, with vtrace's own C ABI over it
+//! (`bochs/cabi`), into `libvtrace_bochs.so`, and [`Library::load`] opens
+//! that at run time. Without it vtrace steps under KVM as before;
+//! [`Library::find`] says where it looked.
+//!
+//! The library keeps one machine per process (Bochs's CPUs are globals),
+//! so [`Machine::new`] succeeds once in a process.
+
+mod ffi;
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use ffi::{Segment, State};
+
+/// The file name of the engine's library.
+pub const LIBRARY: &str = "libvtrace_bochs.so";
+
+/// Why the engine's library cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// No library where vtrace looks.
+    #[error(
+        "the engine's library is not built ({looked}); scripts/engine.sh builds it (Bochs's CPU, \
+         a few minutes, once)"
+    )]
+    Missing {
+        /// Where vtrace looked.
+        looked: String,
+    },
+    /// The file is there but does not load.
+    #[error("cannot load the engine's library {path}: {source}")]
+    Load {
+        /// The library.
+        path: PathBuf,
+        /// What the loader said.
+        source: libloading::Error,
+    },
+    /// It speaks another version of the C ABI.
+    #[error(
+        "the engine's library {path} speaks ABI {found}, this vtrace {wanted}: rebuild it with \
+         scripts/engine.sh"
+    )]
+    Abi {
+        /// The library.
+        path: PathBuf,
+        /// Its ABI.
+        found: c_int,
+        /// This binding's.
+        wanted: c_int,
+    },
+}
+
+/// Why a machine cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// The library holds one machine per process, and it is taken.
+    #[error("this process has made its engine machine already (the library holds one)")]
+    Taken,
+    /// The library refused the CPU count.
+    #[error("the engine cannot make a machine of {0} CPUs")]
+    Cpus(u32),
+}
+
+/// The engine's library, loaded.
+pub struct Library {
+    path: PathBuf,
+    create: ffi::CreateFn,
+    get_state: ffi::GetStateFn,
+    set_state: ffi::SetStateFn,
+    run: ffi::RunFn,
+    // Kept open as long as the functions above are used.
+    _library: libloading::Library,
+}
+
+impl std::fmt::Debug for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Library")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where `scripts/engine.sh` puts its builds, as it computes it.
+fn engine_home() -> Option<PathBuf> {
+    if let Some(home) = std::env::var_os("VTRACE_ENGINE_HOME") {
+        return Some(PathBuf::from(home));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("vtrace").join("engine"))
+}
+
+impl Library {
+    /// Where the engine's library is: `$VTRACE_ENGINE` where set, else the
+    /// newest build `scripts/engine.sh` left in its cache.
+    pub fn find() -> Result<PathBuf, LoadError> {
+        if let Some(path) = std::env::var_os("VTRACE_ENGINE") {
+            let path = PathBuf::from(path);
+            return match path.is_file() {
+                true => Ok(path),
+                false => Err(LoadError::Missing {
+                    looked: format!("VTRACE_ENGINE names {}", path.display()),
+                }),
+            };
+        }
+        let home = engine_home().ok_or_else(|| LoadError::Missing {
+            looked: "no HOME, XDG_CACHE_HOME or VTRACE_ENGINE_HOME".into(),
+        })?;
+        let newest = std::fs::read_dir(&home)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("lib-"))
+            .map(|e| e.path().join(LIBRARY))
+            .filter(|p| p.is_file())
+            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+        newest.ok_or_else(|| LoadError::Missing {
+            looked: format!("{}/lib-*/{LIBRARY}", home.display()),
+        })
+    }
+
+    /// Loads the library at `path`.
+    pub fn load(path: &Path) -> Result<Library, LoadError> {
+        let load = |source| LoadError::Load {
+            path: path.to_path_buf(),
+            source,
+        };
+        // SAFETY: the library is vtrace's own engine (its initialisers only
+        // set up Bochs's globals); the symbols below are looked up with the
+        // types bochs/cabi/vtrace_bochs.h gives them, and its ABI version
+        // is checked before any other is used.
+        unsafe {
+            let library = libloading::Library::new(path).map_err(load)?;
+            let abi: ffi::AbiFn = *library.get(b"vtb_abi\0").map_err(load)?;
+            let found = abi();
+            if found != ffi::ABI {
+                return Err(LoadError::Abi {
+                    path: path.to_path_buf(),
+                    found,
+                    wanted: ffi::ABI,
+                });
+            }
+            Ok(Library {
+                path: path.to_path_buf(),
+                create: *library.get(b"vtb_create\0").map_err(load)?,
+                get_state: *library.get(b"vtb_get_state\0").map_err(load)?,
+                set_state: *library.get(b"vtb_set_state\0").map_err(load)?,
+                run: *library.get(b"vtb_run\0").map_err(load)?,
+                _library: library,
+            })
+        }
+    }
+
+    /// Where it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// What the engine asks of the machine around its CPUs: its devices, and
+/// what to do after each step.
+pub trait Host {
+    /// A port read of `len` bytes (1, 2 or 4) by CPU `cpu`.
+    fn port_in(&mut self, cpu: u32, port: u16, len: u32) -> u32;
+    /// A port write.
+    fn port_out(&mut self, cpu: u32, port: u16, len: u32, value: u32);
+    /// A read of `len` bytes (1 to 8) at guest-physical `gpa`, past RAM.
+    fn mmio_read(&mut self, cpu: u32, gpa: u64, len: u32) -> u64;
+    /// A write past RAM.
+    fn mmio_write(&mut self, cpu: u32, gpa: u64, len: u32, value: u64);
+    /// After each step of CPU `cpu` (an instruction, or one iteration of
+    /// a REP string instruction): true ends the run after it.
+    fn step(&mut self, cpu: u32) -> bool;
+    /// A message of the CPU's (level 0 debug, 1 info, 2 error, 3 panic).
+    fn log(&mut self, level: i32, text: &str) {
+        let _ = (level, text);
+    }
+}
+
+/// Why [`Machine::run`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// It ran the steps asked for.
+    Steps,
+    /// The CPU executed HLT.
+    Halt,
+    /// [`Host::step`] asked it to end.
+    Asked,
+    /// The CPU met what it cannot go on from; [`Host::log`] was told what.
+    Panic,
+}
+
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// The engine's CPUs over a guest's RAM.
+pub struct Machine<'a, H: Host> {
+    library: &'a Library,
+    // Boxed: the library keeps a pointer to it.
+    host: Box<H>,
+    _ram: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl<H: Host> std::fmt::Debug for Machine<'_, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("library", &self.library)
+            .finish_non_exhaustive()
+    }
+}
+
+fn host_of<'h, H: Host>(ctx: *mut c_void) -> &'h mut H {
+    // SAFETY: `ctx` is the `Box<H>` a `Machine<H>` owns and gave the
+    // library; the library calls back only from within `Machine::run`,
+    // which holds the machine mutably, so nothing else borrows it.
+    unsafe { &mut *ctx.cast::<H>() }
+}
+
+extern "C" fn mmio_read<H: Host>(ctx: *mut c_void, cpu: c_uint, gpa: u64, len: c_uint) -> u64 {
+    host_of::<H>(ctx).mmio_read(cpu, gpa, len)
+}
+extern "C" fn mmio_write<H: Host>(ctx: *mut c_void, cpu: c_uint, gpa: u64, len: c_uint, v: u64) {
+    host_of::<H>(ctx).mmio_write(cpu, gpa, len, v)
+}
+extern "C" fn port_in<H: Host>(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint) -> u32 {
+    host_of::<H>(ctx).port_in(cpu, port, len)
+}
+extern "C" fn port_out<H: Host>(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint, v: u32) {
+    host_of::<H>(ctx).port_out(cpu, port, len, v)
+}
+extern "C" fn step<H: Host>(ctx: *mut c_void, cpu: c_uint) -> c_int {
+    c_int::from(host_of::<H>(ctx).step(cpu))
+}
+extern "C" fn log<H: Host>(ctx: *mut c_void, level: c_int, text: *const c_char) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: the library passes a NUL-terminated text that lives for the
+    // call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    host_of::<H>(ctx).log(level, &text)
+}
+
+impl<'a, H: Host> Machine<'a, H> {
+    /// `cpus` CPUs over `ram` (guest-physical 0 up), in Bochs's reset
+    /// state, reaching `host`'s devices. Once a process.
+    pub fn new(
+        library: &'a Library,
+        ram: &'a mut [u8],
+        cpus: u32,
+        host: H,
+    ) -> Result<Self, MachineError> {
+        if TAKEN.swap(true, Ordering::SeqCst) {
+            return Err(MachineError::Taken);
+        }
+        let mut host = Box::new(host);
+        let table = ffi::Host {
+            ctx: (&mut *host as *mut H).cast(),
+            ram: ram.as_mut_ptr(),
+            ram_len: ram.len() as u64,
+            mmio_read: mmio_read::<H>,
+            mmio_write: mmio_write::<H>,
+            port_in: port_in::<H>,
+            port_out: port_out::<H>,
+            step: step::<H>,
+            log: log::<H>,
+        };
+        // SAFETY: the table is copied by the library; its pointers (the
+        // boxed host, the RAM) live as long as the machine, which borrows
+        // the RAM for its lifetime.
+        if unsafe { (library.create)(&table, cpus) } != 0 {
+            return Err(MachineError::Cpus(cpus));
+        }
+        Ok(Machine {
+            library,
+            host,
+            _ram: std::marker::PhantomData,
+        })
+    }
+
+    /// CPU `cpu`'s state.
+    pub fn state(&self, cpu: u32) -> State {
+        let mut state = State::default();
+        // SAFETY: `state` is a valid `vtb_state` to write.
+        unsafe { (self.library.get_state)(cpu, &mut state) };
+        state
+    }
+
+    /// Gives CPU `cpu` the state `state`.
+    pub fn set_state(&mut self, cpu: u32, state: &State) {
+        // SAFETY: `state` is a valid `vtb_state` to read.
+        unsafe { (self.library.set_state)(cpu, state) }
+    }
+
+    /// Runs CPU `cpu` for at most `steps` steps: why it stopped, and the
+    /// steps it ran.
+    pub fn run(&mut self, cpu: u32, steps: u64) -> (Stop, u64) {
+        let mut ran = 0;
+        // SAFETY: the callbacks reach `self.host`, which this call holds
+        // mutably; `ran` is a valid place to write.
+        let why = unsafe { (self.library.run)(cpu, steps, &mut ran) };
+        let stop = match why {
+            0 => Stop::Steps,
+            1 => Stop::Halt,
+            2 => Stop::Asked,
+            _ => Stop::Panic,
+        };
+        (stop, ran)
+    }
+
+    /// The host, for what it gathered.
+    pub fn host(&mut self) -> &mut H {
+        &mut self.host
+    }
+}
