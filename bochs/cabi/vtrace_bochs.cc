@@ -214,8 +214,9 @@ Bit64u BX_MEMORY_STUB_C::get_memory_len() { return host.ram_len; }
 Bit8u *BX_MEM_C::getHostMemAddr(BX_CPU_C *cpu, bx_phy_address addr, unsigned rw) {
     (void)cpu;
     (void)rw;
-    // The CPU asks for a page's start; an MMIO page has none (the CPU then
-    // goes through readPhysicalPage and writePhysicalPage).
+    // The CPU asks for a page's start (and ORs offsets into what it gets:
+    // the RAM is page-aligned); an MMIO page has none (the CPU then goes
+    // through readPhysicalPage and writePhysicalPage).
     if (!in_ram(addr & ~bx_phy_address(0xfff), 0x1000)) return nullptr;
     return host.ram + addr;
 }
@@ -264,12 +265,22 @@ bool BX_MEM_C::dbg_fetch_mem(BX_CPU_C *cpu, bx_phy_address addr, unsigned len, B
 
 BOCHSAPI bx_devices_c bx_devices;
 
+// The host's interrupt controllers, where the CPU acknowledges an
+// external interrupt (its own local APIC is not the guest's).
+namespace {
+class HostInterrupts : public bx_pic_stub_c {
+  public:
+    Bit8u IAC() override;
+};
+HostInterrupts host_interrupts;
+}  // namespace
+
 bx_devices_c::bx_devices_c() {
     put("DEV", "DEV");
     pluginCmosDevice = &stubCmos;
     pluginDmaDevice = &stubDma;
     pluginHardDrive = &stubHardDrive;
-    pluginPicDevice = &stubPic;
+    pluginPicDevice = &host_interrupts;
     pluginPitDevice = &stubPit;
     pluginSpeaker = &stubSpeaker;
     pluginVgaDevice = &stubVga;
@@ -336,9 +347,21 @@ int bx_pc_system_c::Reset(unsigned type) {
 // ---- Instrumentation: a step is an instruction or a REP iteration.
 
 namespace {
+// The CPU a run is running (what the interrupt acknowledge is asked for).
+unsigned running_cpu;
+
+void set_intr(unsigned cpu, bool high) {
+    if (high)
+        BX_CPU(cpu)->raise_INTR();
+    else
+        BX_CPU(cpu)->clear_INTR();
+}
+
 void stepped(unsigned cpu) {
     steps_ran++;
-    if (host.step && host.step(host.ctx, cpu) != 0) end_run(cpu, VTB_STOP);
+    Bit32u wants = host.step ? host.step(host.ctx, cpu) : 0;
+    set_intr(cpu, wants & VTB_STEP_INTR);
+    if (wants & VTB_STEP_END) end_run(cpu, VTB_STOP);
     if (--steps_left == 0 && stop_reason == VTB_STEPS) end_run(cpu, VTB_STEPS);
 }
 }  // namespace
@@ -375,6 +398,14 @@ void bx_instr_phy_access(unsigned, bx_address, unsigned, unsigned, unsigned) {}
 void bx_instr_wrmsr(unsigned, unsigned, Bit64u) {}
 void bx_instr_vmexit(unsigned, Bit32u, Bit64u) {}
 
+Bit8u HostInterrupts::IAC() {
+    unsigned cpu = running_cpu;
+    // The line falls with the acknowledge; the next step's answer raises
+    // it again where another interrupt waits.
+    BX_CPU(cpu)->clear_INTR();
+    return host.acknowledge ? host.acknowledge(host.ctx, cpu) : 0xff;
+}
+
 // ---- The C ABI.
 
 namespace {
@@ -399,6 +430,8 @@ int vtb_abi(void) { return VTB_ABI; }
 
 int vtb_create(const vtb_host *given, unsigned cpus) {
     if (bx_cpu_array || cpus == 0 || cpus > BX_MAX_SMP_THREADS_SUPPORTED) return -1;
+    // The TLB keeps a page's host address and ORs the offset into it.
+    if ((reinterpret_cast<uintptr_t>(given->ram) & 0xfff) != 0) return -2;
     host = *given;
     cpu_count = cpus;
     bx_cpu_count = cpus;
@@ -458,10 +491,19 @@ void vtb_set_state(unsigned cpu, const vtb_state *in) {
     c->async_event |= 1;
 }
 
+void vtb_set_intr(unsigned cpu, int high) { set_intr(cpu, high != 0); }
+
 int vtb_run(unsigned cpu, uint64_t steps, uint64_t *ran) {
     steps_ran = 0;
     *ran = 0;
     if (steps == 0) return VTB_STEPS;
+    BX_CPU_C *c = BX_CPU(cpu);
+    // A halted CPU would wait inside the CPU loop for an interrupt that
+    // only the host can raise: the host waits instead.
+    if (c->activity_state != BX_CPU_C::BX_ACTIVITY_STATE_ACTIVE &&
+        !(c->is_pending(BX_EVENT_PENDING_INTR) && c->get_IF()))
+        return VTB_HALT;
+    running_cpu = cpu;
     steps_left = steps;
     stop_reason = VTB_STEPS;
     bx_pc_system.kill_bochs_request = 0;

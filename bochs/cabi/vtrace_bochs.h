@@ -18,7 +18,8 @@ extern "C" {
 /* What the engine asks of its host. Every callback gets `ctx` back. */
 typedef struct vtb_host {
     void *ctx;
-    /* Guest RAM from guest-physical 0: the host's own mapping. An
+    /* Guest RAM from guest-physical 0: the host's own mapping, aligned
+     * to 4 KiB (Bochs ORs a page offset into a page's host address). An
      * access past `ram_len` goes to mmio_read/mmio_write. */
     uint8_t *ram;
     uint64_t ram_len;
@@ -27,13 +28,25 @@ typedef struct vtb_host {
     uint32_t (*port_in)(void *ctx, unsigned cpu, uint16_t port, unsigned len);
     void (*port_out)(void *ctx, unsigned cpu, uint16_t port, unsigned len, uint32_t value);
     /* After each instruction, and after each iteration of a REP string
-     * instruction but its last. Nonzero: the run ends after this step
-     * (VTB_STOP). */
-    int (*step)(void *ctx, unsigned cpu);
+     * instruction but its last: VTB_STEP_* flags, what the host wants
+     * now. */
+    uint32_t (*step)(void *ctx, unsigned cpu);
+    /* The CPU takes the external interrupt the host's INTR line raised:
+     * its vector (the host's interrupt controllers acknowledge it). */
+    uint8_t (*acknowledge)(void *ctx, unsigned cpu);
     /* A message of the CPU's: level 0 debug, 1 info, 2 error, 3 panic
      * (the run stops). */
     void (*log)(void *ctx, int level, const char *text);
 } vtb_host;
+
+/* What the step callback answers. */
+enum vtb_step_flags {
+    /* The run ends after this step (VTB_STOP). */
+    VTB_STEP_END = 1,
+    /* The CPU's INTR line is high: an external interrupt waits, taken
+     * (through `acknowledge`) when the CPU's IF allows. Clear: low. */
+    VTB_STEP_INTR = 2,
+};
 
 /* A segment register with its hidden part. */
 typedef struct vtb_segment {
@@ -66,12 +79,17 @@ enum vtb_stop {
 };
 
 int vtb_abi(void);
-/* Makes `cpus` CPUs over `host` (copied). 0 on success. */
+/* Makes `cpus` CPUs over `host` (copied). 0 on success; -1 for a CPU
+ * count it cannot make or a second machine, -2 for RAM not aligned to
+ * 4 KiB. */
 int vtb_create(const vtb_host *host, unsigned cpus);
 void vtb_get_state(unsigned cpu, vtb_state *out);
 void vtb_set_state(unsigned cpu, const vtb_state *in);
+/* Raises (nonzero) or lowers CPU `cpu`'s INTR line between runs. */
+void vtb_set_intr(unsigned cpu, int high);
 /* Runs CPU `cpu` for at most `steps` steps; `*ran` says how many ran.
- * Returns an enum vtb_stop. */
+ * Returns an enum vtb_stop. A CPU halted with its INTR line low, or
+ * with IF clear, does not run: VTB_HALT at once. */
 int vtb_run(unsigned cpu, uint64_t steps, uint64_t *ran);
 
 #ifdef __cplusplus

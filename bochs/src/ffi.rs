@@ -16,7 +16,8 @@ pub(crate) struct Host {
     pub(crate) mmio_write: extern "C" fn(*mut c_void, c_uint, u64, c_uint, u64),
     pub(crate) port_in: extern "C" fn(*mut c_void, c_uint, u16, c_uint) -> u32,
     pub(crate) port_out: extern "C" fn(*mut c_void, c_uint, u16, c_uint, u32),
-    pub(crate) step: extern "C" fn(*mut c_void, c_uint) -> c_int,
+    pub(crate) step: extern "C" fn(*mut c_void, c_uint) -> u32,
+    pub(crate) acknowledge: extern "C" fn(*mut c_void, c_uint) -> u8,
     pub(crate) log: extern "C" fn(*mut c_void, c_int, *const c_char),
 }
 
@@ -71,4 +72,10 @@ pub(crate) type AbiFn = unsafe extern "C" fn() -> c_int;
 pub(crate) type CreateFn = unsafe extern "C" fn(*const Host, c_uint) -> c_int;
 pub(crate) type GetStateFn = unsafe extern "C" fn(c_uint, *mut State);
 pub(crate) type SetStateFn = unsafe extern "C" fn(c_uint, *const State);
+pub(crate) type SetIntrFn = unsafe extern "C" fn(c_uint, c_int);
 pub(crate) type RunFn = unsafe extern "C" fn(c_uint, u64, *mut u64) -> c_int;
+
+/// `VTB_STEP_END`.
+pub(crate) const STEP_END: u32 = 1;
+/// `VTB_STEP_INTR`.
+pub(crate) const STEP_INTR: u32 = 2;

@@ -65,6 +65,10 @@ pub enum MachineError {
     /// The library refused the CPU count.
     #[error("the engine cannot make a machine of {0} CPUs")]
     Cpus(u32),
+    /// Guest RAM must start on a 4 KiB boundary (Bochs ORs page offsets
+    /// into a page's host address); a mapping always does.
+    #[error("guest RAM at {0:#x} is not aligned to 4 KiB")]
+    Unaligned(usize),
 }
 
 /// The engine's library, loaded.
@@ -73,6 +77,7 @@ pub struct Library {
     create: ffi::CreateFn,
     get_state: ffi::GetStateFn,
     set_state: ffi::SetStateFn,
+    set_intr: ffi::SetIntrFn,
     run: ffi::RunFn,
     // Kept open as long as the functions above are used.
     _library: libloading::Library,
@@ -152,6 +157,7 @@ impl Library {
                 create: *library.get(b"vtb_create\0").map_err(load)?,
                 get_state: *library.get(b"vtb_get_state\0").map_err(load)?,
                 set_state: *library.get(b"vtb_set_state\0").map_err(load)?,
+                set_intr: *library.get(b"vtb_set_intr\0").map_err(load)?,
                 run: *library.get(b"vtb_run\0").map_err(load)?,
                 _library: library,
             })
@@ -176,12 +182,26 @@ pub trait Host {
     /// A write past RAM.
     fn mmio_write(&mut self, cpu: u32, gpa: u64, len: u32, value: u64);
     /// After each step of CPU `cpu` (an instruction, or one iteration of
-    /// a REP string instruction): true ends the run after it.
-    fn step(&mut self, cpu: u32) -> bool;
+    /// a REP string instruction): what the host wants now.
+    fn step(&mut self, cpu: u32) -> Wants;
+    /// CPU `cpu` takes the external interrupt its INTR line raised: the
+    /// vector (the host's interrupt controllers acknowledge it).
+    fn acknowledge(&mut self, cpu: u32) -> u8;
     /// A message of the CPU's (level 0 debug, 1 info, 2 error, 3 panic).
     fn log(&mut self, level: i32, text: &str) {
         let _ = (level, text);
     }
+}
+
+/// What the host wants after a step ([`Host::step`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wants {
+    /// The run ends after this step ([`Stop::Asked`]).
+    pub end_run: bool,
+    /// The CPU's INTR line is high: an external interrupt waits, taken
+    /// (through [`Host::acknowledge`]) where the CPU's IF allows; false
+    /// lowers it.
+    pub interrupt: bool,
 }
 
 /// Why [`Machine::run`] returned.
@@ -189,7 +209,7 @@ pub trait Host {
 pub enum Stop {
     /// It ran the steps asked for.
     Steps,
-    /// The CPU executed HLT.
+    /// The CPU executed HLT, or is halted with no interrupt to take.
     Halt,
     /// [`Host::step`] asked it to end.
     Asked,
@@ -234,8 +254,14 @@ extern "C" fn port_in<H: Host>(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_
 extern "C" fn port_out<H: Host>(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint, v: u32) {
     host_of::<H>(ctx).port_out(cpu, port, len, v)
 }
-extern "C" fn step<H: Host>(ctx: *mut c_void, cpu: c_uint) -> c_int {
-    c_int::from(host_of::<H>(ctx).step(cpu))
+extern "C" fn step<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u32 {
+    let wants = host_of::<H>(ctx).step(cpu);
+    let end = if wants.end_run { ffi::STEP_END } else { 0 };
+    let intr = if wants.interrupt { ffi::STEP_INTR } else { 0 };
+    end | intr
+}
+extern "C" fn acknowledge<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u8 {
+    host_of::<H>(ctx).acknowledge(cpu)
 }
 extern "C" fn log<H: Host>(ctx: *mut c_void, level: c_int, text: *const c_char) {
     if text.is_null() {
@@ -248,14 +274,17 @@ extern "C" fn log<H: Host>(ctx: *mut c_void, level: c_int, text: *const c_char) 
 }
 
 impl<'a, H: Host> Machine<'a, H> {
-    /// `cpus` CPUs over `ram` (guest-physical 0 up), in Bochs's reset
-    /// state, reaching `host`'s devices. Once a process.
+    /// `cpus` CPUs over `ram` (guest-physical 0 up, aligned to 4 KiB), in
+    /// Bochs's reset state, reaching `host`'s devices. Once a process.
     pub fn new(
         library: &'a Library,
         ram: &'a mut [u8],
         cpus: u32,
         host: H,
     ) -> Result<Self, MachineError> {
+        if !(ram.as_ptr() as usize).is_multiple_of(4096) {
+            return Err(MachineError::Unaligned(ram.as_ptr() as usize));
+        }
         if TAKEN.swap(true, Ordering::SeqCst) {
             return Err(MachineError::Taken);
         }
@@ -269,6 +298,7 @@ impl<'a, H: Host> Machine<'a, H> {
             port_in: port_in::<H>,
             port_out: port_out::<H>,
             step: step::<H>,
+            acknowledge: acknowledge::<H>,
             log: log::<H>,
         };
         // SAFETY: the table is copied by the library; its pointers (the
@@ -296,6 +326,13 @@ impl<'a, H: Host> Machine<'a, H> {
     pub fn set_state(&mut self, cpu: u32, state: &State) {
         // SAFETY: `state` is a valid `vtb_state` to read.
         unsafe { (self.library.set_state)(cpu, state) }
+    }
+
+    /// Raises or lowers CPU `cpu`'s INTR line between runs (a halted CPU
+    /// runs again once it is high).
+    pub fn set_interrupt_line(&mut self, cpu: u32, high: bool) {
+        // SAFETY: a plain call; the library checks nothing else is running.
+        unsafe { (self.library.set_intr)(cpu, c_int::from(high)) }
     }
 
     /// Runs CPU `cpu` for at most `steps` steps: why it stopped, and the

@@ -4,15 +4,17 @@
 //! (`scripts/test.sh` runs it); without it the test says so and passes,
 //! except under CI, where the library must be there.
 
+mod common;
+
 use std::time::Instant;
 
-use vtrace_bochs::{Host, Library, Machine, Segment, Stop};
+use vtrace_bochs::{Host, Machine, Stop, Wants};
 
 #[derive(Default)]
 struct Recorder {
     steps: u64,
     ports: Vec<(u16, u32, u32)>,
-    panics: Vec<String>,
+    complaints: Vec<String>,
 }
 
 impl Host for Recorder {
@@ -26,13 +28,16 @@ impl Host for Recorder {
         u64::MAX
     }
     fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
-    fn step(&mut self, _cpu: u32) -> bool {
+    fn step(&mut self, _cpu: u32) -> Wants {
         self.steps += 1;
-        false
+        Wants::default()
+    }
+    fn acknowledge(&mut self, _cpu: u32) -> u8 {
+        panic!("no interrupt was raised")
     }
     fn log(&mut self, level: i32, text: &str) {
         if level >= 2 {
-            self.panics.push(text.to_string());
+            self.complaints.push(text.to_string());
         }
     }
 }
@@ -49,59 +54,17 @@ fn program() -> Vec<u8> {
     code
 }
 
-/// Page tables at 0x1000 mapping the first 64 MiB one to one in 2 MiB
-/// pages.
-fn identity_map(ram: &mut [u8]) {
-    let mut put = |at: usize, value: u64| ram[at..at + 8].copy_from_slice(&value.to_le_bytes());
-    put(0x1000, 0x2003);
-    put(0x2000, 0x3003);
-    for i in 0..32u64 {
-        put(0x3000 + 8 * i as usize, (i << 21) | 0x83);
-    }
-}
-
 #[test]
 fn a_loop_in_long_mode_runs_every_step_through_the_host() {
-    let path = match Library::find() {
-        Ok(path) => path,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(library) = common::library() else {
+        return;
     };
-    let library = Library::load(&path).unwrap();
-    let mut ram = vec![0u8; 64 << 20];
-    identity_map(&mut ram);
+    let mut ram = common::ram();
     let code = program();
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
 
     let mut machine = Machine::new(&library, &mut ram, 1, Recorder::default()).unwrap();
-    let mut state = machine.state(0);
-    state.gpr = [0; 16];
-    state.gpr[4] = 0x80000;
-    state.rip = 0x10000;
-    state.rflags = 2;
-    let flat = |selector, attributes| Segment {
-        base: 0,
-        limit: u32::MAX,
-        selector,
-        attributes,
-    };
-    // A 64-bit code segment, flat data, a busy 64-bit TSS.
-    state.seg = [flat(0x10, 0xc093); 8];
-    state.seg[1] = flat(0x08, 0xa09b);
-    state.seg[6] = Segment::default();
-    state.seg[7] = Segment {
-        base: 0,
-        limit: 0x67,
-        selector: 0x18,
-        attributes: 0x008b,
-    };
-    state.cr0 = 0x8000_0031;
-    state.cr3 = 0x1000;
-    state.cr4 = 0x20;
-    state.efer = 0x500;
+    let state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     machine.set_state(0, &state);
 
     // A run ends after the steps asked for, exactly.
@@ -109,7 +72,7 @@ fn a_loop_in_long_mode_runs_every_step_through_the_host() {
     let started = Instant::now();
     let (stop, ran) = machine.run(0, u64::MAX);
     let seconds = started.elapsed().as_secs_f64();
-    assert_eq!(stop, Stop::Halt, "{:?}", machine.host().panics);
+    assert_eq!(stop, Stop::Halt, "{:?}", machine.host().complaints);
     // The mov, three instructions a loop, the mov, the out, the hlt.
     let total = 1 + 3 * u64::from(LOOPS) + 3;
     assert_eq!(ran + 1000, total);
@@ -121,13 +84,14 @@ fn a_loop_in_long_mode_runs_every_step_through_the_host() {
     // AL of 1,000,000 (0xf4240) out to port 0x80, one byte.
     assert_eq!(machine.host().ports, [(0x80, 1, 0x40)]);
     assert!(
-        machine.host().panics.is_empty(),
+        machine.host().complaints.is_empty(),
         "{:?}",
-        machine.host().panics
+        machine.host().complaints
     );
+    // Halted with no interrupt to take, it does not run.
+    assert_eq!(machine.run(0, 10), (Stop::Halt, 0));
     eprintln!(
-        "{} steps in {seconds:.3} s: {:.1} M steps/s with a host call per step",
-        ran,
+        "{ran} steps in {seconds:.3} s: {:.1} M steps/s with a host call per step",
         ran as f64 / seconds / 1e6
     );
 }
