@@ -12,6 +12,7 @@
 
 #include "bochs.h"
 #include "cpu/cpu.h"
+#include "cpu/apic.h"
 #include "gui/paramtree.h"
 #include "iodev/iodev.h"
 #include "memory/memory-bochs.h"
@@ -350,6 +351,17 @@ namespace {
 // The CPU a run is running (what the interrupt acknowledge is asked for).
 unsigned running_cpu;
 
+// A WRMSR to IA32_APIC_BASE is under way: once it has run, Bochs's own
+// local APIC is switched off again.
+bool apic_base_written;
+
+// Bochs's own local APIC stays globally disabled, whatever IA32_APIC_BASE
+// holds (the guest reads back what it wrote): the local APIC page is then
+// MMIO like any other, and the host's local APIC answers it.
+void host_apic(BX_CPU_C *c) {
+    c->lapic->set_base(c->msr.apicbase & ~bx_phy_address(0xc00));
+}
+
 void set_intr(unsigned cpu, bool high) {
     if (high)
         BX_CPU(cpu)->raise_INTR();
@@ -359,6 +371,10 @@ void set_intr(unsigned cpu, bool high) {
 
 void stepped(unsigned cpu) {
     steps_ran++;
+    if (apic_base_written) {
+        apic_base_written = false;
+        host_apic(BX_CPU(cpu));
+    }
     Bit32u wants = host.step ? host.step(host.ctx, cpu) : 0;
     set_intr(cpu, wants & VTB_STEP_INTR);
     if (wants & VTB_STEP_END) end_run(cpu, VTB_STOP);
@@ -395,7 +411,9 @@ void bx_instr_inp2(Bit16u, unsigned, unsigned) {}
 void bx_instr_outp(Bit16u, unsigned, unsigned) {}
 void bx_instr_lin_access(unsigned, bx_address, bx_address, unsigned, unsigned, unsigned) {}
 void bx_instr_phy_access(unsigned, bx_address, unsigned, unsigned, unsigned) {}
-void bx_instr_wrmsr(unsigned, unsigned, Bit64u) {}
+void bx_instr_wrmsr(unsigned, unsigned msr, Bit64u) {
+    if (msr == 0x1b) apic_base_written = true;
+}
 void bx_instr_vmexit(unsigned, Bit32u, Bit64u) {}
 
 Bit8u HostInterrupts::IAC() {
@@ -442,6 +460,7 @@ int vtb_create(const vtb_host *given, unsigned cpus) {
         BX_CPU(i)->initialize();
         BX_CPU(i)->sanity_checks();
         BX_CPU(i)->reset(BX_RESET_HARDWARE);
+        host_apic(BX_CPU(i));
     }
     return 0;
 }
