@@ -397,8 +397,12 @@ void bx_instr_ucnear_branch(unsigned, unsigned, bx_address, bx_address) {}
 void bx_instr_far_branch(unsigned, unsigned, Bit16u, bx_address, Bit16u, bx_address) {}
 void bx_instr_opcode(unsigned, bxInstruction_c *, const Bit8u *, unsigned, bool, bool) {}
 void bx_instr_interrupt(unsigned, unsigned) {}
-void bx_instr_exception(unsigned, unsigned, unsigned) {}
-void bx_instr_hwinterrupt(unsigned, unsigned, Bit16u, bx_address) {}
+void bx_instr_exception(unsigned cpu, unsigned vector, unsigned error) {
+    if (host.event) host.event(host.ctx, cpu, VTB_EVENT_EXCEPTION, vector, error);
+}
+void bx_instr_hwinterrupt(unsigned cpu, unsigned vector, Bit16u, bx_address) {
+    if (host.event) host.event(host.ctx, cpu, VTB_EVENT_EXTERNAL, vector, 0);
+}
 void bx_instr_tlb_cntrl(unsigned, unsigned, bx_phy_address) {}
 void bx_instr_cache_cntrl(unsigned, unsigned) {}
 void bx_instr_prefetch_hint(unsigned, unsigned, unsigned, bx_address) {}

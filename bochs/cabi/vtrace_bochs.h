@@ -34,6 +34,10 @@ typedef struct vtb_host {
     /* The CPU takes the external interrupt the host's INTR line raised:
      * its vector (the host's interrupt controllers acknowledge it). */
     uint8_t (*acknowledge)(void *ctx, unsigned cpu);
+    /* The CPU begins to deliver an event (enum vtb_event) of `vector`
+     * (an exception's error code, where it pushes one, in `error`). An
+     * instruction that faults is no step: its exception is the event. */
+    void (*event)(void *ctx, unsigned cpu, int kind, unsigned vector, uint32_t error);
     /* A message of the CPU's: level 0 debug, 1 info, 2 error, 3 panic
      * (the run stops). */
     void (*log)(void *ctx, int level, const char *text);
@@ -46,6 +50,12 @@ enum vtb_step_flags {
     /* The CPU's INTR line is high: an external interrupt waits, taken
      * (through `acknowledge`) when the CPU's IF allows. Clear: low. */
     VTB_STEP_INTR = 2,
+};
+
+/* What the CPU delivers. */
+enum vtb_event {
+    VTB_EVENT_EXTERNAL = 0,  /* an external interrupt (acknowledged) or NMI */
+    VTB_EVENT_EXCEPTION = 1, /* an exception an instruction raised */
 };
 
 /* A segment register with its hidden part. */

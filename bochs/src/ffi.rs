@@ -18,6 +18,7 @@ pub(crate) struct Host {
     pub(crate) port_out: extern "C" fn(*mut c_void, c_uint, u16, c_uint, u32),
     pub(crate) step: extern "C" fn(*mut c_void, c_uint) -> u32,
     pub(crate) acknowledge: extern "C" fn(*mut c_void, c_uint) -> u8,
+    pub(crate) event: extern "C" fn(*mut c_void, c_uint, c_int, c_uint, u32),
     pub(crate) log: extern "C" fn(*mut c_void, c_int, *const c_char),
 }
 
@@ -79,3 +80,5 @@ pub(crate) type RunFn = unsafe extern "C" fn(c_uint, u64, *mut u64) -> c_int;
 pub(crate) const STEP_END: u32 = 1;
 /// `VTB_STEP_INTR`.
 pub(crate) const STEP_INTR: u32 = 2;
+/// `VTB_EVENT_EXTERNAL`.
+pub(crate) const EVENT_EXTERNAL: c_int = 0;

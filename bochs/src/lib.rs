@@ -187,10 +187,30 @@ pub trait Host {
     /// CPU `cpu` takes the external interrupt its INTR line raised: the
     /// vector (the host's interrupt controllers acknowledge it).
     fn acknowledge(&mut self, cpu: u32) -> u8;
+    /// CPU `cpu` begins to deliver `event`. An instruction that faults is
+    /// no step: its exception is the event.
+    fn event(&mut self, cpu: u32, event: Event) {
+        let _ = (cpu, event);
+    }
     /// A message of the CPU's (level 0 debug, 1 info, 2 error, 3 panic).
     fn log(&mut self, level: i32, text: &str) {
         let _ = (level, text);
     }
+}
+
+/// What the CPU delivers ([`Host::event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// An external interrupt (or NMI) of this vector.
+    External(u8),
+    /// An exception an instruction raised, with the error code it pushes
+    /// (0 where it pushes none).
+    Exception {
+        /// The vector.
+        vector: u8,
+        /// The error code.
+        error: u32,
+    },
 }
 
 /// What the host wants after a step ([`Host::step`]).
@@ -263,6 +283,15 @@ extern "C" fn step<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u32 {
 extern "C" fn acknowledge<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u8 {
     host_of::<H>(ctx).acknowledge(cpu)
 }
+extern "C" fn event<H: Host>(ctx: *mut c_void, cpu: c_uint, kind: c_int, vector: c_uint, e: u32) {
+    // Vectors are 8 bits; Bochs passes them in an unsigned.
+    let vector = (vector & 0xff) as u8;
+    let event = match kind {
+        ffi::EVENT_EXTERNAL => Event::External(vector),
+        _ => Event::Exception { vector, error: e },
+    };
+    host_of::<H>(ctx).event(cpu, event)
+}
 extern "C" fn log<H: Host>(ctx: *mut c_void, level: c_int, text: *const c_char) {
     if text.is_null() {
         return;
@@ -299,6 +328,7 @@ impl<'a, H: Host> Machine<'a, H> {
             port_out: port_out::<H>,
             step: step::<H>,
             acknowledge: acknowledge::<H>,
+            event: event::<H>,
             log: log::<H>,
         };
         // SAFETY: the table is copied by the library; its pointers (the

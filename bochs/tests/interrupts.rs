@@ -5,7 +5,7 @@
 
 mod common;
 
-use vtrace_bochs::{Host, Machine, Stop, Wants};
+use vtrace_bochs::{Event, Host, Machine, Stop, Wants};
 
 /// Raises INTR after step `at` until the CPU acknowledges.
 struct Timer {
@@ -13,6 +13,7 @@ struct Timer {
     steps: u64,
     waiting: bool,
     acknowledged_after: Vec<u64>,
+    events: Vec<(u64, Event)>,
     complaints: Vec<String>,
 }
 
@@ -39,6 +40,9 @@ impl Host for Timer {
         self.waiting = false;
         self.acknowledged_after.push(self.steps);
         0x30
+    }
+    fn event(&mut self, _cpu: u32, event: Event) {
+        self.events.push((self.steps, event));
     }
     fn log(&mut self, level: i32, text: &str) {
         if level >= 2 {
@@ -72,6 +76,7 @@ fn an_interrupt_lands_after_the_step_the_host_raised_it_and_wakes_a_halted_cpu()
         steps: 0,
         waiting: false,
         acknowledged_after: Vec::new(),
+        events: Vec::new(),
         complaints: Vec::new(),
     };
     let mut machine = Machine::new(&library, &mut ram, 1, timer).unwrap();
@@ -112,6 +117,11 @@ fn an_interrupt_lands_after_the_step_the_host_raised_it_and_wakes_a_halted_cpu()
     assert_eq!(ran, 3, "inc rbx, iretq, hlt");
     assert_eq!(machine.state(0).gpr[3], 2);
     assert_eq!(machine.host().acknowledged_after, [100, 106]);
+    // Each delivery told to the host, after the step it followed.
+    assert_eq!(
+        machine.host().events,
+        [(100, Event::External(0x30)), (106, Event::External(0x30))]
+    );
     assert!(
         machine.host().complaints.is_empty(),
         "{:?}",
