@@ -13,6 +13,7 @@
 #include "bochs.h"
 #include "cpu/cpu.h"
 #include "cpu/apic.h"
+#include "cpu/decoder/ia_opcodes.h"
 #include "gui/paramtree.h"
 #include "iodev/iodev.h"
 #include "memory/memory-bochs.h"
@@ -369,8 +370,27 @@ void set_intr(unsigned cpu, bool high) {
         BX_CPU(cpu)->clear_INTR();
 }
 
+// The leaf and subleaf of a CPUID under way, per CPU.
+struct CpuidAsked {
+    bool pending;
+    Bit32u leaf, subleaf;
+};
+CpuidAsked *cpuid_asked;
+
+// A CPUID that ran gives the host's answer where it has one.
+void answer_cpuid(unsigned cpu) {
+    CpuidAsked &asked = cpuid_asked[cpu];
+    asked.pending = false;
+    Bit32u out[4];
+    if (!host.cpuid || !host.cpuid(host.ctx, cpu, asked.leaf, asked.subleaf, out)) return;
+    static const unsigned regs[4] = {BX_64BIT_REG_RAX, BX_64BIT_REG_RBX, BX_64BIT_REG_RCX,
+                                     BX_64BIT_REG_RDX};
+    for (unsigned r = 0; r < 4; r++) BX_CPU(cpu)->set_reg64(regs[r], out[r]);
+}
+
 void stepped(unsigned cpu) {
     steps_ran++;
+    if (cpuid_asked[cpu].pending) answer_cpuid(cpu);
     if (apic_base_written) {
         apic_base_written = false;
         host_apic(BX_CPU(cpu));
@@ -407,7 +427,13 @@ void bx_instr_tlb_cntrl(unsigned, unsigned, bx_phy_address) {}
 void bx_instr_cache_cntrl(unsigned, unsigned) {}
 void bx_instr_prefetch_hint(unsigned, unsigned, unsigned, bx_address) {}
 void bx_instr_clflush(unsigned, bx_address, bx_phy_address) {}
-void bx_instr_before_execution(unsigned, bxInstruction_c *) {}
+void bx_instr_before_execution(unsigned cpu, bxInstruction_c *i) {
+    if (i->getIaOpcode() == BX_IA_CPUID) {
+        BX_CPU_C *c = BX_CPU(cpu);
+        cpuid_asked[cpu] = {true, Bit32u(c->get_reg64(BX_64BIT_REG_RAX)),
+                            Bit32u(c->get_reg64(BX_64BIT_REG_RCX))};
+    }
+}
 void bx_instr_after_execution(unsigned cpu, bxInstruction_c *) { stepped(cpu); }
 void bx_instr_repeat_iteration(unsigned cpu, bxInstruction_c *) { stepped(cpu); }
 void bx_instr_inp(Bit16u, unsigned) {}
@@ -459,6 +485,7 @@ int vtb_create(const vtb_host *given, unsigned cpus) {
     bx_cpu_count = cpus;
     make_parameters(cpus);
     bx_cpu_array = new BX_CPU_C *[cpus]();
+    cpuid_asked = new CpuidAsked[cpus]();
     for (unsigned i = 0; i < cpus; i++) {
         BX_CPU(i) = new BX_CPU_C(i);
         BX_CPU(i)->initialize();

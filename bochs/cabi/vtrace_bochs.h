@@ -34,6 +34,10 @@ typedef struct vtb_host {
     /* The CPU takes the external interrupt the host's INTR line raised:
      * its vector (the host's interrupt controllers acknowledge it). */
     uint8_t (*acknowledge)(void *ctx, unsigned cpu);
+    /* CPUID of `leaf` and `subleaf` ran: nonzero where the host answers
+     * it (EAX, EBX, ECX, EDX in `out`), as its CPU profile says; zero
+     * leaves Bochs's model's answer. Asked before the step is told. */
+    int (*cpuid)(void *ctx, unsigned cpu, uint32_t leaf, uint32_t subleaf, uint32_t out[4]);
     /* The CPU begins to deliver an event (enum vtb_event) of `vector`
      * (an exception's error code, where it pushes one, in `error`). An
      * instruction that faults is no step: its exception is the event. */

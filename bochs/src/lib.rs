@@ -187,6 +187,13 @@ pub trait Host {
     /// CPU `cpu` takes the external interrupt its INTR line raised: the
     /// vector (the host's interrupt controllers acknowledge it).
     fn acknowledge(&mut self, cpu: u32) -> u8;
+    /// CPUID of `leaf` and `subleaf` ran on CPU `cpu`: the host's answer
+    /// (EAX, EBX, ECX, EDX), as its CPU profile says, or `None` for Bochs's
+    /// model's. Asked before the step is told.
+    fn cpuid(&mut self, cpu: u32, leaf: u32, subleaf: u32) -> Option<[u32; 4]> {
+        let _ = (cpu, leaf, subleaf);
+        None
+    }
     /// CPU `cpu` begins to deliver `event`. An instruction that faults is
     /// no step: its exception is the event.
     fn event(&mut self, cpu: u32, event: Event) {
@@ -283,6 +290,20 @@ extern "C" fn step<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u32 {
 extern "C" fn acknowledge<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u8 {
     host_of::<H>(ctx).acknowledge(cpu)
 }
+extern "C" fn cpuid<H: Host>(
+    ctx: *mut c_void,
+    cpu: c_uint,
+    leaf: u32,
+    sub: u32,
+    out: *mut u32,
+) -> c_int {
+    let Some(answer) = host_of::<H>(ctx).cpuid(cpu, leaf, sub) else {
+        return 0;
+    };
+    // SAFETY: the library passes room for four registers.
+    unsafe { std::ptr::copy_nonoverlapping(answer.as_ptr(), out, 4) };
+    1
+}
 extern "C" fn event<H: Host>(ctx: *mut c_void, cpu: c_uint, kind: c_int, vector: c_uint, e: u32) {
     // Vectors are 8 bits; Bochs passes them in an unsigned.
     let vector = (vector & 0xff) as u8;
@@ -328,6 +349,7 @@ impl<'a, H: Host> Machine<'a, H> {
             port_out: port_out::<H>,
             step: step::<H>,
             acknowledge: acknowledge::<H>,
+            cpuid: cpuid::<H>,
             event: event::<H>,
             log: log::<H>,
         };
