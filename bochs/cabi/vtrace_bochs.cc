@@ -370,27 +370,39 @@ void set_intr(unsigned cpu, bool high) {
         BX_CPU(cpu)->clear_INTR();
 }
 
-// The leaf and subleaf of a CPUID under way, per CPU.
-struct CpuidAsked {
-    bool pending;
+// What the host answers for the instruction under way, per CPU: CPUID
+// (of this leaf and subleaf) or the time stamp counter.
+struct Asked {
+    enum { NOTHING, CPUID, TSC } what;
     Bit32u leaf, subleaf;
 };
-CpuidAsked *cpuid_asked;
+Asked *asked;
 
-// A CPUID that ran gives the host's answer where it has one.
-void answer_cpuid(unsigned cpu) {
-    CpuidAsked &asked = cpuid_asked[cpu];
-    asked.pending = false;
+void set_eax_edx(BX_CPU_C *c, Bit64u value) {
+    c->set_reg64(BX_64BIT_REG_RAX, Bit32u(value));
+    c->set_reg64(BX_64BIT_REG_RDX, value >> 32);
+}
+
+// An instruction that ran gives the host's answer where it has one.
+void answer(unsigned cpu) {
+    Asked question = asked[cpu];
+    asked[cpu].what = Asked::NOTHING;
+    BX_CPU_C *c = BX_CPU(cpu);
+    if (question.what == Asked::TSC) {
+        Bit64u tsc;
+        if (host.tsc && host.tsc(host.ctx, cpu, &tsc)) set_eax_edx(c, tsc);
+        return;
+    }
     Bit32u out[4];
-    if (!host.cpuid || !host.cpuid(host.ctx, cpu, asked.leaf, asked.subleaf, out)) return;
+    if (!host.cpuid || !host.cpuid(host.ctx, cpu, question.leaf, question.subleaf, out)) return;
     static const unsigned regs[4] = {BX_64BIT_REG_RAX, BX_64BIT_REG_RBX, BX_64BIT_REG_RCX,
                                      BX_64BIT_REG_RDX};
-    for (unsigned r = 0; r < 4; r++) BX_CPU(cpu)->set_reg64(regs[r], out[r]);
+    for (unsigned r = 0; r < 4; r++) c->set_reg64(regs[r], out[r]);
 }
 
 void stepped(unsigned cpu) {
     steps_ran++;
-    if (cpuid_asked[cpu].pending) answer_cpuid(cpu);
+    if (asked[cpu].what != Asked::NOTHING) answer(cpu);
     if (apic_base_written) {
         apic_base_written = false;
         host_apic(BX_CPU(cpu));
@@ -428,10 +440,21 @@ void bx_instr_cache_cntrl(unsigned, unsigned) {}
 void bx_instr_prefetch_hint(unsigned, unsigned, unsigned, bx_address) {}
 void bx_instr_clflush(unsigned, bx_address, bx_phy_address) {}
 void bx_instr_before_execution(unsigned cpu, bxInstruction_c *i) {
-    if (i->getIaOpcode() == BX_IA_CPUID) {
-        BX_CPU_C *c = BX_CPU(cpu);
-        cpuid_asked[cpu] = {true, Bit32u(c->get_reg64(BX_64BIT_REG_RAX)),
-                            Bit32u(c->get_reg64(BX_64BIT_REG_RCX))};
+    BX_CPU_C *c = BX_CPU(cpu);
+    switch (i->getIaOpcode()) {
+    case BX_IA_CPUID:
+        asked[cpu] = {Asked::CPUID, Bit32u(c->get_reg64(BX_64BIT_REG_RAX)),
+                      Bit32u(c->get_reg64(BX_64BIT_REG_RCX))};
+        break;
+    case BX_IA_RDTSC:
+    case BX_IA_RDTSCP:
+        asked[cpu] = {Asked::TSC, 0, 0};
+        break;
+    case BX_IA_RDMSR:
+        if (Bit32u(c->get_reg64(BX_64BIT_REG_RCX)) == 0x10) asked[cpu] = {Asked::TSC, 0, 0};
+        break;
+    default:
+        break;
     }
 }
 void bx_instr_after_execution(unsigned cpu, bxInstruction_c *) { stepped(cpu); }
@@ -485,7 +508,7 @@ int vtb_create(const vtb_host *given, unsigned cpus) {
     bx_cpu_count = cpus;
     make_parameters(cpus);
     bx_cpu_array = new BX_CPU_C *[cpus]();
-    cpuid_asked = new CpuidAsked[cpus]();
+    asked = new Asked[cpus]();
     for (unsigned i = 0; i < cpus; i++) {
         BX_CPU(i) = new BX_CPU_C(i);
         BX_CPU(i)->initialize();

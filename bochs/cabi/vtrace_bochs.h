@@ -38,6 +38,10 @@ typedef struct vtb_host {
      * it (EAX, EBX, ECX, EDX in `out`), as its CPU profile says; zero
      * leaves Bochs's model's answer. Asked before the step is told. */
     int (*cpuid)(void *ctx, unsigned cpu, uint32_t leaf, uint32_t subleaf, uint32_t out[4]);
+    /* RDTSC, RDTSCP or RDMSR of IA32_TSC ran: nonzero where the host
+     * gives the time stamp counter (`*tsc`, by its step clock); zero
+     * leaves Bochs's. Asked before the step is told. */
+    int (*tsc)(void *ctx, unsigned cpu, uint64_t *tsc);
     /* The CPU begins to deliver an event (enum vtb_event) of `vector`
      * (an exception's error code, where it pushes one, in `error`). An
      * instruction that faults is no step: its exception is the event. */

@@ -19,6 +19,7 @@ pub(crate) struct Host {
     pub(crate) step: extern "C" fn(*mut c_void, c_uint) -> u32,
     pub(crate) acknowledge: extern "C" fn(*mut c_void, c_uint) -> u8,
     pub(crate) cpuid: extern "C" fn(*mut c_void, c_uint, u32, u32, *mut u32) -> c_int,
+    pub(crate) tsc: extern "C" fn(*mut c_void, c_uint, *mut u64) -> c_int,
     pub(crate) event: extern "C" fn(*mut c_void, c_uint, c_int, c_uint, u32),
     pub(crate) log: extern "C" fn(*mut c_void, c_int, *const c_char),
 }

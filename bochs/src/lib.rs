@@ -194,6 +194,13 @@ pub trait Host {
         let _ = (cpu, leaf, subleaf);
         None
     }
+    /// RDTSC, RDTSCP or RDMSR of IA32_TSC ran on CPU `cpu`: the time stamp
+    /// counter by the host's step clock, or `None` for Bochs's. Asked
+    /// before the step is told.
+    fn tsc(&mut self, cpu: u32) -> Option<u64> {
+        let _ = cpu;
+        None
+    }
     /// CPU `cpu` begins to deliver `event`. An instruction that faults is
     /// no step: its exception is the event.
     fn event(&mut self, cpu: u32, event: Event) {
@@ -304,6 +311,14 @@ extern "C" fn cpuid<H: Host>(
     unsafe { std::ptr::copy_nonoverlapping(answer.as_ptr(), out, 4) };
     1
 }
+extern "C" fn tsc<H: Host>(ctx: *mut c_void, cpu: c_uint, out: *mut u64) -> c_int {
+    let Some(value) = host_of::<H>(ctx).tsc(cpu) else {
+        return 0;
+    };
+    // SAFETY: the library passes a place for the value.
+    unsafe { out.write(value) };
+    1
+}
 extern "C" fn event<H: Host>(ctx: *mut c_void, cpu: c_uint, kind: c_int, vector: c_uint, e: u32) {
     // Vectors are 8 bits; Bochs passes them in an unsigned.
     let vector = (vector & 0xff) as u8;
@@ -350,6 +365,7 @@ impl<'a, H: Host> Machine<'a, H> {
             step: step::<H>,
             acknowledge: acknowledge::<H>,
             cpuid: cpuid::<H>,
+            tsc: tsc::<H>,
             event: event::<H>,
             log: log::<H>,
         };
