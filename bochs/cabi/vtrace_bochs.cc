@@ -488,6 +488,76 @@ void get_segment(BX_CPU_C *c, bx_segment_reg_t *s, vtb_segment *out) {
     out->attributes = (c->get_descriptor_h(&s->cache) >> 8) & 0xf0ff;
 }
 
+void get_fpu(BX_CPU_C *c, vtb_fpu *out) {
+    const i387_t &x = c->the_i387;
+    out->fcw = x.get_control_word();
+    out->fsw = x.get_status_word();
+    out->ftw = x.get_tag_word();
+    out->fop = x.foo;
+    out->fip = x.fip;
+    out->fdp = x.fdp;
+    out->fcs = x.fcs;
+    out->fds = x.fds;
+    out->mxcsr = c->mxcsr.mxcsr;
+    for (unsigned i = 0; i < 8; i++) {
+        // Bochs keeps the registers by number; FXSAVE by stack position.
+        floatx80 r = x.st_space[(x.tos + i) & 7];
+        memset(out->st[i], 0, 16);
+        memcpy(out->st[i], &r.signif, 8);
+        memcpy(out->st[i] + 8, &r.signExp, 2);
+    }
+    for (unsigned r = 0; r < 16; r++) memcpy(out->xmm[r], &c->vmm[r], 16);
+}
+
+void set_fpu(BX_CPU_C *c, const vtb_fpu *in) {
+    i387_t &x = c->the_i387;
+    x.cwd = in->fcw;
+    x.tos = (in->fsw >> 11) & 7;
+    x.swd = in->fsw & ~0x3800;
+    x.twd = in->ftw;
+    x.foo = in->fop;
+    x.fip = in->fip;
+    x.fdp = in->fdp;
+    x.fcs = in->fcs;
+    x.fds = in->fds;
+    c->mxcsr.mxcsr = in->mxcsr;
+    for (unsigned i = 0; i < 8; i++) {
+        floatx80 r;
+        memcpy(&r.signif, in->st[i], 8);
+        memcpy(&r.signExp, in->st[i] + 8, 2);
+        x.st_space[(x.tos + i) & 7] = r;
+    }
+    for (unsigned r = 0; r < 16; r++) memcpy(&c->vmm[r], in->xmm[r], 16);
+}
+
+void get_msrs(BX_CPU_C *c, vtb_msrs *out) {
+    out->star = c->msr.star;
+    out->lstar = c->msr.lstar;
+    out->cstar = c->msr.cstar;
+    out->fmask = c->msr.fmask;
+    out->kernel_gs_base = c->msr.kernelgsbase;
+    out->sysenter_cs = c->msr.sysenter_cs_msr;
+    out->sysenter_esp = c->msr.sysenter_esp_msr;
+    out->sysenter_eip = c->msr.sysenter_eip_msr;
+    out->pat = c->msr.pat._u64;
+    out->apic_base = c->msr.apicbase;
+    out->tsc_aux = c->msr.tsc_aux;
+}
+
+void set_msrs(BX_CPU_C *c, const vtb_msrs *in) {
+    c->msr.star = in->star;
+    c->msr.lstar = in->lstar;
+    c->msr.cstar = in->cstar;
+    c->msr.fmask = Bit32u(in->fmask);
+    c->msr.kernelgsbase = in->kernel_gs_base;
+    c->msr.sysenter_cs_msr = Bit32u(in->sysenter_cs);
+    c->msr.sysenter_esp_msr = in->sysenter_esp;
+    c->msr.sysenter_eip_msr = in->sysenter_eip;
+    c->msr.pat._u64 = in->pat;
+    c->msr.apicbase = in->apic_base;
+    c->msr.tsc_aux = Bit32u(in->tsc_aux);
+}
+
 void set_segment(BX_CPU_C *c, bx_segment_reg_t *s, const vtb_segment *in) {
     bool present = (in->attributes >> 7) & 1;
     c->set_segment_ar_data(s, present, in->selector, in->base, in->limit, in->attributes);
@@ -536,6 +606,12 @@ void vtb_get_state(unsigned cpu, vtb_state *out) {
     out->cr3 = c->cr3;
     out->cr4 = c->cr4.get32();
     out->efer = c->efer.get32();
+    out->xcr0 = c->xcr0.get32();
+    for (unsigned d = 0; d < 4; d++) out->dr[d] = c->dr[d];
+    out->dr[4] = c->dr6.get32();
+    out->dr[5] = c->dr7.get32();
+    get_msrs(c, &out->msrs);
+    get_fpu(c, &out->fpu);
 }
 
 void vtb_set_state(unsigned cpu, const vtb_state *in) {
@@ -556,6 +632,13 @@ void vtb_set_state(unsigned cpu, const vtb_state *in) {
     c->gdtr.limit = in->gdt_limit;
     c->idtr.base = in->idt_base;
     c->idtr.limit = in->idt_limit;
+    c->xcr0.set32(Bit32u(in->xcr0));
+    for (unsigned d = 0; d < 4; d++) c->dr[d] = in->dr[d];
+    c->dr6.set32(Bit32u(in->dr[4]));
+    c->dr7.set32(Bit32u(in->dr[5]));
+    set_msrs(c, &in->msrs);
+    host_apic(c);
+    set_fpu(c, &in->fpu);
     // What Bochs derives from those registers, derived again.
     c->TLB_flush();
     c->handleAlignmentCheck();
@@ -573,6 +656,7 @@ int vtb_run(unsigned cpu, uint64_t steps, uint64_t *ran) {
     BX_CPU_C *c = BX_CPU(cpu);
     // A halted CPU would wait inside the CPU loop for an interrupt that
     // only the host can raise: the host waits instead.
+    if (c->activity_state == BX_CPU_C::BX_ACTIVITY_STATE_SHUTDOWN) return VTB_SHUTDOWN;
     if (c->activity_state != BX_CPU_C::BX_ACTIVITY_STATE_ACTIVE &&
         !(c->is_pending(BX_EVENT_PENDING_INTR) && c->get_IF()))
         return VTB_HALT;
@@ -586,6 +670,7 @@ int vtb_run(unsigned cpu, uint64_t steps, uint64_t *ran) {
     // Events that came meanwhile are looked at again on the next run.
     BX_CPU(cpu)->async_event |= 1;
     *ran = steps_ran;
+    if (c->activity_state == BX_CPU_C::BX_ACTIVITY_STATE_SHUTDOWN) return VTB_SHUTDOWN;
     return stop_reason;
 }
 

@@ -76,6 +76,27 @@ typedef struct vtb_segment {
     uint16_t attributes;
 } vtb_segment;
 
+/* The x87 and SSE state, in FXSAVE's order of registers. */
+typedef struct vtb_fpu {
+    uint16_t fcw, fsw;
+    /* The full tag word (two bits a register, as FSTENV stores it). */
+    uint16_t ftw;
+    uint16_t fop;
+    uint64_t fip, fdp;
+    uint16_t fcs, fds;
+    uint32_t mxcsr;
+    /* ST(0) to ST(7): the 64-bit significand, then sign and exponent. */
+    uint8_t st[8][16];
+    uint8_t xmm[16][16];
+} vtb_fpu;
+
+/* The MSRs a kernel uses. */
+typedef struct vtb_msrs {
+    uint64_t star, lstar, cstar, fmask, kernel_gs_base;
+    uint64_t sysenter_cs, sysenter_esp, sysenter_eip;
+    uint64_t pat, apic_base, tsc_aux;
+} vtb_msrs;
+
 /* A CPU's architectural state, as a hand-over moves it. */
 typedef struct vtb_state {
     /* RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15. */
@@ -86,6 +107,11 @@ typedef struct vtb_state {
     uint64_t gdt_base, idt_base;
     uint16_t gdt_limit, idt_limit;
     uint64_t cr0, cr2, cr3, cr4, efer;
+    uint64_t xcr0;
+    /* DR0-DR3, DR6, DR7. */
+    uint64_t dr[6];
+    vtb_msrs msrs;
+    vtb_fpu fpu;
 } vtb_state;
 
 /* Why vtb_run returned. */
@@ -93,7 +119,8 @@ enum vtb_stop {
     VTB_STEPS = 0, /* it ran the steps asked for */
     VTB_HALT = 1,  /* the CPU executed HLT */
     VTB_STOP = 2,  /* the host's step callback asked it to end */
-    VTB_PANIC = 3, /* the CPU met what it cannot go on from (log said what) */
+    VTB_PANIC = 3,    /* the CPU met what it cannot go on from (log said what) */
+    VTB_SHUTDOWN = 4, /* a triple fault shut the CPU down */
 };
 
 int vtb_abi(void);

@@ -39,6 +39,63 @@ pub struct Segment {
     pub attributes: u16,
 }
 
+/// `vtb_fpu`: the x87 and SSE state, in FXSAVE's order of registers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fpu {
+    /// The control word.
+    pub fcw: u16,
+    /// The status word (TOP in bits 11-13).
+    pub fsw: u16,
+    /// The full tag word: two bits a register, as FSTENV stores it.
+    pub ftw: u16,
+    /// The last instruction's opcode.
+    pub fop: u16,
+    /// The last instruction's pointer.
+    pub fip: u64,
+    /// The last operand's pointer.
+    pub fdp: u64,
+    /// The last instruction's code segment.
+    pub fcs: u16,
+    /// The last operand's data segment.
+    pub fds: u16,
+    /// MXCSR.
+    pub mxcsr: u32,
+    /// ST(0) to ST(7): the 64-bit significand, then sign and exponent.
+    pub st: [[u8; 16]; 8],
+    /// XMM0 to XMM15.
+    pub xmm: [[u8; 16]; 16],
+}
+
+/// `vtb_msrs`: the MSRs a kernel uses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Msrs {
+    /// IA32_STAR.
+    pub star: u64,
+    /// IA32_LSTAR.
+    pub lstar: u64,
+    /// IA32_CSTAR.
+    pub cstar: u64,
+    /// IA32_FMASK.
+    pub fmask: u64,
+    /// IA32_KERNEL_GS_BASE.
+    pub kernel_gs_base: u64,
+    /// IA32_SYSENTER_CS.
+    pub sysenter_cs: u64,
+    /// IA32_SYSENTER_ESP.
+    pub sysenter_esp: u64,
+    /// IA32_SYSENTER_EIP.
+    pub sysenter_eip: u64,
+    /// IA32_PAT.
+    pub pat: u64,
+    /// IA32_APIC_BASE, as the guest reads it (Bochs's own local APIC stays
+    /// off whatever it says).
+    pub apic_base: u64,
+    /// IA32_TSC_AUX.
+    pub tsc_aux: u64,
+}
+
 /// `vtb_state`: a CPU's architectural state, as a hand-over moves it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,6 +126,14 @@ pub struct State {
     pub cr4: u64,
     /// EFER.
     pub efer: u64,
+    /// XCR0.
+    pub xcr0: u64,
+    /// DR0-DR3, DR6, DR7.
+    pub dr: [u64; 6],
+    /// The MSRs a kernel uses.
+    pub msrs: Msrs,
+    /// The x87 and SSE state.
+    pub fpu: Fpu,
 }
 
 pub(crate) type AbiFn = unsafe extern "C" fn() -> c_int;

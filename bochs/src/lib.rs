@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use ffi::{Segment, State};
+pub use ffi::{Fpu, Msrs, Segment, State};
 
 /// The file name of the engine's library.
 pub const LIBRARY: &str = "libvtrace_bochs.so";
@@ -249,6 +249,8 @@ pub enum Stop {
     Asked,
     /// The CPU met what it cannot go on from; [`Host::log`] was told what.
     Panic,
+    /// A triple fault shut the CPU down (it stays so).
+    Shutdown,
 }
 
 static TAKEN: AtomicBool = AtomicBool::new(false);
@@ -414,6 +416,7 @@ impl<'a, H: Host> Machine<'a, H> {
             0 => Stop::Steps,
             1 => Stop::Halt,
             2 => Stop::Asked,
+            4 => Stop::Shutdown,
             _ => Stop::Panic,
         };
         (stop, ran)

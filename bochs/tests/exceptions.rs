@@ -71,3 +71,52 @@ fn a_faulting_instruction_is_an_event_not_a_step() {
     );
     assert_eq!(machine.state(0).gpr[0], 2);
 }
+
+#[test]
+fn a_triple_fault_shuts_the_cpu_down_and_says_so() {
+    // The library holds one machine a process: this test runs alone in
+    // its own (cargo runs each test file as a process, its tests as
+    // threads), so it forks off the first machine's run by re-running
+    // this file's binary for itself.
+    if std::env::var_os("VTRACE_BOCHS_TRIPLE_FAULT").is_none() {
+        let me = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(me)
+            .args([
+                "--exact",
+                "a_triple_fault_shuts_the_cpu_down_and_says_so",
+                "--nocapture",
+            ])
+            .env("VTRACE_BOCHS_TRIPLE_FAULT", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let Some(library) = common::library() else {
+        return;
+    };
+    let mut ram = common::ram();
+    ram[0x10000..0x10002].copy_from_slice(&[0x0f, 0x0b]); // ud2, no IDT
+    let mut machine = Machine::new(&library, &mut ram, 1, Seen::default()).unwrap();
+    let state = common::long_mode(machine.state(0), 0x10000, 0x80000);
+    machine.set_state(0, &state);
+    assert_eq!(machine.run(0, 100), (Stop::Shutdown, 0));
+    let vectors: Vec<u8> = machine
+        .host()
+        .events
+        .iter()
+        .map(|(_, e)| match e {
+            Event::Exception { vector, .. } => *vector,
+            Event::External(v) => *v,
+        })
+        .collect();
+    // #UD; its gate is past the IDT's limit: #GP; so is #GP's: a second
+    // #GP while delivering the first, which makes #DF; #DF's gate is
+    // missing too: a #GP while delivering #DF, the triple fault.
+    assert_eq!(vectors, [6, 13, 13, 8, 13]);
+    assert_eq!(machine.run(0, 100), (Stop::Shutdown, 0), "it stays down");
+}
