@@ -20,13 +20,25 @@ ORIG=bochs_3.0+dfsg.orig.tar.xz
 ORIG_SHA256=78f6c73d4a6472d5130a87ab9dc306d02c7c71ed8e25b3a8ef642e2a7acd282b
 SUITE=trixie
 
+# x86-64 with SMP and the instrumentation hooks (the stubs' header names
+# them; the engine's library defines them), no GUI, no devices: the
+# engine brings vtrace's own. Every speedup but the repeat speedups
+# (--enable-all-optimizations forces those on): they run many iterations
+# of a REP string instruction between two of the hooks, and a trace has a
+# step per iteration.
+CONFIGURE=(--enable-fast-function-calls --enable-handlers-chaining --enable-trace-linking
+    --disable-repeat-speedups --enable-cpu-level=6
+    --enable-x86-64 --enable-smp --enable-instrumentation=instrument/stubs --with-nogui
+    --disable-docbook)
+config=$(echo "${CONFIGURE[*]}" | sha256sum | cut -c1-8)
+
 home=${VTRACE_ENGINE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/vtrace/engine}
-src=$home/bochs-$VERSION
+src=$home/bochs-$VERSION-$config
 say() { echo "scripts/engine.sh: $*" >&2; }
 
 cabi=$(cd "$(dirname "$0")/../bochs/cabi" && pwd)
 abi=$(cat "$cabi"/*.h "$cabi"/*.cc | sha256sum | cut -c1-16)
-lib=$home/lib-$VERSION-$abi/libvtrace_bochs.so
+lib=$home/lib-$VERSION-$config-$abi/libvtrace_bochs.so
 if [ -e "$lib" ]; then
     echo "$lib"
     exit 0
@@ -70,13 +82,9 @@ build_cpu() {
     trap 'rm -rf "$work"' EXIT
     tar -xf "$tarball" -C "$work"
     tree=$work/bochs-$VERSION
-    # x86-64 with SMP and the instrumentation hooks (the stubs' header names
-    # them; the engine's library defines them), no GUI, no devices: the
-    # engine brings vtrace's own. -fPIC: the libraries go into a shared one.
+    # -fPIC: the libraries go into a shared one.
     say "configuring Bochs's CPU (a few minutes)"
-    (cd "$tree" && CFLAGS="-O2 -fPIC" CXXFLAGS="-O2 -fPIC" ./configure \
-        --enable-all-optimizations --enable-cpu-level=6 --enable-x86-64 --enable-smp \
-        --enable-instrumentation=instrument/stubs --with-nogui --disable-docbook \
+    (cd "$tree" && CFLAGS="-O2 -fPIC" CXXFLAGS="-O2 -fPIC" ./configure "${CONFIGURE[@]}" \
         >"$work/configure.log" 2>&1) || {
         say "configure failed; its log: $work/configure.log"
         trap - EXIT
@@ -96,6 +104,9 @@ build_cpu() {
     touch "$tree/.built"
     rm -rf "$src"
     mv "$tree" "$src"
+    rm -rf "$work"
+    # Builds of other configurations go.
+    find "$home" -maxdepth 1 -name "bochs-$VERSION*" ! -name "$(basename "$src")" -exec rm -rf {} +
     say "Bochs $VERSION's CPU is built in $src"
 }
 

@@ -378,6 +378,9 @@ struct Asked {
 };
 Asked *asked;
 
+// Iterations the REP string instruction under way has run, per CPU.
+Bit64u *iterations;
+
 void set_eax_edx(BX_CPU_C *c, Bit64u value) {
     c->set_reg64(BX_64BIT_REG_RAX, Bit32u(value));
     c->set_reg64(BX_64BIT_REG_RDX, value >> 32);
@@ -441,6 +444,7 @@ void bx_instr_prefetch_hint(unsigned, unsigned, unsigned, bx_address) {}
 void bx_instr_clflush(unsigned, bx_address, bx_phy_address) {}
 void bx_instr_before_execution(unsigned cpu, bxInstruction_c *i) {
     BX_CPU_C *c = BX_CPU(cpu);
+    iterations[cpu] = 0;
     switch (i->getIaOpcode()) {
     case BX_IA_CPUID:
         asked[cpu] = {Asked::CPUID, Bit32u(c->get_reg64(BX_64BIT_REG_RAX)),
@@ -457,8 +461,15 @@ void bx_instr_before_execution(unsigned cpu, bxInstruction_c *i) {
         break;
     }
 }
-void bx_instr_after_execution(unsigned cpu, bxInstruction_c *) { stepped(cpu); }
-void bx_instr_repeat_iteration(unsigned cpu, bxInstruction_c *) { stepped(cpu); }
+// A REP string instruction is a step per iteration, as the trap flag
+// steps it: its end is no step of its own, unless it ran none.
+void bx_instr_after_execution(unsigned cpu, bxInstruction_c *) {
+    if (iterations[cpu] == 0) stepped(cpu);
+}
+void bx_instr_repeat_iteration(unsigned cpu, bxInstruction_c *) {
+    iterations[cpu]++;
+    stepped(cpu);
+}
 void bx_instr_inp(Bit16u, unsigned) {}
 void bx_instr_inp2(Bit16u, unsigned, unsigned) {}
 void bx_instr_outp(Bit16u, unsigned, unsigned) {}
@@ -579,6 +590,7 @@ int vtb_create(const vtb_host *given, unsigned cpus) {
     make_parameters(cpus);
     bx_cpu_array = new BX_CPU_C *[cpus]();
     asked = new Asked[cpus]();
+    iterations = new Bit64u[cpus]();
     for (unsigned i = 0; i < cpus; i++) {
         BX_CPU(i) = new BX_CPU_C(i);
         BX_CPU(i)->initialize();

@@ -27,8 +27,9 @@ typedef struct vtb_host {
     void (*mmio_write)(void *ctx, unsigned cpu, uint64_t gpa, unsigned len, uint64_t value);
     uint32_t (*port_in)(void *ctx, unsigned cpu, uint16_t port, unsigned len);
     void (*port_out)(void *ctx, unsigned cpu, uint16_t port, unsigned len, uint32_t value);
-    /* After each instruction, and after each iteration of a REP string
-     * instruction but its last: VTB_STEP_* flags, what the host wants
+    /* After each step: an instruction, or one iteration of a REP string
+     * instruction (one with a count of zero is one step), as the trap
+     * flag steps them. Answers VTB_STEP_* flags, what the host wants
      * now. */
     uint32_t (*step)(void *ctx, unsigned cpu);
     /* The CPU takes the external interrupt the host's INTR line raised:
