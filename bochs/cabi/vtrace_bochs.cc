@@ -25,6 +25,9 @@ namespace {
 
 vtb_host host;
 unsigned cpu_count;
+// The CPU a run is running (what ports and the interrupt acknowledge,
+// which Bochs asks of no CPU in particular, are asked for).
+unsigned running_cpu;
 
 // Steps left in the current run, and why it ended.
 Bit64u steps_left;
@@ -296,11 +299,11 @@ bx_devices_c::bx_devices_c() {
 bx_devices_c::~bx_devices_c() {}
 
 Bit32u bx_devices_c::inp(Bit16u addr, unsigned io_len) {
-    return host.port_in ? host.port_in(host.ctx, 0, addr, io_len) : 0xffffffff;
+    return host.port_in ? host.port_in(host.ctx, running_cpu, addr, io_len) : 0xffffffff;
 }
 
 void bx_devices_c::outp(Bit16u addr, Bit32u value, unsigned io_len) {
-    if (host.port_out) host.port_out(host.ctx, 0, addr, io_len, value);
+    if (host.port_out) host.port_out(host.ctx, running_cpu, addr, io_len, value);
 }
 
 // No PCI device of Bochs's is built: the host has its own buses.
@@ -349,8 +352,6 @@ int bx_pc_system_c::Reset(unsigned type) {
 // ---- Instrumentation: a step is an instruction or a REP iteration.
 
 namespace {
-// The CPU a run is running (what the interrupt acknowledge is asked for).
-unsigned running_cpu;
 
 // A WRMSR to IA32_APIC_BASE is under way: once it has run, Bochs's own
 // local APIC is switched off again.
@@ -591,10 +592,14 @@ int vtb_create(const vtb_host *given, unsigned cpus) {
     bx_cpu_array = new BX_CPU_C *[cpus]();
     asked = new Asked[cpus]();
     iterations = new Bit64u[cpus]();
+    // Every CPU made before any is reset: a reset flushes every CPU's
+    // instruction cache.
+    for (unsigned i = 0; i < cpus; i++) BX_CPU(i) = new BX_CPU_C(i);
     for (unsigned i = 0; i < cpus; i++) {
-        BX_CPU(i) = new BX_CPU_C(i);
         BX_CPU(i)->initialize();
         BX_CPU(i)->sanity_checks();
+    }
+    for (unsigned i = 0; i < cpus; i++) {
         BX_CPU(i)->reset(BX_RESET_HARDWARE);
         host_apic(BX_CPU(i));
     }
@@ -624,6 +629,7 @@ void vtb_get_state(unsigned cpu, vtb_state *out) {
     out->dr[5] = c->dr7.get32();
     get_msrs(c, &out->msrs);
     get_fpu(c, &out->fpu);
+    out->activity = c->activity_state;
 }
 
 void vtb_set_state(unsigned cpu, const vtb_state *in) {
@@ -651,6 +657,7 @@ void vtb_set_state(unsigned cpu, const vtb_state *in) {
     set_msrs(c, &in->msrs);
     host_apic(c);
     set_fpu(c, &in->fpu);
+    if (in->activity <= VTB_WAITING_FOR_SIPI) c->activity_state = in->activity;
     // What Bochs derives from those registers, derived again.
     c->TLB_flush();
     c->handleAlignmentCheck();

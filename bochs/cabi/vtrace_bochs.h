@@ -113,7 +113,17 @@ typedef struct vtb_state {
     uint64_t dr[6];
     vtb_msrs msrs;
     vtb_fpu fpu;
+    /* An enum vtb_activity. */
+    uint32_t activity;
 } vtb_state;
+
+/* Where a CPU stands. */
+enum vtb_activity {
+    VTB_ACTIVE = 0,           /* it runs */
+    VTB_HALTED = 1,           /* it executed HLT and waits for an interrupt */
+    VTB_SHUT_DOWN = 2,        /* a triple fault stopped it */
+    VTB_WAITING_FOR_SIPI = 3, /* an application processor before STARTUP */
+};
 
 /* Why vtb_run returned. */
 enum vtb_stop {

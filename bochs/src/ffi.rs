@@ -134,6 +134,8 @@ pub struct State {
     pub msrs: Msrs,
     /// The x87 and SSE state.
     pub fpu: Fpu,
+    /// Where the CPU stands (see [`crate::Activity`]).
+    pub activity: u32,
 }
 
 pub(crate) type AbiFn = unsafe extern "C" fn() -> c_int;

@@ -238,6 +238,34 @@ pub struct Wants {
     pub interrupt: bool,
 }
 
+/// Where a CPU stands ([`State::activity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Activity {
+    /// It runs.
+    Active = 0,
+    /// It executed HLT and waits for an interrupt.
+    Halted = 1,
+    /// A triple fault stopped it.
+    ShutDown = 2,
+    /// An application processor before its STARTUP.
+    WaitingForStartup = 3,
+}
+
+impl State {
+    /// Where the CPU stands.
+    pub fn activity(&self) -> Option<Activity> {
+        [
+            Activity::Active,
+            Activity::Halted,
+            Activity::ShutDown,
+            Activity::WaitingForStartup,
+        ]
+        .into_iter()
+        .find(|a| *a as u32 == self.activity)
+    }
+}
+
 /// Why [`Machine::run`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
