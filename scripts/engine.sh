@@ -37,7 +37,7 @@ src=$home/bochs-$VERSION-$config
 say() { echo "scripts/engine.sh: $*" >&2; }
 
 cabi=$(cd "$(dirname "$0")/../bochs/cabi" && pwd)
-abi=$(cat "$cabi"/*.h "$cabi"/*.cc | sha256sum | cut -c1-16)
+abi=$(cat "$cabi"/*.h "$cabi"/*.cc "$0" | sha256sum | cut -c1-16)
 lib=$home/lib-$VERSION-$config-$abi/libvtrace_bochs.so
 if [ -e "$lib" ]; then
     echo "$lib"
@@ -120,11 +120,14 @@ say "linking the engine's library"
 out=$(mktemp -d "$home/lib.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 flags=(-O2 -fPIC -I"$src" -I"$src/instrument/stubs" -I"$src/gui" -I"$cabi")
-g++ "${flags[@]}" -Wall -Wno-unused-parameter -c "$cabi/vtrace_bochs.cc" -o "$out/vtrace_bochs.o"
+for room in "$cabi"/*.cc; do
+    g++ "${flags[@]}" -Wall -Wno-unused-parameter -c "$room" -o "$out/$(basename "$room" .cc).o"
+done
 g++ "${flags[@]}" -c "$src/gui/paramtree.cc" -o "$out/paramtree.o"
-g++ -shared -o "$out/libvtrace_bochs.so" "$out/vtrace_bochs.o" "$out/paramtree.o" \
+g++ -shared -o "$out/libvtrace_bochs.so" "$out"/*.o \
     -Wl,--whole-archive "$src/cpu/libcpu.a" "$src/cpu/fpu/libfpu.a" "$src/cpu/cpudb/libcpudb.a" \
     "$src/cpu/softfloat3e/libsoftfloat.a" -Wl,--no-whole-archive -Wl,-z,defs
+rm -f "$out"/*.o
 rm -rf "$(dirname "$lib")"
 mv "$out" "$(dirname "$lib")"
 # Libraries of earlier versions of the C ABI go.
