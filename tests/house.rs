@@ -18,8 +18,23 @@ const FORBIDDEN: &[(&str, Option<&[&str]>)] = &[
     // The architecture and the trace format stand on nothing of vtrace's.
     ("vtrace-x86", None),
     ("vtrace-storage", None),
-    // The engine's binding is the C ABI and nothing of vtrace's.
-    ("vtrace-bochs", None),
+    // The engine's binding is the C ABI and the architecture, nothing else
+    // of vtrace's.
+    (
+        "vtrace-bochs",
+        Some(&[
+            "vtrace-vmm",
+            "vtrace-trap",
+            "vtrace-storage",
+            "vtrace-image",
+            "vtrace-session",
+            "vtrace-analyzer",
+            "vtrace-export",
+            "vtrace-gdb",
+            "vtrace-guest",
+            "vtrace-demo",
+        ]),
+    ),
     // The analyzer reads traces; it never runs a guest or steps one, and
     // builds without the export's arrow and parquet.
     (

@@ -11,12 +11,14 @@
 //! so [`Machine::new`] succeeds once in a process.
 
 mod ffi;
+mod handover;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use ffi::{Fpu, Msrs, Segment, State};
+pub use handover::{registers_of, state_of};
 
 /// The file name of the engine's library.
 pub const LIBRARY: &str = "libvtrace_bochs.so";
