@@ -168,31 +168,36 @@ mod tests {
             rflags: 0x246,
             ..Registers::default()
         };
-        let mut sregs = SpecialRegisters::default();
-        sregs.cs = segment(0x10, 0xb, 1, 0);
-        sregs.ss = segment(0x18, 0x3, 0, 1);
         // A null data segment in 64-bit mode: unusable.
         let mut null = X86Segment::default();
         null.unusable = 1;
-        sregs.ds = null;
-        sregs.es = null;
-        sregs.fs = null;
-        sregs.gs = segment(0, 0x3, 0, 1);
-        sregs.gs.base = 0xffff_8880_0000_0000;
-        sregs.tr = segment(0x40, 0xb, 0, 0);
-        sregs.tr.s = 0;
-        sregs.tr.g = 0;
-        sregs.tr.limit = 0x4087;
-        sregs.ldt = null;
-        sregs.gdt.base = 0xffff_fe00_0000_1000;
-        sregs.gdt.limit = 0x7f;
-        sregs.idt.base = 0xffff_fe00_0000_0000;
-        sregs.idt.limit = 0xfff;
-        sregs.cr0 = 0x8005_0033;
-        sregs.cr3 = 0x1_0000;
-        sregs.cr4 = 0x3606e0;
-        sregs.efer = 0xd01;
-        sregs.apic_base = 0xfee0_0900;
+        let mut gs = segment(0, 0x3, 0, 1);
+        gs.base = 0xffff_8880_0000_0000;
+        let mut tr = segment(0x40, 0xb, 0, 0);
+        (tr.s, tr.g, tr.limit) = (0, 0, 0x4087);
+        let table = |base, limit| {
+            let mut t = DescriptorTable::default();
+            (t.base, t.limit) = (base, limit);
+            t
+        };
+        let sregs = SpecialRegisters {
+            cs: segment(0x10, 0xb, 1, 0),
+            ss: segment(0x18, 0x3, 0, 1),
+            ds: null,
+            es: null,
+            fs: null,
+            gs,
+            tr,
+            ldt: null,
+            gdt: table(0xffff_fe00_0000_1000, 0x7f),
+            idt: table(0xffff_fe00_0000_0000, 0xfff),
+            cr0: 0x8005_0033,
+            cr3: 0x1_0000,
+            cr4: 0x3606e0,
+            efer: 0xd01,
+            apic_base: 0xfee0_0900,
+            ..SpecialRegisters::default()
+        };
         (regs, sregs)
     }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use vtrace_bochs::{registers_of, state_of, Host, Machine, Stop, Wants};
-use vtrace_x86::{Registers, Segment, SpecialRegisters};
+use vtrace_x86::{DescriptorTable, Registers, Segment, SpecialRegisters};
 
 struct Quiet;
 
@@ -56,23 +56,31 @@ fn kvms_registers_go_into_the_engine_and_come_back_as_they_were() {
         rflags: 0x202,
         ..Registers::default()
     };
-    let mut sregs = SpecialRegisters::default();
-    sregs.cs = flat(0x08, 0xb, 1, 0);
-    sregs.ss = flat(0x10, 0x3, 0, 1);
     let mut null = Segment::default();
     null.unusable = 1;
-    (sregs.ds, sregs.es, sregs.fs, sregs.ldt) = (null, null, null, null);
-    sregs.gs = flat(0, 0x3, 0, 1);
-    sregs.gs.base = 0xffff_8880_0000_0000;
-    sregs.tr = flat(0x18, 0xb, 0, 0);
-    (sregs.tr.s, sregs.tr.g, sregs.tr.limit) = (0, 0, 0x67);
-    sregs.gdt.base = common::GDT;
-    sregs.gdt.limit = 23;
-    sregs.cr0 = 0x8000_0031;
-    sregs.cr3 = 0x1000;
-    sregs.cr4 = 0x20;
-    sregs.efer = 0x500;
-    sregs.apic_base = 0xfee0_0900;
+    let mut gs = flat(0, 0x3, 0, 1);
+    gs.base = 0xffff_8880_0000_0000;
+    let mut tr = flat(0x18, 0xb, 0, 0);
+    (tr.s, tr.g, tr.limit) = (0, 0, 0x67);
+    let mut gdt = DescriptorTable::default();
+    (gdt.base, gdt.limit) = (common::GDT, 23);
+    let sregs = SpecialRegisters {
+        cs: flat(0x08, 0xb, 1, 0),
+        ss: flat(0x10, 0x3, 0, 1),
+        ds: null,
+        es: null,
+        fs: null,
+        ldt: null,
+        gs,
+        tr,
+        gdt,
+        cr0: 0x8000_0031,
+        cr3: 0x1000,
+        cr4: 0x20,
+        efer: 0x500,
+        apic_base: 0xfee0_0900,
+        ..SpecialRegisters::default()
+    };
 
     let mut machine = Machine::new(&library, &mut ram, 1, Quiet).unwrap();
     let state = state_of(&regs, &sregs, machine.state(0));
