@@ -173,22 +173,41 @@ impl Library {
 }
 
 /// What the engine asks of the machine around its CPUs: its devices, and
-/// what to do after each step.
+/// what to do after each step. Where a host has nothing, the defaults are
+/// an empty machine's: a read of a port or MMIO gives all ones, a write
+/// goes nowhere, a step asks for nothing, an acknowledge finds the
+/// spurious vector 0xff.
 pub trait Host {
     /// A port read of `len` bytes (1, 2 or 4) by CPU `cpu`.
-    fn port_in(&mut self, cpu: u32, port: u16, len: u32) -> u32;
+    fn port_in(&mut self, cpu: u32, port: u16, len: u32) -> u32 {
+        let _ = (cpu, port, len);
+        u32::MAX
+    }
     /// A port write.
-    fn port_out(&mut self, cpu: u32, port: u16, len: u32, value: u32);
+    fn port_out(&mut self, cpu: u32, port: u16, len: u32, value: u32) {
+        let _ = (cpu, port, len, value);
+    }
     /// A read of `len` bytes (1 to 8) at guest-physical `gpa`, past RAM.
-    fn mmio_read(&mut self, cpu: u32, gpa: u64, len: u32) -> u64;
+    fn mmio_read(&mut self, cpu: u32, gpa: u64, len: u32) -> u64 {
+        let _ = (cpu, gpa, len);
+        u64::MAX
+    }
     /// A write past RAM.
-    fn mmio_write(&mut self, cpu: u32, gpa: u64, len: u32, value: u64);
+    fn mmio_write(&mut self, cpu: u32, gpa: u64, len: u32, value: u64) {
+        let _ = (cpu, gpa, len, value);
+    }
     /// After each step of CPU `cpu` (an instruction, or one iteration of
     /// a REP string instruction): what the host wants now.
-    fn step(&mut self, cpu: u32) -> Wants;
+    fn step(&mut self, cpu: u32) -> Wants {
+        let _ = cpu;
+        Wants::default()
+    }
     /// CPU `cpu` takes the external interrupt its INTR line raised: the
     /// vector (the host's interrupt controllers acknowledge it).
-    fn acknowledge(&mut self, cpu: u32) -> u8;
+    fn acknowledge(&mut self, cpu: u32) -> u8 {
+        let _ = cpu;
+        0xff
+    }
     /// CPUID of `leaf` and `subleaf` ran on CPU `cpu`: the host's answer
     /// (EAX, EBX, ECX, EDX), as its CPU profile says, or `None` for Bochs's
     /// model's. Asked before the step is told.

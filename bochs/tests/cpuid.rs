@@ -5,7 +5,7 @@
 
 mod common;
 
-use vtrace_bochs::{Host, Machine, Stop, Wants};
+use vtrace_bochs::{Host, Machine, Stop};
 
 #[derive(Default)]
 struct Profile {
@@ -13,20 +13,6 @@ struct Profile {
 }
 
 impl Host for Profile {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
-    fn mmio_read(&mut self, _cpu: u32, _gpa: u64, _len: u32) -> u64 {
-        u64::MAX
-    }
-    fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
-    fn step(&mut self, _cpu: u32) -> Wants {
-        Wants::default()
-    }
-    fn acknowledge(&mut self, _cpu: u32) -> u8 {
-        panic!("no interrupt was raised")
-    }
     fn cpuid(&mut self, _cpu: u32, leaf: u32, subleaf: u32) -> Option<[u32; 4]> {
         self.asked.push((leaf, subleaf));
         (leaf == 7).then_some([0x11, 0x22, 0x33, 0x44])

@@ -13,20 +13,9 @@ struct Seen {
 }
 
 impl Host for Seen {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
-    fn mmio_read(&mut self, _cpu: u32, _gpa: u64, _len: u32) -> u64 {
-        u64::MAX
-    }
-    fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
     fn step(&mut self, _cpu: u32) -> Wants {
         self.steps += 1;
         Wants::default()
-    }
-    fn acknowledge(&mut self, _cpu: u32) -> u8 {
-        panic!("no interrupt was raised")
     }
     fn event(&mut self, _cpu: u32, event: Event) {
         self.events.push((self.steps, event));

@@ -4,27 +4,8 @@
 
 mod common;
 
-use vtrace_bochs::{registers_of, state_of, Host, Machine, Stop, Wants};
+use vtrace_bochs::{registers_of, state_of, Machine, Stop};
 use vtrace_x86::{DescriptorTable, Registers, Segment, SpecialRegisters};
-
-struct Quiet;
-
-impl Host for Quiet {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
-    fn mmio_read(&mut self, _cpu: u32, _gpa: u64, _len: u32) -> u64 {
-        u64::MAX
-    }
-    fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
-    fn step(&mut self, _cpu: u32) -> Wants {
-        Wants::default()
-    }
-    fn acknowledge(&mut self, _cpu: u32) -> u8 {
-        panic!("no interrupt was raised")
-    }
-}
 
 fn flat(selector: u16, type_: u8, l: u8, db: u8) -> Segment {
     let mut s = Segment::default();
@@ -82,7 +63,7 @@ fn kvms_registers_go_into_the_engine_and_come_back_as_they_were() {
         ..SpecialRegisters::default()
     };
 
-    let mut machine = Machine::new(&library, &mut ram, 1, Quiet).unwrap();
+    let mut machine = Machine::new(&library, &mut ram, 1, common::Quiet).unwrap();
     let state = state_of(&regs, &sregs, machine.state(0));
     machine.set_state(0, &state);
     let (back_regs, back_sregs) = registers_of(&machine.state(0));

@@ -18,14 +18,6 @@ struct Timer {
 }
 
 impl Host for Timer {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
-    fn mmio_read(&mut self, _cpu: u32, _gpa: u64, _len: u32) -> u64 {
-        u64::MAX
-    }
-    fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
     fn step(&mut self, _cpu: u32) -> Wants {
         self.steps += 1;
         if self.steps == self.at {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use vtrace_bochs::{Host, Machine, Stop, Wants};
+use vtrace_bochs::{Host, Machine, Stop};
 
 #[derive(Default)]
 struct Apic {
@@ -15,22 +15,12 @@ struct Apic {
 }
 
 impl Host for Apic {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
     fn mmio_read(&mut self, _cpu: u32, gpa: u64, len: u32) -> u64 {
         self.reads.push((gpa, len));
         gpa & 0xfff
     }
     fn mmio_write(&mut self, _cpu: u32, gpa: u64, len: u32, value: u64) {
         self.writes.push((gpa, len, value));
-    }
-    fn step(&mut self, _cpu: u32) -> Wants {
-        Wants::default()
-    }
-    fn acknowledge(&mut self, _cpu: u32) -> u8 {
-        panic!("no interrupt was raised")
     }
     fn log(&mut self, level: i32, text: &str) {
         if level >= 2 {

@@ -5,26 +5,7 @@
 
 mod common;
 
-use vtrace_bochs::{Host, Machine, Msrs, Stop, Wants};
-
-struct Quiet;
-
-impl Host for Quiet {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
-    fn mmio_read(&mut self, _cpu: u32, _gpa: u64, _len: u32) -> u64 {
-        u64::MAX
-    }
-    fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
-    fn step(&mut self, _cpu: u32) -> Wants {
-        Wants::default()
-    }
-    fn acknowledge(&mut self, _cpu: u32) -> u8 {
-        panic!("no interrupt was raised")
-    }
-}
+use vtrace_bochs::{Machine, Msrs, Stop};
 
 /// 1.0 as an 80-bit register: significand 1 << 63, exponent 0x3fff.
 const ONE: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0x80, 0xff, 0x3f, 0, 0, 0, 0, 0, 0];
@@ -46,7 +27,7 @@ fn the_whole_state_goes_in_reads_back_and_is_what_the_guest_sees() {
         0xf4,                                     // hlt
     ];
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
-    let mut machine = Machine::new(&library, &mut ram, 1, Quiet).unwrap();
+    let mut machine = Machine::new(&library, &mut ram, 1, common::Quiet).unwrap();
     let mut state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     state.msrs = Msrs {
         star: 0x0023_0010_0000_0000,

@@ -19,20 +19,9 @@ impl StepClock {
 }
 
 impl Host for StepClock {
-    fn port_in(&mut self, _cpu: u32, _port: u16, _len: u32) -> u32 {
-        u32::MAX
-    }
-    fn port_out(&mut self, _cpu: u32, _port: u16, _len: u32, _value: u32) {}
-    fn mmio_read(&mut self, _cpu: u32, _gpa: u64, _len: u32) -> u64 {
-        u64::MAX
-    }
-    fn mmio_write(&mut self, _cpu: u32, _gpa: u64, _len: u32, _value: u64) {}
     fn step(&mut self, _cpu: u32) -> Wants {
         self.steps += 1;
         Wants::default()
-    }
-    fn acknowledge(&mut self, _cpu: u32) -> u8 {
-        panic!("no interrupt was raised")
     }
     fn tsc(&mut self, _cpu: u32) -> Option<u64> {
         Some(self.now())

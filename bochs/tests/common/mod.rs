@@ -5,7 +5,7 @@
 // Each test file uses part of it.
 #![allow(dead_code)]
 
-use vtrace_bochs::{Library, Segment, State};
+use vtrace_bochs::{Host, Library, Segment, State};
 
 /// The engine's library, or `None` (said on stderr) where it is not built
 /// and this is not CI, where it must be.
@@ -19,6 +19,11 @@ pub fn library() -> Option<Library> {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// A host with nothing: an empty machine around the CPU.
+pub struct Quiet;
+
+impl Host for Quiet {}
 
 /// Where the GDT is.
 pub const GDT: u64 = 0x6000;
