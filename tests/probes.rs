@@ -452,6 +452,11 @@ fn bad_probes_are_refused() {
             ],
             "breakpoints watch 4 more",
         ),
+        // The routine named once, after the probe's kind.
+        (
+            &["--probe", "fn:nosuch"],
+            "--probe fn:nosuch: no routine of that name",
+        ),
     ];
     for (args, why) in cases {
         let mut all = vec!["run", "--no-input", "--disk", "/nonexistent/x.vtd"];

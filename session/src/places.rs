@@ -118,15 +118,18 @@ impl<'a> Places<'a> {
         let problem = match addresses.as_slice() {
             [one] => return Ok(one.wrapping_add(offset)),
             [] if found.loaded.is_empty() => format!(
-                "{option} {name}: the kernel's symbols were not found ({}); give an address",
+                "{}: the kernel's symbols were not found ({}); give an address",
+                named(option, name),
                 found.all_warnings().cloned().collect::<Vec<_>>().join("; ")
             ),
             [] => format!(
-                "{option} {name}: no routine of that name in {}",
+                "{}: no routine of that name in {}",
+                named(option, name),
                 found.loaded.join(", ")
             ),
             many => format!(
-                "{option} {name}: {} routines have that name (at {}); give one by address",
+                "{}: {} routines have that name (at {}); give one by address",
+                named(option, name),
                 many.len(),
                 many.iter()
                     .map(|a| format!("{a:#x}"))
@@ -141,8 +144,12 @@ impl<'a> Places<'a> {
     /// `program`, which fires only in tasks running that program where
     /// the tracer can tell tasks apart.
     fn user_routine(&self, option: &str, program: &str, name: &str, offset: u64) -> Result<Place> {
-        let bad =
-            |e: UserRoutineError| SessionError::request(format!("{option} {program}:{name}: {e}"));
+        let bad = |e: UserRoutineError| {
+            SessionError::request(format!(
+                "{}: {e}",
+                named(option, &format!("{program}:{name}"))
+            ))
+        };
         let found = self.program(program).map_err(bad)?;
         let address = fixed_routine_address(&found, name)
             .map_err(bad)?
@@ -158,7 +165,8 @@ impl<'a> Places<'a> {
             address,
             task: self.tasks_known.then(|| found.comm.clone()),
             note: Some(format!(
-                "vtrace: {option} {program}:{name}{} is {address:#x} in {}; {whom}",
+                "vtrace: {}{} is {address:#x} in {}; {whom}",
+                named(option, &format!("{program}:{name}")),
                 if offset == 0 {
                     String::new()
                 } else {
@@ -205,5 +213,14 @@ impl<'a> Places<'a> {
                 None => "on this host (the run boots no --initrd)".to_string(),
             },
         })
+    }
+}
+
+/// The option and the routine it names, as messages say them: `--start-at
+/// NAME`, or `--probe fn:NAME` where the option ends in the probe's kind.
+fn named(option: &str, what: &str) -> String {
+    match option.ends_with(':') {
+        true => format!("{option}{what}"),
+        false => format!("{option} {what}"),
     }
 }

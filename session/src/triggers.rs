@@ -315,7 +315,9 @@ pub(crate) fn function_probes(
             _ => probe_fetch::plan_untyped(routine, &specs),
         }
         .map_err(|e| SessionError::request(format!("--probe {e}")))?;
-        let Some(place) = find_place(places, &Some(location), &option, notes)? else {
+        // The places name the routine after the option's kind.
+        let kind_option = format!("--probe {kind}:");
+        let Some(place) = find_place(places, &Some(location), &kind_option, notes)? else {
             continue;
         };
         found.push(FunctionProbe {
