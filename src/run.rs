@@ -360,10 +360,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
             let stop = r
                 .stop_reason
                 .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "never started".into());
+                .map(|s| format!("stopped by {s}"))
+                .unwrap_or_else(|| "tracing never started".into());
             user_message(&format!(
-                "vtrace: trace {}: {} steps, {} gaps, {} segments, {} bytes (stopped by {stop})",
+                "vtrace: trace {}: {} steps, {} gaps, {} segments, {} bytes ({stop})",
                 path.display(),
                 r.recorded_steps,
                 r.engine.gaps,
