@@ -127,10 +127,11 @@ pub enum AnalyzeCommand {
     /// call stack, rooted at the task's name where the trace names Linux
     /// tasks, else at the address space.
     Flame(FlameArgs),
-    /// A Chrome/Perfetto trace-event JSON timeline: a process per guest
-    /// process and a track per thread (per address space where the trace
-    /// names no tasks), an event per routine call, instants for interrupts
-    /// and system calls, and a counter of runnable tasks.
+    /// A timeline for the Perfetto UI, as Perfetto's protobuf trace or
+    /// Chrome's trace-event JSON (--format): a process per guest process
+    /// and a track per thread (per address space where the trace names no
+    /// tasks), an event per routine call, instants for interrupts and
+    /// system calls, and a counter of runnable tasks.
     Timeline(TimelineArgs),
     /// One self-contained HTML page (no network): a summary of what ran
     /// and where the steps went, bar charts, the flame graph, routine,
