@@ -29,7 +29,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     let Some(stopped) = error.downcast_ref::<Stopped>() else {
         return Err(error);
     };
-    eprintln!("vtrace bench: {stopped} before it was done (a run cut short gives no figures)");
+    say!("vtrace bench: {stopped} before it was done (a run cut short gives no figures)");
     Ok(128 + stopped.0)
 }
 
@@ -60,7 +60,7 @@ fn measure(args: &BenchArgs, dir: &Path) -> Result<i32> {
                     Some(n) => format!("the first {n} instructions of the demo OS"),
                     None => "the demo OS".to_string(),
                 };
-                eprintln!(
+                say!(
                     "vtrace bench: stepping {what} bare, tracing them, and stepping them bare again{of}..."
                 );
             }
@@ -214,7 +214,7 @@ fn bench_trace(boot: &BootSource, dir: &Path, args: &BenchArgs) -> Result<(Trace
         return Ok((trace, path.display().to_string()));
     }
     if !args.json {
-        eprintln!(
+        say!(
             "vtrace bench: tracing the demo OS, then repeating it to {} steps...",
             args.steps
         );

@@ -86,7 +86,7 @@ fn measure(dir: &Path, args: &BenchArgs) -> Result<Round> {
     let boot = smp_demo(TRACED_WORK);
     for cpus in [1, args.cpus] {
         if !args.json {
-            eprintln!("vtrace bench: stepping and tracing the demo OS on {cpus} CPU(s)...");
+            say!("vtrace bench: stepping and tracing the demo OS on {cpus} CPU(s)...");
         }
         one_then_many.push(step_bench::run(
             &boot,
@@ -254,7 +254,7 @@ impl HostLimit {
 /// Measures [`HostLimit`]: one process alone, then `args.cpus` at once.
 fn host_limit(args: &BenchArgs) -> Result<HostLimit> {
     if !args.json {
-        eprintln!(
+        say!(
             "vtrace bench: what the host allows: {} one-CPU traces at once against one alone...",
             args.cpus
         );
@@ -281,7 +281,7 @@ const UNTRACED_WORK: u32 = 6;
 fn measure_untraced(args: &BenchArgs) -> Result<(Duration, Duration)> {
     let boot = smp_demo(&format!("smp_work={UNTRACED_WORK}"));
     if !args.json {
-        eprintln!(
+        say!(
             "vtrace bench: the SMP demo's work untraced, on 1 CPU and on {}...",
             args.cpus
         );
@@ -298,7 +298,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> Result<i32> {
     let mut rounds = Vec::new();
     for round in 1..=runs {
         if !args.json && runs > 1 {
-            eprintln!("vtrace bench: round {round} of {runs}");
+            say!("vtrace bench: round {round} of {runs}");
         }
         let measured = measure(dir, args)?;
         if !args.json {

@@ -209,7 +209,7 @@ fn engine() -> std::result::Result<std::path::PathBuf, String> {
 
 pub fn doctor(args: DoctorArgs) -> Result<i32> {
     if !args.json {
-        eprintln!(
+        say!(
             "vtrace doctor: running probe guests on {}...",
             vtrace_vmm::KVM_DEVICE
         );

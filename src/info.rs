@@ -137,7 +137,7 @@ pub fn info(args: InfoArgs) -> Result<i32> {
         .collect();
     crate::analyze::print_to(Some(&args.to), false, &(), || out)?;
     if status != 0 {
-        eprintln!(
+        say!(
             "vtrace: {} has the problems above (exit status 1); --allow-damage takes it as it is",
             args.trace.display()
         );

@@ -46,7 +46,7 @@ pub fn man(dir: Option<&Path>) -> Result<i32> {
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             clap_mangen::generate_to(command, dir)
                 .with_context(|| format!("cannot write the manual pages into {}", dir.display()))?;
-            eprintln!("vtrace: wrote the manual pages into {}", dir.display());
+            say!("vtrace: wrote the manual pages into {}", dir.display());
             Ok(0)
         }
     }

@@ -65,7 +65,7 @@ pub fn probes(args: ProbesArgs) -> Result<i32> {
                     return Err(BadArgument(format!("no probe of {what} matches {p}")).into());
                 }
                 if !json {
-                    eprintln!("vtrace: {}", no_probes(&what));
+                    say!("vtrace: {}", no_probes(&what));
                     return Ok(0);
                 }
             }
@@ -111,7 +111,7 @@ fn linux_tracepoints(bytes: &[u8], what: &str) -> Vec<Tracepoint> {
         Ok(t) => t,
         Err(e) => {
             if vtrace_image::bzimage::vmlinux_inside(bytes).is_some() {
-                eprintln!("vtrace: no tracepoints listed: {e}");
+                say!("vtrace: no tracepoints listed: {e}");
             }
             Vec::new()
         }

@@ -387,6 +387,40 @@ fn a_run_killed_before_its_first_segment_is_not_a_clean_empty_trace() {
 }
 
 #[test]
+fn a_damaged_trace_read_into_a_pipe_that_closes_ends_with_its_status_not_a_panic() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("killed.vtd");
+    let control = dir.path().join("c.sock");
+    // Tracing from the first instruction, killed once a segment of its
+    // steps is on the disk (the whole demo takes some 10 s of stepping).
+    let mut child = spawn_run(&disk, &control, &["--trace", "--disk-size", "64M"]);
+    wait_for(&control);
+    let started = std::time::Instant::now();
+    while info_json(&disk)["steps"].as_u64().unwrap_or(0) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no steps on the disk");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Warnings and listing into one pipe that its reader closes after a
+    // line: the warnings after that go nowhere, and the status is the
+    // damaged trace's (1), not a panic's (101).
+    let script = format!(
+        "{} analyze listing {} 2>&1 | head -1 >/dev/null; exit ${{PIPESTATUS[0]}}",
+        env!("CARGO_BIN_EXE_vtrace"),
+        disk.display()
+    );
+    let status = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+}
+
+#[test]
 fn a_finished_trace_takes_its_size_and_small_segments_do_not_fill_the_disk() {
     if !kvm_available() {
         return;

@@ -29,7 +29,7 @@ pub(super) fn listing(a: ListingArgs) -> Result<()> {
             let (files, shown) = write_listing_files(&trace, &symbols, &options, dir, &progress)?;
             bar.finish();
             warn_if_nothing(&options.tasks, shown);
-            eprintln!("vtrace: wrote {} listing files to {}", files, dir.display());
+            say!("vtrace: wrote {} listing files to {}", files, dir.display());
         }
         None => {
             let mut out = output(&a.to)?;
@@ -54,7 +54,7 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
     };
     if let Some(name) = &a.function {
         if symbols.addresses_of(name).is_empty() {
-            eprintln!(
+            say!(
                 "vtrace: warning: no routine named {name} in the trace's symbols: \
                  the diagram will be empty"
             );
@@ -95,7 +95,7 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
         .write(out)?;
     warn_if_nothing(&filter, totals.lines);
     if let (Some(space), 0) = (a.space, totals.lines) {
-        eprintln!(
+        say!(
             "vtrace: warning: nothing ran in address space {space:#x} (`vtrace analyze \
              spaces` lists the trace's)"
         );
@@ -103,7 +103,7 @@ pub(super) fn nest(a: NestArgs) -> Result<()> {
     bar.finish();
     if a.output.is_some() {
         let counts = totals.counts;
-        eprintln!(
+        say!(
             "vtrace: {} steps, {} calls, {} interrupts, {} switches, \
              {} divided levels, deepest stack {}",
             counts.steps,
@@ -253,7 +253,7 @@ pub(super) fn captures_of(a: CapturesArgs) -> Result<()> {
     let trace = open_trace(&a.trace)?;
     let found = captures(&trace, &vtrace_analyzer::no_progress)?;
     if found.is_empty() && !a.json {
-        eprintln!(
+        say!(
             "vtrace: {} holds no captures (`vtrace run --capture` takes them)",
             a.trace.display()
         );
@@ -283,7 +283,7 @@ pub(super) fn probes_of(a: ProbesTraceArgs) -> Result<()> {
     }
     let found = probes(&trace, a.quantize.clone(), &vtrace_analyzer::no_progress)?;
     if found.is_empty() && !a.json {
-        eprintln!(
+        say!(
             "vtrace: {} holds no probe fires (`vtrace run --probe` records them)",
             a.trace.display()
         );

@@ -120,7 +120,7 @@ pub(super) fn export(a: ExportArgs) -> Result<()> {
         }
         _ => a.output.display().to_string(),
     };
-    eprintln!(
+    say!(
         "vtrace: wrote {} steps to {place} ({:.1} MB, {:.2} bytes per step; {:.1} M steps/s)",
         report.steps,
         bytes as f64 / 1e6,

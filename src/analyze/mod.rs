@@ -241,7 +241,7 @@ fn task_filter(trace: &Trace, args: &TaskArgs) -> Result<TaskFilter> {
 /// Says so when a filter left nothing to show.
 fn warn_if_nothing(filter: &TaskFilter, steps: u64) {
     if steps == 0 && !filter.is_everything() {
-        eprintln!(
+        say!(
             "vtrace: warning: no step of {} in the trace (`vtrace analyze processes` lists \
              its tasks)",
             filter.describe()
@@ -285,7 +285,7 @@ fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> R
     progress.finish();
     if maps.is_empty() {
         if option.is_some() {
-            eprintln!(
+            say!(
                 "vtrace: warning: {label}the trace records no process's memory map \
                  (not a Linux trace, or its kernel's maps could not be read)"
             );
@@ -297,9 +297,7 @@ fn user_programs(trace: &Trace, args: &TraceArgs, symbols: &mut Symbolizer) -> R
         Look::Initramfs(file) => match initramfs_files(&file, &maps) {
             Ok(files) => files,
             Err(why) => {
-                eprintln!(
-                    "vtrace: warning: user programs are not named: {why}; give --sysroot DIR"
-                );
+                say!("vtrace: warning: user programs are not named: {why}; give --sysroot DIR");
                 return Ok(());
             }
         },
@@ -338,7 +336,7 @@ fn is_stdout(path: &Path) -> bool {
 /// Tells where an output went, unless it was standard output.
 fn wrote(path: &Path, what: &str) {
     if !is_stdout(path) {
-        eprintln!("vtrace: wrote {}{what}", path.display());
+        say!("vtrace: wrote {}{what}", path.display());
     }
 }
 
@@ -409,7 +407,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<i32> {
     let allow_damage = args.allow_damage;
     quiet_on_broken_pipe(dispatch(args))?;
     if damage_passed_over() && !allow_damage {
-        eprintln!(
+        say!(
             "vtrace: the output leaves out what the warnings above say (exit status 1); \
              --allow-damage takes the trace as it is"
         );

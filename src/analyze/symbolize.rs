@@ -109,7 +109,7 @@ fn names(a: &SymbolizeArgs) -> Result<Symbolizer> {
         }
     };
     if names.func_count() == 0 {
-        eprintln!("vtrace: warning: no symbols were found: every address is named `??`");
+        say!("vtrace: warning: no symbols were found: every address is named `??`");
     }
     Ok(names)
 }

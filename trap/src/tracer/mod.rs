@@ -127,7 +127,11 @@ impl Tracer {
             marks: 0,
             ending: false,
             told_spent: false,
-            announce: Box::new(|line| eprintln!("{line}")),
+            // Never a panic on a stderr that is gone.
+            announce: Box::new(|line| {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "{line}");
+            }),
             breakpoints: Breakpoints::default(),
             start_armed,
             stepping_over: None,
