@@ -400,7 +400,10 @@ fn a_damaged_trace_read_into_a_pipe_that_closes_ends_with_its_status_not_a_panic
     wait_for(&control);
     let started = std::time::Instant::now();
     while info_json(&disk)["steps"].as_u64().unwrap_or(0) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(60), "no steps on the disk");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no steps on the disk"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     child.kill().unwrap();

@@ -364,6 +364,23 @@ fn traced_twice(cpus: u8) {
     }
     // CPU 1's first instruction is the STARTUP IPI's: real mode at 0x10000.
     assert!(steps[0].contains("0x10000"), "{}", steps[0]);
+    // A window of CPU 0's steps alone holds none of CPU 1's, and says so
+    // (the first steps are the bootstrap processor's).
+    let out = run(&[
+        "analyze",
+        "listing",
+        "--cpu",
+        "1",
+        "--count",
+        "5",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("steps 0 to 5 of the trace hold no step of CPU 1"),
+        "{}",
+        stderr(&out)
+    );
 
     // Its export: CPU 1's steps, each with its number in the trace (on
     // four CPUs, where CPU 1's share, as JSON, is the smaller).

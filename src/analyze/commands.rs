@@ -37,9 +37,30 @@ pub(super) fn listing(a: ListingArgs) -> Result<()> {
             out.flush()?;
             bar.finish();
             warn_if_nothing(&options.tasks, shown);
+            warn_if_no_step_of_the_cpu(&trace, &a, shown);
         }
     }
     Ok(())
+}
+
+/// A window that holds none of the chosen CPU's steps says why: `--from`
+/// and `--count` number the trace's steps, every CPU's.
+fn warn_if_no_step_of_the_cpu(trace: &vtrace_analyzer::Trace, a: &ListingArgs, shown: u64) {
+    let (Some(cpu), 0) = (trace.selected_cpu(), shown) else {
+        return;
+    };
+    if a.from.is_none() && a.count.is_none() {
+        return;
+    }
+    let from = a.from.unwrap_or(0);
+    let to = a.count.map_or("the end".to_string(), |c| {
+        from.saturating_add(c).to_string()
+    });
+    say!(
+        "vtrace: warning: steps {from} to {to} of the trace hold no step of CPU {cpu}: --from \
+         and --count number the trace's steps, every CPU's (`vtrace analyze stats --cpu all` \
+         shows each CPU's share)"
+    );
 }
 
 /// `vtrace analyze nest`: the nest diagram of call levels.

@@ -371,10 +371,12 @@ pub struct ListingArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub tasks: TaskArgs,
-    /// First step to print.
+    /// First step to print, as the trace numbers its steps (every CPU's,
+    /// whatever --cpu).
     #[arg(long, value_name = "N")]
     pub from: Option<u64>,
-    /// Number of steps to print.
+    /// Steps of the trace the window covers, from --from (with --cpu, that
+    /// CPU's among them are printed).
     #[arg(long, value_name = "M")]
     pub count: Option<u64>,
     /// Write files of 500,000 steps each into DIR instead of printing.
