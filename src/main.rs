@@ -1,14 +1,14 @@
 //! `vtrace`: the command line. Parsing and wiring only; the work is in the
 //! library crates.
 
-/// `eprintln!` that never panics: a message to a stderr that is gone
-/// (`vtrace analyze listing T 2>&1 | head`) is dropped, as a listing's
-/// lines to a closed stdout are. Defined before the modules, which use it.
+/// `eprintln!` through [`vtrace_vmm::user_message`], which never panics
+/// (a message to a stderr that is gone, `2>&1 | head`, is dropped) and
+/// escapes what could steer the terminal. Defined before the modules,
+/// which use it.
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        vtrace_vmm::user_message(&format!($($arg)*))
+    };
 }
 
 mod analyze;

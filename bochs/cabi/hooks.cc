@@ -12,17 +12,15 @@ namespace {
 // local APIC is switched off again.
 bool apic_base_written;
 
-
-// What the host answers for the instruction under way, per CPU: CPUID
-// (of this leaf and subleaf) or the time stamp counter.
-struct Asked {
-    enum { NOTHING, CPUID, TSC } what;
+// The instruction under way, per CPU: what the host answers for it (CPUID
+// of this leaf and subleaf, or the time stamp counter), and whether it is
+// a REP string instruction that ran an iteration.
+struct Underway {
+    enum { NOTHING, CPUID, TSC } asks;
     Bit32u leaf, subleaf;
+    bool repeated;
 };
-Asked *asked;
-
-// Iterations the REP string instruction under way has run, per CPU.
-Bit64u *iterations;
+Underway *underway;
 
 void set_eax_edx(BX_CPU_C *c, Bit64u value) {
     c->set_reg64(BX_64BIT_REG_RAX, Bit32u(value));
@@ -31,10 +29,10 @@ void set_eax_edx(BX_CPU_C *c, Bit64u value) {
 
 // An instruction that ran gives the host's answer where it has one.
 void answer(unsigned cpu) {
-    Asked question = asked[cpu];
-    asked[cpu].what = Asked::NOTHING;
+    Underway question = underway[cpu];
+    underway[cpu].asks = Underway::NOTHING;
     BX_CPU_C *c = BX_CPU(cpu);
-    if (question.what == Asked::TSC) {
+    if (question.asks == Underway::TSC) {
         Bit64u tsc;
         if (host.tsc && host.tsc(host.ctx, cpu, &tsc)) set_eax_edx(c, tsc);
         return;
@@ -48,7 +46,7 @@ void answer(unsigned cpu) {
 
 void stepped(unsigned cpu) {
     steps_ran++;
-    if (asked[cpu].what != Asked::NOTHING) answer(cpu);
+    if (underway[cpu].asks != Underway::NOTHING) answer(cpu);
     if (apic_base_written) {
         apic_base_written = false;
         host_apic(BX_CPU(cpu));
@@ -75,8 +73,7 @@ void vtb::set_intr(unsigned cpu, bool high) {
 }
 
 void vtb::make_hooks(unsigned cpus) {
-    asked = new Asked[cpus]();
-    iterations = new Bit64u[cpus]();
+    underway = new Underway[cpus]();
 }
 
 void bx_instr_init_env(void) {}
@@ -106,18 +103,20 @@ void bx_instr_prefetch_hint(unsigned, unsigned, unsigned, bx_address) {}
 void bx_instr_clflush(unsigned, bx_address, bx_phy_address) {}
 void bx_instr_before_execution(unsigned cpu, bxInstruction_c *i) {
     BX_CPU_C *c = BX_CPU(cpu);
-    iterations[cpu] = 0;
+    Underway &u = underway[cpu];
+    u.repeated = false;
     switch (i->getIaOpcode()) {
     case BX_IA_CPUID:
-        asked[cpu] = {Asked::CPUID, Bit32u(c->get_reg64(BX_64BIT_REG_RAX)),
-                      Bit32u(c->get_reg64(BX_64BIT_REG_RCX))};
+        u.asks = Underway::CPUID;
+        u.leaf = Bit32u(c->get_reg64(BX_64BIT_REG_RAX));
+        u.subleaf = Bit32u(c->get_reg64(BX_64BIT_REG_RCX));
         break;
     case BX_IA_RDTSC:
     case BX_IA_RDTSCP:
-        asked[cpu] = {Asked::TSC, 0, 0};
+        u.asks = Underway::TSC;
         break;
     case BX_IA_RDMSR:
-        if (Bit32u(c->get_reg64(BX_64BIT_REG_RCX)) == 0x10) asked[cpu] = {Asked::TSC, 0, 0};
+        if (Bit32u(c->get_reg64(BX_64BIT_REG_RCX)) == 0x10) u.asks = Underway::TSC;
         break;
     default:
         break;
@@ -126,10 +125,10 @@ void bx_instr_before_execution(unsigned cpu, bxInstruction_c *i) {
 // A REP string instruction is a step per iteration, as the trap flag
 // steps it: its end is no step of its own, unless it ran none.
 void bx_instr_after_execution(unsigned cpu, bxInstruction_c *) {
-    if (iterations[cpu] == 0) stepped(cpu);
+    if (!underway[cpu].repeated) stepped(cpu);
 }
 void bx_instr_repeat_iteration(unsigned cpu, bxInstruction_c *) {
-    iterations[cpu]++;
+    underway[cpu].repeated = true;
     stepped(cpu);
 }
 void bx_instr_inp(Bit16u, unsigned) {}

@@ -235,11 +235,11 @@ int vtb_run(unsigned cpu, uint64_t steps, uint64_t *ran) {
     steps_left = steps;
     stop_reason = VTB_STEPS;
     bx_pc_system.kill_bochs_request = 0;
-    BX_CPU(cpu)->async_event |= 1;
-    BX_CPU(cpu)->cpu_loop();
+    // Events that came since the last run (the INTR line, a new state) are
+    // looked at before the first instruction.
+    c->async_event |= 1;
+    c->cpu_loop();
     bx_pc_system.kill_bochs_request = 0;
-    // Events that came meanwhile are looked at again on the next run.
-    BX_CPU(cpu)->async_event |= 1;
     *ran = steps_ran;
     if (c->activity_state == BX_CPU_C::BX_ACTIVITY_STATE_SHUTDOWN) return VTB_SHUTDOWN;
     return stop_reason;

@@ -127,11 +127,7 @@ impl Tracer {
             marks: 0,
             ending: false,
             told_spent: false,
-            // Never a panic on a stderr that is gone.
-            announce: Box::new(|line| {
-                use std::io::Write as _;
-                let _ = writeln!(std::io::stderr(), "{line}");
-            }),
+            announce: Box::new(vtrace_vmm::user_message),
             breakpoints: Breakpoints::default(),
             start_armed,
             stepping_over: None,
