@@ -111,52 +111,34 @@ pub fn for_error(error: &anyhow::Error) -> i32 {
 /// The status `error` says, where it is one of the errors that say one:
 /// the CLI's own, or a library's `exit_status()`.
 fn status_of(error: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    if let Some(stopped) = error.downcast_ref::<Stopped>() {
-        return Some(128 + stopped.0);
-    }
-    let cli = [
-        (error.is::<BadArgument>(), 2),
-        (error.is::<BadData>(), exitcode::DATAERR),
-        (error.is::<Unreadable>(), exitcode::NOINPUT),
-        (error.is::<Unwritable>(), exitcode::CANTCREAT),
-        (error.is::<NoRunListening>(), exitcode::UNAVAILABLE),
-    ];
-    if let Some((_, status)) = cli.iter().find(|(is, _)| *is) {
-        return Some(*status);
-    }
-    None.or_else(|| {
-        error
-            .downcast_ref::<SessionError>()
-            .map(SessionError::exit_status)
-    })
-    .or_else(|| {
-        error
-            .downcast_ref::<AnalyzeError>()
-            .map(AnalyzeError::exit_status)
-    })
-    .or_else(|| {
-        error
-            .downcast_ref::<ExportError>()
-            .map(ExportError::exit_status)
-    })
-    .or_else(|| {
-        error
-            .downcast_ref::<SymbolError>()
-            .map(SymbolError::exit_status)
-    })
-    .or_else(|| error.downcast_ref::<SdtError>().map(SdtError::exit_status))
-    .or_else(|| {
-        error
-            .downcast_ref::<DiskError>()
-            .map(DiskError::exit_status)
-    })
-    .or_else(|| {
-        error
-            .downcast_ref::<ControlError>()
-            .map(ControlError::exit_status)
-    })
-    .or_else(|| error.downcast_ref::<GdbError>().map(GdbError::exit_status))
-    .or_else(|| error.downcast_ref::<Error>().map(Error::exit_status))
+    [
+        said(error, |s: &Stopped| 128 + s.0),
+        said(error, |_: &BadArgument| 2),
+        said(error, |_: &BadData| exitcode::DATAERR),
+        said(error, |_: &Unreadable| exitcode::NOINPUT),
+        said(error, |_: &Unwritable| exitcode::CANTCREAT),
+        said(error, |_: &NoRunListening| exitcode::UNAVAILABLE),
+        said(error, SessionError::exit_status),
+        said(error, AnalyzeError::exit_status),
+        said(error, ExportError::exit_status),
+        said(error, SymbolError::exit_status),
+        said(error, SdtError::exit_status),
+        said(error, DiskError::exit_status),
+        said(error, ControlError::exit_status),
+        said(error, GdbError::exit_status),
+        said(error, Error::exit_status),
+    ]
+    .into_iter()
+    .flatten()
+    .next()
+}
+
+/// `status` of `error`, where it is an `E`.
+fn said<E: std::error::Error + 'static>(
+    error: &(dyn std::error::Error + 'static),
+    status: fn(&E) -> i32,
+) -> Option<i32> {
+    error.downcast_ref::<E>().map(status)
 }
 
 /// The VM's error in `error`'s chain, or inside a session's (where it is
