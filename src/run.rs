@@ -255,6 +255,7 @@ fn trace_request(args: &RunArgs) -> Result<Option<TraceRequest>> {
         segment_size: args.segment_size as u32,
         wrap: args.wrap,
         from_start: args.trace,
+        engine: args.engine.into(),
         max_steps: args.max_steps,
         record_values: args.record_values,
         start_at: args.start_at.clone(),

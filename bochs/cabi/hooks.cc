@@ -19,6 +19,9 @@ struct Underway {
     enum { NOTHING, CPUID, TSC } asks;
     Bit32u leaf, subleaf;
     bool repeated;
+    // An exception or external interrupt is being delivered: the
+    // interrupt() it calls is not a software interrupt.
+    bool delivering;
 };
 Underway *underway;
 
@@ -90,11 +93,25 @@ void bx_instr_cnear_branch_not_taken(unsigned, bx_address) {}
 void bx_instr_ucnear_branch(unsigned, unsigned, bx_address, bx_address) {}
 void bx_instr_far_branch(unsigned, unsigned, Bit16u, bx_address, Bit16u, bx_address) {}
 void bx_instr_opcode(unsigned, bxInstruction_c *, const Bit8u *, unsigned, bool, bool) {}
-void bx_instr_interrupt(unsigned, unsigned) {}
+// Every delivery calls interrupt(); one that no exception or external
+// interrupt began is an instruction's (INT n, INT3, INTO, INT1).
+void bx_instr_interrupt(unsigned cpu, unsigned vector) {
+    if (underway[cpu].delivering) {
+        underway[cpu].delivering = false;
+        return;
+    }
+    if (host.event) host.event(host.ctx, cpu, VTB_EVENT_SOFTWARE, vector, 0);
+}
+// The run may end once the exception is delivered: exception() jumps back
+// to the CPU loop, which looks at the request before the handler runs.
 void bx_instr_exception(unsigned cpu, unsigned vector, unsigned error) {
-    if (host.event) host.event(host.ctx, cpu, VTB_EVENT_EXCEPTION, vector, error);
+    underway[cpu].delivering = true;
+    if (!host.event) return;
+    if (host.event(host.ctx, cpu, VTB_EVENT_EXCEPTION, vector, error) & VTB_STEP_END)
+        end_run(cpu, VTB_STOP);
 }
 void bx_instr_hwinterrupt(unsigned cpu, unsigned vector, Bit16u, bx_address) {
+    underway[cpu].delivering = true;
     if (host.event) host.event(host.ctx, cpu, VTB_EVENT_EXTERNAL, vector, 0);
 }
 void bx_instr_tlb_cntrl(unsigned, unsigned, bx_phy_address) {}

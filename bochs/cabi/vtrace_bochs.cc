@@ -182,6 +182,11 @@ void vtb_get_state(unsigned cpu, vtb_state *out) {
     get_msrs(c, &out->msrs);
     get_fpu(c, &out->fpu);
     out->activity = c->activity_state;
+    out->interruptibility = 0;
+    if (c->interrupts_inhibited(BX_INHIBIT_INTERRUPTS_BY_MOVSS))
+        out->interruptibility = VTB_BLOCKED_BY_MOV_SS;
+    else if (c->interrupts_inhibited(BX_INHIBIT_INTERRUPTS))
+        out->interruptibility = VTB_BLOCKED_BY_STI;
 }
 
 void vtb_set_state(unsigned cpu, const vtb_state *in) {
@@ -210,6 +215,16 @@ void vtb_set_state(unsigned cpu, const vtb_state *in) {
     host_apic(c);
     set_fpu(c, &in->fpu);
     if (in->activity <= VTB_WAITING_FOR_SIPI) c->activity_state = in->activity;
+    // A shadow covers the boundary before the next instruction only:
+    // interrupts_inhibited() holds while the count of instructions is at
+    // most inhibit_icount, and the next one's is the count now.
+    c->inhibit_mask = 0;
+    c->inhibit_icount = 0;
+    if (in->interruptibility & VTB_BLOCKED_BY_MOV_SS)
+        c->inhibit_mask = BX_INHIBIT_INTERRUPTS_BY_MOVSS;
+    else if (in->interruptibility & VTB_BLOCKED_BY_STI)
+        c->inhibit_mask = BX_INHIBIT_INTERRUPTS;
+    if (c->inhibit_mask) c->inhibit_icount = c->get_icount();
     // What Bochs derives from those registers, derived again.
     c->TLB_flush();
     c->handleAlignmentCheck();
@@ -217,6 +232,8 @@ void vtb_set_state(unsigned cpu, const vtb_state *in) {
     c->handleSseModeChange();
     c->async_event |= 1;
 }
+
+uint64_t vtb_insn_start(unsigned cpu) { return BX_CPU(cpu)->prev_rip; }
 
 void vtb_set_intr(unsigned cpu, int high) { set_intr(cpu, high != 0); }
 

@@ -13,7 +13,7 @@ extern "C" {
 
 /* The ABI's version: a library of another answers vtb_abi() with it,
  * and the binding refuses it. */
-#define VTB_ABI 1
+#define VTB_ABI 2
 
 /* What the engine asks of its host. Every callback gets `ctx` back. */
 typedef struct vtb_host {
@@ -45,8 +45,11 @@ typedef struct vtb_host {
     int (*tsc)(void *ctx, unsigned cpu, uint64_t *tsc);
     /* The CPU begins to deliver an event (enum vtb_event) of `vector`
      * (an exception's error code, where it pushes one, in `error`). An
-     * instruction that faults is no step: its exception is the event. */
-    void (*event)(void *ctx, unsigned cpu, int kind, unsigned vector, uint32_t error);
+     * instruction that faults is no step: its exception is the event.
+     * Answers VTB_STEP_END where the run is to end once the event is
+     * delivered, before the handler's first instruction (honoured for
+     * exceptions; an external or software interrupt's step follows). */
+    uint32_t (*event)(void *ctx, unsigned cpu, int kind, unsigned vector, uint32_t error);
     /* A message of the CPU's: level 0 debug, 1 info, 2 error, 3 panic
      * (the run stops). */
     void (*log)(void *ctx, int level, const char *text);
@@ -65,6 +68,14 @@ enum vtb_step_flags {
 enum vtb_event {
     VTB_EVENT_EXTERNAL = 0,  /* an external interrupt (acknowledged) or NMI */
     VTB_EVENT_EXCEPTION = 1, /* an exception an instruction raised */
+    VTB_EVENT_SOFTWARE = 2,  /* INT n, INT3, INTO or INT1 ran: its step follows */
+};
+
+/* What blocks interrupts after the last instruction (VMX's
+ * interruptibility state). */
+enum vtb_interruptibility {
+    VTB_BLOCKED_BY_STI = 1,
+    VTB_BLOCKED_BY_MOV_SS = 2,
 };
 
 /* A segment register with its hidden part. */
@@ -115,6 +126,9 @@ typedef struct vtb_state {
     vtb_fpu fpu;
     /* An enum vtb_activity. */
     uint32_t activity;
+    /* Enum vtb_interruptibility bits: the shadow of an STI, MOV SS or
+     * POP SS that just ran. */
+    uint32_t interruptibility;
 } vtb_state;
 
 /* Where a CPU stands. */
@@ -141,6 +155,9 @@ int vtb_abi(void);
 int vtb_create(const vtb_host *host, unsigned cpus);
 void vtb_get_state(unsigned cpu, vtb_state *out);
 void vtb_set_state(unsigned cpu, const vtb_state *in);
+/* Inside a host callback: where the instruction under way begins (its
+ * RIP, as vtb_get_state gives the RIP past it). */
+uint64_t vtb_insn_start(unsigned cpu);
 /* Raises (nonzero) or lowers CPU `cpu`'s INTR line between runs. */
 void vtb_set_intr(unsigned cpu, int high);
 /* Runs CPU `cpu` for at most `steps` steps; `*ran` says how many ran.

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// The ABI this binding speaks (`VTB_ABI`).
-pub(crate) const ABI: c_int = 1;
+pub(crate) const ABI: c_int = 2;
 
 /// `vtb_host`.
 #[repr(C)]
@@ -20,7 +20,7 @@ pub(crate) struct Host {
     pub(crate) acknowledge: extern "C" fn(*mut c_void, c_uint) -> u8,
     pub(crate) cpuid: extern "C" fn(*mut c_void, c_uint, u32, u32, *mut u32) -> c_int,
     pub(crate) tsc: extern "C" fn(*mut c_void, c_uint, *mut u64) -> c_int,
-    pub(crate) event: extern "C" fn(*mut c_void, c_uint, c_int, c_uint, u32),
+    pub(crate) event: extern "C" fn(*mut c_void, c_uint, c_int, c_uint, u32) -> u32,
     pub(crate) log: extern "C" fn(*mut c_void, c_int, *const c_char),
 }
 
@@ -136,12 +136,23 @@ pub struct State {
     pub fpu: Fpu,
     /// Where the CPU stands (see [`crate::Activity`]).
     pub activity: u32,
+    /// What blocks interrupts after the last instruction:
+    /// [`BLOCKED_BY_STI`], [`BLOCKED_BY_MOV_SS`] (VMX's interruptibility
+    /// state).
+    pub interruptibility: u32,
 }
+
+/// [`State::interruptibility`]: the shadow of an STI that just ran.
+pub const BLOCKED_BY_STI: u32 = 1;
+/// [`State::interruptibility`]: the shadow of a MOV SS or POP SS that
+/// just ran.
+pub const BLOCKED_BY_MOV_SS: u32 = 2;
 
 pub(crate) type AbiFn = unsafe extern "C" fn() -> c_int;
 pub(crate) type CreateFn = unsafe extern "C" fn(*const Host, c_uint) -> c_int;
 pub(crate) type GetStateFn = unsafe extern "C" fn(c_uint, *mut State);
 pub(crate) type SetStateFn = unsafe extern "C" fn(c_uint, *const State);
+pub(crate) type InsnStartFn = unsafe extern "C" fn(c_uint) -> u64;
 pub(crate) type SetIntrFn = unsafe extern "C" fn(c_uint, c_int);
 pub(crate) type RunFn = unsafe extern "C" fn(c_uint, u64, *mut u64) -> c_int;
 
@@ -151,3 +162,5 @@ pub(crate) const STEP_END: u32 = 1;
 pub(crate) const STEP_INTR: u32 = 2;
 /// `VTB_EVENT_EXTERNAL`.
 pub(crate) const EVENT_EXTERNAL: c_int = 0;
+/// `VTB_EVENT_SOFTWARE`.
+pub(crate) const EVENT_SOFTWARE: c_int = 2;

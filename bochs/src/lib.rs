@@ -17,7 +17,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use ffi::{Fpu, Msrs, Segment, State};
+pub use ffi::{Fpu, Msrs, Segment, State, BLOCKED_BY_MOV_SS, BLOCKED_BY_STI};
 pub use handover::{registers_of, state_of};
 
 /// The file name of the engine's library.
@@ -80,6 +80,7 @@ pub struct Library {
     get_state: ffi::GetStateFn,
     set_state: ffi::SetStateFn,
     set_intr: ffi::SetIntrFn,
+    insn_start: ffi::InsnStartFn,
     run: ffi::RunFn,
     // Kept open as long as the functions above are used.
     _library: libloading::Library,
@@ -160,6 +161,7 @@ impl Library {
                 get_state: *library.get(b"vtb_get_state\0").map_err(load)?,
                 set_state: *library.get(b"vtb_set_state\0").map_err(load)?,
                 set_intr: *library.get(b"vtb_set_intr\0").map_err(load)?,
+                insn_start: *library.get(b"vtb_insn_start\0").map_err(load)?,
                 run: *library.get(b"vtb_run\0").map_err(load)?,
                 _library: library,
             })
@@ -169,6 +171,25 @@ impl Library {
     /// Where it was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// CPU `cpu`'s state now. Also from inside a [`Host`] callback, where
+    /// it is the state in the middle of the instruction under way (RIP
+    /// already past it). Meaningless before a [`Machine`] is made.
+    pub fn state(&self, cpu: u32) -> State {
+        let mut state = State::default();
+        // SAFETY: `state` is a valid `vtb_state` to write; the library
+        // reads its CPUs' globals.
+        unsafe { (self.get_state)(cpu, &mut state) };
+        state
+    }
+
+    /// Inside a [`Host`] callback: the address of the instruction under
+    /// way on CPU `cpu` (its RIP; [`Library::state`] gives the RIP past
+    /// it).
+    pub fn instruction_start(&self, cpu: u32) -> u64 {
+        // SAFETY: a plain read of the CPU's globals.
+        unsafe { (self.insn_start)(cpu) }
     }
 }
 
@@ -223,9 +244,13 @@ pub trait Host {
         None
     }
     /// CPU `cpu` begins to deliver `event`. An instruction that faults is
-    /// no step: its exception is the event.
-    fn event(&mut self, cpu: u32, event: Event) {
+    /// no step: its exception is the event. Where the answer asks to end
+    /// the run, a run that delivers an exception ends once it is
+    /// delivered, before the handler's first instruction ([`Stop::Asked`]);
+    /// an interrupt's step follows it whatever the answer.
+    fn event(&mut self, cpu: u32, event: Event) -> Wants {
         let _ = (cpu, event);
+        Wants::default()
     }
     /// A message of the CPU's (level 0 debug, 1 info, 2 error, 3 panic).
     fn log(&mut self, level: i32, text: &str) {
@@ -238,6 +263,9 @@ pub trait Host {
 pub enum Event {
     /// An external interrupt (or NMI) of this vector.
     External(u8),
+    /// INT n, INT3, INTO or INT1 of this vector ran: its step follows,
+    /// at the handler.
+    Software(u8),
     /// An exception an instruction raised, with the error code it pushes
     /// (0 where it pushes none).
     Exception {
@@ -304,15 +332,24 @@ pub enum Stop {
 
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
-/// The engine's CPUs over a guest's RAM.
-pub struct Machine<'a, H: Host> {
+/// Where the library's callbacks find the host of the run under way: the
+/// one [`Machine::run`] was given, for as long as that call lasts.
+#[derive(Default)]
+struct Slot {
+    host: Option<*mut (dyn Host + 'static)>,
+}
+
+/// The engine's CPUs over a guest's RAM. The host that serves their
+/// devices is given to each [`Machine::run`], so it may borrow what the
+/// caller owns for as long as the run lasts.
+pub struct Machine<'a> {
     library: &'a Library,
     // Boxed: the library keeps a pointer to it.
-    host: Box<H>,
+    slot: Box<Slot>,
     _ram: std::marker::PhantomData<&'a mut [u8]>,
 }
 
-impl<H: Host> std::fmt::Debug for Machine<'_, H> {
+impl std::fmt::Debug for Machine<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Machine")
             .field("library", &self.library)
@@ -320,125 +357,122 @@ impl<H: Host> std::fmt::Debug for Machine<'_, H> {
     }
 }
 
-fn host_of<'h, H: Host>(ctx: *mut c_void) -> &'h mut H {
-    // SAFETY: `ctx` is the `Box<H>` a `Machine<H>` owns and gave the
+/// Calls `f` with the host of the run under way, or gives `default` where
+/// there is none (a callback outside a run: the library makes none).
+fn with_host<T>(ctx: *mut c_void, default: T, f: impl FnOnce(&mut dyn Host) -> T) -> T {
+    // SAFETY: `ctx` is the `Box<Slot>` a `Machine` owns and gave the
     // library; the library calls back only from within `Machine::run`,
-    // which holds the machine mutably, so nothing else borrows it.
-    unsafe { &mut *ctx.cast::<H>() }
+    // which holds the machine mutably and set the slot to the host it
+    // borrows mutably for the call, clearing it before it returns.
+    let slot = unsafe { &mut *ctx.cast::<Slot>() };
+    match slot.host {
+        // SAFETY: see above: the host outlives the call that set it.
+        Some(host) => f(unsafe { &mut *host }),
+        None => default,
+    }
 }
 
-extern "C" fn mmio_read<H: Host>(ctx: *mut c_void, cpu: c_uint, gpa: u64, len: c_uint) -> u64 {
-    host_of::<H>(ctx).mmio_read(cpu, gpa, len)
+extern "C" fn mmio_read(ctx: *mut c_void, cpu: c_uint, gpa: u64, len: c_uint) -> u64 {
+    with_host(ctx, u64::MAX, |h| h.mmio_read(cpu, gpa, len))
 }
-extern "C" fn mmio_write<H: Host>(ctx: *mut c_void, cpu: c_uint, gpa: u64, len: c_uint, v: u64) {
-    host_of::<H>(ctx).mmio_write(cpu, gpa, len, v)
+extern "C" fn mmio_write(ctx: *mut c_void, cpu: c_uint, gpa: u64, len: c_uint, v: u64) {
+    with_host(ctx, (), |h| h.mmio_write(cpu, gpa, len, v))
 }
-extern "C" fn port_in<H: Host>(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint) -> u32 {
-    host_of::<H>(ctx).port_in(cpu, port, len)
+extern "C" fn port_in(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint) -> u32 {
+    with_host(ctx, u32::MAX, |h| h.port_in(cpu, port, len))
 }
-extern "C" fn port_out<H: Host>(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint, v: u32) {
-    host_of::<H>(ctx).port_out(cpu, port, len, v)
+extern "C" fn port_out(ctx: *mut c_void, cpu: c_uint, port: u16, len: c_uint, v: u32) {
+    with_host(ctx, (), |h| h.port_out(cpu, port, len, v))
 }
-extern "C" fn step<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u32 {
-    let wants = host_of::<H>(ctx).step(cpu);
+fn flags(wants: Wants) -> u32 {
     let end = if wants.end_run { ffi::STEP_END } else { 0 };
     let intr = if wants.interrupt { ffi::STEP_INTR } else { 0 };
     end | intr
 }
-extern "C" fn acknowledge<H: Host>(ctx: *mut c_void, cpu: c_uint) -> u8 {
-    host_of::<H>(ctx).acknowledge(cpu)
+extern "C" fn step(ctx: *mut c_void, cpu: c_uint) -> u32 {
+    with_host(ctx, 0, |h| flags(h.step(cpu)))
 }
-extern "C" fn cpuid<H: Host>(
-    ctx: *mut c_void,
-    cpu: c_uint,
-    leaf: u32,
-    sub: u32,
-    out: *mut u32,
-) -> c_int {
-    let Some(answer) = host_of::<H>(ctx).cpuid(cpu, leaf, sub) else {
+extern "C" fn acknowledge(ctx: *mut c_void, cpu: c_uint) -> u8 {
+    with_host(ctx, 0xff, |h| h.acknowledge(cpu))
+}
+extern "C" fn cpuid(ctx: *mut c_void, cpu: c_uint, leaf: u32, sub: u32, out: *mut u32) -> c_int {
+    let Some(answer) = with_host(ctx, None, |h| h.cpuid(cpu, leaf, sub)) else {
         return 0;
     };
     // SAFETY: the library passes room for four registers.
     unsafe { std::ptr::copy_nonoverlapping(answer.as_ptr(), out, 4) };
     1
 }
-extern "C" fn tsc<H: Host>(ctx: *mut c_void, cpu: c_uint, out: *mut u64) -> c_int {
-    let Some(value) = host_of::<H>(ctx).tsc(cpu) else {
+extern "C" fn tsc(ctx: *mut c_void, cpu: c_uint, out: *mut u64) -> c_int {
+    let Some(value) = with_host(ctx, None, |h| h.tsc(cpu)) else {
         return 0;
     };
     // SAFETY: the library passes a place for the value.
     unsafe { out.write(value) };
     1
 }
-extern "C" fn event<H: Host>(ctx: *mut c_void, cpu: c_uint, kind: c_int, vector: c_uint, e: u32) {
+extern "C" fn event(ctx: *mut c_void, cpu: c_uint, kind: c_int, vector: c_uint, e: u32) -> u32 {
     // Vectors are 8 bits; Bochs passes them in an unsigned.
     let vector = (vector & 0xff) as u8;
     let event = match kind {
         ffi::EVENT_EXTERNAL => Event::External(vector),
+        ffi::EVENT_SOFTWARE => Event::Software(vector),
         _ => Event::Exception { vector, error: e },
     };
-    host_of::<H>(ctx).event(cpu, event)
+    with_host(ctx, 0, |h| flags(h.event(cpu, event)))
 }
-extern "C" fn log<H: Host>(ctx: *mut c_void, level: c_int, text: *const c_char) {
+extern "C" fn log(ctx: *mut c_void, level: c_int, text: *const c_char) {
     if text.is_null() {
         return;
     }
     // SAFETY: the library passes a NUL-terminated text that lives for the
     // call.
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    host_of::<H>(ctx).log(level, &text)
+    with_host(ctx, (), |h| h.log(level, &text))
 }
 
-impl<'a, H: Host> Machine<'a, H> {
+impl<'a> Machine<'a> {
     /// `cpus` CPUs over `ram` (guest-physical 0 up, aligned to 4 KiB), in
-    /// Bochs's reset state, reaching `host`'s devices. Once a process.
-    pub fn new(
-        library: &'a Library,
-        ram: &'a mut [u8],
-        cpus: u32,
-        host: H,
-    ) -> Result<Self, MachineError> {
+    /// Bochs's reset state. Once a process.
+    pub fn new(library: &'a Library, ram: &'a mut [u8], cpus: u32) -> Result<Self, MachineError> {
         if !(ram.as_ptr() as usize).is_multiple_of(4096) {
             return Err(MachineError::Unaligned(ram.as_ptr() as usize));
         }
         if TAKEN.swap(true, Ordering::SeqCst) {
             return Err(MachineError::Taken);
         }
-        let mut host = Box::new(host);
+        let mut slot = Box::<Slot>::default();
         let table = ffi::Host {
-            ctx: (&mut *host as *mut H).cast(),
+            ctx: (&mut *slot as *mut Slot).cast(),
             ram: ram.as_mut_ptr(),
             ram_len: ram.len() as u64,
-            mmio_read: mmio_read::<H>,
-            mmio_write: mmio_write::<H>,
-            port_in: port_in::<H>,
-            port_out: port_out::<H>,
-            step: step::<H>,
-            acknowledge: acknowledge::<H>,
-            cpuid: cpuid::<H>,
-            tsc: tsc::<H>,
-            event: event::<H>,
-            log: log::<H>,
+            mmio_read,
+            mmio_write,
+            port_in,
+            port_out,
+            step,
+            acknowledge,
+            cpuid,
+            tsc,
+            event,
+            log,
         };
         // SAFETY: the table is copied by the library; its pointers (the
-        // boxed host, the RAM) live as long as the machine, which borrows
+        // boxed slot, the RAM) live as long as the machine, which borrows
         // the RAM for its lifetime.
         if unsafe { (library.create)(&table, cpus) } != 0 {
             return Err(MachineError::Cpus(cpus));
         }
         Ok(Machine {
             library,
-            host,
+            slot,
             _ram: std::marker::PhantomData,
         })
     }
 
     /// CPU `cpu`'s state.
     pub fn state(&self, cpu: u32) -> State {
-        let mut state = State::default();
-        // SAFETY: `state` is a valid `vtb_state` to write.
-        unsafe { (self.library.get_state)(cpu, &mut state) };
-        state
+        self.library.state(cpu)
     }
 
     /// Gives CPU `cpu` the state `state`.
@@ -454,13 +488,21 @@ impl<'a, H: Host> Machine<'a, H> {
         unsafe { (self.library.set_intr)(cpu, c_int::from(high)) }
     }
 
-    /// Runs CPU `cpu` for at most `steps` steps: why it stopped, and the
-    /// steps it ran.
-    pub fn run(&mut self, cpu: u32, steps: u64) -> (Stop, u64) {
+    /// Runs CPU `cpu` for at most `steps` steps, its devices served by
+    /// `host`: why it stopped, and the steps it ran.
+    pub fn run(&mut self, host: &mut dyn Host, cpu: u32, steps: u64) -> (Stop, u64) {
         let mut ran = 0;
-        // SAFETY: the callbacks reach `self.host`, which this call holds
-        // mutably; `ran` is a valid place to write.
+        let host: *mut (dyn Host + '_) = host;
+        // SAFETY: only the lifetime is erased: the slot holds the host for
+        // this call alone and is cleared before the borrow ends.
+        let host = unsafe {
+            std::mem::transmute::<*mut (dyn Host + '_), *mut (dyn Host + 'static)>(host)
+        };
+        self.slot.host = Some(host);
+        // SAFETY: the callbacks reach the host through the slot, set just
+        // now; `ran` is a valid place to write.
         let why = unsafe { (self.library.run)(cpu, steps, &mut ran) };
+        self.slot.host = None;
         let stop = match why {
             0 => Stop::Steps,
             1 => Stop::Halt,
@@ -469,10 +511,5 @@ impl<'a, H: Host> Machine<'a, H> {
             _ => Stop::Panic,
         };
         (stop, ran)
-    }
-
-    /// The host, for what it gathered.
-    pub fn host(&mut self) -> &mut H {
-        &mut self.host
     }
 }

@@ -37,11 +37,12 @@ fn cpuid_answers_from_the_host_where_it_has_an_answer() {
         0xf4,                         // hlt
     ];
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
-    let mut machine = Machine::new(&library, &mut ram, 1, Profile::default()).unwrap();
+    let mut host = Profile::default();
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     machine.set_state(0, &state);
-    assert_eq!(machine.run(0, 100), (Stop::Halt, 8));
-    assert_eq!(machine.host().asked, [(7, 1), (0, 0)]);
+    assert_eq!(machine.run(&mut host, 0, 100), (Stop::Halt, 8));
+    assert_eq!(host.asked, [(7, 1), (0, 0)]);
     let after = machine.state(0);
     // Leaf 7 is the host's: its EBX went to r8.
     assert_eq!(after.gpr[8], 0x22);

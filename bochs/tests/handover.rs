@@ -63,14 +63,15 @@ fn kvms_registers_go_into_the_engine_and_come_back_as_they_were() {
         ..SpecialRegisters::default()
     };
 
-    let mut machine = Machine::new(&library, &mut ram, 1, common::Quiet).unwrap();
+    let mut host = common::Quiet;
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let state = state_of(&regs, &sregs, machine.state(0));
     machine.set_state(0, &state);
     let (back_regs, back_sregs) = registers_of(&machine.state(0));
     assert_eq!(back_regs, regs);
     assert_eq!(back_sregs, sregs);
 
-    assert_eq!(machine.run(0, 10), (Stop::Halt, 2));
+    assert_eq!(machine.run(&mut host, 0, 10), (Stop::Halt, 2));
     let (after, _) = registers_of(&machine.state(0));
     assert_eq!((after.rax, after.rip), (42, 0x10004));
 }

@@ -33,8 +33,9 @@ impl Host for Timer {
         self.acknowledged_after.push(self.steps);
         0x30
     }
-    fn event(&mut self, _cpu: u32, event: Event) {
+    fn event(&mut self, _cpu: u32, event: Event) -> Wants {
         self.events.push((self.steps, event));
+        Wants::default()
     }
     fn log(&mut self, level: i32, text: &str) {
         if level >= 2 {
@@ -71,7 +72,8 @@ fn an_interrupt_lands_after_the_step_the_host_raised_it_and_wakes_a_halted_cpu()
         events: Vec::new(),
         complaints: Vec::new(),
     };
-    let mut machine = Machine::new(&library, &mut ram, 1, timer).unwrap();
+    let mut host = timer;
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let mut state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     state.idt_base = IDT;
     state.idt_limit = 16 * 0x31 - 1;
@@ -83,40 +85,32 @@ fn an_interrupt_lands_after_the_step_the_host_raised_it_and_wakes_a_halted_cpu()
         "{set:x?}"
     );
 
-    let (stop, ran) = machine.run(0, 1_000_000);
+    let (stop, ran) = machine.run(&mut host, 0, 1_000_000);
     assert_eq!(stop, Stop::Halt);
-    assert!(
-        machine.host().complaints.is_empty(),
-        "{:?}",
-        machine.host().complaints
-    );
+    assert!(host.complaints.is_empty(), "{:?}", host.complaints);
     // Taken right after the step that raised it, before another.
-    assert_eq!(machine.host().acknowledged_after, [100]);
+    assert_eq!(host.acknowledged_after, [100]);
     let after = machine.state(0);
     assert_eq!(after.gpr[3], 1, "the handler ran once");
     // sti and 33 loops of three make the 100 steps before it; the
     // handler's two; back at the loop's head, its inc, cmp and jne (not
     // taken), and the hlt.
-    assert_eq!((ran, machine.host().steps), (100 + 2 + 4, 106));
+    assert_eq!((ran, host.steps), (100 + 2 + 4, 106));
     assert_eq!(after.rip, 0x1000b, "halted at the first hlt");
 
     // Halted, with the line low, it does not run; raised, it wakes into
     // the handler, returns and halts at the second hlt.
-    assert_eq!(machine.run(0, 10), (Stop::Halt, 0));
+    assert_eq!(machine.run(&mut host, 0, 10), (Stop::Halt, 0));
     machine.set_interrupt_line(0, true);
-    let (stop, ran) = machine.run(0, 10);
+    let (stop, ran) = machine.run(&mut host, 0, 10);
     assert_eq!(stop, Stop::Halt);
     assert_eq!(ran, 3, "inc rbx, iretq, hlt");
     assert_eq!(machine.state(0).gpr[3], 2);
-    assert_eq!(machine.host().acknowledged_after, [100, 106]);
+    assert_eq!(host.acknowledged_after, [100, 106]);
     // Each delivery told to the host, after the step it followed.
     assert_eq!(
-        machine.host().events,
+        host.events,
         [(100, Event::External(0x30)), (106, Event::External(0x30))]
     );
-    assert!(
-        machine.host().complaints.is_empty(),
-        "{:?}",
-        machine.host().complaints
-    );
+    assert!(host.complaints.is_empty(), "{:?}", host.complaints);
 }

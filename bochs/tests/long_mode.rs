@@ -53,33 +53,30 @@ fn a_loop_in_long_mode_runs_every_step_through_the_host() {
     let code = program();
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
 
-    let mut machine = Machine::new(&library, &mut ram, 1, Recorder::default()).unwrap();
+    let mut host = Recorder::default();
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     machine.set_state(0, &state);
 
     // A run ends after the steps asked for, exactly.
-    assert_eq!(machine.run(0, 1000), (Stop::Steps, 1000));
+    assert_eq!(machine.run(&mut host, 0, 1000), (Stop::Steps, 1000));
     let started = Instant::now();
-    let (stop, ran) = machine.run(0, u64::MAX);
+    let (stop, ran) = machine.run(&mut host, 0, u64::MAX);
     let seconds = started.elapsed().as_secs_f64();
-    assert_eq!(stop, Stop::Halt, "{:?}", machine.host().complaints);
+    assert_eq!(stop, Stop::Halt, "{:?}", host.complaints);
     // The mov, three instructions a loop, the mov, the out, the hlt.
     let total = 1 + 3 * u64::from(LOOPS) + 3;
     assert_eq!(ran + 1000, total);
-    assert_eq!(machine.host().steps, total, "every step reaches the host");
+    assert_eq!(host.steps, total, "every step reaches the host");
     let after = machine.state(0);
     assert_eq!(after.gpr[0], u64::from(LOOPS), "rax counted the loops");
     assert_eq!(after.gpr[1], 0, "rcx counted down");
     assert_eq!(after.rip, 0x10000 + code.len() as u64, "past the hlt");
     // AL of 1,000,000 (0xf4240) out to port 0x80, one byte.
-    assert_eq!(machine.host().ports, [(0x80, 1, 0x40)]);
-    assert!(
-        machine.host().complaints.is_empty(),
-        "{:?}",
-        machine.host().complaints
-    );
+    assert_eq!(host.ports, [(0x80, 1, 0x40)]);
+    assert!(host.complaints.is_empty(), "{:?}", host.complaints);
     // Halted with no interrupt to take, it does not run.
-    assert_eq!(machine.run(0, 10), (Stop::Halt, 0));
+    assert_eq!(machine.run(&mut host, 0, 10), (Stop::Halt, 0));
     eprintln!(
         "{ran} steps in {seconds:.3} s: {:.1} M steps/s with a host call per step",
         ran as f64 / seconds / 1e6

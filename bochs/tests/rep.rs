@@ -35,11 +35,12 @@ fn a_rep_string_instruction_is_a_step_per_iteration() {
         0xf4,                         // hlt
     ];
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
-    let mut machine = Machine::new(&library, &mut ram, 1, Counter::default()).unwrap();
+    let mut host = Counter::default();
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     machine.set_state(0, &state);
     // A run that ends between two iterations goes on from the next.
-    assert_eq!(machine.run(0, 5), (Stop::Steps, 5));
+    assert_eq!(machine.run(&mut host, 0, 5), (Stop::Steps, 5));
     let between = machine.state(0);
     assert_eq!(
         (between.gpr[1], between.rip),
@@ -47,9 +48,9 @@ fn a_rep_string_instruction_is_a_step_per_iteration() {
         "two done, at the rep"
     );
     // Three movs, five iterations, the empty rep, the hlt.
-    let (stop, ran) = machine.run(0, 100);
+    let (stop, ran) = machine.run(&mut host, 0, 100);
     assert_eq!(stop, Stop::Halt);
-    assert_eq!((5 + ran, machine.host().steps), (3 + 5 + 1 + 1, 10));
+    assert_eq!((5 + ran, host.steps), (3 + 5 + 1 + 1, 10));
     let after = machine.state(0);
     assert_eq!((after.gpr[1], after.gpr[7]), (0, 0x30005));
     drop(machine);

@@ -27,7 +27,8 @@ fn the_whole_state_goes_in_reads_back_and_is_what_the_guest_sees() {
         0xf4,                                     // hlt
     ];
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
-    let mut machine = Machine::new(&library, &mut ram, 1, common::Quiet).unwrap();
+    let mut host = common::Quiet;
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let mut state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     state.msrs = Msrs {
         star: 0x0023_0010_0000_0000,
@@ -63,7 +64,7 @@ fn the_whole_state_goes_in_reads_back_and_is_what_the_guest_sees() {
         (state.gdt_base, state.idt_base)
     );
 
-    assert_eq!(machine.run(0, 100), (Stop::Halt, 7));
+    assert_eq!(machine.run(&mut host, 0, 100), (Stop::Halt, 7));
     let after = machine.state(0);
     assert_eq!(after.gpr[8].to_le_bytes(), *b"vtrace e", "movq r8, xmm3");
     assert_eq!(after.gpr[9], 0x8100_0040, "rdmsr of LSTAR");

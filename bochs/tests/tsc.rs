@@ -48,10 +48,11 @@ fn the_guests_time_stamp_counter_is_the_hosts_step_clock() {
         0xf4,                         // hlt
     ];
     ram[0x10000..0x10000 + code.len()].copy_from_slice(&code);
-    let mut machine = Machine::new(&library, &mut ram, 1, StepClock::default()).unwrap();
+    let mut host = StepClock::default();
+    let mut machine = Machine::new(&library, &mut ram, 1).unwrap();
     let state = common::long_mode(machine.state(0), 0x10000, 0x80000);
     machine.set_state(0, &state);
-    assert_eq!(machine.run(0, 100), (Stop::Halt, 10));
+    assert_eq!(machine.run(&mut host, 0, 100), (Stop::Halt, 10));
     let after = machine.state(0);
     // Each read is the clock after the steps before it.
     assert_eq!(after.gpr[8], (1 << 32) + 7, "rdtsc: EDX:EAX");

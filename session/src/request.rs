@@ -25,6 +25,8 @@ pub struct TraceRequest {
     pub wrap: bool,
     /// Trace from the first instruction.
     pub from_start: bool,
+    /// What runs the guest while it is traced.
+    pub engine: vtrace_vmm::EngineKind,
     /// Stop tracing after this many steps.
     pub max_steps: Option<u64>,
     /// Record the memory values registers do not give.
@@ -63,6 +65,7 @@ impl Default for TraceRequest {
             segment_size: vtrace_storage::DEFAULT_SEGMENT_SIZE,
             wrap: false,
             from_start: false,
+            engine: vtrace_vmm::EngineKind::Step,
             max_steps: None,
             record_values: false,
             start_at: None,

@@ -251,6 +251,9 @@ impl SessionBuilder {
         if let Some(every) = self.progress {
             vm.report_progress(every);
         }
+        if let Some(request) = &self.trace {
+            vm.set_engine(request.engine)?;
+        }
         if let Some(p) = &peep {
             // Before the disk is made: a bad address leaves no file behind.
             vm.peep(p.plan.clone())
@@ -269,6 +272,8 @@ impl SessionBuilder {
                         .map(|p| SampleVariable::list_text(&p.variables)),
                     sample_pc: peep.as_ref().is_some_and(|p| p.plan.pc),
                     cpus: (self.cpus > 1).then_some(u32::from(self.cpus)),
+                    engine: (vm.engine() != vtrace_vmm::EngineKind::Step)
+                        .then(|| vm.engine().name().to_string()),
                     ..metadata_base
                 };
                 let parts = TracerParts {

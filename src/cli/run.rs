@@ -21,6 +21,29 @@ pub enum CpuArg {
     Host,
 }
 
+/// What runs the guest's instructions while it is traced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// KVM single-steps the guest with the trap flag: an exit an
+    /// instruction. Needs nothing but KVM.
+    Step,
+    /// Bochs's CPU runs the traced stretches in-process, on the guest's
+    /// RAM and vtrace's devices, handed over from KVM where tracing starts
+    /// and back where it stops: the same trace, without an exit an
+    /// instruction. Needs the engine's library (scripts/engine.sh builds
+    /// it; `vtrace doctor` says whether it is there); one CPU so far.
+    Bochs,
+}
+
+impl From<EngineArg> for vtrace_vmm::EngineKind {
+    fn from(arg: EngineArg) -> Self {
+        match arg {
+            EngineArg::Step => vtrace_vmm::EngineKind::Step,
+            EngineArg::Bochs => vtrace_vmm::EngineKind::Bochs,
+        }
+    }
+}
+
 fn parse_segment_size(text: &str) -> Result<u64, String> {
     let size = parse_size(text)?;
     if (64 << 10..=64 << 20).contains(&size) && size % 4096 == 0 {
@@ -158,6 +181,10 @@ pub struct RunArgs {
     /// instead of stopping (keep the beginning).
     #[arg(long, help_heading = "Trace disk")]
     pub wrap: bool,
+
+    /// What runs the guest while it is traced.
+    #[arg(long, value_enum, default_value_t = EngineArg::Step, help_heading = "Tracing")]
+    pub engine: EngineArg,
 
     /// Stop tracing once the trace holds this many steps (in all its
     /// windows); tracing does not start again after.

@@ -37,6 +37,10 @@ pub struct TraceMetadata {
     /// CPUs of the machine, where more than one (`vtrace run --cpus`):
     /// its records name their CPU ([`Event::Cpu`](crate::Event::Cpu)).
     pub cpus: Option<u32>,
+    /// What ran the traced steps, where it was not stepping with the trap
+    /// flag (`vtrace run --engine`): `bochs`. Traces without it were
+    /// stepped.
+    pub engine: Option<String>,
 }
 
 /// How a sampled variable's bytes are read.
@@ -167,6 +171,7 @@ impl TraceMetadata {
             ("cmdline", &self.cmdline),
             ("peep", &self.peep),
             ("samples", &self.samples),
+            ("engine", &self.engine),
         ] {
             if let Some(v) = value {
                 out.push_str(&format!("\n{key}: {v}"));
@@ -202,6 +207,7 @@ impl TraceMetadata {
                 "samples" => m.samples = Some(value),
                 "sample-pc" => m.sample_pc = value == "yes",
                 "cpus" => m.cpus = value.parse().ok(),
+                "engine" => m.engine = Some(value),
                 _ => {}
             }
         }
@@ -271,6 +277,7 @@ mod tests {
             samples: Some("ticks:u64@0x10a040, x:i64@0x8".into()),
             sample_pc: true,
             cpus: Some(4),
+            engine: Some("bochs".into()),
         };
         let text = format!("{}\nfuture-key: x", m.to_text());
         assert_eq!(TraceMetadata::parse(&text), m);

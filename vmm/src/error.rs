@@ -94,6 +94,16 @@ pub enum Error {
         /// The CPUs asked for.
         cpus: u8,
     },
+    /// The engine asked for (`--engine bochs`) cannot run this guest: its
+    /// library is not built or does not load.
+    #[error("{0}")]
+    Engine(String),
+    /// The engine asked for runs machines of one CPU so far.
+    #[error(
+        "the Bochs engine runs machines of one CPU so far, this one has {0}; trace it with \
+         --engine step, or with --cpus 1"
+    )]
+    EngineCpus(u8),
     /// The CPU count asked for is out of range.
     #[error("a VM has 1 to {most} CPUs, not {asked}")]
     CpuCount {
@@ -231,7 +241,11 @@ impl Error {
     pub fn exit_status(&self) -> i32 {
         match self {
             Error::ImageFormat { .. } | Error::CommandLine { .. } => exitcode::DATAERR,
-            Error::SeveralCpus { .. } | Error::CpuCount { .. } | Error::Peep(_) => 2,
+            Error::SeveralCpus { .. }
+            | Error::CpuCount { .. }
+            | Error::Peep(_)
+            | Error::EngineCpus(_) => 2,
+            Error::Engine(_) => exitcode::UNAVAILABLE,
             Error::ImageUnreadable { .. } => exitcode::NOINPUT,
             Error::KvmUnavailable { source, .. }
                 if source.kind() == std::io::ErrorKind::PermissionDenied =>

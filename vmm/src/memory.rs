@@ -70,6 +70,19 @@ impl LowRam {
         })
     }
 
+    /// The whole region as bytes, for the engine's CPU, which reads and
+    /// writes guest RAM as the vCPU does.
+    ///
+    /// # Safety
+    /// The `GuestRam` this was taken from must outlive the slice, and
+    /// nothing may use the slice while another access to the region
+    /// (the vCPU's, the VMM's) is under way.
+    pub(crate) unsafe fn as_mut_slice(&self) -> &'static mut [u8] {
+        // SAFETY: the region is one mapping of `len` bytes from `host`;
+        // the caller vouches for its life and for the accesses.
+        unsafe { std::slice::from_raw_parts_mut(self.host.cast_mut(), self.len as usize) }
+    }
+
     /// Copies the bytes at `gpa` into `buf`; false if they are not all in
     /// the region.
     ///

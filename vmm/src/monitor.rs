@@ -359,6 +359,13 @@ pub trait Monitor {
         ExitAnswer::CONTINUE
     }
 
+    /// The steps the monitor is told of come from `engine` from now on:
+    /// [`crate::EngineKind::Bochs`] where the CPU moved to the engine
+    /// (nothing rides on the trap flag there: no fault needs foreseeing,
+    /// no TF carrying or hiding), [`crate::EngineKind::Step`] where it
+    /// moved back to KVM. Never called where the run has no engine.
+    fn on_engine(&mut self, _engine: crate::EngineKind) {}
+
     /// On a machine of several CPUs, the run loop turns to CPU `cpu`: the
     /// exits, injections and entries that follow are that CPU's, until the
     /// next call. The turns go round in CPU order (see [`EntryPlan`]: each

@@ -222,6 +222,69 @@ impl Vcpu {
         Ok(Some(vector))
     }
 
+    /// The interrupt shadow after the last instruction, as KVM's
+    /// `KVM_X86_SHADOW_INT_*` bits (MOV SS 1, STI 2).
+    pub fn interrupt_shadow(&self) -> Result<u8> {
+        let events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(Error::kvm("KVM_GET_VCPU_EVENTS"))?;
+        Ok(events.interrupt.shadow)
+    }
+
+    /// Sets the interrupt shadow ([`Vcpu::interrupt_shadow`]'s bits).
+    pub fn set_interrupt_shadow(&self, shadow: u8) -> Result<()> {
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(Error::kvm("KVM_GET_VCPU_EVENTS"))?;
+        events.interrupt.shadow = shadow;
+        events.flags = kvm_bindings::KVM_VCPUEVENT_VALID_SHADOW;
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(Error::kvm("KVM_SET_VCPU_EVENTS"))
+    }
+
+    /// DR0-DR3, DR6 and DR7.
+    pub fn debug_registers(&self) -> Result<[u64; 6]> {
+        let d = self
+            .fd
+            .get_debug_regs()
+            .map_err(Error::kvm("KVM_GET_DEBUGREGS"))?;
+        Ok([d.db[0], d.db[1], d.db[2], d.db[3], d.dr6, d.dr7])
+    }
+
+    /// Writes DR0-DR3, DR6 and DR7 ([`Vcpu::debug_registers`]'s order).
+    pub fn set_debug_registers(&self, dr: [u64; 6]) -> Result<()> {
+        let mut d = self
+            .fd
+            .get_debug_regs()
+            .map_err(Error::kvm("KVM_GET_DEBUGREGS"))?;
+        d.db = [dr[0], dr[1], dr[2], dr[3]];
+        (d.dr6, d.dr7) = (dr[4], dr[5]);
+        self.fd
+            .set_debug_regs(&d)
+            .map_err(Error::kvm("KVM_SET_DEBUGREGS"))
+    }
+
+    /// XCR0, or `None` where the host's KVM has no XSAVE.
+    pub fn xcr0(&self) -> Option<u64> {
+        let xcrs = self.fd.get_xcrs().ok()?;
+        let n = (xcrs.nr_xcrs as usize).min(xcrs.xcrs.len());
+        xcrs.xcrs[..n].iter().find(|x| x.xcr == 0).map(|x| x.value)
+    }
+
+    /// Writes XCR0; false where KVM refused it (or has no XSAVE).
+    pub fn set_xcr0(&self, value: u64) -> bool {
+        let Ok(mut xcrs) = self.fd.get_xcrs() else {
+            return false;
+        };
+        xcrs.nr_xcrs = 1;
+        xcrs.xcrs[0].xcr = 0;
+        xcrs.xcrs[0].value = value;
+        self.fd.set_xcrs(&xcrs).is_ok()
+    }
+
     /// Takes the vCPU out of KVM's halted state (KVM_SET_MP_STATE).
     pub fn set_runnable(&self) -> Result<()> {
         let state = kvm_bindings::kvm_mp_state {

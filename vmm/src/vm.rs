@@ -60,6 +60,10 @@ pub struct Vm {
     /// KVM's handles: the vCPU and the memory slots live as long as they.
     _kvm: Kvm,
     _vm: VmFd,
+    /// Bochs's CPU, where the guest is traced on it
+    /// ([`Vm::set_engine`]). Before `machine`: it runs on the RAM the
+    /// machine owns, so it goes first.
+    pub(crate) engine: Option<crate::engine::BochsCpu>,
     /// What the guest sees: the vCPU, its memory and devices, its clock.
     pub(crate) machine: Machine,
     /// Where single-stepping and the exit in flight stand.
@@ -195,6 +199,7 @@ impl Vm {
         Ok(Vm {
             _kvm: kvm,
             _vm: vm,
+            engine: None,
             machine: Machine {
                 vcpu,
                 cpus: Cpus::new(others),
@@ -229,6 +234,34 @@ impl Vm {
     /// for runs without a terminal to press keys on.
     pub fn report_progress(&mut self, every: std::time::Duration) {
         self.frontends.progress = Some(ProgressLine::new(every));
+    }
+
+    /// Traces the guest on `engine`: with [`EngineKind::Bochs`], Bochs's
+    /// CPU runs it while the monitor steps it (loaded now: the library
+    /// may be missing), and KVM the rest.
+    pub fn set_engine(&mut self, engine: crate::EngineKind) -> Result<()> {
+        self.engine = match engine {
+            crate::EngineKind::Step => None,
+            crate::EngineKind::Bochs => Some(crate::engine::BochsCpu::open(
+                &self.machine.ram,
+                u8::try_from(self.machine.cpus.count()).unwrap_or(u8::MAX),
+            )?),
+        };
+        Ok(())
+    }
+
+    /// The engine that runs the guest while it is traced.
+    pub fn engine(&self) -> crate::EngineKind {
+        match self.engine {
+            Some(_) => crate::EngineKind::Bochs,
+            None => crate::EngineKind::Step,
+        }
+    }
+
+    /// Whether the engine holds the CPU on stage now (KVM's state of it is
+    /// stale).
+    pub(crate) fn on_engine(&self) -> bool {
+        self.engine.as_ref().is_some_and(|e| e.holds())
     }
 
     /// How the guest was loaded, for the user.

@@ -60,7 +60,17 @@ impl From<&kvm_sregs> for SpecialRegisters {
     }
 }
 
-// What makes the copy above sound: every field at KVM's offset.
+impl From<&SpecialRegisters> for kvm_sregs {
+    /// The copy back (a hand-over from the engine to KVM).
+    #[inline]
+    fn from(s: &SpecialRegisters) -> Self {
+        // SAFETY: as above, the other way round: the layouts agree and
+        // every bit pattern is a valid kvm_sregs.
+        unsafe { std::ptr::read((s as *const SpecialRegisters).cast::<kvm_sregs>()) }
+    }
+}
+
+// What makes the copies above sound: every field at KVM's offset.
 macro_rules! same_offsets {
     ($ours:ty, $kvm:ty: $($field:ident),+) => {
         $(assert!(std::mem::offset_of!($ours, $field) == std::mem::offset_of!($kvm, $field));)+
@@ -159,5 +169,6 @@ mod tests {
         assert_eq!((s.cr8, s.efer, s.apic_base), (2, 0xd01, 0xfee0_0900));
         assert_eq!(s.interrupt_bitmap, [0, 8, 0, 0]);
         assert_eq!((s.code_bits(), s.cpl()), (64, 3));
+        assert_eq!(kvm_sregs::from(&s), kvm, "and back, as it was");
     }
 }

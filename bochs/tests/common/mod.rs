@@ -20,6 +20,30 @@ pub fn library() -> Option<Library> {
     }
 }
 
+/// The library holds one machine a process, and cargo runs a test file's
+/// tests as threads of one: a test of a file with several calls this
+/// first. In the test's own process (this binary run again for `test`
+/// alone) it returns true, and the test goes on; elsewhere it runs that
+/// process, checks that it passed, and returns false.
+pub fn in_own_process(test: &str) -> bool {
+    const ALONE: &str = "VTRACE_BOCHS_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some_and(|t| t == test) {
+        return true;
+    }
+    let me = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(me)
+        .args(["--exact", test, "--nocapture"])
+        .env(ALONE, test)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
+}
+
 /// A host with nothing: an empty machine around the CPU.
 pub struct Quiet;
 

@@ -278,7 +278,9 @@ impl Engine {
     }
 
     /// Foresees the exceptions the next instruction will raise, for the
-    /// VMM to deliver (hosts that step with TF; see `fault`).
+    /// VMM to deliver, and carries and hides the tracer's TF (hosts that
+    /// step with TF; see `fault` and `trap_flag`). Off where the steps
+    /// come from the VMM's engine.
     pub fn set_foresee_faults(&mut self, on: bool) {
         self.foresee = on;
     }
@@ -421,8 +423,10 @@ impl Engine {
         if d.flushes_tlb {
             self.walker.flush();
         }
-        if let Some(size) = d.pushes_flags {
-            self.hide_trap_flag(cpu, sregs, regs, size);
+        match d.pushes_flags {
+            // Only stepping with TF puts a TF of the tracer's there.
+            Some(size) if self.foresee => self.hide_trap_flag(cpu, sregs, regs, size),
+            _ => {}
         }
         if d.flow == Flow::Halt {
             sink.event(&Event::Halt);
@@ -960,16 +964,20 @@ mod tests {
 
     #[test]
     fn pushf_leaves_no_trap_flag_in_guest_memory() {
-        // pushfq; nop. A TF host's PUSHF writes TF into the image.
-        let mut cpu = machine(&[0x9c, 0x90]);
-        let (mut e, mut out) = (Engine::new(), Vec::new());
-        e.begin(&mut cpu);
-        cpu.regs.rsp = STACK - 8;
-        cpu.put_u64(STACK - 8, 0x302);
-        debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
-        let mut b = [0u8; 8];
-        assert!(cpu.read_physical(STACK - 8, &mut b));
-        assert_eq!(u64::from_le_bytes(b), 0x202);
+        // pushfq; nop. A TF host's PUSHF writes TF into the image; the
+        // VMM's engine runs no TF, so a TF there is the guest's own.
+        for (trap_flag_host, image) in [(true, 0x202), (false, 0x302)] {
+            let mut cpu = machine(&[0x9c, 0x90]);
+            let (mut e, mut out) = (Engine::new(), Vec::new());
+            e.set_foresee_faults(trap_flag_host);
+            e.begin(&mut cpu);
+            cpu.regs.rsp = STACK - 8;
+            cpu.put_u64(STACK - 8, 0x302);
+            debug_exit(&mut e, &mut cpu, CODE + 1, &mut out);
+            let mut b = [0u8; 8];
+            assert!(cpu.read_physical(STACK - 8, &mut b));
+            assert_eq!(u64::from_le_bytes(b), image, "TF host: {trap_flag_host}");
+        }
     }
 
     #[test]

@@ -21,8 +21,9 @@ impl Tracer {
         engine.set_record_values(self.options.record_values);
         // Needed where stepping rides on TF (the CPU would run handlers
         // unstepped); done on every host so that the same guest gives the
-        // same records everywhere. Its cost here is within noise.
-        engine.set_foresee_faults(true);
+        // same records everywhere. Its cost here is within noise. The
+        // engine runs no TF (see `Tracer::on_engine`).
+        engine.set_foresee_faults(self.on_trap_flag);
         engine
     }
 
@@ -56,6 +57,16 @@ impl Tracer {
         // A window's records are all its CPU's, which its start names.
         if self.active && !self.windows.is_open() {
             self.recorder.event(&Event::Cpu(self.cpu_number()));
+        }
+    }
+
+    /// The steps come from stepping with TF (`on`) or from the engine
+    /// ([`vtrace_vmm::Monitor::on_engine`]): every CPU's engine hears it.
+    pub(super) fn set_trap_flag(&mut self, on: bool) {
+        self.on_trap_flag = on;
+        self.engine.set_foresee_faults(on);
+        for engine in &mut self.parked_engines {
+            engine.set_foresee_faults(on);
         }
     }
 

@@ -42,6 +42,9 @@ pub struct Tracer {
     // `Tracer::new_engine`).
     #[allow(clippy::vec_box)]
     parked_engines: Vec<Box<Engine>>,
+    /// The steps come from stepping with the trap flag (else from the
+    /// VMM's engine, where nothing rides on TF).
+    on_trap_flag: bool,
     recorder: Recorder,
     options: TraceOptions,
     active: bool,
@@ -119,6 +122,7 @@ impl Tracer {
             engine: Box::new(Engine::new()),
             cpu: 0,
             parked_engines: Vec::new(),
+            on_trap_flag: true,
             recorder,
             options,
             active: false,
@@ -401,6 +405,10 @@ impl Monitor for Tracer {
         } else if !self.engine.started() {
             self.begin(cpu);
         }
+    }
+
+    fn on_engine(&mut self, engine: vtrace_vmm::EngineKind) {
+        self.set_trap_flag(engine == vtrace_vmm::EngineKind::Step);
     }
 
     fn on_exit(&mut self, exit: &ExitView, cpu: &mut dyn CpuView) -> ExitAnswer {

@@ -297,28 +297,33 @@ impl Run<'_> {
 }
 
 impl Vm {
-    /// The hypercall the vCPU stands at (an `IN` on the hypercall port),
-    /// its arguments cut to 32 bits outside long mode.
+    /// The hypercall the vCPU stands at (an `IN` on the hypercall port).
     fn hypercall_at_rip(&mut self) -> Hypercall {
-        let regs = self.machine.vcpu.regs();
+        let regs = (&self.machine.vcpu.regs()).into();
         let long_mode = self.machine.vcpu.sregs().cs.l == 1;
-        let width = |v: u64| if long_mode { v } else { v & 0xffff_ffff };
-        Hypercall {
-            command: regs.rax as u32,
-            args: [
-                width(regs.rbx),
-                width(regs.rcx),
-                width(regs.rsi),
-                width(regs.rdi),
-            ],
-            more_args: [width(regs.r8), width(regs.r9)],
-            rip: regs.rip,
-        }
+        hypercall_of(&regs, long_mode, regs.rip)
+    }
+}
+
+/// The hypercall of an `IN` on the hypercall port at `rip`, with the
+/// registers `regs`: its arguments cut to 32 bits outside long mode.
+pub(super) fn hypercall_of(regs: &vtrace_x86::Registers, long_mode: bool, rip: u64) -> Hypercall {
+    let width = |v: u64| if long_mode { v } else { v & 0xffff_ffff };
+    Hypercall {
+        command: regs.rax as u32,
+        args: [
+            width(regs.rbx),
+            width(regs.rcx),
+            width(regs.rsi),
+            width(regs.rdi),
+        ],
+        more_args: [width(regs.r8), width(regs.r9)],
+        rip,
     }
 }
 
 /// The first four bytes of `data` (zero-padded), little-endian.
-fn le_u32(data: &[u8]) -> u32 {
+pub(super) fn le_u32(data: &[u8]) -> u32 {
     let mut bytes = [0u8; 4];
     let n = data.len().min(4);
     bytes[..n].copy_from_slice(&data[..n]);

@@ -49,17 +49,34 @@ impl Vm {
     }
 
     pub(super) fn crash_report(&mut self, hint: Option<String>) -> CrashReport {
-        let regs = self.machine.vcpu.regs();
-        let sregs = self.machine.vcpu.sregs();
-        let linear = sregs.cs.base.wrapping_add(regs.rip);
         let mut code = vec![0u8; 15];
-        let memory = self.machine.vcpu.memory(&self.machine.ram);
-        let code = crate::memory::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
-            .ok()
-            .map(|()| code);
+        let (regs, sregs, code) = match self.engine.as_ref().filter(|e| e.holds()) {
+            // KVM's registers are stale while the engine holds the CPU.
+            Some(engine) => {
+                let (regs, sregs) = vtrace_bochs::registers_of(engine.state());
+                let linear = sregs.cs.base.wrapping_add(regs.rip);
+                let memory = crate::engine::EngineMemory::new(&self.machine.ram, sregs);
+                let code =
+                    crate::memory::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
+                        .ok()
+                        .map(|()| code);
+                (regs, sregs, code)
+            }
+            None => {
+                let regs = self.machine.vcpu.regs();
+                let sregs = self.machine.vcpu.sregs();
+                let linear = sregs.cs.base.wrapping_add(regs.rip);
+                let memory = self.machine.vcpu.memory(&self.machine.ram);
+                let code =
+                    crate::memory::GuestVirtualMemory::read_virtual(&memory, linear, &mut code)
+                        .ok()
+                        .map(|()| code);
+                ((&regs).into(), (&sregs).into(), code)
+            }
+        };
         CrashReport {
-            regs: (&regs).into(),
-            sregs: (&sregs).into(),
+            regs,
+            sregs,
             code,
             recent_exits: self.machine.history.recent(),
             hint,

@@ -19,7 +19,7 @@ impl Run<'_> {
     /// The guest executed HLT: wait (in host time) until a device has
     /// something for it, serving console input meanwhile.
     pub(super) fn halt(&mut self) -> Result<Next> {
-        let if_flag = self.vm.machine.vcpu.run_page().if_flag != 0;
+        let if_flag = self.vm.interrupts_enabled();
         let several = self.vm.machine.cpus.count() > 1;
         if several {
             // This CPU sits out its turns; the machine waits only when every

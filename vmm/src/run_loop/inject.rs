@@ -15,6 +15,9 @@ impl Run<'_> {
     /// APIC's) if it can take it now, else asks KVM to exit as soon as it
     /// can, unless the step's exit comes first (see [`decide::injection`]).
     pub(super) fn inject(&mut self) -> Result<()> {
+        if self.vm.on_engine() {
+            return self.inject_on_engine();
+        }
         let run = self.vm.machine.vcpu.run_page();
         let window_open = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
         let state = InjectionState {
@@ -86,7 +89,7 @@ impl Run<'_> {
 
     /// Counts an interrupt by its ISA IRQ line (local APIC interrupts in
     /// `local_apic_interrupts`).
-    fn count(&mut self, irq: u8) {
+    pub(super) fn count(&mut self, irq: u8) {
         match self.irqs.get_mut(usize::from(irq)) {
             Some(n) => *n += 1,
             None => self.local_apic_interrupts += 1,
@@ -126,7 +129,7 @@ impl Vm {
     }
 
     /// The CPU on stage takes its pending interrupt: vector and IRQ.
-    fn acknowledge(&mut self) -> Option<(u8, u8)> {
+    pub(super) fn acknowledge(&mut self) -> Option<(u8, u8)> {
         let cpu = self.machine.cpus.on_stage();
         self.machine.devices.acknowledge(cpu)
     }

@@ -1,0 +1,148 @@
+//! The second engine: Bochs's CPU (`vtrace-bochs`) runs the CPU on stage
+//! while the monitor wants every instruction, on the guest's own RAM and
+//! the VMM's own devices; KVM runs everything else.
+//!
+//! The CPU's state lives in one place at a time: in KVM, or, from a
+//! hand-over ([`BochsCpu::take_over`]) to the hand-over back
+//! ([`BochsCpu::give_back`]), in the engine ([`BochsCpu::holds`]). What
+//! reads the CPU while the engine holds it (the monitor's view, interrupt
+//! delivery, hypercalls) reads the engine's state: `view.rs` and
+//! `memory.rs`. The run loop's side is `run_loop/on_engine.rs`.
+
+mod handover;
+mod memory;
+mod view;
+
+pub(crate) use memory::EngineMemory;
+pub(crate) use view::EngineView;
+
+use vtrace_bochs::{Host, Library, Machine, State, Stop};
+
+use crate::error::{Error, Result};
+use crate::memory::{GuestRam, LowRam};
+use crate::vcpu::Vcpu;
+
+/// What runs the guest while it is traced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    /// KVM single-steps it, an exit an instruction (the trap flag).
+    #[default]
+    Step,
+    /// Bochs's CPU runs it in-process (`scripts/engine.sh` builds the
+    /// library), handed over from KVM where tracing starts and back where
+    /// it stops.
+    Bochs,
+}
+
+impl EngineKind {
+    /// The name `--engine` takes and a trace records.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Step => "step",
+            EngineKind::Bochs => "bochs",
+        }
+    }
+}
+
+/// Bochs's CPU over the guest's RAM, for the CPU on stage.
+pub(crate) struct BochsCpu {
+    library: &'static Library,
+    machine: Machine<'static>,
+    /// The CPU's state is the engine's (KVM's is stale) since the last
+    /// hand-over.
+    holds: bool,
+    /// The engine's state as of the last step or write.
+    state: State,
+    /// A vector the VMM took from its interrupt controllers for the
+    /// engine to deliver at its next step (where the VMM does not model
+    /// the delivery through the IDT).
+    pub(crate) queued: Option<u8>,
+}
+
+impl std::fmt::Debug for BochsCpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BochsCpu")
+            .field("holds", &self.holds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BochsCpu {
+    /// Loads the engine's library and makes its CPU over `ram`'s region
+    /// at guest-physical 0 (what lies above it reaches the engine as
+    /// MMIO, which `on_engine` serves from RAM where it is RAM).
+    pub(crate) fn open(ram: &GuestRam, cpus: u8) -> Result<BochsCpu> {
+        if cpus != 1 {
+            return Err(Error::EngineCpus(cpus));
+        }
+        let path = vtrace_bochs::Library::find().map_err(|e| Error::Engine(e.to_string()))?;
+        let library = Library::load(&path).map_err(|e| Error::Engine(e.to_string()))?;
+        // One library, one machine a process, for the life of the process.
+        let library: &'static Library = Box::leak(Box::new(library));
+        let low = LowRam::of(ram)
+            .ok_or_else(|| Error::Engine("guest RAM does not start at address 0".into()))?;
+        // SAFETY: the region is mapped for as long as `ram` lives, and the
+        // VM that owns `ram` owns this engine too, which it drops first
+        // (its field comes before the machine's). Bochs writes the guest's
+        // RAM as the vCPU does: only while the engine runs, on this thread.
+        let bytes: &'static mut [u8] = unsafe { low.as_mut_slice() };
+        let machine = Machine::new(library, bytes, 1).map_err(|e| Error::Engine(e.to_string()))?;
+        Ok(BochsCpu {
+            library,
+            state: machine.state(0),
+            machine,
+            holds: false,
+            queued: None,
+        })
+    }
+
+    /// Whether the engine holds the CPU's state now.
+    pub(crate) fn holds(&self) -> bool {
+        self.holds
+    }
+
+    /// The engine's state as of the last step.
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The library, for what a host callback reads of the CPU mid-step.
+    pub(crate) fn library(&self) -> &'static Library {
+        self.library
+    }
+
+    /// Gives the engine `state`.
+    pub(crate) fn set_state(&mut self, state: State) {
+        self.state = state;
+        self.machine.set_state(0, &self.state);
+    }
+
+    /// Raises or lowers the CPU's INTR line (an interrupt the engine
+    /// delivers itself, where the VMM does not model the delivery).
+    pub(crate) fn set_interrupt_line(&mut self, high: bool) {
+        self.machine.set_interrupt_line(0, high);
+    }
+
+    /// Runs one step (or up to the handler of the exception it raised),
+    /// its devices served by `host`.
+    pub(crate) fn step(&mut self, host: &mut dyn Host) -> (Stop, u64) {
+        let ran = self.machine.run(host, 0, 1);
+        self.state = self.machine.state(0);
+        ran
+    }
+
+    /// The CPU's whole state moves from KVM to the engine.
+    pub(crate) fn take_over(&mut self, vcpu: &mut Vcpu) -> Result<()> {
+        let state = handover::from_kvm(vcpu, self.machine.state(0))?;
+        self.set_state(state);
+        self.holds = true;
+        Ok(())
+    }
+
+    /// The CPU's whole state moves back to KVM.
+    pub(crate) fn give_back(&mut self, vcpu: &mut Vcpu) -> Result<()> {
+        handover::to_kvm(&self.state, vcpu)?;
+        self.holds = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! The monitor's view of the CPU while the engine holds it: the engine's
+//! state as of the last step, and guest RAM.
+
+use vtrace_x86::{PhysicalMemory, Registers, SpecialRegisters};
+
+use crate::memory::{GuestRam, LowRam};
+use crate::monitor::{CpuView, WriteError};
+
+use super::{handover, BochsCpu};
+
+/// See the module documentation.
+pub(crate) struct EngineView<'a> {
+    pub(crate) engine: &'a mut BochsCpu,
+    /// `ram`'s region at 0 (see [`LowRam`]).
+    pub(crate) low: Option<LowRam>,
+    pub(crate) ram: &'a GuestRam,
+}
+
+impl PhysicalMemory for EngineView<'_> {
+    fn read_physical(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        use vm_memory::{Bytes, GuestAddress};
+        // SAFETY: `low` was taken from `ram`, which this view borrows.
+        if self.low.is_some_and(|low| unsafe { low.read(gpa, buf) }) {
+            return true;
+        }
+        self.ram.read_slice(buf, GuestAddress(gpa)).is_ok()
+    }
+}
+
+impl CpuView for EngineView<'_> {
+    fn regs(&mut self) -> Registers {
+        vtrace_bochs::registers_of(self.engine.state()).0
+    }
+
+    fn sregs(&mut self) -> SpecialRegisters {
+        vtrace_bochs::registers_of(self.engine.state()).1
+    }
+
+    fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {
+        use vm_memory::{Bytes, GuestAddress};
+        self.ram
+            .write_slice(data, GuestAddress(gpa))
+            .map_err(|_| WriteError::NotRam(gpa))
+    }
+
+    fn write_regs(&mut self, regs: &Registers) -> Result<(), WriteError> {
+        let state = *self.engine.state();
+        let sregs = vtrace_bochs::registers_of(&state).1;
+        self.engine
+            .set_state(vtrace_bochs::state_of(regs, &sregs, state));
+        Ok(())
+    }
+
+    /// The engine's CPUID is answered from the table already (see
+    /// `on_engine`): what the guest saw is what it was given.
+    fn cpuid_as_given(&self, _function: u32, _index: u32, seen: [u32; 4]) -> [u32; 4] {
+        seen
+    }
+
+    fn read_msr(&mut self, index: u32) -> Option<u64> {
+        handover::engine_msr(self.engine.state(), index)
+    }
+}
