@@ -211,10 +211,15 @@ void BX_MEM_C::readPhysicalPage(BX_CPU_C *cpu, bx_phy_address addr, unsigned len
 }
 
 void BX_MEM_C::writePhysicalPage(BX_CPU_C *cpu, bx_phy_address addr, unsigned len, void *data) {
-    if (in_ram(addr, len))
+    if (in_ram(addr, len)) {
+        // Code decoded from these bytes is stale now (the CPU's fast
+        // writes say so themselves; this is the slow path's, a TLB miss's
+        // first write among them).
+        pageWriteStampTable.decWriteStamp(addr, len);
         memcpy(host.ram + addr, data, len);
-    else
-        mmio_write(cpu ? cpu->which_cpu() : 0, addr, len, static_cast<Bit8u *>(data));
+        return;
+    }
+    mmio_write(cpu ? cpu->which_cpu() : 0, addr, len, static_cast<Bit8u *>(data));
 }
 
 bool BX_MEM_C::dbg_fetch_mem(BX_CPU_C *cpu, bx_phy_address addr, unsigned len, Bit8u *buf) {

@@ -46,11 +46,17 @@ bool in_ram(bx_phy_address addr, unsigned len) {
 
 namespace {
 
-void get_segment(BX_CPU_C *c, bx_segment_reg_t *s, vtb_segment *out) {
+void get_segment(bx_segment_reg_t *s, vtb_segment *out) {
     out->base = s->cache.u.segment.base;
     out->limit = s->cache.u.segment.limit_scaled;
     out->selector = s->selector.value;
-    out->attributes = (c->get_descriptor_h(&s->cache) >> 8) & 0xf0ff;
+    // get_descriptor_h()'s bits 8-15 and 20-23, composed here: it is a
+    // call a segment, eight a step.
+    const bx_descriptor_t &d = s->cache;
+    bool long_bit = (d.segment || !d.valid) && d.u.segment.l;
+    out->attributes = Bit16u((d.type & 0xf) | (d.segment << 4) | ((d.dpl & 3) << 5) |
+                             (d.p << 7) | (d.u.segment.avl << 12) | (long_bit << 13) |
+                             (d.u.segment.d_b << 14) | (d.u.segment.g << 15));
 }
 
 void get_fpu(BX_CPU_C *c, vtb_fpu *out) {
@@ -158,79 +164,106 @@ int vtb_create(const vtb_host *given, unsigned cpus) {
     return 0;
 }
 
-void vtb_get_state(unsigned cpu, vtb_state *out) {
+void vtb_get_state(unsigned cpu, vtb_state *out, unsigned parts) {
     BX_CPU_C *c = BX_CPU(cpu);
-    for (unsigned r = 0; r < 16; r++) out->gpr[r] = c->get_reg64(r);
-    out->rip = c->get_instruction_pointer();
-    out->rflags = c->read_eflags();
-    for (unsigned s = 0; s < 6; s++) get_segment(c, &c->sregs[s], &out->seg[s]);
-    get_segment(c, &c->ldtr, &out->seg[6]);
-    get_segment(c, &c->tr, &out->seg[7]);
-    out->gdt_base = c->gdtr.base;
-    out->gdt_limit = c->gdtr.limit;
-    out->idt_base = c->idtr.base;
-    out->idt_limit = c->idtr.limit;
-    out->cr0 = c->cr0.get32();
-    out->cr2 = c->cr2;
-    out->cr3 = c->cr3;
-    out->cr4 = c->cr4.get32();
-    out->efer = c->efer.get32();
-    out->xcr0 = c->xcr0.get32();
-    for (unsigned d = 0; d < 4; d++) out->dr[d] = c->dr[d];
-    out->dr[4] = c->dr6.get32();
-    out->dr[5] = c->dr7.get32();
-    get_msrs(c, &out->msrs);
-    get_fpu(c, &out->fpu);
-    out->activity = c->activity_state;
-    out->interruptibility = 0;
-    if (c->interrupts_inhibited(BX_INHIBIT_INTERRUPTS_BY_MOVSS))
-        out->interruptibility = VTB_BLOCKED_BY_MOV_SS;
-    else if (c->interrupts_inhibited(BX_INHIBIT_INTERRUPTS))
-        out->interruptibility = VTB_BLOCKED_BY_STI;
+    if (parts & VTB_CORE) {
+        for (unsigned r = 0; r < 16; r++) out->gpr[r] = c->get_reg64(r);
+        out->rip = c->get_instruction_pointer();
+        out->rflags = c->read_eflags();
+        for (unsigned s = 0; s < 6; s++) get_segment(&c->sregs[s], &out->seg[s]);
+        get_segment(&c->ldtr, &out->seg[6]);
+        get_segment(&c->tr, &out->seg[7]);
+        out->gdt_base = c->gdtr.base;
+        out->gdt_limit = c->gdtr.limit;
+        out->idt_base = c->idtr.base;
+        out->idt_limit = c->idtr.limit;
+        out->cr0 = c->cr0.get32();
+        out->cr2 = c->cr2;
+        out->cr3 = c->cr3;
+        out->cr4 = c->cr4.get32();
+        out->efer = c->efer.get32();
+        out->msrs.apic_base = c->msr.apicbase;
+        out->activity = c->activity_state;
+        out->interruptibility = 0;
+        if (c->interrupts_inhibited(BX_INHIBIT_INTERRUPTS_BY_MOVSS))
+            out->interruptibility = VTB_BLOCKED_BY_MOV_SS;
+        else if (c->interrupts_inhibited(BX_INHIBIT_INTERRUPTS))
+            out->interruptibility = VTB_BLOCKED_BY_STI;
+    }
+    if (parts & VTB_REST) {
+        out->xcr0 = c->xcr0.get32();
+        for (unsigned d = 0; d < 4; d++) out->dr[d] = c->dr[d];
+        out->dr[4] = c->dr6.get32();
+        out->dr[5] = c->dr7.get32();
+        Bit64u apic_base = out->msrs.apic_base;
+        get_msrs(c, &out->msrs);
+        if (!(parts & VTB_CORE)) out->msrs.apic_base = apic_base;
+        get_fpu(c, &out->fpu);
+    }
 }
 
-void vtb_set_state(unsigned cpu, const vtb_state *in) {
+void vtb_set_state(unsigned cpu, const vtb_state *in, unsigned parts) {
     BX_CPU_C *c = BX_CPU(cpu);
-    for (unsigned r = 0; r < 16; r++) c->set_reg64(r, in->gpr[r]);
-    c->gen_reg[BX_64BIT_REG_RIP].rrx = in->rip;
-    c->prev_rip = in->rip;
-    c->setEFlags(Bit32u(in->rflags));
-    c->cr0.set32(Bit32u(in->cr0));
-    c->cr2 = in->cr2;
-    c->cr3 = in->cr3;
-    c->cr4.set32(Bit32u(in->cr4));
-    c->efer.set32(Bit32u(in->efer));
-    for (unsigned s = 0; s < 6; s++) set_segment(c, &c->sregs[s], &in->seg[s]);
-    set_segment(c, &c->ldtr, &in->seg[6]);
-    set_segment(c, &c->tr, &in->seg[7]);
-    c->gdtr.base = in->gdt_base;
-    c->gdtr.limit = in->gdt_limit;
-    c->idtr.base = in->idt_base;
-    c->idtr.limit = in->idt_limit;
-    c->xcr0.set32(Bit32u(in->xcr0));
-    for (unsigned d = 0; d < 4; d++) c->dr[d] = in->dr[d];
-    c->dr6.set32(Bit32u(in->dr[4]));
-    c->dr7.set32(Bit32u(in->dr[5]));
-    set_msrs(c, &in->msrs);
-    host_apic(c);
-    set_fpu(c, &in->fpu);
-    if (in->activity <= VTB_WAITING_FOR_SIPI) c->activity_state = in->activity;
-    // A shadow covers the boundary before the next instruction only:
-    // interrupts_inhibited() holds while the count of instructions is at
-    // most inhibit_icount, and the next one's is the count now.
-    c->inhibit_mask = 0;
-    c->inhibit_icount = 0;
-    if (in->interruptibility & VTB_BLOCKED_BY_MOV_SS)
-        c->inhibit_mask = BX_INHIBIT_INTERRUPTS_BY_MOVSS;
-    else if (in->interruptibility & VTB_BLOCKED_BY_STI)
-        c->inhibit_mask = BX_INHIBIT_INTERRUPTS;
-    if (c->inhibit_mask) c->inhibit_icount = c->get_icount();
+    if (parts & VTB_CORE) {
+        for (unsigned r = 0; r < 16; r++) c->set_reg64(r, in->gpr[r]);
+        c->gen_reg[BX_64BIT_REG_RIP].rrx = in->rip;
+        c->prev_rip = in->rip;
+        c->setEFlags(Bit32u(in->rflags));
+        c->cr0.set32(Bit32u(in->cr0));
+        c->cr2 = in->cr2;
+        c->cr3 = in->cr3;
+        c->cr4.set32(Bit32u(in->cr4));
+        c->efer.set32(Bit32u(in->efer));
+        for (unsigned s = 0; s < 6; s++) set_segment(c, &c->sregs[s], &in->seg[s]);
+        set_segment(c, &c->ldtr, &in->seg[6]);
+        set_segment(c, &c->tr, &in->seg[7]);
+        c->gdtr.base = in->gdt_base;
+        c->gdtr.limit = in->gdt_limit;
+        c->idtr.base = in->idt_base;
+        c->idtr.limit = in->idt_limit;
+        c->msr.apicbase = in->msrs.apic_base;
+        host_apic(c);
+        if (in->activity <= VTB_WAITING_FOR_SIPI) c->activity_state = in->activity;
+        // A shadow covers the boundary before the next instruction only:
+        // interrupts_inhibited() holds while the count of instructions is
+        // at most inhibit_icount, and the next one's is the count now.
+        c->inhibit_mask = 0;
+        c->inhibit_icount = 0;
+        if (in->interruptibility & VTB_BLOCKED_BY_MOV_SS)
+            c->inhibit_mask = BX_INHIBIT_INTERRUPTS_BY_MOVSS;
+        else if (in->interruptibility & VTB_BLOCKED_BY_STI)
+            c->inhibit_mask = BX_INHIBIT_INTERRUPTS;
+        if (c->inhibit_mask) c->inhibit_icount = c->get_icount();
+    }
+    if (parts & VTB_REST) {
+        c->xcr0.set32(Bit32u(in->xcr0));
+        for (unsigned d = 0; d < 4; d++) c->dr[d] = in->dr[d];
+        c->dr6.set32(Bit32u(in->dr[4]));
+        c->dr7.set32(Bit32u(in->dr[5]));
+        Bit64u apic_base = c->msr.apicbase;
+        set_msrs(c, &in->msrs);
+        // IA32_APIC_BASE is the core's.
+        if (!(parts & VTB_CORE)) c->msr.apicbase = apic_base;
+        host_apic(c);
+        set_fpu(c, &in->fpu);
+    }
     // What Bochs derives from those registers, derived again.
     c->TLB_flush();
     c->handleAlignmentCheck();
     c->handleCpuModeChange();
     c->handleSseModeChange();
     c->async_event |= 1;
+}
+
+void vtb_invalidate(uint64_t gpa, uint64_t len) {
+    if (len == 0 || len > host.ram_len) {
+        flushICaches();
+        return;
+    }
+    for (uint64_t page = gpa & ~uint64_t(0xfff); page < gpa + len; page += 0x1000) {
+        if (!in_ram(page, 1)) break;
+        pageWriteStampTable.decWriteStamp(page);
+    }
 }
 
 uint64_t vtb_insn_start(unsigned cpu) { return BX_CPU(cpu)->prev_rip; }

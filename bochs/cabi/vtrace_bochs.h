@@ -13,7 +13,7 @@ extern "C" {
 
 /* The ABI's version: a library of another answers vtb_abi() with it,
  * and the binding refuses it. */
-#define VTB_ABI 2
+#define VTB_ABI 3
 
 /* What the engine asks of its host. Every callback gets `ctx` back. */
 typedef struct vtb_host {
@@ -153,11 +153,26 @@ int vtb_abi(void);
  * count it cannot make or a second machine, -2 for RAM not aligned to
  * 4 KiB. */
 int vtb_create(const vtb_host *host, unsigned cpus);
-void vtb_get_state(unsigned cpu, vtb_state *out);
-void vtb_set_state(unsigned cpu, const vtb_state *in);
+/* The parts of a vtb_state that vtb_get_state and vtb_set_state move
+ * (OR'd): the core changes at every step and is what a host reads then;
+ * the rest moves at hand-overs. */
+enum vtb_parts {
+    /* gpr, rip, rflags, seg, gdt/idt, cr0-cr4, efer, msrs.apic_base,
+     * activity, interruptibility */
+    VTB_CORE = 1,
+    /* xcr0, dr, the other msrs, fpu */
+    VTB_REST = 2,
+    VTB_ALL = 3,
+};
+void vtb_get_state(unsigned cpu, vtb_state *out, unsigned parts);
+void vtb_set_state(unsigned cpu, const vtb_state *in, unsigned parts);
 /* Inside a host callback: where the instruction under way begins (its
  * RIP, as vtb_get_state gives the RIP past it). */
 uint64_t vtb_insn_start(unsigned cpu);
+/* The host wrote guest RAM at [gpa, gpa + len) behind the CPUs' back (an
+ * interrupt frame it pushed, a stretch another engine ran): what they
+ * decoded from there is dropped. A `len` of 0: all of RAM. */
+void vtb_invalidate(uint64_t gpa, uint64_t len);
 /* Raises (nonzero) or lowers CPU `cpu`'s INTR line between runs. */
 void vtb_set_intr(unsigned cpu, int high);
 /* Runs CPU `cpu` for at most `steps` steps; `*ran` says how many ran.

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// The ABI this binding speaks (`VTB_ABI`).
-pub(crate) const ABI: c_int = 2;
+pub(crate) const ABI: c_int = 3;
 
 /// `vtb_host`.
 #[repr(C)]
@@ -150,11 +150,17 @@ pub const BLOCKED_BY_MOV_SS: u32 = 2;
 
 pub(crate) type AbiFn = unsafe extern "C" fn() -> c_int;
 pub(crate) type CreateFn = unsafe extern "C" fn(*const Host, c_uint) -> c_int;
-pub(crate) type GetStateFn = unsafe extern "C" fn(c_uint, *mut State);
-pub(crate) type SetStateFn = unsafe extern "C" fn(c_uint, *const State);
+pub(crate) type GetStateFn = unsafe extern "C" fn(c_uint, *mut State, c_uint);
+pub(crate) type SetStateFn = unsafe extern "C" fn(c_uint, *const State, c_uint);
+pub(crate) type InvalidateFn = unsafe extern "C" fn(u64, u64);
 pub(crate) type InsnStartFn = unsafe extern "C" fn(c_uint) -> u64;
 pub(crate) type SetIntrFn = unsafe extern "C" fn(c_uint, c_int);
 pub(crate) type RunFn = unsafe extern "C" fn(c_uint, u64, *mut u64) -> c_int;
+
+/// `VTB_CORE`: what changes at every step.
+pub(crate) const CORE: c_uint = 1;
+/// `VTB_ALL`.
+pub(crate) const ALL: c_uint = 3;
 
 /// `VTB_STEP_END`.
 pub(crate) const STEP_END: u32 = 1;

@@ -81,6 +81,7 @@ pub struct Library {
     set_state: ffi::SetStateFn,
     set_intr: ffi::SetIntrFn,
     insn_start: ffi::InsnStartFn,
+    invalidate: ffi::InvalidateFn,
     run: ffi::RunFn,
     // Kept open as long as the functions above are used.
     _library: libloading::Library,
@@ -162,6 +163,7 @@ impl Library {
                 set_state: *library.get(b"vtb_set_state\0").map_err(load)?,
                 set_intr: *library.get(b"vtb_set_intr\0").map_err(load)?,
                 insn_start: *library.get(b"vtb_insn_start\0").map_err(load)?,
+                invalidate: *library.get(b"vtb_invalidate\0").map_err(load)?,
                 run: *library.get(b"vtb_run\0").map_err(load)?,
                 _library: library,
             })
@@ -180,8 +182,19 @@ impl Library {
         let mut state = State::default();
         // SAFETY: `state` is a valid `vtb_state` to write; the library
         // reads its CPUs' globals.
-        unsafe { (self.get_state)(cpu, &mut state) };
+        unsafe { (self.get_state)(cpu, &mut state, ffi::ALL) };
         state
+    }
+
+    /// The part of CPU `cpu`'s state that changes at every step, read
+    /// into `state` (the rest of it stays): the general registers, RIP,
+    /// RFLAGS, the segments, descriptor tables and control registers,
+    /// EFER, IA32_APIC_BASE, the activity and the interrupt shadow. What
+    /// a host reads after each step (the whole state is some 900 bytes,
+    /// its x87 registers converted on the way).
+    pub fn read_core(&self, cpu: u32, state: &mut State) {
+        // SAFETY: `state` is a valid `vtb_state` to write.
+        unsafe { (self.get_state)(cpu, state, ffi::CORE) };
     }
 
     /// Inside a [`Host`] callback: the address of the instruction under
@@ -346,6 +359,9 @@ pub struct Machine<'a> {
     library: &'a Library,
     // Boxed: the library keeps a pointer to it.
     slot: Box<Slot>,
+    /// The RAM the CPUs run on (the library has its address).
+    ram: *mut u8,
+    ram_len: usize,
     _ram: std::marker::PhantomData<&'a mut [u8]>,
 }
 
@@ -466,6 +482,8 @@ impl<'a> Machine<'a> {
         Ok(Machine {
             library,
             slot,
+            ram: ram.as_mut_ptr(),
+            ram_len: ram.len(),
             _ram: std::marker::PhantomData,
         })
     }
@@ -478,7 +496,57 @@ impl<'a> Machine<'a> {
     /// Gives CPU `cpu` the state `state`.
     pub fn set_state(&mut self, cpu: u32, state: &State) {
         // SAFETY: `state` is a valid `vtb_state` to read.
-        unsafe { (self.library.set_state)(cpu, state) }
+        unsafe { (self.library.set_state)(cpu, state, ffi::ALL) }
+    }
+
+    /// Gives CPU `cpu` the core of `state` ([`Library::read_core`]'s
+    /// part); the rest of its state stays.
+    pub fn set_core(&mut self, cpu: u32, state: &State) {
+        // SAFETY: `state` is a valid `vtb_state` to read.
+        unsafe { (self.library.set_state)(cpu, state, ffi::CORE) }
+    }
+
+    /// [`Library::read_core`] of CPU `cpu`.
+    pub fn read_core(&self, cpu: u32, state: &mut State) {
+        self.library.read_core(cpu, state);
+    }
+
+    /// The host wrote guest RAM at `[gpa, gpa + len)` itself (an interrupt
+    /// frame, a stretch another engine ran): the CPUs drop what they
+    /// decoded from there. Their own writes need no telling.
+    pub fn invalidate(&mut self, gpa: u64, len: u64) {
+        if len > 0 {
+            // SAFETY: a plain call into the library's own bookkeeping.
+            unsafe { (self.library.invalidate)(gpa, len) }
+        }
+    }
+
+    /// Writes `data` into guest RAM at `gpa` as the host (a device, a
+    /// loader), which the CPUs then see as they would a store of another
+    /// bus master; false where it is not all RAM.
+    pub fn write_ram(&mut self, gpa: u64, data: &[u8]) -> bool {
+        let Some(end) = usize::try_from(gpa)
+            .ok()
+            .and_then(|at| at.checked_add(data.len()).map(|end| (at, end)))
+            .filter(|&(_, end)| end <= self.ram_len)
+        else {
+            return false;
+        };
+        // SAFETY: [at, end) lies in the RAM this machine borrows mutably
+        // for its life; no run is under way (this takes the machine
+        // mutably).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ram.add(end.0), data.len());
+        }
+        self.invalidate(gpa, data.len() as u64);
+        true
+    }
+
+    /// The host may have written anywhere in guest RAM: the CPUs drop all
+    /// they decoded.
+    pub fn invalidate_all(&mut self) {
+        // SAFETY: as above.
+        unsafe { (self.library.invalidate)(0, 0) }
     }
 
     /// Raises or lowers CPU `cpu`'s INTR line between runs (a halted CPU
@@ -495,9 +563,8 @@ impl<'a> Machine<'a> {
         let host: *mut (dyn Host + '_) = host;
         // SAFETY: only the lifetime is erased: the slot holds the host for
         // this call alone and is cleared before the borrow ends.
-        let host = unsafe {
-            std::mem::transmute::<*mut (dyn Host + '_), *mut (dyn Host + 'static)>(host)
-        };
+        let host =
+            unsafe { std::mem::transmute::<*mut (dyn Host + '_), *mut (dyn Host + 'static)>(host) };
         self.slot.host = Some(host);
         // SAFETY: the callbacks reach the host through the slot, set just
         // now; `ran` is a valid place to write.

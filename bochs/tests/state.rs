@@ -72,6 +72,28 @@ fn the_whole_state_goes_in_reads_back_and_is_what_the_guest_sees() {
     // fstp popped ST(0): TOP moved to 1, R0 is empty.
     assert_eq!((after.fpu.fsw >> 11) & 7, 1);
     assert_eq!(after.fpu.ftw, 0xffff);
+
+    // The core alone moves the registers and leaves the rest as it is.
+    let mut core = vtrace_bochs::State::default();
+    machine.read_core(0, &mut core);
+    assert_eq!(
+        (core.gpr, core.rip, core.seg),
+        (after.gpr, after.rip, after.seg)
+    );
+    assert_eq!(
+        core.msrs.apic_base, 0xfee0_0900,
+        "IA32_APIC_BASE is the core's"
+    );
+    assert_eq!(core.fpu, vtrace_bochs::Fpu::default(), "not read");
+    core.gpr[8] = 88;
+    machine.set_core(0, &core);
+    let set = machine.state(0);
+    assert_eq!(set.gpr[8], 88);
+    assert_eq!(
+        (set.fpu, set.dr, set.msrs.lstar),
+        (after.fpu, after.dr, after.msrs.lstar),
+        "kept"
+    );
     drop(machine);
     // (Without CR4.OSFXSR the movq is #UD, and with no IDT the CPU shuts
     // down: a triple fault is a stop of its own; see exceptions.rs.)

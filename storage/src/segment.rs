@@ -20,7 +20,11 @@ pub enum Compression {
     /// zstd level 17: about 11 MB/s of raw records, some 60 times what
     /// stepping makes (about 6 bytes a step at 130 k steps/s); the demo
     /// OS's trace takes 1.16 bytes a step. Levels 18 to 22 gain 1 % more
-    /// at a third less speed; 16 loses 4 %.
+    /// at a third less speed; 16 loses 4 %. Where the recorder makes more
+    /// than the writer keeps up with at 17 (the engine, some 10 times
+    /// stepping's rate), the writer steps down to faster levels while it
+    /// falls behind and back up while it keeps up (see [`Compression::levels`]):
+    /// a trace's size then depends on the host's speed, its records never.
     Dense,
 }
 
@@ -42,10 +46,24 @@ impl Compression {
         }
     }
 
-    fn zstd_level(self) -> i32 {
+    /// The zstd levels the writer may use, densest first.
+    pub(crate) fn levels(self) -> &'static [i32] {
         match self {
-            Compression::Fast => 3,
-            Compression::Dense => 17,
+            Compression::Fast => &[3],
+            Compression::Dense => &[17, 13, 9, 6, 3],
+        }
+    }
+
+    /// Which of [`Compression::levels`] the writer takes for its next
+    /// segment, after `rung` and with `waiting` segments queued behind
+    /// the one it just wrote: one faster where two or more wait (it falls
+    /// behind), one denser where none does (it keeps up).
+    pub(crate) fn next_rung(self, rung: usize, waiting: u64) -> usize {
+        let last = self.levels().len() - 1;
+        match waiting {
+            0 => rung.saturating_sub(1),
+            1 => rung.min(last),
+            _ => (rung + 1).min(last),
         }
     }
 }
@@ -157,9 +175,20 @@ pub fn seal_with(
     steps: u64,
     events: u64,
 ) -> Vec<u8> {
+    seal_at_level(compression.levels()[0], raw, seq, first_step, steps, events)
+}
+
+/// [`seal_with`] at zstd level `level`.
+pub(crate) fn seal_at_level(
+    level: i32,
+    raw: &[u8],
+    seq: u64,
+    first_step: u64,
+    steps: u64,
+    events: u64,
+) -> Vec<u8> {
     // zstd on an in-memory buffer only fails on allocation failure.
-    let stored =
-        zstd::bulk::compress(raw, compression.zstd_level()).unwrap_or_else(|_| raw.to_vec());
+    let stored = zstd::bulk::compress(raw, level).unwrap_or_else(|_| raw.to_vec());
     let header = SegmentHeader {
         seq,
         first_step,
@@ -197,6 +226,21 @@ pub fn unseal(header: &SegmentHeader, stored: &[u8]) -> Result<Vec<u8>, PayloadE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_writer_steps_down_while_it_falls_behind_and_back_while_it_keeps_up() {
+        let dense = Compression::Dense;
+        let last = dense.levels().len() - 1;
+        assert_eq!(dense.levels()[0], 17, "densest first");
+        assert_eq!(dense.next_rung(0, 0), 0, "keeping up at the densest");
+        assert_eq!(dense.next_rung(0, 1), 0, "one waiting: it holds");
+        assert_eq!(dense.next_rung(0, 2), 1, "two waiting: faster");
+        assert_eq!(dense.next_rung(last, 4), last, "no faster than the fastest");
+        assert_eq!(dense.next_rung(3, 0), 2, "none waiting: denser again");
+        assert_eq!(Compression::Fast.next_rung(0, 4), 0, "fast has one level");
+        let levels = dense.levels();
+        assert!(levels.windows(2).all(|w| w[0] > w[1]), "{levels:?}");
+    }
 
     #[test]
     fn seal_then_unseal() {

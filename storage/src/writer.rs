@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use crate::codec::SegmentEncoder;
 use crate::disk::{Appended, DiskError, DiskWriter, BLOCK};
 use crate::record::{Event, Record, Step};
-use crate::segment::{seal_with, Compression, HEADER_LEN};
+use crate::segment::{seal_at_level, Compression, HEADER_LEN};
 
 /// Chunks that may wait for the writer before the vCPU blocks.
 const QUEUE_DEPTH: usize = 4;
@@ -339,9 +339,11 @@ fn write_loop(
     compression: Compression,
 ) -> Result<(), DiskError> {
     let mut result = Ok(());
+    let mut rung = 0;
     for chunk in rx {
-        let sealed = seal_with(
-            compression,
+        let level = compression.levels()[rung];
+        let sealed = seal_at_level(
+            level,
             &chunk.raw,
             chunk.seq,
             chunk.first_step,
@@ -372,7 +374,9 @@ fn write_loop(
         shared
             .blocks_used
             .store(disk.blocks_used(), Ordering::Relaxed);
-        shared.done.fetch_add(1, Ordering::AcqRel);
+        let done = shared.done.fetch_add(1, Ordering::AcqRel) + 1;
+        let waiting = shared.sent.load(Ordering::Acquire).saturating_sub(done);
+        rung = compression.next_rung(rung, waiting);
     }
     if shared.finishing.load(Ordering::Acquire) && result.is_ok() {
         disk.close()?;

@@ -24,6 +24,9 @@ pub(crate) struct EngineMemory<'a> {
     ram: &'a GuestRam,
     sregs: SpecialRegisters,
     walker: RefCell<Walker>,
+    /// What was written through it, as (guest-physical, length), for the
+    /// engine to drop what it decoded there.
+    written: RefCell<Vec<(u64, u64)>>,
 }
 
 impl<'a> EngineMemory<'a> {
@@ -33,7 +36,13 @@ impl<'a> EngineMemory<'a> {
             ram,
             sregs,
             walker: RefCell::new(Walker::default()),
+            written: RefCell::new(Vec::new()),
         }
+    }
+
+    /// What was written through it, as (guest-physical, length).
+    pub(crate) fn written(self) -> Vec<(u64, u64)> {
+        self.written.into_inner()
     }
 
     /// Calls `each(gpa, offset, len)` for the pieces of `[addr, addr +
@@ -74,6 +83,7 @@ impl LinearMemory for EngineMemory<'_> {
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), u64> {
         self.pages(addr, data.len(), |gpa, at, n| {
+            self.written.borrow_mut().push((gpa, n as u64));
             self.ram
                 .write_slice(&data[at..at + n], GuestAddress(gpa))
                 .is_ok()

@@ -17,6 +17,7 @@ pub(crate) use memory::EngineMemory;
 pub(crate) use view::EngineView;
 
 use vtrace_bochs::{Host, Library, Machine, State, Stop};
+use vtrace_x86::{Registers, SpecialRegisters};
 
 use crate::error::{Error, Result};
 use crate::memory::{GuestRam, LowRam};
@@ -51,8 +52,13 @@ pub(crate) struct BochsCpu {
     /// The CPU's state is the engine's (KVM's is stale) since the last
     /// hand-over.
     holds: bool,
-    /// The engine's state as of the last step or write.
-    state: State,
+    /// The engine's state as of the last step or write: its core (see
+    /// [`vtrace_bochs::Library::read_core`]) at every step, the rest at
+    /// hand-overs only. Boxed, as the registers are: the run loop moves
+    /// the engine out of the VM and back at every step.
+    state: Box<State>,
+    /// The core's registers in vtrace's view, converted once a step.
+    regs: Box<(Registers, SpecialRegisters)>,
     /// A vector the VMM took from its interrupt controllers for the
     /// engine to deliver at its next step (where the VMM does not model
     /// the delivery through the IDT).
@@ -87,9 +93,12 @@ impl BochsCpu {
         // RAM as the vCPU does: only while the engine runs, on this thread.
         let bytes: &'static mut [u8] = unsafe { low.as_mut_slice() };
         let machine = Machine::new(library, bytes, 1).map_err(|e| Error::Engine(e.to_string()))?;
+        let state = Box::new(machine.state(0));
+        let regs = Box::new(vtrace_bochs::registers_of(&state));
         Ok(BochsCpu {
             library,
-            state: machine.state(0),
+            state,
+            regs,
             machine,
             holds: false,
             queued: None,
@@ -101,9 +110,20 @@ impl BochsCpu {
         self.holds
     }
 
-    /// The engine's state as of the last step.
+    /// The engine's state as of the last step: its core (see
+    /// [`BochsCpu::state`]'s field).
     pub(crate) fn state(&self) -> &State {
         &self.state
+    }
+
+    /// The general registers as of the last step.
+    pub(crate) fn regs(&self) -> &Registers {
+        &self.regs.0
+    }
+
+    /// The system registers as of the last step.
+    pub(crate) fn sregs(&self) -> &SpecialRegisters {
+        &self.regs.1
     }
 
     /// The library, for what a host callback reads of the CPU mid-step.
@@ -111,10 +131,23 @@ impl BochsCpu {
         self.library
     }
 
-    /// Gives the engine `state`.
-    pub(crate) fn set_state(&mut self, state: State) {
-        self.state = state;
-        self.machine.set_state(0, &self.state);
+    /// Gives the engine the core of `state` (registers, segments, control
+    /// registers, activity, shadow); the rest of its state stays.
+    pub(crate) fn set_core(&mut self, state: State) {
+        *self.state = state;
+        self.machine.set_core(0, &self.state);
+        self.convert();
+    }
+
+    /// The core's registers in vtrace's view, again.
+    fn convert(&mut self) {
+        *self.regs = vtrace_bochs::registers_of(&self.state);
+    }
+
+    /// The VMM wrote guest RAM at `[gpa, gpa + len)`: the engine drops
+    /// what it decoded from there.
+    pub(crate) fn invalidate(&mut self, gpa: u64, len: u64) {
+        self.machine.invalidate(gpa, len);
     }
 
     /// Raises or lowers the CPU's INTR line (an interrupt the engine
@@ -127,20 +160,25 @@ impl BochsCpu {
     /// its devices served by `host`.
     pub(crate) fn step(&mut self, host: &mut dyn Host) -> (Stop, u64) {
         let ran = self.machine.run(host, 0, 1);
-        self.state = self.machine.state(0);
+        self.machine.read_core(0, &mut self.state);
+        self.convert();
         ran
     }
 
     /// The CPU's whole state moves from KVM to the engine.
     pub(crate) fn take_over(&mut self, vcpu: &mut Vcpu) -> Result<()> {
-        let state = handover::from_kvm(vcpu, self.machine.state(0))?;
-        self.set_state(state);
+        *self.state = handover::from_kvm(vcpu, self.machine.state(0))?;
+        self.machine.set_state(0, &self.state);
+        self.convert();
+        // KVM ran the guest meanwhile: any code may have been written.
+        self.machine.invalidate_all();
         self.holds = true;
         Ok(())
     }
 
     /// The CPU's whole state moves back to KVM.
     pub(crate) fn give_back(&mut self, vcpu: &mut Vcpu) -> Result<()> {
+        *self.state = self.machine.state(0);
         handover::to_kvm(&self.state, vcpu)?;
         self.holds = false;
         Ok(())

@@ -28,26 +28,30 @@ impl PhysicalMemory for EngineView<'_> {
 }
 
 impl CpuView for EngineView<'_> {
+    #[inline]
     fn regs(&mut self) -> Registers {
-        vtrace_bochs::registers_of(self.engine.state()).0
+        *self.engine.regs()
     }
 
+    #[inline]
     fn sregs(&mut self) -> SpecialRegisters {
-        vtrace_bochs::registers_of(self.engine.state()).1
+        *self.engine.sregs()
     }
 
     fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {
         use vm_memory::{Bytes, GuestAddress};
         self.ram
             .write_slice(data, GuestAddress(gpa))
-            .map_err(|_| WriteError::NotRam(gpa))
+            .map_err(|_| WriteError::NotRam(gpa))?;
+        self.engine.invalidate(gpa, data.len() as u64);
+        Ok(())
     }
 
     fn write_regs(&mut self, regs: &Registers) -> Result<(), WriteError> {
         let state = *self.engine.state();
-        let sregs = vtrace_bochs::registers_of(&state).1;
+        let sregs = *self.engine.sregs();
         self.engine
-            .set_state(vtrace_bochs::state_of(regs, &sregs, state));
+            .set_core(vtrace_bochs::state_of(regs, &sregs, state));
         Ok(())
     }
 

@@ -53,7 +53,7 @@ impl Vm {
         let (regs, sregs, code) = match self.engine.as_ref().filter(|e| e.holds()) {
             // KVM's registers are stale while the engine holds the CPU.
             Some(engine) => {
-                let (regs, sregs) = vtrace_bochs::registers_of(engine.state());
+                let (regs, sregs) = (*engine.regs(), *engine.sregs());
                 let linear = sregs.cs.base.wrapping_add(regs.rip);
                 let memory = crate::engine::EngineMemory::new(&self.machine.ram, sregs);
                 let code =

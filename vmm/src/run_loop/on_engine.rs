@@ -460,18 +460,22 @@ impl Vm {
     fn deliver_on_engine(&mut self, vector: u8) -> Option<u64> {
         let engine: &mut BochsCpu = self.engine.as_mut()?;
         let state = *engine.state();
-        let (regs, sregs) = vtrace_bochs::registers_of(&state);
+        let (regs, sregs) = (*engine.regs(), *engine.sregs());
         let mut kregs: kvm_bindings::kvm_regs = (&regs).into();
         let mut ksregs = kvm_bindings::kvm_sregs::from(&sregs);
         let memory = EngineMemory::new(&self.machine.ram, sregs);
-        soft_int::deliver(&memory, &mut kregs, &mut ksregs, vector, regs.rip).ok()?;
+        let delivered = soft_int::deliver(&memory, &mut kregs, &mut ksregs, vector, regs.rip);
+        for (gpa, len) in memory.written() {
+            engine.invalidate(gpa, len);
+        }
+        delivered.ok()?;
         let regs = vtrace_x86::Registers::from(&kregs);
         let sregs = vtrace_x86::SpecialRegisters::from(&ksregs);
         let mut delivered = vtrace_bochs::state_of(&regs, &sregs, state);
         // An interrupt wakes a halted CPU and ends any shadow.
         delivered.activity = vtrace_bochs::Activity::Active as u32;
         delivered.interruptibility = 0;
-        engine.set_state(delivered);
+        engine.set_core(delivered);
         Some(regs.rip)
     }
 
@@ -479,7 +483,7 @@ impl Vm {
     /// whichever holds it.
     pub(super) fn interrupts_enabled(&mut self) -> bool {
         match self.engine.as_ref().filter(|e| e.holds()) {
-            Some(engine) => engine.state().rflags & vtrace_x86::rflags::IF != 0,
+            Some(engine) => engine.regs().rflags & vtrace_x86::rflags::IF != 0,
             None => self.machine.vcpu.run_page().if_flag != 0,
         }
     }
