@@ -112,6 +112,11 @@ fn report_json(r: &BenchReport) -> serde_json::Value {
         "ratio": r.ratio(),
         "bytes_per_step": r.bytes_per_step(),
         "peak_rss_bytes": r.peak_rss_bytes,
+        "engine_steps": r.engine.as_ref().map(|e| e.steps),
+        "engine_seconds": r.engine.as_ref().map(|e| e.time.as_secs_f64()),
+        "engine_steps_per_s": r.engine.as_ref().map(|e| e.steps_per_s()),
+        "engine_speedup": r.engine.as_ref().map(|e| e.steps_per_s() / r.traced_steps_per_s()),
+        "engine_bytes_per_step": r.engine.as_ref().map(|e| e.bytes_per_step()),
     })
 }
 
@@ -131,8 +136,23 @@ fn print_report(r: &BenchReport) {
     );
     println!("ratio:             {:.2} (goal >= 0.95)", r.ratio());
     println!("bytes per step:    {:.2} (goal <= 1.2)", r.bytes_per_step());
+    match &r.engine {
+        Some(e) => {
+            println!(
+                "engine tracing:    {} steps in {:.2} s = {:.0} steps/s, {:.1} times stepping's (goal >= 50, >= 10 M steps/s)",
+                e.steps,
+                e.time.as_secs_f64(),
+                e.steps_per_s(),
+                e.steps_per_s() / r.traced_steps_per_s()
+            );
+            println!("engine bytes/step: {:.2} (goal <= 1.2)", e.bytes_per_step());
+        }
+        None => println!(
+            "engine tracing:    not measured (its library is not built: scripts/engine.sh)"
+        ),
+    }
     if let Some(rss) = r.peak_rss_bytes {
-        println!("peak RSS:          {} MiB", rss >> 20);
+        println!("peak RSS:          {} MiB (both engines' runs)", rss >> 20);
     }
 }
 

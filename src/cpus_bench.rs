@@ -116,6 +116,7 @@ pub fn host_limit_part(dir: &Path, args: &BenchArgs) -> Result<i32> {
         args.max_steps,
         1,
         args.record_values,
+        vtrace_vmm::EngineKind::Step,
     )?;
     let json = serde_json::json!({
         "steps": run.steps,

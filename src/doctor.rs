@@ -228,7 +228,8 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
         print_findings(&f, &rows);
         match &engine {
             Ok(path) => println!(
-                "engine:       Bochs's CPU is built ({}); vtrace run does not use it yet",
+                "engine:       Bochs's CPU is built ({}): `vtrace run --engine bochs` traces on \
+                 it (one CPU so far; traced stretches only, KVM runs the rest)",
                 path.display()
             ),
             Err(why) => println!("engine:       {why}"),

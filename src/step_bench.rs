@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use vtrace_storage::{Compression, Recorder};
 use vtrace_storage::{DiskWriter, DEFAULT_SEGMENT_SIZE};
-use vtrace_vmm::BootSource;
 use vtrace_vmm::ClockMode;
+use vtrace_vmm::{BootSource, EngineKind};
 use vtrace_vmm::{
     ConsoleMode, CpuProfile, CpuView, Directive, EntryPlan, ExitAnswer, ExitView, Monitor, Vm,
     VmConfig,
@@ -91,6 +91,20 @@ pub struct BenchReport {
     pub step_pairs: u64,
     /// Times pairing paused because the host's cores were busy.
     pub pair_pauses: u32,
+    /// The same traced run on the second engine (Bochs's CPU), where its
+    /// library is there and the machine has one CPU.
+    pub engine: Option<TracedRun>,
+}
+
+impl TracedRun {
+    /// Steps recorded per second.
+    pub fn steps_per_s(&self) -> f64 {
+        self.steps as f64 / self.time.as_secs_f64()
+    }
+    /// Trace bytes per step.
+    pub fn bytes_per_step(&self) -> f64 {
+        self.bytes as f64 / self.steps.max(1) as f64
+    }
 }
 
 impl BenchReport {
@@ -171,8 +185,22 @@ pub fn run(
         })?)
     };
     let before = bare()?;
-    let traced = traced(boot, dir, max_steps, cpus, record_values)?;
+    let traced = traced(boot, dir, max_steps, cpus, record_values, EngineKind::Step)?;
     let after = bare()?;
+    let engine = match (cpus, vtrace_bochs::Library::find()) {
+        (1, Ok(_)) => {
+            let _ = std::fs::remove_file(dir.join(TRACE_NAME));
+            Some(self::traced(
+                boot,
+                dir,
+                max_steps,
+                cpus,
+                record_values,
+                EngineKind::Bochs,
+            )?)
+        }
+        _ => None,
+    };
     Ok(BenchReport {
         bare_exits: before.exits + after.exits,
         bare_time: before.host_time + after.host_time,
@@ -183,6 +211,7 @@ pub fn run(
         step_pairs: traced.step_pairs,
         pair_pauses: traced.pair_pauses,
         peak_rss_bytes: crate::run::peak_rss_bytes(),
+        engine,
     })
 }
 
@@ -201,13 +230,14 @@ pub struct TracedRun {
 }
 
 /// Traces `boot` on `cpus` CPUs to a disk in `dir`, to the guest's end or
-/// for `max_steps` steps.
+/// for `max_steps` steps, on `engine`.
 pub fn traced(
     boot: &BootSource,
     dir: &Path,
     max_steps: Option<u64>,
     cpus: u8,
     record_values: bool,
+    engine: EngineKind,
 ) -> Result<TracedRun> {
     let trap_flag_host = vtrace_vmm::steps_with_trap_flag();
     // The whole demo fits a gigabyte many times over; a bounded run needs
@@ -234,7 +264,9 @@ pub fn traced(
             ..TraceOptions::default()
         },
     );
-    let outcome = Vm::new(config(boot, cpus))?.run(&mut tracer);
+    let mut vm = Vm::new(config(boot, cpus))?;
+    vm.set_engine(engine)?;
+    let outcome = vm.run(&mut tracer);
     let report = tracer.finish()?;
     let outcome = whole(outcome?)?;
     Ok(TracedRun {

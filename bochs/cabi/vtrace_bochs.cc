@@ -141,9 +141,21 @@ extern "C" {
 int vtb_abi(void) { return VTB_ABI; }
 
 int vtb_create(const vtb_host *given, unsigned cpus) {
-    if (bx_cpu_array || cpus == 0 || cpus > BX_MAX_SMP_THREADS_SUPPORTED) return -1;
+    if (cpus == 0 || cpus > BX_MAX_SMP_THREADS_SUPPORTED) return -1;
     // The TLB keeps a page's host address and ORs the offset into it.
     if ((reinterpret_cast<uintptr_t>(given->ram) & 0xfff) != 0) return -2;
+    if (bx_cpu_array) {
+        // Bochs's CPUs are made once a process: a machine after the first
+        // has as many, over its own host, reset.
+        if (cpus != cpu_count) return -1;
+        host = *given;
+        for (unsigned i = 0; i < cpus; i++) {
+            BX_CPU(i)->reset(BX_RESET_HARDWARE);
+            host_apic(BX_CPU(i));
+        }
+        flushICaches();
+        return 0;
+    }
     host = *given;
     cpu_count = cpus;
     bx_cpu_count = cpus;

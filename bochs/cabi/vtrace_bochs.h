@@ -149,9 +149,11 @@ enum vtb_stop {
 };
 
 int vtb_abi(void);
-/* Makes `cpus` CPUs over `host` (copied). 0 on success; -1 for a CPU
- * count it cannot make or a second machine, -2 for RAM not aligned to
- * 4 KiB. */
+/* Makes `cpus` CPUs over `host` (copied), in their reset state. A process
+ * makes its CPUs once: a later call gives them a new host (a machine
+ * after the last one is done with) and resets them, and must ask for as
+ * many. 0 on success; -1 for a CPU count it cannot make (or another than
+ * the first call's), -2 for RAM not aligned to 4 KiB. */
 int vtb_create(const vtb_host *host, unsigned cpus);
 /* The parts of a vtb_state that vtb_get_state and vtb_set_state move
  * (OR'd): the core changes at every step and is what a host reads then;

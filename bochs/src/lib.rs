@@ -7,8 +7,9 @@
 //! that at run time. Without it vtrace steps under KVM as before;
 //! [`Library::find`] says where it looked.
 //!
-//! The library keeps one machine per process (Bochs's CPUs are globals),
-//! so [`Machine::new`] succeeds once in a process.
+//! The library keeps one machine at a time per process (Bochs's CPUs are
+//! globals, made once: every machine of a process has as many CPUs as its
+//! first).
 
 mod ffi;
 mod handover;
@@ -61,11 +62,12 @@ pub enum LoadError {
 /// Why a machine cannot be made.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
-    /// The library holds one machine per process, and it is taken.
-    #[error("this process has made its engine machine already (the library holds one)")]
+    /// The library holds one machine at a time, and it is taken.
+    #[error("this process has an engine machine already (the library holds one at a time)")]
     Taken,
-    /// The library refused the CPU count.
-    #[error("the engine cannot make a machine of {0} CPUs")]
+    /// The library refused the CPU count (more than it can make, or not
+    /// the count of the process's first machine).
+    #[error("the engine cannot make a machine of {0} CPUs here")]
     Cpus(u32),
     /// Guest RAM must start on a 4 KiB boundary (Bochs ORs page offsets
     /// into a page's host address); a mapping always does.
@@ -365,6 +367,13 @@ pub struct Machine<'a> {
     _ram: std::marker::PhantomData<&'a mut [u8]>,
 }
 
+impl Drop for Machine<'_> {
+    fn drop(&mut self) {
+        // The library's CPUs stay; the next machine gives them its host.
+        TAKEN.store(false, Ordering::SeqCst);
+    }
+}
+
 impl std::fmt::Debug for Machine<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Machine")
@@ -449,7 +458,8 @@ extern "C" fn log(ctx: *mut c_void, level: c_int, text: *const c_char) {
 
 impl<'a> Machine<'a> {
     /// `cpus` CPUs over `ram` (guest-physical 0 up, aligned to 4 KiB), in
-    /// Bochs's reset state. Once a process.
+    /// Bochs's reset state. One at a time in a process, each of as many
+    /// CPUs as the first.
     pub fn new(library: &'a Library, ram: &'a mut [u8], cpus: u32) -> Result<Self, MachineError> {
         if !(ram.as_ptr() as usize).is_multiple_of(4096) {
             return Err(MachineError::Unaligned(ram.as_ptr() as usize));
@@ -477,6 +487,7 @@ impl<'a> Machine<'a> {
         // boxed slot, the RAM) live as long as the machine, which borrows
         // the RAM for its lifetime.
         if unsafe { (library.create)(&table, cpus) } != 0 {
+            TAKEN.store(false, Ordering::SeqCst);
             return Err(MachineError::Cpus(cpus));
         }
         Ok(Machine {

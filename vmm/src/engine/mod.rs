@@ -45,6 +45,18 @@ impl EngineKind {
     }
 }
 
+/// The engine's library, loaded once a process (its CPUs are the
+/// process's).
+fn library() -> Result<&'static Library> {
+    static LIBRARY: std::sync::OnceLock<Library> = std::sync::OnceLock::new();
+    if let Some(library) = LIBRARY.get() {
+        return Ok(library);
+    }
+    let path = Library::find().map_err(|e| Error::Engine(e.to_string()))?;
+    let library = Library::load(&path).map_err(|e| Error::Engine(e.to_string()))?;
+    Ok(LIBRARY.get_or_init(|| library))
+}
+
 /// Bochs's CPU over the guest's RAM, for the CPU on stage.
 pub(crate) struct BochsCpu {
     library: &'static Library,
@@ -81,10 +93,7 @@ impl BochsCpu {
         if cpus != 1 {
             return Err(Error::EngineCpus(cpus));
         }
-        let path = vtrace_bochs::Library::find().map_err(|e| Error::Engine(e.to_string()))?;
-        let library = Library::load(&path).map_err(|e| Error::Engine(e.to_string()))?;
-        // One library, one machine a process, for the life of the process.
-        let library: &'static Library = Box::leak(Box::new(library));
+        let library = library()?;
         let low = LowRam::of(ram)
             .ok_or_else(|| Error::Engine("guest RAM does not start at address 0".into()))?;
         // SAFETY: the region is mapped for as long as `ram` lives, and the

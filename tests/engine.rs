@@ -1,0 +1,248 @@
+//! The second engine end to end: `vtrace run --engine bochs` traces on
+//! Bochs's CPU, handed over from KVM where tracing starts and back where
+//! it stops, and gives the trace stepping gives, step for step (the
+//! digest), while the guest runs on and ends as it does untraced.
+//!
+//! Needs the engine's library (`scripts/engine.sh`, which the test script
+//! runs): without it these tests say so and pass, except under CI, where
+//! the library must be there.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{demo_trace, info_json, kvm_available, records, run, stderr, vtrace};
+use vtrace_storage::{Event, Record, TraceReason};
+
+/// Whether the engine's library is there (see the module documentation).
+fn engine_available() -> bool {
+    match vtrace_bochs::Library::find() {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: {e}");
+            false
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `vtrace run` of the demo OS into `dir/name` on `engine`, with `extra`.
+fn demo_on(
+    dir: &Path,
+    name: &str,
+    engine: &str,
+    extra: &[&str],
+) -> (PathBuf, std::process::Output) {
+    let disk = dir.join(name);
+    let mut args = vec![
+        "run",
+        "--no-input",
+        "--engine",
+        engine,
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    (disk, out)
+}
+
+/// The two traces are one: the same digest and steps (and if not, where
+/// their listings part).
+fn assert_same(stepped: &Path, engine: &Path) {
+    common::linux::assert_same_trace(stepped, engine);
+    let info = info_json(engine);
+    assert_eq!(info["gaps"], 0, "{info}");
+    assert!(
+        info["metadata"]
+            .as_str()
+            .is_some_and(|m| m.contains("engine: bochs")),
+        "the trace says which engine made it: {info}"
+    );
+}
+
+#[test]
+fn the_demo_traced_whole_on_the_engine_is_the_stepped_trace() {
+    if !kvm_available() || !engine_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, out) = demo_on(dir.path(), "whole.vtd", "bochs", &["--trace"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("vtrace: guest: demo OS done"), "{said}");
+    assert!(said.contains("guest exited with status 0"), "{said}");
+    assert_same(demo_trace(), &disk);
+}
+
+/// Without `--trace` the demo OS starts and stops tracing itself with its
+/// hypercalls, two dozen times: each start a hand-over to the engine, each
+/// stop one back to KVM, mid-run.
+#[test]
+fn the_demos_own_windows_go_to_the_engine_and_back_and_give_stepping_trace() {
+    if !kvm_available() || !engine_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (stepped, out) = demo_on(dir.path(), "stepped.vtd", "step", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (engine, out) = demo_on(dir.path(), "engine.vtd", "bochs", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("vtrace: guest: demo OS done"));
+    let starts = records(&engine)
+        .iter()
+        .filter(|r| matches!(r, Record::Event(Event::TraceStart(_))))
+        .count();
+    assert!(starts >= 1, "the guest's windows: {starts}");
+    assert_same(&stepped, &engine);
+}
+
+/// `--start-at` takes the CPU from KVM at a hardware breakpoint, after an
+/// untraced boot; `--max-steps` gives it back, and the demo runs on to its
+/// end under KVM. The window holds interrupts, port I/O and a hypercall.
+#[test]
+fn a_start_at_window_on_the_engine_is_the_stepped_window_and_the_guest_ends_as_untraced() {
+    if !kvm_available() || !engine_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let window = [
+        "--start-at",
+        "kmain",
+        "--max-steps",
+        "300000",
+        "--ignore-guest-tracing",
+    ];
+    let (stepped, out) = demo_on(dir.path(), "stepped.vtd", "step", &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (engine, out) = demo_on(dir.path(), "engine.vtd", "bochs", &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("vtrace: guest: demo OS done"), "{said}");
+    assert!(said.contains("guest exited with status 0"), "{said}");
+    let info = info_json(&engine);
+    assert_eq!(info["steps"], 300_000, "{info}");
+    let recs = records(&engine);
+    for kind in ["interrupt", "io", "hypercall"] {
+        assert!(
+            info["events"][kind].as_u64().is_some_and(|n| n > 0),
+            "a window with {kind} events: {info}"
+        );
+    }
+    assert!(recs.contains(&Record::Event(Event::TraceStop(TraceReason::MaxSteps))));
+    assert_same(&stepped, &engine);
+}
+
+/// `vtrace ctl start` and `stop` hand the CPU over wherever the guest is
+/// (running, or idle in HLT), and the guest ends as it would untraced.
+#[test]
+fn ctl_windows_on_the_engine_are_whole_and_the_guest_ends_as_untraced() {
+    if !kvm_available() || !engine_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("ctl.vtd");
+    let sock = dir.path().join("ctl.sock");
+    let child = vtrace()
+        .args([
+            "run",
+            "--no-input",
+            "--engine",
+            "bochs",
+            "--ignore-guest-tracing",
+        ])
+        .args(["--disk-size", "64M", "--disk"])
+        .arg(&disk)
+        .arg("--control")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(started.elapsed().as_secs() < 30, "no control socket");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let ctl = |cmd: &str| {
+        let out = run(&["ctl", "--control", sock.to_str().unwrap(), cmd]);
+        out.status.code()
+    };
+    // The guest may be done before a request comes (it is short): then
+    // ctl finds nobody (69), and the windows it did open count.
+    for _ in 0..3 {
+        if ctl("start") != Some(0) || ctl("stop") != Some(0) {
+            break;
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("vtrace: guest: demo OS done"), "{said}");
+    let info = info_json(&disk);
+    assert_eq!(info["gaps"], 0, "{info}");
+    let recs = records(&disk);
+    assert_eq!(
+        recs.first(),
+        Some(&Record::Event(Event::TraceStart(TraceReason::Control))),
+        "{info}"
+    );
+}
+
+/// Linux's first 200,000 steps from its first instruction, on the engine:
+/// stepping's trace.
+#[test]
+fn linux_boot_prefix_on_the_engine_is_the_stepped_prefix() {
+    if !kvm_available() || !engine_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let stepped = common::linux::boot_prefix_here(dir.path());
+    let engine = dir.path().join("engine.vtd");
+    let kernel = common::test_kernel();
+    let args = common::linux::boot_prefix_args(kernel.to_str().unwrap(), engine.to_str().unwrap());
+    let mut args: Vec<&str> = args.split_whitespace().collect();
+    args.extend(["--engine", "bochs"]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_same(&stepped, &engine);
+}
+
+#[test]
+fn the_engine_refuses_what_it_cannot_run_and_says_how_to_go_on() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // No library where VTRACE_ENGINE points: unavailable (69), and how to
+    // build it.
+    let out = vtrace()
+        .args([
+            "run",
+            "--no-input",
+            "--trace",
+            "--engine",
+            "bochs",
+            "--disk",
+        ])
+        .arg(dir.path().join("none.vtd"))
+        .env("VTRACE_ENGINE", dir.path().join("missing.so"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{said}");
+    assert!(
+        said.contains("scripts/engine.sh") || said.contains("missing.so"),
+        "{said}"
+    );
+    if !engine_available() {
+        return;
+    }
+    let (_, out) = demo_on(dir.path(), "smp.vtd", "bochs", &["--trace", "--cpus", "2"]);
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("--engine step"), "{said}");
+}
