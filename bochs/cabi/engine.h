@@ -44,6 +44,8 @@ void make_parameters(unsigned cpus);
 void host_apic(BX_CPU_C *c);
 // CPU `cpu`'s INTR line (hooks.cc).
 void set_intr(unsigned cpu, bool high);
+// Whether the step being told is a REP iteration (hooks.cc).
+bool in_repeat(unsigned cpu);
 // What the hooks keep per CPU, for `cpus` CPUs (hooks.cc).
 void make_hooks(unsigned cpus);
 

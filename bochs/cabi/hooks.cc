@@ -75,6 +75,8 @@ void vtb::set_intr(unsigned cpu, bool high) {
         BX_CPU(cpu)->clear_INTR();
 }
 
+bool vtb::in_repeat(unsigned cpu) { return underway[cpu].repeated; }
+
 void vtb::make_hooks(unsigned cpus) {
     underway = new Underway[cpus]();
 }

@@ -278,6 +278,8 @@ void vtb_invalidate(uint64_t gpa, uint64_t len) {
     }
 }
 
+int vtb_in_repeat(unsigned cpu) { return in_repeat(cpu); }
+
 uint64_t vtb_insn_start(unsigned cpu) { return BX_CPU(cpu)->prev_rip; }
 
 void vtb_set_intr(unsigned cpu, int high) { set_intr(cpu, high != 0); }

@@ -171,6 +171,11 @@ void vtb_set_state(unsigned cpu, const vtb_state *in, unsigned parts);
 /* Inside a host callback: where the instruction under way begins (its
  * RIP, as vtb_get_state gives the RIP past it). */
 uint64_t vtb_insn_start(unsigned cpu);
+/* Inside the step callback: nonzero where the step is an iteration of a
+ * REP string instruction. Its state then has RIP past the instruction
+ * even where more iterations follow; the run's end puts RIP back where
+ * the next iteration runs, as the trap flag shows it. */
+int vtb_in_repeat(unsigned cpu);
 /* The host wrote guest RAM at [gpa, gpa + len) behind the CPUs' back (an
  * interrupt frame it pushed, a stretch another engine ran): what they
  * decoded from there is dropped. A `len` of 0: all of RAM. */

@@ -153,6 +153,7 @@ pub(crate) type CreateFn = unsafe extern "C" fn(*const Host, c_uint) -> c_int;
 pub(crate) type GetStateFn = unsafe extern "C" fn(c_uint, *mut State, c_uint);
 pub(crate) type SetStateFn = unsafe extern "C" fn(c_uint, *const State, c_uint);
 pub(crate) type InvalidateFn = unsafe extern "C" fn(u64, u64);
+pub(crate) type InRepeatFn = unsafe extern "C" fn(c_uint) -> c_int;
 pub(crate) type InsnStartFn = unsafe extern "C" fn(c_uint) -> u64;
 pub(crate) type SetIntrFn = unsafe extern "C" fn(c_uint, c_int);
 pub(crate) type RunFn = unsafe extern "C" fn(c_uint, u64, *mut u64) -> c_int;

@@ -83,6 +83,7 @@ pub struct Library {
     set_state: ffi::SetStateFn,
     set_intr: ffi::SetIntrFn,
     insn_start: ffi::InsnStartFn,
+    in_repeat: ffi::InRepeatFn,
     invalidate: ffi::InvalidateFn,
     run: ffi::RunFn,
     // Kept open as long as the functions above are used.
@@ -166,6 +167,7 @@ impl Library {
                 set_intr: *library.get(b"vtb_set_intr\0").map_err(load)?,
                 insn_start: *library.get(b"vtb_insn_start\0").map_err(load)?,
                 invalidate: *library.get(b"vtb_invalidate\0").map_err(load)?,
+                in_repeat: *library.get(b"vtb_in_repeat\0").map_err(load)?,
                 run: *library.get(b"vtb_run\0").map_err(load)?,
                 _library: library,
             })
@@ -197,6 +199,25 @@ impl Library {
     pub fn read_core(&self, cpu: u32, state: &mut State) {
         // SAFETY: `state` is a valid `vtb_state` to write.
         unsafe { (self.get_state)(cpu, state, ffi::CORE) };
+    }
+
+    /// [`Machine::invalidate`], also from inside a [`Host`] callback (a
+    /// run goes on with what it decoded until the host ends it).
+    pub fn invalidate(&self, gpa: u64, len: u64) {
+        if len > 0 {
+            // SAFETY: a plain call into the library's own bookkeeping.
+            unsafe { (self.invalidate)(gpa, len) }
+        }
+    }
+
+    /// Inside [`Host::step`]: whether the step is an iteration of a REP
+    /// string instruction. [`Library::state`] then has RIP past the
+    /// instruction even where more iterations follow; the run's end puts
+    /// RIP back where the next one runs, as the trap flag shows it, so a
+    /// host that reads such a step's state ends the run first.
+    pub fn in_repeat(&self, cpu: u32) -> bool {
+        // SAFETY: a plain read of the library's own bookkeeping.
+        unsafe { (self.in_repeat)(cpu) != 0 }
     }
 
     /// Inside a [`Host`] callback: the address of the instruction under
@@ -526,10 +547,7 @@ impl<'a> Machine<'a> {
     /// frame, a stretch another engine ran): the CPUs drop what they
     /// decoded from there. Their own writes need no telling.
     pub fn invalidate(&mut self, gpa: u64, len: u64) {
-        if len > 0 {
-            // SAFETY: a plain call into the library's own bookkeeping.
-            unsafe { (self.library.invalidate)(gpa, len) }
-        }
+        self.library.invalidate(gpa, len);
     }
 
     /// Writes `data` into guest RAM at `gpa` as the host (a device, a

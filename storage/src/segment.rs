@@ -56,14 +56,16 @@ impl Compression {
 
     /// Which of [`Compression::levels`] the writer takes for its next
     /// segment, after `rung` and with `waiting` segments queued behind
-    /// the one it just wrote: one faster where two or more wait (it falls
-    /// behind), one denser where none does (it keeps up).
+    /// the one it just wrote: one faster where two wait (it falls behind),
+    /// the fastest where more do (the recorder is about to wait for it),
+    /// one denser where none does (it keeps up).
     pub(crate) fn next_rung(self, rung: usize, waiting: u64) -> usize {
         let last = self.levels().len() - 1;
         match waiting {
             0 => rung.saturating_sub(1),
             1 => rung.min(last),
-            _ => (rung + 1).min(last),
+            2 => (rung + 1).min(last),
+            _ => last,
         }
     }
 }
@@ -235,6 +237,7 @@ mod tests {
         assert_eq!(dense.next_rung(0, 0), 0, "keeping up at the densest");
         assert_eq!(dense.next_rung(0, 1), 0, "one waiting: it holds");
         assert_eq!(dense.next_rung(0, 2), 1, "two waiting: faster");
+        assert_eq!(dense.next_rung(0, 3), last, "more: the fastest at once");
         assert_eq!(dense.next_rung(last, 4), last, "no faster than the fastest");
         assert_eq!(dense.next_rung(3, 0), 2, "none waiting: denser again");
         assert_eq!(Compression::Fast.next_rung(0, 4), 0, "fast has one level");

@@ -16,7 +16,7 @@ mod view;
 pub(crate) use memory::EngineMemory;
 pub(crate) use view::EngineView;
 
-use vtrace_bochs::{Host, Library, Machine, State, Stop};
+use vtrace_bochs::{Library, Machine, State};
 use vtrace_x86::{Registers, SpecialRegisters};
 
 use crate::error::{Error, Result};
@@ -57,20 +57,91 @@ fn library() -> Result<&'static Library> {
     Ok(LIBRARY.get_or_init(|| library))
 }
 
+/// The engine CPU's core state (see [`vtrace_bochs::Library::read_core`])
+/// as of the last step or write, and its registers in vtrace's view,
+/// converted once a step; the rest of its state is read at hand-overs
+/// only.
+pub(crate) struct Core {
+    pub(crate) state: State,
+    pub(crate) regs: Registers,
+    pub(crate) sregs: SpecialRegisters,
+    /// The system part `sregs` was converted from: most steps change
+    /// none of it, and then it is not converted again.
+    converted: System,
+}
+
+/// The part of the core [`Core::sregs`] is made of.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct System {
+    seg: [vtrace_bochs::Segment; 8],
+    tables: [u64; 4],
+    control: [u64; 6],
+}
+
+impl System {
+    fn of(s: &State) -> System {
+        System {
+            seg: s.seg,
+            tables: [
+                s.gdt_base,
+                s.idt_base,
+                u64::from(s.gdt_limit),
+                u64::from(s.idt_limit),
+            ],
+            control: [s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.msrs.apic_base],
+        }
+    }
+}
+
+impl Core {
+    /// Reads the core of CPU 0 again (also from inside a host callback).
+    #[inline]
+    pub(crate) fn refresh(&mut self, library: &Library) {
+        library.read_core(0, &mut self.state);
+        self.convert();
+    }
+
+    fn convert(&mut self) {
+        let system = System::of(&self.state);
+        if system != self.converted {
+            (self.regs, self.sregs) = vtrace_bochs::registers_of(&self.state);
+            self.converted = system;
+            return;
+        }
+        let g = &self.state.gpr;
+        self.regs = Registers {
+            rax: g[0],
+            rcx: g[1],
+            rdx: g[2],
+            rbx: g[3],
+            rsp: g[4],
+            rbp: g[5],
+            rsi: g[6],
+            rdi: g[7],
+            r8: g[8],
+            r9: g[9],
+            r10: g[10],
+            r11: g[11],
+            r12: g[12],
+            r13: g[13],
+            r14: g[14],
+            r15: g[15],
+            rip: self.state.rip,
+            rflags: self.state.rflags,
+        };
+    }
+}
+
 /// Bochs's CPU over the guest's RAM, for the CPU on stage.
 pub(crate) struct BochsCpu {
     library: &'static Library,
-    machine: Machine<'static>,
+    pub(crate) machine: Machine<'static>,
     /// The CPU's state is the engine's (KVM's is stale) since the last
     /// hand-over.
     holds: bool,
-    /// The engine's state as of the last step or write: its core (see
-    /// [`vtrace_bochs::Library::read_core`]) at every step, the rest at
-    /// hand-overs only. Boxed, as the registers are: the run loop moves
-    /// the engine out of the VM and back at every step.
-    state: Box<State>,
-    /// The core's registers in vtrace's view, converted once a step.
-    regs: Box<(Registers, SpecialRegisters)>,
+    /// Boxed: the run loop moves the engine out of the VM and back at
+    /// every batch of steps.
+    pub(crate) core: Box<Core>,
     /// A vector the VMM took from its interrupt controllers for the
     /// engine to deliver at its next step (where the VMM does not model
     /// the delivery through the IDT).
@@ -102,12 +173,17 @@ impl BochsCpu {
         // RAM as the vCPU does: only while the engine runs, on this thread.
         let bytes: &'static mut [u8] = unsafe { low.as_mut_slice() };
         let machine = Machine::new(library, bytes, 1).map_err(|e| Error::Engine(e.to_string()))?;
-        let state = Box::new(machine.state(0));
-        let regs = Box::new(vtrace_bochs::registers_of(&state));
+        let state = machine.state(0);
+        let (regs, sregs) = vtrace_bochs::registers_of(&state);
+        let converted = System::of(&state);
         Ok(BochsCpu {
             library,
-            state,
-            regs,
+            core: Box::new(Core {
+                state,
+                regs,
+                sregs,
+                converted,
+            }),
             machine,
             holds: false,
             queued: None,
@@ -119,20 +195,19 @@ impl BochsCpu {
         self.holds
     }
 
-    /// The engine's state as of the last step: its core (see
-    /// [`BochsCpu::state`]'s field).
+    /// The engine's state as of the last step: its core (see [`Core`]).
     pub(crate) fn state(&self) -> &State {
-        &self.state
+        &self.core.state
     }
 
     /// The general registers as of the last step.
     pub(crate) fn regs(&self) -> &Registers {
-        &self.regs.0
+        &self.core.regs
     }
 
     /// The system registers as of the last step.
     pub(crate) fn sregs(&self) -> &SpecialRegisters {
-        &self.regs.1
+        &self.core.sregs
     }
 
     /// The library, for what a host callback reads of the CPU mid-step.
@@ -143,14 +218,9 @@ impl BochsCpu {
     /// Gives the engine the core of `state` (registers, segments, control
     /// registers, activity, shadow); the rest of its state stays.
     pub(crate) fn set_core(&mut self, state: State) {
-        *self.state = state;
-        self.machine.set_core(0, &self.state);
-        self.convert();
-    }
-
-    /// The core's registers in vtrace's view, again.
-    fn convert(&mut self) {
-        *self.regs = vtrace_bochs::registers_of(&self.state);
+        self.core.state = state;
+        self.machine.set_core(0, &self.core.state);
+        self.core.convert();
     }
 
     /// The VMM wrote guest RAM at `[gpa, gpa + len)`: the engine drops
@@ -165,20 +235,11 @@ impl BochsCpu {
         self.machine.set_interrupt_line(0, high);
     }
 
-    /// Runs one step (or up to the handler of the exception it raised),
-    /// its devices served by `host`.
-    pub(crate) fn step(&mut self, host: &mut dyn Host) -> (Stop, u64) {
-        let ran = self.machine.run(host, 0, 1);
-        self.machine.read_core(0, &mut self.state);
-        self.convert();
-        ran
-    }
-
     /// The CPU's whole state moves from KVM to the engine.
     pub(crate) fn take_over(&mut self, vcpu: &mut Vcpu) -> Result<()> {
-        *self.state = handover::from_kvm(vcpu, self.machine.state(0))?;
-        self.machine.set_state(0, &self.state);
-        self.convert();
+        self.core.state = handover::from_kvm(vcpu, self.machine.state(0))?;
+        self.machine.set_state(0, &self.core.state);
+        self.core.convert();
         // KVM ran the guest meanwhile: any code may have been written.
         self.machine.invalidate_all();
         self.holds = true;
@@ -187,8 +248,8 @@ impl BochsCpu {
 
     /// The CPU's whole state moves back to KVM.
     pub(crate) fn give_back(&mut self, vcpu: &mut Vcpu) -> Result<()> {
-        *self.state = self.machine.state(0);
-        handover::to_kvm(&self.state, vcpu)?;
+        self.core.state = self.machine.state(0);
+        handover::to_kvm(&self.core.state, vcpu)?;
         self.holds = false;
         Ok(())
     }

@@ -6,11 +6,18 @@ use vtrace_x86::{PhysicalMemory, Registers, SpecialRegisters};
 use crate::memory::{GuestRam, LowRam};
 use crate::monitor::{CpuView, WriteError};
 
-use super::{handover, BochsCpu};
+use super::{handover, Core};
 
 /// See the module documentation.
 pub(crate) struct EngineView<'a> {
-    pub(crate) engine: &'a mut BochsCpu,
+    pub(crate) core: &'a mut Core,
+    /// The engine's machine, for writes; `None` inside a run (from a host
+    /// callback), where the monitor only reads.
+    pub(crate) machine: Option<&'a mut vtrace_bochs::Machine<'static>>,
+    pub(crate) library: &'static vtrace_bochs::Library,
+    /// Guest memory was written through this view (inside a run, the run
+    /// must end for the engine to run the bytes written).
+    pub(crate) wrote: bool,
     /// `ram`'s region at 0 (see [`LowRam`]).
     pub(crate) low: Option<LowRam>,
     pub(crate) ram: &'a GuestRam,
@@ -30,12 +37,12 @@ impl PhysicalMemory for EngineView<'_> {
 impl CpuView for EngineView<'_> {
     #[inline]
     fn regs(&mut self) -> Registers {
-        *self.engine.regs()
+        self.core.regs
     }
 
     #[inline]
     fn sregs(&mut self) -> SpecialRegisters {
-        *self.engine.sregs()
+        self.core.sregs
     }
 
     fn write_physical(&mut self, gpa: u64, data: &[u8]) -> Result<(), WriteError> {
@@ -43,15 +50,19 @@ impl CpuView for EngineView<'_> {
         self.ram
             .write_slice(data, GuestAddress(gpa))
             .map_err(|_| WriteError::NotRam(gpa))?;
-        self.engine.invalidate(gpa, data.len() as u64);
+        // The engine drops what it decoded there.
+        self.library.invalidate(gpa, data.len() as u64);
+        self.wrote = true;
         Ok(())
     }
 
     fn write_regs(&mut self, regs: &Registers) -> Result<(), WriteError> {
-        let state = *self.engine.state();
-        let sregs = *self.engine.sregs();
-        self.engine
-            .set_core(vtrace_bochs::state_of(regs, &sregs, state));
+        let Some(machine) = self.machine.as_mut() else {
+            return Err(WriteError::ReadOnly);
+        };
+        self.core.state = vtrace_bochs::state_of(regs, &self.core.sregs, self.core.state);
+        machine.set_core(0, &self.core.state);
+        self.core.regs = *regs;
         Ok(())
     }
 
@@ -62,6 +73,6 @@ impl CpuView for EngineView<'_> {
     }
 
     fn read_msr(&mut self, index: u32) -> Option<u64> {
-        handover::engine_msr(self.engine.state(), index)
+        handover::engine_msr(&self.core.state, index)
     }
 }

@@ -15,7 +15,10 @@ impl Vm {
         let machine = &mut self.machine;
         if let Some(engine) = self.engine.as_mut().filter(|e| e.holds()) {
             return OnStageView::Engine(EngineView {
-                engine,
+                library: engine.library(),
+                core: &mut engine.core,
+                machine: Some(&mut engine.machine),
+                wrote: false,
                 low: machine.low_ram,
                 ram: &machine.ram,
             });

@@ -131,6 +131,9 @@ pub(super) struct Run<'a> {
     local_apic_interrupts: u64,
     /// Steps launched ahead, beside another CPU's.
     paired: u64,
+    /// The monitor held the guest at the boundary the engine's last run
+    /// ended at (see `on_engine`): not asked again there.
+    engine_paused: bool,
 }
 
 impl Vm {
@@ -156,6 +159,7 @@ impl Vm {
             irqs: [0; 16],
             local_apic_interrupts: 0,
             paired: 0,
+            engine_paused: false,
         };
         let result = run.until_stop();
         let (irqs, local_apic_interrupts, paired) =
@@ -253,7 +257,10 @@ impl Run<'_> {
                     return Ok(exit);
                 }
             }
-            let held = self.monitor.pause(&mut self.vm.cpu_view());
+            let held = match std::mem::take(&mut self.engine_paused) {
+                true => std::time::Duration::ZERO,
+                false => self.monitor.pause(&mut self.vm.cpu_view()),
+            };
             if !held.is_zero() {
                 self.vm.machine.clock.leave_out(held);
                 // A stop signal that came while the monitor held the guest

@@ -15,16 +15,18 @@
 //! the engine delivers the vector the VMM took (the INTR line and
 //! `acknowledge`), as KVM delivers a queued one.
 
-use vtrace_bochs::{Event, Host, Stop, Wants};
+use vtrace_bochs::{Activity, Event, Host, Stop, Wants};
 use vtrace_guest::status;
 use vtrace_x86::has_error_code;
 
+use crate::clock::VirtualNanos;
 use crate::console;
 use crate::cpu::soft_int;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome};
-use crate::engine::{BochsCpu, EngineMemory};
+use crate::engine::{BochsCpu, Core, EngineMemory, EngineView};
 use crate::error::{Error, Result};
 use crate::monitor::{Breakpoints, Directive, ExitView, Injection};
+use crate::signals;
 use crate::vm::Vm;
 use crate::EngineKind;
 
@@ -74,15 +76,49 @@ struct Seen {
     panic: Option<String>,
     /// A failure of the VMM's inside a callback (an IPI not sent).
     failure: Option<Error>,
+    /// The step was told to the monitor already, inside the run (see
+    /// [`StepHost::step`]); `halt` where its answer (or the CPU) halted.
+    told: bool,
+    halt: bool,
 }
 
-/// The host of one step: the run's devices, clock and monitor.
+impl Seen {
+    /// Whether the loop serves the step (it did more than run).
+    fn served_by_loop(&self) -> bool {
+        self.port.is_some()
+            || !self.mmio.is_empty()
+            || self.software.is_some()
+            || self.panic.is_some()
+            || self.failure.is_some()
+    }
+}
+
+/// Steps a run on the engine goes on for at most before the loop looks at
+/// what stands outside the CPU (console input, `vtrace ctl`, the progress
+/// line, stop signals are looked at every step): a fraction of a
+/// millisecond.
+const BATCH: u64 = 1024;
+
+/// The host of one run of the engine: the run's devices, clock and
+/// monitor. A plain step (no port, MMIO or event) is served here, as the
+/// loop would serve it, and the run goes on while nothing the loop does
+/// between passes is due; any other step ends the run, for the loop.
 struct StepHost<'r, 'a> {
     run: &'r mut Run<'a>,
     library: &'static vtrace_bochs::Library,
+    core: &'r mut Core,
     /// The vector the VMM took for the engine to deliver.
     queued: Option<u8>,
     seen: Seen,
+    /// The devices' next deadline as of the run's start: the run ends at
+    /// the step that reaches it (the lines move only then, or at an
+    /// access, which ends the run too).
+    deadline: Option<VirtualNanos>,
+    /// Steps served inside the run.
+    served: u64,
+    /// The monitor held the guest at the last boundary served inside the
+    /// run (the loop does not ask again).
+    paused: bool,
 }
 
 impl Host for StepHost<'_, '_> {
@@ -175,9 +211,22 @@ impl Host for StepHost<'_, '_> {
 
     fn step(&mut self, _cpu: u32) -> Wants {
         self.seen.stepped = true;
-        Wants {
+        let interrupt = self.queued.is_some();
+        let end = Wants {
             end_run: true,
-            interrupt: self.queued.is_some(),
+            interrupt,
+        };
+        // A REP iteration's state is the loop's to read (see
+        // `Library::in_repeat`).
+        if self.seen.served_by_loop() || self.library.in_repeat(0) {
+            return end;
+        }
+        match self.serve_plain_step() {
+            true => Wants {
+                end_run: false,
+                interrupt,
+            },
+            false => end,
         }
     }
 
@@ -224,6 +273,62 @@ impl Host for StepHost<'_, '_> {
 }
 
 impl StepHost<'_, '_> {
+    /// Tells the monitor of a plain step as the loop tells it (a debug
+    /// exit, the step clock by its answer), then does what the loop does
+    /// before the next step where nothing stands in the way: whether the
+    /// run goes on.
+    fn serve_plain_step(&mut self) -> bool {
+        self.core.refresh(self.library);
+        let Run { vm, monitor, .. } = &mut *self.run;
+        let machine = &mut vm.machine;
+        let mut view = EngineView {
+            core: &mut *self.core,
+            machine: None,
+            library: self.library,
+            low: machine.low_ram,
+            ram: &machine.ram,
+            wrote: false,
+        };
+        let answer = monitor.on_exit(&ExitView::Debug { breakpoint: false }, &mut view);
+        if answer.instructions > 0 {
+            machine.clock.steps(answer.instructions);
+        }
+        self.seen.told = true;
+        self.served += 1;
+        let halted = view.core.state.activity != Activity::Active as u32;
+        if answer.directive == Directive::Halt || halted {
+            self.seen.halt = true;
+            return false;
+        }
+        let cpu = machine.cpus.on_stage();
+        let due = self.deadline.is_some_and(|d| machine.clock.now() >= d);
+        if view.wrote
+            || due
+            || self.served >= BATCH
+            || machine.devices.pending_vector(cpu).is_some()
+            || signals::caught().is_some()
+        {
+            return false;
+        }
+        // The loop's pass before the next step: the monitor may hold the
+        // guest, plan otherwise, and note the instruction about to run.
+        let held = monitor.pause(&mut view);
+        if !held.is_zero() {
+            machine.clock.leave_out(held);
+            self.paused = true;
+            return false;
+        }
+        let plan = monitor.plan_entry();
+        if !plan.stepping || plan.done {
+            return false;
+        }
+        monitor.before_entry(&mut view);
+        // The next step is a new one (nothing else of it was set: the loop
+        // serves a step that does more than run).
+        (self.seen.stepped, self.seen.told) = (false, false);
+        !view.wrote
+    }
+
     /// An `IN` on the hypercall port: the port serves what is the VMM's,
     /// the monitor the rest; the guest gets the status at once.
     fn hypercall(&mut self) -> u32 {
@@ -268,16 +373,26 @@ impl Run<'_> {
         let Some(mut engine) = self.vm.engine.take() else {
             return Ok(Next::Continue);
         };
+        let library = engine.library();
+        let queued = engine.queued.take();
+        let deadline = self.vm.machine.devices.next_deadline();
+        let BochsCpu { machine, core, .. } = &mut engine;
         let mut host = StepHost {
-            library: engine.library(),
-            queued: engine.queued.take(),
+            library,
+            queued,
             run: self,
+            core,
             seen: Seen::default(),
+            deadline,
+            served: 0,
+            paused: false,
         };
-        let (stop, _) = engine.step(&mut host);
-        let (queued, seen) = (host.queued, host.seen);
+        let (stop, _) = machine.run(&mut host, 0, BATCH);
+        let (queued, seen, paused) = (host.queued, host.seen, host.paused);
         engine.queued = queued;
+        engine.core.refresh(library);
         self.vm.engine = Some(engine);
+        self.engine_paused = paused;
         self.serve_step(stop, seen)
     }
 
@@ -338,6 +453,12 @@ impl Run<'_> {
                 error_code: has_error_code(vector).then_some(error),
             });
             return Ok(Next::Continue);
+        }
+        if seen.told {
+            return match seen.halt {
+                true => self.halt(),
+                false => Ok(Next::Continue),
+            };
         }
         if !seen.stepped {
             // Halted, with nothing to wake it yet.
