@@ -21,6 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub use ffi::{Fpu, Msrs, Segment, State, BLOCKED_BY_MOV_SS, BLOCKED_BY_STI};
 pub use handover::{registers_of, state_of};
 
+/// The most CPUs a machine has (Bochs's `BX_MAX_SMP_THREADS_SUPPORTED`:
+/// the I/O APIC takes the last xAPIC ID).
+pub const MAX_CPUS: u32 = 254;
+
 /// The file name of the engine's library.
 pub const LIBRARY: &str = "libvtrace_bochs.so";
 

@@ -98,10 +98,11 @@ pub enum Error {
     /// library is not built or does not load.
     #[error("{0}")]
     Engine(String),
-    /// The engine asked for runs machines of one CPU so far.
+    /// The engine cannot make a machine of this many CPUs here.
     #[error(
-        "the Bochs engine runs machines of one CPU so far, this one has {0}; trace it with \
-         --engine step, or with --cpus 1"
+        "the Bochs engine cannot make a machine of {0} CPUs here (at most {most}, and as many \
+         as the first machine of the process); trace it with --engine step",
+        most = vtrace_bochs::MAX_CPUS
     )]
     EngineCpus(u8),
     /// The CPU count asked for is out of range.

@@ -94,10 +94,11 @@ impl System {
 }
 
 impl Core {
-    /// Reads the core of CPU 0 again (also from inside a host callback).
+    /// Reads the core of CPU `cpu` again (also from inside a host
+    /// callback).
     #[inline]
-    pub(crate) fn refresh(&mut self, library: &Library) {
-        library.read_core(0, &mut self.state);
+    pub(crate) fn refresh(&mut self, library: &Library, cpu: u32) {
+        library.read_core(cpu, &mut self.state);
         self.convert();
     }
 
@@ -136,11 +137,16 @@ impl Core {
 pub(crate) struct BochsCpu {
     library: &'static Library,
     pub(crate) machine: Machine<'static>,
-    /// The CPU's state is the engine's (KVM's is stale) since the last
+    /// The CPUs' states are the engine's (KVM's are stale) since the last
     /// hand-over.
     holds: bool,
-    /// Boxed: the run loop moves the engine out of the VM and back at
-    /// every batch of steps.
+    /// The CPU on stage, whose core `core` holds.
+    selected: u32,
+    /// By CPU: its last step was an I/O access whose completion (the debug
+    /// exit stepping gives on the next entry) is still to be told.
+    owed: Vec<bool>,
+    /// The core of the CPU on stage. Boxed: the run loop moves the engine
+    /// out of the VM and back at every batch of steps.
     pub(crate) core: Box<Core>,
     /// A vector the VMM took from its interrupt controllers for the
     /// engine to deliver at its next step (where the VMM does not model
@@ -157,13 +163,10 @@ impl std::fmt::Debug for BochsCpu {
 }
 
 impl BochsCpu {
-    /// Loads the engine's library and makes its CPU over `ram`'s region
-    /// at guest-physical 0 (what lies above it reaches the engine as
-    /// MMIO, which `on_engine` serves from RAM where it is RAM).
+    /// Loads the engine's library and makes its `cpus` CPUs over `ram`'s
+    /// region at guest-physical 0 (what lies above it reaches the engine
+    /// as MMIO, which `on_engine` serves from RAM where it is RAM).
     pub(crate) fn open(ram: &GuestRam, cpus: u8) -> Result<BochsCpu> {
-        if cpus != 1 {
-            return Err(Error::EngineCpus(cpus));
-        }
         let library = library()?;
         let low = LowRam::of(ram)
             .ok_or_else(|| Error::Engine("guest RAM does not start at address 0".into()))?;
@@ -172,7 +175,10 @@ impl BochsCpu {
         // (its field comes before the machine's). Bochs writes the guest's
         // RAM as the vCPU does: only while the engine runs, on this thread.
         let bytes: &'static mut [u8] = unsafe { low.as_mut_slice() };
-        let machine = Machine::new(library, bytes, 1).map_err(|e| Error::Engine(e.to_string()))?;
+        let machine = Machine::new(library, bytes, u32::from(cpus)).map_err(|e| match e {
+            vtrace_bochs::MachineError::Cpus(_) => Error::EngineCpus(cpus),
+            e => Error::Engine(e.to_string()),
+        })?;
         let state = machine.state(0);
         let (regs, sregs) = vtrace_bochs::registers_of(&state);
         let converted = System::of(&state);
@@ -186,13 +192,43 @@ impl BochsCpu {
             }),
             machine,
             holds: false,
+            selected: 0,
+            owed: vec![false; usize::from(cpus)],
             queued: None,
         })
     }
 
-    /// Whether the engine holds the CPU's state now.
+    /// Whether the engine holds the CPUs' states now.
     pub(crate) fn holds(&self) -> bool {
         self.holds
+    }
+
+    /// The CPU on stage, the engine's number of it.
+    pub(crate) fn selected(&self) -> u32 {
+        self.selected
+    }
+
+    /// CPU `cpu`'s last step completes on its next pass (see `owed`).
+    pub(crate) fn owe_completion(&mut self, cpu: usize) {
+        if let Some(owed) = self.owed.get_mut(cpu) {
+            *owed = true;
+        }
+    }
+
+    /// Whether CPU `cpu`'s last step is still to complete.
+    pub(crate) fn owes_completion(&self, cpu: usize) -> bool {
+        self.owed.get(cpu).copied().unwrap_or(false)
+    }
+
+    /// Whether CPU `cpu`'s last step was still to complete (it is now).
+    pub(crate) fn take_completion(&mut self, cpu: usize) -> bool {
+        self.owed.get_mut(cpu).is_some_and(std::mem::take)
+    }
+
+    /// CPU `cpu` goes on stage: its core is read.
+    pub(crate) fn select(&mut self, cpu: usize) {
+        self.selected = u32::try_from(cpu).unwrap_or(u32::MAX);
+        self.core.refresh(self.library, self.selected);
     }
 
     /// The engine's state as of the last step: its core (see [`Core`]).
@@ -219,7 +255,7 @@ impl BochsCpu {
     /// registers, activity, shadow); the rest of its state stays.
     pub(crate) fn set_core(&mut self, state: State) {
         self.core.state = state;
-        self.machine.set_core(0, &self.core.state);
+        self.machine.set_core(self.selected, &self.core.state);
         self.core.convert();
     }
 
@@ -232,25 +268,37 @@ impl BochsCpu {
     /// Raises or lowers the CPU's INTR line (an interrupt the engine
     /// delivers itself, where the VMM does not model the delivery).
     pub(crate) fn set_interrupt_line(&mut self, high: bool) {
-        self.machine.set_interrupt_line(0, high);
+        self.machine.set_interrupt_line(self.selected, high);
     }
 
-    /// The CPU's whole state moves from KVM to the engine.
-    pub(crate) fn take_over(&mut self, vcpu: &mut Vcpu) -> Result<()> {
-        self.core.state = handover::from_kvm(vcpu, self.machine.state(0))?;
-        self.machine.set_state(0, &self.core.state);
-        self.core.convert();
+    /// CPU `cpu`'s whole state moves from KVM (`vcpu`) to the engine; the
+    /// hand-over is done when [`BochsCpu::took_over`] is told.
+    pub(crate) fn take_over(&mut self, cpu: usize, vcpu: &mut Vcpu) -> Result<()> {
+        let n = u32::try_from(cpu).unwrap_or(u32::MAX);
+        let state = handover::from_kvm(vcpu, self.machine.state(n))?;
+        self.machine.set_state(n, &state);
+        Ok(())
+    }
+
+    /// Every CPU was taken over; `on_stage` is the one the loop runs.
+    pub(crate) fn took_over(&mut self, on_stage: usize) {
         // KVM ran the guest meanwhile: any code may have been written.
         self.machine.invalidate_all();
         self.holds = true;
-        Ok(())
+        self.select(on_stage);
     }
 
-    /// The CPU's whole state moves back to KVM.
-    pub(crate) fn give_back(&mut self, vcpu: &mut Vcpu) -> Result<()> {
-        self.core.state = self.machine.state(0);
-        handover::to_kvm(&self.core.state, vcpu)?;
+    /// CPU `cpu`'s whole state moves back to KVM (`vcpu`); the hand-over
+    /// is done when [`BochsCpu::gave_back`] is told.
+    pub(crate) fn give_back(&mut self, cpu: usize, vcpu: &mut Vcpu) -> Result<()> {
+        let state = self.machine.state(u32::try_from(cpu).unwrap_or(u32::MAX));
+        handover::to_kvm(&state, vcpu)
+    }
+
+    /// Every CPU went back to KVM.
+    pub(crate) fn gave_back(&mut self) {
         self.holds = false;
-        Ok(())
+        // KVM has each CPU past its last instruction: nothing is owed.
+        self.owed.fill(false);
     }
 }

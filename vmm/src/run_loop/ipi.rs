@@ -30,6 +30,10 @@ impl Run<'_> {
                 IpiKind::Startup(vector) if power == Power::WaitingForStartup => {
                     if let Some(vcpu) = machine.cpus.parked_vcpu(target) {
                         entry::apply(vcpu, &machine.ram, EntryState::Startup { vector })?;
+                        // Where the engine holds the CPUs, it starts there.
+                        if let Some(engine) = self.vm.engine.as_mut().filter(|e| e.holds()) {
+                            engine.take_over(target, vcpu)?;
+                        }
                         machine.cpus.set_power(target, Power::Running);
                     }
                 }

@@ -273,20 +273,23 @@ impl Run<'_> {
             if plan.done {
                 return Ok(GuestExit::MonitorDone);
             }
-            self.fit_steppers(&plan)?;
             if self.vm.engine.is_some() {
                 // A CPU mid-IN (or mid-MMIO read) in KVM completes there
                 // first: the engine would run the instruction again.
                 if plan.stepping && !self.vm.step.io_pending {
                     match self.step_on_engine()? {
                         Next::Stop(exit) => return Ok(exit),
-                        Next::Continue => continue,
+                        Next::Continue => {
+                            self.hand_on_if_turn_ends();
+                            continue;
+                        }
                     }
                 }
                 if !plan.stepping && self.vm.on_engine() {
                     self.hand_to_kvm()?;
                 }
             }
+            self.fit_steppers(&plan)?;
             let peeping = self.vm.frontends.peeper.is_some();
             if !ahead && turns::may_race(self.vm.machine.cpus.count(), &plan, peeping) {
                 match self.race()? {

@@ -23,6 +23,7 @@ use crate::clock::VirtualNanos;
 use crate::console;
 use crate::cpu::soft_int;
 use crate::devices::hypercall::{Hypercall, HypercallOutcome};
+use crate::devices::lapic::Ipi;
 use crate::engine::{BochsCpu, Core, EngineMemory, EngineView};
 use crate::error::{Error, Result};
 use crate::monitor::{Breakpoints, Directive, ExitView, Injection};
@@ -74,8 +75,10 @@ struct Seen {
     software: Option<u8>,
     /// What the CPU said where it could not go on.
     panic: Option<String>,
-    /// A failure of the VMM's inside a callback (an IPI not sent).
+    /// A failure of the VMM's inside a callback.
     failure: Option<Error>,
+    /// IPIs the step's stores sent, for the loop to deliver.
+    ipis: Vec<Ipi>,
     /// The step was told to the monitor already, inside the run (see
     /// [`StepHost::step`]); `halt` where its answer (or the CPU) halted.
     told: bool,
@@ -87,6 +90,7 @@ impl Seen {
     fn served_by_loop(&self) -> bool {
         self.port.is_some()
             || !self.mmio.is_empty()
+            || !self.ipis.is_empty()
             || self.software.is_some()
             || self.panic.is_some()
             || self.failure.is_some()
@@ -122,9 +126,9 @@ struct StepHost<'r, 'a> {
 }
 
 impl Host for StepHost<'_, '_> {
-    fn port_in(&mut self, _cpu: u32, port: u16, len: u32) -> u32 {
+    fn port_in(&mut self, cpu: u32, port: u16, len: u32) -> u32 {
         if port == vtrace_guest::PORT && len == 4 {
-            return self.hypercall();
+            return self.hypercall(cpu);
         }
         let machine = &mut self.run.vm.machine;
         let mut data = [0u8; 4];
@@ -203,13 +207,11 @@ impl Host for StepHost<'_, '_> {
             .devices
             .mmio_write(cpu, gpa, value, machine.clock.now())
         {
-            if let Err(e) = self.run.send_ipi(ipi) {
-                self.seen.failure.get_or_insert(e);
-            }
+            self.seen.ipis.push(ipi);
         }
     }
 
-    fn step(&mut self, _cpu: u32) -> Wants {
+    fn step(&mut self, cpu: u32) -> Wants {
         self.seen.stepped = true;
         let interrupt = self.queued.is_some();
         let end = Wants {
@@ -218,10 +220,10 @@ impl Host for StepHost<'_, '_> {
         };
         // A REP iteration's state is the loop's to read (see
         // `Library::in_repeat`).
-        if self.seen.served_by_loop() || self.library.in_repeat(0) {
+        if self.seen.served_by_loop() || self.library.in_repeat(cpu) {
             return end;
         }
-        match self.serve_plain_step() {
+        match self.serve_plain_step(cpu) {
             true => Wants {
                 end_run: false,
                 interrupt,
@@ -235,8 +237,8 @@ impl Host for StepHost<'_, '_> {
         self.queued.take().unwrap_or(0xff)
     }
 
-    fn cpuid(&mut self, _cpu: u32, leaf: u32, subleaf: u32) -> Option<[u32; 4]> {
-        let state = self.library.state(0);
+    fn cpuid(&mut self, cpu: u32, leaf: u32, subleaf: u32) -> Option<[u32; 4]> {
+        let state = self.library.state(cpu);
         let seen = [
             state.gpr[0] as u32,
             state.gpr[3] as u32,
@@ -277,8 +279,8 @@ impl StepHost<'_, '_> {
     /// exit, the step clock by its answer), then does what the loop does
     /// before the next step where nothing stands in the way: whether the
     /// run goes on.
-    fn serve_plain_step(&mut self) -> bool {
-        self.core.refresh(self.library);
+    fn serve_plain_step(&mut self, cpu: u32) -> bool {
+        self.core.refresh(self.library, cpu);
         let Run { vm, monitor, .. } = &mut *self.run;
         let machine = &mut vm.machine;
         let mut view = EngineView {
@@ -300,12 +302,14 @@ impl StepHost<'_, '_> {
             self.seen.halt = true;
             return false;
         }
-        let cpu = machine.cpus.on_stage();
+        let on_stage = machine.cpus.on_stage();
         let due = self.deadline.is_some_and(|d| machine.clock.now() >= d);
+        // Several CPUs take turns a step or so long: the loop hands them on.
         if view.wrote
             || due
             || self.served >= BATCH
-            || machine.devices.pending_vector(cpu).is_some()
+            || machine.cpus.count() > 1
+            || machine.devices.pending_vector(on_stage).is_some()
             || signals::caught().is_some()
         {
             return false;
@@ -331,10 +335,10 @@ impl StepHost<'_, '_> {
 
     /// An `IN` on the hypercall port: the port serves what is the VMM's,
     /// the monitor the rest; the guest gets the status at once.
-    fn hypercall(&mut self) -> u32 {
-        let state = self.library.state(0);
+    fn hypercall(&mut self, cpu: u32) -> u32 {
+        let state = self.library.state(cpu);
         let (regs, sregs) = vtrace_bochs::registers_of(&state);
-        let rip = self.library.instruction_start(0);
+        let rip = self.library.instruction_start(cpu);
         let call = hypercall_of(&regs, sregs.cs.l == 1, rip);
         let machine = &mut self.run.vm.machine;
         let memory = EngineMemory::new(&machine.ram, sregs);
@@ -370,12 +374,24 @@ impl Run<'_> {
             self.hand_to_engine()?;
         }
         self.monitor.before_entry(&mut self.vm.cpu_view());
+        let on_stage = self.vm.machine.cpus.on_stage();
+        if self
+            .vm
+            .engine
+            .as_mut()
+            .is_some_and(|e| e.take_completion(on_stage))
+        {
+            // This pass is the owed exit of the CPU's last step, as
+            // stepping's entry after an I/O exit completes it.
+            return self.complete_step(false);
+        }
         let Some(mut engine) = self.vm.engine.take() else {
             return Ok(Next::Continue);
         };
         let library = engine.library();
         let queued = engine.queued.take();
         let deadline = self.vm.machine.devices.next_deadline();
+        let cpu = engine.selected();
         let BochsCpu { machine, core, .. } = &mut engine;
         let mut host = StepHost {
             library,
@@ -387,12 +403,18 @@ impl Run<'_> {
             served: 0,
             paused: false,
         };
-        let (stop, _) = machine.run(&mut host, 0, BATCH);
-        let (queued, seen, paused) = (host.queued, host.seen, host.paused);
+        let (stop, _) = machine.run(&mut host, cpu, BATCH);
+        let (queued, mut seen, paused) = (host.queued, host.seen, host.paused);
         engine.queued = queued;
-        engine.core.refresh(library);
+        engine.core.refresh(library, cpu);
         self.vm.engine = Some(engine);
         self.engine_paused = paused;
+        // Sent once the engine is back: a STARTUP sets a CPU it holds.
+        for ipi in std::mem::take(&mut seen.ipis) {
+            if let Err(e) = self.send_ipi(ipi) {
+                seen.failure.get_or_insert(e);
+            }
+        }
         self.serve_step(stop, seen)
     }
 
@@ -405,19 +427,39 @@ impl Run<'_> {
         self.vm.set_debug(false, Breakpoints::default())?;
         let machine = &mut self.vm.machine;
         if let Some(engine) = self.vm.engine.as_mut() {
-            engine.take_over(&mut machine.vcpu)?;
+            let on_stage = machine.cpus.on_stage();
+            for cpu in 0..machine.cpus.count() {
+                match cpu == on_stage {
+                    true => engine.take_over(cpu, &mut machine.vcpu)?,
+                    false => match machine.cpus.parked_vcpu(cpu) {
+                        Some(vcpu) => engine.take_over(cpu, vcpu)?,
+                        None => continue,
+                    },
+                }
+            }
+            engine.took_over(on_stage);
         }
         machine.clock.set_stepping(true);
         self.monitor.on_engine(EngineKind::Bochs);
         Ok(())
     }
 
-    /// The CPU moves back from the engine to KVM, which runs it on as if
-    /// it had never left.
+    /// The CPUs move back from the engine to KVM, which runs them on as if
+    /// they had never left.
     pub(super) fn hand_to_kvm(&mut self) -> Result<()> {
         let machine = &mut self.vm.machine;
         if let Some(engine) = self.vm.engine.as_mut() {
-            engine.give_back(&mut machine.vcpu)?;
+            let on_stage = machine.cpus.on_stage();
+            for cpu in 0..machine.cpus.count() {
+                match cpu == on_stage {
+                    true => engine.give_back(cpu, &mut machine.vcpu)?,
+                    false => match machine.cpus.parked_vcpu(cpu) {
+                        Some(vcpu) => engine.give_back(cpu, vcpu)?,
+                        None => continue,
+                    },
+                }
+            }
+            engine.gave_back();
         }
         // The clock follows the host again, unless stepping follows.
         machine.clock.set_stepping(false);
@@ -464,8 +506,16 @@ impl Run<'_> {
             // Halted, with nothing to wake it yet.
             return self.halt();
         }
+        let completes_later = !seen.mmio.is_empty()
+            || matches!(
+                seen.port,
+                Some(PortAccess::In { .. } | PortAccess::Hypercall { .. })
+            );
         for view in seen.mmio {
-            self.tell(view);
+            let answer = self.tell(view);
+            if answer.instructions > 0 {
+                self.vm.machine.clock.steps(answer.instructions);
+            }
         }
         match seen.port {
             Some(PortAccess::Out { port, size, value }) => {
@@ -506,11 +556,26 @@ impl Run<'_> {
             });
             return Ok(Next::Continue);
         }
+        // Stepping's I/O exit comes before the instruction completes, and
+        // on a machine of several CPUs a turn may end there: the step's
+        // own exit is told when its CPU's turn comes again.
+        if completes_later && self.vm.machine.cpus.count() > 1 {
+            let cpu = self.vm.machine.cpus.on_stage();
+            if let Some(engine) = self.vm.engine.as_mut() {
+                engine.owe_completion(cpu);
+            }
+            return Ok(Next::Continue);
+        }
+        self.complete_step(matches!(stop, Stop::Halt))
+    }
+
+    /// Tells the monitor that the step ran (its debug exit), with the step
+    /// clock and a HLT as stepping's exit has them.
+    fn complete_step(&mut self, halted: bool) -> Result<Next> {
         let answer = self.tell(ExitView::Debug { breakpoint: false });
         if answer.instructions > 0 {
             self.vm.machine.clock.steps(answer.instructions);
         }
-        let halted = matches!(stop, Stop::Halt);
         if answer.directive == Directive::Halt || halted {
             return self.halt();
         }
@@ -527,10 +592,11 @@ impl Run<'_> {
         let window_open = state.rflags & vtrace_x86::rflags::IF != 0
             && state.interruptibility == 0
             && engine.queued.is_none();
+        let on_stage = self.vm.machine.cpus.on_stage();
         let how = decide::injection(InjectionState {
             pending: self.vm.pending_vector().is_some(),
             stepping: true,
-            io_pending: false,
+            io_pending: engine.owes_completion(on_stage),
             window_open,
             plan: self.monitor.plan_entry(),
         });

@@ -147,6 +147,9 @@ impl Run<'_> {
         {
             let immediate_exit = &mut machine.vcpu.run_page().immediate_exit as *mut u8;
             self.kicker.retarget(immediate_exit);
+            if let Some(engine) = self.vm.engine.as_mut().filter(|e| e.holds()) {
+                engine.select(cpu);
+            }
             self.monitor.on_cpu(cpu);
         }
     }
