@@ -126,9 +126,10 @@ fn demo_os_traced_on_amdv_matches_this_host() {
              --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault --probe sched:switch \
              --record-values && \
              vtrace run --no-input -q --trace --real-mode fences.bin --disk /out/fences.vtd \
-             --disk-size 8M; {} vtrace {}",
+             --disk-size 8M; {} vtrace {}{}",
             jumping_guests_there(sysenter),
-            mmio_run("mmio.elf", "/out/mmio.vtd")
+            mmio_run("mmio.elf", "/out/mmio.vtd"),
+            engine_runs_there(),
         ),
     );
     assert_eq!(m.status, Some(0), "{}\n{}", m.output, m.stderr);
@@ -154,6 +155,7 @@ fn demo_os_traced_on_amdv_matches_this_host() {
     assert!(switches > Some(10), "{ih}");
     assert_eq!(switches, ia["events"]["probe"].as_u64(), "{ia}");
     assert_same_trace(&here, &there);
+    assert_engine_runs_there(&m, &here);
     // The memory values --record-values read there are those read here
     // (the digest leaves them out), step for step. Where this host's emulator ran
     // a step without its own exit (after an IRETQ), it has none and shows
@@ -260,6 +262,43 @@ fn linux_user_mode_and_syscall_events_traced_from_the_host_on_amdv() {
     assert_user_mode_traced_whole(&m.file("l.vtd"));
     assert_each_open_shown(&m.file("l.vtd"));
     assert_increments_recorded(&m.file("l.vtd"));
+}
+
+/// Where the engine's library is there: the demo OS traced whole on the
+/// engine in the machine (the hand-over from AMD-V's KVM at its first
+/// instruction, with the captures, probe and values of the stepped run),
+/// and its own windows (hand-overs both ways, mid-run).
+fn engine_runs_there() -> &'static str {
+    match engine_available() {
+        true => {
+            "; s=$?; vtrace run --no-input -q --trace --engine bochs --disk /out/engine.vtd \
+             --disk-size 64M --capture kprintf:rdi:64 --capture page_fault:rdi:16:fault \
+             --probe sched:switch --record-values > /out/engine.txt 2>&1 && \
+             vtrace run --no-input -q --engine bochs --disk /out/windows.vtd --disk-size 64M \
+             >> /out/engine.txt 2>&1 && echo engine runs done; exit $s"
+        }
+        false => "",
+    }
+}
+
+/// What [`engine_runs_there`] left: stepping's trace of this host, and
+/// whole windows.
+fn assert_engine_runs_there(m: &common::machine::MachineRun, here: &std::path::Path) {
+    if !engine_available() {
+        return;
+    }
+    assert!(
+        m.output.contains("engine runs done"),
+        "{}",
+        m.text("engine.txt")
+    );
+    assert_same_trace(here, &m.file("engine.vtd"));
+    let windows = info_json(&m.file("windows.vtd"));
+    assert_eq!(windows["gaps"], 0, "{windows}");
+    assert!(
+        windows["events"]["trace_start"].as_u64() > Some(0),
+        "{windows}"
+    );
 }
 
 /// `analyze listing --values --no-lines` of `trace`.

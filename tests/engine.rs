@@ -11,20 +11,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{demo_trace, info_json, kvm_available, records, run, stderr, vtrace};
+use common::{
+    demo_trace, engine_available, info_json, kvm_available, records, run, stderr, vtrace,
+};
 use vtrace_storage::{Event, Record, TraceReason};
-
-/// Whether the engine's library is there (see the module documentation).
-fn engine_available() -> bool {
-    match vtrace_bochs::Library::find() {
-        Ok(_) => true,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: {e}");
-            false
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// `vtrace run` of the demo OS into `dir/name` on `engine`, with `extra`.
 fn demo_on(
@@ -165,28 +155,18 @@ fn ctl_windows_on_the_engine_are_whole_and_the_guest_ends_as_untraced() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("ctl.vtd");
     let sock = dir.path().join("ctl.sock");
-    let child = vtrace()
-        .args([
-            "run",
-            "--no-input",
-            "--engine",
-            "bochs",
-            "--ignore-guest-tracing",
-        ])
-        .args(["--disk-size", "64M", "--disk"])
-        .arg(&disk)
-        .arg("--control")
-        .arg(&sock)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(started.elapsed().as_secs() < 30, "no control socket");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let args = [
+        "--no-input",
+        "--engine",
+        "bochs",
+        "--ignore-guest-tracing",
+        "--disk-size",
+        "64M",
+        "--disk",
+    ];
+    let mut args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    args.push(disk.as_os_str());
+    let child = common::spawn_with_control(&args, &sock);
     let ctl = |cmd: &str| {
         let out = run(&["ctl", "--control", sock.to_str().unwrap(), cmd]);
         out.status.code()

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::ffi::OsStr;
+
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -694,21 +696,14 @@ fn ctl_starts_marks_and_stops_a_running_trace() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("ctl.vtd");
     let sock = dir.path().join("ctl.sock");
-    let child = vtrace()
-        .args(["run", "--no-input", "--disk-size", "64M", "--disk"])
-        .arg(&disk)
-        .arg("--control")
-        .arg(&sock)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(started.elapsed().as_secs() < 30, "no control socket");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let args = [
+        OsStr::new("--no-input"),
+        OsStr::new("--disk-size"),
+        OsStr::new("64M"),
+    ];
+    let mut args = args.to_vec();
+    args.extend([OsStr::new("--disk"), disk.as_os_str()]);
+    let child = common::spawn_with_control(&args, &sock);
     let mode = std::fs::metadata(&sock)
         .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
         .unwrap();

@@ -116,7 +116,9 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
         .map(|(image, name, ..)| (write_guest(dir.path(), name, image), *name))
         .collect();
     let (mmio, mmio_here) = mmio_traced_here(dir.path());
+    let engine = engine_available();
     let command = command
+        + if engine { ENGINE_RUNS_THERE } else { "" }
         + "; "
         + &jumping_guests_there(&JUMPING_GUESTS)
         + HOTKEY_THERE
@@ -167,6 +169,10 @@ fn demo_os_breakpoints_and_fences_on_vtx_match_this_host() {
     assert_eq!(demo["steps"], demo_here["steps"], "{demo}\n{demo_here}");
     assert_eq!(demo["events"], demo_here["events"], "{demo}\n{demo_here}");
     assert_eq!(demo["digest"], demo_here["digest"], "{demo}\n{demo_here}");
+
+    if engine {
+        assert_engine_runs_there(&m, &demo_here, dir.path());
+    }
 
     // Two CPUs: the application processor's start (INIT and STARTUP
     // IPIs, real mode to long mode, its first wait) in the step clock's
@@ -357,6 +363,51 @@ const DEMO_RUNS_THERE: &str =
      vtrace info --json /tmp/function.vtd > /out/function.json; \
      vtrace run --no-input -q --trace --real-mode fences.bin --disk /out/fences.vtd \
        --disk-size 8M > /out/fences.txt 2>&1;";
+
+/// The second engine in the VT-x machine, where its library is there: the
+/// demo OS traced whole (the hand-over from VT-x's KVM at its first
+/// instruction), and a `--start-at` window (a hardware breakpoint's exit,
+/// then the CPU to the engine and back).
+const ENGINE_RUNS_THERE: &str = "; \
+     vtrace run --no-input -q --trace --engine bochs --disk /tmp/engine.vtd --disk-size 64M \
+       > /out/engine.txt 2>&1; \
+     vtrace info --json /tmp/engine.vtd > /out/engine.json; \
+     vtrace run --no-input -q --engine bochs --disk /out/window.vtd --disk-size 8M \
+       --start-at kmain --max-steps 300000 --ignore-guest-tracing >> /out/engine.txt 2>&1";
+
+/// What [`ENGINE_RUNS_THERE`] left: the demo's trace of this host, and the
+/// window this host's engine takes.
+fn assert_engine_runs_there(
+    m: &common::machine::MachineRun,
+    demo_here: &serde_json::Value,
+    dir: &std::path::Path,
+) {
+    let engine = json_file(m, "engine.json");
+    assert_eq!(engine["gaps"], 0, "{engine}\n{}", m.text("engine.txt"));
+    assert_eq!(
+        engine["digest"], demo_here["digest"],
+        "{engine}\n{demo_here}"
+    );
+    let window = dir.join("window.vtd");
+    let o = run(&[
+        "run",
+        "--no-input",
+        "-q",
+        "--engine",
+        "bochs",
+        "--disk",
+        window.to_str().unwrap(),
+        "--disk-size",
+        "8M",
+        "--start-at",
+        "kmain",
+        "--max-steps",
+        "300000",
+        "--ignore-guest-tracing",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    common::linux::assert_same_trace(&window, &m.file("window.vtd"));
+}
 
 /// Linux on the VT-x machine: Debian's kernel boots to a busybox userspace
 /// under vtrace, and `vtrace ctl start` from another process traces it

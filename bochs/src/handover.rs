@@ -80,11 +80,12 @@ pub fn state_of(regs: &Registers, sregs: &SpecialRegisters, base: State) -> Stat
     state
 }
 
-/// The registers `state` holds, in vtrace's own view (CR8 and the pending
-/// interrupt bitmap are the host's local APIC's, so zero here).
-pub fn registers_of(state: &State) -> (Registers, SpecialRegisters) {
+/// The general registers, RIP and RFLAGS `state` holds, in vtrace's own
+/// view (a host that has the system registers already converts only
+/// these).
+pub fn general_registers_of(state: &State) -> Registers {
     let g = &state.gpr;
-    let regs = Registers {
+    Registers {
         rax: g[0],
         rcx: g[1],
         rdx: g[2],
@@ -103,7 +104,13 @@ pub fn registers_of(state: &State) -> (Registers, SpecialRegisters) {
         r15: g[15],
         rip: state.rip,
         rflags: state.rflags,
-    };
+    }
+}
+
+/// The registers `state` holds, in vtrace's own view (CR8 and the pending
+/// interrupt bitmap are the host's local APIC's, so zero here).
+pub fn registers_of(state: &State) -> (Registers, SpecialRegisters) {
+    let regs = general_registers_of(state);
     let table = |base, limit| {
         let mut t = DescriptorTable::default();
         t.base = base;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use ffi::{Fpu, Msrs, Segment, State, BLOCKED_BY_MOV_SS, BLOCKED_BY_STI};
-pub use handover::{registers_of, state_of};
+pub use handover::{general_registers_of, registers_of, state_of};
 
 /// The most CPUs a machine has (Bochs's `BX_MAX_SMP_THREADS_SUPPORTED`:
 /// the I/O APIC takes the last xAPIC ID).

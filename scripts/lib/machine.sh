@@ -32,13 +32,28 @@ machine_module() {
     fi
 }
 
-# vtrace ($2) and the shared libraries it links, into the root $1.
-machine_vtrace() {
-    cp "$2" "$1/bin/vtrace"
+# The shared libraries $2 links, into the root $1.
+machine_libraries() {
     ldd "$2" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
         mkdir -p "$1$(dirname "$lib")"
         cp -L "$lib" "$1$lib"
     done
+}
+
+# vtrace ($2) and the shared libraries it links, into the root $1; and the
+# second engine's library with its own, where this host has one (found as
+# vtrace finds it: $VTRACE_ENGINE, else the newest scripts/engine.sh
+# built), at /lib/vtrace, which the machine's VTRACE_ENGINE names.
+machine_vtrace() {
+    cp "$2" "$1/bin/vtrace"
+    machine_libraries "$1" "$2"
+    local home=${VTRACE_ENGINE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/vtrace/engine}
+    local engine=${VTRACE_ENGINE:-$( (ls -t "$home"/lib-*/libvtrace_bochs.so 2>/dev/null || true) | head -n 1)}
+    if [ -n "$engine" ] && [ -r "$engine" ]; then
+        mkdir -p "$1/lib/vtrace"
+        cp -L "$engine" "$1/lib/vtrace/libvtrace_bochs.so"
+        machine_libraries "$1" "$engine"
+    fi
 }
 
 # Files named HOST[:GUEST] (GUEST relative to /work, by default HOST's
@@ -76,6 +91,9 @@ for m in $modules; do
     insmod /modules/$m.ko || echo "$tag-FAIL insmod $m"
 done
 [ -c /dev/kvm ] || echo "$tag-FAIL no /dev/kvm"
+if [ -f /lib/vtrace/libvtrace_bochs.so ]; then
+    export VTRACE_ENGINE=/lib/vtrace/libvtrace_bochs.so
+fi
 [ -f /before-command ] && . /before-command
 cd /work
 echo "$tag-START"

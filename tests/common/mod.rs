@@ -31,6 +31,42 @@ pub fn kvm_available() -> bool {
     }
 }
 
+/// Starts `vtrace run` with `args` and `--control SOCK`, stdout
+/// discarded, stderr piped; returns once the control socket is there.
+pub fn spawn_with_control(args: &[&OsStr], sock: &Path) -> std::process::Child {
+    let child = vtrace()
+        .arg("run")
+        .args(args)
+        .arg("--control")
+        .arg(sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(started.elapsed().as_secs() < 30, "no control socket");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child
+}
+
+/// Whether the second engine's library is there (`scripts/engine.sh`,
+/// which the test script runs): without it a test of the engine says so
+/// and passes, except under CI, where the library must be there. The test
+/// machines get it too where it is (`scripts/lib/machine.sh`).
+pub fn engine_available() -> bool {
+    match vtrace_bochs::Library::find() {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: {e}");
+            false
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// The address of the demo OS's symbol `name`, from its ELF.
 pub fn demo_symbol(name: &str) -> u64 {
     use object::{Object, ObjectSymbol};

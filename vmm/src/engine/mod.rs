@@ -109,27 +109,7 @@ impl Core {
             self.converted = system;
             return;
         }
-        let g = &self.state.gpr;
-        self.regs = Registers {
-            rax: g[0],
-            rcx: g[1],
-            rdx: g[2],
-            rbx: g[3],
-            rsp: g[4],
-            rbp: g[5],
-            rsi: g[6],
-            rdi: g[7],
-            r8: g[8],
-            r9: g[9],
-            r10: g[10],
-            r11: g[11],
-            r12: g[12],
-            r13: g[13],
-            r14: g[14],
-            r15: g[15],
-            rip: self.state.rip,
-            rflags: self.state.rflags,
-        };
+        self.regs = vtrace_bochs::general_registers_of(&self.state);
     }
 }
 

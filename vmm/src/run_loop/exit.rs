@@ -6,9 +6,11 @@ use kvm_bindings::{KVM_INTERNAL_ERROR_EMULATION, KVM_SYSTEM_EVENT_RESET};
 use vtrace_guest::status;
 
 use crate::console;
-use crate::devices::hypercall::{Hypercall, HypercallOutcome};
+use crate::devices::hypercall::{Hypercall, HypercallOutcome, HypercallPort};
 use crate::diagnostics::emulator_hint;
 use crate::error::{Error, Result};
+use crate::memory::GuestVirtualMemory;
+use crate::monitor::Monitor;
 use crate::monitor::{Directive, ExitView};
 use crate::vm::Vm;
 
@@ -234,22 +236,11 @@ impl Run<'_> {
         let call = self.vm.hypercall_at_rip();
         let machine = &mut self.vm.machine;
         let memory = machine.vcpu.memory(&machine.ram);
-        let outcome = machine
-            .hypercalls
-            .handle(call, &memory, &mut console::user_message);
-        let (result, log) = match outcome {
-            HypercallOutcome::Reply { status, log } => (status, log),
-            HypercallOutcome::ForMonitor => {
-                let answer = self.monitor.hypercall(&call);
-                let status =
-                    self.vm
-                        .machine
-                        .hypercalls
-                        .unanswered(call, answer, &mut console::user_message);
-                (status, None)
-            }
-            HypercallOutcome::Exit(status) => return self.exit_hypercall(call, status),
-        };
+        let (result, log) =
+            match answer_hypercall(&mut machine.hypercalls, &mut *self.monitor, call, &memory) {
+                Answered::Reply { status, log } => (status, log),
+                Answered::Exit(status) => return self.exit_hypercall(call, status),
+            };
         self.vm.machine.vcpu.complete_io_in(&result.to_le_bytes());
         self.tell(ExitView::Hypercall { call, result });
         if let Some(text) = log {
@@ -302,6 +293,36 @@ impl Vm {
         let regs = (&self.machine.vcpu.regs()).into();
         let long_mode = self.machine.vcpu.sregs().cs.l == 1;
         hypercall_of(&regs, long_mode, regs.rip)
+    }
+}
+
+/// What a hypercall gets.
+pub(super) enum Answered {
+    /// This status in EAX, and the text it logged (LOG).
+    Reply { status: i32, log: Option<String> },
+    /// The guest asked to end the VM with this status.
+    Exit(u8),
+}
+
+/// Serves `call`: the port serves what is the VMM's, `monitor` the rest
+/// (its tracing commands); `memory` is the guest's by its linear
+/// addresses (what LOG reads).
+pub(super) fn answer_hypercall(
+    port: &mut HypercallPort,
+    monitor: &mut dyn Monitor,
+    call: Hypercall,
+    memory: &dyn GuestVirtualMemory,
+) -> Answered {
+    match port.handle(call, memory, &mut console::user_message) {
+        HypercallOutcome::Reply { status, log } => Answered::Reply { status, log },
+        HypercallOutcome::ForMonitor => {
+            let answer = monitor.hypercall(&call);
+            Answered::Reply {
+                status: port.unanswered(call, answer, &mut console::user_message),
+                log: None,
+            }
+        }
+        HypercallOutcome::Exit(status) => Answered::Exit(status),
     }
 }
 

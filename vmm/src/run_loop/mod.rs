@@ -16,6 +16,7 @@
 
 mod cpu_view;
 mod decide;
+mod engine_host;
 mod enter;
 mod exit;
 mod failure;
