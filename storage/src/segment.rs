@@ -21,10 +21,10 @@ pub enum Compression {
     /// stepping makes (about 6 bytes a step at 130 k steps/s); the demo
     /// OS's trace takes 1.16 bytes a step. Levels 18 to 22 gain 1 % more
     /// at a third less speed; 16 loses 4 %. Where the recorder makes more
-    /// than the writer keeps up with at 17 (the engine, some 10 times
-    /// stepping's rate), the writer steps down to faster levels while it
-    /// falls behind and back up while it keeps up (see [`Compression::levels`]):
-    /// a trace's size then depends on the host's speed, its records never.
+    /// than the writer keeps up with at 17 (the engine, tens of times
+    /// stepping's rate), the writer steps down to faster levels (13, 9, 6,
+    /// 3) while it falls behind and back up while it keeps up: a trace's
+    /// size then depends on the host's speed, its records never.
     Dense,
 }
 

@@ -236,7 +236,7 @@ impl Vm {
         self.frontends.progress = Some(ProgressLine::new(every));
     }
 
-    /// Traces the guest on `engine`: with [`EngineKind::Bochs`], Bochs's
+    /// Traces the guest on `engine`: with [`crate::EngineKind::Bochs`], Bochs's
     /// CPU runs it while the monitor steps it (loaded now: the library
     /// may be missing), and KVM the rest.
     pub fn set_engine(&mut self, engine: crate::EngineKind) -> Result<()> {
