@@ -261,8 +261,10 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "analyzer")]
     pub record_values: bool,
     /// Print JSON (keys: bare_exits_per_s, traced_exits_per_s, ratio,
-    /// bytes_per_step, peak_rss_bytes; with --runs also ratio_median and
-    /// runs).
+    /// bytes_per_step, peak_rss_bytes; engine_steps, engine_seconds,
+    /// engine_steps_per_s, engine_speedup (over stepping's traced steps per
+    /// second) and engine_bytes_per_step, null where the engine's library
+    /// is not built; with --runs also ratio_median and runs).
     #[arg(long)]
     pub json: bool,
 }
