@@ -23,20 +23,9 @@ fn demo_on(
     engine: &str,
     extra: &[&str],
 ) -> (PathBuf, std::process::Output) {
-    let disk = dir.join(name);
-    let mut args = vec![
-        "run",
-        "--no-input",
-        "--engine",
-        engine,
-        "--disk",
-        disk.to_str().unwrap(),
-        "--disk-size",
-        "64M",
-    ];
+    let mut args = vec!["--engine", engine];
     args.extend_from_slice(extra);
-    let out = run(&args);
-    (disk, out)
+    common::trace_demo(dir, name, &args)
 }
 
 /// The two traces are one: the same digest and steps (and if not, where

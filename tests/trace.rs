@@ -27,21 +27,6 @@ fn assert_bracketed(recs: &[Record], start: TraceReason, stop: TraceReason) {
     assert_eq!(recs.last(), Some(&Record::Event(Event::TraceStop(stop))));
 }
 
-fn trace_demo(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, std::process::Output) {
-    let disk = dir.join(name);
-    let mut args = vec![
-        "run",
-        "--no-input",
-        "--disk",
-        disk.to_str().unwrap(),
-        "--disk-size",
-        "64M",
-    ];
-    args.extend_from_slice(extra);
-    let out = run(&args);
-    (disk, out)
-}
-
 /// Traces a real-mode test guest: `vtrace run --real-mode IMAGE --disk DISK`
 /// with `extra` options; returns the disk and the run's output.
 fn trace_real_mode(

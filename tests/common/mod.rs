@@ -31,6 +31,23 @@ pub fn kvm_available() -> bool {
     }
 }
 
+/// Runs the demo OS onto the trace disk `dir/name` (64 MiB) with `extra`:
+/// the disk and the run's output.
+pub fn trace_demo(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, std::process::Output) {
+    let disk = dir.join(name);
+    let mut args = vec![
+        "run",
+        "--no-input",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--disk-size",
+        "64M",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    (disk, out)
+}
+
 /// Starts `vtrace run` with `args` and `--control SOCK`, stdout
 /// discarded, stderr piped; returns once the control socket is there.
 pub fn spawn_with_control(args: &[&OsStr], sock: &Path) -> std::process::Child {
