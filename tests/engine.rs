@@ -56,6 +56,43 @@ fn the_demo_traced_whole_on_the_engine_is_the_stepped_trace() {
     assert_same(demo_trace(), &disk);
 }
 
+/// What the tracer adds on the way is the same on the engine: captures
+/// of kprintf's format strings and of the page-fault addresses (not
+/// present), static and `fn:`/`fnret:` probes, the memory values.
+#[test]
+fn captures_probes_and_values_on_the_engine_are_stepping_s() {
+    if !kvm_available() || !engine_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        "--trace",
+        "--capture",
+        "kprintf:rdi:64",
+        "--capture",
+        "page_fault:rdi:16:fault",
+        "--probe",
+        "sched:*",
+        "--probe",
+        "fn:schedule",
+        "--probe",
+        "fnret:schedule",
+        "--record-values",
+    ];
+    let (stepped, out) = demo_on(dir.path(), "stepped.vtd", "step", &extra);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (engine, out) = demo_on(dir.path(), "engine.vtd", "bochs", &extra);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let info = info_json(&engine);
+    for kind in ["capture", "probe", "memory values"] {
+        assert!(
+            info["events"][kind].as_u64().is_some_and(|n| n > 0),
+            "{kind} events: {info}"
+        );
+    }
+    assert_same(&stepped, &engine);
+}
+
 /// Without `--trace` the demo OS starts and stops tracing itself with its
 /// hypercalls: each start a hand-over to the engine, each stop one back to
 /// KVM, from the middle of the hypercall's step. The stretches between
