@@ -108,6 +108,16 @@ pub(crate) struct Machine {
     pub(crate) completed_by_vmm: u64,
 }
 
+impl Machine {
+    /// CPU `cpu`'s vCPU, on stage or parked.
+    pub(crate) fn vcpu_of(&mut self, cpu: usize) -> Option<&mut Vcpu> {
+        match cpu == self.cpus.on_stage() {
+            true => Some(&mut self.vcpu),
+            false => self.cpus.parked_vcpu(cpu),
+        }
+    }
+}
+
 /// Gives KVM the guest's RAM, one memory slot per region. The caller keeps
 /// `ram` alive as long as `vm`.
 pub(crate) fn register_ram(vm: &VmFd, ram: &GuestRam) -> Result<()> {

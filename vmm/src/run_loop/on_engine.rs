@@ -91,17 +91,12 @@ impl Run<'_> {
         self.vm.set_debug(false, Breakpoints::default())?;
         let machine = &mut self.vm.machine;
         if let Some(engine) = self.vm.engine.as_mut() {
-            let on_stage = machine.cpus.on_stage();
             for cpu in 0..machine.cpus.count() {
-                match cpu == on_stage {
-                    true => engine.take_over(cpu, &mut machine.vcpu)?,
-                    false => match machine.cpus.parked_vcpu(cpu) {
-                        Some(vcpu) => engine.take_over(cpu, vcpu)?,
-                        None => continue,
-                    },
+                if let Some(vcpu) = machine.vcpu_of(cpu) {
+                    engine.take_over(cpu, vcpu)?;
                 }
             }
-            engine.took_over(on_stage);
+            engine.took_over(machine.cpus.on_stage());
         }
         machine.clock.set_stepping(true);
         self.monitor.on_engine(EngineKind::Bochs);
@@ -113,14 +108,9 @@ impl Run<'_> {
     pub(super) fn hand_to_kvm(&mut self) -> Result<()> {
         let machine = &mut self.vm.machine;
         if let Some(engine) = self.vm.engine.as_mut() {
-            let on_stage = machine.cpus.on_stage();
             for cpu in 0..machine.cpus.count() {
-                match cpu == on_stage {
-                    true => engine.give_back(cpu, &mut machine.vcpu)?,
-                    false => match machine.cpus.parked_vcpu(cpu) {
-                        Some(vcpu) => engine.give_back(cpu, vcpu)?,
-                        None => continue,
-                    },
+                if let Some(vcpu) = machine.vcpu_of(cpu) {
+                    engine.give_back(cpu, vcpu)?;
                 }
             }
             engine.gave_back();
