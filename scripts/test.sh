@@ -139,7 +139,7 @@ if [ "$#" -eq 0 ]; then
     # unifies dependencies' features over the packages it is given, and
     # `--exclude vtrace` built every dependency a second time (2.5 min).
     # The seconds each file took are printed, to keep the order true.
-    longest_first=(amdv vtx run_linux trace smp peep gdb robustness export analyze
+    longest_first=(amdv vtx run_linux engine trace smp peep gdb robustness export analyze
         conventions captures typed_probes memory_values probes nest_filters
         timeline_perfetto symbolize function_windows tracepoints run_demo doctor)
     queue=()

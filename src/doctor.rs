@@ -229,7 +229,8 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
         match &engine {
             Ok(path) => println!(
                 "engine:       Bochs's CPU is built ({}): `vtrace run --engine bochs` traces on \
-                 it (one CPU so far; traced stretches only, KVM runs the rest)",
+                 it (with --cpus, in stepping's order of turns; the traced stretches only, KVM \
+                 runs the rest)",
                 path.display()
             ),
             Err(why) => println!("engine:       {why}"),

@@ -206,3 +206,57 @@ fn a_run_without_a_terminal_reports_progress_while_tracing() {
     ]);
     assert!(!stderr(&out).contains("tracing on,"), "{}", stderr(&out));
 }
+
+/// Untraced, the progress line says what tracing waits for and where the
+/// guest is (a user waiting for `--start-at` on a slow host heard nothing
+/// for minutes).
+#[test]
+fn a_run_waiting_for_its_trigger_reports_progress_too() {
+    if !kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("p.vtd");
+    // An address the demo never runs: tracing waits the whole run. The
+    // demo runs about a second untraced here, its timer ticking at
+    // 1 kHz: there are exits to look at the clock at.
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--start-at",
+        "0x7f0000",
+        "--progress",
+        "100ms",
+        "--disk",
+        disk.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("vtrace: tracing off until --start-at 0x7f0000 runs, 0 steps"))
+        .collect();
+    assert!(!lines.is_empty(), "{log}");
+    assert!(
+        lines.iter().all(|l| l.contains(", the guest at 0x")),
+        "{log}"
+    );
+    // A routine given by name is named with its address.
+    let kmain = common::demo_symbol("kmain");
+    let out = run(&[
+        "run",
+        "--no-input",
+        "--start-at",
+        "kmain+0x700000",
+        "--progress",
+        "100ms",
+        "--disk",
+        dir.path().join("q.vtd").to_str().unwrap(),
+    ]);
+    let log = stderr(&out);
+    let expected = format!(
+        "tracing off until --start-at kmain+0x700000 ({:#x}) runs",
+        kmain + 0x70_0000
+    );
+    assert!(log.contains(&expected), "{log}");
+}

@@ -457,6 +457,19 @@ fn bad_probes_are_refused() {
             &["--probe", "fn:nosuch"],
             "--probe fn:nosuch: no routine of that name",
         ),
+        // Empty places in an argument list are a slip, not "no values".
+        (&["--probe", "fn:kprintf(,,,)"], "an empty value"),
+        (&["--probe", "fn:kprintf(arg1,)"], "an empty value"),
+        // An offset that wraps, an address no instruction can be at.
+        (
+            &["--trace", "--start-at", "kmain+0xffffffffffffffff"],
+            "the offset runs past the end of the address space",
+        ),
+        (
+            &["--trace", "--start-at", "0x8000000000000000"],
+            "0x8000000000000000: not a canonical x86-64 address",
+        ),
+        (&["--probe", "fn:0x800000000000000a"], "not a canonical"),
     ];
     for (args, why) in cases {
         let mut all = vec!["run", "--no-input", "--disk", "/nonexistent/x.vtd"];

@@ -136,8 +136,18 @@ pub fn parse_probe(text: &str) -> Result<(&str, Vec<FetchSpec>), FetchError> {
         return fail(format!("{text}: the argument list must end with `)`"));
     };
     let mut specs = Vec::new();
-    for arg in list.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-        specs.push(parse_fetch(arg)?);
+    // `fn:f()` fetches nothing; an empty place in a list is a typing slip.
+    if !list.trim().is_empty() {
+        for arg in list.split(',').map(str::trim) {
+            if arg.is_empty() {
+                return fail(format!(
+                    "{text}: an empty value in the argument list (values are separated by \
+                     single commas: {}(arg1, arg2:string))",
+                    routine.trim()
+                ));
+            }
+            specs.push(parse_fetch(arg)?);
+        }
     }
     if specs.len() > vtrace_storage::MAX_PROBE_FIELDS {
         return fail(format!(
@@ -545,6 +555,9 @@ mod tests {
             "f(a->)",
             "f(a b)",
             "f(a->b->c->d->e->f)",
+            "f(,,,)",
+            "f(a,,b)",
+            "f(a,)",
             "f(a,b,c,d,e,f,g,h,i)",
         ] {
             assert!(parse_probe(bad).is_err(), "{bad}");

@@ -81,6 +81,28 @@ impl<'a> Places<'a> {
 
     /// The place of `location`, given as `option`.
     pub fn find(&mut self, location: &Option<Location>, option: &str) -> Result<Option<Place>> {
+        let place = self.find_any(location, option)?;
+        if let Some(p) = &place {
+            if !is_canonical(p.address) {
+                let given = location
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                let at = match location {
+                    Some(Location::Address(_)) => String::new(),
+                    _ => format!(" ({:#x})", p.address),
+                };
+                return Err(SessionError::Request(format!(
+                    "{}: not a canonical x86-64 address{at} (bits 63 to 56 must equal bit 55, \
+                     even with five-level paging), so no instruction can be there",
+                    named(option, &given),
+                )));
+            }
+        }
+        Ok(place)
+    }
+
+    fn find_any(&mut self, location: &Option<Location>, option: &str) -> Result<Option<Place>> {
         let place = match location {
             None => return Ok(None),
             Some(Location::Address(a)) => Place {
@@ -116,7 +138,15 @@ impl<'a> Places<'a> {
         });
         let addresses = symbols.addresses_of(name);
         let problem = match addresses.as_slice() {
-            [one] => return Ok(one.wrapping_add(offset)),
+            [one] => {
+                return one.checked_add(offset).ok_or_else(|| {
+                    SessionError::Request(format!(
+                        "{}+{offset:#x}: the offset runs past the end of the address space \
+                         ({name} is at {one:#x})",
+                        named(option, name)
+                    ))
+                })
+            }
             [] if found.loaded.is_empty() => format!(
                 "{}: the kernel's symbols were not found ({}); give an address",
                 named(option, name),
@@ -151,9 +181,14 @@ impl<'a> Places<'a> {
             ))
         };
         let found = self.program(program).map_err(bad)?;
-        let address = fixed_routine_address(&found, name)
-            .map_err(bad)?
-            .wrapping_add(offset);
+        let start = fixed_routine_address(&found, name).map_err(bad)?;
+        let address = start.checked_add(offset).ok_or_else(|| {
+            SessionError::request(format!(
+                "{}+{offset:#x}: the offset runs past the end of the address space ({name} is \
+                 at {start:#x})",
+                named(option, &format!("{program}:{name}"))
+            ))
+        })?;
         let whom = if self.tasks_known {
             format!("it fires in tasks named {}", found.comm)
         } else {
@@ -216,11 +251,36 @@ impl<'a> Places<'a> {
     }
 }
 
+/// Whether `address` is canonical on x86-64 with five-level paging
+/// (57-bit linear addresses, the widest a guest can have): anything else
+/// faults before it is fetched, so a trigger there could never fire.
+fn is_canonical(address: u64) -> bool {
+    let top = address >> 56;
+    top == 0 || top == (u64::MAX >> 56)
+}
+
 /// The option and the routine it names, as messages say them: `--start-at
 /// NAME`, or `--probe fn:NAME` where the option ends in the probe's kind.
 fn named(option: &str, what: &str) -> String {
     match option.ends_with(':') {
         true => format!("{option}{what}"),
         false => format!("{option} {what}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_canonical;
+
+    #[test]
+    fn canonical_addresses_are_the_two_ends_of_the_space() {
+        assert!(is_canonical(0x10_0000));
+        assert!(is_canonical(0xffff_ffff_8100_0000));
+        assert!(
+            is_canonical(0x00ff_ffff_ffff_ffff),
+            "five-level paging's top"
+        );
+        assert!(!is_canonical(0x8000_0000_0000_0000));
+        assert!(!is_canonical(0x0100_0000_0000_0000));
     }
 }

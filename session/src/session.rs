@@ -402,6 +402,7 @@ fn tracer(
         record_values: request.record_values,
         autostop: request.autostop.clone(),
         start_at: start_at.as_ref().map(|p| p.address),
+        start_label: request.start_at.as_ref().map(ToString::to_string),
         stop_at: stop_at.as_ref().map(|p| p.address),
         start_in: start_at.and_then(|p| p.task),
         stop_in: stop_at.and_then(|p| p.task),

@@ -31,7 +31,8 @@ pub enum EngineArg {
     /// RAM and vtrace's devices, handed over from KVM where tracing starts
     /// and back where it stops: the same trace, without an exit an
     /// instruction. Needs the engine's library (scripts/engine.sh builds
-    /// it; `vtrace doctor` says whether it is there); one CPU so far.
+    /// it; `vtrace doctor` says whether it is there). With `--cpus` the
+    /// CPUs take turns on it in stepping's order.
     Bochs,
 }
 
@@ -138,9 +139,10 @@ pub struct RunArgs {
     #[arg(short, long, help_heading = "Console")]
     pub quiet: bool,
 
-    /// With --no-input (and without --quiet): while tracing, a status line
-    /// on stderr every INTERVAL (the steps recorded, the disk's fill,
-    /// virtual time, exits per second; what Ctrl-A s shows); 0s for none.
+    /// With --no-input (and without --quiet): a status line on stderr
+    /// every INTERVAL (the steps recorded, the disk's fill, virtual time,
+    /// exits per second; what Ctrl-A s shows; untraced also what tracing
+    /// waits for and where the guest is, at its next exit); 0s for none.
     #[arg(long, value_name = "INTERVAL", default_value = "10s", value_parser = crate::units::parse_interval, help_heading = "Console")]
     pub progress: std::time::Duration,
 

@@ -157,9 +157,10 @@ impl ProgressLine {
     /// Whether a line is due after `exits` exits, and if so the exit rate
     /// since the last one (the schedule then starts again). While
     /// stepping it is looked at every 4096 exits only, so the clock is
-    /// not read per step.
+    /// not read per step; untraced at every exit (they are far apart).
     pub(crate) fn due(&mut self, exits: u64, stepping: bool) -> Option<f64> {
-        if !stepping || !exits.is_multiple_of(4096) || self.last.elapsed() < self.every {
+        let look = !stepping || exits.is_multiple_of(4096);
+        if !look || self.last.elapsed() < self.every {
             return None;
         }
         let rate = exits.saturating_sub(self.exits) as f64 / self.last.elapsed().as_secs_f64();

@@ -23,6 +23,9 @@ pub struct TraceOptions {
     /// Start when execution reaches this linear address (a hardware
     /// breakpoint; once).
     pub start_at: Option<u64>,
+    /// How the user named [`TraceOptions::start_at`] (`schedule+0x10`),
+    /// for the status line while tracing waits for it.
+    pub start_label: Option<String>,
     /// Stop when execution reaches this linear address (before it runs).
     pub stop_at: Option<u64>,
     /// Start at [`TraceOptions::start_at`] only in a task of this name
@@ -122,6 +125,7 @@ impl Default for TraceOptions {
             record_values: false,
             autostop: DEFAULT_AUTOSTOP.to_vec(),
             start_at: None,
+            start_label: None,
             stop_at: None,
             start_in: None,
             stop_in: None,

@@ -107,9 +107,24 @@ impl Tracer {
             }
         };
         let (used, size) = self.recorder.disk_fill();
+        let state = match (self.active, self.start_armed, self.options.start_at) {
+            (true, _, _) => "on".to_string(),
+            (false, true, Some(at)) => {
+                let task = match &self.options.start_in {
+                    Some(comm) => format!(" in a task named {comm}"),
+                    None => String::new(),
+                };
+                match &self.options.start_label {
+                    Some(label) if !label.starts_with(|c: char| c.is_ascii_digit()) => {
+                        format!("off until --start-at {label} ({at:#x}){task} runs")
+                    }
+                    _ => format!("off until --start-at {at:#x}{task} runs"),
+                }
+            }
+            (false, _, _) => "off".to_string(),
+        };
         format!(
-            "tracing {}, {} steps recorded, disk {:.1} of {:.1} MiB{}{probes}{samples}",
-            if self.active { "on" } else { "off" },
+            "tracing {state}, {} steps recorded, disk {:.1} of {:.1} MiB{}{probes}{samples}",
             self.recorder.steps(),
             used as f64 / f64::from(1 << 20),
             size as f64 / f64::from(1 << 20),

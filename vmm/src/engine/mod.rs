@@ -132,6 +132,65 @@ pub(crate) struct BochsCpu {
     /// engine to deliver at its next step (where the VMM does not model
     /// the delivery through the IDT).
     pub(crate) queued: Option<u8>,
+    /// The MSRs the guest read or wrote that Bochs does not model (it
+    /// raised #GP), and how many of them the user was told of.
+    pub(crate) refused_msrs: RefusedMsrs,
+}
+
+/// MSRs Bochs's CPU refused the guest (see [`RefusedMsrs::note`]).
+#[derive(Debug, Default)]
+pub(crate) struct RefusedMsrs {
+    seen: std::collections::BTreeSet<(u32, &'static str)>,
+    told: usize,
+}
+
+impl RefusedMsrs {
+    /// Notes the MSR of one of Bochs's messages if it is one of an
+    /// unmodelled MSR ("RDMSR: Unknown register 0x8b"): whether it was.
+    pub(crate) fn note(&mut self, text: &str) -> bool {
+        match refused_msr(text) {
+            Some(msr) => {
+                self.seen.insert(msr);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Tells the user of the MSRs refused since the last time, once each:
+    /// where KVM would have answered them, the engine's trace parts from
+    /// stepping's.
+    pub(crate) fn tell(&mut self) {
+        if self.seen.len() == self.told {
+            return;
+        }
+        let list: Vec<String> = self
+            .seen
+            .iter()
+            .skip(self.told)
+            .map(|(msr, access)| format!("{access} {msr:#x}"))
+            .collect();
+        self.told = self.seen.len();
+        crate::user_message(&format!(
+            "vtrace: note: the engine does not model {} MSR access{} ({}): the guest got #GP \
+             there (an exception event in the trace); KVM may answer such an MSR, so a stepped \
+             trace can differ from that step on",
+            list.len(),
+            if list.len() == 1 { "" } else { "es" },
+            list.join(", ")
+        ));
+    }
+}
+
+/// The MSR and the access of Bochs's message for an MSR it does not model.
+fn refused_msr(text: &str) -> Option<(u32, &'static str)> {
+    let (access, rest) = if let Some(rest) = text.strip_prefix("RDMSR: Unknown register ") {
+        ("RDMSR", rest)
+    } else {
+        ("WRMSR", text.strip_prefix("WRMSR: Unknown register ")?)
+    };
+    let hex = rest.trim().trim_start_matches("0x");
+    Some((u32::from_str_radix(hex, 16).ok()?, access))
 }
 
 impl std::fmt::Debug for BochsCpu {
@@ -175,6 +234,7 @@ impl BochsCpu {
             selected: 0,
             owed: vec![false; usize::from(cpus)],
             queued: None,
+            refused_msrs: RefusedMsrs::default(),
         })
     }
 
@@ -278,7 +338,27 @@ impl BochsCpu {
     /// Every CPU went back to KVM.
     pub(crate) fn gave_back(&mut self) {
         self.holds = false;
+        self.refused_msrs.tell();
         // KVM has each CPU past its last instruction: nothing is owed.
         self.owed.fill(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_msr;
+
+    #[test]
+    fn bochs_messages_of_unmodelled_msrs_name_them() {
+        assert_eq!(
+            refused_msr("RDMSR: Unknown register 0x8b"),
+            Some((0x8b, "RDMSR"))
+        );
+        assert_eq!(
+            refused_msr("WRMSR: Unknown register 0xc0010015"),
+            Some((0xc001_0015, "WRMSR"))
+        );
+        assert_eq!(refused_msr("RDMSR: Unknown register zz"), None);
+        assert_eq!(refused_msr("prefetch: EIP > CS.limit"), None);
     }
 }

@@ -8,7 +8,7 @@ use vtrace_guest::status;
 use crate::clock::VirtualNanos;
 use crate::devices::hypercall::Hypercall;
 use crate::devices::lapic::Ipi;
-use crate::engine::{Core, EngineMemory, EngineView};
+use crate::engine::{Core, EngineMemory, EngineView, RefusedMsrs};
 use crate::error::Error;
 use crate::monitor::{Directive, ExitView};
 use crate::signals;
@@ -104,6 +104,8 @@ pub(super) struct StepHost<'r, 'a> {
     /// The monitor held the guest at the last boundary served inside the
     /// run (the loop does not ask again).
     pub(super) paused: bool,
+    /// MSRs Bochs refused the guest, told at the end.
+    pub(super) refused_msrs: &'r mut RefusedMsrs,
 }
 
 impl Host for StepHost<'_, '_> {
@@ -249,6 +251,8 @@ impl Host for StepHost<'_, '_> {
     fn log(&mut self, level: i32, text: &str) {
         match level {
             3 => self.seen.panic = Some(text.to_string()),
+            // Told once each, at the end of the window (see RefusedMsrs).
+            2 if self.refused_msrs.note(text) => tracing::debug!("the engine: {text}"),
             2 => tracing::warn!("the engine: {text}"),
             _ => tracing::debug!("the engine: {text}"),
         }

@@ -165,6 +165,9 @@ impl Vm {
         let result = run.until_stop();
         let (irqs, local_apic_interrupts, paired) =
             (run.irqs, run.local_apic_interrupts, run.paired);
+        if let Some(engine) = self.engine.as_mut() {
+            engine.refused_msrs.tell();
+        }
         // A step still ahead (the run ended between two paired steps) ran
         // beside the last one served; nothing enters a vCPU any more.
         self.steppers.stop();

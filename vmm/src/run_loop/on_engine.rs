@@ -56,7 +56,12 @@ impl Run<'_> {
         let queued = engine.queued.take();
         let deadline = self.vm.machine.devices.next_deadline();
         let cpu = engine.selected();
-        let BochsCpu { machine, core, .. } = &mut engine;
+        let BochsCpu {
+            machine,
+            core,
+            refused_msrs,
+            ..
+        } = &mut engine;
         let mut host = StepHost {
             library,
             queued,
@@ -66,6 +71,7 @@ impl Run<'_> {
             deadline,
             served: 0,
             paused: false,
+            refused_msrs,
         };
         let (stop, _) = machine.run(&mut host, cpu, BATCH);
         let (queued, mut seen, paused) = (host.queued, host.seen, host.paused);

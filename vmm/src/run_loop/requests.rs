@@ -86,6 +86,14 @@ impl Run<'_> {
             machine.history.total(),
             machine.devices.timer_edges,
         );
+        if !self.vm.step.stepping {
+            // Where the guest runs untraced, for a user who waits for a
+            // trigger (the vCPU on stage, as of its last exit).
+            use crate::monitor::CpuView;
+            let rip = self.vm.cpu_view().regs().rip;
+            own.push_str(&format!(", the guest at {rip:#x}"));
+        }
+        let machine = &self.vm.machine;
         if machine.completed_by_vmm > 0 {
             own.push_str(&format!(
                 ", {} instructions completed by vtrace",
