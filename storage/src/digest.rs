@@ -2,7 +2,7 @@
 //! however the records were cut into segments or compressed.
 
 use crate::codec::SegmentEncoder;
-use crate::record::{Event, Record, REG_COUNT};
+use crate::record::{Event, RecordRef, REG_COUNT};
 
 /// Bytes gathered before they are hashed (see [`TraceDigest`]).
 const PENDING: usize = 256 << 10;
@@ -59,13 +59,13 @@ impl TraceDigest {
     /// Recorded memory values ([`Event::MemoryValues`]) are not hashed
     /// either: they observe the run, they are not part of it, so a trace
     /// made with `--record-values` has the digest of one made without.
-    pub fn update(&mut self, record: &Record) {
+    pub fn update(&mut self, record: RecordRef<'_>) {
         match record {
-            Record::Event(Event::Cpu(cpu)) => {
+            RecordRef::Event(Event::Cpu(cpu)) => {
                 self.cpu = *cpu;
                 return;
             }
-            Record::Event(Event::MemoryValues(_)) => return,
+            RecordRef::Event(Event::MemoryValues(_)) => return,
             _ => {}
         }
         if self.pending.len() >= PENDING {
@@ -77,7 +77,7 @@ impl TraceDigest {
             self.pending.extend_from_slice(&self.cpu.to_le_bytes());
         }
         match record {
-            Record::Step(s) => {
+            RecordRef::Step(s) => {
                 // Full state, not deltas: independent of segment boundaries.
                 let mut b = [0u8; 8 + 1 + 15 + 8 + 2 + 8 * REG_COUNT];
                 b[0..8].copy_from_slice(&s.pc.to_le_bytes());
@@ -92,7 +92,7 @@ impl TraceDigest {
                 self.pending.push(0);
                 self.pending.extend_from_slice(&b);
             }
-            Record::Event(e) => {
+            RecordRef::Event(e) => {
                 // Event encodings carry no delta state: they are canonical.
                 self.scratch.push_event(e);
                 self.pending.extend_from_slice(&self.scratch.take());
