@@ -133,7 +133,7 @@ pub(crate) struct BochsCpu {
     /// the delivery through the IDT).
     pub(crate) queued: Option<u8>,
     /// The MSRs the guest read or wrote that Bochs does not model (it
-    /// raised #GP), and how many of them the user was told of.
+    /// raised #GP), each told to the user once.
     pub(crate) refused_msrs: RefusedMsrs,
 }
 
@@ -141,7 +141,8 @@ pub(crate) struct BochsCpu {
 #[derive(Debug, Default)]
 pub(crate) struct RefusedMsrs {
     seen: std::collections::BTreeSet<(u32, &'static str)>,
-    told: usize,
+    /// Those of `seen` the user was not told of yet, in the order met.
+    untold: Vec<(u32, &'static str)>,
 }
 
 impl RefusedMsrs {
@@ -150,7 +151,9 @@ impl RefusedMsrs {
     pub(crate) fn note(&mut self, text: &str) -> bool {
         match refused_msr(text) {
             Some(msr) => {
-                self.seen.insert(msr);
+                if self.seen.insert(msr) {
+                    self.untold.push(msr);
+                }
                 true
             }
             None => false,
@@ -161,16 +164,14 @@ impl RefusedMsrs {
     /// where KVM would have answered them, the engine's trace parts from
     /// stepping's.
     pub(crate) fn tell(&mut self) {
-        if self.seen.len() == self.told {
+        if self.untold.is_empty() {
             return;
         }
         let list: Vec<String> = self
-            .seen
-            .iter()
-            .skip(self.told)
+            .untold
+            .drain(..)
             .map(|(msr, access)| format!("{access} {msr:#x}"))
             .collect();
-        self.told = self.seen.len();
         crate::user_message(&format!(
             "vtrace: note: the engine does not model {} MSR access{} ({}): the guest got #GP \
              there (an exception event in the trace); KVM may answer such an MSR, so a stepped \
